@@ -1,0 +1,1 @@
+"""The ``rstitch`` command line: thin subcommands generated from config dataclasses."""

@@ -1,0 +1,58 @@
+"""Build argparse options from a config dataclass, so help text lives in one place.
+
+Each field becomes ``--field-name``; its help is ``field(metadata={"help": ...})``. Lists
+take several values (``--thresholds 0.01 0.02``); bools become ``--flag/--no-flag``.
+Validation stays in the dataclass (``__post_init__``), so the Python API and the CLI
+reject the same bad input with the same message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _base_type(tp: Any) -> tuple[Any, bool]:
+    """(element type, is_list) for int/float/str/Optional[...]/list[...] annotations."""
+    origin = typing.get_origin(tp)
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if origin in (list, tuple, typing.Sequence):
+        return (args[0] if args else str), True
+    if args and origin is not None:  # Optional[X] / X | None
+        return _base_type(args[0])
+    return tp, False
+
+
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add one option per field of dataclass ``cls``."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("cli") is False:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata.get("help", "")
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+        )
+        tp, is_list = _base_type(hints[f.name])
+        if tp is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                                help=help_text)
+            continue
+        kwargs: dict[str, Any] = {"dest": f.name, "default": default, "type": tp,
+                                  "help": help_text}
+        if is_list:
+            kwargs["nargs"] = "+"
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        parser.add_argument(flag, **kwargs)
+
+
+def dataclass_from_args(cls: type[T], args: argparse.Namespace) -> T:
+    """Instantiate ``cls`` from the parsed options (validation runs in ``__post_init__``)."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in vars(args).items() if k in names})

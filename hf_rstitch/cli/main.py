@@ -1,0 +1,58 @@
+"""``rstitch`` entry point. Each subcommand lives in its own module under ``hf_rstitch.cli``
+and exposes ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``. Modules
+import their heavy dependencies inside ``run`` so ``rstitch --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Subcommand modules, in the order --help lists them.
+SUBCOMMANDS = ["demo", "generate", "eval", "profile", "train_router", "toyworld", "export_hub_template"]
+
+
+def _load_subcommands() -> list:
+    mods = []
+    for name in SUBCOMMANDS:
+        try:
+            mods.append(importlib.import_module(f"hf_rstitch.cli.{name}"))
+        except ModuleNotFoundError as err:
+            if err.name != f"hf_rstitch.cli.{name}":
+                raise
+    return mods
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rstitch",
+        description=(
+            "R-Stitch: a small model (SLM) and a large model (LLM) take turns token by token; the SLM "
+            "decodes while it is confident (normalized entropy <= tau), the LLM takes the uncertain steps."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for mod in _load_subcommands():
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "_run"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Routing policies: who decodes the next position.
+
+A policy is asked twice per stitched step at most, always with tensors over the batch:
+
+* after an SLM forward -- :meth:`RoutingPolicy.hand_to_llm`: ``True`` discards the SLM's
+  proposal and lets the LLM decode the same position;
+* after an LLM forward (its token is always kept) -- :meth:`RoutingPolicy.hand_to_slm`:
+  ``True`` gives control back to the SLM for the next position.
+
+Adding a routing scheme means adding a class here (or anywhere) with these two methods;
+the decode loop never changes. This is where every switch decision is made.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+from .roles import Role
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What a policy may look at for one decision.
+
+    Attributes:
+        index: position of the token being decided among the new tokens (0-based).
+        entropy: ``[B]`` normalized entropy of the model that just ran.
+        hidden: ``[B, D]`` last hidden state of that model at this position, only when the
+            policy sets ``needs_hidden``; else ``None``.
+    """
+
+    index: int
+    entropy: torch.Tensor
+    hidden: torch.Tensor | None = None
+
+
+@runtime_checkable
+class RoutingPolicy(Protocol):
+    """Interface shared by every routing scheme."""
+
+    needs_hidden: bool
+
+    def reset(self) -> None:
+        """Called once before each generation (replay cursors, RNG state...)."""
+
+    def hand_to_llm(self, step: StepView) -> torch.Tensor:
+        """``[B]`` bool: discard the SLM's proposal and let the LLM decode this position."""
+
+    def hand_to_slm(self, step: StepView) -> torch.Tensor:
+        """``[B]`` bool: after this kept LLM token, the SLM decodes the next position."""
+
+
+def check_threshold(tau: float, name: str = "stitch_threshold") -> float:
+    """Validate a normalized-entropy threshold and return it as a float."""
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)):
+        raise TypeError(
+            f"`{name}` must be a number in [0, 1] (normalized entropy), got {type(tau).__name__} {tau!r}. "
+            "Typical values are 0.001 - 0.05, e.g. stitch_threshold=0.02."
+        )
+    tau = float(tau)
+    if not math.isfinite(tau) or not 0.0 <= tau <= 1.0:
+        raise ValueError(
+            f"`{name}` must be a finite number in [0, 1] (normalized entropy), got {tau!r}. "
+            "0 sends every uncertain step to the LLM, 1 keeps the SLM throughout; typical values are 0.001 - 0.05."
+        )
+    return tau
+
+
+class EntropyPolicy:
+    """R-Stitch (Algorithm 1): SLM -> LLM when H_slm > tau; LLM -> SLM when H_llm <= tau."""
+
+    needs_hidden = False
+
+    def __init__(self, threshold: float):
+        self.threshold = check_threshold(threshold)
+
+    def reset(self) -> None:
+        pass
+
+    def hand_to_llm(self, step: StepView) -> torch.Tensor:
+        return step.entropy > self.threshold
+
+    def hand_to_slm(self, step: StepView) -> torch.Tensor:
+        return step.entropy <= self.threshold
+
+    def __repr__(self) -> str:
+        return f"EntropyPolicy(threshold={self.threshold})"
+
+
+class RandomPolicy:
+    """Random routing baseline: each SLM step goes to the LLM with probability ``p``.
+
+    The LLM gives control back by the entropy rule with ``return_threshold``; the default 1.0
+    returns after every LLM token, so the LLM decodes only the positions the coin picked.
+    """
+
+    needs_hidden = False
+
+    def __init__(self, p: float, return_threshold: float = 1.0, seed: int = 0):
+        self.p = check_threshold(p, name="p")
+        self.return_threshold = check_threshold(return_threshold, name="return_threshold")
+        self.seed = seed
+        self._gen = torch.Generator()
+
+    def reset(self) -> None:
+        self._gen.manual_seed(self.seed)
+
+    def hand_to_llm(self, step: StepView) -> torch.Tensor:
+        draw = torch.rand(step.entropy.shape, generator=self._gen)
+        return (draw < self.p).to(step.entropy.device)
+
+    def hand_to_slm(self, step: StepView) -> torch.Tensor:
+        return step.entropy <= self.return_threshold
+
+    def __repr__(self) -> str:
+        return f"RandomPolicy(p={self.p}, return_threshold={self.return_threshold}, seed={self.seed})"
+
+
+class ReplayPolicy:
+    """Replays a recorded route: ``route[i]`` is the model that must emit new token ``i``.
+
+    Used to measure speed on random-weight models, whose entropies are meaningless. Past the
+    end of the route the last entry repeats.
+    """
+
+    needs_hidden = False
+
+    def __init__(self, route: Sequence[Role | str]):
+        if len(route) == 0:
+            raise ValueError("ReplayPolicy needs a non-empty route (a list of 'slm'/'llm', one per new token).")
+        try:
+            self.route = [Role(r) for r in route]
+        except ValueError as err:
+            raise ValueError(f"ReplayPolicy route entries must be 'slm' or 'llm': {err}") from None
+
+    def reset(self) -> None:
+        pass
+
+    def _at(self, index: int) -> Role:
+        return self.route[min(index, len(self.route) - 1)]
+
+    def hand_to_llm(self, step: StepView) -> torch.Tensor:
+        return torch.full_like(step.entropy, self._at(step.index) is Role.LLM, dtype=torch.bool)
+
+    def hand_to_slm(self, step: StepView) -> torch.Tensor:
+        return torch.full_like(step.entropy, self._at(step.index + 1) is Role.SLM, dtype=torch.bool)
+
+    def __repr__(self) -> str:
+        share = sum(r is Role.LLM for r in self.route) / len(self.route)
+        return f"ReplayPolicy(len={len(self.route)}, llm_share={share:.2f})"

@@ -1,0 +1,29 @@
+"""Turning processed scores into token ids, exactly as transformers' ``_sample`` does."""
+
+from __future__ import annotations
+
+import torch
+
+
+def pick_tokens(scores: torch.Tensor, do_sample: bool) -> torch.Tensor:
+    """Choose the next token per row.
+
+    Args:
+        scores: ``[B, V]`` processed scores (after logits processors and warpers).
+        do_sample: multinomial sampling from softmax(scores) if True, else argmax.
+
+    Returns:
+        ``[B]`` long tensor of token ids.
+    """
+    if do_sample:
+        probs = torch.softmax(scores, dim=-1)
+        return torch.multinomial(probs, num_samples=1).squeeze(1)
+    return torch.argmax(scores, dim=-1)
+
+
+def pad_vocab(scores: torch.Tensor, width: int) -> torch.Tensor:
+    """Pad ``[B, V]`` scores with -inf up to ``width`` so scores of both models stack."""
+    extra = width - scores.shape[-1]
+    if extra <= 0:
+        return scores
+    return torch.nn.functional.pad(scores, (0, extra), value=float("-inf"))
