@@ -1,0 +1,83 @@
+"""Input checks for stitched generation. Each error names the argument and the fix."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+
+
+def _special_ids(model: PreTrainedModel) -> dict[str, object]:
+    ids = {}
+    for source in (model.config.get_text_config(), model.generation_config):
+        for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
+            value = getattr(source, name, None)
+            if value is not None and name not in ids:
+                ids[name] = sorted(value) if isinstance(value, (list, tuple)) else [value]
+    return ids
+
+
+def check_pair(llm: PreTrainedModel, slm: PreTrainedModel | None) -> PreTrainedModel:
+    """The SLM exists, is a causal LM, and shares the LLM's special token ids."""
+    if slm is None:
+        raise ValueError(
+            "`stitch_threshold` (or `stitch_policy`) was given without a small model. Pass it as "
+            "`assistant_model=slm` to `generate` (or `stitch_slm=slm` with custom_generate=hf_rstitch.stitched_decode)."
+        )
+    if not isinstance(slm, PreTrainedModel) or not hasattr(slm, "get_output_embeddings"):
+        raise TypeError(f"`assistant_model` must be a transformers causal LM, got {type(slm).__name__}.")
+    if slm.config.is_encoder_decoder or llm.config.is_encoder_decoder:
+        raise ValueError("stitched decoding supports decoder-only models only; got an encoder-decoder model.")
+    a, b = _special_ids(llm), _special_ids(slm)
+    for name in sorted(set(a) & set(b)):
+        if a[name] != b[name]:
+            raise ValueError(
+                f"the models' tokenizers look incompatible: `{name}` is {a[name]} for the LLM but {b[name]} for the "
+                "assistant_model. R-Stitch needs one shared tokenizer; use models of the same family, or set both "
+                f"models' generation_config.{name} to the same ids if their tokenizers really are identical."
+            )
+    return slm
+
+
+def check_tokenizers(tokenizer, assistant_tokenizer) -> None:
+    """If both tokenizers are passed they must be the same vocabulary."""
+    if tokenizer is None or assistant_tokenizer is None or tokenizer is assistant_tokenizer:
+        return
+    if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
+        raise ValueError(
+            "`tokenizer` and `assistant_tokenizer` differ; R-Stitch exchanges token ids, so both models must use the "
+            "same tokenizer. Drop `assistant_tokenizer` if they are in fact the same, or pick a same-family pair."
+        )
+
+
+def check_request(input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict) -> None:
+    """Batch size, decoding mode and cache type this version supports."""
+    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+        raise ValueError(
+            f"stitched decoding needs a non-empty prompt of shape [batch, length], got {tuple(input_ids.shape)}. "
+            "Tokenize at least one token (e.g. the chat template's prefix)."
+        )
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"stitched decoding runs batch size 1 for now, got {input_ids.shape[0]} rows. "
+            "Loop over the prompts (batched stitching is tracked in a later issue)."
+        )
+    if (config.num_beams or 1) > 1:
+        raise ValueError("stitched decoding does not support beam search; set num_beams=1.")
+    if (config.num_return_sequences or 1) > 1:
+        raise ValueError("stitched decoding returns one sequence; set num_return_sequences=1 and call it repeatedly.")
+    if config.cache_implementation not in (None, "dynamic"):
+        raise ValueError(
+            f"cache_implementation={config.cache_implementation!r} is not supported by stitched decoding; each model "
+            "keeps its own DynamicCache. Remove `cache_implementation` (static caches come with the fast engine)."
+        )
+    cache = model_kwargs.get("past_key_values")
+    if cache is not None and (not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0):
+        raise ValueError(
+            "stitched decoding builds one fresh DynamicCache per model; do not pass `past_key_values` "
+            f"(got {type(cache).__name__} holding {cache.get_seq_length()} tokens)."
+        )
+    if config.output_attentions or config.output_hidden_states:
+        raise ValueError(
+            "output_attentions / output_hidden_states are not supported by stitched decoding (the two models differ "
+            "in shape); use output_scores / output_logits, and out.stitch for provenance."
+        )

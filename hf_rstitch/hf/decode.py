@@ -1,0 +1,119 @@
+"""``stitched_decode``: the ``custom_generate`` callable that runs R-Stitch inside ``generate``.
+
+transformers prepares everything (generation config, logits processors with the sampling
+warpers, stopping criteria with EOS / max length) and then calls this function with the
+LLM as ``model``. It builds one lane per model, resolves the routing policy and runs
+:func:`hf_rstitch.engine.stitch_loop`.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+
+from ..core.policies import EntropyPolicy, RoutingPolicy
+from ..core.roles import Role
+from ..core.sampling import pad_vocab
+from ..engine import Lane, stitch_loop
+from .checks import check_pair, check_request
+from .output import StitchedGenerateOutput
+
+
+def logit_width(model: PreTrainedModel) -> int:
+    """Number of logits the model emits (its embedding rows, which may exceed the tokenizer)."""
+    head = model.get_output_embeddings()
+    if head is not None and hasattr(head, "weight"):
+        return int(head.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)
+
+
+def resolve_policy(
+    stitch_threshold: float | None, stitch_policy: RoutingPolicy | None, config: GenerationConfig
+) -> RoutingPolicy:
+    """An explicit policy wins; else the threshold (argument, then generation config)."""
+    if stitch_policy is not None:
+        if not isinstance(stitch_policy, RoutingPolicy):
+            raise TypeError(
+                f"`stitch_policy` must implement hand_to_llm / hand_to_slm / reset / needs_hidden "
+                f"(see hf_rstitch.core.policies), got {type(stitch_policy).__name__}."
+            )
+        return stitch_policy
+    if stitch_threshold is None:
+        stitch_threshold = getattr(config, "stitch_threshold", None)
+    if stitch_threshold is None:
+        raise ValueError(
+            "stitched decoding needs `stitch_threshold` (a normalized entropy in [0, 1], e.g. 0.02) or a "
+            "`stitch_policy`; pass it to generate() or set generation_config.stitch_threshold."
+        )
+    return EntropyPolicy(stitch_threshold)
+
+
+def stitched_decode(
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    stitch_slm: PreTrainedModel | None = None,
+    stitch_threshold: float | None = None,
+    stitch_policy: RoutingPolicy | None = None,
+    stitch_streamer=None,
+    stitch_timing: bool = False,
+    **model_kwargs,
+) -> StitchedGenerateOutput | torch.LongTensor:
+    """R-Stitch decoding with ``model`` as the LLM and ``stitch_slm`` as the SLM.
+
+    Use it through ``generate`` after ``import hf_rstitch`` (``assistant_model=slm,
+    stitch_threshold=tau``), or without the patch as
+    ``llm.generate(..., custom_generate=hf_rstitch.stitched_decode, stitch_slm=slm, stitch_threshold=tau)``
+    (transformers does not forward ``assistant_model`` or ``streamer`` to callables; pass
+    ``stitch_slm`` and ``stitch_streamer`` instead).
+
+    Args:
+        stitch_slm: the small model; shares the LLM's tokenizer.
+        stitch_threshold: tau, normalized-entropy threshold in [0, 1].
+        stitch_policy: any :class:`~hf_rstitch.core.policies.RoutingPolicy`; overrides the threshold.
+        stitch_streamer: receives every new token (``put``) and ``end()``.
+        stitch_timing: record device-synchronised seconds of every forward call in the trace.
+
+    Returns:
+        The sequences ``[1, T]``, or with ``return_dict_in_generate=True`` a
+        :class:`StitchedGenerateOutput` whose ``stitch`` holds the trace.
+    """
+    slm = check_pair(model, stitch_slm)
+    policy = resolve_policy(stitch_threshold, stitch_policy, generation_config)
+    check_request(input_ids, generation_config, model_kwargs)
+    mask = model_kwargs.get("attention_mask")
+    if mask is None:
+        mask = torch.ones_like(input_ids)
+
+    vocab = min(logit_width(model), logit_width(slm))  # ids either model may emit
+    lanes = {
+        Role.SLM: Lane(slm, Role.SLM, vocab, timing=stitch_timing),
+        Role.LLM: Lane(model, Role.LLM, vocab, timing=stitch_timing),
+    }
+    result = stitch_loop(
+        lanes,
+        input_ids,
+        mask,
+        policy,
+        process=logits_processor,
+        should_stop=stopping_criteria,
+        do_sample=bool(generation_config.do_sample),
+        on_token=(lambda tok: stitch_streamer.put(tok.cpu())) if stitch_streamer is not None else None,
+        keep_scores=bool(generation_config.output_scores),
+        keep_logits=bool(generation_config.output_logits),
+    )
+    if stitch_streamer is not None:
+        stitch_streamer.end()
+    result.trace.threshold = getattr(policy, "threshold", None)
+
+    if not generation_config.return_dict_in_generate:
+        return result.sequences
+    width = logit_width(model)
+    return StitchedGenerateOutput(
+        sequences=result.sequences,
+        scores=tuple(pad_vocab(s, width) for s in result.scores) if generation_config.output_scores else None,
+        logits=tuple(pad_vocab(s, width) for s in result.logits) if generation_config.output_logits else None,
+        stitch=result.trace,
+    )

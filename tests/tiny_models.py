@@ -1,0 +1,77 @@
+"""Tiny seeded random causal LMs of several architectures, built in-process (no downloads).
+
+``initializer_range`` is large so next-token distributions are peaked and normalized
+entropies spread over (0, 1): thresholds in between then produce real switches. Models are
+float64 so cached and uncached forwards agree to ~1e-15 and routes never flip on noise.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+VOCAB = 96
+SPECIAL = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
+
+
+def _llama(hidden: int, layers: int, vocab: int) -> LlamaForCausalLM:
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.35, **SPECIAL)
+    return LlamaForCausalLM(cfg)
+
+
+def _qwen2(hidden: int, layers: int, vocab: int) -> Qwen2ForCausalLM:
+    # sliding window of 6 on every layer: prompts + generations run well past it
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.35, use_sliding_window=True,
+                      sliding_window=6, max_window_layers=0, **SPECIAL)
+    return Qwen2ForCausalLM(cfg)
+
+
+def _gemma3(hidden: int, layers: int, vocab: int) -> Gemma3ForCausalLM:
+    cfg = Gemma3TextConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, initializer_range=0.15 * (64 / hidden),
+                           sliding_window=5, sliding_window_pattern=2, **SPECIAL)
+    return Gemma3ForCausalLM(cfg)
+
+
+BUILDERS = {"llama": _llama, "qwen2": _qwen2, "gemma3": _gemma3}
+ARCHS = list(BUILDERS)
+
+
+def make_model(arch: str, hidden: int, layers: int, seed: int, vocab: int = VOCAB):
+    torch.manual_seed(seed)
+    model = BUILDERS[arch](hidden, layers, vocab).double().eval()
+    model.generation_config.update(**SPECIAL)
+    return model
+
+
+def make_pair(arch: str, seed: int = 0, slm_vocab: int = VOCAB, llm_vocab: int = VOCAB):
+    """(llm, slm) of one architecture; the LLM is wider and deeper."""
+    llm = make_model(arch, 64, 3, seed, llm_vocab)
+    slm = make_model(arch, 32, 2, seed + 1000, slm_vocab)
+    return llm, slm
+
+
+def prompt(length: int = 9, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (1, length), generator=g)
+
+
+def make_tokenizer(vocab: int = VOCAB):
+    """Word-level tokenizer over "<s> </s> <pad> w3 ... w{vocab-1}", one id per word."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<s>", "</s>", "<pad>"] + [f"w{i}" for i in range(3, vocab)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
