@@ -1,0 +1,42 @@
+"""``rstitch eval``: accuracy, latency and tokens of LLM-only, SLM-only, speculative decoding,
+R-Stitch at several thresholds and random routing on math benchmarks, in the paper's layout.
+
+Thin wrapper over :func:`hf_rstitch.eval.evaluate`; options come from ``EvalConfig``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hf_rstitch.cli.args import add_dataclass_args, dataclass_from_args
+from hf_rstitch.eval.config import EvalConfig
+
+NAME = "eval"
+HELP = "evaluate R-Stitch against LLM-only, SLM-only, speculative decoding and random routing"
+DESCRIPTION = (
+    "Run every method on every problem of the given JSONL benchmark(s) (id/problem/answer per line), "
+    "grade the \\boxed{} answers, and write records.jsonl (resumable), report.md (paper Table 1 layout "
+    "and token tables), summary.json and plots under --out. --report-only re-tabulates existing records."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_args(parser, EvalConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hf_rstitch.eval.api import evaluate
+
+    try:
+        cfg = dataclass_from_args(EvalConfig, args)
+        summary = evaluate(cfg)
+    except (ValueError, FileNotFoundError) as err:  # bad options or data: say what, not a traceback
+        print(f"rstitch eval: error: {err}", file=sys.stderr)
+        return 2
+    print(summary.pop("table1_markdown"))
+    print(f"\nreport: {cfg.out}/report.md")
+    print(json.dumps({"device": summary.get("device"), "out": cfg.out,
+                      "results": summary["results"]}, default=str))
+    return 0

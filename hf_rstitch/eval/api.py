@@ -1,0 +1,119 @@
+"""``evaluate(config)``: load the pair, run every method on every problem, write the report.
+
+The output folder is the unit of work: ``run.json`` (settings, device, versions, date),
+``records.jsonl`` (one record per dataset x problem x method), ``report.md``,
+``summary.json`` and plots. Re-running with the same settings resumes; ``report_only``
+re-tabulates the records without loading any model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from .config import EvalConfig
+from .data import load_problems
+from .report import environment, regrade, table1_markdown, aggregate, write_report
+from .runner import RecordStore, run_eval
+
+RECORDS, RUN_META = "records.jsonl", "run.json"
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> Any:
+    import torch
+
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return getattr(torch, dtype)
+
+
+def load_pair(cfg: EvalConfig, device: str) -> tuple[Any, Any, Any]:
+    """(llm, slm, tokenizer) from checkpoints; the two tokenizers must share a vocabulary."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(cfg.llm)
+    slm_tok = AutoTokenizer.from_pretrained(cfg.slm)
+    if tok.get_vocab() != slm_tok.get_vocab():
+        raise ValueError(
+            f"the LLM ({cfg.llm}) and SLM ({cfg.slm}) tokenizers differ; stitching and speculative decoding "
+            "pass token ids between the models, so pick a pair from one tokenizer family."
+        )
+    dtype = resolve_dtype(cfg.dtype, device)
+    models = [AutoModelForCausalLM.from_pretrained(p, dtype=dtype).to(device).eval() for p in (cfg.llm, cfg.slm)]
+    return models[0], models[1], tok
+
+
+def _prepare_out(cfg: EvalConfig, out: Path) -> None:
+    """Check that resumed records were made with the same settings, or move them aside."""
+    meta_path, rec_path = out / RUN_META, out / RECORDS
+    if not cfg.resume and rec_path.exists():
+        backup = out / f"records.{time.strftime('%Y%m%d-%H%M%S')}.jsonl.bak"
+        shutil.move(rec_path, backup)
+        print(f"--no-resume: moved old records to {backup}")
+    elif meta_path.exists() and rec_path.exists():
+        old = json.loads(meta_path.read_text()).get("settings", {})
+        new = cfg.run_settings()
+        diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
+        if diff:
+            raise ValueError(
+                f"{out} holds records made with other settings {diff} (old, new); use another --out, "
+                "or --no-resume to move the old records aside."
+            )
+
+
+def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+    """Run (or resume) the evaluation described by ``cfg`` and return the JSON summary.
+
+    ``llm`` / ``slm`` / ``tokenizer`` may be passed already loaded (tests, notebooks); the
+    config's ``llm`` / ``slm`` strings are then only labels.
+    """
+    out = Path(cfg.out)
+    store = RecordStore(out / RECORDS)
+    if cfg.report_only:
+        records = store.load()
+        meta = json.loads((out / RUN_META).read_text()) if (out / RUN_META).exists() else {}
+        return _report(cfg, out, records, meta)
+
+    import torch
+
+    import hf_rstitch  # noqa: F401  (patches generate with stitched decoding)
+
+    from .methods import GenSettings, build_methods
+
+    out.mkdir(parents=True, exist_ok=True)
+    _prepare_out(cfg, out)
+    problems = [p for src in cfg.data for p in load_problems(src, limit=cfg.limit)]
+    device = resolve_device(cfg.device)
+    if llm is None or slm is None or tokenizer is None:
+        llm, slm, tokenizer = load_pair(cfg, device)
+    else:
+        device = str(next(llm.parameters()).device)
+    meta = {**environment(), "settings": cfg.run_settings(), "datasets": list(dict.fromkeys(p.dataset for p in problems))}
+    (out / RUN_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+
+    settings = GenSettings(cfg.max_new_tokens, cfg.do_sample, cfg.temperature, cfg.top_p, cfg.seed)
+    methods = build_methods(cfg.methods, llm, slm, settings, thresholds=cfg.thresholds, random_p=cfg.random_p,
+                            router=cfg.router, router_threshold=cfg.router_threshold)
+    run_eval(methods, problems, tokenizer, store, device=torch.device(device), instruction=cfg.instruction,
+             chat_template=cfg.chat_template, max_new_tokens=cfg.max_new_tokens, warmup=cfg.warmup,
+             progress=cfg.progress, save_traces=cfg.save_traces)
+    return _report(cfg, out, store.load(), meta)
+
+
+def _report(cfg: EvalConfig, out: Path, records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    if cfg.regrade:
+        records = regrade(records)
+    summary = write_report(out, records, meta, plots=cfg.plots)
+    summary["table1_markdown"] = table1_markdown(aggregate(records))
+    return summary

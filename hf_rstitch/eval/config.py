@@ -1,0 +1,103 @@
+"""``EvalConfig``: every knob of an evaluation run, with help text and validation.
+
+The CLI (``rstitch eval``) is generated from this dataclass and the Python API
+(:func:`hf_rstitch.eval.evaluate`) takes it, so both reject bad input with the same message.
+Importing this module is cheap (no torch), which keeps ``rstitch --help`` fast.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .data import DEFAULT_INSTRUCTION
+
+METHOD_KINDS = ("llm", "slm", "specdec", "rstitch", "random", "router")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def _help(text: str, **extra: Any) -> Any:
+    return {"help": text, **extra}
+
+
+@dataclass
+class EvalConfig:
+    llm: str = field(default="", metadata=_help("LLM checkpoint: local path or Hub id."))
+    slm: str = field(default="", metadata=_help("SLM checkpoint (same tokenizer as the LLM): local path or Hub id."))
+    data: list[str] = field(default_factory=list, metadata=_help(
+        "Benchmark JSONL file(s) with id/problem/answer per line; a non-file is read as a Hub dataset "
+        "id owner/name[:split] (needs `datasets`). Several files give one Table-1 column group each."))
+    methods: list[str] = field(default_factory=lambda: ["llm", "slm", "specdec", "rstitch", "random"], metadata=_help(
+        "Methods to run: llm, slm, specdec (assisted generation), rstitch (one run per --thresholds), "
+        "random (one run per --random-p), router (Python API only: EvalConfig(router=...)).",
+        choices=METHOD_KINDS))
+    thresholds: list[float] = field(default_factory=lambda: [0.001, 0.02, 0.03], metadata=_help(
+        "R-Stitch entropy thresholds tau (normalized entropy, in [0, 1])."))
+    random_p: list[float] = field(default_factory=lambda: [0.1, 0.5, 0.9], metadata=_help(
+        "Random-routing probabilities: each SLM step goes to the LLM with probability p."))
+    max_new_tokens: int = field(default=8192, metadata=_help("Decoding budget per problem (the paper uses 8k and 16k)."))
+    do_sample: bool = field(default=False, metadata=_help("Sample instead of greedy decoding."))
+    temperature: float = field(default=0.6, metadata=_help("Sampling temperature (with --do-sample)."))
+    top_p: float = field(default=0.95, metadata=_help("Nucleus sampling p (with --do-sample)."))
+    seed: int = field(default=0, metadata=_help("Seed for sampling and random routing (reset before every problem)."))
+    limit: int | None = field(default=None, metadata=_help("Use only the first N problems of each dataset."))
+    out: str = field(default="benchmarks/results/eval", metadata=_help(
+        "Output folder: records.jsonl, run.json, report.md, summary.json and plots."))
+    device: str = field(default="auto", metadata=_help("Device for both models: auto (cuda if available), cuda, cuda:1, cpu."))
+    dtype: str = field(default="auto", metadata=_help("Weights dtype; auto = bfloat16 on CUDA, float32 on CPU.",
+                                                      choices=DTYPES))
+    instruction: str = field(default=DEFAULT_INSTRUCTION, metadata=_help(
+        "Instruction appended to every problem in the user turn."))
+    chat_template: bool = field(default=True, metadata=_help("Prompt through the tokenizer's chat template."))
+    resume: bool = field(default=True, metadata=_help(
+        "Skip (method, problem) pairs already in records.jsonl; --no-resume moves old records aside."))
+    report_only: bool = field(default=False, metadata=_help(
+        "Only re-tabulate existing records in --out (no models loaded)."))
+    regrade: bool = field(default=False, metadata=_help("Re-grade stored outputs with the current grader when reporting."))
+    warmup: bool = field(default=True, metadata=_help("One short untimed call per method before timing."))
+    save_traces: bool = field(default=False, metadata=_help(
+        "Store the full per-token decode trace of stitched methods in each record (large)."))
+    plots: bool = field(default=True, metadata=_help("Write the trade-off and per-sample plots (matplotlib)."))
+    progress: bool = field(default=True, metadata=_help("Show a progress bar."))
+    router: Any = field(default=None, metadata={"cli": False, "help": "Router object for the 'router' method."})
+    router_threshold: float | None = field(default=None, metadata={"cli": False, "help": "stitch_threshold for the router."})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, str):
+            self.data = [self.data]
+        if not self.report_only:
+            for name in ("llm", "slm"):
+                if not getattr(self, name):
+                    raise ValueError(f"--{name} is required (a local checkpoint path or Hub id) unless --report-only.")
+            if not self.data:
+                raise ValueError("--data is required: one or more JSONL files with id/problem/answer per line.")
+        bad = [m for m in self.methods if m not in METHOD_KINDS]
+        if bad or not self.methods:
+            raise ValueError(f"unknown method(s) {bad}; choose from {list(METHOD_KINDS)}.")
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"--methods lists a method twice: {self.methods}.")
+        for name, values in (("thresholds", self.thresholds), ("random_p", self.random_p)):
+            for v in values:
+                if not (isinstance(v, (int, float)) and math.isfinite(v) and 0.0 <= v <= 1.0):
+                    raise ValueError(f"--{name.replace('_', '-')} values must be in [0, 1], got {v!r}.")
+        if "rstitch" in self.methods and not self.thresholds:
+            raise ValueError("method 'rstitch' needs at least one --thresholds value (e.g. 0.02).")
+        if "random" in self.methods and not self.random_p:
+            raise ValueError("method 'random' needs at least one --random-p value (e.g. 0.5).")
+        if "router" in self.methods and self.router is None and not self.report_only:
+            raise ValueError("method 'router' needs a router object: EvalConfig(router=...) in Python; "
+                             "the CLI cannot load one yet, so drop 'router' from --methods.")
+        if self.max_new_tokens <= 0:
+            raise ValueError(f"--max-new-tokens must be positive, got {self.max_new_tokens}.")
+        if self.limit is not None and self.limit <= 0:
+            raise ValueError(f"--limit must be positive, got {self.limit}.")
+        if self.do_sample and not (self.temperature > 0 and 0 < self.top_p <= 1):
+            raise ValueError(f"sampling needs temperature > 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}.")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}.")
+
+    def run_settings(self) -> dict[str, Any]:
+        """What must match for records to be resumed or compared."""
+        return {k: getattr(self, k) for k in ("llm", "slm", "max_new_tokens", "do_sample", "temperature", "top_p",
+                                              "seed", "instruction", "chat_template", "dtype")}

@@ -1,0 +1,220 @@
+"""The decoding methods the harness compares, one small class each.
+
+Every method answers ``run(input_ids) -> (new_token_ids, counts)`` for one prompt (batch size
+1): ``counts`` holds ``new_tokens``, ``llm_tokens``, ``slm_tokens`` and ``switches`` (plus the
+trace summary for stitched methods). Methods only call ``generate``; timing, grading and
+records belong to the runner. Adding a method is a new class registered in ``METHODS``.
+
+Token attribution: LLM-only and speculative decoding count every new token as the LLM's
+(speculative decoding emits exactly the LLM's distribution; transformers does not report
+accepted drafts), SLM-only as the SLM's, stitched methods read the decode trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+
+@dataclass(frozen=True)
+class GenSettings:
+    """Decoding settings shared by every method of one run."""
+
+    max_new_tokens: int = 8192
+    do_sample: bool = False
+    temperature: float = 0.6
+    top_p: float = 0.95
+    seed: int = 0
+
+    def kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "do_sample": self.do_sample}
+        if self.do_sample:
+            kw.update(temperature=self.temperature, top_p=self.top_p)
+        else:  # silence checkpoint sampling defaults under greedy decoding
+            kw.update(temperature=None, top_p=None, top_k=None)
+        return kw
+
+
+class Method:
+    """Base: subclasses set ``kind`` and implement :meth:`_generate`."""
+
+    kind: ClassVar[str] = ""
+    label_text: ClassVar[str] = ""
+    param: float | None = None
+
+    def __init__(self, llm: Any, slm: Any, settings: GenSettings):
+        self.llm, self.slm, self.settings = llm, slm, settings
+
+    @property
+    def name(self) -> str:
+        """Record key: ``rstitch@0.02``, ``random@0.5``, ``llm``..."""
+        return self.kind if self.param is None else f"{self.kind}@{self.param:g}"
+
+    @property
+    def label(self) -> str:
+        return self.label_text
+
+    def _generate(self, input_ids: torch.Tensor, **gen: Any) -> Any:
+        raise NotImplementedError
+
+    def _counts(self, out: Any, n_new: int) -> dict[str, Any]:
+        return {"new_tokens": n_new, "llm_tokens": n_new, "slm_tokens": 0, "switches": 0}
+
+    def run(self, input_ids: torch.Tensor, max_new_tokens: int | None = None) -> tuple[list[int], dict[str, Any]]:
+        """Decode one prompt. ``input_ids``: ``[1, S]`` on the models' device."""
+        gen = self.settings.kwargs()
+        if max_new_tokens is not None:  # warm-up calls
+            gen["max_new_tokens"] = max_new_tokens
+        if self.settings.do_sample:
+            torch.manual_seed(self.settings.seed)
+        attention_mask = torch.ones_like(input_ids)
+        with torch.inference_mode():
+            out = self._generate(input_ids, attention_mask=attention_mask, return_dict_in_generate=True, **gen)
+        new = out.sequences[0, input_ids.shape[1]:].tolist()
+        return new, self._counts(out, len(new))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"
+
+
+class LLMOnly(Method):
+    kind, label_text = "llm", "LLM"
+
+    def _generate(self, input_ids, **gen):
+        return self.llm.generate(input_ids, **gen)
+
+
+class SLMOnly(Method):
+    kind, label_text = "slm", "SLM"
+
+    def _generate(self, input_ids, **gen):
+        return self.slm.generate(input_ids, **gen)
+
+    def _counts(self, out, n_new):
+        return {"new_tokens": n_new, "llm_tokens": 0, "slm_tokens": n_new, "switches": 0}
+
+
+class SpecDec(Method):
+    """transformers' assisted generation with the same pair (no stitch arguments)."""
+
+    kind, label_text = "specdec", "SpecDec"
+
+    def _generate(self, input_ids, **gen):
+        return self.llm.generate(input_ids, assistant_model=self.slm, **gen)
+
+
+def _require_stitching() -> None:
+    import hf_rstitch
+
+    if not hasattr(hf_rstitch, "stitched_decode"):
+        raise RuntimeError(
+            "this build of hf_rstitch has no stitched decoding yet (hf_rstitch.stitched_decode is missing), so "
+            "R-Stitch / random / router methods cannot run; use --methods llm slm specdec."
+        )
+
+
+class _Stitched(Method):
+    """Shared by the methods that go through stitched decoding and return ``out.stitch``."""
+
+    def _stitch_kwargs(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _generate(self, input_ids, **gen):
+        _require_stitching()
+        return self.llm.generate(input_ids, assistant_model=self.slm, **self._stitch_kwargs(), **gen)
+
+    def _counts(self, out, n_new):
+        trace = out.stitch
+        counts = dict(trace.summary())
+        counts["new_tokens"] = n_new
+        counts["_trace"] = trace  # the runner keeps it when --save-traces is on, then drops it
+        return counts
+
+
+class RStitch(_Stitched):
+    """Entropy-guided stitching at threshold ``tau`` (Algorithm 1)."""
+
+    kind = "rstitch"
+
+    def __init__(self, llm, slm, settings, threshold: float):
+        super().__init__(llm, slm, settings)
+        self.param = float(threshold)
+
+    @property
+    def label(self) -> str:
+        return f"R-Stitch τ={self.param:g}"
+
+    def _stitch_kwargs(self):
+        return {"stitch_threshold": self.param}
+
+
+class RandomRouting(_Stitched):
+    """Baseline: each SLM step goes to the LLM with probability ``p`` (``RandomPolicy``)."""
+
+    kind = "random"
+
+    def __init__(self, llm, slm, settings, p: float):
+        super().__init__(llm, slm, settings)
+        self.param = float(p)
+
+    @property
+    def label(self) -> str:
+        return f"Random p={self.param:g}"
+
+    def _stitch_kwargs(self):
+        from hf_rstitch.core.policies import RandomPolicy
+
+        return {"stitch_policy": RandomPolicy(self.param, seed=self.settings.seed)}
+
+
+class LearnedRouter(_Stitched):
+    """R-Stitch+: a learned router object passed through as ``stitch_router=``.
+
+    Placeholder until the router lands: any object the core accepts as ``stitch_router``;
+    ``threshold`` (optional) is passed as ``stitch_threshold`` (the router is consulted only
+    above it in the paper).
+    """
+
+    kind, label_text = "router", "R-Stitch+"
+
+    def __init__(self, llm, slm, settings, router: Any, threshold: float | None = None):
+        super().__init__(llm, slm, settings)
+        if router is None:
+            raise ValueError(
+                "the 'router' method needs a trained router object: pass it as EvalConfig(router=...) "
+                "in Python (the CLI has no router loader yet), or drop 'router' from --methods."
+            )
+        self.router, self.threshold = router, threshold
+
+    def _stitch_kwargs(self):
+        kw: dict[str, Any] = {"stitch_router": self.router}
+        if self.threshold is not None:
+            kw["stitch_threshold"] = self.threshold
+        return kw
+
+
+METHODS: dict[str, type[Method]] = {
+    cls.kind: cls for cls in (LLMOnly, SLMOnly, SpecDec, RStitch, RandomRouting, LearnedRouter)
+}
+STITCHED_KINDS = frozenset(k for k, cls in METHODS.items() if issubclass(cls, _Stitched))
+
+
+def build_methods(kinds: list[str], llm: Any, slm: Any, settings: GenSettings, *,
+                  thresholds: list[float] = (), random_p: list[float] = (), router: Any = None,
+                  router_threshold: float | None = None) -> list[Method]:
+    """One method object per (kind, parameter): ``rstitch`` expands over ``thresholds``,
+    ``random`` over ``random_p``."""
+    variants: dict[str, list[dict[str, Any]]] = {
+        "rstitch": [{"threshold": t} for t in thresholds],
+        "random": [{"p": p} for p in random_p],
+        "router": [{"router": router, "threshold": router_threshold}],
+    }
+    methods: list[Method] = []
+    for kind in kinds:
+        if kind not in METHODS:
+            raise ValueError(f"unknown method {kind!r}; choose from {sorted(METHODS)}.")
+        for kw in variants.get(kind, [{}]):
+            methods.append(METHODS[kind](llm, slm, settings, **kw))
+    return methods

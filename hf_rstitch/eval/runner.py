@@ -1,0 +1,172 @@
+"""Run methods x problems and append one JSONL record per (dataset, problem, method).
+
+Each record is written (and fsync'd) as soon as its sample finishes, so a run that dies is
+resumed by skipping the pairs already on disk, and a finished run can be re-tabulated from
+the file alone. Latency is the wall clock of the ``generate`` call only, with
+``torch.cuda.synchronize`` before and after on CUDA; each method gets one short untimed
+warm-up call first. Batch size 1 throughout. Reporting lives in :mod:`.report`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from .data import Problem, prompt_ids
+from .grading import grade, profile_for
+from .methods import Method
+
+WARMUP_TOKENS = 16
+
+
+class RecordStore:
+    """Append-only JSONL of records; a torn last line (killed mid-write) is dropped."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def load(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        records = []
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:  # torn write from an interrupted run
+                    continue
+                raise ValueError(f"{self.path}:{i + 1}: corrupt record (not JSON); fix or delete that line.") from None
+        return records
+
+    def done(self) -> set[tuple[str, str, str]]:
+        return {key(r) for r in self.load()}
+
+    def _repair(self) -> None:
+        """Cut a partial last line so the next append starts on a fresh line."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        data = self.path.read_bytes()
+        if not data.endswith(b"\n"):
+            self.path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair()
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def key(record: dict[str, Any]) -> tuple[str, str, str]:
+    return (record["dataset"], str(record["id"]), record["method"])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_run(method: Method, input_ids: torch.Tensor, **kw: Any) -> tuple[list[int], dict[str, Any], float]:
+    """``method.run`` timed as wall clock, device-synchronised before and after."""
+    _sync(input_ids.device)
+    t0 = time.perf_counter()
+    new_ids, counts = method.run(input_ids, **kw)
+    _sync(input_ids.device)
+    return new_ids, counts, time.perf_counter() - t0
+
+
+def make_record(problem: Problem, method: Method, tokenizer: Any, prompt_len: int, new_ids: list[int],
+                counts: dict[str, Any], latency: float, eos_ids: set[int], max_new_tokens: int,
+                save_traces: bool = False) -> dict[str, Any]:
+    """One JSON-ready record: output text, per-model counts, latency and correctness."""
+    counts = dict(counts)
+    trace = counts.pop("_trace", None)
+    text = tokenizer.decode(new_ids, skip_special_tokens=True)
+    result = grade(text, problem.answer, profile_for(problem.dataset))
+    main = {k: counts.pop(k, 0) for k in ("new_tokens", "llm_tokens", "slm_tokens", "switches")}
+    rec: dict[str, Any] = {
+        "dataset": problem.dataset, "id": problem.id, "method": method.name, "kind": method.kind,
+        "param": method.param, "label": method.label, "answer": problem.answer,
+        "correct": result.correct, "extracted": result.extracted, "extracted_by": result.extracted_by,
+        "latency_s": latency, "prompt_tokens": prompt_len, **main,
+        "hit_eos": bool(new_ids) and new_ids[-1] in eos_ids,
+        "truncated": len(new_ids) >= max_new_tokens and not (new_ids and new_ids[-1] in eos_ids),
+        "counts": counts, "output": text,
+    }
+    if save_traces and trace is not None:
+        rec["trace"] = trace.to_dict()
+    return rec
+
+
+def _eos_ids(*models: Any) -> set[int]:
+    ids: set[int] = set()
+    for m in models:
+        eos = getattr(getattr(m, "generation_config", None), "eos_token_id", None)
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return ids
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm ships with huggingface-hub
+        return None
+    return tqdm(total=total, disable=not enabled, file=sys.stderr, unit="sample", dynamic_ncols=True)
+
+
+def run_eval(methods: list[Method], problems: Iterable[Problem], tokenizer: Any, store: RecordStore, *,
+             device: torch.device | str = "cpu", instruction: str = "", chat_template: bool = True,
+             max_new_tokens: int = 8192, warmup: bool = True, progress: bool = True,
+             save_traces: bool = False) -> list[dict[str, Any]]:
+    """Run every method on every problem not already in ``store``; returns the new records.
+
+    Problems are the outer loop, so an interrupted run leaves complete rows of methods for
+    the problems it reached (per-sample speedups need the LLM-only baseline on the same ids).
+    """
+    device = torch.device(device)
+    problems = list(problems)
+    done = store.done()
+    todo = [(p, m) for p in problems for m in methods if (p.dataset, p.id, m.name) not in done]
+    if not todo:
+        return []
+    eos = _eos_ids(methods[0].llm, methods[0].slm)
+    prompts: dict[tuple[str, str], list[int]] = {}
+
+    def ids_for(p: Problem) -> list[int]:
+        if (p.dataset, p.id) not in prompts:
+            prompts[(p.dataset, p.id)] = prompt_ids(tokenizer, p.problem, instruction, chat_template)
+        return prompts[(p.dataset, p.id)]
+
+    if warmup:
+        first = torch.tensor([ids_for(todo[0][0])], device=device)
+        for m in {m.name: m for _, m in todo}.values():
+            m.run(first, max_new_tokens=min(WARMUP_TOKENS, max_new_tokens))
+    bar = _progress(len(todo), progress)
+    new_records = []
+    try:
+        for problem, method in todo:
+            ids = ids_for(problem)
+            input_ids = torch.tensor([ids], device=device)
+            new_ids, counts, latency = timed_run(method, input_ids)
+            rec = make_record(problem, method, tokenizer, len(ids), new_ids, counts, latency, eos,
+                              max_new_tokens, save_traces)
+            store.append(rec)
+            new_records.append(rec)
+            if bar is not None:
+                bar.set_postfix_str(f"{problem.dataset}/{problem.id} {method.name} "
+                                    f"{'ok' if rec['correct'] else 'x'} {latency:.1f}s", refresh=False)
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return new_records
