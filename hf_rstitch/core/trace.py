@@ -21,8 +21,8 @@ from .roles import Role
 
 class CallKind(str, enum.Enum):
     PREFILL = "prefill"  # the lane's first call: the whole prompt
-    RESUME = "resume"  # partial prefill: tokens the other model wrote since this lane last ran
-    DECODE = "decode"  # one token, the lane's own previous output
+    RESUME = "resume"  # partial prefill: the other model wrote the latest token(s); read all unseen ones
+    DECODE = "decode"  # this lane wrote the latest token; read just that one
 
     def __str__(self) -> str:
         return self.value

@@ -49,13 +49,14 @@ class Lane:
         self._keep_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     def advance(
-        self, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool = False
+        self, seq: torch.Tensor, mask: torch.Tensor, resumed: bool = False, want_hidden: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None, ForwardCall]:
         """Run the model over ``seq[:, seen:]`` and return the next-token logits.
 
         Args:
             seq: ``[B, T]`` the whole sequence so far (prompt + new tokens), any device.
             mask: ``[B, T]`` attention mask (0 on left padding).
+            resumed: the other model wrote the latest token(s), so this call is a partial prefill.
             want_hidden: also return the last layer's hidden state at the last position.
 
         Returns:
@@ -66,7 +67,7 @@ class Lane:
         n_kv = self.seen
         if total <= n_kv:
             raise RuntimeError(f"{self.role} lane has already seen {n_kv} tokens; nothing new in a sequence of {total}")
-        kind = CallKind.PREFILL if n_kv == 0 else (CallKind.DECODE if total - n_kv == 1 else CallKind.RESUME)
+        kind = CallKind.PREFILL if n_kv == 0 else (CallKind.RESUME if resumed else CallKind.DECODE)
         mask = mask.to(self.device)
         positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)  # [B, T]; 0 on left padding
         start = 0.0

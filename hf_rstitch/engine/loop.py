@@ -73,16 +73,19 @@ def stitch_loop(
     policy.reset()
     while True:
         index = trace.n_tokens
+        last = trace.roles[-1] if trace.roles else None
         handover, slm_h = False, None
         if active is Role.SLM:
-            logits, hidden, call = lanes[Role.SLM].advance(seq, mask, want_hidden=policy.needs_hidden)
+            logits, hidden, call = lanes[Role.SLM].advance(
+                seq, mask, resumed=last is Role.LLM, want_hidden=policy.needs_hidden
+            )
             trace.calls.append(call)
             entropy = normalized_entropy(logits)
             if bool(policy.hand_to_llm(StepView(index, entropy, hidden))[0]):
                 handover, slm_h, active = True, entropy, Role.LLM  # discard the SLM's proposal
         writer = active
         if writer is Role.LLM:
-            logits, _, call = lanes[Role.LLM].advance(seq, mask)
+            logits, _, call = lanes[Role.LLM].advance(seq, mask, resumed=last is Role.SLM)
             trace.calls.append(call)
             entropy = normalized_entropy(logits)
             if bool(policy.hand_to_slm(StepView(index, entropy))[0]):
