@@ -172,9 +172,10 @@ class RandomRouting(_Stitched):
 class LearnedRouter(_Stitched):
     """R-Stitch+: a learned router object passed through as ``stitch_router=``.
 
-    Placeholder until the router lands: any object the core accepts as ``stitch_router``;
-    ``threshold`` (optional) is passed as ``stitch_threshold`` (the router is consulted only
-    above it in the paper).
+    Placeholder until the router lands: an object implementing
+    :class:`~hf_rstitch.core.policies.RoutingPolicy` is passed as ``stitch_policy``; any other
+    object goes through as ``stitch_router=`` (with ``threshold``, if given, as
+    ``stitch_threshold``: the paper consults the router only above it).
     """
 
     kind, label_text = "router", "R-Stitch+"
@@ -189,8 +190,13 @@ class LearnedRouter(_Stitched):
         self.router, self.threshold = router, threshold
 
     def _stitch_kwargs(self):
-        kw: dict[str, Any] = {"stitch_router": self.router}
-        if self.threshold is not None:
+        from hf_rstitch.core.policies import RoutingPolicy
+
+        # A router that already speaks the RoutingPolicy interface runs as a policy today;
+        # anything else is handed to the core's (future) ``stitch_router`` argument.
+        arg = "stitch_policy" if isinstance(self.router, RoutingPolicy) else "stitch_router"
+        kw: dict[str, Any] = {arg: self.router}
+        if self.threshold is not None and arg == "stitch_router":
             kw["stitch_threshold"] = self.threshold
         return kw
 

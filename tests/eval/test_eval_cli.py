@@ -66,3 +66,19 @@ def test_cli_report_only(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| LLM | -- | 100.00 | 2.00 | 1.00× |" in printed
     assert json.loads(printed.strip().splitlines()[-1])["results"]["toy"]["llm"]["acc"] == 100.0
+
+
+def test_cli_loads_checkpoints_from_disk(tmp_path, tokenizer, pair, bench_file, capsys):
+    llm, slm = pair
+    for name, model in (("llm", llm), ("slm", slm)):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    out = tmp_path / "out"
+    argv = ["eval", "--llm", str(tmp_path / "llm"), "--slm", str(tmp_path / "slm"), "--data", str(bench_file),
+            "--methods", "llm", "rstitch", "--thresholds", "0.5", "--max-new-tokens", "6", "--limit", "2",
+            "--out", str(out), "--device", "cpu", "--no-plots", "--no-progress"]
+    assert main(argv) == 0
+    lines = (out / "records.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    assert "R-Stitch" in (out / "report.md").read_text() or "rstitch" in (out / "report.md").read_text()
+    assert json.loads((out / "run.json").read_text())["settings"]["max_new_tokens"] == 6

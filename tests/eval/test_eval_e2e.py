@@ -87,3 +87,15 @@ def test_stitched_methods_end_to_end(tmp_path, bench_file, tokenizer, pair64):
         assert len(mid["trace"]["roles"]) == mid["new_tokens"]
     assert set(summary["results"]["toy"]) == {"llm", "slm", "rstitch@0", "rstitch@0.5", "rstitch@1",
                                               "random@0", "random@1"}
+
+
+@pytest.mark.skipif(not STITCHING, reason="stitched decoding (hf_rstitch.stitched_decode) has not landed yet")
+def test_router_hook_accepts_a_policy_object(tmp_path, bench_file, tokenizer, pair64):
+    from hf_rstitch.core.policies import RandomPolicy
+
+    llm, slm = pair64
+    cfg = _cfg(tmp_path, bench_file, ["llm", "router"], router=RandomPolicy(1.0), plots=False, limit=1)
+    evaluate(cfg, llm=llm, slm=slm, tokenizer=tokenizer)
+    recs = _records(tmp_path)
+    assert recs[("a", "router")]["output"] == recs[("a", "llm")]["output"]
+    assert recs[("a", "router")]["label"] == "R-Stitch+"
