@@ -54,6 +54,17 @@ def load_pair(cfg: EvalConfig, device: str) -> tuple[Any, Any, Any]:
     return models[0], models[1], tok
 
 
+def clear_stitch_defaults(model: Any) -> None:
+    """Drop a ``stitch_threshold`` stored in the checkpoint's generation config: with it set,
+    the patched ``generate`` would stitch the LLM-only and SpecDec baselines too. The
+    harness passes every threshold explicitly."""
+    config = getattr(model, "generation_config", None)
+    if getattr(config, "stitch_threshold", None) is not None:
+        print(f"note: ignoring generation_config.stitch_threshold={config.stitch_threshold} of the LLM; "
+              "each method sets its own routing")
+        config.stitch_threshold = None
+
+
 def _prepare_out(cfg: EvalConfig, out: Path) -> None:
     """Check that resumed records were made with the same settings, or move them aside."""
     meta_path, rec_path = out / RUN_META, out / RECORDS
@@ -99,6 +110,7 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
         llm, slm, tokenizer = load_pair(cfg, device)
     else:
         device = str(next(llm.parameters()).device)
+    clear_stitch_defaults(llm)
     meta = {**environment(), "settings": cfg.run_settings(), "datasets": list(dict.fromkeys(p.dataset for p in problems))}
     (out / RUN_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
 

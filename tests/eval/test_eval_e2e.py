@@ -99,3 +99,16 @@ def test_router_hook_accepts_a_policy_object(tmp_path, bench_file, tokenizer, pa
     recs = _records(tmp_path)
     assert recs[("a", "router")]["output"] == recs[("a", "llm")]["output"]
     assert recs[("a", "router")]["label"] == "R-Stitch+"
+
+
+def test_checkpoint_stitch_default_does_not_leak_into_baselines(tmp_path, bench_file, tokenizer, pair64):
+    llm, slm = pair64
+    llm.generation_config.stitch_threshold = 0.5  # as a Hub template checkpoint might ship it
+    try:
+        evaluate(_cfg(tmp_path, bench_file, ["llm", "specdec"], plots=False, limit=1), llm=llm, slm=slm,
+                 tokenizer=tokenizer)
+    finally:
+        llm.generation_config.stitch_threshold = None
+    recs = _records(tmp_path)
+    assert recs[("a", "specdec")]["output"] == recs[("a", "llm")]["output"]
+    assert recs[("a", "specdec")]["counts"] == {}  # plain assisted generation: no stitch trace
