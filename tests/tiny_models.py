@@ -66,12 +66,12 @@ def prompt(length: int = 9, seed: int = 0) -> torch.Tensor:
 
 
 def make_tokenizer(vocab: int = VOCAB):
-    """Word-level tokenizer over "<s> </s> <pad> w3 ... w{vocab-1}", one id per word."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    """Character-level tokenizer: ids 0-2 are <s> </s> <pad>, then one id per printable character."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = ["<s>", "</s>", "<pad>"] + [f"w{i}" for i in range(3, vocab)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    chars = [chr(c) for c in range(32, 32 + vocab - 3)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<s>", "</s>", "<pad>"] + chars)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")

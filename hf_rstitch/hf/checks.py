@@ -8,7 +8,7 @@ from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 def _special_ids(model: PreTrainedModel) -> dict[str, object]:
     ids = {}
-    for source in (model.config.get_text_config(), model.generation_config):
+    for source in (model.generation_config, model.config.get_text_config()):  # generate reads the former first
         for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
             value = getattr(source, name, None)
             if value is not None and name not in ids:
@@ -50,21 +50,22 @@ def check_tokenizers(tokenizer, assistant_tokenizer) -> None:
 
 
 def check_request(input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict) -> None:
-    """Batch size, decoding mode and cache type this version supports."""
+    """Batch size, decoding mode and cache type this version supports (generate has already
+    expanded the batch for beams / multiple returns, so those are checked first)."""
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise ValueError(
             f"stitched decoding needs a non-empty prompt of shape [batch, length], got {tuple(input_ids.shape)}. "
             "Tokenize at least one token (e.g. the chat template's prefix)."
         )
+    if (config.num_beams or 1) > 1:
+        raise ValueError("stitched decoding does not support beam search; set num_beams=1.")
+    if (config.num_return_sequences or 1) > 1:
+        raise ValueError("stitched decoding returns one sequence; set num_return_sequences=1 and call it repeatedly.")
     if input_ids.shape[0] != 1:
         raise ValueError(
             f"stitched decoding runs batch size 1 for now, got {input_ids.shape[0]} rows. "
             "Loop over the prompts (batched stitching is tracked in a later issue)."
         )
-    if (config.num_beams or 1) > 1:
-        raise ValueError("stitched decoding does not support beam search; set num_beams=1.")
-    if (config.num_return_sequences or 1) > 1:
-        raise ValueError("stitched decoding returns one sequence; set num_return_sequences=1 and call it repeatedly.")
     if config.cache_implementation not in (None, "dynamic"):
         raise ValueError(
             f"cache_implementation={config.cache_implementation!r} is not supported by stitched decoding; each model "

@@ -1,0 +1,78 @@
+"""The shipped toy-world pair: load it, load its test split, grade its answers.
+
+``load_pair()`` returns the LLM (verbose, accurate, slow) and the SLM (concise, weaker, fast)
+trained by :mod:`hf_rstitch.toyworld.train`, in float32, with their shared tokenizer. Grading
+reads the last ``\\boxed{...}`` of a completion and compares it with the reference as a string.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets" / "pair"
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def assets_present(root: str | Path = ASSETS) -> bool:
+    root = Path(root)
+    return all((root / role / "model.safetensors").exists() for role in ("llm", "slm")) and \
+        (root / "test.jsonl").exists()
+
+
+def extract_boxed(text: str) -> str | None:
+    """Contents of the last ``\\boxed{...}`` in ``text``, stripped, or ``None``."""
+    found = _BOXED.findall(text)
+    return found[-1].strip() if found else None
+
+
+def grade(text: str, answer: str | int) -> bool:
+    """True when the last ``\\boxed{}`` of ``text`` equals ``answer`` (as an integer if both parse)."""
+    got = extract_boxed(text)
+    if got is None:
+        return False
+    want = str(answer).strip()
+    try:
+        return int(got) == int(want)
+    except ValueError:
+        return got == want
+
+
+def _check(root: Path) -> None:
+    if not assets_present(root):
+        raise FileNotFoundError(
+            f"toy-world pair not found under {root} (expected llm/, slm/ with model.safetensors and "
+            "test.jsonl). Reinstall hf-rstitch from a full clone, or train one with "
+            "`rstitch toyworld train --preset llm` / `--preset slm`.")
+
+
+def load_model(role: str, device: str = "cpu", root: str | Path = ASSETS):
+    """One model of the pair (``"llm"`` or ``"slm"``) in float32, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if role not in ("llm", "slm"):
+        raise ValueError(f"role must be 'llm' or 'slm', got {role!r}")
+    model = AutoModelForCausalLM.from_pretrained(Path(root) / role, dtype=torch.float32)
+    return model.to(device).eval()
+
+
+def load_pair(device: str = "cpu", root: str | Path = ASSETS):
+    """``(llm, slm, tokenizer)`` of the shipped pair, float32, on ``device``."""
+    from transformers import AutoTokenizer
+
+    root = Path(root)
+    _check(root)
+    tokenizer = AutoTokenizer.from_pretrained(root / "llm")
+    return load_model("llm", device, root), load_model("slm", device, root), tokenizer
+
+
+def load_test_split(root: str | Path = ASSETS) -> list[dict]:
+    """The held-out test problems: rows with ``id``, ``problem``, ``answer``, ``level``, ..."""
+    from hf_rstitch.toyworld.tasks import read_jsonl
+
+    path = Path(root) / "test.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing; regenerate it with "
+                                "`rstitch toyworld data --split test --n 600 --out {path}`")
+    return read_jsonl(path)

@@ -1,0 +1,87 @@
+"""Bad input gets a clear error naming the argument and the fix."""
+
+import math
+
+import pytest
+import torch
+from transformers import StaticCache
+
+from tiny_models import make_model, make_pair, make_tokenizer, prompt
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return make_pair("llama")
+
+
+def gen(llm, slm, ids=None, **kw):
+    kw.setdefault("stitch_threshold", 0.5)
+    return llm.generate(prompt() if ids is None else ids, assistant_model=slm, max_new_tokens=4, **kw)
+
+
+def test_threshold_without_assistant(pair):
+    llm, _ = pair
+    with pytest.raises(ValueError, match="assistant_model=slm"):
+        llm.generate(prompt(), stitch_threshold=0.1, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.01, math.nan, math.inf])
+def test_threshold_out_of_range(pair, bad):
+    with pytest.raises(ValueError, match=r"stitch_threshold.*finite number in \[0, 1\]"):
+        gen(*pair, stitch_threshold=bad)
+
+
+def test_threshold_not_a_number(pair):
+    with pytest.raises(TypeError, match="stitch_threshold"):
+        gen(*pair, stitch_threshold="0.1")
+
+
+def test_incompatible_special_ids(pair):
+    llm, _ = pair
+    other = make_model("llama", 32, 2, seed=5)
+    other.generation_config.eos_token_id = 7
+    with pytest.raises(ValueError, match="eos_token_id.*incompatible|incompatible.*eos_token_id"):
+        gen(llm, other)
+
+
+def test_different_tokenizers(pair):
+    with pytest.raises(ValueError, match="assistant_tokenizer"):
+        gen(*pair, tokenizer=make_tokenizer(), assistant_tokenizer=make_tokenizer(80))
+
+
+def test_batch_beams_and_multiple_returns(pair):
+    with pytest.raises(ValueError, match="batch size 1"):
+        gen(*pair, ids=torch.cat([prompt(), prompt(seed=1)]))
+    with pytest.raises(ValueError, match="num_beams=1"):
+        gen(*pair, num_beams=2)
+    with pytest.raises(ValueError, match="num_return_sequences=1"):
+        gen(*pair, num_return_sequences=2, do_sample=True)
+
+
+def test_unsupported_caches(pair):
+    llm, slm = pair
+    with pytest.raises(ValueError, match="cache_implementation"):
+        gen(llm, slm, cache_implementation="static")
+    with pytest.raises(ValueError, match="past_key_values"):
+        gen(llm, slm, past_key_values=StaticCache(config=llm.config, max_cache_len=32))
+
+
+def test_empty_prompt(pair):
+    with pytest.raises(ValueError, match="non-empty prompt"):
+        gen(*pair, ids=torch.zeros(1, 0, dtype=torch.long))
+
+
+def test_assistant_that_is_not_a_model(pair):
+    llm, _ = pair
+    with pytest.raises(TypeError, match="assistant_model"):
+        gen(llm, "small-model")
+
+
+def test_policy_of_the_wrong_type(pair):
+    with pytest.raises(TypeError, match="stitch_policy"):
+        gen(*pair, stitch_threshold=None, stitch_policy=lambda h: h > 0.1)
+
+
+def test_attention_outputs_refused(pair):
+    with pytest.raises(ValueError, match="output_attentions"):
+        gen(*pair, output_attentions=True, return_dict_in_generate=True)
