@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import StaticCache
 
+import hf_rstitch  # noqa: F401  (patches generate)
 from tiny_models import make_model, make_pair, make_tokenizer, prompt
 
 
