@@ -35,6 +35,12 @@ def _qwen2(hidden: int, layers: int, vocab: int) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(cfg)
 
 
+def _qwen2_full(hidden: int, layers: int, vocab: int) -> Qwen2ForCausalLM:
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.35, **SPECIAL)
+    return Qwen2ForCausalLM(cfg)
+
+
 def _gemma3(hidden: int, layers: int, vocab: int) -> Gemma3ForCausalLM:
     cfg = Gemma3TextConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, initializer_range=0.15 * (64 / hidden),
@@ -42,8 +48,9 @@ def _gemma3(hidden: int, layers: int, vocab: int) -> Gemma3ForCausalLM:
     return Gemma3ForCausalLM(cfg)
 
 
-BUILDERS = {"llama": _llama, "qwen2": _qwen2, "gemma3": _gemma3}
-ARCHS = list(BUILDERS)
+BUILDERS = {"llama": _llama, "qwen2": _qwen2, "gemma3": _gemma3, "qwen2-full": _qwen2_full}
+ARCHS = ["llama", "qwen2", "gemma3"]  # equivalence tests at batch size 1
+BATCH_ARCHS = ["llama", "qwen2-full"]  # batched stitching refuses sliding-window layers
 
 
 def make_model(arch: str, hidden: int, layers: int, seed: int, vocab: int = VOCAB):

@@ -1,13 +1,21 @@
 """A lane: one model and its own KV cache, advanced over a shared token sequence.
 
-The lane remembers how many tokens of the sequence its cache already holds (``seen``).
-:meth:`Lane.advance` runs the model over exactly the tokens it has not seen -- the whole
-prompt the first time (prefill), the other model's tokens after a switch (partial
-prefill, fused with producing the next token), or the single previous token (decode) --
-and returns the logits of the last position. No token is ever read twice.
+All rows of the batch share one sequence tensor ``seq [B, T]`` (every row gains exactly one
+token per step, whichever model wrote it). For each row the lane remembers how many columns
+of that sequence its cache already holds (``seen [B]``). :meth:`Lane.advance` runs the model
+over exactly the columns a row has not seen -- the whole prompt the first time (prefill), the
+other model's tokens after a switch (partial prefill, fused with producing the next token),
+or the single previous token (decode) -- and returns the logits of the last column.
+
+Batching with per-row catch-up lengths: a call feeds the last ``L`` columns, ``L`` the longest
+catch-up among the rows that take part. Columns a row has already seen, and every column of a
+row that does not take part, enter the cache as masked *holes* (attention mask 0), so the
+cache's slot axis stays rectangular while each row attends to exactly its own tokens. At batch
+size 1 there are no holes. Holes break sliding-window layers (the window would count slots,
+not tokens), so sliding-window models are refused for batch size > 1.
 
 R-Stitch never needs to shrink a cache: a discarded SLM proposal is a prediction, not an
-input, so it never enters the SLM's cache. The only state a lane keeps is ``seen``.
+input, so it never enters the SLM's cache. Finished rows are dropped with :meth:`keep_rows`.
 """
 
 from __future__ import annotations
@@ -34,50 +42,69 @@ class Lane:
         model: a causal LM.
         role: :class:`Role.SLM` or :class:`Role.LLM`.
         vocab: width of the shared vocabulary; logits are cut to it.
+        batch_size: rows of the batch.
         timing: record device-synchronised wall seconds of every forward call.
     """
 
-    def __init__(self, model: PreTrainedModel, role: Role, vocab: int, timing: bool = False):
+    def __init__(self, model: PreTrainedModel, role: Role, vocab: int, batch_size: int = 1, timing: bool = False):
         self.model = model
         self.role = role
         self.vocab = vocab
         self.timing = timing
         self.device = model.device
         self.cache = DynamicCache(config=model.config)
-        self.seen = 0  # tokens of the shared sequence already in self.cache
+        if batch_size > 1 and any(self.cache.is_sliding):
+            raise ValueError(
+                f"the {role} model ({type(model).__name__}) uses sliding-window attention, which batched stitching "
+                "does not support yet (its cache would count masked slots as tokens). Run batch size 1, "
+                "or disable the sliding window in the model config if it is not needed for your lengths."
+            )
+        self.seen = torch.zeros(batch_size, dtype=torch.long)  # columns of the shared sequence in the cache
+        self.slots = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)  # [B, S] cache-slot mask
         params = inspect.signature(model.forward).parameters
         self._keep_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     def advance(
-        self, seq: torch.Tensor, mask: torch.Tensor, resumed: bool = False, want_hidden: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None, ForwardCall]:
-        """Run the model over ``seq[:, seen:]`` and return the next-token logits.
+        self,
+        seq: torch.Tensor,
+        mask: torch.Tensor,
+        rows: torch.Tensor,
+        resumed: torch.Tensor,
+        want_hidden: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[int, ForwardCall]]:
+        """Run the model over each taking-part row's unseen columns; return next-token logits.
 
         Args:
             seq: ``[B, T]`` the whole sequence so far (prompt + new tokens), any device.
-            mask: ``[B, T]`` attention mask (0 on left padding).
-            resumed: the other model wrote the latest token(s), so this call is a partial prefill.
-            want_hidden: also return the last layer's hidden state at the last position.
+            mask: ``[B, T]`` attention mask of the sequence (0 on left padding).
+            rows: ``[B]`` bool (CPU), the rows that take part in this call.
+            resumed: ``[B]`` bool (CPU), the other model wrote the row's latest token(s).
+            want_hidden: also return the last layer's hidden state at the last column.
 
         Returns:
-            logits ``[B, vocab]`` float32 on ``seq``'s device, hidden ``[B, D]`` or None, and
-            the :class:`ForwardCall` record of this call.
+            logits ``[B, vocab]`` float32 on ``seq``'s device (meaningful for taking-part rows),
+            hidden ``[B, D]`` or None, and a :class:`ForwardCall` per taking-part row index,
+            counted in that row's real tokens (as if it ran alone).
         """
         total = seq.shape[1]
-        n_kv = self.seen
-        if total <= n_kv:
-            raise RuntimeError(f"{self.role} lane has already seen {n_kv} tokens; nothing new in a sequence of {total}")
-        kind = CallKind.PREFILL if n_kv == 0 else (CallKind.RESUME if resumed else CallKind.DECODE)
+        if bool((self.seen[rows] >= total).any()):
+            raise RuntimeError(f"{self.role} lane asked to advance rows that have nothing new")
+        width = int((total - self.seen[rows]).max())  # longest catch-up among taking-part rows
+        cols = torch.arange(total - width, total)  # the last `width` columns of the sequence
+        fresh = (cols[None, :] >= self.seen[:, None]) & rows[:, None]  # [B, width] unseen and taking part
         mask = mask.to(self.device)
+        chunk_mask = mask[:, total - width:] * fresh.to(self.device, mask.dtype)
         positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)  # [B, T]; 0 on left padding
+        self.slots = torch.cat([self.slots, chunk_mask.long()], dim=-1)
+
         start = 0.0
         if self.timing:
             _sync(self.device)
             start = time.perf_counter()
         out = self.model(
-            input_ids=seq[:, n_kv:].to(self.device),
-            attention_mask=mask,
-            position_ids=positions[:, n_kv:],
+            input_ids=seq[:, total - width:].to(self.device),
+            attention_mask=self.slots,
+            position_ids=positions[:, total - width:],
             past_key_values=self.cache,
             use_cache=True,
             output_hidden_states=want_hidden,
@@ -89,5 +116,24 @@ class Lane:
         if self.timing:
             _sync(self.device)
             seconds = time.perf_counter() - start
-        self.seen = total
-        return logits, hidden, ForwardCall(self.role, kind, total - n_kv, n_kv, seconds)
+        calls = self._records(mask, rows, resumed, seconds)
+        self.seen = torch.where(rows, total, self.seen)
+        return logits, hidden, calls
+
+    def _records(self, mask: torch.Tensor, rows: torch.Tensor, resumed: torch.Tensor, seconds):
+        """Per taking-part row: real tokens read (n_inf) and real tokens cached before (n_kv)."""
+        real = torch.cat([mask.new_zeros(mask.shape[0], 1), mask.long().cumsum(-1)], dim=-1).cpu()  # [B, T+1]
+        n_kv = real.gather(1, self.seen[:, None]).squeeze(1)
+        n_inf = real[:, -1] - n_kv
+        calls = {}
+        for r in rows.nonzero().flatten().tolist():
+            kv = int(n_kv[r])
+            kind = CallKind.PREFILL if kv == 0 else (CallKind.RESUME if bool(resumed[r]) else CallKind.DECODE)
+            calls[r] = ForwardCall(self.role, kind, int(n_inf[r]), kv, seconds)
+        return calls
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Keep only the rows ``index`` (CPU long tensor), e.g. to drop finished rows."""
+        self.cache.batch_select_indices(index.to(self.device))
+        self.slots = self.slots[index.to(self.device)]
+        self.seen = self.seen[index]

@@ -1,19 +1,20 @@
-"""The stitched decode loop (the seed paper's Algorithm 1), batch size 1.
+"""The stitched decode loop (the seed paper's Algorithm 1), every row routed on its own.
 
-Per new position:
+Per step, every unfinished row gains one token:
 
-1. If the SLM is in control, it runs (partial prefill + next-token logits) and the policy
-   decides whether to keep its proposal or discard it (hand-over to the LLM).
-2. If the LLM is in control (or just took over), it runs; its token is always kept, and the
-   policy decides whether control returns to the SLM for the next position.
-3. The writer's logits go through the logits processor; a token is picked; stopping
-   criteria are checked.
+1. Rows the SLM controls run the SLM (partial prefill + next-token logits); the policy decides
+   per row whether to keep its proposal or discard it (hand-over to the LLM).
+2. Rows the LLM controls -- or that were just handed over -- run the LLM; its token is always
+   kept, and the policy decides per row whether control returns to the SLM for the next step.
+3. Each row's writer logits go through the logits processor; a token is picked; stopping
+   criteria are checked; finished rows are dropped from both lanes.
 
 Where a switch is decided: the two ``policy.hand_to_*`` calls below, nowhere else.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -34,10 +35,46 @@ Stopper = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass
 class StitchResult:
-    sequences: torch.Tensor  # [B, T_prompt + new]
-    trace: StitchTrace
-    scores: list[torch.Tensor] = field(default_factory=list)  # per new token, [B, V] processed
-    logits: list[torch.Tensor] = field(default_factory=list)  # per new token, [B, V] raw
+    sequences: torch.Tensor  # [B, T_prompt + new], finished rows padded with pad_token_id
+    traces: list[StitchTrace]  # one per row
+    scores: list[torch.Tensor] = field(default_factory=list)  # per step, [B, V] processed (-inf: finished)
+    logits: list[torch.Tensor] = field(default_factory=list)  # per step, [B, V] raw (-inf: finished)
+
+
+class _Rows:
+    """Bookkeeping that maps the live (unfinished) batch back to the caller's rows."""
+
+    def __init__(self, batch: int, keep_scores: bool, keep_logits: bool):
+        self.live = torch.arange(batch)  # caller's row index of each live row
+        self.batch = batch
+        self.keep_scores, self.keep_logits = keep_scores, keep_logits
+        self.scores: list[torch.Tensor] = []
+        self.logits: list[torch.Tensor] = []
+        self.done: dict[int, torch.Tensor] = {}  # caller's row -> final sequence (1-D)
+
+    def _full(self, part: torch.Tensor) -> torch.Tensor:
+        full = part.new_full((self.batch, part.shape[-1]), float("-inf"))
+        full[self.live.to(part.device)] = part
+        return full
+
+    def record(self, scores: torch.Tensor, logits: torch.Tensor) -> None:
+        if self.keep_scores:
+            self.scores.append(self._full(scores))
+        if self.keep_logits:
+            self.logits.append(self._full(logits))
+
+    def finish(self, seq: torch.Tensor, finished: torch.Tensor) -> torch.Tensor:
+        """Store finished rows; return the CPU index of the rows still live."""
+        for i in finished.nonzero().flatten().tolist():
+            self.done[int(self.live[i])] = seq[i]
+        keep = (~finished).nonzero().flatten()
+        self.live = self.live[keep]
+        return keep
+
+    def sequences(self, pad_id: int) -> torch.Tensor:
+        rows = [self.done[r] for r in range(self.batch)]
+        length = max(len(r) for r in rows)
+        return torch.stack([torch.nn.functional.pad(r, (0, length - len(r)), value=pad_id) for r in rows])
 
 
 def stitch_loop(
@@ -48,68 +85,96 @@ def stitch_loop(
     process: Processor,
     should_stop: Stopper,
     do_sample: bool = False,
+    pad_token_id: int = 0,
     on_token: Callable[[torch.Tensor], None] | None = None,
     keep_scores: bool = False,
     keep_logits: bool = False,
 ) -> StitchResult:
-    """Decode until ``should_stop`` says so, alternating the SLM and LLM lanes.
+    """Decode until ``should_stop`` says so for every row, alternating the SLM and LLM lanes.
 
     Args:
-        lanes: ``{Role.SLM: Lane, Role.LLM: Lane}``, fresh (nothing seen yet).
-        input_ids: ``[1, T]`` prompt ids.
-        attention_mask: ``[1, T]`` prompt mask.
+        lanes: ``{Role.SLM: Lane, Role.LLM: Lane}``, fresh (nothing seen yet), sized for the batch.
+        input_ids: ``[B, T]`` prompt ids (left-padded when rows differ in length).
+        attention_mask: ``[B, T]`` prompt mask.
         policy: decides the hand-overs (see :mod:`hf_rstitch.core.policies`).
-        process: logits processor applied to the writer's raw logits.
-        should_stop: stopping rule on (sequence, processed scores).
+        process: logits processor applied to each row's writer logits.
+        should_stop: stopping rule on (sequence, processed scores) -> ``[B]`` done.
         do_sample: sample instead of argmax.
-        on_token: called with each new token ``[B]`` (streamers).
-        keep_scores / keep_logits: keep processed scores / raw logits per new token.
+        pad_token_id: appended to rows that finished before the longest one.
+        on_token: called with each step's tokens ``[B]`` (pad for finished rows), e.g. streamers.
+        keep_scores / keep_logits: keep processed scores / raw logits of every step.
     """
+    batch = input_ids.shape[0]
     seq, mask = input_ids, attention_mask
-    trace = StitchTrace(policy=repr(policy))
-    result = StitchResult(seq, trace)
-    entropies, slm_entropies = [], []
-    active = Role.SLM
+    rows = _Rows(batch, keep_scores, keep_logits)
+    traces = [StitchTrace(policy=repr(policy)) for _ in range(batch)]
+    llm_on = torch.zeros(batch, dtype=torch.bool)  # [B] the LLM controls the row (CPU)
+    last_llm = torch.zeros(batch, dtype=torch.bool)  # [B] the LLM wrote the row's latest token
     policy.reset()
-    while True:
-        index = trace.n_tokens
-        last = trace.roles[-1] if trace.roles else None
-        handover, slm_h = False, None
-        if active is Role.SLM:
-            logits, hidden, call = lanes[Role.SLM].advance(
-                seq, mask, resumed=last is Role.LLM, want_hidden=policy.needs_hidden
+    for index in itertools.count():
+        slm_rows = ~llm_on
+        slm_h = handed = slm_logits = None
+        if slm_rows.any():
+            slm_logits, hidden, calls = lanes[Role.SLM].advance(
+                seq, mask, slm_rows, resumed=last_llm, want_hidden=policy.needs_hidden
             )
-            trace.calls.append(call)
-            entropy = normalized_entropy(logits)
-            if bool(policy.hand_to_llm(StepView(index, entropy, hidden))[0]):
-                handover, slm_h, active = True, entropy, Role.LLM  # discard the SLM's proposal
-        writer = active
-        if writer is Role.LLM:
-            logits, _, call = lanes[Role.LLM].advance(seq, mask, resumed=last is Role.SLM)
-            trace.calls.append(call)
-            entropy = normalized_entropy(logits)
-            if bool(policy.hand_to_slm(StepView(index, entropy))[0]):
-                active = Role.SLM  # the LLM's token is kept; the SLM takes the next position
+            _add_calls(traces, rows.live, calls)
+            slm_h = normalized_entropy(slm_logits)
+            handed = policy.hand_to_llm(StepView(index, slm_h, hidden)).cpu() & slm_rows  # discard proposals
+            llm_on = llm_on | handed
+        llm_h = back = llm_logits = None
+        if llm_on.any():
+            llm_logits, _, calls = lanes[Role.LLM].advance(seq, mask, llm_on, resumed=~last_llm)
+            _add_calls(traces, rows.live, calls)
+            llm_h = normalized_entropy(llm_logits)
+            back = policy.hand_to_slm(StepView(index, llm_h)).cpu() & llm_on  # LLM token kept either way
 
+        writer_llm = llm_on.clone()
+        pick_llm = writer_llm.to(seq.device)[:, None]
+        logits = llm_logits if slm_logits is None else (
+            slm_logits if llm_logits is None else torch.where(pick_llm, llm_logits, slm_logits)
+        )
+        entropy = llm_h if slm_h is None else (slm_h if llm_h is None else torch.where(pick_llm[:, 0], llm_h, slm_h))
+        if back is not None:
+            llm_on = llm_on & ~back
         scores = process(seq, logits)
-        token = pick_tokens(scores, do_sample)  # [B]
-        seq = torch.cat([seq, token[:, None]], dim=-1)
+        tokens = pick_tokens(scores, do_sample)  # [B]
+        seq = torch.cat([seq, tokens[:, None]], dim=-1)
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
-
-        trace.roles.append(writer)
-        trace.handovers.append(handover)
-        entropies.append(entropy[0])
-        slm_entropies.append(slm_h[0] if slm_h is not None else (entropy[0] if writer is Role.SLM else None))
-        if keep_scores:
-            result.scores.append(scores)
-        if keep_logits:
-            result.logits.append(logits)
+        _add_tokens(traces, rows.live, writer_llm, entropy, handed, slm_h)
+        rows.record(scores, logits)
         if on_token is not None:
-            on_token(token)
-        if bool(should_stop(seq, scores).all()):
-            break
+            full = torch.full((batch,), pad_token_id, dtype=tokens.dtype, device=tokens.device)
+            full[rows.live.to(tokens.device)] = tokens
+            on_token(full)
+        last_llm = writer_llm
 
-    trace.entropies = torch.stack(entropies).tolist()
-    trace.slm_entropies = [None if h is None else float(h) for h in slm_entropies]
-    result.sequences = seq
-    return result
+        finished = should_stop(seq, scores).cpu()
+        if finished.any():
+            keep = rows.finish(seq, finished)
+            if len(keep) == 0:
+                break
+            seq, mask = seq[keep.to(seq.device)], mask[keep.to(mask.device)]
+            llm_on, last_llm = llm_on[keep], last_llm[keep]
+            for lane in lanes.values():
+                lane.keep_rows(keep)
+    return StitchResult(rows.sequences(pad_token_id), traces, rows.scores, rows.logits)
+
+
+def _add_calls(traces, live, calls) -> None:
+    for r, call in calls.items():
+        traces[int(live[r])].calls.append(call)
+
+
+def _add_tokens(traces, live, writer_llm, entropy, handed, slm_h) -> None:
+    """Append one step to each live row's trace (one device->host copy per step)."""
+    entropy = entropy.cpu().tolist()
+    slm_h = slm_h.cpu().tolist() if slm_h is not None else None
+    handed = handed.tolist() if handed is not None else [False] * len(entropy)
+    for i, r in enumerate(live.tolist()):
+        t = traces[r]
+        llm = bool(writer_llm[i])
+        t.roles.append(Role.LLM if llm else Role.SLM)
+        t.entropies.append(entropy[i])
+        t.handovers.append(handed[i])
+        t.slm_entropies.append(slm_h[i] if (slm_h is not None and (handed[i] or not llm)) else None)

@@ -50,8 +50,7 @@ def check_tokenizers(tokenizer, assistant_tokenizer) -> None:
 
 
 def check_request(input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict) -> None:
-    """Batch size, decoding mode and cache type this version supports (generate has already
-    expanded the batch for beams / multiple returns, so those are checked first)."""
+    """Prompt shape, decoding mode and cache type this version supports."""
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise ValueError(
             f"stitched decoding needs a non-empty prompt of shape [batch, length], got {tuple(input_ids.shape)}. "
@@ -61,11 +60,6 @@ def check_request(input_ids: torch.Tensor, config: GenerationConfig, model_kwarg
         raise ValueError("stitched decoding does not support beam search; set num_beams=1.")
     if (config.num_return_sequences or 1) > 1:
         raise ValueError("stitched decoding returns one sequence; set num_return_sequences=1 and call it repeatedly.")
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"stitched decoding runs batch size 1 for now, got {input_ids.shape[0]} rows. "
-            "Loop over the prompts (batched stitching is tracked in a later issue)."
-        )
     if config.cache_implementation not in (None, "dynamic"):
         raise ValueError(
             f"cache_implementation={config.cache_implementation!r} is not supported by stitched decoding; each model "

@@ -27,6 +27,14 @@ def logit_width(model: PreTrainedModel) -> int:
     return int(model.config.get_text_config().vocab_size)
 
 
+def pad_id(config: GenerationConfig) -> int:
+    """What generate appends to rows that finished early: pad, else the (first) EOS id, else 0."""
+    for value in (config.pad_token_id, config.eos_token_id):
+        if value is not None:
+            return int(value[0] if isinstance(value, (list, tuple)) else value)
+    return 0
+
+
 def resolve_policy(
     stitch_threshold: float | None, stitch_policy: RoutingPolicy | None, config: GenerationConfig
 ) -> RoutingPolicy:
@@ -77,8 +85,9 @@ def stitched_decode(
         stitch_timing: record device-synchronised seconds of every forward call in the trace.
 
     Returns:
-        The sequences ``[1, T]``, or with ``return_dict_in_generate=True`` a
-        :class:`StitchedGenerateOutput` whose ``stitch`` holds the trace.
+        The sequences ``[B, T]``, or with ``return_dict_in_generate=True`` a
+        :class:`StitchedGenerateOutput` whose ``stitch`` holds the trace (a list of traces,
+        one per row, when B > 1).
     """
     slm = check_pair(model, stitch_slm)
     policy = resolve_policy(stitch_threshold, stitch_policy, generation_config)
@@ -88,9 +97,10 @@ def stitched_decode(
         mask = torch.ones_like(input_ids)
 
     vocab = min(logit_width(model), logit_width(slm))  # ids either model may emit
+    batch = input_ids.shape[0]
     lanes = {
-        Role.SLM: Lane(slm, Role.SLM, vocab, timing=stitch_timing),
-        Role.LLM: Lane(model, Role.LLM, vocab, timing=stitch_timing),
+        Role.SLM: Lane(slm, Role.SLM, vocab, batch, timing=stitch_timing),
+        Role.LLM: Lane(model, Role.LLM, vocab, batch, timing=stitch_timing),
     }
     result = stitch_loop(
         lanes,
@@ -100,13 +110,15 @@ def stitched_decode(
         process=logits_processor,
         should_stop=stopping_criteria,
         do_sample=bool(generation_config.do_sample),
+        pad_token_id=pad_id(generation_config),
         on_token=(lambda tok: stitch_streamer.put(tok.cpu())) if stitch_streamer is not None else None,
         keep_scores=bool(generation_config.output_scores),
         keep_logits=bool(generation_config.output_logits),
     )
     if stitch_streamer is not None:
         stitch_streamer.end()
-    result.trace.threshold = getattr(policy, "threshold", None)
+    for trace in result.traces:
+        trace.threshold = getattr(policy, "threshold", None)
 
     if not generation_config.return_dict_in_generate:
         return result.sequences
@@ -115,5 +127,5 @@ def stitched_decode(
         sequences=result.sequences,
         scores=tuple(pad_vocab(s, width) for s in result.scores) if generation_config.output_scores else None,
         logits=tuple(pad_vocab(s, width) for s in result.logits) if generation_config.output_logits else None,
-        stitch=result.trace,
+        stitch=result.traces[0] if batch == 1 else result.traces,
     )

@@ -18,4 +18,4 @@ class StitchedGenerateOutput(GenerateDecoderOnlyOutput):
     ``stitch.slm_tokens``, ``stitch.partial_prefill_tokens(Role.SLM)``, ``stitch.calls``...
     """
 
-    stitch: StitchTrace | None = None
+    stitch: StitchTrace | list[StitchTrace] | None = None  # a list, one per row, when batch > 1

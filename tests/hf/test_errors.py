@@ -50,13 +50,17 @@ def test_different_tokenizers(pair):
         gen(*pair, tokenizer=make_tokenizer(), assistant_tokenizer=make_tokenizer(80))
 
 
-def test_batch_beams_and_multiple_returns(pair):
-    with pytest.raises(ValueError, match="batch size 1"):
-        gen(*pair, ids=torch.cat([prompt(), prompt(seed=1)]))
+def test_beams_and_multiple_returns(pair):
     with pytest.raises(ValueError, match="num_beams=1"):
         gen(*pair, num_beams=2)
     with pytest.raises(ValueError, match="num_return_sequences=1"):
         gen(*pair, num_return_sequences=2, do_sample=True)
+
+
+def test_sliding_window_models_refused_in_batches():
+    llm, slm = make_pair("qwen2")  # sliding window on every layer
+    with pytest.raises(ValueError, match="sliding-window.*batch size 1"):
+        gen(llm, slm, ids=torch.cat([prompt(), prompt(seed=1)]))
 
 
 def test_unsupported_caches(pair):

@@ -1,0 +1,91 @@
+"""Batched stitching: every row equals the same prompt run alone."""
+
+import pytest
+import torch
+
+import hf_rstitch  # noqa: F401  (patches generate)
+from hf_rstitch import Role
+from tiny_models import BATCH_ARCHS, make_pair, prompt
+
+N_NEW = 20
+LENGTHS = [5, 11, 8, 3]
+
+
+def left_pad(prompts, pad=2):
+    width = max(p.shape[1] for p in prompts)
+    ids = torch.full((len(prompts), width), pad)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - p.shape[1]:] = p[0]
+        mask[i, width - p.shape[1]:] = 1
+    return ids, mask
+
+
+def prompts():
+    return [prompt(n, seed=10 + i) for i, n in enumerate(LENGTHS)]
+
+
+@pytest.mark.parametrize("arch", BATCH_ARCHS)
+def test_each_row_equals_its_prompt_alone(arch):
+    llm, slm = make_pair(arch)
+    ps = prompts()
+    ids, mask = left_pad(ps)
+    checked = 0
+    for tau in [0.2, 0.3, 0.4, 0.5, 0.55, 0.6, 0.7]:
+        out = llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_threshold=tau, max_new_tokens=N_NEW,
+                           return_dict_in_generate=True)
+        assert isinstance(out.stitch, list) and len(out.stitch) == len(ps)
+        if not any(t.switches for t in out.stitch) or len({tuple(t.roles) for t in out.stitch}) == 1:
+            continue  # this threshold does not make rows route differently; try the next
+        checked += 1
+        for i, p in enumerate(ps):
+            alone = llm.generate(p, assistant_model=slm, stitch_threshold=tau, max_new_tokens=N_NEW,
+                                 return_dict_in_generate=True)
+            new_alone = alone.sequences[0, p.shape[1]:]
+            assert torch.equal(out.sequences[i, ids.shape[1]: ids.shape[1] + len(new_alone)], new_alone), (tau, i)
+            assert out.stitch[i].roles == alone.stitch.roles
+            assert [(c.role, c.kind, c.n_inf, c.n_kv) for c in out.stitch[i].calls] == \
+                [(c.role, c.kind, c.n_inf, c.n_kv) for c in alone.stitch.calls]
+    assert checked >= 2
+
+
+@pytest.mark.parametrize("arch", BATCH_ARCHS)
+def test_thresholds_zero_and_one_equal_batched_generate(arch):
+    llm, slm = make_pair(arch)
+    ids, mask = left_pad(prompts())
+    kw = dict(attention_mask=mask, max_new_tokens=N_NEW)
+    assert torch.equal(llm.generate(ids, assistant_model=slm, stitch_threshold=0.0, **kw), llm.generate(ids, **kw))
+    assert torch.equal(llm.generate(ids, assistant_model=slm, stitch_threshold=1.0, **kw), slm.generate(ids, **kw))
+
+
+def test_rows_finish_at_different_times_and_stop_costing():
+    llm, slm = make_pair("llama")
+    ps = prompts()
+    ids, mask = left_pad(ps)
+    free = llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_threshold=0.55, max_new_tokens=N_NEW)
+    eos = free[1, ids.shape[1] + 3].item()  # row 1 stops after 4 tokens
+    kw = dict(attention_mask=mask, max_new_tokens=N_NEW, eos_token_id=eos, pad_token_id=2)
+    out = llm.generate(ids, assistant_model=slm, stitch_threshold=0.55, return_dict_in_generate=True, **kw)
+    lengths = [t.n_tokens for t in out.stitch]
+    assert lengths[1] <= 4 and max(lengths) > lengths[1]
+    for i, p in enumerate(ps):
+        alone = llm.generate(p, assistant_model=slm, stitch_threshold=0.55, max_new_tokens=N_NEW, eos_token_id=eos,
+                             pad_token_id=2, return_dict_in_generate=True)
+        new = alone.sequences[0, p.shape[1]:]
+        row = out.sequences[i, ids.shape[1]:]
+        assert torch.equal(row[: len(new)], new)
+        assert (row[len(new):] == 2).all()  # padded after its end
+        # a finished row takes part in no later forward call: its calls are those of its solo run
+        assert [(c.role, c.n_inf, c.n_kv) for c in out.stitch[i].calls] == \
+            [(c.role, c.n_inf, c.n_kv) for c in alone.stitch.calls]
+    sl = llm.generate(ids, assistant_model=slm, stitch_threshold=1.0, **kw)
+    assert torch.equal(sl, slm.generate(ids, **kw))  # HF pads finished rows the same way
+
+
+def test_batched_scores_stack_with_finished_rows_masked():
+    llm, slm = make_pair("llama")
+    ids, mask = left_pad(prompts())
+    out = llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_threshold=0.55, max_new_tokens=6,
+                       return_dict_in_generate=True, output_scores=True)
+    assert len(out.scores) == 6 and all(s.shape == (4, llm.config.vocab_size) for s in out.scores)
+    assert all(t.tokens(Role.LLM) + t.tokens(Role.SLM) == 6 for t in out.stitch)
