@@ -63,6 +63,7 @@ class Lane:
         self.slots = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)  # [B, S] cache-slot mask
         params = inspect.signature(model.forward).parameters
         self._keep_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
 
     def advance(
         self,
@@ -105,9 +106,9 @@ class Lane:
             input_ids=seq[:, total - width:].to(self.device),
             attention_mask=self.slots,
             position_ids=positions[:, total - width:],
-            past_key_values=self.cache,
             use_cache=True,
             output_hidden_states=want_hidden,
+            **{self._cache_arg: self.cache},
             **self._keep_kwargs,
         )
         logits = out.logits[:, -1, : self.vocab].to(device=seq.device, dtype=torch.float32, copy=True)

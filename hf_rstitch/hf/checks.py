@@ -65,7 +65,7 @@ def check_request(input_ids: torch.Tensor, config: GenerationConfig, model_kwarg
             f"cache_implementation={config.cache_implementation!r} is not supported by stitched decoding; each model "
             "keeps its own DynamicCache. Remove `cache_implementation` (static caches come with the fast engine)."
         )
-    cache = model_kwargs.get("past_key_values")
+    cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))  # "cache" from transformers 5.24
     if cache is not None and (not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0):
         raise ValueError(
             "stitched decoding builds one fresh DynamicCache per model; do not pass `past_key_values` "
