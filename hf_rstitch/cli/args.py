@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import typing
 from typing import Any, TypeVar
 
@@ -53,6 +54,14 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
 
 
 def dataclass_from_args(cls: type[T], args: argparse.Namespace) -> T:
-    """Instantiate ``cls`` from the parsed options (validation runs in ``__post_init__``)."""
+    """Instantiate ``cls`` from the parsed options (validation runs in ``__post_init__``).
+
+    A validation error ends the command like an argparse error: message on stderr, exit code 2.
+    """
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{k: v for k, v in vars(args).items() if k in names})
+    try:
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
+    except (ValueError, TypeError) as err:
+        command = getattr(args, "command", None) or ""
+        print(f"rstitch {command}: error: {err}".replace("  ", " "), file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,153 @@
+"""``rstitch demo``: the shipped SLM/LLM pair solving held-out problems, offline, on CPU.
+
+Runs LLM-only, SLM-only and R-Stitch at a few thresholds (plus R-Stitch+ when a trained router
+ships) on the first N test problems through the evaluation harness, prints the comparison
+table, then one problem with every token coloured by the model that wrote it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from .args import add_dataclass_args, dataclass_from_args
+
+NAME = "demo"
+HELP = "solve held-out toy-world problems with LLM-only, SLM-only and R-Stitch; print the table (offline, CPU)"
+DESCRIPTION = (
+    "Loads the small SLM/LLM pair that ships with hf-rstitch (trained on multi-step arithmetic word "
+    "problems: the LLM verbose and accurate, the SLM concise and weaker), solves the first N held-out "
+    "test problems with each method, prints accuracy, latency, speedup and token counts, then shows one "
+    "solution with the SLM's tokens and the LLM's tokens in different colours."
+)
+
+SLM_COLOUR, LLM_COLOUR, RESET = "\033[36m", "\033[1;35m", "\033[0m"
+
+
+@dataclass
+class DemoConfig:
+    n: int = field(default=30, metadata={"help": "number of test problems to solve (1-600)"})
+    thresholds: list[float] = field(default_factory=lambda: [0.02, 0.05, 0.1],
+                                    metadata={"help": "R-Stitch entropy thresholds tau to compare"})
+    device: str = field(default="cpu", metadata={"help": "torch device, e.g. cpu or cuda"})
+    seed: int = field(default=0, metadata={"help": "seed for the problem order and any sampling"})
+    max_new_tokens: int = field(default=400, metadata={"help": "decoding budget per problem"})
+    show: int = field(default=0, metadata={"help": "index (among the N) of the problem to print coloured"})
+    colour: bool = field(default=True, metadata={"help": "colour tokens by model (ANSI); --no-colour for plain"})
+    router: bool = field(default=True, metadata={"help": "include R-Stitch+ when a trained router ships"})
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"--n must be at least 1, got {self.n}")
+        if not 0 <= self.show < self.n:
+            raise ValueError(f"--show must index one of the {self.n} problems (0..{self.n - 1}), got {self.show}")
+        from ..core.policies import check_threshold
+
+        self.thresholds = [check_threshold(t, "--thresholds") for t in self.thresholds]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_args(parser, DemoConfig)
+
+
+def _problems(cfg: DemoConfig):
+    import random
+
+    from ..eval.data import Problem
+    from ..toyworld.pair import load_test_split
+
+    rows = load_test_split()
+    if cfg.n > len(rows):
+        raise ValueError(f"--n {cfg.n} exceeds the {len(rows)} shipped test problems")
+    random.Random(cfg.seed).shuffle(rows)
+    return [Problem(id=str(r["id"]), problem=r["problem"], answer=str(r["answer"]), dataset="toyworld")
+            for r in rows[: cfg.n]]
+
+
+def _router():
+    try:
+        from ..router.model import load_shipped_router  # present once R-Stitch+ ships
+    except ImportError:
+        return None
+    return load_shipped_router()
+
+
+def _table(summary: dict) -> str:
+    stats = summary["toyworld"]
+    head = ("method", "acc %", "lat s", "speedup", "LLM tok", "SLM tok", "total", "tok red %", "switches")
+    rows = [head]
+    for s in stats.values():
+        red = s.get("token_reduction_pct")
+        rows.append((s["label"], f"{s['acc']:.1f}", f"{s['latency_s']:.3f}",
+                     f"{s['speedup']:.2f}x" if s.get("speedup") else "--", f"{s['llm_tokens']:.0f}",
+                     f"{s['slm_tokens']:.0f}", f"{s['total_tokens']:.0f}", "--" if red is None else f"{red:+.1f}",
+                     f"{s['switches']:.1f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def coloured(tokenizer, new_ids: list[int], roles: list, colour: bool) -> str:
+    """The completion with each token tagged by the model that wrote it."""
+    from ..core.roles import Role
+
+    out = []
+    for tok, role in zip(new_ids, roles):
+        text = tokenizer.decode([tok], skip_special_tokens=True)
+        if colour:
+            out.append((LLM_COLOUR if role is Role.LLM else SLM_COLOUR) + text + RESET)
+        else:
+            out.append(f"[{text}]" if role is Role.LLM else text)
+    return "".join(out)
+
+
+def _show(cfg: DemoConfig, llm, slm, tokenizer, problem, tau: float) -> None:
+    import torch
+
+    from ..eval.data import prompt_ids
+
+    ids = torch.tensor([prompt_ids(tokenizer, problem.problem, instruction="")], device=cfg.device)
+    out = llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm, stitch_threshold=tau,
+                       max_new_tokens=cfg.max_new_tokens, do_sample=False, return_dict_in_generate=True)
+    new = out.sequences[0, ids.shape[1]:].tolist()
+    legend = (f"{SLM_COLOUR}SLM{RESET} / {LLM_COLOUR}LLM{RESET}" if cfg.colour else "SLM plain / [LLM in brackets]")
+    print(f"\nProblem {problem.id} (answer {problem.answer}), R-Stitch tau={tau}, tokens: {legend}")
+    print(problem.problem)
+    print(coloured(tokenizer, new, out.stitch.roles, cfg.colour))
+    print(f"-> {out.stitch}")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = dataclass_from_args(DemoConfig, args)
+    import torch
+
+    import hf_rstitch  # noqa: F401  (stitched generate)
+    from ..eval.methods import GenSettings, build_methods
+    from ..eval.report import aggregate
+    from ..eval.runner import RecordStore, run_eval
+    from ..toyworld.pair import load_pair
+
+    torch.manual_seed(cfg.seed)
+    llm, slm, tokenizer = load_pair(cfg.device)
+    problems = _problems(cfg)
+    settings = GenSettings(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    router = _router() if cfg.router else None
+    kinds = ["llm", "slm", "rstitch"] + (["router"] if router is not None else [])
+    methods = build_methods(kinds, llm, slm, settings, thresholds=cfg.thresholds, router=router,
+                            router_threshold=getattr(getattr(router, "config", None), "threshold", None))
+    print(f"hf-rstitch demo: {len(problems)} held-out problems x {len(methods)} methods on {cfg.device} "
+          f"(LLM {sum(p.numel() for p in llm.parameters()) / 1e6:.1f}M params, "
+          f"SLM {sum(p.numel() for p in slm.parameters()) / 1e6:.1f}M)", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = RecordStore(f"{tmp}/records.jsonl")
+        records = run_eval(methods, problems, tokenizer, store, device=cfg.device, instruction="",
+                           max_new_tokens=cfg.max_new_tokens)
+    print()
+    print(_table(aggregate(records)))
+    best = max(cfg.thresholds)
+    _show(cfg, llm, slm, tokenizer, problems[cfg.show], best)
+    return 0
