@@ -31,11 +31,18 @@ class StepView:
         entropy: ``[B]`` normalized entropy of the model that just ran.
         hidden: ``[B, D]`` last hidden state of that model at this position, only when the
             policy sets ``needs_hidden``; else ``None``.
+        rows: ``[B]`` long (CPU), the caller's row index of each row here. Rows that finish
+            leave the batch, so row ``i`` of these tensors is caller row ``rows[i]``.
+            ``None`` means ``arange(B)``.
     """
 
     index: int
     entropy: torch.Tensor
     hidden: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
+
+    def row_ids(self) -> torch.Tensor:
+        return self.rows if self.rows is not None else torch.arange(self.entropy.shape[0])
 
 
 @runtime_checkable
@@ -121,34 +128,43 @@ class RandomPolicy:
 
 
 class ReplayPolicy:
-    """Replays a recorded route: ``route[i]`` is the model that must emit new token ``i``.
+    """Replays recorded routes: ``route[i]`` is the model that must emit new token ``i``.
 
-    Used to measure speed on random-weight models, whose entropies are meaningless. Past the
-    end of the route the last entry repeats.
+    Give one route for every row, or a list of routes (one per row of the batch). Used to
+    measure speed on random-weight models, whose entropies are meaningless. Past the end of a
+    route its last entry repeats.
     """
 
     needs_hidden = False
 
-    def __init__(self, route: Sequence[Role | str]):
-        if len(route) == 0:
-            raise ValueError("ReplayPolicy needs a non-empty route (a list of 'slm'/'llm', one per new token).")
+    def __init__(self, route: Sequence[Role | str] | Sequence[Sequence[Role | str]]):
+        routes = [route] if len(route) == 0 or isinstance(route[0], (str, Role)) else list(route)
+        if not routes or any(len(r) == 0 for r in routes):
+            raise ValueError("ReplayPolicy needs non-empty routes (lists of 'slm'/'llm', one entry per new token).")
         try:
-            self.route = [Role(r) for r in route]
+            self.routes = [[Role(x) for x in r] for r in routes]
         except ValueError as err:
             raise ValueError(f"ReplayPolicy route entries must be 'slm' or 'llm': {err}") from None
+        self.route = self.routes[0]
+        width = max(len(r) for r in self.routes)
+        table = torch.tensor([[x is Role.LLM for x in r] + [r[-1] is Role.LLM] * (width - len(r)) for r in self.routes])
+        self._llm = table  # [R, N] bool: row r's token i is the LLM's
 
     def reset(self) -> None:
         pass
 
-    def _at(self, index: int) -> Role:
-        return self.route[min(index, len(self.route) - 1)]
+    def _llm_at(self, step: StepView, index: int) -> torch.Tensor:
+        rows = step.row_ids() if len(self.routes) > 1 else torch.zeros(step.entropy.shape[0], dtype=torch.long)
+        if int(rows.max()) >= len(self.routes):
+            raise ValueError(f"ReplayPolicy has {len(self.routes)} routes but the batch has row {int(rows.max())}.")
+        return self._llm[rows, min(index, self._llm.shape[1] - 1)].to(step.entropy.device)
 
     def hand_to_llm(self, step: StepView) -> torch.Tensor:
-        return torch.full_like(step.entropy, self._at(step.index) is Role.LLM, dtype=torch.bool)
+        return self._llm_at(step, step.index)
 
     def hand_to_slm(self, step: StepView) -> torch.Tensor:
-        return torch.full_like(step.entropy, self._at(step.index + 1) is Role.SLM, dtype=torch.bool)
+        return ~self._llm_at(step, step.index + 1)
 
     def __repr__(self) -> str:
-        share = sum(r is Role.LLM for r in self.route) / len(self.route)
-        return f"ReplayPolicy(len={len(self.route)}, llm_share={share:.2f})"
+        share = float(self._llm.float().mean())
+        return f"ReplayPolicy(routes={len(self.routes)}, len={self._llm.shape[1]}, llm_share={share:.2f})"

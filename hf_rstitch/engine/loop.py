@@ -120,14 +120,14 @@ def stitch_loop(
             )
             _add_calls(traces, rows.live, calls)
             slm_h = normalized_entropy(slm_logits)
-            handed = policy.hand_to_llm(StepView(index, slm_h, hidden)).cpu() & slm_rows  # discard proposals
+            handed = policy.hand_to_llm(StepView(index, slm_h, hidden, rows.live)).cpu() & slm_rows  # discard proposals
             llm_on = llm_on | handed
         llm_h = back = llm_logits = None
         if llm_on.any():
             llm_logits, _, calls = lanes[Role.LLM].advance(seq, mask, llm_on, resumed=~last_llm)
             _add_calls(traces, rows.live, calls)
             llm_h = normalized_entropy(llm_logits)
-            back = policy.hand_to_slm(StepView(index, llm_h)).cpu() & llm_on  # LLM token kept either way
+            back = policy.hand_to_slm(StepView(index, llm_h, rows=rows.live)).cpu() & llm_on  # LLM token kept either way
 
         writer_llm = llm_on.clone()
         pick_llm = writer_llm.to(seq.device)[:, None]

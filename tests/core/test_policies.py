@@ -59,3 +59,12 @@ def test_replay_rejects_bad_routes():
 def test_policies_share_the_interface():
     for p in (EntropyPolicy(0.1), RandomPolicy(0.1), ReplayPolicy([Role.SLM])):
         assert isinstance(p, RoutingPolicy)
+
+
+def test_replay_policy_per_row_routes_follow_row_ids():
+    p = ReplayPolicy([["slm", "llm"], ["llm", "slm"], ["llm", "llm"]])
+    step = StepView(index=0, entropy=torch.zeros(2), rows=torch.tensor([0, 2]))  # row 1 has left the batch
+    assert p.hand_to_llm(step).tolist() == [False, True]
+    assert p.hand_to_slm(step).tolist() == [False, False]
+    with pytest.raises(ValueError, match="3 routes"):
+        p.hand_to_llm(StepView(index=0, entropy=torch.zeros(1), rows=torch.tensor([3])))

@@ -89,3 +89,12 @@ def test_batched_scores_stack_with_finished_rows_masked():
                        return_dict_in_generate=True, output_scores=True)
     assert len(out.scores) == 6 and all(s.shape == (4, llm.config.vocab_size) for s in out.scores)
     assert all(t.tokens(Role.LLM) + t.tokens(Role.SLM) == 6 for t in out.stitch)
+
+
+def test_per_row_replayed_routes():
+    llm, slm = make_pair("llama")
+    ids, mask = left_pad(prompts())
+    routes = [["slm"] * 6, ["llm"] * 6, ["slm", "llm"] * 3, ["llm", "llm", "slm", "slm", "slm", "llm"]]
+    out = llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_policy=hf_rstitch.ReplayPolicy(routes),
+                       max_new_tokens=6, return_dict_in_generate=True)
+    assert [[str(r) for r in t.roles] for t in out.stitch] == routes
