@@ -104,7 +104,7 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
 
     out.mkdir(parents=True, exist_ok=True)
     _prepare_out(cfg, out)
-    problems = [p for src in cfg.data for p in load_problems(src, limit=cfg.limit)]
+    problems = cfg.shard_of([p for src in cfg.data for p in load_problems(src, limit=cfg.limit)])
     device = resolve_device(cfg.device)
     if llm is None or slm is None or tokenizer is None:
         llm, slm, tokenizer = load_pair(cfg, device)

@@ -42,6 +42,9 @@ class EvalConfig:
     top_p: float = field(default=0.95, metadata=_help("Nucleus sampling p (with --do-sample)."))
     seed: int = field(default=0, metadata=_help("Seed for sampling and random routing (reset before every problem)."))
     limit: int | None = field(default=None, metadata=_help("Use only the first N problems of each dataset."))
+    shard: str = field(default="0/1", metadata=_help(
+        "i/n: run only the problems whose position modulo n is i, to split a run over n processes (give each "
+        "its own --out, then concatenate their records.jsonl into one folder and run --report-only)."))
     out: str = field(default="benchmarks/results/eval", metadata=_help(
         "Output folder: records.jsonl, run.json, report.md, summary.json and plots."))
     device: str = field(default="auto", metadata=_help("Device for both models: auto (cuda if available), cuda, cuda:1, cpu."))
@@ -94,8 +97,19 @@ class EvalConfig:
             raise ValueError(f"--limit must be positive, got {self.limit}.")
         if self.do_sample and not (self.temperature > 0 and 0 < self.top_p <= 1):
             raise ValueError(f"sampling needs temperature > 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}.")
+        try:
+            i, n = (int(x) for x in self.shard.split("/"))
+        except ValueError:
+            raise ValueError(f"--shard must look like i/n, e.g. 0/4, got {self.shard!r}.") from None
+        if not 0 <= i < n:
+            raise ValueError(f"--shard {self.shard}: need 0 <= i < n.")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}.")
+
+    def shard_of(self, problems: list) -> list:
+        """The problems this shard runs (all of them for the default 0/1)."""
+        i, n = (int(x) for x in self.shard.split("/"))
+        return [p for k, p in enumerate(problems) if k % n == i]
 
     def run_settings(self) -> dict[str, Any]:
         """What must match for records to be resumed or compared."""
