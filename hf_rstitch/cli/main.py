@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
+    except SystemExit as stop:  # config validation (cli/args.py) already printed its message
+        return stop.code if isinstance(stop.code, int) else 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
