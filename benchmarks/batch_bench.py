@@ -1,0 +1,171 @@
+"""Batched stitching benchmark (issue #8): per-sample latency and throughput vs batch size.
+
+For each batch size B it times, on one device, with every row decoding exactly N new tokens
+(EOS suppressed by min_new_tokens so rows do not finish early):
+
+* LLM-only and SLM-only: plain batched ``generate`` (DynamicCache);
+* stitched decoding on replayed per-row routes with a given LLM-token share (random-weight
+  models have meaningless entropies, so the routes are drawn: alternating SLM and LLM segments
+  with geometric lengths, seeded per row);
+* speculative decoding (transformers' assisted generation) where transformers runs it (B = 1).
+
+Per-sample latency = wall time of the batched call (every sample waits for the batch);
+throughput = B * N / wall time. Prints a table; writes JSON + markdown under
+benchmarks/results/.
+
+    python benchmarks/batch_bench.py --shapes 1.5b 7b --device cuda
+    python benchmarks/batch_bench.py --shapes tiny --device cpu --batches 1 2 --new-tokens 8   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+import hf_rstitch
+
+ROOT = Path(__file__).resolve().parent
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def draw_route(n: int, llm_share: float, mean_segment: float, rng: random.Random) -> list[str]:
+    """Alternating SLM/LLM segments, geometric lengths, about `llm_share` LLM tokens."""
+    route: list[str] = []
+    mean = {"llm": mean_segment, "slm": mean_segment * (1 - llm_share) / max(llm_share, 1e-9)}
+    role = "slm"
+    while len(route) < n:
+        length = 1 + int(rng.expovariate(1 / max(mean[role] - 1, 1e-9))) if mean[role] > 1 else 1
+        route += [role] * length
+        role = "llm" if role == "slm" else "slm"
+    return route[:n]
+
+
+def build_pair(shape: str, device: str, dtype: torch.dtype):
+    if shape == "tiny":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        def tiny(h, layers, seed):
+            torch.manual_seed(seed)
+            cfg = Qwen2Config(vocab_size=256, hidden_size=h, intermediate_size=2 * h, num_hidden_layers=layers,
+                              num_attention_heads=4, num_key_value_heads=2)
+            return Qwen2ForCausalLM(cfg).to(device, dtype).eval()
+
+        return tiny(64, 3, 0), tiny(32, 2, 1)
+    from hf_rstitch.latency.profiler import random_qwen2
+
+    return random_qwen2("7b", dtype, device, seed=0), random_qwen2("1.5b", dtype, device, seed=1)
+
+
+def timed(fn, device: torch.device, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def bench_shape(shape: str, args, device: torch.device) -> list[dict]:
+    dtype = getattr(torch, args.dtype)
+    llm, slm = build_pair(shape, str(device), dtype)
+    vocab = min(llm.config.vocab_size, slm.config.vocab_size)
+    eos = llm.generation_config.eos_token_id
+    common = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
+                  pad_token_id=0, eos_token_id=eos if eos is not None else 0)
+    rows = []
+    for batch in args.batches:
+        g = torch.Generator().manual_seed(batch)
+        ids = torch.randint(10, vocab - 10, (batch, args.prompt_len), generator=g).to(device)
+        mask = torch.ones_like(ids)
+        runs = {
+            "llm": lambda: llm.generate(ids, attention_mask=mask, **common),
+            "slm": lambda: slm.generate(ids, attention_mask=mask, **common),
+        }
+        for share in args.llm_shares:
+            rngs = [random.Random(1000 * batch + r) for r in range(batch)]
+            routes = [draw_route(args.new_tokens, share, args.mean_segment, rng) for rng in rngs]
+            policy = hf_rstitch.ReplayPolicy(routes)
+            runs[f"stitch@{share:g}"] = (lambda p=policy: llm.generate(
+                ids, attention_mask=mask, assistant_model=slm, stitch_policy=p, **common))
+        if batch == 1:
+            runs["specdec"] = lambda: llm.generate(ids, attention_mask=mask, assistant_model=slm, **common)
+        for name, fn in runs.items():
+            fn()  # warm-up
+            seconds = timed(fn, device, args.repeats)
+            row = {"shape": shape, "batch": batch, "method": name, "seconds": seconds,
+                   "per_sample_latency_s": seconds, "throughput_tok_s": batch * args.new_tokens / seconds,
+                   "ms_per_step": 1000 * seconds / args.new_tokens}
+            rows.append(row)
+            print(f"{shape:5s} B={batch:3d} {name:12s} {seconds:8.3f}s  {row['throughput_tok_s']:9.1f} tok/s  "
+                  f"{row['ms_per_step']:7.2f} ms/step", file=sys.stderr, flush=True)
+        if batch > 1:
+            rows.append({"shape": shape, "batch": batch, "method": "specdec", "refused":
+                         "transformers' assisted generation supports batch size 1 only"})
+    del llm, slm
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    lines = [f"# Batched stitching: per-sample latency and throughput\n",
+             f"Device: {meta['device']}; torch {meta['torch']}, transformers {meta['transformers']}; {meta['date']}. "
+             f"Prompt {meta['prompt_len']} tokens, {meta['new_tokens']} new tokens per row, greedy, eager "
+             "DynamicCache path. Stitched rows replay drawn routes with the given LLM-token share.\n",
+             "| shape | B | method | per-sample latency (s) | throughput (tok/s) | ms/step |",
+             "| --- | ---: | --- | ---: | ---: | ---: |"]
+    for r in rows:
+        if "refused" in r:
+            continue
+        lines.append(f"| {r['shape']} | {r['batch']} | {r['method']} | {r['per_sample_latency_s']:.3f} | "
+                     f"{r['throughput_tok_s']:.1f} | {r['ms_per_step']:.2f} |")
+    lines.append("\nSpeculative decoding (transformers' assisted generation) is refused for B > 1.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", default=["qwen2"], choices=["tiny", "qwen2"],
+                    help="tiny: in-process toy pair; qwen2: random-weight Qwen2 7B (LLM) + 1.5B (SLM)")
+    ap.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64])
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--llm-shares", nargs="+", type=float, default=[0.1, 0.3])
+    ap.add_argument("--mean-segment", type=float, default=4.0, help="mean length of an LLM segment (tokens)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", default=str(ROOT / "results" / "batch_bench"))
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "date": datetime.date.today().isoformat(), "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+            "llm_shares": args.llm_shares, "mean_segment": args.mean_segment, "dtype": args.dtype}
+    rows = [r for shape in args.shapes for r in bench_shape(shape, args, device)]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(rows, meta))
+    print(markdown(rows, meta))
+    print(json.dumps({"meta": meta, "n_rows": len(rows)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
