@@ -23,6 +23,11 @@ TRAIN_COMMANDS = {
     "slm": ("python -m hf_rstitch.cli.main toyworld train --preset slm --out $WORK/slm --device cuda "
             "--max-minutes 1.5 --workers 8 --eval-every 100 --n-valid 500 --max-valid-accuracy 0.68"),
 }
+TRAIN_NOTES = {
+    "llm": " It shared the GPU with an SLM training run that was not kept (its checkpoint cap was "
+           "0.72, too close to the 0.75 target).",
+    "slm": "",
+}
 ROLE_TEXT = {
     "llm": ("the *LLM* of the toy world: slow, accurate, verbose (the role of DeepSeek-R1-Distill "
             "in the R-Stitch paper)"),
@@ -59,7 +64,7 @@ def card(role: str, cpu: dict, gpu: dict | None, summary: dict) -> str:
         "`scripts/train_pair.sh`). AdamW, peak LR "
         f"{cfg['lr']}, batch {cfg['batch_size']}, bf16 autocast, cosine schedule over "
         f"{cfg['max_minutes']} minutes of wall time: {summary['steps']} steps, "
-        f"{summary['seconds']:.0f} s.",
+        f"{summary['seconds']:.0f} s." + TRAIN_NOTES[role],
         f"Selected checkpoint: step {sel['step']}, valid accuracy {sel['accuracy']:.3f} "
         f"({cfg['n_valid']} valid problems, greedy)."
         + (f" The SLM is meant to be the weaker model: the selected checkpoint is the best whose "
@@ -76,7 +81,8 @@ def card(role: str, cpu: dict, gpu: dict | None, summary: dict) -> str:
     if "ms_per_token_batch1" in m:
         lines.append(f"- {m['ms_per_token_batch1']:.2f} ms per token at batch 1; LLM/SLM per-token "
                      f"time ratio {cpu['speed_ratio_llm_over_slm']:.2f}")
-    lines += [f"- device: {cpu['device']}; {cpu['versions']}; {cpu['date']}",
+    versions = ", ".join(f"{k} {v}" for k, v in cpu["versions"].items())
+    lines += [f"- device: {cpu['device']}; {versions}; {cpu['date']}",
               f"- command: `{cpu['command']}`"]
     if gpu:
         lines.append(f"- also on {gpu['device']} right after training: accuracy "
