@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shards", type=int, default=4, help="parallel processes")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per process (OMP_NUM_THREADS)")
     ap.add_argument("--out", required=True, help="merged output folder")
+    ap.add_argument("--no-report", action="store_true", help="only merge the records (report later with --report-only)")
     args = ap.parse_args(ours)
     out = Path(args.out)
     (out / "shards").mkdir(parents=True, exist_ok=True)
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = json.loads((out / "run.json").read_text())
     meta["sharding"] = {"shards": args.shards, "threads_per_shard": args.threads, "wall_s": round(time.time() - t0, 1)}
     (out / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if args.no_report:
+        return 0
     return subprocess.call([sys.executable, "-m", "hf_rstitch.cli.main", "eval", "--report-only", "--out", str(out)])
 
 
