@@ -65,6 +65,7 @@ def stitched_decode(
     stitch_slm: PreTrainedModel | None = None,
     stitch_threshold: float | None = None,
     stitch_policy: RoutingPolicy | None = None,
+    stitch_router=None,
     stitch_streamer=None,
     stitch_timing: bool = False,
     **model_kwargs,
@@ -81,6 +82,8 @@ def stitched_decode(
         stitch_slm: the small model; shares the LLM's tokenizer.
         stitch_threshold: tau, normalized-entropy threshold in [0, 1].
         stitch_policy: any :class:`~hf_rstitch.core.policies.RoutingPolicy`; overrides the threshold.
+        stitch_router: R-Stitch+ router (object, local folder or Hub id); consulted on SLM steps above
+            ``stitch_threshold`` (default: the threshold it was trained with). See :mod:`hf_rstitch.router`.
         stitch_streamer: receives every new token (``put``) and ``end()``.
         stitch_timing: record device-synchronised seconds of every forward call in the trace.
 
@@ -90,6 +93,10 @@ def stitched_decode(
         one per row, when B > 1).
     """
     slm = check_pair(model, stitch_slm)
+    if stitch_router is not None and stitch_policy is None:
+        from ..router.policy import policy_from_router
+
+        stitch_policy = policy_from_router(stitch_router, slm, stitch_threshold)
     policy = resolve_policy(stitch_threshold, stitch_policy, generation_config)
     check_request(input_ids, generation_config, model_kwargs)
     mask = model_kwargs.get("attention_mask")

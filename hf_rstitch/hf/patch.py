@@ -17,7 +17,7 @@ from .checks import check_tokenizers
 from .decode import stitched_decode
 
 _ORIGINAL_GENERATE = None
-_STITCH_ARGS = ("stitch_threshold", "stitch_policy")
+_STITCH_ARGS = ("stitch_threshold", "stitch_policy", "stitch_router")
 
 
 def _wants_stitching(model, kwargs: dict) -> bool:
