@@ -60,6 +60,7 @@ class Lane:
                 "or disable the sliding window in the model config if it is not needed for your lengths."
             )
         self.seen = torch.zeros(batch_size, dtype=torch.long)  # columns of the shared sequence in the cache
+        self.pad: torch.Tensor | None = None  # [B] left-padding columns of each row (CPU), read at the first call
         self.slots = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)  # [B, S] cache-slot mask
         params = inspect.signature(model.forward).parameters
         self._keep_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
@@ -93,6 +94,8 @@ class Lane:
         width = int((total - self.seen[rows]).max())  # longest catch-up among taking-part rows
         cols = torch.arange(total - width, total)  # the last `width` columns of the sequence
         fresh = (cols[None, :] >= self.seen[:, None]) & rows[:, None]  # [B, width] unseen and taking part
+        if self.pad is None:  # the one host read of the mask; later records need no device sync
+            self.pad = (mask == 0).long().cumprod(-1).sum(-1).cpu()
         mask = mask.to(self.device)
         chunk_mask = mask[:, total - width:] * fresh.to(self.device, mask.dtype)
         positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)  # [B, T]; 0 on left padding
@@ -117,15 +120,17 @@ class Lane:
         if self.timing:
             _sync(self.device)
             seconds = time.perf_counter() - start
-        calls = self._records(mask, rows, resumed, seconds)
+        calls = self._records(total, rows, resumed, seconds)
         self.seen = torch.where(rows, total, self.seen)
         return logits, hidden, calls
 
-    def _records(self, mask: torch.Tensor, rows: torch.Tensor, resumed: torch.Tensor, seconds):
-        """Per taking-part row: real tokens read (n_inf) and real tokens cached before (n_kv)."""
-        real = torch.cat([mask.new_zeros(mask.shape[0], 1), mask.long().cumsum(-1)], dim=-1).cpu()  # [B, T+1]
-        n_kv = real.gather(1, self.seen[:, None]).squeeze(1)
-        n_inf = real[:, -1] - n_kv
+    def _records(self, total: int, rows: torch.Tensor, resumed: torch.Tensor, seconds):
+        """Per taking-part row: real tokens read (n_inf) and real tokens cached before (n_kv).
+
+        Padding is on the left only, so the real tokens among columns [a, b) are b - max(a, pad).
+        """
+        n_kv = (self.seen - self.pad).clamp(min=0)
+        n_inf = total - torch.maximum(self.seen, self.pad)
         calls = {}
         for r in rows.nonzero().flatten().tolist():
             kv = int(n_kv[r])
@@ -138,3 +143,5 @@ class Lane:
         self.cache.batch_select_indices(index.to(self.device))
         self.slots = self.slots[index.to(self.device)]
         self.seen = self.seen[index]
+        if self.pad is not None:
+            self.pad = self.pad[index]

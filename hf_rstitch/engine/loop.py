@@ -108,6 +108,7 @@ def stitch_loop(
     seq, mask = input_ids, attention_mask
     rows = _Rows(batch, keep_scores, keep_logits)
     traces = [StitchTrace(policy=repr(policy)) for _ in range(batch)]
+    pending: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []  # entropies read at the end
     llm_on = torch.zeros(batch, dtype=torch.bool)  # [B] the LLM controls the row (CPU)
     last_llm = torch.zeros(batch, dtype=torch.bool)  # [B] the LLM wrote the row's latest token
     policy.reset()
@@ -141,7 +142,8 @@ def stitch_loop(
         tokens = pick_tokens(scores, do_sample)  # [B]
         seq = torch.cat([seq, tokens[:, None]], dim=-1)
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
-        _add_tokens(traces, rows.live, writer_llm, entropy, handed, slm_h)
+        _add_tokens(traces, rows.live, writer_llm, handed)
+        pending.append((rows.live.tolist(), entropy, slm_h))
         rows.record(scores, logits)
         if on_token is not None:
             full = torch.full((batch,), pad_token_id, dtype=tokens.dtype, device=tokens.device)
@@ -158,6 +160,7 @@ def stitch_loop(
             llm_on, last_llm = llm_on[keep], last_llm[keep]
             for lane in lanes.values():
                 lane.keep_rows(keep)
+    _add_entropies(traces, pending)
     return StitchResult(rows.sequences(pad_token_id), traces, rows.scores, rows.logits)
 
 
@@ -166,15 +169,28 @@ def _add_calls(traces, live, calls) -> None:
         traces[int(live[r])].calls.append(call)
 
 
-def _add_tokens(traces, live, writer_llm, entropy, handed, slm_h) -> None:
-    """Append one step to each live row's trace (one device->host copy per step)."""
-    entropy = entropy.cpu().tolist()
-    slm_h = slm_h.cpu().tolist() if slm_h is not None else None
-    handed = handed.tolist() if handed is not None else [False] * len(entropy)
+def _add_tokens(traces, live, writer_llm, handed) -> None:
+    """Append one step's routing (already on the host) to each live row's trace."""
+    handed = handed.tolist() if handed is not None else [False] * len(live)
     for i, r in enumerate(live.tolist()):
-        t = traces[r]
         llm = bool(writer_llm[i])
-        t.roles.append(Role.LLM if llm else Role.SLM)
-        t.entropies.append(entropy[i])
-        t.handovers.append(handed[i])
-        t.slm_entropies.append(slm_h[i] if (slm_h is not None and (handed[i] or not llm)) else None)
+        traces[r].roles.append(Role.LLM if llm else Role.SLM)
+        traces[r].handovers.append(handed[i])
+
+
+def _add_entropies(traces, pending) -> None:
+    """Fill entropies after decoding: one device-to-host copy for the whole generation."""
+    if not pending:
+        return
+    flat = torch.cat([h for _, h, _ in pending] + [s for _, _, s in pending if s is not None]).cpu().tolist()
+    n_writer = sum(len(live) for live, _, _ in pending)
+    writer, slm = iter(flat[:n_writer]), iter(flat[n_writer:])
+    seen = [0] * len(traces)
+    for live, _, slm_h in pending:
+        slm_values = [next(slm) for _ in live] if slm_h is not None else [None] * len(live)
+        for r, h, sh in zip(live, writer, slm_values):
+            t, k = traces[r], seen[r]
+            t.entropies.append(h)
+            # the SLM's own entropy where it was consulted: it wrote the token, or handed it over
+            t.slm_entropies.append(sh if (t.roles[k] is Role.SLM or t.handovers[k]) else None)
+            seen[r] += 1
