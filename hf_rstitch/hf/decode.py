@@ -68,6 +68,7 @@ def stitched_decode(
     stitch_router=None,
     stitch_streamer=None,
     stitch_timing: bool = False,
+    stitch_engine="default",
     **model_kwargs,
 ) -> StitchedGenerateOutput | torch.LongTensor:
     """R-Stitch decoding with ``model`` as the LLM and ``stitch_slm`` as the SLM.
@@ -86,6 +87,8 @@ def stitched_decode(
             ``stitch_threshold`` (default: the threshold it was trained with). See :mod:`hf_rstitch.router`.
         stitch_streamer: receives every new token (``put``) and ``end()``.
         stitch_timing: record device-synchronised seconds of every forward call in the trace.
+        stitch_engine: ``"default"`` (eager lanes), or the opt-in fast engine for batch size 1 on CUDA:
+            ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a reusable :class:`hf_rstitch.fast.FastEngine`.
 
     Returns:
         The sequences ``[B, T]``, or with ``return_dict_in_generate=True`` a
@@ -105,10 +108,16 @@ def stitched_decode(
 
     vocab = min(logit_width(model), logit_width(slm))  # ids either model may emit
     batch = input_ids.shape[0]
-    lanes = {
-        Role.SLM: Lane(slm, Role.SLM, vocab, batch, timing=stitch_timing),
-        Role.LLM: Lane(model, Role.LLM, vocab, batch, timing=stitch_timing),
-    }
+    if isinstance(stitch_engine, str) and stitch_engine == "default":
+        lanes = {
+            Role.SLM: Lane(slm, Role.SLM, vocab, batch, timing=stitch_timing),
+            Role.LLM: Lane(model, Role.LLM, vocab, batch, timing=stitch_timing),
+        }
+    else:
+        from ..fast import resolve_engine
+
+        engine = resolve_engine(stitch_engine)
+        lanes = engine.lanes(slm, model, vocab, batch, generation_config.max_length, timing=stitch_timing)
     result = stitch_loop(
         lanes,
         input_ids,

@@ -1,0 +1,91 @@
+"""A static KV cache for one sequence (batch size 1) and the attention that reads it.
+
+Slot ``j`` of every layer holds column ``j`` of the stitched sequence (prompt padding included),
+so a lane never needs a per-row slot map. The write offset ``pos`` is a device scalar advanced
+by the captured step itself: a CUDA graph recorded once writes to the right slots on every
+replay, with no host round trip. transformers' ``StaticCache`` would do the same, but its
+offset lives inside each layer object and its attention repeats the KV heads (``repeat_kv``)
+whenever a mask is given, copying the whole static cache every step; this cache is a few
+lines and its attention folds the query heads of a KV group onto the query axis instead.
+
+What it does not do: sliding windows (the lane refuses such models), batches, cropping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from transformers import AttentionInterface, PretrainedConfig
+
+ATTENTION = "rstitch_static"
+
+
+class StaticKV:
+    """Per-layer key/value buffers ``[1, H_kv, slots, D]`` written at ``pos + arange(q)``.
+
+    transformers' attention layers call :meth:`update` with their new keys/values; the lane sets
+    :attr:`slots` before each forward and advances :attr:`pos` after it.
+    """
+
+    def __init__(self, config: PretrainedConfig, slots: int, dtype: torch.dtype, device: torch.device):
+        text = config.get_text_config()
+        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        shape = (1, kv_heads, slots, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(text.num_hidden_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(text.num_hidden_layers)]
+        self.pos = torch.zeros((), dtype=torch.long, device=device)  # slots written so far
+        self.slots: torch.Tensor | None = None  # [q] slots the current forward writes
+
+    @property
+    def n_slots(self) -> int:
+        return self.keys[0].shape[2]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        # key_states: [1, H_kv, q, D] -> slots[0..q) of layer `layer_idx`; returns all slots
+        self.keys[layer_idx].index_copy_(2, self.slots, key_states)
+        self.values[layer_idx].index_copy_(2, self.slots, value_states)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+
+def static_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """SDPA over every slot of a :class:`StaticKV` layer under a boolean mask, GQA without copies.
+
+    Args:
+        query: ``[1, H, q, D]``; key / value: ``[1, H_kv, S, D]`` (all slots);
+        attention_mask: ``[1, 1, q, S]`` bool, True where a query may attend.
+
+    Returns:
+        ``([1, q, H, D], None)`` as transformers' attention functions do.
+    """
+    batch, heads, q, dim = query.shape
+    kv_heads, slots = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    # head h = kv * group + g reads KV head kv: stack the group's queries on the query axis
+    query = query.reshape(batch, kv_heads, group * q, dim)  # row g * q + i
+    mask = attention_mask[:, :, None].expand(batch, 1, group, q, slots).reshape(batch, 1, group * q, slots)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+    out = out.reshape(batch, heads, q, dim).transpose(1, 2).contiguous()  # [1, q, H, D]
+    return out, None
+
+
+AttentionInterface.register(ATTENTION, static_attention)
+
+
+@contextlib.contextmanager
+def static_attention_on(model):
+    """Route ``model``'s attention layers to :func:`static_attention` inside the block.
+
+    Only Python-side dispatch changes; a CUDA graph captured inside keeps the kernels it recorded.
+    """
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before

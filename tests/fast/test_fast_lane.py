@@ -1,0 +1,149 @@
+"""FastLane on CPU (same static-cache steps as on CUDA, run eagerly): equal to the default engine.
+
+fp64 tiny models, so "equal" means identical tokens and logits to ~1e-12. Buckets are kept small
+(max_bucket=4) so routes exercise padded buckets and the eager path for longer catch-ups.
+"""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from hf_rstitch import ReplayPolicy, Role
+from hf_rstitch.fast import FastConfig, FastEngine, FastLane
+from tiny_models import make_pair, prompt
+
+ROUTE = ["slm"] * 3 + ["llm"] * 2 + ["slm"] * 4 + ["llm"] + ["slm"] * 7 + ["llm"] * 6 + ["slm"] * 2 + ["llm"] + ["slm"]
+CPU = FastConfig(max_bucket=4, graphs=False)
+ARCHS = ["llama", "qwen2-full"]
+
+
+def _generate(llm, slm, ids, engine, policy=None, **kw):
+    return llm.generate(ids, assistant_model=slm, stitch_policy=policy or ReplayPolicy(ROUTE), stitch_engine=engine,
+                        max_new_tokens=len(ROUTE), min_new_tokens=len(ROUTE), return_dict_in_generate=True, output_logits=True, **kw)
+
+
+def _same(out, ref):
+    assert torch.equal(out.sequences, ref.sequences)
+    assert out.stitch.roles == ref.stitch.roles == [Role(r) for r in ROUTE]
+    assert [(c.role, c.kind, c.n_inf, c.n_kv) for c in out.stitch.calls] == \
+           [(c.role, c.kind, c.n_inf, c.n_kv) for c in ref.stitch.calls]
+    for a, b in zip(out.logits, ref.logits):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fast_engine_equals_default_engine_and_reuses_lanes(arch):
+    llm, slm = make_pair(arch)
+    ids = prompt(12)
+    ref = _generate(llm, slm, ids, "default")
+    engine = FastEngine(CPU)
+    for _ in range(2):  # the second generation reuses both lanes
+        _same(_generate(llm, slm, ids, engine), ref)
+    assert engine.builds == 2
+    # past max_bucket=4, without a graph: the LLM's first call (15 tokens), catch-ups of 5 and 8
+    assert engine._lanes[Role.LLM].eager_calls == 3
+
+
+def test_left_padded_prompt():
+    llm, slm = make_pair("llama")
+    ids = prompt(10)
+    mask = torch.ones_like(ids)
+    ids[:, :3], mask[:, :3] = 2, 0  # three pad tokens on the left
+    _same(_generate(llm, slm, ids, FastEngine(CPU), attention_mask=mask),
+          _generate(llm, slm, ids, "default", attention_mask=mask))
+
+
+class HiddenReplay(ReplayPolicy):
+    needs_hidden = True
+
+    def __init__(self, route):
+        super().__init__(route)
+        self.hidden = []
+
+    def hand_to_llm(self, step):
+        self.hidden.append(step.hidden.clone())
+        return super().hand_to_llm(step)
+
+
+def test_hidden_states_reach_the_policy_unchanged():
+    llm, slm = make_pair("qwen2-full")
+    ids = prompt(9)
+    ref, fast = HiddenReplay(ROUTE), HiddenReplay(ROUTE)
+    _generate(llm, slm, ids, "default", policy=ref)
+    _generate(llm, slm, ids, FastEngine(CPU), policy=fast)
+    assert len(ref.hidden) == len(fast.hidden) > 0
+    for a, b in zip(ref.hidden, fast.hidden, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_cache_slots_hold_what_a_recompute_gives():
+    llm, slm = make_pair("llama")
+    ids = prompt(12)
+    engine = FastEngine(CPU)
+    out = _generate(llm, slm, ids, engine)
+    for role, model in ((Role.SLM, slm), (Role.LLM, llm)):
+        lane = engine._lanes[role]
+        fresh = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=out.sequences[:, : lane.seen], past_key_values=fresh, use_cache=True)
+        assert int(lane.cache.pos) == lane.seen
+        for layer, want in enumerate(fresh.layers):
+            torch.testing.assert_close(lane.cache.keys[layer][:, :, : lane.seen], want.keys)
+            torch.testing.assert_close(lane.cache.values[layer][:, :, : lane.seen], want.values)
+
+
+# ---- errors and fallbacks ----------------------------------------------------------------------
+def test_graphs_need_cuda():
+    llm, _ = make_pair("llama")
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        FastLane(llm, Role.LLM, 96, 64, FastConfig(graphs=True))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_fast_engine_on_cpu_warns_and_runs_eagerly():
+    llm, slm = make_pair("llama")
+    with pytest.warns(UserWarning, match="eagerly on cpu"):
+        out = _generate(llm, slm, prompt(5), "fast")
+    assert out.sequences.shape[1] == 5 + len(ROUTE)
+
+
+def test_sliding_window_models_are_refused():
+    llm, slm = make_pair("qwen2")  # sliding window on every layer
+    with pytest.raises(ValueError, match="full-attention models only"):
+        _generate(llm, slm, prompt(5), FastEngine(CPU))
+
+
+def test_batches_are_refused():
+    llm, slm = make_pair("llama")
+    with pytest.raises(ValueError, match="batch size 1 only"):
+        _generate(llm, slm, torch.cat([prompt(5), prompt(5, seed=1)]), FastEngine(CPU))
+
+
+def test_capacity_overflow_is_a_clear_error():
+    llm, _ = make_pair("llama")
+    lane = FastLane(llm, Role.LLM, 96, capacity=8, config=CPU)
+    ids = prompt(9)
+    with pytest.raises(RuntimeError, match="holds 8 tokens"):
+        lane.advance(ids, torch.ones_like(ids), torch.ones(1, dtype=torch.bool), torch.zeros(1, dtype=torch.bool))
+
+
+def test_advancing_with_nothing_new_is_an_error():
+    llm, _ = make_pair("llama")
+    lane = FastLane(llm, Role.LLM, 96, capacity=32, config=CPU)
+    ids, rows, resumed = prompt(5), torch.ones(1, dtype=torch.bool), torch.zeros(1, dtype=torch.bool)
+    lane.advance(ids, torch.ones_like(ids), rows, resumed)
+    with pytest.raises(RuntimeError, match="nothing new"):
+        lane.advance(ids, torch.ones_like(ids), rows, resumed)
+
+
+@pytest.mark.parametrize("spec", ["fastest", 3, None])
+def test_unknown_engine_is_refused(spec):
+    llm, slm = make_pair("llama")
+    with pytest.raises(ValueError, match="stitch_engine must be"):
+        _generate(llm, slm, prompt(5), spec)
+
+
+@pytest.mark.parametrize("kw", [{"max_bucket": 12}, {"compile": "yes"}])
+def test_bad_config_is_refused(kw):
+    with pytest.raises(ValueError):
+        FastConfig(**kw)
