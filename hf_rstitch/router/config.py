@@ -41,6 +41,9 @@ class RouterTrainConfig:
     lr: float = field(default=1e-3, metadata=_help("AdamW learning rate of the router."))
     weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay."))
     epochs: int = field(default=2, metadata=_help("Gradient steps on each batch of rollouts (pi_old = rollout policy)."))
+    scale_advantages: bool = field(default=True, metadata=_help(
+        "Divide advantages by the group's reward std (Eq. 8). --no-scale-advantages keeps R - mean, so lambda "
+        "sets the latency/accuracy exchange rate also inside all-correct groups (see docs/router.md)."))
     eps_low: float = field(default=0.2, metadata=_help("Lower clip range: ratio >= 1 - eps_low."))
     eps_high: float = field(default=0.28, metadata=_help("Upper clip range (DAPO clip-higher): ratio <= 1 + eps_high."))
     max_grad_norm: float = field(default=1.0, metadata=_help("Gradient clipping norm (0: off)."))

@@ -33,17 +33,22 @@ def reward(correct: torch.Tensor, latency_ms: torch.Tensor, lam: float) -> torch
     return r_acc - lam * r_acc * latency_ms.float()
 
 
-def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: bool = True) -> torch.Tensor:
     """Group-normalised advantages (Eq. 8).
 
     Args:
         rewards: ``[P, G]`` one row per prompt, G rollouts each.
         eps: added to the standard deviation; groups with equal rewards get zero advantages.
+        scale: divide by the group's std (Eq. 8). ``False`` keeps ``R - mean`` (Dr. GRPO): with a
+            continuous latency term, std scaling blows the small latency spread of an all-correct
+            group up to unit advantages, as large as a correct-vs-wrong split elsewhere.
 
     Returns:
-        ``[P, G]`` (R - mean) / (std + eps), std with Bessel's correction.
+        ``[P, G]`` (R - mean) / (std + eps), std with Bessel's correction (or R - mean).
     """
     mean = rewards.mean(dim=-1, keepdim=True)
+    if not scale:
+        return rewards - mean
     std = rewards.std(dim=-1, keepdim=True) if rewards.shape[-1] > 1 else torch.zeros_like(mean)
     return (rewards - mean) / (std + eps)
 

@@ -83,7 +83,7 @@ class RouterPolicy:
         if not bool(ask.any()):
             return out
         start = time.perf_counter()
-        hidden = step.hidden[ask]
+        hidden = step.hidden[ask].to(self.router.head.weight.device)
         logp = self.router.log_probs(hidden)  # [n, 2]
         if self.sample:
             actions = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(1)

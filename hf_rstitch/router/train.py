@@ -109,7 +109,7 @@ def update(router: Router, optimizer, groups: list[list[Trajectory]], cfg: Route
     """DAPO update on one batch of groups; returns loss statistics."""
     rewards = group_rewards(groups, cfg.lam)
     keep = dynamic_sampling_mask(rewards)
-    adv = group_advantages(rewards)
+    adv = group_advantages(rewards, scale=cfg.scale_advantages)
     stats: dict[str, float] = {"kept_groups": int(keep.sum()), "loss": 0.0, "clip_frac": 0.0, "decisions_used": 0}
     flat = flatten_decisions(groups, adv, keep)
     if flat is None:

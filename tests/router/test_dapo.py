@@ -64,5 +64,8 @@ def test_dapo_loss_empty():
 
 @pytest.mark.parametrize("g", [2, 8])
 def test_advantages_zero_mean(g):
-    r = torch.rand(5, g)
-    assert torch.allclose(group_advantages(r).mean(-1), torch.zeros(5), atol=1e-5)
+    r = torch.rand(5, g, generator=torch.Generator().manual_seed(g), dtype=torch.float64)
+    adv = group_advantages(r)
+    assert torch.allclose(adv.mean(-1), torch.zeros(5, dtype=torch.float64), atol=1e-9)
+    assert torch.allclose(adv.std(-1), torch.ones(5, dtype=torch.float64), atol=1e-4)  # eps = 1e-6 in the divisor
+    assert torch.allclose(group_advantages(r, scale=False), r - r.mean(-1, keepdim=True))
