@@ -109,3 +109,15 @@ def test_generate_stitch_router_argument(tmp_path):
     assert by_path.stitch.roles == by_policy.stitch.roles and by_path.stitch.threshold == 0.3
     with pytest.raises(ValueError, match="hidden size"):
         llm.generate(ids, assistant_model=slm, stitch_router=Router(48), max_new_tokens=3)
+
+
+def test_eval_harness_router_method_accepts_a_router_or_a_path(tmp_path):
+    from hf_rstitch.eval.methods import GenSettings, LearnedRouter
+
+    llm, slm = make_pair("llama")
+    router = Router(32, width=8, num_blocks=2, threshold=0.3)
+    router.save_pretrained(tmp_path)
+    settings = GenSettings(max_new_tokens=6)
+    by_object = LearnedRouter(llm, slm, settings, router=router, threshold=0.3).run(prompt())
+    by_path = LearnedRouter(llm, slm, settings, router=str(tmp_path)).run(prompt())
+    assert by_object[0] == by_path[0] and by_object[1]["new_tokens"] == 6
