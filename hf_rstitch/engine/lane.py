@@ -140,7 +140,7 @@ class Lane:
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Keep only the rows ``index`` (CPU long tensor), e.g. to drop finished rows."""
-        self.cache.batch_select_indices(index.to(self.device))
+        self.cache.batch_select_indices(index)  # a CPU index serves layers on any device (device_map)
         self.slots = self.slots[index.to(self.device)]
         self.seen = self.seen[index]
         if self.pad is not None:

@@ -16,6 +16,7 @@ from ..core.roles import Role
 from ..core.sampling import pad_vocab
 from ..engine import Lane, stitch_loop
 from .checks import check_pair, check_request
+from .placement import check_placement
 from .output import StitchedGenerateOutput
 
 
@@ -102,6 +103,7 @@ def stitched_decode(
         stitch_policy = policy_from_router(stitch_router, slm, stitch_threshold)
     policy = resolve_policy(stitch_threshold, stitch_policy, generation_config)
     check_request(input_ids, generation_config, model_kwargs)
+    check_placement(model, slm, input_ids, do_sample=bool(generation_config.do_sample), engine=stitch_engine)
     mask = model_kwargs.get("attention_mask")
     if mask is None:
         mask = torch.ones_like(input_ids)
