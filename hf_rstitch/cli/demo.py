@@ -69,12 +69,14 @@ def _problems(cfg: DemoConfig):
             for r in rows[: cfg.n]]
 
 
-def _router():
-    try:
-        from ..router.model import load_shipped_router  # present once R-Stitch+ ships
-    except ImportError:
-        return None
-    return load_shipped_router()
+def _router(slm):
+    """The R-Stitch+ router shipped beside the pair, or None if this checkout has none."""
+    from pathlib import Path
+
+    from ..router.model import load_router
+
+    folder = Path(__file__).resolve().parent.parent / "assets" / "router"
+    return load_router(folder, slm) if (folder / "model.safetensors").exists() else None
 
 
 def _table(summary: dict) -> str:
@@ -137,10 +139,10 @@ def run(args: argparse.Namespace) -> int:
     llm, slm, tokenizer = load_pair(cfg.device)
     problems = _problems(cfg)
     settings = GenSettings(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
-    router = _router() if cfg.router else None
+    router = _router(slm) if cfg.router else None
     kinds = ["llm", "slm", "rstitch"] + (["router"] if router is not None else [])
     methods = build_methods(kinds, llm, slm, settings, thresholds=cfg.thresholds, router=router,
-                            router_threshold=getattr(getattr(router, "config", None), "threshold", None))
+                            router_threshold=getattr(router, "threshold", None))
     print(f"hf-rstitch demo: {len(problems)} held-out problems x {len(methods)} methods on {cfg.device} "
           f"(LLM {sum(p.numel() for p in llm.parameters()) / 1e6:.1f}M params, "
           f"SLM {sum(p.numel() for p in slm.parameters()) / 1e6:.1f}M)", file=sys.stderr)
