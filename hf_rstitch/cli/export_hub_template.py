@@ -1,0 +1,53 @@
+"""``rstitch export-hub-template DIR``: write a Hub ``custom_generate`` repo that runs R-Stitch.
+
+Thin wrapper over :func:`hf_rstitch.hub_template.export`; see that module for what the folder holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+
+from .args import add_dataclass_args, dataclass_from_args
+
+NAME = "export-hub-template"
+HELP = "write a Hub custom_generate repo (generate.py, requirements.txt, README) that runs R-Stitch without hf-rstitch"
+DESCRIPTION = (
+    "Flattens hf-rstitch's decode path into DIR/custom_generate/generate.py and adds requirements.txt and a README "
+    "tagged custom_generate. Push DIR to a Hub repo (e.g. `hf upload <org>/<repo> DIR`), then "
+    "llm.generate(**inputs, custom_generate='<org>/<repo>', trust_remote_code=True, assistant_model=slm, "
+    "stitch_threshold=0.02) works with only torch and transformers installed. A local DIR works the same way."
+)
+
+
+@dataclass
+class ExportConfig:
+    dir: str = field(default="", metadata={"help": "output folder (created; must be empty unless --overwrite)",
+                                           "cli": False})
+    repo_id: str = field(default="<org>/<repo>", metadata={"help": "Hub id the folder will be pushed to (README examples)"})
+    overwrite: bool = field(default=False, metadata={"help": "replace the exported files in a non-empty folder"})
+
+    def __post_init__(self):
+        if not self.dir:
+            raise ValueError("give the output folder: rstitch export-hub-template DIR")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", metavar="DIR", help=ExportConfig.__dataclass_fields__["dir"].metadata["help"])
+    add_dataclass_args(parser, ExportConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = dataclass_from_args(ExportConfig, args)
+    from ..hub_template import ExportError, export
+
+    try:
+        out = export(cfg.dir, repo_id=cfg.repo_id, overwrite=cfg.overwrite)
+    except (FileExistsError, ExportError) as err:
+        print(f"rstitch export-hub-template: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}/custom_generate/generate.py, requirements.txt and README.md; "
+          f"load it with llm.generate(..., custom_generate={str(out)!r}, trust_remote_code=True, assistant_model=slm, "
+          "stitch_threshold=0.02), or push the folder to the Hub")
+    return 0

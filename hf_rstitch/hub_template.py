@@ -1,0 +1,238 @@
+"""Export a Hugging Face Hub ``custom_generate`` repository that runs R-Stitch without hf-rstitch.
+
+    rstitch export-hub-template DIR          # or: hf_rstitch.hub_template.export(DIR)
+    # push DIR to a Hub repo, then, with only torch + transformers installed:
+    llm.generate(**inputs, custom_generate="<org>/<repo>", trust_remote_code=True,
+                 assistant_model=slm, stitch_threshold=0.02)
+
+transformers loads ``custom_generate/generate.py`` from the repo (or a local folder) and calls its
+``generate(model=llm, **every generate argument)`` before any preparation. The exported file is
+this package's decode path flattened into one module: the sources listed in :data:`MODULES`
+concatenated in dependency order, their intra-package imports removed, and a ``generate`` entry
+point that mirrors :func:`hf_rstitch.hf.patch._stitching_generate` (``assistant_model`` becomes
+``stitch_slm``, stop strings become a stopping criterion, then transformers' own ``generate`` runs
+with the flattened ``stitched_decode`` as its ``custom_generate`` callable). One file means no
+relative imports for transformers' dynamic-module loader to chase, and nothing to install.
+
+The learned router and the fast engine are not flattened: they need hf-rstitch installed, and the
+template says so when asked for them. This module writes files only; it makes no decisions.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from string import Template
+
+import hf_rstitch
+
+PACKAGE = Path(__file__).resolve().parent
+TEMPLATES = PACKAGE / "templates"
+
+# Flattened in this order: each module only uses names defined above it.
+MODULES = (
+    "core/roles.py",
+    "core/entropy.py",
+    "core/policies.py",
+    "core/sampling.py",
+    "core/trace.py",
+    "engine/lane.py",
+    "engine/loop.py",
+    "hf/output.py",
+    "hf/checks.py",
+    "hf/placement.py",
+    "hf/decode.py",
+)
+
+# Lazy imports of optional parts, and what the template does instead: use an installed
+# hf-rstitch if there is one, else say how to get it. (transformers' import check skips `try` blocks.)
+OPTIONAL_IMPORTS = {
+    "router.policy": ("stitch_router", "the R-Stitch+ router"),
+    "fast": ("stitch_engine", "the fast engine"),
+}
+
+REQUIREMENTS = ("torch>=2.4", "transformers>=5.17,<5.25")
+
+ENTRY_POINT = '''
+
+# ---- entry point: transformers calls generate(model=llm, **generate's arguments) -------------
+# Mirrors hf_rstitch.hf.patch._stitching_generate.
+
+def _stop_string_criteria(model, kwargs: dict, tokenizer) -> None:
+    """The tokenizer does not reach a custom_generate callable: turn stop strings into a criterion here."""
+    from transformers import StoppingCriteriaList
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    config = kwargs.get("generation_config") or model.generation_config
+    stop = kwargs.pop("stop_strings", None) or getattr(config, "stop_strings", None)
+    if not stop:
+        return
+    if tokenizer is None:
+        raise ValueError("`stop_strings` needs the tokenizer: pass `tokenizer=tok` to generate().")
+    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop))
+    kwargs["stopping_criteria"] = criteria
+    kwargs["stop_strings"] = None
+
+
+def generate(model, *args, **kwargs):
+    """R-Stitch through ``llm.generate(custom_generate=<this repo>, trust_remote_code=True, ...)``.
+
+    ``assistant_model`` (or ``stitch_slm``) is the SLM; ``stitch_threshold`` / ``stitch_policy`` and
+    every other ``generate`` argument behave as with ``import hf_rstitch``. Without a threshold or a
+    policy, ``generation_config.stitch_threshold`` is used; without either, an error says so.
+    """
+    from transformers import GenerationMixin
+
+    kwargs.pop("custom_generate", None)
+    kwargs.pop("trust_remote_code", None)
+    slm = kwargs.pop("assistant_model", None)
+    if slm is None:
+        slm = kwargs.pop("stitch_slm", None)
+    kwargs.pop("stitch_slm", None)
+    tokenizer = kwargs.pop("tokenizer", None)
+    check_tokenizers(tokenizer, kwargs.pop("assistant_tokenizer", None))
+    _stop_string_criteria(model, kwargs, tokenizer)
+    return GenerationMixin.generate(
+        model, *args, custom_generate=stitched_decode, stitch_slm=slm, stitch_streamer=kwargs.get("streamer"), **kwargs
+    )
+'''
+
+
+class ExportError(RuntimeError):
+    """The package's sources cannot be flattened (a name defined twice, an import it cannot strip)."""
+
+
+def _optional_import(module: str, names: list[str], indent: str) -> str:
+    arg, what = OPTIONAL_IMPORTS[module]
+    body = [
+        f"{indent}try:",
+        f"{indent}    from hf_rstitch.{module} import {', '.join(names)}",
+        f"{indent}except ImportError:",
+        f"{indent}    raise ImportError(",
+        f'{indent}        "`{arg}` needs {what}, which this custom_generate template does not include: "',
+        f'{indent}        "pip install hf-rstitch (then `import hf_rstitch` and drop custom_generate=...)."',
+        f"{indent}    ) from None",
+    ]
+    return "\n".join(body)
+
+
+def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
+    """One module's source with its docstring as a comment and without ``__future__`` or relative imports.
+
+    Relative imports at the top level are dropped (their names are defined earlier in the
+    flattened file); relative imports inside functions (optional parts) become a ``try`` of the
+    installed package with a clear error. Returns the text and the top-level names it defines.
+    """
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    replace: dict[int, tuple[int, str | None]] = {}  # first line (0-based) -> (end line, replacement)
+    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
+        doc = tree.body[0]  # kept as a comment: it says why the section exists
+        comment = "\n".join(("# " + line).rstrip() for line in doc.value.value.strip().splitlines())
+        replace[doc.lineno - 1] = (doc.end_lineno, comment)
+    defined: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                defined.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.module == "__future__":
+            replace[node.lineno - 1] = (node.end_lineno, None)
+            continue
+        if node.level == 0:
+            if (node.module or "").split(".")[0] == "hf_rstitch":
+                raise ExportError(f"{name}: absolute import of hf_rstitch.{node.module} cannot be flattened")
+            continue
+        if any(a.asname for a in node.names):
+            raise ExportError(f"{name}:{node.lineno}: `import ... as` in a relative import cannot be flattened")
+        top_level = node in tree.body
+        if top_level:
+            replace[node.lineno - 1] = (node.end_lineno, None)
+            continue
+        target = (node.module or "").lstrip(".")
+        if target not in OPTIONAL_IMPORTS:
+            raise ExportError(f"{name}:{node.lineno}: lazy import of .{target} has no template fallback")
+        indent = lines[node.lineno - 1][: node.col_offset]
+        replace[node.lineno - 1] = (node.end_lineno, _optional_import(target, [a.name for a in node.names], indent))
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        if i in replace:
+            end, text = replace[i]
+            if text is not None:
+                out.append(text)
+            i = end
+            continue
+        out.append(lines[i])
+        i += 1
+    return "\n".join(out).strip("\n") + "\n", defined
+
+
+def flattened_source() -> str:
+    """The whole ``custom_generate/generate.py``."""
+    header = (
+        f'"""R-Stitch stitched decoding as a transformers ``custom_generate`` recipe (hf-rstitch '
+        f'{hf_rstitch.__version__}).\n\n'
+        "Generated by `rstitch export-hub-template` from the hf-rstitch sources; do not edit by hand.\n"
+        "Sections, in order: " + ", ".join(m.removesuffix(".py").replace("/", ".") for m in MODULES) + ".\n"
+        '"""\n\nfrom __future__ import annotations\n'
+    )
+    parts = [header]
+    seen: dict[str, str] = {}
+    for rel in MODULES:
+        text, names = flatten_module((PACKAGE / rel).read_text(encoding="utf-8"), rel)
+        clash = {n: seen[n] for n in names if n in seen and not n.startswith("__")}
+        if clash:
+            raise ExportError(f"{rel} redefines {sorted(clash)} from {sorted(set(clash.values()))}; rename one")
+        seen.update({n: rel for n in names})
+        parts.append(f"\n# ==== hf_rstitch/{rel} " + "=" * max(4, 84 - len(rel)) + "\n\n" + text)
+    parts.append(ENTRY_POINT)
+    source = "\n".join(parts)
+    compile(source, "custom_generate/generate.py", "exec")  # a syntax error here is an exporter bug
+    return source
+
+
+def render(template: str, **values) -> str:
+    """Fill ``hf_rstitch/templates/<template>`` (``$name`` placeholders); every placeholder must be given."""
+    path = TEMPLATES / template
+    if not path.is_file():
+        known = sorted(p.name for p in TEMPLATES.glob("*.md"))
+        raise FileNotFoundError(f"no template {template!r} in {TEMPLATES}; known: {known}")
+    try:
+        return Template(path.read_text(encoding="utf-8")).substitute(values)
+    except KeyError as err:
+        raise ValueError(f"template {template} needs a value for {err.args[0]!r}; got {sorted(values)}") from None
+
+
+def export(out_dir: str | Path, repo_id: str = "<org>/<repo>", overwrite: bool = False) -> Path:
+    """Write the Hub repository template to ``out_dir`` and return it.
+
+    Layout: ``custom_generate/generate.py``, ``custom_generate/requirements.txt``, ``README.md``
+    (tagged ``custom_generate``; ``repo_id`` fills its examples) and ``hf_rstitch_export.json``.
+
+    Args:
+        out_dir: target folder; created if missing. Must be empty unless ``overwrite``.
+        repo_id: the Hub id the folder will be pushed to, used in the README's examples.
+        overwrite: replace the files this function writes if they exist.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a folder; pass a new or empty folder.")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out} is not empty; pass an empty folder, or overwrite=True (--overwrite) to replace.")
+    (out / "custom_generate").mkdir(parents=True, exist_ok=True)
+    (out / "custom_generate" / "generate.py").write_text(flattened_source(), encoding="utf-8")
+    (out / "custom_generate" / "requirements.txt").write_text("\n".join(REQUIREMENTS) + "\n", encoding="utf-8")
+    readme = render("hub_readme.md", repo_id=repo_id, version=hf_rstitch.__version__,
+                    requirements=", ".join(f"`{r}`" for r in REQUIREMENTS))
+    (out / "README.md").write_text(readme, encoding="utf-8")
+    meta = {"hf_rstitch_version": hf_rstitch.__version__, "modules": list(MODULES), "repo_id": repo_id}
+    (out / "hf_rstitch_export.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return out
