@@ -37,9 +37,15 @@ def pad_id(config: GenerationConfig) -> int:
 
 
 def resolve_policy(
-    stitch_threshold: float | None, stitch_policy: RoutingPolicy | None, config: GenerationConfig
+    stitch_threshold: float | None, stitch_policy: RoutingPolicy | None, config: GenerationConfig,
+    stitch_router=None, slm: PreTrainedModel | None = None,
 ) -> RoutingPolicy:
-    """An explicit policy wins; else the threshold (argument, then generation config)."""
+    """An explicit policy wins; then a router (R-Stitch+); else the threshold (argument, then
+    generation config)."""
+    if stitch_policy is None and stitch_router is not None:
+        from ..router.policy import policy_from_router
+
+        stitch_policy = policy_from_router(stitch_router, slm, stitch_threshold)
     if stitch_policy is not None:
         if not isinstance(stitch_policy, RoutingPolicy):
             raise TypeError(
@@ -97,29 +103,14 @@ def stitched_decode(
         one per row, when B > 1).
     """
     slm = check_pair(model, stitch_slm)
-    if stitch_router is not None and stitch_policy is None:
-        from ..router.policy import policy_from_router
-
-        stitch_policy = policy_from_router(stitch_router, slm, stitch_threshold)
-    policy = resolve_policy(stitch_threshold, stitch_policy, generation_config)
+    policy = resolve_policy(stitch_threshold, stitch_policy, generation_config, stitch_router, slm)
     check_request(input_ids, generation_config, model_kwargs)
     check_placement(model, slm, input_ids, do_sample=bool(generation_config.do_sample), engine=stitch_engine)
     mask = model_kwargs.get("attention_mask")
     if mask is None:
         mask = torch.ones_like(input_ids)
 
-    vocab = min(logit_width(model), logit_width(slm))  # ids either model may emit
-    batch = input_ids.shape[0]
-    if isinstance(stitch_engine, str) and stitch_engine == "default":
-        lanes = {
-            Role.SLM: Lane(slm, Role.SLM, vocab, batch, timing=stitch_timing),
-            Role.LLM: Lane(model, Role.LLM, vocab, batch, timing=stitch_timing),
-        }
-    else:
-        from ..fast import resolve_engine
-
-        engine = resolve_engine(stitch_engine)
-        lanes = engine.lanes(slm, model, vocab, batch, generation_config.max_length, timing=stitch_timing)
+    lanes = build_lanes(model, slm, stitch_engine, input_ids.shape[0], generation_config.max_length, stitch_timing)
     result = stitch_loop(
         lanes,
         input_ids,
@@ -137,13 +128,29 @@ def stitched_decode(
         stitch_streamer.end()
     for trace in result.traces:
         trace.threshold = getattr(policy, "threshold", None)
+    return to_output(result, model, generation_config)
 
-    if not generation_config.return_dict_in_generate:
+
+def build_lanes(llm: PreTrainedModel, slm: PreTrainedModel, engine, batch: int, max_length: int,
+                timing: bool) -> dict[Role, Lane]:
+    """One lane per model: eager DynamicCache lanes, or the opt-in fast engine's."""
+    vocab = min(logit_width(llm), logit_width(slm))  # ids either model may emit
+    if isinstance(engine, str) and engine == "default":
+        return {Role.SLM: Lane(slm, Role.SLM, vocab, batch, timing=timing),
+                Role.LLM: Lane(llm, Role.LLM, vocab, batch, timing=timing)}
+    from ..fast import resolve_engine
+
+    return resolve_engine(engine).lanes(slm, llm, vocab, batch, max_length, timing=timing)
+
+
+def to_output(result, llm: PreTrainedModel, config: GenerationConfig) -> StitchedGenerateOutput | torch.LongTensor:
+    """What plain generate would return, plus the trace(s); scores padded to the LLM's width."""
+    if not config.return_dict_in_generate:
         return result.sequences
-    width = logit_width(model)
+    width = logit_width(llm)
     return StitchedGenerateOutput(
         sequences=result.sequences,
-        scores=tuple(pad_vocab(s, width) for s in result.scores) if generation_config.output_scores else None,
-        logits=tuple(pad_vocab(s, width) for s in result.logits) if generation_config.output_logits else None,
-        stitch=result.traces[0] if batch == 1 else result.traces,
+        scores=tuple(pad_vocab(s, width) for s in result.scores) if config.output_scores else None,
+        logits=tuple(pad_vocab(s, width) for s in result.logits) if config.output_logits else None,
+        stitch=result.traces[0] if len(result.traces) == 1 else result.traces,
     )
