@@ -30,7 +30,7 @@ class EvalConfig:
         "id owner/name[:split] (needs `datasets`). Several files give one Table-1 column group each."))
     methods: list[str] = field(default_factory=lambda: ["llm", "slm", "specdec", "rstitch", "random"], metadata=_help(
         "Methods to run: llm, slm, specdec (assisted generation), rstitch (one run per --thresholds), "
-        "random (one run per --random-p), router (Python API only: EvalConfig(router=...)).",
+        "random (one run per --random-p), router (R-Stitch+: needs --router).",
         choices=METHOD_KINDS))
     thresholds: list[float] = field(default_factory=lambda: [0.001, 0.02, 0.03], metadata=_help(
         "R-Stitch entropy thresholds tau (normalized entropy, in [0, 1])."))
@@ -63,8 +63,11 @@ class EvalConfig:
         "Store the full per-token decode trace of stitched methods in each record (large)."))
     plots: bool = field(default=True, metadata=_help("Write the trade-off and per-sample plots (matplotlib)."))
     progress: bool = field(default=True, metadata=_help("Show a progress bar."))
-    router: Any = field(default=None, metadata={"cli": False, "help": "Router object for the 'router' method."})
-    router_threshold: float | None = field(default=None, metadata={"cli": False, "help": "stitch_threshold for the router."})
+    router: Any = field(default=None, metadata={"cli": False, "help": "Router object or folder for the 'router' method."})
+    router_path: str = field(default="", metadata=_help(
+        "R-Stitch+ router for the 'router' method: a local folder (e.g. hf_rstitch/assets/router) or Hub id."))
+    router_threshold: float | None = field(default=None, metadata=_help(
+        "Entropy threshold under which the router is not consulted (default: the one it was trained with)."))
 
     def __post_init__(self) -> None:
         if isinstance(self.data, str):
@@ -88,9 +91,11 @@ class EvalConfig:
             raise ValueError("method 'rstitch' needs at least one --thresholds value (e.g. 0.02).")
         if "random" in self.methods and not self.random_p:
             raise ValueError("method 'random' needs at least one --random-p value (e.g. 0.5).")
+        if self.router is None and self.router_path:
+            self.router = self.router_path
         if "router" in self.methods and self.router is None and not self.report_only:
-            raise ValueError("method 'router' needs a router object: EvalConfig(router=...) in Python; "
-                             "the CLI cannot load one yet, so drop 'router' from --methods.")
+            raise ValueError("method 'router' needs a router: --router-path FOLDER_OR_HUB_ID "
+                             "(e.g. hf_rstitch/assets/router), or EvalConfig(router=...) in Python.")
         if self.max_new_tokens <= 0:
             raise ValueError(f"--max-new-tokens must be positive, got {self.max_new_tokens}.")
         if self.limit is not None and self.limit <= 0:

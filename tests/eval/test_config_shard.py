@@ -18,3 +18,8 @@ def test_shards_partition_the_problems():
 def test_bad_shard(bad):
     with pytest.raises(ValueError, match="shard"):
         cfg(shard=bad)
+
+
+def test_router_path_from_the_cli_becomes_the_router():
+    c = cfg(methods=["router"], router_path="hf_rstitch/assets/router")
+    assert c.router == "hf_rstitch/assets/router"

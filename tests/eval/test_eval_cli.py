@@ -40,7 +40,7 @@ def test_method_names_match_registry():
     ({"data": []}, "--data is required"),
     ({"thresholds": [1.5]}, r"--thresholds values must be in \[0, 1\]"),
     ({"methods": ["rstitch"], "thresholds": []}, "needs at least one --thresholds"),
-    ({"methods": ["router"]}, "needs a router object"),
+    ({"methods": ["router"]}, "needs a router: --router-path"),
     ({"max_new_tokens": 0}, "--max-new-tokens must be positive"),
     ({"limit": 0}, "--limit must be positive"),
 ])
