@@ -43,11 +43,10 @@ def _stop_string_criteria(model, kwargs: dict, tokenizer) -> None:
 
 
 def _stitching_generate(self, *args, **kwargs):
-    if not _wants_stitching(self, kwargs):
-        return _ORIGINAL_GENERATE(self, *args, **kwargs)
     custom = kwargs.get("custom_generate")
-    if custom is not None and custom is not stitched_decode:
-        raise ValueError("`stitch_threshold` / `stitch_policy` cannot be combined with another `custom_generate`.")
+    if not _wants_stitching(self, kwargs) or (custom is not None and custom is not stitched_decode):
+        # another custom_generate (e.g. the exported Hub template) receives the stitch_* arguments itself
+        return _ORIGINAL_GENERATE(self, *args, **kwargs)
     slm = kwargs.pop("assistant_model", None)
     if slm is None:
         slm = kwargs.pop("stitch_slm", None)

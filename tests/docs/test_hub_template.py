@@ -139,3 +139,13 @@ def test_template_runs_without_hf_rstitch(tmp_path, reference):
     assert got["ids"] == want.sequences[0].tolist()
     assert got["roles"] == [str(r) for r in want.stitch.roles]
     assert "pip install hf-rstitch" in got["router_error"]
+
+
+@needs_pair
+def test_template_also_runs_while_the_package_patch_is_active(tmp_path, pair, reference):
+    llm, slm, _ = pair
+    ids, args, want = reference
+    out = export(tmp_path / "repo")
+    assert hf_rstitch.is_patched()
+    got = llm.generate(ids, custom_generate=str(out), trust_remote_code=True, assistant_model=slm, **args)
+    assert torch.equal(got.sequences, want.sequences)
