@@ -9,10 +9,11 @@ from .model import (
     LatencyModel,
     LatencyProfileError,
     ModelProfile,
+    calibrate_step_ms,
     fit,
     fit_decode,
     grid_is_fittable,
 )
 
-__all__ = ["Coefficients", "LatencyModel", "LatencyProfileError", "ModelProfile", "fit", "fit_decode",
-           "grid_is_fittable"]
+__all__ = ["Coefficients", "LatencyModel", "LatencyProfileError", "ModelProfile", "calibrate_step_ms", "fit",
+           "fit_decode", "grid_is_fittable"]

@@ -263,11 +263,16 @@ class LatencyModel:
         lm.predict_trace(out.stitch)              # a whole stitched generation
     """
 
-    def __init__(self, profiles: Mapping[Any, ModelProfile], decode_fit: bool = False):
+    def __init__(self, profiles: Mapping[Any, ModelProfile], decode_fit: bool = False, step_ms: float = 0.0):
         if not profiles:
             raise LatencyProfileError("LatencyModel needs at least one role's profile ('slm' and/or 'llm').")
+        if not (math.isfinite(step_ms) and step_ms >= 0):
+            raise LatencyProfileError(f"step_ms must be a finite number >= 0 (ms per new token), got {step_ms!r}.")
         self.profiles = {_role_name(r): p for r, p in profiles.items()}
         self.decode_fit = decode_fit  # use the N_inf = 1 reference fit for decode steps
+        # host cost of the decode loop per new token (sampling, routing, bookkeeping) outside the
+        # forward calls; 0 is the paper's model (forward calls only). See calibrate_step_ms.
+        self.step_ms = float(step_ms)
 
     # -- construction / IO --
     @classmethod
@@ -285,7 +290,7 @@ class LatencyModel:
         return cls(profiles, decode_fit=decode_fit)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "unit": "ms", "decode_fit": self.decode_fit,
+        return {"format": FORMAT, "unit": "ms", "decode_fit": self.decode_fit, "step_ms": self.step_ms,
                 "roles": {r: p.to_dict() for r, p in self.profiles.items()}}
 
     @classmethod
@@ -296,7 +301,7 @@ class LatencyModel:
                 "use LatencyModel.from_profiles(slm=..., llm=...)."
             )
         return cls({r: ModelProfile.from_dict(p, f"{where}.roles.{r}") for r, p in d["roles"].items()},
-                   decode_fit=bool(d.get("decode_fit", False)))
+                   decode_fit=bool(d.get("decode_fit", False)), step_ms=float(d.get("step_ms", 0.0)))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
@@ -336,17 +341,42 @@ class LatencyModel:
         return [self.predict_call(n_inf, n_kv, role) for role, n_inf, n_kv in _iter_calls(trace)]
 
     def predict_trace(self, trace: Any) -> float:
-        """Estimated latency (ms) of a stitched generation: the sum over all forward calls.
+        """Estimated latency (ms) of a stitched generation: the sum over all forward calls (Eq. 4),
+        plus ``step_ms`` per new token when the trace says how many there were.
 
         ``trace`` is a :class:`~hf_rstitch.core.trace.StitchTrace`, its ``to_dict()``, or a list of
         ``(role, n_inf, n_kv)`` tuples / ``ForwardCall`` objects / call dicts.
         """
-        return float(math.fsum(self.predict_calls(trace)))
+        return float(math.fsum(self.predict_calls(trace))) + self.step_ms * _n_tokens(trace)
 
     def __repr__(self) -> str:
         parts = [f"{r}: a={p.fit.a:.3g} b={p.fit.b:.3g} c={p.fit.c:.3g} d={p.fit.d:.3g}" for r, p in
                  self.profiles.items()]
         return f"LatencyModel({'; '.join(parts)} [ms])"
+
+
+def _n_tokens(trace: Any) -> int:
+    """New tokens of a trace (0 for a bare list of calls)."""
+    roles = trace.get("roles") if isinstance(trace, Mapping) else getattr(trace, "roles", None)
+    return len(roles) if roles is not None else 0
+
+
+def calibrate_step_ms(forward_ms: Sequence[float], wall_ms: Sequence[float], n_tokens: Sequence[int]) -> float:
+    """Per-token loop overhead (ms) that best explains ``wall - forward`` by least squares
+    through the origin: ``step = sum(r * n) / sum(n^2)``, clamped at 0.
+
+    Args:
+        forward_ms: predicted (or measured) forward time of each generation.
+        wall_ms: measured wall time of each generation.
+        n_tokens: new tokens of each generation.
+    """
+    if not (len(forward_ms) == len(wall_ms) == len(n_tokens)) or not n_tokens:
+        raise LatencyProfileError("calibrate_step_ms needs equally long, non-empty lists of forward_ms, wall_ms, n_tokens.")
+    num = math.fsum((w - f) * n for f, w, n in zip(forward_ms, wall_ms, n_tokens))
+    den = math.fsum(n * n for n in n_tokens)
+    if den == 0:
+        raise LatencyProfileError("calibrate_step_ms needs at least one generation with new tokens.")
+    return max(0.0, num / den)
 
 
 def _iter_calls(trace: Any) -> Iterable[tuple[str, int, int]]:
