@@ -29,7 +29,7 @@ SLM_COLOUR, LLM_COLOUR, RESET = "\033[36m", "\033[1;35m", "\033[0m"
 
 @dataclass
 class DemoConfig:
-    n: int = field(default=30, metadata={"help": "number of test problems to solve (1-600)"})
+    n: int = field(default=20, metadata={"help": "number of test problems to solve (1-600)"})
     thresholds: list[float] = field(default_factory=lambda: [0.0003, 0.0005, 0.001],
                                     metadata={"help": "R-Stitch entropy thresholds tau to compare (this pair is very "
                                                       "confident: below ~0.0005 the LLM takes the opening and "
