@@ -37,15 +37,16 @@ class DemoConfig:
     device: str = field(default="cpu", metadata={"help": "torch device, e.g. cpu or cuda"})
     seed: int = field(default=0, metadata={"help": "seed for the problem order and any sampling"})
     max_new_tokens: int = field(default=400, metadata={"help": "decoding budget per problem"})
-    show: int = field(default=0, metadata={"help": "index (among the N) of the problem to print coloured"})
+    show: int = field(default=-1, metadata={"help": "index (among the N) of the problem to print coloured; -1 picks "
+                                                    "the first one R-Stitch solves with both models writing"})
     colour: bool = field(default=True, metadata={"help": "colour tokens by model (ANSI); --no-colour for plain"})
     router: bool = field(default=True, metadata={"help": "include R-Stitch+ when a trained router ships"})
 
     def __post_init__(self):
         if self.n < 1:
             raise ValueError(f"--n must be at least 1, got {self.n}")
-        if not 0 <= self.show < self.n:
-            raise ValueError(f"--show must index one of the {self.n} problems (0..{self.n - 1}), got {self.show}")
+        if not -1 <= self.show < self.n:
+            raise ValueError(f"--show must index one of the {self.n} problems (0..{self.n - 1}) or be -1, got {self.show}")
         from ..core.policies import check_threshold
 
         self.thresholds = [check_threshold(t, "--thresholds") for t in self.thresholds]
@@ -109,7 +110,7 @@ def coloured(tokenizer, new_ids: list[int], roles: list, colour: bool) -> str:
     return "".join(out)
 
 
-def _show(cfg: DemoConfig, llm, slm, tokenizer, problem, tau: float) -> None:
+def _stitch(cfg: DemoConfig, llm, slm, tokenizer, problem, tau: float):
     import torch
 
     from ..eval.data import prompt_ids
@@ -117,9 +118,20 @@ def _show(cfg: DemoConfig, llm, slm, tokenizer, problem, tau: float) -> None:
     ids = torch.tensor([prompt_ids(tokenizer, problem.problem, instruction="")], device=cfg.device)
     out = llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm, stitch_threshold=tau,
                        max_new_tokens=cfg.max_new_tokens, do_sample=False, return_dict_in_generate=True)
-    new = out.sequences[0, ids.shape[1]:].tolist()
+    return out, out.sequences[0, ids.shape[1]:].tolist()
+
+
+def _show(cfg: DemoConfig, llm, slm, tokenizer, problems, tau: float) -> None:
+    from ..toyworld.pair import grade
+
+    for problem in (problems[cfg.show:cfg.show + 1] if cfg.show >= 0 else problems):
+        out, new = _stitch(cfg, llm, slm, tokenizer, problem, tau)
+        solved = grade(tokenizer.decode(new, skip_special_tokens=True), problem.answer)
+        if cfg.show >= 0 or (solved and out.stitch.llm_tokens and out.stitch.slm_tokens):
+            break
     legend = (f"{SLM_COLOUR}SLM{RESET} / {LLM_COLOUR}LLM{RESET}" if cfg.colour else "SLM plain / [LLM in brackets]")
-    print(f"\nProblem {problem.id} (answer {problem.answer}), R-Stitch tau={tau}, tokens: {legend}")
+    print(f"\nProblem {problem.id} (answer {problem.answer}, {'solved' if solved else 'not solved'}), "
+          f"R-Stitch tau={tau}, tokens: {legend}")
     print(problem.problem)
     print(coloured(tokenizer, new, out.stitch.roles, cfg.colour))
     print(f"-> {out.stitch}")
@@ -153,5 +165,5 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(_table(aggregate(records)))
     middle = sorted(cfg.thresholds)[len(cfg.thresholds) // 2]
-    _show(cfg, llm, slm, tokenizer, problems[cfg.show], middle)
+    _show(cfg, llm, slm, tokenizer, problems, middle)
     return 0
