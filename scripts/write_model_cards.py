@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+STITCHED = "## Stitched with its partner"
 PAIR = REPO / "hf_rstitch" / "assets" / "pair"
 
 TRAIN_COMMANDS = {
@@ -101,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     gpu = json.loads(Path(args.gpu_metrics).read_text()) if args.gpu_metrics else None
     for role in ("llm", "slm"):
         summary = json.loads((PAIR / role / "training_summary.json").read_text())
-        (PAIR / role / "README.md").write_text(card(role, cpu, gpu, summary))
+        path = PAIR / role / "README.md"
+        # sections added after the pair's own measurements (e.g. stitched results) are kept
+        extra = path.read_text().partition(STITCHED)[2] if path.exists() else ""
+        path.write_text(card(role, cpu, gpu, summary) + (f"\n{STITCHED}{extra}" if extra else ""))
         print(f"wrote {PAIR / role / 'README.md'}")
     return 0
 
