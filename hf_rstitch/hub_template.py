@@ -9,9 +9,10 @@ transformers loads ``custom_generate/generate.py`` from the repo (or a local fol
 ``generate(model=llm, **every generate argument)`` before any preparation. The exported file is
 this package's decode path flattened into one module: the sources listed in :data:`MODULES`
 concatenated in dependency order, their intra-package imports removed, and a ``generate`` entry
-point that mirrors :func:`hf_rstitch.hf.patch._stitching_generate` (``assistant_model`` becomes
-``stitch_slm``, stop strings become a stopping criterion, then transformers' own ``generate`` runs
-with the flattened ``stitched_decode`` as its ``custom_generate`` callable). One file means no
+point that calls :func:`hf_rstitch.hf.entry.run_stitched` -- the same translation the ``generate``
+patch uses (``assistant_model`` becomes ``stitch_slm``, stop strings become a stopping criterion,
+then transformers' own ``generate`` runs with the flattened ``stitched_decode`` as its
+``custom_generate`` callable). One file means no
 relative imports for transformers' dynamic-module loader to chase, and nothing to install.
 
 The learned router and the fast engine are not flattened: they need hf-rstitch installed, and the
@@ -43,6 +44,7 @@ MODULES = (
     "hf/checks.py",
     "hf/placement.py",
     "hf/decode.py",
+    "hf/entry.py",
 )
 
 # Lazy imports of optional parts, and what the template does instead: use an installed
@@ -57,24 +59,6 @@ REQUIREMENTS = ("torch>=2.4", "transformers>=5.17,<5.25")
 ENTRY_POINT = '''
 
 # ---- entry point: transformers calls generate(model=llm, **generate's arguments) -------------
-# Mirrors hf_rstitch.hf.patch._stitching_generate.
-
-def _stop_string_criteria(model, kwargs: dict, tokenizer) -> None:
-    """The tokenizer does not reach a custom_generate callable: turn stop strings into a criterion here."""
-    from transformers import StoppingCriteriaList
-    from transformers.generation.stopping_criteria import StopStringCriteria
-
-    config = kwargs.get("generation_config") or model.generation_config
-    stop = kwargs.pop("stop_strings", None) or getattr(config, "stop_strings", None)
-    if not stop:
-        return
-    if tokenizer is None:
-        raise ValueError("`stop_strings` needs the tokenizer: pass `tokenizer=tok` to generate().")
-    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
-    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop))
-    kwargs["stopping_criteria"] = criteria
-    kwargs["stop_strings"] = None
-
 
 def generate(model, *args, **kwargs):
     """R-Stitch through ``llm.generate(custom_generate=<this repo>, trust_remote_code=True, ...)``.
@@ -85,18 +69,8 @@ def generate(model, *args, **kwargs):
     """
     from transformers import GenerationMixin
 
-    kwargs.pop("custom_generate", None)
     kwargs.pop("trust_remote_code", None)
-    slm = kwargs.pop("assistant_model", None)
-    if slm is None:
-        slm = kwargs.pop("stitch_slm", None)
-    kwargs.pop("stitch_slm", None)
-    tokenizer = kwargs.pop("tokenizer", None)
-    check_tokenizers(tokenizer, kwargs.pop("assistant_tokenizer", None))
-    _stop_string_criteria(model, kwargs, tokenizer)
-    return GenerationMixin.generate(
-        model, *args, custom_generate=stitched_decode, stitch_slm=slm, stitch_streamer=kwargs.get("streamer"), **kwargs
-    )
+    return run_stitched(GenerationMixin.generate, model, args, kwargs)
 '''
 
 

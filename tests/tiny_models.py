@@ -82,3 +82,14 @@ def make_tokenizer(vocab: int = VOCAB):
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def left_pad(prompts: list[torch.Tensor], pad: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[1, T_i]`` prompts -> left-padded ``ids [B, T]`` and ``mask [B, T]``."""
+    width = max(p.shape[1] for p in prompts)
+    ids = torch.full((len(prompts), width), pad)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - p.shape[1]:] = p[0]
+        mask[i, width - p.shape[1]:] = 1
+    return ids, mask

@@ -5,20 +5,10 @@ import torch
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import Role
-from tiny_models import BATCH_ARCHS, make_pair, prompt
+from tiny_models import BATCH_ARCHS, left_pad, make_pair, prompt
 
 N_NEW = 20
 LENGTHS = [5, 11, 8, 3]
-
-
-def left_pad(prompts, pad=2):
-    width = max(p.shape[1] for p in prompts)
-    ids = torch.full((len(prompts), width), pad)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - p.shape[1]:] = p[0]
-        mask[i, width - p.shape[1]:] = 1
-    return ids, mask
 
 
 def prompts():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from tiny_models import make_pair, prompt
+from tiny_models import left_pad, make_pair, prompt  # noqa: F401  (left_pad: used by the GPU tests)
 
 ARCH = "qwen2-full"  # full attention, so batched runs are allowed
 N_NEW = 24
@@ -27,16 +27,6 @@ def mixing_tau(llm, slm, ids) -> float:
     trace = stitched(llm, slm, ids, best).stitch
     assert trace.llm_tokens and trace.slm_tokens and trace.switches, "the tiny pair does not mix at any decile"
     return best
-
-
-def left_pad(prompts: list[torch.Tensor], pad: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(p.shape[1] for p in prompts)
-    ids = torch.full((len(prompts), width), pad)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - p.shape[1]:] = p[0]
-        mask[i, width - p.shape[1]:] = 1
-    return ids, mask
 
 
 def batch_with_early_stop(llm, slm, tau):
