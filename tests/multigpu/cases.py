@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from tiny_models import left_pad, make_pair, prompt  # noqa: F401  (left_pad: used by the GPU tests)
+from tiny_models import left_pad, make_pair, prompt
 
 ARCH = "qwen2-full"  # full attention, so batched runs are allowed
 N_NEW = 24
