@@ -69,6 +69,37 @@ def build_pair(shape: str, device: str, dtype: torch.dtype):
     return random_qwen2("7b", dtype, device, seed=0), random_qwen2("1.5b", dtype, device, seed=1)
 
 
+def bench_pair(args, device: torch.device) -> list[dict]:
+    """The shipped pair on real test problems with entropy routing (rows finish at their own EOS)."""
+    from hf_rstitch.eval.data import prompt_ids
+    from hf_rstitch.router.rollout import left_pad
+    from hf_rstitch.toyworld.pair import load_pair, load_test_split
+
+    llm, slm, tok = load_pair(str(device))
+    problems = load_test_split()
+    rows = []
+    for batch in args.batches:
+        chunk = problems[:batch]
+        ids, mask = left_pad([prompt_ids(tok, r["problem"], instruction="") for r in chunk], tok.pad_token_id)
+        ids, mask = ids.to(device), mask.to(device)
+        kw = dict(attention_mask=mask, max_new_tokens=400, do_sample=False, pad_token_id=tok.pad_token_id)
+        runs = {"llm": lambda: llm.generate(ids, **kw), "slm": lambda: slm.generate(ids, **kw)}
+        for tau in args.thresholds:
+            runs[f"stitch@{tau:g}"] = (lambda t=tau: llm.generate(ids, assistant_model=slm, stitch_threshold=t, **kw))
+        if batch == 1:
+            runs["specdec"] = lambda: llm.generate(ids, assistant_model=slm, **kw)
+        for name, fn in runs.items():
+            out = fn()  # warm-up, and the token count
+            new = int(((out[:, ids.shape[1]:] != tok.pad_token_id)).sum())
+            seconds = timed(fn, device, args.repeats)
+            rows.append({"shape": "pair", "batch": batch, "method": name, "seconds": seconds,
+                         "per_sample_latency_s": seconds, "throughput_tok_s": new / seconds,
+                         "ms_per_step": 1000 * seconds / max(1, out.shape[1] - ids.shape[1])})
+            print(f"pair  B={batch:3d} {name:12s} {seconds:8.3f}s  {new / seconds:9.1f} tok/s", file=sys.stderr,
+                  flush=True)
+    return rows
+
+
 def timed(fn, device: torch.device, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -125,8 +156,10 @@ def bench_shape(shape: str, args, device: torch.device) -> list[dict]:
 def markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"# Batched stitching: per-sample latency and throughput\n",
              f"Device: {meta['device']}; torch {meta['torch']}, transformers {meta['transformers']}; {meta['date']}. "
-             f"Prompt {meta['prompt_len']} tokens, {meta['new_tokens']} new tokens per row, greedy, eager "
-             "DynamicCache path. Stitched rows replay drawn routes with the given LLM-token share.\n",
+             f"Random-weight shapes: prompt {meta['prompt_len']} tokens, {meta['new_tokens']} new tokens per row, "
+             "stitched rows replay drawn routes with the given LLM-token share. Shipped pair ('pair'): the first B "
+             "test problems, up to 400 new tokens, rows stop at their own EOS, entropy routing at --thresholds; "
+             "throughput counts generated tokens. Greedy, eager DynamicCache path.\n",
              "| shape | B | method | per-sample latency (s) | throughput (tok/s) | ms/step |",
              "| --- | ---: | --- | ---: | ---: | ---: |"]
     for r in rows:
@@ -140,8 +173,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", default=["qwen2"], choices=["tiny", "qwen2"],
-                    help="tiny: in-process toy pair; qwen2: random-weight Qwen2 7B (LLM) + 1.5B (SLM)")
+    ap.add_argument("--shapes", nargs="+", default=["qwen2"], choices=["tiny", "qwen2", "pair"],
+                    help="tiny: in-process toy pair; qwen2: random-weight Qwen2 7B (LLM) + 1.5B (SLM), replayed "
+                         "routes; pair: the shipped pair on test problems with entropy routing (--thresholds)")
+    ap.add_argument("--thresholds", nargs="+", type=float, default=[0.0004], help="R-Stitch tau for --shapes pair")
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64])
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -157,7 +192,8 @@ def main(argv=None) -> int:
             "torch": torch.__version__, "transformers": transformers.__version__,
             "date": datetime.date.today().isoformat(), "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
             "llm_shares": args.llm_shares, "mean_segment": args.mean_segment, "dtype": args.dtype}
-    rows = [r for shape in args.shapes for r in bench_shape(shape, args, device)]
+    rows = [r for shape in args.shapes
+            for r in (bench_pair(args, device) if shape == "pair" else bench_shape(shape, args, device))]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
