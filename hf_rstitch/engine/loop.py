@@ -132,10 +132,8 @@ def stitch_loop(
 
         writer_llm = llm_on.clone()
         pick_llm = writer_llm.to(seq.device)[:, None]
-        logits = llm_logits if slm_logits is None else (
-            slm_logits if llm_logits is None else torch.where(pick_llm, llm_logits, slm_logits)
-        )
-        entropy = llm_h if slm_h is None else (slm_h if llm_h is None else torch.where(pick_llm[:, 0], llm_h, slm_h))
+        logits = _by_writer(pick_llm, llm_logits, slm_logits)  # [B, V] of the model that writes each row
+        entropy = _by_writer(pick_llm[:, 0], llm_h, slm_h)  # [B]
         if back is not None:
             llm_on = llm_on & ~back
         scores = process(seq, logits)
@@ -162,6 +160,13 @@ def stitch_loop(
                 lane.keep_rows(keep)
     _add_entropies(traces, pending)
     return StitchResult(rows.sequences(pad_token_id), traces, rows.scores, rows.logits)
+
+
+def _by_writer(pick_llm: torch.Tensor, llm_value: torch.Tensor | None, slm_value: torch.Tensor | None):
+    """Per row, the LLM's value where it writes and the SLM's elsewhere (either may be absent)."""
+    if llm_value is None or slm_value is None:
+        return slm_value if llm_value is None else llm_value
+    return torch.where(pick_llm, llm_value, slm_value)
 
 
 def _add_calls(traces, live, calls) -> None:
