@@ -140,8 +140,9 @@ def stitch_loop(
         tokens = pick_tokens(scores, do_sample)  # [B]
         seq = torch.cat([seq, tokens[:, None]], dim=-1)
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
-        _add_tokens(traces, rows.live, writer_llm, handed)
-        pending.append((rows.live.tolist(), entropy, slm_h))
+        live = rows.live.tolist()
+        _add_tokens(traces, live, writer_llm, handed)
+        pending.append((live, entropy, slm_h))
         rows.record(scores, logits)
         if on_token is not None:
             full = torch.full((batch,), pad_token_id, dtype=tokens.dtype, device=tokens.device)
@@ -174,10 +175,10 @@ def _add_calls(traces, live, calls) -> None:
         traces[int(live[r])].calls.append(call)
 
 
-def _add_tokens(traces, live, writer_llm, handed) -> None:
+def _add_tokens(traces, live: list[int], writer_llm, handed) -> None:
     """Append one step's routing (already on the host) to each live row's trace."""
     handed = handed.tolist() if handed is not None else [False] * len(live)
-    for i, r in enumerate(live.tolist()):
+    for i, r in enumerate(live):
         llm = bool(writer_llm[i])
         traces[r].roles.append(Role.LLM if llm else Role.SLM)
         traces[r].handovers.append(handed[i])
