@@ -86,7 +86,7 @@ def bench_pair(args, device: torch.device) -> list[dict]:
         runs = {"llm": lambda: llm.generate(ids, **kw), "slm": lambda: slm.generate(ids, **kw)}
         for tau in args.thresholds:
             runs[f"stitch@{tau:g}"] = (lambda t=tau: llm.generate(ids, assistant_model=slm, stitch_threshold=t, **kw))
-        if batch == 1:
+        if batch == 1 and llm.config.vocab_size == slm.config.vocab_size:  # assisted generation needs one vocab
             runs["specdec"] = lambda: llm.generate(ids, assistant_model=slm, **kw)
         for name, fn in runs.items():
             out = fn()  # warm-up, and the token count
@@ -133,7 +133,7 @@ def bench_shape(shape: str, args, device: torch.device) -> list[dict]:
             policy = hf_rstitch.ReplayPolicy(routes)
             runs[f"stitch@{share:g}"] = (lambda p=policy: llm.generate(
                 ids, attention_mask=mask, assistant_model=slm, stitch_policy=p, **common))
-        if batch == 1:
+        if batch == 1 and llm.config.vocab_size == slm.config.vocab_size:  # assisted generation needs one vocab
             runs["specdec"] = lambda: llm.generate(ids, attention_mask=mask, assistant_model=slm, **common)
         for name, fn in runs.items():
             fn()  # warm-up
