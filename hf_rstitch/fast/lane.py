@@ -40,7 +40,7 @@ from ..core.roles import Role
 from ..core.trace import CallKind, ForwardCall
 from .buckets import bucket_for, bucket_sizes, round_up
 from .graphs import GraphRunner
-from .static_kv import StaticKV, static_attention_on
+from .static_kv import KV_CHUNK, StaticKV, static_attention_on
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class FastLane:
         self.capacity = capacity
         self.buckets = bucket_sizes(config.max_bucket)
         dev = self.device
-        n_slots = round_up(capacity + config.max_bucket, 64)  # padded writes stay inside; SDPA likes aligned masks
+        n_slots = round_up(capacity + config.max_bucket, KV_CHUNK)  # padded writes stay inside; whole chunks
         self.cache = StaticKV(model.config, n_slots, model.dtype, dev)
         self.slot_ids = torch.arange(n_slots, device=dev)  # [S]
         self.valid = torch.ones(n_slots, dtype=torch.bool, device=dev)  # False on left-padding slots

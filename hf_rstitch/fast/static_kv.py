@@ -52,8 +52,17 @@ class StaticKV:
         return self.keys[layer_idx], self.values[layer_idx]
 
 
+KV_CHUNK = 256  # slots per partial product in :func:`_weighted_values`; lanes size their caches in multiples
+
+
 def static_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """SDPA over every slot of a :class:`StaticKV` layer under a boolean mask, GQA without copies.
+    """Attention over every slot of a :class:`StaticKV` layer under a boolean mask, GQA without copies.
+
+    The same arithmetic as transformers' eager attention (scores in the model's dtype, softmax in
+    at least float32), laid out for decoding: the query heads of a KV group are stacked on the query axis,
+    and the weighted sum over slots is split into chunks (:func:`_weighted_values`). A fused SDPA
+    kernel with a mask would run one thread block per KV head here and walk all slots in sequence
+    -- a fixed cost of milliseconds per token on long static caches, whatever the model size.
 
     Args:
         query: ``[1, H, q, D]``; key / value: ``[1, H_kv, S, D]`` (all slots);
@@ -68,9 +77,33 @@ def static_attention(module, query, key, value, attention_mask, scaling=None, dr
     # head h = kv * group + g reads KV head kv: stack the group's queries on the query axis
     query = query.reshape(batch, kv_heads, group * q, dim)  # row g * q + i
     mask = attention_mask[:, :, None].expand(batch, 1, group, q, slots).reshape(batch, 1, group * q, slots)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+    scale = dim**-0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(2, 3)) * scale  # [1, H_kv, group * q, S]
+    scores = scores.masked_fill(~mask, float("-inf"))  # every row keeps its own slot: no empty rows
+    probs = scores.softmax(-1, dtype=_at_least_fp32(scores.dtype)).to(value.dtype)
+    out = _weighted_values(probs, value)  # [1, H_kv, group * q, D]
     out = out.reshape(batch, heads, q, dim).transpose(1, 2).contiguous()  # [1, q, H, D]
     return out, None
+
+
+def _weighted_values(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``probs @ value`` as a sum of per-chunk products (split-K by hand).
+
+    A decode step has a handful of query rows and thousands of slots: one matrix product would
+    reduce over all slots in a few thread blocks. Cutting the slots into chunks of
+    :data:`KV_CHUNK` gives one independent product per chunk, summed in float32.
+    """
+    batch, kv_heads, rows, slots = probs.shape
+    chunks = slots // KV_CHUNK
+    if chunks <= 1 or slots % KV_CHUNK:
+        return torch.matmul(probs, value)
+    p = probs.view(batch, kv_heads, rows, chunks, KV_CHUNK).transpose(2, 3)  # [1, H_kv, C, rows, K]
+    v = value.view(batch, kv_heads, chunks, KV_CHUNK, value.shape[-1])  # [1, H_kv, C, K, D]
+    return torch.matmul(p, v).sum(2, dtype=_at_least_fp32(value.dtype)).to(value.dtype)
+
+
+def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)  # bf16/fp16 -> fp32; fp64 stays
 
 
 AttentionInterface.register(ATTENTION, static_attention)
