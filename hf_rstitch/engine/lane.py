@@ -7,12 +7,20 @@ over exactly the columns a row has not seen -- the whole prompt the first time (
 other model's tokens after a switch (partial prefill, fused with producing the next token),
 or the single previous token (decode) -- and returns the logits of the last column.
 
-Batching with per-row catch-up lengths: a call feeds the last ``L`` columns, ``L`` the longest
-catch-up among the rows that take part. Columns a row has already seen, and every column of a
-row that does not take part, enter the cache as masked *holes* (attention mask 0), so the
-cache's slot axis stays rectangular while each row attends to exactly its own tokens. At batch
-size 1 there are no holes. Holes break sliding-window layers (the window would count slots,
-not tokens), so sliding-window models are refused for batch size > 1.
+Batching: every call brings *every* row of the batch up to date, not only the rows whose next
+token this model writes (the taking-part rows). Rows that do not take part catch up the tokens
+the other model wrote for them, and their logits are ignored. A forward over ``[B, L]`` costs the
+same whichever rows it is for, so this work is free: it fills what would otherwise be masked
+padding, keeps every row of the cache at the same length (no holes), and shortens the catch-up a
+row needs when it next takes part. ``L`` is the longest catch-up among all rows; a row already up
+to date (it can happen after a second call within one step) gets masked holes for those columns.
+Holes break sliding-window layers (the window would count slots, not tokens), so sliding-window
+models are refused for batch size > 1.
+
+Decode traces stay per row and *as if the row ran alone*: a row's :class:`ForwardCall` records
+the tokens a solo run would read at that point (``n_inf``) and hold (``n_kv``), counted from
+``solo_seen``, the columns a solo lane would have seen; ``seen`` is what the cache really holds.
+At batch size 1 the two are equal.
 
 R-Stitch never needs to shrink a cache: a discarded SLM proposal is a prediction, not an
 input, so it never enters the SLM's cache. Finished rows are dropped with :meth:`keep_rows`.
@@ -60,6 +68,7 @@ class Lane:
                 "or disable the sliding window in the model config if it is not needed for your lengths."
             )
         self.seen = torch.zeros(batch_size, dtype=torch.long)  # columns of the shared sequence in the cache
+        self.solo_seen = torch.zeros(batch_size, dtype=torch.long)  # ... in a solo run's cache (for the traces)
         self.pad: torch.Tensor | None = None  # [B] left-padding columns of each row (CPU), read at the first call
         self.slots = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)  # [B, S] cache-slot mask
         params = inspect.signature(model.forward).parameters
@@ -74,7 +83,7 @@ class Lane:
         resumed: torch.Tensor,
         want_hidden: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[int, ForwardCall]]:
-        """Run the model over each taking-part row's unseen columns; return next-token logits.
+        """Run the model over every row's unseen columns; return next-token logits.
 
         Args:
             seq: ``[B, T]`` the whole sequence so far (prompt + new tokens), any device.
@@ -91,9 +100,9 @@ class Lane:
         total = seq.shape[1]
         if bool((self.seen[rows] >= total).any()):
             raise RuntimeError(f"{self.role} lane asked to advance rows that have nothing new")
-        width = int((total - self.seen[rows]).max())  # longest catch-up among taking-part rows
+        width = int((total - self.seen).max())  # longest catch-up among all rows (every row catches up)
         cols = torch.arange(total - width, total)  # the last `width` columns of the sequence
-        fresh = (cols[None, :] >= self.seen[:, None]) & rows[:, None]  # [B, width] unseen and taking part
+        fresh = cols[None, :] >= self.seen[:, None]  # [B, width] not yet in the cache
         if self.pad is None:  # the one host read of the mask; later records need no device sync
             self.pad = (mask == 0).long().cumprod(-1).sum(-1).cpu()
         mask = mask.to(self.device)
@@ -121,16 +130,17 @@ class Lane:
             _sync(self.device)
             seconds = time.perf_counter() - start
         calls = self._records(total, rows, resumed, seconds)
-        self.seen = torch.where(rows, total, self.seen)
+        self.seen.fill_(total)
+        self.solo_seen = torch.where(rows, total, self.solo_seen)
         return logits, hidden, calls
 
     def _records(self, total: int, rows: torch.Tensor, resumed: torch.Tensor, seconds):
-        """Per taking-part row: real tokens read (n_inf) and real tokens cached before (n_kv).
+        """Per taking-part row, as if it ran alone: real tokens read (n_inf) and cached before (n_kv).
 
         Padding is on the left only, so the real tokens among columns [a, b) are b - max(a, pad).
         """
-        n_kv = (self.seen - self.pad).clamp(min=0)
-        n_inf = total - torch.maximum(self.seen, self.pad)
+        n_kv = (self.solo_seen - self.pad).clamp(min=0)
+        n_inf = total - torch.maximum(self.solo_seen, self.pad)
         calls = {}
         for r in rows.nonzero().flatten().tolist():
             kv = int(n_kv[r])
@@ -143,5 +153,6 @@ class Lane:
         self.cache.batch_select_indices(index)  # a CPU index serves layers on any device (device_map)
         self.slots = self.slots[index.to(self.device)]
         self.seen = self.seen[index]
+        self.solo_seen = self.solo_seen[index]
         if self.pad is not None:
             self.pad = self.pad[index]

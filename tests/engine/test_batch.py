@@ -88,3 +88,42 @@ def test_per_row_replayed_routes():
     out = llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_policy=hf_rstitch.ReplayPolicy(routes),
                        max_new_tokens=6, return_dict_in_generate=True)
     assert [[str(r) for r in t.roles] for t in out.stitch] == routes
+
+
+@pytest.mark.parametrize("arch", BATCH_ARCHS)
+def test_batched_caches_are_dense_and_equal_a_recompute(arch, monkeypatch):
+    """Every call brings every row up to date: after decoding, each lane's cache holds exactly the
+    shared sequence (no masked holes), and each row's keys/values equal a recompute of that row."""
+    from transformers import DynamicCache
+
+    from hf_rstitch.engine import lane as lane_mod
+
+    llm, slm = make_pair(arch)
+    ids, mask = left_pad(prompts())
+    lanes = {}
+    original_init = lane_mod.Lane.__init__
+
+    def spy(self, *a, **kw):
+        original_init(self, *a, **kw)
+        lanes[self.role] = self
+
+    monkeypatch.setattr(lane_mod.Lane, "__init__", spy)
+    routes = [["slm"] * 8, ["llm"] * 8, ["slm", "slm", "llm"] * 2 + ["slm", "slm"], ["llm", "slm", "slm", "slm"] * 2]
+    out = llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_policy=hf_rstitch.ReplayPolicy(routes),
+                       max_new_tokens=8, return_dict_in_generate=True)
+    seq = out.sequences
+    full_mask = torch.cat([mask, torch.ones(len(routes), seq.shape[1] - mask.shape[1], dtype=mask.dtype)], dim=1)
+    for role, model in ((Role.SLM, slm), (Role.LLM, llm)):
+        lane = lanes[role]
+        n = int(lane.seen.max())
+        assert (lane.seen == n).all() and lane.cache.get_seq_length() == n  # one slot per column, every row
+        assert torch.equal(lane.slots.bool(), full_mask[:, :n].bool())  # holes only on left padding
+        fresh = DynamicCache(config=model.config)
+        positions = (full_mask[:, :n].cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            model(input_ids=seq[:, :n], attention_mask=full_mask[:, :n], position_ids=positions,
+                  past_key_values=fresh, use_cache=True)
+        real = full_mask[:, :n].bool()
+        for got, want in zip(lane.cache.layers, fresh.layers):
+            for g, w in ((got.keys, want.keys), (got.values, want.values)):  # [B, H, n, D]
+                torch.testing.assert_close(g.transpose(1, 2)[real], w.transpose(1, 2)[real])
