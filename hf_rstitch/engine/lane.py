@@ -12,8 +12,9 @@ token this model writes (the taking-part rows). Rows that do not take part catch
 the other model wrote for them, and their logits are ignored. A forward over ``[B, L]`` costs the
 same whichever rows it is for, so this work is free: it fills what would otherwise be masked
 padding, keeps every row of the cache at the same length (no holes), and shortens the catch-up a
-row needs when it next takes part. ``L`` is the longest catch-up among all rows; a row already up
-to date (it can happen after a second call within one step) gets masked holes for those columns.
+row needs when it next takes part. ``L`` is the longest catch-up among all rows (the loop calls a
+lane at most once per step, so every row has at least one new column; a row that had none would
+get masked slots).
 Holes break sliding-window layers (the window would count slots, not tokens), so sliding-window
 models are refused for batch size > 1.
 
