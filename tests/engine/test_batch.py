@@ -5,7 +5,7 @@ import torch
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import Role
-from tiny_models import BATCH_ARCHS, left_pad, make_pair, prompt
+from tiny_models import BATCH_ARCHS, capture_lanes, left_pad, make_pair, prompt
 
 N_NEW = 20
 LENGTHS = [5, 11, 8, 3]
@@ -96,18 +96,9 @@ def test_batched_caches_are_dense_and_equal_a_recompute(arch, monkeypatch):
     shared sequence (no masked holes), and each row's keys/values equal a recompute of that row."""
     from transformers import DynamicCache
 
-    from hf_rstitch.engine import lane as lane_mod
-
     llm, slm = make_pair(arch)
     ids, mask = left_pad(prompts())
-    lanes = {}
-    original_init = lane_mod.Lane.__init__
-
-    def spy(self, *a, **kw):
-        original_init(self, *a, **kw)
-        lanes[self.role] = self
-
-    monkeypatch.setattr(lane_mod.Lane, "__init__", spy)
+    lanes = capture_lanes(monkeypatch)
     routes = [["slm"] * 8, ["llm"] * 8, ["slm", "slm", "llm"] * 2 + ["slm", "slm"], ["llm", "slm", "slm", "slm"] * 2]
     out = llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_policy=hf_rstitch.ReplayPolicy(routes),
                        max_new_tokens=8, return_dict_in_generate=True)

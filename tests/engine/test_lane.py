@@ -6,7 +6,7 @@ from transformers import DynamicCache
 
 from hf_rstitch import Role
 from hf_rstitch.core.policies import ReplayPolicy
-from tiny_models import ARCHS, make_pair, prompt
+from tiny_models import ARCHS, capture_lanes, make_pair, prompt
 
 ROUTE = ["slm"] * 3 + ["llm"] * 2 + ["slm"] * 4 + ["llm"] + ["slm"] * 3 + ["llm"] * 3 + ["slm"]
 
@@ -15,16 +15,7 @@ ROUTE = ["slm"] * 3 + ["llm"] * 2 + ["slm"] * 4 + ["llm"] + ["slm"] * 3 + ["llm"
 def test_caches_equal_a_full_recompute(arch, monkeypatch):
     llm, slm = make_pair(arch)
     ids = prompt(12)
-    lanes = {}
-    from hf_rstitch.engine import lane as lane_mod
-
-    original_init = lane_mod.Lane.__init__
-
-    def spy(self, *a, **kw):
-        original_init(self, *a, **kw)
-        lanes[self.role] = self
-
-    monkeypatch.setattr(lane_mod.Lane, "__init__", spy)
+    lanes = capture_lanes(monkeypatch)
     out = llm.generate(ids, assistant_model=slm, stitch_policy=ReplayPolicy(ROUTE), max_new_tokens=len(ROUTE),
                        return_dict_in_generate=True)
     assert out.stitch.roles == [Role(r) for r in ROUTE]
