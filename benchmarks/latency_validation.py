@@ -92,7 +92,11 @@ def profile_here(slm, llm, args):
     from hf_rstitch.latency import LatencyModel
     from hf_rstitch.latency.profiler import profile_model
 
-    grid = dict(n_inf=[1, 2, 4, 8, 16, 32, 64, 256, 1024], n_kv=[0, 256, 1024, 2048, 4096], repeats=3, warmup=1)
+    # the region the decodes below use: Eq. 4 is a global quadratic, and cells far outside that region
+    # (thousand-token prefills) would dominate a least-squares fit and bend it away from decode steps
+    top = max(args.prompt_lens) + max(args.new_tokens)
+    n_kv = sorted({0, *(k for k in (64, 256, 1024, 2048, 4096) if k < top), top})
+    grid = dict(n_inf=[1, 2, 4, 8, 16, 32, 64, 128, 256], n_kv=n_kv, repeats=3, warmup=1)
     profiles = {}
     for role, model in (("slm", slm), ("llm", llm)):
         t0 = time.perf_counter()
