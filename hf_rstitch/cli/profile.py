@@ -43,6 +43,9 @@ class ProfileConfig:
     attn_implementation: str | None = field(default=None, metadata={"help": "sdpa, eager, flash_attention_2, ..."})
     trust_remote_code: bool = field(default=False, metadata={"help": "allow custom model code from the Hub"})
     seed: int = field(default=0, metadata={"help": "seed for random ids (and random weights)"})
+    relative_fit: bool = field(default=False, metadata={
+        "help": "fit Eq. 4 to relative rather than absolute errors: decode steps of a few ms then count as much as "
+                "prefills of hundreds (use when the grid is much wider than the calls you will predict)"})
 
     def __post_init__(self) -> None:
         from ..latency.model import grid_is_fittable
@@ -105,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"profiling {cfg.label} on {next(model.parameters()).device} ({cfg.dtype}): "
           f"{len(cfg.n_inf)} N_inf x {len(cfg.n_kv)} N_kv cells, {cfg.repeats} repeats", file=sys.stderr)
     profile = profile_model(model, n_inf=cfg.n_inf, n_kv=cfg.n_kv, repeats=cfg.repeats, warmup=cfg.warmup,
-                            logits_to_keep=cfg.logits_to_keep, name=cfg.label, seed=cfg.seed)
+                            logits_to_keep=cfg.logits_to_keep, name=cfg.label, seed=cfg.seed,
+                            relative_fit=cfg.relative_fit)
     out = Path(cfg.out or f"latency_{Path(cfg.label).name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile.to_dict(), indent=1) + "\n")

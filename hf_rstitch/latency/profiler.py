@@ -129,6 +129,7 @@ def profile_model(
     name: str | None = None,
     seed: int = 0,
     progress: bool | Callable[[int, int, int, int, float], None] = True,
+    relative_fit: bool = False,
 ) -> ModelProfile:
     """Time ``model`` over the grid ``n_inf x n_kv`` and fit Eq. 4 (and the N_inf = 1 reference fit).
 
@@ -142,6 +143,8 @@ def profile_model(
             0 = all).
         progress: print a counter to stderr (True), stay quiet (False), or a callback
             ``(done, total, n_inf, n_kv, median_ms)``.
+        relative_fit: weight residuals by 1 / ms (:func:`~hf_rstitch.latency.model.fit`), so a grid
+            that spans long prefills still fits the short decode steps a trajectory is made of.
 
     Returns:
         A :class:`ModelProfile`; ``.to_dict()`` is the JSON profile.
@@ -178,10 +181,11 @@ def profile_model(
                 report(done, total, ni, kv, med)
         del cache
     points = [(g["n_inf"], g["n_kv"], g["median_ms"]) for g in grid]
-    full = fit(points)
+    full = fit(points, relative=relative_fit)
     decode = fit_decode(points) if len(n_kv) >= 2 and n_inf[0] == 1 else None
-    return ModelProfile(fit=full, decode_fit=decode, model=model_facts(model, name), grid=grid,
-                        meta=_meta(model, device, repeats, warmup, logits_to_keep, time.perf_counter() - t_start))
+    meta = _meta(model, device, repeats, warmup, logits_to_keep, time.perf_counter() - t_start)
+    meta["fit_residuals"] = "relative (1/ms weights)" if relative_fit else "absolute (plain least squares, as the paper)"
+    return ModelProfile(fit=full, decode_fit=decode, model=model_facts(model, name), grid=grid, meta=meta)
 
 
 def _meta(model, device: torch.device, repeats: int, warmup: int, logits_to_keep: int, seconds: float) -> dict:

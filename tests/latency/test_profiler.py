@@ -11,6 +11,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from hf_rstitch.cli.main import main
 from hf_rstitch.cli.profile import ProfileConfig
 from hf_rstitch.latency import LatencyModel, LatencyProfileError
+from hf_rstitch.latency.model import fit
 from hf_rstitch.latency.profiler import _prefill, profile_model, time_cell
 
 N_INF, N_KV = [1, 2, 8], [0, 4, 16]
@@ -71,6 +72,19 @@ def test_cli_profile(tmp_path, capsys):
     d = json.loads(out.read_text())
     assert sorted({g["n_kv"] for g in d["grid"]}) == [0, 4, 16]  # --max-kv trimmed 64
     assert d["dtype"] == "float32" and "Eq. 4 fit" in capsys.readouterr().out
+
+
+def test_cli_profile_relative_fit(tmp_path):
+    model_dir = tmp_path / "tiny"
+    tiny_llama().save_pretrained(model_dir)
+    out = tmp_path / "out.json"
+    rc = main(["profile", "--model", str(model_dir), "--device", "cpu", "--dtype", "float32", "--out", str(out),
+               "--n-inf", "1", "2", "8", "--n-kv", "0", "4", "16", "--repeats", "1", "--warmup", "0", "--relative-fit"])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert d["fit_residuals"].startswith("relative")
+    points = [(g["n_inf"], g["n_kv"], g["median_ms"]) for g in d["grid"]]
+    assert d["fit"]["a"] == pytest.approx(fit(points, relative=True).a)  # the weighted fit, not the plain one
 
 
 @pytest.mark.parametrize("kwargs,match", [
