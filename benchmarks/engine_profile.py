@@ -4,9 +4,10 @@
     PYTHONPATH=. python benchmarks/engine_profile.py --cpu-smoke --out /tmp/p.json    # checks the script
 
 The fast engine's `graphs` variant ran at ~5 ms per token above the bandwidth floor for both the
-1.5B and the 7B shape (H200, 2026-11-26). Two suspects (docs/fast-engine.md#numbers): the number
-of small kernels a graph still launches, and the attention kernel. This script answers which,
-without guessing: it decodes with a FastLane whose static-cache steps run *eagerly*
+1.5B and the 7B shape (H200, 2026-11-26, fused SDPA attention). Two suspects
+(docs/fast-engine.md#numbers): the number of small kernels a graph still launches, and the
+attention kernel. This script answers which, without guessing, for each attention
+(``--attention matmul sdpa``): it decodes with a FastLane whose static-cache steps run *eagerly*
 (``graphs=False``: the same kernels a graph records), profiles ``--steps`` one-token steps with
 ``torch.profiler``, and reports per token: the number of device kernels, their summed device time,
 the host time of the step, and the device time grouped by kernel family (GEMM, attention,
@@ -81,7 +82,7 @@ def decode_steps(lane: FastLane, ids: torch.Tensor, n: int, sync) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def profile_size(size: str, args, device: str) -> dict:
+def profile_size(size: str, attention: str, args, device: str) -> dict:
     dtype = torch.bfloat16
     model = build(size, device, dtype)
     vocab = model.config.vocab_size
@@ -91,7 +92,7 @@ def profile_size(size: str, args, device: str) -> dict:
         if device == "cuda":
             torch.cuda.synchronize()
 
-    eager = FastLane(model, Role.LLM, vocab, args.capacity, FastConfig(graphs=False))
+    eager = FastLane(model, Role.LLM, vocab, args.capacity, FastConfig(graphs=False, attention=attention))
     decode_steps(eager, ids, 4, sync)  # warm-up
     eager.reset()
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -114,6 +115,7 @@ def profile_size(size: str, args, device: str) -> dict:
     steps = args.steps + 1  # the profiled region also holds the prefill; close enough per token
     row = {
         "size": size,
+        "attention": attention,
         "eager_static_ms_per_token": 1e3 * eager_s,
         "kernels_per_token": len(events) / steps,
         "kernel_ms_per_token": sum(per_family.values()) / 1e3 / steps,
@@ -123,7 +125,7 @@ def profile_size(size: str, args, device: str) -> dict:
     }
     del eager
     if device == "cuda":
-        graphs = FastLane(model, Role.LLM, vocab, args.capacity, FastConfig())
+        graphs = FastLane(model, Role.LLM, vocab, args.capacity, FastConfig(attention=attention))
         decode_steps(graphs, ids, 4, sync)  # capture
         graphs.reset()
         row["graph_ms_per_token"] = 1e3 * decode_steps(graphs, ids, args.steps, sync)
@@ -138,6 +140,8 @@ def profile_size(size: str, args, device: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", nargs="+", default=["1.5b", "7b"], choices=["1.5b", "7b"])
+    ap.add_argument("--attention", nargs="+", default=["matmul", "sdpa"], choices=["matmul", "sdpa"],
+                    help="static-cache attention(s) to profile (FastConfig.attention)")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=32, help="profiled one-token steps")
     ap.add_argument("--capacity", type=int, default=3072, help="static cache capacity (as engine_bench)")
@@ -154,8 +158,9 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for size in args.sizes:
-        result["rows"].append(profile_size(size, args, device))
-        out.write_text(json.dumps(result, indent=1) + "\n")
+        for attention in args.attention:
+            result["rows"].append(profile_size(size, attention, args, device))
+            out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 

@@ -14,7 +14,7 @@ how the CPU tests check it against the default engine. See docs/fast-engine.md.
 from .buckets import bucket_for, bucket_sizes
 from .engine import FastEngine, resolve_engine
 from .lane import FastConfig, FastLane, check_supported
-from .static_kv import StaticKV, static_attention
+from .static_kv import StaticKV, static_attention, static_attention_sdpa
 
 __all__ = ["FastConfig", "FastEngine", "FastLane", "StaticKV", "bucket_for", "bucket_sizes", "check_supported",
-           "resolve_engine", "static_attention"]
+           "resolve_engine", "static_attention", "static_attention_sdpa"]

@@ -40,7 +40,7 @@ from ..core.roles import Role
 from ..core.trace import CallKind, ForwardCall
 from .buckets import bucket_for, bucket_sizes, round_up
 from .graphs import GraphRunner
-from .static_kv import KV_CHUNK, StaticKV, static_attention_on
+from .static_kv import ATTENTIONS, KV_CHUNK, StaticKV, static_attention_on
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,14 @@ class FastConfig:
     max_bucket: int = 128  # longest catch-up run as a graph; longer ones run eagerly (power of two)
     graphs: bool | None = None  # CUDA graphs; None: on CUDA devices
     compile: str | None = None  # torch.compile before capture: None, "decode" (1-token steps) or "all"
+    attention: str = "matmul"  # static-cache attention: "matmul" (chunked products) or "sdpa" (one fused call)
 
     def __post_init__(self):
         bucket_sizes(self.max_bucket)  # validates
         if self.compile not in (None, "decode", "all"):
             raise ValueError(f"compile must be None, 'decode' or 'all', got {self.compile!r}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {sorted(ATTENTIONS)}, got {self.attention!r}")
 
 
 def check_supported(model: PreTrainedModel, batch_size: int = 1) -> None:
@@ -168,7 +171,7 @@ class FastLane:
         if self.timing:
             _sync(self.device)
             start = time.perf_counter()
-        with torch.no_grad(), static_attention_on(self.model):
+        with torch.no_grad(), static_attention_on(self.model, self.config.attention):
             logits, hidden = self._run(seq[:, total - width:].to(self.device), want_hidden)
         # copy out of the graph's buffers: the next replay (of either lane) may overwrite them
         logits = logits.to(device=seq.device, dtype=torch.float32, copy=True)

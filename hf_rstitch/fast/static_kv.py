@@ -18,7 +18,7 @@ import contextlib
 import torch
 from transformers import AttentionInterface, PretrainedConfig
 
-ATTENTION = "rstitch_static"
+ATTENTIONS = {"matmul": "rstitch_static", "sdpa": "rstitch_static_sdpa"}  # FastConfig.attention -> registered name
 
 
 class StaticKV:
@@ -106,18 +106,37 @@ def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)  # bf16/fp16 -> fp32; fp64 stays
 
 
-AttentionInterface.register(ATTENTION, static_attention)
+def static_attention_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """As :func:`static_attention`, through one fused ``scaled_dot_product_attention`` call.
+
+    Fewer kernels per layer (about 3 instead of about 12), but with a boolean mask PyTorch runs
+    the memory-efficient kernel, whose thread blocks each walk all slots of one KV head. Which
+    costs less per token depends on the GPU and the cache size: ``FastConfig(attention=...)``
+    picks one, ``benchmarks/engine_profile.py`` measures both.
+    """
+    batch, heads, q, dim = query.shape
+    kv_heads, slots = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    query = query.reshape(batch, kv_heads, group * q, dim)
+    mask = attention_mask[:, :, None].expand(batch, 1, group, q, slots).reshape(batch, 1, group * q, slots)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(batch, heads, q, dim).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTENTIONS["matmul"], static_attention)
+AttentionInterface.register(ATTENTIONS["sdpa"], static_attention_sdpa)
 
 
 @contextlib.contextmanager
-def static_attention_on(model):
-    """Route ``model``'s attention layers to :func:`static_attention` inside the block.
+def static_attention_on(model, kind: str = "matmul"):
+    """Route ``model``'s attention layers to :func:`static_attention` (``kind="matmul"``) or
+    :func:`static_attention_sdpa` (``"sdpa"``) inside the block.
 
     Only Python-side dispatch changes; a CUDA graph captured inside keeps the kernels it recorded.
     """
     config = model.config
     before = config._attn_implementation
-    config._attn_implementation = ATTENTION
+    config._attn_implementation = ATTENTIONS[kind]
     try:
         yield
     finally:

@@ -50,12 +50,12 @@ def _compare(out, ref, prompt_len):
     return (None if stop == len(want) else stop), worst, margin
 
 
-@pytest.mark.parametrize("compile", [None, "all"])
-def test_fp32_fast_engine_equals_default(compile):
+@pytest.mark.parametrize("compile,attention", [(None, "matmul"), (None, "sdpa"), ("all", "matmul")])
+def test_fp32_fast_engine_equals_default(compile, attention):
     llm, slm = _pair(torch.float32)
     ids = torch.randint(0, 1024, (1, 37), device="cuda")
     ref = _generate(llm, slm, ids, "default")
-    engine = FastEngine(FastConfig(max_bucket=8, compile=compile))
+    engine = FastEngine(FastConfig(max_bucket=8, compile=compile, attention=attention))
     for _ in range(2):  # first run captures, second replays every graph
         out = _generate(llm, slm, ids, engine)
         step, worst, _ = _compare(out, ref, ids.shape[1])

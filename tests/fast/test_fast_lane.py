@@ -31,12 +31,13 @@ def _same(out, ref):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("attention", ["matmul", "sdpa"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_fast_engine_equals_default_engine_and_reuses_lanes(arch):
+def test_fast_engine_equals_default_engine_and_reuses_lanes(arch, attention):
     llm, slm = make_pair(arch)
     ids = prompt(12)
     ref = _generate(llm, slm, ids, "default")
-    engine = FastEngine(CPU)
+    engine = FastEngine(FastConfig(max_bucket=4, graphs=False, attention=attention))
     for _ in range(2):  # the second generation reuses both lanes
         _same(_generate(llm, slm, ids, engine), ref)
     assert engine.builds == 2
@@ -143,7 +144,7 @@ def test_unknown_engine_is_refused(spec):
         _generate(llm, slm, prompt(5), spec)
 
 
-@pytest.mark.parametrize("kw", [{"max_bucket": 12}, {"compile": "yes"}])
+@pytest.mark.parametrize("kw", [{"max_bucket": 12}, {"compile": "yes"}, {"attention": "flash"}])
 def test_bad_config_is_refused(kw):
     with pytest.raises(ValueError):
         FastConfig(**kw)

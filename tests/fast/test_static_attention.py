@@ -4,7 +4,7 @@ masked softmax, one matrix product -- with and without the chunked weighted sum.
 import pytest
 import torch
 
-from hf_rstitch.fast.static_kv import KV_CHUNK, _weighted_values, static_attention
+from hf_rstitch.fast.static_kv import KV_CHUNK, _weighted_values, static_attention, static_attention_sdpa
 
 
 def reference(query, key, value, mask, scale):
@@ -16,9 +16,10 @@ def reference(query, key, value, mask, scale):
     return (scores.softmax(-1) @ value).transpose(1, 2)  # [1, q, H, D]
 
 
+@pytest.mark.parametrize("attention", [static_attention, static_attention_sdpa])
 @pytest.mark.parametrize("slots", [64, 2 * KV_CHUNK, 4 * KV_CHUNK, 3 * KV_CHUNK + 64])
 @pytest.mark.parametrize("heads,kv_heads,q", [(4, 4, 1), (6, 2, 1), (6, 2, 5), (8, 1, 3)])
-def test_static_attention_equals_reference(slots, heads, kv_heads, q):
+def test_static_attention_equals_reference(attention, slots, heads, kv_heads, q):
     torch.manual_seed(slots + 10 * heads + q)
     dim = 16
     query = torch.randn(1, heads, q, dim, dtype=torch.float64)
@@ -29,7 +30,7 @@ def test_static_attention_equals_reference(slots, heads, kv_heads, q):
     mine = pos + torch.arange(q)
     mask = (slot[None, :] <= mine[:, None]) & ((slot[None, :] >= 3) | (slot[None, :] == mine[:, None]))
     mask = mask[None, None]
-    out, weights = static_attention(None, query, key, value, mask, scaling=0.3)
+    out, weights = attention(None, query, key, value, mask, scaling=0.3)
     assert weights is None
     assert out.shape == (1, q, heads, dim)
     torch.testing.assert_close(out, reference(query, key, value, mask, 0.3), rtol=1e-10, atol=1e-10)
