@@ -161,6 +161,9 @@ def main() -> int:
         for attention in args.attention:
             result["rows"].append(profile_size(size, attention, args, device))
             out.write_text(json.dumps(result, indent=1) + "\n")
+    keys = ("size", "attention", "eager_static_ms_per_token", "graph_ms_per_token", "kernels_per_token",
+            "kernel_ms_per_token")
+    print(json.dumps({"device": result["device"], "rows": [{k: r.get(k) for k in keys} for r in result["rows"]]}))
     return 0
 
 

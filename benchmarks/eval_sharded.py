@@ -45,7 +45,8 @@ def seed_shards(prior: Path, shards: Path, n: int, eval_argv: list[str]) -> None
     for line in (prior / "records.jsonl").read_text(encoding="utf-8").splitlines():
         if not line.strip():
             continue
-        k = order.get((lambda r: (r["dataset"], r["id"]))(json.loads(line)))
+        record = json.loads(line)
+        k = order.get((record["dataset"], record["id"]))
         if k is None:
             skipped += 1
             continue
