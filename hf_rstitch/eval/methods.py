@@ -170,12 +170,12 @@ class RandomRouting(_Stitched):
 
 
 class LearnedRouter(_Stitched):
-    """R-Stitch+: a learned router object passed through as ``stitch_router=``.
-
-    Placeholder until the router lands: an object implementing
-    :class:`~hf_rstitch.core.policies.RoutingPolicy` is passed as ``stitch_policy``; any other
-    object goes through as ``stitch_router=`` (with ``threshold``, if given, as
-    ``stitch_threshold``: the paper consults the router only above it).
+    """R-Stitch+: a learned router (a :class:`~hf_rstitch.router.Router`, or a folder / Hub id
+    of one) passed through as ``stitch_router=``, with ``threshold``, if given, as
+    ``stitch_threshold`` (the paper consults the router only above it; without one, the
+    threshold saved in the router's config applies). An object that already implements
+    :class:`~hf_rstitch.core.policies.RoutingPolicy` (e.g. a ``RouterPolicy``) runs as
+    ``stitch_policy``.
     """
 
     kind, label_text = "router", "R-Stitch+"
@@ -184,16 +184,15 @@ class LearnedRouter(_Stitched):
         super().__init__(llm, slm, settings)
         if router is None:
             raise ValueError(
-                "the 'router' method needs a trained router object: pass it as EvalConfig(router=...) "
-                "in Python (the CLI has no router loader yet), or drop 'router' from --methods."
+                "the 'router' method needs a trained router: pass --router-path FOLDER_OR_HUB_ID "
+                "(EvalConfig(router=...) in Python), or drop 'router' from --methods."
             )
         self.router, self.threshold = router, threshold
 
     def _stitch_kwargs(self):
         from hf_rstitch.core.policies import RoutingPolicy
 
-        # A router that already speaks the RoutingPolicy interface runs as a policy today;
-        # anything else is handed to the core's (future) ``stitch_router`` argument.
+        # a ready RoutingPolicy runs as the policy; a Router, a path or a Hub id goes to stitch_router
         arg = "stitch_policy" if isinstance(self.router, RoutingPolicy) else "stitch_router"
         kw: dict[str, Any] = {arg: self.router}
         if self.threshold is not None and arg == "stitch_router":
