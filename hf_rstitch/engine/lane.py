@@ -1,9 +1,9 @@
 """A lane: one model and its own KV cache, advanced over a shared token sequence.
 
 All rows of the batch share one sequence tensor ``seq [B, T]`` (every row gains exactly one
-token per step, whichever model wrote it). For each row the lane remembers how many columns
-of that sequence its cache already holds (``seen [B]``). :meth:`Lane.advance` runs the model
-over exactly the columns a row has not seen -- the whole prompt the first time (prefill), the
+token per step, whichever model wrote it). The lane remembers how many columns of that
+sequence its cache already holds (``seen``). :meth:`Lane.advance` runs the model over exactly
+the columns it has not seen -- the whole prompt the first time (prefill), the
 other model's tokens after a switch (partial prefill, fused with producing the next token),
 or the single previous token (decode) -- and returns the logits of the last column.
 
@@ -11,12 +11,11 @@ Batching: every call brings *every* row of the batch up to date, not only the ro
 token this model writes (the taking-part rows). Rows that do not take part catch up the tokens
 the other model wrote for them, and their logits are ignored. A forward over ``[B, L]`` costs the
 same whichever rows it is for, so this work is free: it fills what would otherwise be masked
-padding, keeps every row of the cache at the same length (no holes), and shortens the catch-up a
-row needs when it next takes part. ``L`` is the longest catch-up among all rows (the loop calls a
-lane at most once per step, so every row has at least one new column; a row that had none would
-get masked slots).
-Holes break sliding-window layers (the window would count slots, not tokens), so sliding-window
-models are refused for batch size > 1.
+padding, keeps every row of the cache at the same length, and shortens the catch-up a row needs
+when it next takes part. So every row has seen the same columns, ``L`` is the same for all, and
+the cache's slot mask is the sequence's own attention mask (0 only on left padding).
+Left padding still enters the cache as masked slots, which a sliding window would count as
+tokens, so sliding-window models are refused for batch size > 1.
 
 Decode traces stay per row and *as if the row ran alone*: a row's :class:`ForwardCall` records
 the tokens a solo run would read at that point (``n_inf``) and hold (``n_kv``), counted from
@@ -68,13 +67,26 @@ class Lane:
                 "does not support yet (its cache would count masked slots as tokens). Run batch size 1, "
                 "or disable the sliding window in the model config if it is not needed for your lengths."
             )
-        self.seen = torch.zeros(batch_size, dtype=torch.long)  # columns of the shared sequence in the cache
-        self.solo_seen = torch.zeros(batch_size, dtype=torch.long)  # ... in a solo run's cache (for the traces)
+        self.n_seen = 0  # columns of the shared sequence in the cache, the same for every row
+        self.solo_seen = torch.zeros(batch_size, dtype=torch.long)  # [B] ... in a solo run's cache (for the traces)
         self.pad: torch.Tensor | None = None  # [B] left-padding columns of each row (CPU), read at the first call
-        self.slots = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)  # [B, S] cache-slot mask
+        self.mask: torch.Tensor | None = None  # [B, T] the sequence's attention mask at the last call (on device)
+        self._rows = batch_size
         params = inspect.signature(model.forward).parameters
         self._keep_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
+
+    @property
+    def seen(self) -> torch.Tensor:
+        """``[B]`` columns each row's cache holds (all equal: every call catches every row up)."""
+        return torch.full((self._rows,), self.n_seen, dtype=torch.long)
+
+    @property
+    def slots(self) -> torch.Tensor:
+        """``[B, S]`` mask of the cache's slots: the sequence's mask over the columns seen."""
+        if self.mask is None:
+            return torch.zeros(self._rows, 0, dtype=torch.long, device=self.device)
+        return self.mask[:, : self.n_seen]
 
     def advance(
         self,
@@ -98,27 +110,22 @@ class Lane:
             hidden ``[B, D]`` or None, and a :class:`ForwardCall` per taking-part row index,
             counted in that row's real tokens (as if it ran alone).
         """
-        total = seq.shape[1]
-        if bool((self.seen[rows] >= total).any()):
+        total, first = seq.shape[1], self.n_seen  # every row reads columns [first, total)
+        if total <= first:
             raise RuntimeError(f"{self.role} lane asked to advance rows that have nothing new")
-        width = int((total - self.seen).max())  # longest catch-up among all rows (every row catches up)
-        cols = torch.arange(total - width, total)  # the last `width` columns of the sequence
-        fresh = cols[None, :] >= self.seen[:, None]  # [B, width] not yet in the cache
         if self.pad is None:  # the one host read of the mask; later records need no device sync
             self.pad = (mask == 0).long().cumprod(-1).sum(-1).cpu()
         mask = mask.to(self.device)
-        chunk_mask = mask[:, total - width:] * fresh.to(self.device, mask.dtype)
         positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)  # [B, T]; 0 on left padding
-        self.slots = torch.cat([self.slots, chunk_mask.long()], dim=-1)
 
         start = 0.0
         if self.timing:
             _sync(self.device)
             start = time.perf_counter()
         out = self.model(
-            input_ids=seq[:, total - width:].to(self.device),
-            attention_mask=self.slots,
-            position_ids=positions[:, total - width:],
+            input_ids=seq[:, first:].to(self.device),
+            attention_mask=mask,
+            position_ids=positions[:, first:],
             use_cache=True,
             output_hidden_states=want_hidden,
             **{self._cache_arg: self.cache},
@@ -131,7 +138,7 @@ class Lane:
             _sync(self.device)
             seconds = time.perf_counter() - start
         calls = self._records(total, rows, resumed, seconds)
-        self.seen.fill_(total)
+        self.n_seen, self.mask = total, mask
         self.solo_seen = torch.where(rows, total, self.solo_seen)
         return logits, hidden, calls
 
@@ -152,8 +159,9 @@ class Lane:
     def keep_rows(self, index: torch.Tensor) -> None:
         """Keep only the rows ``index`` (CPU long tensor), e.g. to drop finished rows."""
         self.cache.batch_select_indices(index)  # a CPU index serves layers on any device (device_map)
-        self.slots = self.slots[index.to(self.device)]
-        self.seen = self.seen[index]
+        self._rows = len(index)
+        if self.mask is not None:
+            self.mask = self.mask[index.to(self.device)]
         self.solo_seen = self.solo_seen[index]
         if self.pad is not None:
             self.pad = self.pad[index]
