@@ -72,18 +72,26 @@ def static_attention(module, query, key, value, attention_mask, scaling=None, dr
         ``([1, q, H, D], None)`` as transformers' attention functions do.
     """
     batch, heads, q, dim = query.shape
-    kv_heads, slots = key.shape[1], key.shape[2]
-    group = heads // kv_heads
-    # head h = kv * group + g reads KV head kv: stack the group's queries on the query axis
-    query = query.reshape(batch, kv_heads, group * q, dim)  # row g * q + i
-    mask = attention_mask[:, :, None].expand(batch, 1, group, q, slots).reshape(batch, 1, group * q, slots)
+    query, mask = _fold_groups(query, key.shape[1], attention_mask)
     scale = dim**-0.5 if scaling is None else scaling
     scores = torch.matmul(query, key.transpose(2, 3)) * scale  # [1, H_kv, group * q, S]
     scores = scores.masked_fill(~mask, float("-inf"))  # every row keeps its own slot: no empty rows
     probs = scores.softmax(-1, dtype=_at_least_fp32(scores.dtype)).to(value.dtype)
     out = _weighted_values(probs, value)  # [1, H_kv, group * q, D]
-    out = out.reshape(batch, heads, q, dim).transpose(1, 2).contiguous()  # [1, q, H, D]
-    return out, None
+    return out.reshape(batch, heads, q, dim).transpose(1, 2).contiguous(), None  # [1, q, H, D]
+
+
+def _fold_groups(query: torch.Tensor, kv_heads: int, attention_mask: torch.Tensor):
+    """Stack the query heads of each KV group on the query axis, and repeat the mask to match.
+
+    Head ``h = kv * group + g`` reads KV head ``kv``; it becomes row ``g * q + i`` of KV head
+    ``kv``, so no copy of the keys and values is needed. Returns query ``[1, H_kv, group * q, D]``
+    and mask ``[1, 1, group * q, S]``.
+    """
+    batch, heads, q, dim = query.shape
+    group, slots = heads // kv_heads, attention_mask.shape[-1]
+    mask = attention_mask[:, :, None].expand(batch, 1, group, q, slots).reshape(batch, 1, group * q, slots)
+    return query.reshape(batch, kv_heads, group * q, dim), mask
 
 
 def _weighted_values(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -115,10 +123,7 @@ def static_attention_sdpa(module, query, key, value, attention_mask, scaling=Non
     picks one, ``benchmarks/engine_profile.py`` measures both.
     """
     batch, heads, q, dim = query.shape
-    kv_heads, slots = key.shape[1], key.shape[2]
-    group = heads // kv_heads
-    query = query.reshape(batch, kv_heads, group * q, dim)
-    mask = attention_mask[:, :, None].expand(batch, 1, group, q, slots).reshape(batch, 1, group * q, slots)
+    query, mask = _fold_groups(query, key.shape[1], attention_mask)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
     return out.reshape(batch, heads, q, dim).transpose(1, 2).contiguous(), None
 
