@@ -23,13 +23,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", nargs="+", required=True, help="LABEL=path/to/batch_bench.json")
     ap.add_argument("--methods", nargs="+", default=None, help="methods to show (default: all but specdec)")
+    ap.add_argument("--shape", default=None, help="keep rows of this shape only (e.g. qwen2 or pair)")
     ap.add_argument("--out", required=True, help="output stem (.md and .png are added)")
     args = ap.parse_args()
     runs = [load(s) for s in args.runs]
     series: dict[str, dict[int, float]] = {}
     for label, data in runs:
         for r in data["rows"]:
-            if "refused" in r or r["method"] == "specdec" or (args.methods and r["method"] not in args.methods):
+            if "refused" in r or r["method"] == "specdec" or (args.methods and r["method"] not in args.methods) \
+                    or (args.shape and r.get("shape") != args.shape):
                 continue
             series.setdefault(f"{r['method']} ({label})", {})[r["batch"]] = r["seconds"]
     batches = sorted({b for s in series.values() for b in s})
@@ -55,9 +57,10 @@ def main() -> int:
         bs = sorted(series[n])
         ax.plot(bs, [b / series[n][b] for b in bs], marker="o", label=n)
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ax.set_xlabel("batch size B")
-    ax.set_ylabel("problems per second (higher is better)")
-    ax.set_title("Batched decoding, " + runs[-1][1]["meta"]["device"])
+    ax.set_ylabel("problems per second (log; higher is better)")
+    ax.set_title("Batched decoding" + (f" ({args.shape})" if args.shape else "") + ", " + runs[-1][1]["meta"]["device"])
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
