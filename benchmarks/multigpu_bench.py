@@ -49,21 +49,25 @@ def sync(devices) -> None:
             torch.cuda.synchronize(d)
 
 
-def gpu_slug(devices) -> str:
-    """e.g. ``nvidia-h100-80gb-hbm3_x2`` (``cpu_x2`` for the smoke run)."""
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def gpu_slug(devices, dtype: str = "bfloat16") -> str:
+    """e.g. ``nvidia-h100-80gb-hbm3_x2`` (``cpu_x2`` for the smoke run); ``..._float32`` for a float32 run."""
     d = torch.device(devices[0])
     name = torch.cuda.get_device_name(d) if d.type == "cuda" else "cpu"
-    return f"{re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')}_x{len(devices)}"
+    suffix = "" if dtype == "bfloat16" else f"_{dtype}"
+    return f"{re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')}_x{len(devices)}{suffix}"
 
 
 def meta(devices, args) -> dict:
     names = [torch.cuda.get_device_name(torch.device(d)) if torch.device(d).type == "cuda" else "cpu" for d in devices]
     return {"gpus": names, "torch": torch.__version__, "transformers": transformers.__version__,
             "date": datetime.date.today().isoformat(), "shape": args.shape, "prompt_len": args.prompt_len,
-            "new_tokens": args.new_tokens, "llm_share": args.llm_share, "repeats": args.repeats, "dtype": "bfloat16"}
+            "new_tokens": args.new_tokens, "llm_share": args.llm_share, "repeats": args.repeats, "dtype": args.dtype}
 
 
-def build_pair(shape: str, device: str):
+def build_pair(shape: str, device: str, dtype: torch.dtype = torch.bfloat16):
     """(llm, slm), seeded, on ``device``."""
     if shape == "tiny":
         from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -72,12 +76,12 @@ def build_pair(shape: str, device: str):
             torch.manual_seed(seed)
             cfg = Qwen2Config(vocab_size=256, hidden_size=h, intermediate_size=2 * h, num_hidden_layers=layers,
                               num_attention_heads=4, num_key_value_heads=2)
-            return Qwen2ForCausalLM(cfg).to(device, torch.bfloat16).eval()
+            return Qwen2ForCausalLM(cfg).to(device, dtype).eval()
 
         return tiny(64, 4, 0), tiny(32, 2, 1)
     from hf_rstitch.latency.profiler import random_qwen2
 
-    return random_qwen2("7b", torch.bfloat16, device, seed=0), random_qwen2("1.5b", torch.bfloat16, device, seed=1)
+    return random_qwen2("7b", dtype, device, seed=0), random_qwen2("1.5b", dtype, device, seed=1)
 
 
 def split_map(llm, devices) -> dict[str, int | str]:
@@ -159,7 +163,8 @@ def measure(mode: str, llm, slm, ids, route, devices, args, ref: dict | None, ba
     n = args.new_tokens
     check_placement(llm, slm, ids)
     run = reference_run(llm, slm, ids, route, n)
-    forced = teacher_forced(llm, run["sequence"], ids.shape[1])
+    # teacher-forced over the reference's tokens: once a run has diverged, its own tokens are other inputs
+    forced = teacher_forced(llm, (ref or {"run": run})["run"]["sequence"], ids.shape[1])
     row = {"mode": mode, "llm": describe(llm), "slm": describe(slm)}
     if ref is not None:
         row["equality"] = compare(run, forced, ref)
@@ -178,7 +183,7 @@ def markdown(result: dict) -> str:
     lines = [
         "# Multi-GPU stitched decoding: equality and per-token latency\n",
         f"GPUs: {', '.join(m['gpus'])}; torch {m['torch']}, transformers {m['transformers']}; {m['date']}. "
-        f"Random-weight Qwen2 {'7B + 1.5B' if m['shape'] == 'qwen2' else m['shape']} in bf16, batch 1, prompt "
+        f"Random-weight Qwen2 {'7B + 1.5B' if m['shape'] == 'qwen2' else m['shape']} in {m.get('dtype', 'bfloat16')}, batch 1, prompt "
         f"{m['prompt_len']} tokens, {m['new_tokens']} new tokens, greedy; stitched runs replay one drawn route "
         f"({m['route_llm_tokens']} LLM tokens, {m['route_switches']} switches). Median of {m['repeats']} runs after "
         "a warm-up; eager DynamicCache lanes. The SLM sits whole on the first GPU (device_map) or on every rank's GPU (TP).\n",
@@ -221,11 +226,13 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--llm-share", type=float, default=0.3, help="share of LLM tokens in the replayed route")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES),
+                    help="float32: equality with the 1-GPU run holds up to far smaller rounding (TP sums in another order)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--save-dir", default=None, help="save the pair and the reference here for multigpu_tp_worker.py")
     args = ap.parse_args(argv)
     devices = args.devices
-    llm, slm = build_pair(args.shape, devices[0])
+    llm, slm = build_pair(args.shape, devices[0], DTYPES[args.dtype])
     ids, route = request(min(llm.config.vocab_size, slm.config.vocab_size), args)
     ids = ids.to(devices[0])
     rows = []
@@ -237,7 +244,7 @@ def main(argv=None) -> int:
         save = Path(args.save_dir)
         llm.save_pretrained(save / "llm")
         slm.save_pretrained(save / "slm")
-        (save / "reference.json").write_text(json.dumps({"ids": ids.tolist(), "route": route, **ref}))
+        (save / "reference.json").write_text(json.dumps({"ids": ids.tolist(), "route": route, "dtype": args.dtype, **ref}))
         print(f"saved the pair in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
     from accelerate import dispatch_model
 
@@ -246,7 +253,7 @@ def main(argv=None) -> int:
     row, _ = measure(f"device_map x{len(devices)}", llm, slm, ids, route, devices, args, ref)
     rows.append(row)
     facts = {"route_llm_tokens": route.count("llm"), "route_switches": sum(a != b for a, b in zip(route, route[1:]))}
-    result = {"meta": {**meta(devices, args), **facts}, "slug": gpu_slug(devices), "rows": rows}
+    result = {"meta": {**meta(devices, args), **facts}, "slug": gpu_slug(devices, args.dtype), "rows": rows}
     write(result, Path(args.out))
     print(markdown(result))
     print(json.dumps({"slug": result["slug"], "rows": rows}))

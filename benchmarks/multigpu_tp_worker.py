@@ -22,17 +22,16 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from multigpu_bench import gpu_slug, markdown, measure, write
+from multigpu_bench import DTYPES, gpu_slug, markdown, measure, write
 
 
-def load_tp(path: Path):
+def load_tp(path: Path, dtype: torch.dtype = torch.bfloat16):
     try:
         from transformers.distributed import DistributedConfig
 
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
-                                                    distributed_config=DistributedConfig(tp_plan="auto"))
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, distributed_config=DistributedConfig(tp_plan="auto"))
     except ImportError:  # transformers without DistributedConfig (tp_plan was a from_pretrained argument)
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, tp_plan="auto")
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, tp_plan="auto")
 
 
 def same_on_all_ranks(values: list[int], device) -> bool:
@@ -52,11 +51,12 @@ def main(argv=None) -> int:
     local_rank = int(os.environ["LOCAL_RANK"])
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
-    llm = load_tp(save / "llm").eval()
-    slm = AutoModelForCausalLM.from_pretrained(save / "slm", dtype=torch.bfloat16, device_map={"": device}).eval()
     ref = json.loads((save / "reference.json").read_text())
+    dtype = ref.get("dtype", "bfloat16")
+    llm = load_tp(save / "llm", DTYPES[dtype]).eval()
+    slm = AutoModelForCausalLM.from_pretrained(save / "slm", dtype=DTYPES[dtype], device_map={"": device}).eval()
     world = dist.get_world_size()
-    slug = gpu_slug([str(device)] * world)
+    slug = gpu_slug([str(device)] * world, dtype)
     result = json.loads((Path(args.out) / f"multigpu_{slug}.json").read_text())
     m = result["meta"]
     run_args = argparse.Namespace(new_tokens=m["new_tokens"], repeats=args.repeats or m["repeats"])

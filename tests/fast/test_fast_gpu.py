@@ -1,31 +1,33 @@
 """FastLane on CUDA (graphs, optionally compiled) against the default engine, greedy decoding.
 
 fp32: identical tokens, logits within 1e-3. bf16: the two engines run different attention
-kernels (the default engine's SDPA over the exact cache vs a masked SDPA over static slots) and
-padded GEMM shapes, so logits differ by bf16 rounding (tolerance below); tokens must agree until
-the first step whose top-2 logit margin is within that noise, and the test records where that is.
+kernels (the default engine's SDPA over the exact cache vs chunked products or a masked SDPA over
+static slots) and padded GEMM shapes, so each rounds differently; both are measured against the
+same weights in float32 (see the bf16 test).
 """
+
+import copy
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import LogitsProcessor, LogitsProcessorList, Qwen2Config, Qwen2ForCausalLM
 
 from hf_rstitch import ReplayPolicy
 from hf_rstitch.fast import FastConfig, FastEngine
 from hf_rstitch.fast.routes import route
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 
 ROUTE = route(60, 20, 3, seed=0) + ["slm"] * 11 + ["llm"] * 3 + route(40, 20, 1, seed=1)  # an 11-token run > bucket 8
-BF16_LOGIT_TOL = 0.15  # max |logit difference| allowed between the engines in bf16 (logits are O(10))
 
 
-def _pair(dtype):
+def _pair(dtype, device="cuda"):
     def make(hidden, layers, seed):
         torch.manual_seed(seed)
         cfg = Qwen2Config(vocab_size=1024, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                           num_attention_heads=8, num_key_value_heads=2, initializer_range=0.1)
-        model = Qwen2ForCausalLM(cfg).to("cuda", dtype).eval()
+        model = Qwen2ForCausalLM(cfg).to(device, dtype).eval()
         model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
         return model
 
@@ -50,6 +52,8 @@ def _compare(out, ref, prompt_len):
     return (None if stop == len(want) else stop), worst, margin
 
 
+@pytest.mark.gpu
+@gpu
 @pytest.mark.parametrize("compile,attention", [(None, "matmul"), (None, "sdpa"), ("all", "matmul")])
 def test_fp32_fast_engine_equals_default(compile, attention):
     llm, slm = _pair(torch.float32)
@@ -65,17 +69,57 @@ def test_fp32_fast_engine_equals_default(compile, attention):
     assert engine.graph_count() >= 6  # decode + buckets 2..8 per lane, hidden-free
 
 
-@pytest.mark.parametrize("compile", [None, "all"])
-def test_bf16_fast_engine_matches_default_up_to_rounding(compile):
-    llm, slm = _pair(torch.bfloat16)
-    ids = torch.randint(0, 1024, (1, 37), device="cuda")
-    ref = _generate(llm, slm, ids, "default")
-    engine = FastEngine(FastConfig(max_bucket=8, compile=compile))
-    for rep in range(2):
-        out = _generate(llm, slm, ids, engine)
-        step, worst, margin = _compare(out, ref, ids.shape[1])
-        print(f"[bf16 compile={compile} run {rep}] first divergence: {step}, max |dlogit| before: {worst:.4f}, "
-              f"margin there: {margin}")
-        assert worst < BF16_LOGIT_TOL
-        if step is not None:  # a flip is only acceptable at a near-tie
-            assert margin < 2 * BF16_LOGIT_TOL, f"tokens diverge at step {step} with a top-2 margin of {margin}"
+def _float32_twin(model):
+    """The same weights, upcast: float32 arithmetic over exactly the bf16 model's parameters."""
+    return copy.deepcopy(model).float()
+
+
+class _Force(LogitsProcessor):
+    """Teacher forcing inside generate: step k keeps only token ``tokens[k]`` (raw logits are untouched)."""
+
+    def __init__(self, tokens: torch.Tensor, prompt_len: int):
+        self.tokens, self.prompt_len = tokens, prompt_len
+
+    def __call__(self, input_ids, scores):
+        forced = torch.full_like(scores, float("-inf"))
+        forced[:, self.tokens[input_ids.shape[1] - self.prompt_len]] = 0.0
+        return forced
+
+
+def _forced_logits(llm, slm, ids, engine, tokens) -> torch.Tensor:
+    out = llm.generate(ids, assistant_model=slm, stitch_policy=ReplayPolicy(ROUTE), stitch_engine=engine,
+                       max_new_tokens=len(ROUTE), do_sample=False, return_dict_in_generate=True, output_logits=True,
+                       logits_processor=LogitsProcessorList([_Force(tokens, ids.shape[1])]))
+    assert torch.equal(out.sequences[0, ids.shape[1]:], tokens)
+    assert [str(r) for r in out.stitch.roles] == ROUTE
+    return torch.stack([x[0].float() for x in out.logits])  # [steps, V]
+
+
+@pytest.mark.parametrize("device,compile,attention", [
+    pytest.param("cuda", None, "matmul", marks=[pytest.mark.gpu, gpu]),
+    pytest.param("cuda", None, "sdpa", marks=[pytest.mark.gpu, gpu]),
+    pytest.param("cuda", "all", "matmul", marks=[pytest.mark.gpu, gpu]),
+    ("cpu", None, "matmul"),  # the same static-cache steps, eagerly (no graphs on CPU)
+    ("cpu", None, "sdpa"),
+])
+def test_bf16_fast_engine_as_accurate_as_default(device, compile, attention):
+    """bf16: both engines round, each in its own way (other kernels, padded GEMM shapes, split-K sums), so
+    neither reproduces the other's logits, and greedy tokens part at the first near-tie (random models have
+    many). The equivalence that holds is against exact arithmetic: every run is fed the same tokens (those
+    of the float32 run over the same weights, upcast), and the fast engine's logits are about as far from
+    float32 as the default engine's: median over steps within 1.5x, worst step within 3x (an extreme over
+    114 steps; on CPU over five seeds the ratios were <= 1.17 and <= 1.77)."""
+    llm, slm = _pair(torch.bfloat16, device)
+    ids = torch.randint(0, 1024, (1, 37), device=device)
+    ref32 = _generate(_float32_twin(llm), _float32_twin(slm), ids, "default")
+    tokens = ref32.sequences[0, ids.shape[1]:]
+    exact = torch.stack([x[0] for x in ref32.logits])
+    err_default = (_forced_logits(llm, slm, ids, "default", tokens) - exact).abs().amax(-1)  # [steps]
+    engine = FastEngine(FastConfig(max_bucket=8, compile=compile, attention=attention, graphs=device == "cuda"))
+    for rep in range(2 if device == "cuda" else 1):  # first run captures, second replays every graph
+        err_fast = (_forced_logits(llm, slm, ids, engine, tokens) - exact).abs().amax(-1)
+        print(f"[bf16 {device} compile={compile} attention={attention} run {rep}] |dlogit| vs fp32 over "
+              f"{len(ROUTE)} steps: fast max {float(err_fast.max()):.4f} median {float(err_fast.median()):.4f}, "
+              f"default max {float(err_default.max()):.4f} median {float(err_default.median()):.4f}")
+        assert float(err_fast.median()) <= 1.5 * float(err_default.median())
+        assert float(err_fast.max()) <= 3 * float(err_default.max())
