@@ -178,10 +178,9 @@ def _add_calls(traces, live, calls) -> None:
 def _add_tokens(traces, live: list[int], writer_llm, handed) -> None:
     """Append one step's routing (already on the host) to each live row's trace."""
     handed = handed.tolist() if handed is not None else [False] * len(live)
-    for i, r in enumerate(live):
-        llm = bool(writer_llm[i])
+    for r, llm, hand in zip(live, writer_llm.tolist(), handed):
         traces[r].roles.append(Role.LLM if llm else Role.SLM)
-        traces[r].handovers.append(handed[i])
+        traces[r].handovers.append(hand)
 
 
 def _add_entropies(traces, pending) -> None:

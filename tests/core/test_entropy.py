@@ -30,3 +30,22 @@ def test_batched_shape_and_low_precision_input():
 def test_rejects_single_token_vocab():
     with pytest.raises(ValueError, match="at least 2"):
         normalized_entropy(torch.zeros(1, 1))
+
+
+def _entropy_by_mask(logits: torch.Tensor) -> torch.Tensor:
+    """Eq. 1 written out with an explicit finiteness mask (the form the in-place version replaced)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    plogp = torch.where(logp.isfinite(), logp.exp() * logp, torch.zeros_like(logp))
+    return (-plogp.sum(dim=-1) / math.log(logits.shape[-1])).clamp_(0.0, 1.0)
+
+
+def test_bit_identical_to_the_masked_form():
+    """Traces and routing compare entropies to tau, so the fast form must not move a single bit,
+    masked ids (-inf) and all-but-one-masked rows included."""
+    g = torch.Generator().manual_seed(0)
+    for scale in (1e-3, 1.0, 30.0, 1e3):
+        logits = torch.randn(64, 131, generator=g) * scale
+        logits[::3, torch.randint(0, 131, (40,), generator=g)] = float("-inf")
+        logits[5] = float("-inf")
+        logits[5, 9] = 2.0
+        assert torch.equal(normalized_entropy(logits), _entropy_by_mask(logits))

@@ -28,3 +28,28 @@ def test_caches_equal_a_full_recompute(arch, monkeypatch):
         for got, want in zip(lane.cache.layers, fresh.layers):
             torch.testing.assert_close(got.keys, want.keys)
             torch.testing.assert_close(got.values, want.values)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_padding_free_fast_path_equals_the_masked_path(arch, monkeypatch):
+    """Without padding a lane passes no attention mask and column indices as positions; forcing the
+    general path (mask + cumsum positions) must give bit-identical logits, tokens and trace."""
+    from hf_rstitch.engine.lane import Lane
+
+    llm, slm = make_pair(arch)
+    ids = prompt(12)
+    kw = dict(stitch_policy=ReplayPolicy(ROUTE), max_new_tokens=len(ROUTE), return_dict_in_generate=True,
+              output_logits=True)
+    runs = {}
+    for dense in (True, False):
+        with monkeypatch.context() as m:
+            if not dense:
+                m.setattr(Lane, "_padding_free", staticmethod(lambda mask: False))
+            lanes = capture_lanes(m)
+            runs[dense] = llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm, **kw)
+            assert all(lane.dense is dense for lane in lanes.values())
+    fast, general = runs[True], runs[False]
+    assert torch.equal(fast.sequences, general.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(fast.logits, general.logits))
+    assert fast.stitch.entropies == general.stitch.entropies
+    assert fast.stitch.calls == general.stitch.calls
