@@ -55,18 +55,27 @@ def main(argv=None) -> int:
     ap.add_argument("--thresholds", nargs="+", type=float, default=[0.0003, 0.0005])
     ap.add_argument("--batch", type=int, default=50)
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--data", default=None,
+                    help="JSONL of problems (default: the shipped test split); e.g. a valid split from "
+                         "`rstitch toyworld data --split valid`, to choose a threshold without the test split")
+    ap.add_argument("--llm-only", action="store_true", help="also run the LLM alone (threshold 'none')")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     llm, slm, tok = load_pair()
-    rows = load_test_split()[: args.limit]
+    if args.data:
+        from hf_rstitch.toyworld.tasks import read_jsonl
+
+        rows = read_jsonl(args.data)[: args.limit]
+    else:
+        rows = load_test_split()[: args.limit]
     results = []
-    for tau in args.thresholds:
+    for tau in ([None] if args.llm_only else []) + args.thresholds:
         t0 = time.perf_counter()
         res = run(llm, slm, tok, rows, tau, args.batch)
         res["wall_s_batched"] = time.perf_counter() - t0
         results.append(res)
         print(json.dumps(res), flush=True)
-    doc = {"device": "cpu", "torch": torch.__version__, "transformers": transformers.__version__,
+    doc = {"data": args.data or "hf_rstitch/assets/pair/test.jsonl", "device": "cpu", "torch": torch.__version__, "transformers": transformers.__version__,
            "date": datetime.date.today().isoformat(), "batch": args.batch, "results": results,
            "command": "python scripts/stitch_accuracy_batched.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     if args.out:
