@@ -1,5 +1,7 @@
 """FastLane on CUDA (graphs, optionally compiled) against the default engine, greedy decoding.
 
+Tests marked ``gpu`` need CUDA; the bf16 accuracy test also runs on CPU (static-cache steps, no graphs).
+
 fp32: identical tokens, logits within 1e-3. bf16: the two engines run different attention
 kernels (the default engine's SDPA over the exact cache vs chunked products or a masked SDPA over
 static slots) and padded GEMM shapes, so each rounds differently; both are measured against the
