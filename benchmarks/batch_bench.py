@@ -53,7 +53,8 @@ def draw_route(n: int, llm_share: float, mean_segment: float, rng: random.Random
     return route[:n]
 
 
-def build_pair(shape: str, device: str, dtype: torch.dtype):
+def build_pair(shape: str, device: str, dtype: torch.dtype, tiny_layers: int = 3):
+    """(llm, slm), seeded, on ``device``: random Qwen2 7B + 1.5B shapes, or a tiny pair for CPU runs."""
     if shape == "tiny":
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -63,7 +64,7 @@ def build_pair(shape: str, device: str, dtype: torch.dtype):
                               num_attention_heads=4, num_key_value_heads=2)
             return Qwen2ForCausalLM(cfg).to(device, dtype).eval()
 
-        return tiny(64, 3, 0), tiny(32, 2, 1)
+        return tiny(64, tiny_layers, 0), tiny(32, 2, 1)
     from hf_rstitch.latency.profiler import random_qwen2
 
     return random_qwen2("7b", dtype, device, seed=0), random_qwen2("1.5b", dtype, device, seed=1)

@@ -38,7 +38,8 @@ import transformers
 import hf_rstitch
 from hf_rstitch.hf.placement import check_placement, describe
 
-from batch_bench import draw_route  # same route generator as the batching benchmark
+from batch_bench import build_pair as batch_build_pair  # same models and route generator as the batching benchmark
+from batch_bench import draw_route
 
 TOP = 5  # logits kept per step for the divergence report
 
@@ -68,20 +69,8 @@ def meta(devices, args) -> dict:
 
 
 def build_pair(shape: str, device: str, dtype: torch.dtype = torch.bfloat16):
-    """(llm, slm), seeded, on ``device``."""
-    if shape == "tiny":
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-
-        def tiny(h, layers, seed):
-            torch.manual_seed(seed)
-            cfg = Qwen2Config(vocab_size=256, hidden_size=h, intermediate_size=2 * h, num_hidden_layers=layers,
-                              num_attention_heads=4, num_key_value_heads=2)
-            return Qwen2ForCausalLM(cfg).to(device, dtype).eval()
-
-        return tiny(64, 4, 0), tiny(32, 2, 1)
-    from hf_rstitch.latency.profiler import random_qwen2
-
-    return random_qwen2("7b", dtype, device, seed=0), random_qwen2("1.5b", dtype, device, seed=1)
+    """(llm, slm), seeded, on ``device`` (the tiny LLM has 4 layers: 2 per device of the smoke run)."""
+    return batch_build_pair(shape, device, dtype, tiny_layers=4)
 
 
 def split_map(llm, devices) -> dict[str, int | str]:
