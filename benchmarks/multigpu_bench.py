@@ -107,11 +107,15 @@ def reference_run(llm, slm, ids, route, n) -> dict:
 
 
 @torch.no_grad()
+def forced_logits(llm, sequence: list[int], prompt_len: int) -> torch.Tensor:
+    """The LLM alone over ``sequence``: float32 logits ``[new, V]`` at every generated position."""
+    ids = torch.tensor([sequence], device=llm.device)
+    return llm(input_ids=ids).logits[0, prompt_len - 1: -1].float()
+
+
 def teacher_forced(llm, sequence: list[int], prompt_len: int) -> dict:
     """The LLM alone over the reference sequence: argmax and top-2 margin at every generated position."""
-    ids = torch.tensor([sequence], device=llm.device)
-    logits = llm(input_ids=ids).logits[0, prompt_len - 1: -1].float()  # [new, V]
-    top = logits.topk(2)
+    top = forced_logits(llm, sequence, prompt_len).topk(2)
     return {"argmax": top.indices[:, 0].tolist(), "margin": (top.values[:, 0] - top.values[:, 1]).tolist()}
 
 

@@ -27,13 +27,8 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
+from multigpu_bench import forced_logits
 from multigpu_tp_worker import load_tp
-
-
-@torch.no_grad()
-def forced_logits(model, sequence: list[int], prompt_len: int, device) -> torch.Tensor:
-    ids = torch.tensor([sequence], device=device)
-    return model(input_ids=ids).logits[0, prompt_len - 1: -1].float().cpu()  # [new, V]
 
 
 def distance(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -55,13 +50,13 @@ def main(argv=None) -> int:
     prompt_len = len(seq) - len(ref["run"]["top_ids"])
 
     tp = load_tp(save / "llm").eval()
-    tp_logits = forced_logits(tp, seq, prompt_len, device)
+    tp_logits = forced_logits(tp, seq, prompt_len).cpu()
     del tp
     if dist.get_rank() == 0:
         one = AutoModelForCausalLM.from_pretrained(save / "llm", dtype=torch.bfloat16, device_map={"": device}).eval()
-        one_logits = forced_logits(one, seq, prompt_len, device)
+        one_logits = forced_logits(one, seq, prompt_len).cpu()
         one = one.float()  # the same bf16 weights, float32 arithmetic
-        exact = forced_logits(one, seq, prompt_len, device)
+        exact = forced_logits(one, seq, prompt_len).cpu()
         del one
         margin = exact.topk(2).values
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
