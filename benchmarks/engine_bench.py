@@ -48,7 +48,9 @@ from hf_rstitch.latency.profiler import random_qwen2
 
 MATH = {"llm_only_tokens": 2753, "llm_tokens": 344, "slm_tokens": 771}  # paper, MATH, 7B pair, 8k budget
 VARIANTS = {"graphs": FastConfig(), "graphs-sdpa": FastConfig(attention="sdpa"),
-            "compiled-decode": FastConfig(compile="decode"), "compiled": FastConfig(compile="all")}
+            "compiled-decode": FastConfig(compile="decode"), "compiled": FastConfig(compile="all"),
+            # the same without the tuned Triton GEMV (cuBLAS for every linear layer), as measured before it existed
+            "graphs-cublas": FastConfig(gemv=False), "compiled-decode-cublas": FastConfig(compile="decode", gemv=False)}
 
 
 class Budget:
@@ -181,6 +183,9 @@ def fast_section(llm, slm, ids, args, budget, res):
             sec, _ = stitched(llm, slm, ids, warm, engine)
             row["warmup_s"] = sec
             row["capture_s"] = engine.capture_seconds()
+            row["gemv_tune_s"] = sum(lane.gemv_tune_seconds for lane in engine._lanes.values())
+            row["gemv_shapes"] = sum(len(lane.gemv_table) > 0 for lane in engine._lanes.values()) and \
+                len(next(iter(engine._lanes.values())).gemv_table)
             row["graphs"] = engine.graph_count()
             sec2, _ = stitched(llm, slm, ids, warm, engine)
             row["warm_route_tokens"] = len(warm)

@@ -118,7 +118,7 @@ class RandomPolicy:
 
     def hand_to_llm(self, step: StepView) -> torch.Tensor:
         draw = torch.rand(step.entropy.shape, generator=self._gen)
-        return (draw < self.p).to(step.entropy.device)
+        return draw < self.p  # on the host: the loop reads decisions there
 
     def hand_to_slm(self, step: StepView) -> torch.Tensor:
         return step.entropy <= self.return_threshold
@@ -157,7 +157,7 @@ class ReplayPolicy:
         rows = step.row_ids() if len(self.routes) > 1 else torch.zeros(step.entropy.shape[0], dtype=torch.long)
         if int(rows.max()) >= len(self.routes):
             raise ValueError(f"ReplayPolicy has {len(self.routes)} routes but the batch has row {int(rows.max())}.")
-        return self._llm[rows, min(index, self._llm.shape[1] - 1)].to(step.entropy.device)
+        return self._llm[rows, min(index, self._llm.shape[1] - 1)]  # on the host: no device round trip
 
     def hand_to_llm(self, step: StepView) -> torch.Tensor:
         return self._llm_at(step, step.index)

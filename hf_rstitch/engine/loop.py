@@ -128,14 +128,11 @@ def stitch_loop(
             llm_logits, _, calls = lanes[Role.LLM].advance(seq, mask, llm_on, resumed=~last_llm)
             _add_calls(traces, rows.live, calls)
             llm_h = normalized_entropy(llm_logits)
-            back = policy.hand_to_slm(StepView(index, llm_h, rows=rows.live)).cpu() & llm_on  # LLM token kept either way
+            back = policy.hand_to_slm(StepView(index, llm_h, rows=rows.live))  # read with `finished` below
 
         writer_llm = llm_on.clone()
-        pick_llm = writer_llm.to(seq.device)[:, None]
-        logits = _by_writer(pick_llm, llm_logits, slm_logits)  # [B, V] of the model that writes each row
-        entropy = _by_writer(pick_llm[:, 0], llm_h, slm_h)  # [B]
-        if back is not None:
-            llm_on = llm_on & ~back
+        logits = _by_writer(writer_llm, llm_logits, slm_logits)  # [B, V] of the model that writes each row
+        entropy = _by_writer(writer_llm, llm_h, slm_h)  # [B]
         scores = process(seq, logits)
         tokens = pick_tokens(scores, do_sample)  # [B]
         seq = torch.cat([seq, tokens[:, None]], dim=-1)
@@ -150,7 +147,9 @@ def stitch_loop(
             on_token(full)
         last_llm = writer_llm
 
-        finished = should_stop(seq, scores).cpu()
+        finished, back = _to_host(should_stop(seq, scores), back)  # the step's one wait for the device
+        if back is not None:
+            llm_on = llm_on & ~(back & writer_llm)  # the LLM's token is kept either way
         if finished.any():
             keep = rows.finish(seq, finished)
             if len(keep) == 0:
@@ -163,11 +162,28 @@ def stitch_loop(
     return StitchResult(rows.sequences(pad_token_id), traces, rows.scores, rows.logits)
 
 
-def _by_writer(pick_llm: torch.Tensor, llm_value: torch.Tensor | None, slm_value: torch.Tensor | None):
-    """Per row, the LLM's value where it writes and the SLM's elsewhere (either may be absent)."""
+def _by_writer(writer_llm: torch.Tensor, llm_value: torch.Tensor | None, slm_value: torch.Tensor | None):
+    """Per row, the LLM's value where it writes and the SLM's elsewhere (either may be absent).
+
+    ``writer_llm`` is ``[B]`` bool on the host; when every row has the same writer no mask goes to
+    the device (a host-to-device copy would wait for every queued kernel).
+    """
     if llm_value is None or slm_value is None:
         return slm_value if llm_value is None else llm_value
-    return torch.where(pick_llm, llm_value, slm_value)
+    if bool(writer_llm.all()):
+        return llm_value
+    if not bool(writer_llm.any()):
+        return slm_value
+    pick = writer_llm.to(llm_value.device)
+    return torch.where(pick.view(-1, *[1] * (llm_value.dim() - 1)), llm_value, slm_value)
+
+
+def _to_host(finished: torch.Tensor, back: torch.Tensor | None):
+    """``finished`` (and the LLM's hand-back decision, when it is on the same device) in one copy."""
+    if back is None or back.device != finished.device:
+        return finished.cpu(), (back.cpu() if back is not None else None)
+    both = torch.stack([finished.bool(), back.bool()]).cpu()
+    return both[0], both[1]
 
 
 def _add_calls(traces, live, calls) -> None:

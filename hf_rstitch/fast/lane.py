@@ -9,6 +9,8 @@ has not seen, return the last column's logits -- with three changes underneath:
 * every call of up to ``max_bucket`` tokens runs as a CUDA graph: one-token decode steps, and
   catch-up prefills padded to a power-of-two bucket (:mod:`hf_rstitch.fast.buckets`). A
   longer catch-up (rare: a long run of the other model) runs eagerly at its exact length;
+* one-row products of the linear layers run a Triton GEMV kernel tuned per weight shape on the
+  device (:mod:`hf_rstitch.fast.gemv`; where Triton is installed), cuBLAS otherwise;
 * optionally the step is compiled with ``torch.compile`` (fused elementwise kernels) before
   it is captured.
 
@@ -28,6 +30,7 @@ weight addresses, so replace no parameter tensors of a model while a lane for it
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 import warnings
@@ -38,6 +41,7 @@ from transformers import PreTrainedModel
 
 from ..core.roles import Role
 from ..core.trace import CallKind, ForwardCall
+from . import gemv
 from .buckets import bucket_for, bucket_sizes, round_up
 from .graphs import GraphRunner
 from .static_kv import ATTENTIONS, KV_CHUNK, StaticKV, static_attention_on
@@ -51,6 +55,7 @@ class FastConfig:
     graphs: bool | None = None  # CUDA graphs; None: on CUDA devices
     compile: str | None = None  # torch.compile before capture: None, "decode" (1-token steps) or "all"
     attention: str = "matmul"  # static-cache attention: "matmul" (chunked products) or "sdpa" (one fused call)
+    gemv: bool | None = None  # tuned Triton kernel for one-row linear products; None: where Triton runs
 
     def __post_init__(self):
         bucket_sizes(self.max_bucket)  # validates
@@ -103,6 +108,9 @@ def _mark_length_dynamic(fn, max_bucket: int):
     return call
 
 
+_GEMV_TABLE: dict = {}  # tuned configurations, shared by every lane of the process (keyed by shape and device)
+
+
 class FastLane:
     """One model with a static cache and captured steps, advanced over a shared sequence (B = 1).
 
@@ -140,6 +148,9 @@ class FastLane:
         self.seen = 0  # columns of the shared sequence in the cache
         self.pads = 0  # host copy of n_pad
         self.eager_calls = 0  # calls of this generation too long for a bucket
+        self.gemv_tune_seconds = 0.0
+        self.gemv_table = self._tune_gemv(config.gemv)  # {} keeps cuBLAS everywhere
+        self._gemv_layers = gemv.plan(model, self.gemv_table)
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
         self._decode_step = self._bucket_step = self._forward
@@ -171,7 +182,7 @@ class FastLane:
         if self.timing:
             _sync(self.device)
             start = time.perf_counter()
-        with torch.no_grad(), static_attention_on(self.model, self.config.attention):
+        with torch.no_grad():
             logits, hidden = self._run(seq[:, total - width:].to(self.device), want_hidden)
         # copy out of the graph's buffers: the next replay (of either lane) may overwrite them
         logits = logits.to(device=seq.device, dtype=torch.float32, copy=True)
@@ -209,12 +220,24 @@ class FastLane:
         if pads:
             self.valid[:pads] = False
 
+    def _tune_gemv(self, wanted: bool | None) -> dict:
+        if wanted is False or (wanted is None and not gemv.available(self.device)):
+            return {}
+        if not gemv.available(self.device):
+            raise ValueError(f"FastConfig(gemv=True) needs Triton and a CUDA device (got {self.device}); "
+                             "install triton or leave gemv=None.")
+        start = time.perf_counter()
+        table = gemv.tune_model(self.model, _GEMV_TABLE)
+        self.gemv_tune_seconds = time.perf_counter() - start
+        return table
+
     def _run(self, new_ids: torch.Tensor, want_hidden: bool):
         width = new_ids.shape[1]
         size = bucket_for(width, self.buckets)
         if size is None:  # longer than any bucket: exact length, no graph
             self.eager_calls += 1
-            return self._forward(new_ids, width, want_hidden)
+            with self._model_code():
+                return self._forward(new_ids, width, want_hidden)
         self.ids[:, :width].copy_(new_ids)
         n_real = 1
         if size > 1:
@@ -223,9 +246,17 @@ class FastLane:
         ids = self.ids[:, :size]
         fn = self._decode_step if size == 1 else self._bucket_step
         step = lambda: fn(ids, n_real, want_hidden)  # noqa: E731
-        if self.graphs is None:
-            return step()
-        return self.graphs.run((size, want_hidden), step)
+        key = (size, want_hidden)
+        if self.graphs is not None and key in self.graphs:  # a replay runs no model code: no dispatch set-up
+            return self.graphs.run(key, step)
+        with self._model_code():
+            return step() if self.graphs is None else self.graphs.run(key, step)
+
+    @contextlib.contextmanager
+    def _model_code(self):
+        """Dispatch for the model's Python code: static-cache attention, tuned GEMV for one-row products."""
+        with static_attention_on(self.model, self.config.attention), gemv.gemv_linears_on(self._gemv_layers):
+            yield
 
     def _forward(self, ids: torch.Tensor, n_real, want_hidden: bool):
         """One forward over ``ids`` ``[1, q]`` whose first ``n_real`` tokens are real.

@@ -56,12 +56,13 @@ def _compare(out, ref, prompt_len):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("compile,attention", [(None, "matmul"), (None, "sdpa"), ("all", "matmul")])
-def test_fp32_fast_engine_equals_default(compile, attention):
+@pytest.mark.parametrize("compile,attention,gemv", [(None, "matmul", None), (None, "matmul", False),
+                                                    (None, "sdpa", None), ("all", "matmul", None)])
+def test_fp32_fast_engine_equals_default(compile, attention, gemv):
     llm, slm = _pair(torch.float32)
     ids = torch.randint(0, 1024, (1, 37), device="cuda")
     ref = _generate(llm, slm, ids, "default")
-    engine = FastEngine(FastConfig(max_bucket=8, compile=compile, attention=attention))
+    engine = FastEngine(FastConfig(max_bucket=8, compile=compile, attention=attention, gemv=gemv))
     for _ in range(2):  # first run captures, second replays every graph
         out = _generate(llm, slm, ids, engine)
         step, worst, _ = _compare(out, ref, ids.shape[1])

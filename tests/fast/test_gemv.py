@@ -1,0 +1,70 @@
+"""The batch-1 Triton GEMV kernel (hf_rstitch.fast.gemv) against F.linear.
+
+On CPU the kernel runs only under Triton's interpreter (``TRITON_INTERPRET=1`` with triton
+installed); these tests skip when it is not there. On CUDA they run the compiled kernel.
+"""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_rstitch.fast import gemv
+
+CUDA = torch.cuda.is_available()
+DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")), ("cuda", CUDA and gemv.available("cuda"))) if ok]
+pytestmark = pytest.mark.skipif(not DEVICES, reason="needs triton (CUDA, or TRITON_INTERPRET=1 on CPU)")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k,bias", [(64, 96, True), (37, 130, False), (512, 1024, True), (3, 2048, False)])
+@pytest.mark.parametrize("cfg", [gemv.GemvConfig(), gemv.GemvConfig(4, 128, 4, 2), gemv.GemvConfig(32, 256, 8, 4)])
+def test_gemv_equals_linear(device, n, k, bias, cfg):
+    torch.manual_seed(n + k)
+    w = torch.randn(n, k, device=device)
+    b = torch.randn(n, device=device) if bias else None
+    x = torch.randn(1, 1, k, device=device)
+    y = gemv.launch(x, w, b, cfg)
+    assert y.shape == (1, 1, n)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemv_refuses_several_rows(device):
+    with pytest.raises(ValueError, match="one row"):
+        gemv.launch(torch.randn(2, 8, device=device), torch.randn(4, 8, device=device), None, gemv.GemvConfig())
+
+
+def _tiny_llama(device):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    return LlamaForCausalLM(cfg).to(device).eval()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linears_on_model_equal_and_restored(device):
+    model = _tiny_llama(device)
+    table = gemv.tune_model(model)
+    assert len(table) == len({gemv.shape_key(m.weight, m.bias) for m in gemv.linear_modules(model)})
+    one = torch.randint(0, 97, (1, 1), device=device)
+    several = torch.randint(0, 97, (1, 5), device=device)
+    with torch.no_grad():
+        want_one, want_several = model(one).logits, model(several).logits
+        with gemv.gemv_linears_on(gemv.plan(model, table)):
+            assert all("forward" in m.__dict__ for m in gemv.linear_modules(model))
+            got_one, got_several = model(one).logits, model(several).logits
+    assert not any("forward" in m.__dict__ for m in gemv.linear_modules(model))  # restored
+    torch.testing.assert_close(got_one, want_one, atol=1e-4, rtol=1e-4)
+    assert torch.equal(got_several, want_several)  # several rows keep F.linear
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linears_compile_through_custom_op(device):
+    model = _tiny_llama(device)
+    table = gemv.tune_model(model)
+    one = torch.randint(0, 97, (1, 1), device=device)
+    step = torch.compile(lambda ids: model(ids).logits, fullgraph=True)
+    with torch.no_grad(), gemv.gemv_linears_on(gemv.plan(model, table)):
+        got = step(one)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(one).logits, atol=1e-4, rtol=1e-4)
