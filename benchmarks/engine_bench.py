@@ -184,8 +184,7 @@ def fast_section(llm, slm, ids, args, budget, res):
             row["warmup_s"] = sec
             row["capture_s"] = engine.capture_seconds()
             row["gemv_tune_s"] = sum(lane.gemv_tune_seconds for lane in engine._lanes.values())
-            row["gemv_shapes"] = sum(len(lane.gemv_table) > 0 for lane in engine._lanes.values()) and \
-                len(next(iter(engine._lanes.values())).gemv_table)
+            row["gemv_layers"] = {str(r): len(lane.gemv_layers) for r, lane in engine._lanes.items()}
             row["graphs"] = engine.graph_count()
             sec2, _ = stitched(llm, slm, ids, warm, engine)
             row["warm_route_tokens"] = len(warm)

@@ -56,6 +56,7 @@ class FastConfig:
     compile: str | None = None  # torch.compile before capture: None, "decode" (1-token steps) or "all"
     attention: str = "matmul"  # static-cache attention: "matmul" (chunked products) or "sdpa" (one fused call)
     gemv: bool | None = None  # tuned Triton kernel for one-row linear products; None: where Triton runs
+    fuse_qkv: bool = True  # with gemv: q/k/v projections as one product (a copy of their weights)
 
     def __post_init__(self):
         bucket_sizes(self.max_bucket)  # validates
@@ -149,8 +150,7 @@ class FastLane:
         self.pads = 0  # host copy of n_pad
         self.eager_calls = 0  # calls of this generation too long for a bucket
         self.gemv_tune_seconds = 0.0
-        self.gemv_table = self._tune_gemv(config.gemv)  # {} keeps cuBLAS everywhere
-        self._gemv_layers = gemv.plan(model, self.gemv_table)
+        self.gemv_layers = self._gemv_plan(config)  # [] keeps cuBLAS everywhere
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
         self._decode_step = self._bucket_step = self._forward
@@ -220,16 +220,16 @@ class FastLane:
         if pads:
             self.valid[:pads] = False
 
-    def _tune_gemv(self, wanted: bool | None) -> dict:
-        if wanted is False or (wanted is None and not gemv.available(self.device)):
-            return {}
+    def _gemv_plan(self, config: FastConfig) -> list:
+        if config.gemv is False or (config.gemv is None and not gemv.available(self.device)):
+            return []
         if not gemv.available(self.device):
             raise ValueError(f"FastConfig(gemv=True) needs Triton and a CUDA device (got {self.device}); "
                              "install triton or leave gemv=None.")
         start = time.perf_counter()
-        table = gemv.tune_model(self.model, _GEMV_TABLE)
+        layers = gemv.plan(self.model, _GEMV_TABLE, fuse=config.fuse_qkv)
         self.gemv_tune_seconds = time.perf_counter() - start
-        return table
+        return layers
 
     def _run(self, new_ids: torch.Tensor, want_hidden: bool):
         width = new_ids.shape[1]
@@ -255,7 +255,7 @@ class FastLane:
     @contextlib.contextmanager
     def _model_code(self):
         """Dispatch for the model's Python code: static-cache attention, tuned GEMV for one-row products."""
-        with static_attention_on(self.model, self.config.attention), gemv.gemv_linears_on(self._gemv_layers):
+        with static_attention_on(self.model, self.config.attention), gemv.gemv_linears_on(self.gemv_layers):
             yield
 
     def _forward(self, ids: torch.Tensor, n_real, want_hidden: bool):

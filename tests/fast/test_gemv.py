@@ -6,7 +6,7 @@ installed); these tests skip when it is not there. On CUDA they run the compiled
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from hf_rstitch.fast import gemv
 
@@ -34,23 +34,29 @@ def test_gemv_refuses_several_rows(device):
         gemv.launch(torch.randn(2, 8, device=device), torch.randn(4, 8, device=device), None, gemv.GemvConfig())
 
 
-def _tiny_llama(device):
+def _tiny(device, arch="llama"):
+    """Llama (no projection biases) or Qwen2 (q/k/v biases): both fused-group layouts."""
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2)
-    return LlamaForCausalLM(cfg).to(device).eval()
+    config, model = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    cfg = config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)
+    return model(cfg).to(device).eval()
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_linears_on_model_equal_and_restored(device):
-    model = _tiny_llama(device)
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_linears_on_model_equal_and_restored(device, fuse, arch):
+    model = _tiny(device, arch)
     table = gemv.tune_model(model)
     assert len(table) == len({gemv.shape_key(m.weight, m.bias) for m in gemv.linear_modules(model)})
+    patches = gemv.plan(model, table, fuse=fuse)
+    assert len(patches) == len(gemv.linear_modules(model))  # every layer, fused or alone
     one = torch.randint(0, 97, (1, 1), device=device)
     several = torch.randint(0, 97, (1, 5), device=device)
     with torch.no_grad():
         want_one, want_several = model(one).logits, model(several).logits
-        with gemv.gemv_linears_on(gemv.plan(model, table)):
+        with gemv.gemv_linears_on(patches):
             assert all("forward" in m.__dict__ for m in gemv.linear_modules(model))
             got_one, got_several = model(one).logits, model(several).logits
     assert not any("forward" in m.__dict__ for m in gemv.linear_modules(model))  # restored
@@ -59,12 +65,14 @@ def test_linears_on_model_equal_and_restored(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_linears_compile_through_custom_op(device):
-    model = _tiny_llama(device)
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_linears_compile_through_custom_op(device, fuse, arch):
+    model = _tiny(device, arch)
     table = gemv.tune_model(model)
     one = torch.randint(0, 97, (1, 1), device=device)
     step = torch.compile(lambda ids: model(ids).logits, fullgraph=True)
-    with torch.no_grad(), gemv.gemv_linears_on(gemv.plan(model, table)):
+    with torch.no_grad(), gemv.gemv_linears_on(gemv.plan(model, table, fuse=fuse)):
         got = step(one)
     with torch.no_grad():
         torch.testing.assert_close(got, model(one).logits, atol=1e-4, rtol=1e-4)
