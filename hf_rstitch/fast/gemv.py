@@ -8,8 +8,10 @@ its split-K variants add a reduction kernel per product (benchmarks/results/engi
 This module gives every weight shape its own launch configuration, measured on the device
 (:func:`tune`), and routes a model's linear layers through it inside :func:`gemv_linears_on`.
 
-What it does not do: products with more than one row (catch-up prefills keep ``F.linear``),
-quantized weights, CPU execution (off CUDA the op falls back to ``F.linear``; the kernel itself
+Catch-up prefills of 2..16 tokens (:data:`MAX_ROWS`) run a second kernel that reads each weight
+tile once for all rows (tensor-core products); longer ones keep ``F.linear``.
+
+What it does not do: quantized weights, float64, CPU execution (off CUDA the op falls back to ``F.linear``; the kernel itself
 runs on CPU only under ``TRITON_INTERPRET=1``, which is how the CPU tests check it). Triton is
 optional: without it :func:`available` is False and the fast engine keeps cuBLAS.
 """
@@ -28,12 +30,14 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """Launch configuration: output rows per program, reduction chunk, warps, pipeline stages."""
+    """Launch configuration: output columns per program, reduction chunk, warps, pipeline stages,
+    input rows per program (1: the one-row kernel; 16: the few-rows kernel on tensor cores)."""
 
     block_n: int = 8
     block_k: int = 512
     num_warps: int = 4
     num_stages: int = 3
+    block_m: int = 1
 
 
 CANDIDATES = tuple(  # the tuner's search space; each fits a program's accumulator in registers
@@ -42,6 +46,8 @@ CANDIDATES = tuple(  # the tuner's search space; each fits a program's accumulat
                     (4, 1024, 8), (8, 256, 4), (8, 512, 4), (8, 512, 8), (16, 256, 4), (16, 512, 8), (32, 256, 8))
 )
 # (pipeline stages 2 and 4 timed the same on an H200 for every Qwen2 shape: results/gemv_nvidia_h200.json)
+MAX_ROWS = 16  # catch-up prefills of 2..16 tokens run the few-rows kernel; longer ones keep cuBLAS
+FEW_ROWS = tuple(GemvConfig(n, k, 4, 2, MAX_ROWS) for n in (16, 32, 64) for k in (64, 128, 256))
 
 
 @functools.lru_cache(maxsize=1)
@@ -94,18 +100,63 @@ def _kernel():
     return gemv_kernel
 
 
+@functools.lru_cache(maxsize=1)
+def _few_rows_kernel():
+    triton, tl = _triton()
+
+    @triton.jit
+    def few_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_n, stride_ym,
+                        HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for M <= BLOCK_M rows: each weight tile is read once
+        m = tl.arange(0, BLOCK_M)  # [BM]
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+        cols = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + cols
+            x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K),
+                        other=0.0)  # [BM, BK]
+            w = tl.load(w_ptr + n[:, None] * stride_n + k[None, :], mask=(n[:, None] < N) & (k[None, :] < K),
+                        other=0.0)  # [BN, BK]
+            if UPCAST:  # Triton's CPU interpreter gets bf16/fp16 dot products wrong: exact fp32 instead
+                acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+            elif IEEE:
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w))
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=(m[:, None] < M) & (n[None, :] < N))
+
+    return few_rows_kernel
+
+
 def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: GemvConfig) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for ``x`` with one row (``[..., K]``, ``x.numel() == K``)."""
+    """``F.linear(x, weight, bias)`` for ``x`` ``[..., K]`` with one row (``cfg.block_m == 1``) or up
+    to ``cfg.block_m`` rows (the few-rows kernel)."""
     n, k = weight.shape
-    if x.numel() != k:
-        raise ValueError(f"gemv takes one row of {k} values, got a tensor of shape {tuple(x.shape)}")
+    rows = x.numel() // k if x.shape[-1] == k else -1
+    if rows < 1 or rows > cfg.block_m:
+        raise ValueError(f"this gemv configuration takes 1..{cfg.block_m} row(s) of {k} values, got a tensor of "
+                         f"shape {tuple(x.shape)}")
     if weight.stride(1) != 1:
         raise ValueError("gemv needs a weight whose rows are contiguous (stride 1 along K)")
     y = torch.empty(x.shape[:-1] + (n,), dtype=x.dtype, device=x.device)
     grid = ((n + cfg.block_n - 1) // cfg.block_n,)
-    _kernel()[grid](
-        x.contiguous(), weight, bias if bias is not None else weight, y, n, k, weight.stride(0),
-        HAS_BIAS=bias is not None, EVEN_N=n % cfg.block_n == 0, EVEN_K=k % cfg.block_k == 0,
+    b = bias if bias is not None else weight
+    if cfg.block_m == 1:
+        _kernel()[grid](
+            x.contiguous(), weight, b, y, n, k, weight.stride(0),
+            HAS_BIAS=bias is not None, EVEN_N=n % cfg.block_n == 0, EVEN_K=k % cfg.block_k == 0,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return y
+    x2 = x.reshape(rows, k).contiguous()
+    _few_rows_kernel()[grid](
+        x2, weight, b, y, rows, n, k, x2.stride(0), weight.stride(0), n,
+        HAS_BIAS=bias is not None, IEEE=weight.dtype == torch.float32, UPCAST=interpreted(), BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y
@@ -114,32 +165,36 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
 # A custom op: torch.compile sees one opaque call (no tracing into Triton), CUDA graphs record the launch.
 @torch.library.custom_op("hf_rstitch::gemv", mutates_args=())
 def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], block_n: int, block_k: int,
-            num_warps: int, num_stages: int) -> torch.Tensor:
+            num_warps: int, num_stages: int, block_m: int) -> torch.Tensor:
     if not available(x.device):
         return F.linear(x, weight, bias)
-    return launch(x, weight, bias, GemvConfig(block_n, block_k, num_warps, num_stages))
+    return launch(x, weight, bias, GemvConfig(block_n, block_k, num_warps, num_stages, block_m))
 
 
 @gemv_op.register_fake
-def _(x, weight, bias, block_n, block_k, num_warps, num_stages):
+def _(x, weight, bias, block_n, block_k, num_warps, num_stages, block_m):
     return x.new_empty(x.shape[:-1] + (weight.shape[0],))
 
 
-def shape_key(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
-    return (tuple(weight.shape), weight.dtype, bias is not None, str(weight.device))
+def shape_key(weight: torch.Tensor, bias: torch.Tensor | None, block_m: int = 1) -> tuple:
+    return (tuple(weight.shape), weight.dtype, bias is not None, str(weight.device), block_m)
 
 
-def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES, calls: int = 20) -> GemvConfig:
-    """The fastest candidate for this weight on its device (~0.1 s per shape).
+def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES, calls: int = 20) -> GemvConfig | None:
+    """The fastest candidate for this weight on its device (~0.1 s per shape); for the few-rows
+    kernel ``None`` when cuBLAS (``F.linear``) beats every candidate.
 
     Each candidate is timed as ``calls`` launches recorded in one CUDA graph: timed as separate
     launches, a few-microsecond kernel measures the host's launch rate, not the kernel.
-    Off CUDA (interpreter) returns the default configuration without timing.
+    Off CUDA (interpreter) returns a default configuration without timing.
     """
+    rows = candidates[0].block_m
     if weight.device.type != "cuda":
-        return GemvConfig()
-    x = torch.randn(weight.shape[1], dtype=weight.dtype, device=weight.device)
+        return GemvConfig(block_m=rows) if rows == 1 else GemvConfig(32, 128, 4, 2, rows)
+    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
     best, best_ms = None, float("inf")
+    if rows > 1:  # on an H100, cuBLAS won for most Qwen2 shapes at 8 rows (results/gemv_*.md)
+        best_ms = _graph_ms(lambda: F.linear(x, weight, bias), calls)
     for cfg in candidates:
         try:
             ms = _graph_ms(lambda: launch(x, weight, bias, cfg), calls)
@@ -147,7 +202,7 @@ def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES,
             continue
         if ms < best_ms:
             best, best_ms = cfg, ms
-    if best is None:
+    if best is None and rows == 1:
         raise RuntimeError(f"no gemv configuration runs for a weight of shape {tuple(weight.shape)}")
     return best
 
@@ -179,30 +234,40 @@ def linear_modules(model: torch.nn.Module) -> list[torch.nn.Linear]:
     return [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype in DTYPES]
 
 
-def config_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None) -> GemvConfig:
-    """``table``'s configuration for this shape, tuned on first sight."""
-    key = shape_key(weight, bias)
+def config_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None, block_m: int = 1) -> GemvConfig | None:
+    """``table``'s configuration for this shape (one row, or up to :data:`MAX_ROWS`; None: cuBLAS),
+    tuned on first sight."""
+    key = shape_key(weight, bias, block_m)
     if key not in table:
-        table[key] = tune(weight, bias)
+        table[key] = tune(weight, bias, CANDIDATES if block_m == 1 else FEW_ROWS)
     return table[key]
+
+
+def configs_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[GemvConfig, GemvConfig | None]:
+    return config_for(table, weight, bias, 1), config_for(table, weight, bias, MAX_ROWS)
 
 
 def tune_model(model: torch.nn.Module, table: dict | None = None) -> dict:
     """A configuration per distinct linear shape of ``model`` (entries already in ``table`` are kept)."""
     table = {} if table is None else table
     for m in linear_modules(model):
-        config_for(table, m.weight, m.bias)
+        configs_for(table, m.weight, m.bias)
     return table
 
 
-def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: GemvConfig) -> torch.Tensor:
-    return torch.ops.hf_rstitch.gemv(x, weight, bias, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages)
+def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfgs) -> torch.Tensor:
+    """The tuned kernel for one row or a few (``cfgs``: one-row and few-rows configurations), else cuBLAS."""
+    rows = x.numel() // weight.shape[1]
+    if rows > MAX_ROWS:  # a long catch-up prefill: cuBLAS
+        return F.linear(x, weight, bias)
+    c = cfgs[0] if rows == 1 else cfgs[1]
+    if c is None:  # cuBLAS measured faster for this shape
+        return F.linear(x, weight, bias)
+    return torch.ops.hf_rstitch.gemv(x, weight, bias, c.block_n, c.block_k, c.num_warps, c.num_stages, c.block_m)
 
 
-def _forward(module: torch.nn.Linear, cfg: GemvConfig, x: torch.Tensor) -> torch.Tensor:
-    if x.numel() != module.in_features:  # several rows (a catch-up prefill): cuBLAS
-        return F.linear(x, module.weight, module.bias)
-    return _gemv(x, module.weight, module.bias, cfg)
+def _forward(module: torch.nn.Linear, cfgs, x: torch.Tensor) -> torch.Tensor:
+    return _gemv(x, module.weight, module.bias, cfgs)
 
 
 FUSED = ("q_proj", "k_proj", "v_proj")  # children of one attention module that read the same input
@@ -225,7 +290,7 @@ class FusedGroup:
             self.bias = None
             if members[0].bias is not None:
                 self.bias = torch.cat([m.bias for m in members]).contiguous()
-        self.cfg = config_for(table, self.weight, self.bias)
+        self.cfgs = configs_for(table, self.weight, self.bias)
         self.bounds = [0]
         for m in members:
             self.bounds.append(self.bounds[-1] + m.out_features)
@@ -240,11 +305,8 @@ class FusedGroup:
                    (m.bias is None) == (first.bias is None) for m in members)
 
     def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        module = self.members[index]
-        if x.numel() != module.in_features:
-            return F.linear(x, module.weight, module.bias)
         if self.out is None or self.x is not x:
-            self.x, self.out, self.taken = x, _gemv(x, self.weight, self.bias, self.cfg), 0
+            self.x, self.out, self.taken = x, _gemv(x, self.weight, self.bias, self.cfgs), 0
         part = self.out[..., self.bounds[index]:self.bounds[index + 1]]
         self.taken += 1
         if self.taken == len(self.members):  # every member served: drop the references
@@ -265,14 +327,14 @@ def plan(model: torch.nn.Module, table: dict, fuse: bool = True) -> list[tuple[t
                 grouped.update(id(m) for m in members)
     for m in linear_modules(model):
         if id(m) not in grouped:
-            patches.append((m, functools.partial(_forward, m, config_for(table, m.weight, m.bias))))
+            patches.append((m, functools.partial(_forward, m, configs_for(table, m.weight, m.bias))))
     return patches
 
 
 @contextlib.contextmanager
 def gemv_linears_on(patches: list[tuple[torch.nn.Linear, functools.partial]]):
-    """Inside the block, the linear layers of ``patches`` (from :func:`plan`) run the tuned kernel
-    for one-row inputs and ``F.linear`` otherwise.
+    """Inside the block, the linear layers of ``patches`` (from :func:`plan`) run the tuned kernels
+    for inputs of up to :data:`MAX_ROWS` rows and ``F.linear`` for longer ones.
 
     The plan is computed once: walking a model's modules on every call costs more host time
     than a decode step's launch. Only Python dispatch changes (an instance ``forward``); a CUDA

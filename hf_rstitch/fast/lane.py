@@ -53,13 +53,16 @@ class FastConfig:
 
     max_bucket: int = 128  # longest catch-up run as a graph; longer ones run eagerly (power of two)
     graphs: bool | None = None  # CUDA graphs; None: on CUDA devices
-    compile: str | None = None  # torch.compile before capture: None, "decode" (1-token steps) or "all"
+    compile: str | None = None  # torch.compile before capture: None, "decode" (1-token steps) or "all" (buckets too)
+    compile_max_bucket: int = 16  # with compile="all": buckets up to this size are compiled (one compile each)
     attention: str = "matmul"  # static-cache attention: "matmul" (chunked products) or "sdpa" (one fused call)
     gemv: bool | None = None  # tuned Triton kernel for one-row linear products; None: where Triton runs
     fuse_qkv: bool = True  # with gemv: q/k/v projections as one product (a copy of their weights)
 
     def __post_init__(self):
         bucket_sizes(self.max_bucket)  # validates
+        if self.compile_max_bucket < 1:
+            raise ValueError(f"compile_max_bucket must be >= 1, got {self.compile_max_bucket}")
         if self.compile not in (None, "decode", "all"):
             raise ValueError(f"compile must be None, 'decode' or 'all', got {self.compile!r}")
         if self.attention not in ATTENTIONS:
@@ -97,16 +100,6 @@ def _allow_recompiles(limit: int) -> None:
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), limit))
-
-
-def _mark_length_dynamic(fn, max_bucket: int):
-    """Compile buckets once: mark the token axis of ``ids`` symbolic (2..max_bucket)."""
-
-    def call(ids, n_real, want_hidden):
-        torch._dynamo.mark_dynamic(ids, 1, min=2, max=max(max_bucket, 2))
-        return fn(ids, n_real, want_hidden)
-
-    return call
 
 
 _GEMV_TABLE: dict = {}  # tuned configurations, shared by every lane of the process (keyed by shape and device)
@@ -153,12 +146,13 @@ class FastLane:
         self.gemv_layers = self._gemv_plan(config)  # [] keeps cuBLAS everywhere
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
-        self._decode_step = self._bucket_step = self._forward
+        self._decode_step = self._bucket_step = self._forward  # eager kernels (recorded in graphs on CUDA)
         if config.compile is not None:  # one compile for 1-token steps, one with a symbolic length for buckets
-            _allow_recompiles(32)
+            _allow_recompiles(64)
             self._decode_step = torch.compile(self._forward, fullgraph=True, dynamic=False)
-        if config.compile == "all":
-            self._bucket_step = _mark_length_dynamic(torch.compile(self._forward, fullgraph=True), config.max_bucket)
+        self._compiled_bucket = None
+        if config.compile == "all":  # one static compile per bucket size: a symbolic length took minutes on 7B
+            self._compiled_bucket = torch.compile(self._forward, fullgraph=True, dynamic=False)
 
     # ---- the Lane interface -------------------------------------------------------------------
     def advance(self, seq: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, resumed: torch.Tensor,
@@ -245,6 +239,8 @@ class FastLane:
             n_real = self.n_real
         ids = self.ids[:, :size]
         fn = self._decode_step if size == 1 else self._bucket_step
+        if size > 1 and self._compiled_bucket is not None and size <= self.config.compile_max_bucket:
+            fn = self._compiled_bucket
         step = lambda: fn(ids, n_real, want_hidden)  # noqa: E731
         key = (size, want_hidden)
         if self.graphs is not None and key in self.graphs:  # a replay runs no model code: no dispatch set-up

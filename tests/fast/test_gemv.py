@@ -29,9 +29,30 @@ def test_gemv_equals_linear(device, n, k, bias, cfg):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_gemv_refuses_several_rows(device):
-    with pytest.raises(ValueError, match="one row"):
+@pytest.mark.parametrize("rows", [2, 7, 16])
+@pytest.mark.parametrize("n,k,bias", [(64, 96, True), (37, 130, False), (300, 520, True)])
+@pytest.mark.parametrize("cfg", [gemv.GemvConfig(16, 64, 4, 2, 16), gemv.GemvConfig(32, 128, 4, 2, 16)])
+def test_few_rows_kernel_equals_linear(device, rows, n, k, bias, cfg):
+    torch.manual_seed(rows + n)
+    w = torch.randn(n, k, device=device)
+    b = torch.randn(n, device=device) if bias else None
+    x = torch.randn(1, rows, k, device=device)
+    y = gemv.launch(x, w, b, cfg)
+    assert y.shape == (1, rows, n)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-4)
+    w16, x16 = w.bfloat16(), x.bfloat16()  # bf16 in, fp32 accumulation, one rounding at the end
+    b16 = b.bfloat16() if bias else None
+    want = torch.nn.functional.linear(x16.float(), w16.float(), b16.float() if bias else None)
+    torch.testing.assert_close(gemv.launch(x16, w16, b16, cfg).float(), want, atol=0.1, rtol=1e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemv_refuses_too_many_rows(device):
+    with pytest.raises(ValueError, match="1..1 row"):
         gemv.launch(torch.randn(2, 8, device=device), torch.randn(4, 8, device=device), None, gemv.GemvConfig())
+    with pytest.raises(ValueError, match="1..16 row"):
+        gemv.launch(torch.randn(17, 8, device=device), torch.randn(4, 8, device=device), None,
+                    gemv.GemvConfig(block_m=16))
 
 
 def _tiny(device, arch="llama"):
@@ -49,19 +70,21 @@ def _tiny(device, arch="llama"):
 def test_linears_on_model_equal_and_restored(device, fuse, arch):
     model = _tiny(device, arch)
     table = gemv.tune_model(model)
-    assert len(table) == len({gemv.shape_key(m.weight, m.bias) for m in gemv.linear_modules(model)})
+    assert len(table) == 2 * len({gemv.shape_key(m.weight, m.bias) for m in gemv.linear_modules(model)})  # 1, few rows
     patches = gemv.plan(model, table, fuse=fuse)
     assert len(patches) == len(gemv.linear_modules(model))  # every layer, fused or alone
     one = torch.randint(0, 97, (1, 1), device=device)
     several = torch.randint(0, 97, (1, 5), device=device)
+    many = torch.randint(0, 97, (1, gemv.MAX_ROWS + 3), device=device)
     with torch.no_grad():
-        want_one, want_several = model(one).logits, model(several).logits
+        want = [model(ids).logits for ids in (one, several, many)]
         with gemv.gemv_linears_on(patches):
             assert all("forward" in m.__dict__ for m in gemv.linear_modules(model))
-            got_one, got_several = model(one).logits, model(several).logits
+            got = [model(ids).logits for ids in (one, several, many)]
     assert not any("forward" in m.__dict__ for m in gemv.linear_modules(model))  # restored
-    torch.testing.assert_close(got_one, want_one, atol=1e-4, rtol=1e-4)
-    assert torch.equal(got_several, want_several)  # several rows keep F.linear
+    torch.testing.assert_close(got[0], want[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=1e-4)
+    assert torch.equal(got[2], want[2])  # more than MAX_ROWS rows keep F.linear
 
 
 @pytest.mark.parametrize("device", DEVICES)
