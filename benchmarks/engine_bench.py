@@ -189,6 +189,8 @@ def fast_section(llm, slm, ids, args, budget, res):
             sec2, _ = stitched(llm, slm, ids, warm, engine)
             row["warm_route_tokens"] = len(warm)
             row["warm_route_second_run_s"] = sec2
+            # every bucket captured (and compiled) before any timed run: lazily compiled sizes would land in one
+            row["warm_up_every_bucket_s"] = sum(lane.warm_up() for lane in engine._lanes.values())
             for role in ("llm", "slm"):
                 secs = [stitched(llm, slm, ids, [role] * new, engine)[0] for _ in range(args.repeats)]
                 row[f"{role}_only_ms_per_token"] = 1e3 * statistics.median(secs) / new

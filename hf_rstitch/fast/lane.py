@@ -202,6 +202,19 @@ class FastLane:
         self.n_pad.zero_()
         self.seen = self.pads = self.eager_calls = 0
 
+    def warm_up(self, want_hidden: bool = False) -> float:
+        """Capture (and compile) the one-token step and every bucket now rather than on first use,
+        so that no later generation pays for it mid-way. Returns the seconds it took."""
+        start = time.perf_counter()
+        self.reset()
+        with torch.no_grad():
+            for size in sorted(set(self.buckets) | {1}):
+                self._run(torch.ones(1, size, dtype=torch.long, device=self.device), want_hidden)
+                self.cache.pos.zero_()  # dummy tokens: nothing to keep
+        self.reset()
+        _sync(self.device)
+        return time.perf_counter() - start
+
     # ---- internals ----------------------------------------------------------------------------
     def _start(self, mask: torch.Tensor) -> None:
         """First call of a generation: note the prompt's left padding (one host sync)."""

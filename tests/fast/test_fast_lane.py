@@ -148,3 +148,16 @@ def test_unknown_engine_is_refused(spec):
 def test_bad_config_is_refused(kw):
     with pytest.raises(ValueError):
         FastConfig(**kw)
+
+
+def test_warm_up_captures_every_bucket_and_changes_nothing():
+    llm, slm = make_pair("llama")
+    ids = prompt(12)
+    ref = _generate(llm, slm, ids, "default")
+    engine = FastEngine(FastConfig(max_bucket=4, graphs=False))
+    _generate(llm, slm, ids, engine)  # builds the lanes
+    for lane in engine._lanes.values():
+        assert lane.warm_up() >= 0
+        assert lane.seen == 0 and int(lane.cache.pos) == 0
+    _same(_generate(llm, slm, ids, engine), ref)
+    assert engine.builds == 2
