@@ -8,7 +8,8 @@ has not seen, return the last column's logits -- with three changes underneath:
   needs the host to know where it writes;
 * every call of up to ``max_bucket`` tokens runs as a CUDA graph: one-token decode steps, and
   catch-up prefills padded to a power-of-two bucket (:mod:`hf_rstitch.fast.buckets`). A
-  longer catch-up (rare: a long run of the other model) runs eagerly at its exact length;
+  longer catch-up (a long run of the other model, or a long prompt) runs as several calls of the
+  largest bucket and one for the rest;
 * one-row products of the linear layers run a Triton GEMV kernel tuned per weight shape on the
   device (:mod:`hf_rstitch.fast.gemv`; where Triton is installed), cuBLAS otherwise;
 * optionally the step is compiled with ``torch.compile`` (fused elementwise kernels) before
@@ -51,7 +52,7 @@ from .static_kv import ATTENTIONS, KV_CHUNK, StaticKV, static_attention_on
 class FastConfig:
     """Options of the fast engine (``generate(..., stitch_engine=FastConfig(...))``)."""
 
-    max_bucket: int = 128  # longest catch-up run as a graph; longer ones run eagerly (power of two)
+    max_bucket: int = 128  # largest catch-up graph (power of two); longer catch-ups run as several
     graphs: bool | None = None  # CUDA graphs; None: on CUDA devices
     compile: str | None = None  # torch.compile before capture: None, "decode" (1-token steps) or "all" (buckets too)
     compile_max_bucket: int = 16  # with compile="all": buckets up to this size are compiled (one compile each)
@@ -141,7 +142,7 @@ class FastLane:
         self.n_real = torch.ones((), dtype=torch.long, device=dev)  # real tokens in a padded bucket
         self.seen = 0  # columns of the shared sequence in the cache
         self.pads = 0  # host copy of n_pad
-        self.eager_calls = 0  # calls of this generation too long for a bucket
+        self.long_calls = 0  # calls of this generation longer than max_bucket (run as several bucket calls)
         self.gemv_tune_seconds = 0.0
         self.gemv_layers = self._gemv_plan(config)  # [] keeps cuBLAS everywhere
         params = inspect.signature(model.forward).parameters
@@ -200,7 +201,7 @@ class FastLane:
         self.cache.pos.zero_()
         self.valid.fill_(True)
         self.n_pad.zero_()
-        self.seen = self.pads = self.eager_calls = 0
+        self.seen = self.pads = self.long_calls = 0
 
     def warm_up(self, want_hidden: bool = False) -> float:
         """Capture (and compile) the one-token step and every bucket now rather than on first use,
@@ -239,12 +240,18 @@ class FastLane:
         return layers
 
     def _run(self, new_ids: torch.Tensor, want_hidden: bool):
+        width, top = new_ids.shape[1], self.config.max_bucket
+        if width > top:  # longer than any bucket: whole largest buckets first, then the rest
+            self.long_calls += 1
+            head = (width - 1) // top * top  # leaves 1..top tokens for the last call
+            for start in range(0, head, top):
+                self._run_bucket(new_ids[:, start:start + top], False)
+            return self._run_bucket(new_ids[:, head:], want_hidden)
+        return self._run_bucket(new_ids, want_hidden)
+
+    def _run_bucket(self, new_ids: torch.Tensor, want_hidden: bool):
         width = new_ids.shape[1]
         size = bucket_for(width, self.buckets)
-        if size is None:  # longer than any bucket: exact length, no graph
-            self.eager_calls += 1
-            with self._model_code():
-                return self._forward(new_ids, width, want_hidden)
         self.ids[:, :width].copy_(new_ids)
         n_real = 1
         if size > 1:
