@@ -4,7 +4,8 @@ Opt-in: ``generate(..., assistant_model=slm, stitch_threshold=tau, stitch_engine
 reusable :class:`FastEngine`). It swaps the default :class:`~hf_rstitch.engine.Lane` (eager
 forwards over a DynamicCache, host-bound at a few hundred kernel launches per token) for
 :class:`FastLane`: a static KV cache, one-token steps and bucketed catch-up prefills replayed
-as CUDA graphs. The stitch loop, policies, trace and outputs are the default engine's.
+as CUDA graphs, and one-row linear products through tuned Triton kernels (:mod:`.gemv`). The
+stitch loop, policies, trace and outputs are the default engine's.
 
 What it does not do: batches (B > 1), sliding-window or hybrid attention, encoder-decoders.
 Off CUDA it runs the same static-cache steps eagerly (``FastConfig(graphs=False)``), which is
