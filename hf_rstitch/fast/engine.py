@@ -38,6 +38,8 @@ class FastEngine:
             lane = FastLane(model, role, vocab, max(capacity, self.capacity), self.config)
             self._lanes[role] = lane
             self.builds += 1
+            if self.config.warm_up:  # every bucket now: no generation pays a capture or compile mid-way
+                lane.warm_up()
         else:
             lane.reset()
         lane.timing = timing

@@ -56,6 +56,7 @@ class FastConfig:
     graphs: bool | None = None  # CUDA graphs; None: on CUDA devices
     compile: str | None = None  # torch.compile before capture: None, "decode" (1-token steps) or "all" (buckets too)
     compile_max_bucket: int = 16  # with compile="all": buckets up to this size are compiled (one compile each)
+    warm_up: bool = False  # capture (and compile) every bucket when a lane is built, not on first use
     attention: str = "matmul"  # static-cache attention: "matmul" (chunked products) or "sdpa" (one fused call)
     gemv: bool | None = None  # tuned Triton kernel for one-row linear products; None: where Triton runs
     fuse_qkv: bool = True  # with gemv: q/k/v projections as one product (a copy of their weights)

@@ -150,12 +150,13 @@ def test_bad_config_is_refused(kw):
         FastConfig(**kw)
 
 
-def test_warm_up_captures_every_bucket_and_changes_nothing():
+@pytest.mark.parametrize("at_build", [False, True])
+def test_warm_up_captures_every_bucket_and_changes_nothing(at_build):
     llm, slm = make_pair("llama")
     ids = prompt(12)
     ref = _generate(llm, slm, ids, "default")
-    engine = FastEngine(FastConfig(max_bucket=4, graphs=False))
-    _generate(llm, slm, ids, engine)  # builds the lanes
+    engine = FastEngine(FastConfig(max_bucket=4, graphs=False, warm_up=at_build))
+    _same(_generate(llm, slm, ids, engine), ref)  # builds the lanes (warmed up when at_build)
     for lane in engine._lanes.values():
         assert lane.warm_up() >= 0
         assert lane.seen == 0 and int(lane.cache.pos) == 0
