@@ -230,8 +230,10 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the kernel accumulate
 
 
 def linear_modules(model: torch.nn.Module) -> list[torch.nn.Linear]:
-    """The model's plain ``nn.Linear`` layers (decoder projections and the LM head) in :data:`DTYPES`."""
-    return [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype in DTYPES]
+    """The model's plain ``nn.Linear`` layers (decoder projections and the LM head) in :data:`DTYPES`
+    whose weight rows are contiguous; anything else (quantized or wrapped layers) keeps its forward."""
+    return [m for m in model.modules()
+            if type(m) is torch.nn.Linear and m.weight.dtype in DTYPES and m.weight.stride(-1) == 1]
 
 
 def config_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None, block_m: int = 1) -> GemvConfig | None:

@@ -99,3 +99,14 @@ def test_linears_compile_through_custom_op(device, fuse, arch):
         got = step(one)
     with torch.no_grad():
         torch.testing.assert_close(got, model(one).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_plan_skips_what_the_kernel_cannot_read(device):
+    model = _tiny(device, "llama")
+    layer = model.model.layers[0].mlp.down_proj
+    layer.weight = torch.nn.Parameter(layer.weight.detach().t().contiguous().t())  # columns contiguous
+    model.model.layers[1].mlp.up_proj.double()  # float64: the kernel accumulates in float32
+    kept = {id(m) for m, _ in gemv.plan(model, {})}
+    assert id(layer) not in kept and id(model.model.layers[1].mlp.up_proj) not in kept
+    assert len(kept) == 2 * 7 + 1 - 2  # 7 linear layers a block, 2 blocks, the LM head; 2 left alone
