@@ -64,9 +64,15 @@ def _tiny(device, arch="llama"):
     return model(cfg).to(device).eval()
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fuse", [False, True])
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def _each_model(test):
+    """Every device, both architectures, q/k/v fused and not."""
+    for mark in (pytest.mark.parametrize("device", DEVICES), pytest.mark.parametrize("fuse", [False, True]),
+                 pytest.mark.parametrize("arch", ["llama", "qwen2"])):
+        test = mark(test)
+    return test
+
+
+@_each_model
 def test_linears_on_model_equal_and_restored(device, fuse, arch):
     model = _tiny(device, arch)
     table = gemv.tune_model(model)
@@ -87,15 +93,13 @@ def test_linears_on_model_equal_and_restored(device, fuse, arch):
     assert torch.equal(got[2], want[2])  # more than MAX_ROWS rows keep F.linear
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fuse", [False, True])
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@_each_model
 def test_linears_compile_through_custom_op(device, fuse, arch):
     model = _tiny(device, arch)
-    table = gemv.tune_model(model)
+    patches = gemv.plan(model, {}, fuse=fuse)
     one = torch.randint(0, 97, (1, 1), device=device)
     step = torch.compile(lambda ids: model(ids).logits, fullgraph=True)
-    with torch.no_grad(), gemv.gemv_linears_on(gemv.plan(model, table, fuse=fuse)):
+    with torch.no_grad(), gemv.gemv_linears_on(patches):
         got = step(one)
     with torch.no_grad():
         torch.testing.assert_close(got, model(one).logits, atol=1e-4, rtol=1e-4)
