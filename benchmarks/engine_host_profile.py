@@ -33,16 +33,14 @@ from hf_rstitch.fast import FastConfig, FastEngine  # noqa: E402
 
 
 def build(cpu: bool):
+    """(llm, slm): random Qwen2 7B + 1.5B shapes on the GPU, engine_bench's tiny pair for the CPU smoke."""
+    from engine_bench import tiny_pair  # noqa: E402  (this folder is on the path when run as a script)
     from hf_rstitch.latency.profiler import random_qwen2
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if not cpu:
         return random_qwen2("7b"), random_qwen2("1.5b")
-    torch.manual_seed(0)
-    make = lambda h, l: Qwen2ForCausalLM(Qwen2Config(vocab_size=512, hidden_size=h, intermediate_size=2 * h,  # noqa: E731
-                                                     num_hidden_layers=l, num_attention_heads=4,
-                                                     num_key_value_heads=2)).eval()
-    return make(64, 2), make(32, 1)
+    pair = tiny_pair()
+    return pair["llm"], pair["slm"]
 
 
 def main(argv=None) -> None:

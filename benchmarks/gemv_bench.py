@@ -33,28 +33,9 @@ SHAPES = {  # name -> (N, K, bias); Qwen2 configs: hidden 1536/3584, MLP 8960/18
 }
 
 
-def graph_us(fn, calls: int, repeats: int = 5) -> float:
+def graph_us(fn, calls: int) -> float:
     """Median microseconds per call of ``fn`` replayed ``calls`` times inside one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / calls)
-    return sorted(times)[len(times) // 2]
+    return 1000 * gemv.graph_ms(fn, calls, repeats=5)
 
 
 def copy_bandwidth(gb: float = 2.0) -> float:

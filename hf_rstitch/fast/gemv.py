@@ -194,10 +194,10 @@ def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES,
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
     best, best_ms = None, float("inf")
     if rows > 1:  # on an H100, cuBLAS won for most Qwen2 shapes at 8 rows (results/gemv_*.md)
-        best_ms = _graph_ms(lambda: F.linear(x, weight, bias), calls)
+        best_ms = graph_ms(lambda: F.linear(x, weight, bias), calls)
     for cfg in candidates:
         try:
-            ms = _graph_ms(lambda: launch(x, weight, bias, cfg), calls)
+            ms = graph_ms(lambda: launch(x, weight, bias, cfg), calls)
         except Exception:  # noqa: BLE001 - a configuration the device cannot run (registers, shared memory)
             continue
         if ms < best_ms:
@@ -207,7 +207,9 @@ def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES,
     return best
 
 
-def _graph_ms(fn, calls: int) -> float:
+def graph_ms(fn, calls: int, repeats: int = 1) -> float:
+    """Milliseconds per call of ``fn`` recorded ``calls`` times in one CUDA graph (median of
+    ``repeats`` replays): no launch overhead in the number."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -218,22 +220,29 @@ def _graph_ms(fn, calls: int) -> float:
         for _ in range(calls):
             fn()
     graph.replay()  # warm
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return sorted(times)[len(times) // 2]
 
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the kernel accumulates in float32: no float64
 
 
+def readable(m: torch.nn.Module) -> bool:
+    """A plain ``nn.Linear`` in :data:`DTYPES` whose weight rows are contiguous: what the kernels read.
+    Anything else (quantized or wrapped layers, float64) keeps its own forward."""
+    return type(m) is torch.nn.Linear and m.weight.dtype in DTYPES and m.weight.stride(-1) == 1
+
+
 def linear_modules(model: torch.nn.Module) -> list[torch.nn.Linear]:
-    """The model's plain ``nn.Linear`` layers (decoder projections and the LM head) in :data:`DTYPES`
-    whose weight rows are contiguous; anything else (quantized or wrapped layers) keeps its forward."""
-    return [m for m in model.modules()
-            if type(m) is torch.nn.Linear and m.weight.dtype in DTYPES and m.weight.stride(-1) == 1]
+    """The model's linear layers the kernels can read (decoder projections and the LM head)."""
+    return [m for m in model.modules() if readable(m)]
 
 
 def config_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None, block_m: int = 1) -> GemvConfig | None:
@@ -302,9 +311,9 @@ class FusedGroup:
     @classmethod
     def fits(cls, members: list) -> bool:
         first = members[0]
-        return all(type(m) is torch.nn.Linear and m.weight.dtype in DTYPES and m.in_features == first.in_features and
-                   m.weight.dtype == first.weight.dtype and m.weight.device == first.weight.device and
-                   (m.bias is None) == (first.bias is None) for m in members)
+        return all(readable(m) and m.in_features == first.in_features and m.weight.dtype == first.weight.dtype
+                   and m.weight.device == first.weight.device and (m.bias is None) == (first.bias is None)
+                   for m in members)
 
     def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
         if self.out is None or self.x is not x:

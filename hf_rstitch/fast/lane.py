@@ -148,12 +148,11 @@ class FastLane:
         self.gemv_layers = self._gemv_plan(config)  # [] keeps cuBLAS everywhere
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
-        self._decode_step = self._bucket_step = self._forward  # eager kernels (recorded in graphs on CUDA)
-        if config.compile is not None:  # one compile for 1-token steps, one with a symbolic length for buckets
-            _allow_recompiles(64)
+        self._decode_step = self._compiled_bucket = self._forward  # eager kernels (recorded in graphs on CUDA)
+        if config.compile is not None:  # static compiles: 1-token steps, and with "all" each bucket size
+            _allow_recompiles(64)  # (a symbolic length took minutes on 7B)
             self._decode_step = torch.compile(self._forward, fullgraph=True, dynamic=False)
-        self._compiled_bucket = None
-        if config.compile == "all":  # one static compile per bucket size: a symbolic length took minutes on 7B
+        if config.compile == "all":
             self._compiled_bucket = torch.compile(self._forward, fullgraph=True, dynamic=False)
 
     # ---- the Lane interface -------------------------------------------------------------------
@@ -230,11 +229,13 @@ class FastLane:
             self.valid[:pads] = False
 
     def _gemv_plan(self, config: FastConfig) -> list:
-        if config.gemv is False or (config.gemv is None and not gemv.available(self.device)):
+        if config.gemv is False:
             return []
         if not gemv.available(self.device):
-            raise ValueError(f"FastConfig(gemv=True) needs Triton and a CUDA device (got {self.device}); "
-                             "install triton or leave gemv=None.")
+            if config.gemv:
+                raise ValueError(f"FastConfig(gemv=True) needs Triton and a CUDA device (got {self.device}); "
+                                 "install triton or leave gemv=None.")
+            return []
         start = time.perf_counter()
         layers = gemv.plan(self.model, _GEMV_TABLE, fuse=config.fuse_qkv)
         self.gemv_tune_seconds = time.perf_counter() - start
@@ -259,9 +260,10 @@ class FastLane:
             self.n_real.fill_(width)
             n_real = self.n_real
         ids = self.ids[:, :size]
-        fn = self._decode_step if size == 1 else self._bucket_step
-        if size > 1 and self._compiled_bucket is not None and size <= self.config.compile_max_bucket:
-            fn = self._compiled_bucket
+        if size == 1:
+            fn = self._decode_step
+        else:
+            fn = self._compiled_bucket if size <= self.config.compile_max_bucket else self._forward
         step = lambda: fn(ids, n_real, want_hidden)  # noqa: E731
         key = (size, want_hidden)
         if self.graphs is not None and key in self.graphs:  # a replay runs no model code: no dispatch set-up
