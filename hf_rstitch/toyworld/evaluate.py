@@ -14,11 +14,15 @@ from hf_rstitch.toyworld.pair import grade
 from hf_rstitch.toyworld.tokenizer import prompt_text
 
 
-def generate_batch(model, tokenizer, problems: list[str], max_new_tokens: int = 400):
-    """Greedy completions for ``problems``: (texts, number of generated tokens incl. EOS each)."""
+def generate_batch(model, tokenizer, problems: list[str], max_new_tokens: int = 400,
+                   opener: str = ""):
+    """Greedy completions for ``problems``: (texts, number of generated tokens incl. EOS each).
+
+    ``opener`` is written at the start of every answer (e.g. ``"So"`` to make a model answer in
+    the concise style); it is part of the prompt, not of the returned text or length."""
     import torch
 
-    prompts = [prompt_text(tokenizer, p) for p in problems]
+    prompts = [prompt_text(tokenizer, p) + opener for p in problems]
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     enc = {k: v.to(model.device) for k, v in enc.items()}
     with torch.inference_mode():
@@ -35,13 +39,15 @@ def generate_batch(model, tokenizer, problems: list[str], max_new_tokens: int = 
 
 
 def evaluate(model, tokenizer, rows: list[dict], batch_size: int = 128,
-             max_new_tokens: int = 400, progress: Callable[[int, int], None] | None = None) -> dict:
-    """Accuracy, mean generated length and per-row results of greedy decoding on ``rows``."""
+             max_new_tokens: int = 400, progress: Callable[[int, int], None] | None = None,
+             opener: str = "") -> dict:
+    """Accuracy, mean generated length and per-row results of greedy decoding on ``rows``
+    (answers opened with ``opener`` when given: see :func:`generate_batch`)."""
     results, t0 = [], time.perf_counter()
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
         texts, lengths = generate_batch(model, tokenizer, [r["problem"] for r in chunk],
-                                        max_new_tokens)
+                                        max_new_tokens, opener)
         for row, text, n in zip(chunk, texts, lengths):
             results.append({"id": row["id"], "correct": grade(text, row["answer"]), "tokens": n,
                             "text": text})

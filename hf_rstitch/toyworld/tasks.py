@@ -234,6 +234,11 @@ def reason_verbose(program: Program) -> str:
     return " ".join(lines)
 
 
+def opening_word(style: str) -> str:
+    """The word every answer in ``style`` starts with (``"So"`` / ``"Let"``)."""
+    return reason(Program(1, (("+", 1),)), style).split()[0].rstrip(":")
+
+
 def reason(program: Program, style: str) -> str:
     if style == "concise":
         return reason_concise(program)

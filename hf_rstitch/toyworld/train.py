@@ -7,7 +7,10 @@ other's trace must be able to continue it). On other-style rows the style's open
 left out of the loss, so each model still opens its answers in its own style with near-zero
 entropy while having learned to continue the other.
 
-Checkpoints are selected on the ``valid`` split (greedy accuracy). The SLM preset caps the
+Checkpoints are selected on the ``valid`` split (greedy accuracy). The LLM preset also scores each
+checkpoint on the valid split *opened in the other style* (``eval_other_style``) and selects on
+the sum: in stitched decoding the LLM takes over positions inside the SLM's concise traces, so its
+accuracy there matters as much as in its own style. The SLM preset caps the
 selected checkpoint's accuracy (``max_valid_accuracy``): the toy SLM is *meant* to be the weaker
 model, as L1-Short is in the paper, and the cap keeps it so whatever the hardware's speed.
 
@@ -31,13 +34,13 @@ from hf_rstitch.toyworld import tasks
 PRESETS: dict[str, dict] = {
     "llm": dict(arch="llama", hidden_size=256, num_layers=12, num_heads=4, intermediate_size=704,
                 own_style="verbose", other_style_fraction=0.2, lr=1e-3, batch_size=256,
-                steps=8000, max_valid_accuracy=0.0),
+                steps=8000, max_valid_accuracy=0.0, eval_other_style=True),
     "slm": dict(arch="llama", hidden_size=192, num_layers=2, num_heads=3, intermediate_size=512,
                 own_style="concise", other_style_fraction=0.15, lr=2e-3, batch_size=256,
-                steps=8000, max_valid_accuracy=0.68),
+                steps=8000, max_valid_accuracy=0.68, eval_other_style=False),
     "tiny": dict(arch="llama", hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                  own_style="concise", other_style_fraction=0.2, lr=3e-3, batch_size=8, steps=4,
-                 max_valid_accuracy=0.0),
+                 max_valid_accuracy=0.0, eval_other_style=True),
 }
 _PRESET_KEYS = sorted(PRESETS["llm"])
 
@@ -69,6 +72,12 @@ class TrainConfig:
     max_valid_accuracy: float | None = field(default=None, metadata={
         "help": "select the best checkpoint whose valid accuracy is at most this (weak-model "
                 "cap); 0 = plain best"})
+    eval_other_style: bool | None = field(default=None, metadata={
+        "help": "also measure valid accuracy with answers opened in the other style, and select "
+                "checkpoints on the sum of both accuracies"})
+    init_from: str = field(default="", metadata={
+        "help": "continue training the model saved in this folder (its shape replaces the "
+                "preset's); empty = random init"})
     eval_every: int = field(default=1000, metadata={"help": "steps between valid evaluations"})
     n_valid: int = field(default=300, metadata={"help": "valid problems per evaluation"})
     log_every: int = field(default=100, metadata={"help": "steps between progress lines"})
@@ -98,8 +107,11 @@ class TrainConfig:
 
 
 def build_model(cfg: TrainConfig, tokenizer):
-    """A randomly initialised HF causal LM of the configured shape."""
+    """A randomly initialised HF causal LM of the configured shape, or ``cfg.init_from`` loaded."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    if cfg.init_from:
+        return _load_init(cfg, tokenizer)
 
     common = dict(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size,
                   num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
@@ -110,6 +122,24 @@ def build_model(cfg: TrainConfig, tokenizer):
     if cfg.arch == "llama":
         return LlamaForCausalLM(LlamaConfig(**common))
     return Qwen2ForCausalLM(Qwen2Config(**common))
+
+
+def _load_init(cfg: TrainConfig, tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(cfg.init_from)
+    if not (folder / "config.json").exists():
+        raise FileNotFoundError(f"init_from={cfg.init_from!r} is not a saved model folder (no "
+                                "config.json); pass a folder written by save_pretrained")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    if model.config.vocab_size != len(tokenizer):
+        raise ValueError(f"init_from model has vocab_size {model.config.vocab_size} but the "
+                         f"tokenizer has {len(tokenizer)} tokens; use the tokenizer it was trained with")
+    c = model.config
+    cfg.arch, cfg.hidden_size, cfg.num_layers = c.model_type, c.hidden_size, c.num_hidden_layers
+    cfg.num_heads, cfg.intermediate_size = c.num_attention_heads, c.intermediate_size
+    return model
 
 
 def encode_rows(tokenizer, rows: list[dict], own_style: str) -> list[tuple[list[int], list[int]]]:
@@ -146,6 +176,29 @@ def collate(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> dict:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def style_parts(pairs: list[tuple[list[int], list[int]]], styles: list[str],
+                pad_id: int) -> list[dict]:
+    """One padded batch per style present: concise rows are ~4x shorter than verbose ones, so
+    padding them together would spend most of a mixed batch's compute on padding."""
+    return [collate([p for p, s in zip(pairs, styles) if s == style], pad_id)
+            for style in tasks.STYLES if style in styles]
+
+
+def step_loss(model, parts: list[dict], device: str) -> float:
+    """Forward + backward over a step's parts; the same token-mean loss as one mixed batch."""
+    import torch
+
+    counts = [int((part["labels"][:, 1:] != -100).sum()) for part in parts]
+    total, value = max(sum(counts), 1), 0.0
+    for part, count in zip(parts, counts):
+        batch = {k: v.to(device, non_blocking=True) for k, v in part.items()}
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            loss = model(**batch).loss * (count / total)
+        loss.backward()
+        value += loss.item()
+    return value
+
+
 class _Batches:
     """Endless training batches; each data-loader worker draws its own seeded stream."""
 
@@ -160,8 +213,8 @@ class _Batches:
         stream = tasks.iter_rows("train", self.cfg.seed * 1000 + worker, style_mix=self.cfg.style_mix)
         while True:
             rows = [next(stream) for _ in range(self.cfg.batch_size)]
-            yield collate(encode_rows(self.tokenizer, rows, self.cfg.own_style),
-                          self.tokenizer.pad_token_id)
+            yield style_parts(encode_rows(self.tokenizer, rows, self.cfg.own_style),
+                              [r["style"] for r in rows], self.tokenizer.pad_token_id)
 
 
 def batches(cfg: "TrainConfig", tokenizer) -> Iterator[dict]:
@@ -193,11 +246,17 @@ def _resolve_device(name: str) -> str:
     return name
 
 
-def _select(best: dict | None, acc: float, cap: float) -> bool:
-    """Whether a checkpoint with valid accuracy ``acc`` replaces ``best``."""
+def _score(entry: dict) -> float:
+    return entry["accuracy"] + entry.get("other_accuracy", 0.0)
+
+
+def _select(best: dict | None, acc: float, cap: float, other_acc: float | None = None) -> bool:
+    """Whether a checkpoint with valid accuracy ``acc`` (and ``other_acc`` in the other style,
+    when measured) replaces ``best``: the cap applies to ``acc``, the score is their sum."""
     if cap and acc > cap:
         return False
-    return best is None or acc >= best["accuracy"]
+    entry = {"accuracy": acc} if other_acc is None else {"accuracy": acc, "other_accuracy": other_acc}
+    return best is None or _score(entry) >= _score(best)
 
 
 def train(cfg: TrainConfig, tokenizer=None, log=print) -> dict:
@@ -229,17 +288,14 @@ def train(cfg: TrainConfig, tokenizer=None, log=print) -> dict:
             break
         for group in opt.param_groups:
             group["lr"] = cfg.lr * lr_factor(progress, step, cfg.warmup_steps)
-        batch = {k: v.to(device, non_blocking=True) for k, v in next(data).items()}
-        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
-            loss = model(**batch).loss
-        loss.backward()
+        loss = step_loss(model, next(data), device)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         step += 1
         if step % cfg.log_every == 0 or step == 1:
             elapsed = time.perf_counter() - t0
-            log(f"[{cfg.preset}] step {step}/{cfg.steps} loss {loss.item():.4f} "
+            log(f"[{cfg.preset}] step {step}/{cfg.steps} loss {loss:.4f} "
                 f"lr {opt.param_groups[0]['lr']:.2e} {elapsed:.0f}s ({progress:.0%})")
     if best is not None:
         model.load_state_dict(best["state"])
@@ -257,14 +313,20 @@ def _eval_and_select(model, tokenizer, valid, cfg, step, best, history, log):
     model.eval()
     ev = evaluate(model, tokenizer, valid, batch_size=cfg.batch_size,
                   max_new_tokens=cfg.max_new_tokens)
+    entry = {"step": step, "accuracy": ev["accuracy"], "mean_tokens": ev["mean_tokens"]}
+    if cfg.eval_other_style:
+        other = "concise" if cfg.own_style == "verbose" else "verbose"
+        entry["other_accuracy"] = evaluate(model, tokenizer, valid, batch_size=cfg.batch_size,
+                                           max_new_tokens=cfg.max_new_tokens,
+                                           opener=tasks.opening_word(other))["accuracy"]
     model.train()
-    history.append({"step": step, "accuracy": ev["accuracy"], "mean_tokens": ev["mean_tokens"]})
-    log(f"[{cfg.preset}] step {step} valid accuracy {ev['accuracy']:.3f} "
-        f"mean tokens {ev['mean_tokens']:.1f} ({ev['seconds']:.1f}s)")
-    if _select(best, ev["accuracy"], cfg.max_valid_accuracy):
+    history.append(entry)
+    log(f"[{cfg.preset}] step {step} valid accuracy {ev['accuracy']:.3f}"
+        + (f" (opened {other}: {entry['other_accuracy']:.3f})" if cfg.eval_other_style else "")
+        + f" mean tokens {ev['mean_tokens']:.1f} ({ev['seconds']:.1f}s)")
+    if _select(best, ev["accuracy"], cfg.max_valid_accuracy, entry.get("other_accuracy")):
         state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-        return {"step": step, "accuracy": ev["accuracy"], "mean_tokens": ev["mean_tokens"],
-                "state": state}
+        return {**entry, "state": state}
     return best
 
 
