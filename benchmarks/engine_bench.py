@@ -300,12 +300,21 @@ def _stitch_row(roles, sec, o, c_llm, c_slm, share, run):
     n_llm, n_slm = roles.count("llm"), roles.count("slm")
     predicted = (n_llm * c_llm + n_slm * c_slm) / 1e3
     s = o.stitch.summary()
+    forwards = forward_costs_s(s["llm_forward_calls"], s["slm_forward_calls"], c_llm, c_slm)
     return {"llm_share": share, "llm_run": run, "new_tokens": len(roles), "llm_tokens": n_llm, "slm_tokens": n_slm,
             "switches": switches(roles), "seconds": sec, "ms_per_token": 1e3 * sec / len(roles),
             "sum_of_token_costs_s": predicted, "ratio_to_sum": sec / predicted,
             "llm_forward_calls": s["llm_forward_calls"], "slm_forward_calls": s["slm_forward_calls"],
             "discarded_slm_tokens": s["discarded_slm_tokens"],
+            "sum_of_forward_costs_s": forwards, "ratio_to_forwards": sec / forwards,
             "roles_match": [str(r) for r in o.stitch.roles] == roles}
+
+
+def forward_costs_s(llm_calls: int, slm_calls: int, c_llm: float, c_slm: float) -> float:
+    """Seconds the route's forwards cost at each model's one-token price (``c_*`` in ms): the kept
+    tokens plus the SLM proposals a hand-over discards, which R-Stitch must compute to read their
+    entropy. Against this the measured time shows what the engine adds per switch."""
+    return (llm_calls * c_llm + slm_calls * c_slm) / 1e3
 
 
 def math_section(llm, slm, ids, args, budget, res):
@@ -325,6 +334,10 @@ def math_section(llm, slm, ids, args, budget, res):
     out["llm_only_fast_s"] = sec_l
     out["speedup_fast"] = sec_l / sec_s
     print(f"[math] {out}", flush=True)
+
+
+def _costs(res, variant: str) -> tuple[float, float]:
+    return tuple(res["fast"][variant][f"{m}_only_ms_per_token"] for m in ("llm", "slm"))
 
 
 def markdown(res) -> str:
@@ -363,18 +376,25 @@ def markdown(res) -> str:
     s = res.get("stitched", {})
     if s.get("runs"):
         lines += ["", f"Stitched, replayed routes ({s['variant']} variant):", "",
-                  "| LLM share | mean LLM run | switches | ms/token | sum of token costs (s) | measured (s) | ratio |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| LLM share | mean LLM run | switches | ms/token | sum of token costs (s) | measured (s) | ratio "
+                  "| discarded SLM proposals | ratio, counting them |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        c_llm, c_slm = _costs(res, s["variant"])
         for r in s["runs"]:
             if "seconds" in r:
+                fw = forward_costs_s(r["llm_forward_calls"], r["slm_forward_calls"], c_llm, c_slm)
                 lines.append(f"| {r['llm_share']:.0%} | {r['llm_run']} | {r['switches']} | {r['ms_per_token']:.2f} | "
-                             f"{r['sum_of_token_costs_s']:.2f} | {r['seconds']:.2f} | {r['ratio_to_sum']:.3f} |")
+                             f"{r['sum_of_token_costs_s']:.2f} | {r['seconds']:.2f} | {r['ratio_to_sum']:.3f} | "
+                             f"{r['discarded_slm_tokens']} | {r['seconds'] / fw:.3f} |")
     mr = res.get("math_route", {})
     if "speedup_fast" in mr:
         st = mr["stitched"]
         lines += ["", f"MATH-shaped route (344 LLM + 771 SLM tokens, mean LLM run {mr['llm_run']}, "
                   f"{st['switches']} switches): stitched {st['seconds']:.2f} s vs LLM-only 2753 tokens "
-                  f"{mr['llm_only_fast_s']:.2f} s in the fast engine: speedup {mr['speedup_fast']:.2f}x."]
+                  f"{mr['llm_only_fast_s']:.2f} s in the fast engine: speedup {mr['speedup_fast']:.2f}x. "
+                  f"Against the sum of token costs: {st['ratio_to_sum']:.3f}; counting the "
+                  f"{st['discarded_slm_tokens']} discarded SLM proposals: "
+                  f"{st['seconds'] / forward_costs_s(st['llm_forward_calls'], st['slm_forward_calls'], *_costs(res, mr['variant'])):.3f}."]
         if "speedup_vs_plain_generate_estimate" in mr:
             lines.append(f"Against plain generate LLM-only (estimated from its ms/token): "
                          f"{mr['speedup_vs_plain_generate_estimate']:.1f}x.")

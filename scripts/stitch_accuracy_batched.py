@@ -58,16 +58,18 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=None,
                     help="JSONL of problems (default: the shipped test split); e.g. a valid split from "
                          "`rstitch toyworld data --split valid`, to choose a threshold without the test split")
+    ap.add_argument("--pair", default=None,
+                    help="folder with llm/, slm/ and test.jsonl (default: the shipped pair)")
     ap.add_argument("--llm-only", action="store_true", help="also run the LLM alone (threshold 'none')")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    llm, slm, tok = load_pair()
+    llm, slm, tok = load_pair(root=args.pair) if args.pair else load_pair()
     if args.data:
         from hf_rstitch.toyworld.tasks import read_jsonl
 
         rows = read_jsonl(args.data)[: args.limit]
     else:
-        rows = load_test_split()[: args.limit]
+        rows = (load_test_split(args.pair) if args.pair else load_test_split())[: args.limit]
     results = []
     for tau in ([None] if args.llm_only else []) + args.thresholds:
         t0 = time.perf_counter()
