@@ -32,6 +32,24 @@ TARGETS = {"llm_accuracy_min": 0.90, "slm_accuracy_max": 0.75, "length_ratio_max
            "speed_ratio_min": 2.0}
 
 
+def from_records(folder: Path, rows: list[dict], method: str) -> dict:
+    """``evaluate``-shaped results of ``method`` (llm / slm) from an eval run's records.jsonl."""
+    found = {}
+    for line in (folder / "records.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if record.get("method") == method:
+            found[str(record["id"])] = record
+    missing = [r["id"] for r in rows if str(r["id"]) not in found]
+    if missing:
+        raise SystemExit(f"{folder}/records.jsonl has no {method!r} record for {len(missing)} problems "
+                         f"(first: {missing[0]}); run `rstitch eval` with --methods llm slm on the same data")
+    results = [{"correct": bool(found[str(r["id"])]["correct"]),
+                "tokens": found[str(r["id"])]["new_tokens"]} for r in rows]
+    n = len(results)
+    return {"accuracy": sum(r["correct"] for r in results) / n,
+            "mean_tokens": sum(r["tokens"] for r in results) / n, "seconds": 0.0, "results": results}
+
+
 def per_token_ms(model, tokenizer, problems: list[str], new_tokens: int) -> float:
     """Median ms per generated token at batch 1 (fixed length: min_new_tokens = max)."""
     import torch
@@ -81,6 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=64, help="problems per accuracy batch")
     p.add_argument("--max-new-tokens", type=int, default=400, help="generation cap")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
+    p.add_argument("--accuracy-from", default="",
+                   help="take accuracy and answer lengths from the records.jsonl of an `rstitch eval` run "
+                        "with methods llm and slm on the same data (batch 1, greedy) instead of decoding "
+                        "the split again here; only the per-token timing runs")
+    p.add_argument("--speed-threads", type=int, default=0,
+                   help="torch CPU threads for the batch-1 timing only (0 = same as --threads); lets the "
+                        "batched accuracy pass use every core while the timing matches one-thread runs")
     p.add_argument("--speed-problems", type=int, default=6, help="problems timed at batch 1")
     p.add_argument("--speed-tokens", type=int, default=128, help="tokens generated per timing")
     p.add_argument("--no-speed", action="store_true", help="skip the per-token timing")
@@ -106,13 +131,19 @@ def main(argv: list[str] | None = None) -> int:
                     "versions": {"python": platform.python_version(), "torch": torch.__version__,
                                  "transformers": transformers.__version__,
                                  "tokenizers": tokenizers.__version__},
-                    "decoding": "greedy, plain model.generate, float32, left-padded batches "
-                                f"of {args.batch_size}", "targets": TARGETS}
+                    "decoding": (f"greedy, batch 1, from {args.accuracy_from}/records.jsonl"
+                                 if args.accuracy_from else "greedy, plain model.generate, float32, "
+                                 f"left-padded batches of {args.batch_size}"), "targets": TARGETS}
     for role, folder in (("llm", args.llm), ("slm", args.slm)):
+        if args.threads:
+            torch.set_num_threads(args.threads)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(args.device).eval()
-        ev = evaluate(model, tok, rows, args.batch_size, args.max_new_tokens,
-                      progress=lambda d, t, r=role: print(f"\r{r}: {d}/{t}", end="", file=sys.stderr))
-        print(file=sys.stderr)
+        if args.accuracy_from:
+            ev = from_records(Path(args.accuracy_from), rows, role)
+        else:
+            ev = evaluate(model, tok, rows, args.batch_size, args.max_new_tokens,
+                          progress=lambda d, t, r=role: print(f"\r{r}: {d}/{t}", end="", file=sys.stderr))
+            print(file=sys.stderr)
         by_level: dict[str, list[bool]] = {}
         for row, res in zip(rows, ev["results"]):
             by_level.setdefault(str(row.get("level")), []).append(res["correct"])
@@ -121,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                         "accuracy_by_level": {k: sum(v) / len(v) for k, v in sorted(by_level.items())},
                         "eval_seconds": ev["seconds"]}
         if not args.no_speed:
+            if args.speed_threads:
+                torch.set_num_threads(args.speed_threads)
             report[role]["ms_per_token_batch1"] = per_token_ms(
                 model, tok, [r["problem"] for r in rows[:args.speed_problems + 1]], args.speed_tokens)
     llm, slm = report["llm"], report["slm"]

@@ -21,6 +21,7 @@ PAIR = REPO / "hf_rstitch" / "assets" / "pair"
 TRAIN_COMMANDS = {
     "llm": ("python -m hf_rstitch.cli.main toyworld train --preset llm --out $WORK/llm --device cuda "
             "--max-minutes 6.5 --workers 6 --eval-every 1000"),
+    "llm_stage2": "bash scripts/continue_llm.sh $WORK/llm 7.6",
     "slm": ("python -m hf_rstitch.cli.main toyworld train --preset slm --out $WORK/slm --device cuda "
             "--max-minutes 1.5 --workers 8 --eval-every 100 --n-valid 500 --max-valid-accuracy 0.68"),
 }
@@ -37,7 +38,31 @@ ROLE_TEXT = {
 }
 
 
+def _stage2(summary: dict) -> list[str]:
+    """Card lines of a second training stage (a summary with ``stage1``), or nothing."""
+    if "stage1" not in summary:
+        return []
+    cfg, sel = summary["config"], summary["selected"]
+    return [
+        "",
+        f"**Stage 2.** `{TRAIN_COMMANDS['llm_stage2']}`: the stage-1 model above, trained on with "
+        f"{cfg['other_style_fraction']:.0%} of its rows in the other style (still not learning that "
+        "style's opening word, so it still opens verbose when it answers alone), on "
+        f"{summary['device']} (one NVIDIA H100). Why: stitched decoding hands the LLM positions "
+        "*inside the SLM's concise traces*; the stage-1 model solved only 93 % of valid problems "
+        "when made to answer concisely, so R-Stitch at thresholds that keep traces concise could not "
+        "be more accurate than that. AdamW, peak LR "
+        f"{cfg['lr']}, {cfg['warmup_steps']} warm-up steps, cosine over {cfg['max_minutes']} minutes: "
+        f"{summary['steps']} steps, {summary['seconds']:.0f} s. Checkpoints are scored on the sum of "
+        "valid accuracy answering alone and answering with the other style's opening word given "
+        f"(`eval_other_style`). Selected: step {sel['step']}, valid accuracy {sel['accuracy']:.3f}, "
+        f"opened concise {sel['other_accuracy']:.3f} ({cfg['n_valid']} valid problems, greedy).",
+    ]
+
+
 def card(role: str, cpu: dict, gpu: dict | None, summary: dict) -> str:
+    stage2 = _stage2(summary)
+    summary = summary.get("stage1", summary)
     cfg, sel = summary["config"], summary["selected"]
     m = cpu[role]
     other = "concise" if cfg["own_style"] == "verbose" else "verbose"
@@ -68,9 +93,11 @@ def card(role: str, cpu: dict, gpu: dict | None, summary: dict) -> str:
         f"{summary['seconds']:.0f} s." + TRAIN_NOTES[role],
         f"Selected checkpoint: step {sel['step']}, valid accuracy {sel['accuracy']:.3f} "
         f"({cfg['n_valid']} valid problems, greedy)."
+        + (" (Stage 1.)" if stage2 else "")
         + (f" The SLM is meant to be the weaker model: the selected checkpoint is the best whose "
            f"valid accuracy is at most {cfg['max_valid_accuracy']} (later checkpoints of the same "
            "run reached over 0.98)." if cfg["max_valid_accuracy"] else ""),
+        *stage2,
         "",
         "## Measured (held-out test split, greedy, plain `model.generate`)",
         f"- test split: `hf_rstitch/assets/pair/test.jsonl`, {cpu['n_problems']} problems",

@@ -30,10 +30,12 @@ SLM_COLOUR, LLM_COLOUR, RESET = "\033[36m", "\033[1;35m", "\033[0m"
 @dataclass
 class DemoConfig:
     n: int = field(default=20, metadata={"help": "number of test problems to solve (1-600)"})
-    thresholds: list[float] = field(default_factory=lambda: [0.0003, 0.0005, 0.001],
+    thresholds: list[float] = field(default_factory=lambda: [0.001, 0.005, 0.02],
                                     metadata={"help": "R-Stitch entropy thresholds tau to compare (this pair is very "
-                                                      "confident: below ~0.0005 the LLM takes the opening and "
-                                                      "writes verbose, accurate reasoning)"})
+                                                      "confident: from 0.001 up the SLM keeps its concise style and "
+                                                      "the LLM fixes the few uncertain digits; below ~0.0005 the "
+                                                      "LLM often takes the opening word and writes verbose, slow "
+                                                      "reasoning)"})
     device: str = field(default="cpu", metadata={"help": "torch device, e.g. cpu or cuda"})
     seed: int = field(default=0, metadata={"help": "seed for the problem order and any sampling"})
     max_new_tokens: int = field(default=400, metadata={"help": "decoding budget per problem"})

@@ -1,15 +1,16 @@
 """Accuracy vs predicted latency (L_hat, ms) of R-Stitch thresholds and R-Stitch+ from sweep.json;
 prints a markdown table with a dominance check and writes plane.png.
 
-    python benchmarks/results/router_pair/plot_plane.py
+    python benchmarks/results/router_pair/plot_plane.py [FOLDER]   # FOLDER holds sweep.json; default: here
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parent
 
 
 def dominated_by(point: dict, curve: dict) -> list[str]:
