@@ -49,6 +49,9 @@ from hf_rstitch.latency.profiler import random_qwen2
 MATH = {"llm_only_tokens": 2753, "llm_tokens": 344, "slm_tokens": 771}  # paper, MATH, 7B pair, 8k budget
 VARIANTS = {"graphs": FastConfig(), "graphs-sdpa": FastConfig(attention="sdpa"),
             "compiled-decode": FastConfig(compile="decode"), "compiled": FastConfig(compile="all"),
+            # compile="all" for the catch-up sizes a short hand-over meets (buckets 1, 2, 4) only: most of
+            # its per-switch saving at a fraction of its warm-up
+            "compiled-4": FastConfig(compile="all", compile_max_bucket=4),
             # the same without the tuned Triton GEMV (cuBLAS for every linear layer), as measured before it existed
             "graphs-cublas": FastConfig(gemv=False), "compiled-decode-cublas": FastConfig(compile="decode", gemv=False)}
 
