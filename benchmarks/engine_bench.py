@@ -359,8 +359,11 @@ def math_section(llm, slm, ids, args, budget, res):
     print(f"[math] {out}", flush=True)
 
 
-def _costs(res, variant: str) -> tuple[float, float]:
-    return tuple(res["fast"][variant][f"{m}_only_ms_per_token"] for m in ("llm", "slm"))
+def _ratio_counting_discards(row: dict, res: dict, variant: str) -> float:
+    """A stitched row's time over :func:`forward_costs_s` at ``variant``'s token prices (also for
+    result files written before rows stored it)."""
+    c_llm, c_slm = (res["fast"][variant][f"{m}_only_ms_per_token"] for m in ("llm", "slm"))
+    return row["seconds"] / forward_costs_s(row["llm_forward_calls"], row["slm_forward_calls"], c_llm, c_slm)
 
 
 def markdown(res) -> str:
@@ -402,13 +405,11 @@ def markdown(res) -> str:
                   "| LLM share | mean LLM run | switches | ms/token | sum of token costs (s) | measured (s) | ratio "
                   "| discarded SLM proposals | ratio, counting them |",
                   "|---|---|---|---|---|---|---|---|---|"]
-        c_llm, c_slm = _costs(res, s["variant"])
         for r in s["runs"]:
             if "seconds" in r:
-                fw = forward_costs_s(r["llm_forward_calls"], r["slm_forward_calls"], c_llm, c_slm)
                 lines.append(f"| {r['llm_share']:.0%} | {r['llm_run']} | {r['switches']} | {r['ms_per_token']:.2f} | "
                              f"{r['sum_of_token_costs_s']:.2f} | {r['seconds']:.2f} | {r['ratio_to_sum']:.3f} | "
-                             f"{r['discarded_slm_tokens']} | {r['seconds'] / fw:.3f} |")
+                             f"{r['discarded_slm_tokens']} | {_ratio_counting_discards(r, res, s['variant']):.3f} |")
     mr = res.get("math_route", {})
     if "speedup_fast" in mr:
         st = mr["stitched"]
@@ -417,7 +418,7 @@ def markdown(res) -> str:
                   f"{mr['llm_only_fast_s']:.2f} s in the fast engine: speedup {mr['speedup_fast']:.2f}x. "
                   f"Against the sum of token costs: {st['ratio_to_sum']:.3f}; counting the "
                   f"{st['discarded_slm_tokens']} discarded SLM proposals: "
-                  f"{st['seconds'] / forward_costs_s(st['llm_forward_calls'], st['slm_forward_calls'], *_costs(res, mr['variant'])):.3f}."]
+                  f"{_ratio_counting_discards(st, res, mr['variant']):.3f}."]
         if "speedup_vs_plain_generate_estimate" in mr:
             lines.append(f"Against plain generate LLM-only (estimated from its ms/token): "
                          f"{mr['speedup_vs_plain_generate_estimate']:.1f}x.")

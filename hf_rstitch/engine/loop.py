@@ -130,7 +130,7 @@ def stitch_loop(
             llm_h = normalized_entropy(llm_logits)
             back = policy.hand_to_slm(StepView(index, llm_h, rows=rows.live))  # read with `finished` below
 
-        writer_llm = llm_on.clone()
+        writer_llm = llm_on  # never changed in place: the next line that changes llm_on rebinds it
         logits = _by_writer(writer_llm, llm_logits, slm_logits)  # [B, V] of the model that writes each row
         entropy = _by_writer(writer_llm, llm_h, slm_h)  # [B]
         scores = process(seq, logits)
@@ -149,7 +149,7 @@ def stitch_loop(
 
         finished, back = _to_host(should_stop(seq, scores), back)  # the step's one wait for the device
         if back is not None:
-            llm_on = llm_on & ~(back & writer_llm)  # the LLM's token is kept either way
+            llm_on = llm_on & ~back  # from the next step; this step's LLM token is kept either way
         if finished.any():
             keep = rows.finish(seq, finished)
             if len(keep) == 0:
