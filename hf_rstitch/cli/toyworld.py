@@ -59,6 +59,9 @@ class EvalConfig:
     device: str = field(default="cpu", metadata={"help": "cpu or cuda"})
     max_new_tokens: int = field(default=400, metadata={"help": "generation cap"})
     json_out: str = field(default="", metadata={"help": "also write the metrics JSON here"})
+    opener: str = field(default="", metadata={
+        "help": "write this at the start of every answer, e.g. 'So' to make a model answer in the concise "
+                "style (how well the LLM does inside the SLM's traces)"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,11 +125,12 @@ def _eval(cfg: EvalConfig) -> int:
     tok = AutoTokenizer.from_pretrained(cfg.model)
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(cfg.device).eval()
     ev = evaluate(model, tok, rows, cfg.batch_size, cfg.max_new_tokens,
-                  progress=lambda done, total: print(f"\r{done}/{total}", end="", file=sys.stderr))
+                  progress=lambda done, total: print(f"\r{done}/{total}", end="", file=sys.stderr),
+                  opener=cfg.opener)
     print(file=sys.stderr)
     metrics = {k: v for k, v in ev.items() if k != "results"}
-    print(json.dumps({"model": cfg.model, **metrics}))
+    print(json.dumps({"model": cfg.model, "opener": cfg.opener, **metrics}))
     if cfg.json_out:
         with open(cfg.json_out, "w") as f:
-            json.dump({"model": cfg.model, **ev}, f, indent=1)
+            json.dump({"model": cfg.model, "opener": cfg.opener, **ev}, f, indent=1)
     return 0
