@@ -7,5 +7,7 @@ and a stopping rule. :mod:`hf_rstitch.hf` adapts it to transformers.
 
 from .lane import Lane
 from .loop import StitchResult, stitch_loop
+from .protocol import EagerEngine, LaneProtocol
+from .step import Routing, StepOut, run_step
 
-__all__ = ["Lane", "StitchResult", "stitch_loop"]
+__all__ = ["EagerEngine", "Lane", "LaneProtocol", "Routing", "StepOut", "StitchResult", "run_step", "stitch_loop"]
