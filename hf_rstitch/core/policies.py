@@ -181,3 +181,29 @@ class ReplayPolicy:
     def __repr__(self) -> str:
         share = float(self._llm.float().mean())
         return f"ReplayPolicy(routes={len(self.routes)}, len={self._llm.shape[1]}, llm_share={share:.2f})"
+
+
+class RowEntropyPolicy:
+    """R-Stitch with one threshold per row id (``StepView.rows``): requests of a served batch
+    each bring their own tau. ``thresholds[row_id]`` must be set before the row's first step."""
+
+    needs_hidden = False
+
+    def __init__(self):
+        self.thresholds: dict[int, float] = {}
+
+    def reset(self) -> None:
+        pass
+
+    def _tau(self, step: StepView) -> torch.Tensor:
+        taus = [self.thresholds[int(r)] for r in step.row_ids().tolist()]
+        return torch.tensor(taus, dtype=step.entropy.dtype).to(step.entropy.device, non_blocking=True)
+
+    def hand_to_llm(self, step: StepView) -> torch.Tensor:
+        return step.entropy > self._tau(step)
+
+    def hand_to_slm(self, step: StepView) -> torch.Tensor:
+        return step.entropy <= self._tau(step)
+
+    def __repr__(self) -> str:
+        return "RowEntropyPolicy()"

@@ -203,7 +203,9 @@ class Lane:
         """
         k = seq.shape[0]
         pads = (mask == 0).long().cumprod(-1).sum(-1).tolist()
-        if self.n_seen > 0:
+        if self.n_seen == 0:
+            self.cache = DynamicCache(config=self.model.config)  # nothing seen: a fresh cache of the new width
+        else:
             fresh = DynamicCache(config=self.model.config)
             part = mask[:, : self.n_seen].to(self.device)
             positions = (part.long().cumsum(-1) - 1).clamp_(min=0)
@@ -225,46 +227,46 @@ class Lane:
         """Prepend ``n`` masked columns to every row (the shared sequence grew on the left)."""
         if n <= 0:
             return
-        for layer in self.cache.layers:
-            if not _filled(layer):
-                continue
-            stored = layer.keys.shape[-2]
-            if layer.is_sliding:
-                layer.cumulative_length += n
-                grow = min(layer.cumulative_length, layer.sliding_window - 1) - stored
-            else:
-                grow = n
-            if grow > 0:
-                layer.keys = _prepend_zeros(layer.keys, grow)
-                layer.values = _prepend_zeros(layer.values, grow)
-        if self.mask is not None:
-            self.mask = torch.nn.functional.pad(self.mask, (n, 0), value=0)
         if self.n_seen > 0:
+            for layer in self.cache.layers:
+                if not _filled(layer):
+                    continue
+                stored = layer.keys.shape[-2]
+                if layer.is_sliding:
+                    layer.cumulative_length += n
+                    grow = min(layer.cumulative_length, layer.sliding_window - 1) - stored
+                else:
+                    grow = n
+                if grow > 0:
+                    layer.keys = _prepend_zeros(layer.keys, grow)
+                    layer.values = _prepend_zeros(layer.values, grow)
             self.n_seen += n
+            self.mask = torch.nn.functional.pad(self.mask, (n, 0), value=0)
         if self.pad is not None:
             self.pad = [p + n for p in self.pad]
         self.solo_seen = [s + n for s in self.solo_seen]
         self.dense = False
 
     def trim_left(self, n: int) -> None:
-        """Drop the first ``n`` columns, which must be padding in every row and already seen."""
+        """Drop the first ``n`` columns of the shared sequence, which must be padding in every row."""
         if n <= 0:
             return
-        if n > self.n_seen or (self.pad is not None and n > min(self.pad, default=0)):
-            raise ValueError(f"{self.role} lane: cannot trim {n} columns (seen {self.n_seen}, pads {self.pad})")
+        if self.pad is not None and n > min(self.pad, default=n):
+            raise ValueError(f"{self.role} lane: cannot trim {n} columns, some row has only {min(self.pad)} of padding")
+        cut = min(n, self.n_seen)  # columns past n_seen are not in the cache yet
         for layer in self.cache.layers:
-            if not _filled(layer):
+            if not _filled(layer) or cut == 0:
                 continue
             if layer.is_sliding:
-                layer.cumulative_length -= n
+                layer.cumulative_length -= cut
                 drop = layer.keys.shape[-2] - min(layer.cumulative_length, layer.sliding_window - 1)
             else:
-                drop = n
+                drop = cut
             if drop > 0:
                 layer.keys, layer.values = layer.keys[..., drop:, :], layer.values[..., drop:, :]
         if self.mask is not None:
-            self.mask = self.mask[:, n:]
-        self.n_seen -= n
+            self.mask = self.mask[:, cut:]
+        self.n_seen -= cut
         self.pad = [p - n for p in self.pad] if self.pad is not None else None
         self.solo_seen = [max(s - n, 0) for s in self.solo_seen]
 
