@@ -77,7 +77,7 @@ def rollout(llm, slm, tokenizer, router, prompts: list[list[int]], answers: list
         temperature=None, top_p=None, top_k=None)
     out = llm.generate(ids.to(device), attention_mask=mask.to(device), assistant_model=slm, stitch_policy=policy,
                        max_new_tokens=max_new_tokens, pad_token_id=pad, return_dict_in_generate=True, **gen)
-    traces: list[StitchTrace] = out.stitch if isinstance(out.stitch, list) else [out.stitch]
+    traces: list[StitchTrace] = out.stitch_traces
     decisions = assign_rows(policy.consults, traces)
     new = out.sequences[:, ids.shape[1]:].cpu()
     groups: list[list[Trajectory]] = [[] for _ in prompts]
