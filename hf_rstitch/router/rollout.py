@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from ..core.trace import StitchTrace
+from ..eval.batched import left_pad  # noqa: F401  (re-exported: the rollouts' batch layout)
 from .policy import RouterPolicy, RowDecisions, assign_rows
 
 Grader = Callable[[str, str], bool]  # (completion text, reference answer) -> correct
@@ -41,17 +42,6 @@ def encode_prompts(tokenizer: Any, problems: list[str], instruction: str = "") -
     from ..eval.data import prompt_ids
 
     return [prompt_ids(tokenizer, p, instruction) for p in problems]
-
-
-def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, T]`` ids and attention mask, left-padded (the decode loop's layout)."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r)
-        mask[i, width - len(r):] = 1
-    return ids, mask
 
 
 @torch.no_grad()
