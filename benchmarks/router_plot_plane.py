@@ -1,7 +1,7 @@
 """Accuracy vs predicted latency (L_hat, ms) of R-Stitch thresholds and R-Stitch+ from sweep.json;
 prints a markdown table with a dominance check and writes plane.png.
 
-    python benchmarks/results/router_pair/plot_plane.py [FOLDER]   # FOLDER holds sweep.json; default: here
+    python benchmarks/router_plot_plane.py [FOLDER]   # FOLDER holds sweep.json; default: here
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ lengths (generated tokens, EOS included) and the ratio SLM/LLM; and the per-toke
 of each model on this machine (batch 1, median of several problems, after a warm-up). Prints a
 table and writes one JSON document (device, versions, date, command, numbers).
 
-    python scripts/measure_pair.py                      # shipped pair, CPU, full test split
-    python scripts/measure_pair.py --llm runs/llm --slm runs/slm --device cuda --no-speed
+    python benchmarks/measure_pair.py                      # shipped pair, CPU, full test split
+    python benchmarks/measure_pair.py --llm runs/llm --slm runs/slm --device cuda --no-speed
 
 Accuracy is measured with left-padded batches (``--batch-size``); the speed with batch 1.
 """
@@ -20,13 +20,12 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from hf_rstitch.toyworld.pair import ASSETS
+from lab import timed
 
-from hf_rstitch.toyworld.pair import ASSETS  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 TARGETS = {"llm_accuracy_min": 0.90, "slm_accuracy_max": 0.75, "length_ratio_max": 0.6,
            "speed_ratio_min": 2.0}
@@ -61,15 +60,11 @@ def per_token_ms(model, tokenizer, problems: list[str], new_tokens: int) -> floa
         enc = tokenizer(prompt_text(tokenizer, problem), return_tensors="pt", add_special_tokens=False)
         enc = {k: v.to(model.device) for k, v in enc.items()}
         with torch.inference_mode():
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            model.generate(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                           do_sample=False, pad_token_id=tokenizer.pad_token_id)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
+            seconds, _ = timed(lambda: model.generate(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                                      do_sample=False, pad_token_id=tokenizer.pad_token_id),
+                               model.device)
             if i:  # the first is the warm-up
-                times.append((time.perf_counter() - t0) * 1000 / new_tokens)
+                times.append(seconds * 1000 / new_tokens)
     return statistics.median(times)
 
 

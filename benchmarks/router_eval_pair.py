@@ -1,6 +1,6 @@
 """R-Stitch+ vs R-Stitch thresholds through the evaluation harness (hf_rstitch.eval), batch size 1.
 
-    python benchmarks/results/router_pair/eval_pair.py --router hf_rstitch/assets/router --out OUT --limit 40
+    python benchmarks/router_eval_pair.py --router hf_rstitch/assets/router --out OUT --limit 40
 
 Greedy decoding on the shipped pair's held-out test split; wall-clock latency per problem
 (the harness's timing) and, from the saved traces, the latency model's estimate L_hat.
@@ -14,8 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Second training stage of the shipped toy-world LLM, on one CUDA GPU: continue the stage-1 model
-# (scripts/train_pair.sh, 20 % concise rows) with half of its rows in the concise style, so it
+# (benchmarks/train_pair.sh, 20 % concise rows) with half of its rows in the concise style, so it
 # stays verbose when it answers alone (the opening word is learned from verbose rows only) but is
 # as accurate inside the SLM's concise traces, where stitched decoding hands it positions.
-# Usage: OUT=out_dir bash scripts/continue_llm.sh [STAGE1_DIR] [MINUTES]
+# Usage: OUT=out_dir bash benchmarks/continue_llm.sh [STAGE1_DIR] [MINUTES]
 set -euo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-runs/toyworld}

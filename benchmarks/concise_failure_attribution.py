@@ -5,7 +5,7 @@ the rest, the LLM alone answering with the concise opening word given. Counts pr
 are right, only the stitched answer fails (an SLM error the threshold let through), only the LLM
 alone fails, or both fail (the LLM's own concise error). Writes JSON.
 
-    python scripts/concise_failure_attribution.py --llm LLM_DIR --data valid600.jsonl --n 200 --tau 0.001 \\
+    python benchmarks/concise_failure_attribution.py --llm LLM_DIR --data valid600.jsonl --n 200 --tau 0.001 \\
         --out benchmarks/results/toyworld_concise_attribution_stage1.json
 """
 
@@ -20,13 +20,12 @@ from pathlib import Path
 import torch
 import transformers
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[1]
 
-import hf_rstitch  # noqa: E402,F401  (stitched generate)
-from hf_rstitch.toyworld.pair import ASSETS, grade  # noqa: E402
-from hf_rstitch.toyworld.tasks import opening_word, read_jsonl  # noqa: E402
-from hf_rstitch.toyworld.tokenizer import prompt_text  # noqa: E402
+import hf_rstitch  # noqa: F401  (stitched generate)
+from hf_rstitch.toyworld.pair import ASSETS, grade
+from hf_rstitch.toyworld.tasks import opening_word, read_jsonl
+from hf_rstitch.toyworld.tokenizer import prompt_text
 
 
 def classify(llm, slm, tok, row: dict, tau: float) -> str | None:

@@ -2,7 +2,7 @@
 batch of 1 SLM hidden state, after warm-up; device-synchronised on CUDA. Prints a table row and
 one JSON line (device, versions, date, numbers).
 
-    python benchmarks/results/router_pair/overhead.py [--device cuda] [--hidden 192 3584]
+    python benchmarks/router_overhead.py [--device cuda] [--hidden 192 3584]
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import datetime
 import json
 import platform
 import statistics
-import time
 
 import torch
 
 from hf_rstitch.router import Router
+from lab import timed
 
 
 def per_call_ms(router: Router, device: str, calls: int = 2000, warmup: int = 200) -> float:
@@ -24,14 +24,9 @@ def per_call_ms(router: Router, device: str, calls: int = 2000, warmup: int = 20
     times = []
     with torch.no_grad():
         for i in range(calls + warmup):
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            router.log_probs(x).argmax(-1)
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
+            seconds, _ = timed(lambda: router.log_probs(x).argmax(-1), device)
             if i >= warmup:
-                times.append((time.perf_counter() - t) * 1e3)
+                times.append(seconds * 1e3)
     return statistics.median(times)
 
 

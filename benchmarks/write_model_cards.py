@@ -1,10 +1,10 @@
 """Write README.md model cards for the shipped toy-world pair from the measured numbers.
 
-Reads ``benchmarks/results/toyworld_pair.json`` (CPU, scripts/measure_pair.py), the GPU
+Reads ``benchmarks/results/toyworld_pair.json`` (CPU, benchmarks/measure_pair.py), the GPU
 measurement made right after training (``--gpu-metrics``, optional) and each folder's
 ``training_summary.json``, so every number in a card comes from a file.
 
-    python scripts/write_model_cards.py --gpu-metrics benchmarks/results/toyworld_pair_cuda.json
+    python benchmarks/write_model_cards.py --gpu-metrics benchmarks/results/toyworld_pair_cuda.json
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ PAIR = REPO / "hf_rstitch" / "assets" / "pair"
 TRAIN_COMMANDS = {
     "llm": ("python -m hf_rstitch.cli.main toyworld train --preset llm --out $WORK/llm --device cuda "
             "--max-minutes 6.5 --workers 6 --eval-every 1000"),
-    "llm_stage2": "bash scripts/continue_llm.sh $WORK/llm 7.6",
+    "llm_stage2": "bash benchmarks/continue_llm.sh $WORK/llm 7.6",
     "slm": ("python -m hf_rstitch.cli.main toyworld train --preset slm --out $WORK/slm --device cuda "
             "--max-minutes 1.5 --workers 8 --eval-every 100 --n-valid 500 --max-valid-accuracy 0.68"),
 }
@@ -87,7 +87,7 @@ def card(role: str, cpu: dict, gpu: dict | None, summary: dict) -> str:
         "",
         "## Training",
         f"`{TRAIN_COMMANDS[role]}` on {summary['device']} (one NVIDIA H200; see "
-        "`scripts/train_pair.sh`). AdamW, peak LR "
+        "`benchmarks/train_pair.sh`). AdamW, peak LR "
         f"{cfg['lr']}, batch {cfg['batch_size']}, bf16 autocast, cosine schedule over "
         f"{cfg['max_minutes']} minutes of wall time: {summary['steps']} steps, "
         f"{summary['seconds']:.0f} s." + TRAIN_NOTES[role],
