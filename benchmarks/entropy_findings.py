@@ -10,7 +10,7 @@ with its per-token entropies) and ``rstitch@0`` (the LLM alone) and reports:
   differ by style), and over the 5 tokens up to it, against the mean
   over all SLM tokens; plus the token-level consistency (share of SLM tokens the LLM agrees with).
 
-    python benchmarks/entropy_findings.py benchmarks/results/eval_toyworld_gpu --out benchmarks/results/toyworld_entropy.json
+    python benchmarks/entropy_findings.py benchmarks/results/eval_toyworld_gpu_600_v2 --out benchmarks/results/toyworld_entropy.json
 """
 
 from __future__ import annotations

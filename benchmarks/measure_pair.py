@@ -34,6 +34,9 @@ TARGETS = {"llm_accuracy_min": 0.90, "slm_accuracy_max": 0.75, "length_ratio_max
 def from_records(folder: Path, rows: list[dict], method: str) -> dict:
     """``evaluate``-shaped results of ``method`` (llm / slm) from an eval run's records.jsonl."""
     found = {}
+    if not (folder / "records.jsonl").exists():
+        raise SystemExit(f"{folder}/records.jsonl is missing: the repository keeps eval summaries only; regenerate "
+                         f"the records with the `rstitch eval` command in {folder}/README.md (--out {folder})")
     for line in (folder / "records.jsonl").read_text(encoding="utf-8").splitlines():
         record = json.loads(line) if line.strip() else {}
         if record.get("method") == method:

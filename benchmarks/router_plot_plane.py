@@ -1,7 +1,7 @@
 """Accuracy vs predicted latency (L_hat, ms) of R-Stitch thresholds and R-Stitch+ from sweep.json;
 prints a markdown table with a dominance check and writes plane.png.
 
-    python benchmarks/router_plot_plane.py [FOLDER]   # FOLDER holds sweep.json; default: here
+    python benchmarks/router_plot_plane.py [FOLDER]   # FOLDER holds sweep.json; default: results/router_pair_stage2
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-HERE = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parent
+HERE = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parent / "results" / "router_pair_stage2"
 
 
 def dominated_by(point: dict, curve: dict) -> list[str]:
@@ -55,10 +55,6 @@ def main() -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(HERE / "plane.png", dpi=120)
-    inset_lo = min(p["latency_ms"] for p in router.values()) * 0.8
-    ax.set_xlim(inset_lo, 320)
-    ax.set_ylim(92, 95.5)
-    fig.savefig(HERE / "plane_zoom.png", dpi=120)
 
 
 if __name__ == "__main__":

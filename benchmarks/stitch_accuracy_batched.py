@@ -6,7 +6,7 @@ so accuracy and per-model token counts over all 600 problems come from batched r
 where it means what the paper means.
 
     OMP_NUM_THREADS=2 PYTHONPATH=. python benchmarks/stitch_accuracy_batched.py --thresholds 0.0003 0.0005 \
-        --out benchmarks/results/toyworld_stitch_accuracy.json
+        --out benchmarks/results/toyworld_valid_threshold_sweep_stage2.json --data VALID.jsonl --llm-only
 """
 
 from __future__ import annotations
