@@ -1,9 +1,11 @@
 """The decoding methods the harness compares, one small class each.
 
-Every method answers ``run(input_ids) -> (new_token_ids, counts)`` for one prompt (batch size
-1): ``counts`` holds ``new_tokens``, ``llm_tokens``, ``slm_tokens`` and ``switches`` (plus the
-trace summary for stitched methods). Methods only call ``generate``; timing, grading and
-records belong to the runner. Adding a method is a new class registered in ``METHODS``.
+Every method answers ``run_batch(input_ids, attention_mask) -> [(new_token_ids, counts), ...]``
+for a left-padded batch, one pair per row from one ``generate`` call, and ``run(input_ids)`` for
+one prompt (batch size 1): ``counts`` holds ``new_tokens``, ``llm_tokens``, ``slm_tokens`` and
+``switches`` (plus the trace summary for stitched methods). Methods only call ``generate``;
+timing, grading and records belong to the runner (:mod:`.runner` at batch size 1,
+:mod:`.batched` for batches). Adding a method is a new class registered in ``METHODS``.
 
 Token attribution: LLM-only and speculative decoding count every new token as the LLM's
 (speculative decoding emits exactly the LLM's distribution; transformers does not report
@@ -59,21 +61,34 @@ class Method:
     def _generate(self, input_ids: torch.Tensor, **gen: Any) -> Any:
         raise NotImplementedError
 
-    def _counts(self, out: Any, n_new: int) -> dict[str, Any]:
+    def _counts(self, out: Any, row: int, n_new: int) -> dict[str, Any]:
         return {"new_tokens": n_new, "llm_tokens": n_new, "slm_tokens": 0, "switches": 0}
+
+    def _row_length(self, out: Any, row: int, new: list[int]) -> int:
+        """New tokens of ``row`` before the padding of a batch: up to and including its first EOS."""
+        eos = set(eos_ids(self.llm, self.slm))
+        return next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
 
     def run(self, input_ids: torch.Tensor, max_new_tokens: int | None = None) -> tuple[list[int], dict[str, Any]]:
         """Decode one prompt. ``input_ids``: ``[1, S]`` on the models' device."""
-        gen = self.settings.kwargs()
+        return self.run_batch(input_ids, torch.ones_like(input_ids), max_new_tokens)[0]
+
+    def run_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int | None = None,
+                  **extra: Any) -> list[tuple[list[int], dict[str, Any]]]:
+        """Decode a left-padded batch in one ``generate`` call. ``input_ids`` / ``attention_mask``:
+        ``[B, S]`` on the models' device; ``extra`` goes to ``generate`` (e.g. ``pad_token_id``).
+        Returns ``(new_token_ids, counts)`` per row; a row of a batch ends at its EOS."""
+        gen = {**self.settings.kwargs(), **extra}
         if max_new_tokens is not None:  # warm-up calls
             gen["max_new_tokens"] = max_new_tokens
         if self.settings.do_sample:
             torch.manual_seed(self.settings.seed)
-        attention_mask = torch.ones_like(input_ids)
         with torch.inference_mode():
             out = self._generate(input_ids, attention_mask=attention_mask, return_dict_in_generate=True, **gen)
-        new = out.sequences[0, input_ids.shape[1]:].tolist()
-        return new, self._counts(out, len(new))
+        news = out.sequences[:, input_ids.shape[1]:].tolist()
+        if len(news) > 1:  # rows that finished early are padded up to the longest
+            news = [new[: self._row_length(out, r, new)] for r, new in enumerate(news)]
+        return [(new, self._counts(out, r, len(new))) for r, new in enumerate(news)]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
@@ -92,7 +107,7 @@ class SLMOnly(Method):
     def _generate(self, input_ids, **gen):
         return self.slm.generate(input_ids, **gen)
 
-    def _counts(self, out, n_new):
+    def _counts(self, out, row, n_new):
         return {"new_tokens": n_new, "llm_tokens": 0, "slm_tokens": n_new, "switches": 0}
 
 
@@ -116,7 +131,7 @@ def _require_stitching() -> None:
 
 
 class _Stitched(Method):
-    """Shared by the methods that go through stitched decoding and return ``out.stitch``."""
+    """Shared by the methods that go through stitched decoding and return ``out.stitch_traces``."""
 
     def _stitch_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -125,8 +140,11 @@ class _Stitched(Method):
         _require_stitching()
         return self.llm.generate(input_ids, assistant_model=self.slm, **self._stitch_kwargs(), **gen)
 
-    def _counts(self, out, n_new):
-        trace = out.stitch
+    def _row_length(self, out, row, new):
+        return out.stitch_traces[row].n_tokens
+
+    def _counts(self, out, row, n_new):
+        trace = out.stitch_traces[row]
         counts = dict(trace.summary())
         counts["new_tokens"] = n_new
         counts["_trace"] = trace  # the runner keeps it when --save-traces is on, then drops it
@@ -198,6 +216,15 @@ class LearnedRouter(_Stitched):
         if self.threshold is not None and arg == "stitch_router":
             kw["stitch_threshold"] = self.threshold
         return kw
+
+
+def eos_ids(*models: Any) -> set[int]:
+    """The EOS ids of the models' generation configs."""
+    ids: set[int] = set()
+    for m in models:
+        eos = getattr(getattr(m, "generation_config", None), "eos_token_id", None)
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return ids
 
 
 METHODS: dict[str, type[Method]] = {

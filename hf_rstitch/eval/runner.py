@@ -19,8 +19,9 @@ from typing import Any, Iterable
 import torch
 
 from .data import Problem, prompt_ids
+from ..latency.profiler import synchronize
 from .grading import grade, profile_for
-from .methods import Method
+from .methods import Method, eos_ids
 
 WARMUP_TOKENS = 16
 
@@ -71,17 +72,12 @@ def key(record: dict[str, Any]) -> tuple[str, str, str]:
     return (record["dataset"], str(record["id"]), record["method"])
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed_run(method: Method, input_ids: torch.Tensor, **kw: Any) -> tuple[list[int], dict[str, Any], float]:
     """``method.run`` timed as wall clock, device-synchronised before and after."""
-    _sync(input_ids.device)
+    synchronize(input_ids.device)
     t0 = time.perf_counter()
     new_ids, counts = method.run(input_ids, **kw)
-    _sync(input_ids.device)
+    synchronize(input_ids.device)
     return new_ids, counts, time.perf_counter() - t0
 
 
@@ -108,14 +104,6 @@ def make_record(problem: Problem, method: Method, tokenizer: Any, prompt_len: in
     return rec
 
 
-def _eos_ids(*models: Any) -> set[int]:
-    ids: set[int] = set()
-    for m in models:
-        eos = getattr(getattr(m, "generation_config", None), "eos_token_id", None)
-        ids.update([eos] if isinstance(eos, int) else (eos or []))
-    return ids
-
-
 def _progress(total: int, enabled: bool) -> Any:
     try:
         from tqdm.auto import tqdm
@@ -139,7 +127,7 @@ def run_eval(methods: list[Method], problems: Iterable[Problem], tokenizer: Any,
     todo = [(p, m) for p in problems for m in methods if (p.dataset, p.id, m.name) not in done]
     if not todo:
         return []
-    eos = _eos_ids(methods[0].llm, methods[0].slm)
+    eos = eos_ids(methods[0].llm, methods[0].slm)
     prompts: dict[tuple[str, str], list[int]] = {}
 
     def ids_for(p: Problem) -> list[int]:

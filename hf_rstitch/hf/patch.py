@@ -10,11 +10,6 @@ from __future__ import annotations
 
 import functools
 
-from transformers import GenerationMixin
-
-from .decode import stitched_decode
-from .entry import run_stitched
-
 _ORIGINAL_GENERATE = None
 _STITCH_ARGS = ("stitch_threshold", "stitch_policy", "stitch_router")
 
@@ -27,6 +22,9 @@ def _wants_stitching(model, kwargs: dict) -> bool:
 
 
 def _stitching_generate(self, *args, **kwargs):
+    from .decode import stitched_decode  # loaded at the first call, not when generate is patched
+    from .entry import run_stitched
+
     custom = kwargs.get("custom_generate")
     if not _wants_stitching(self, kwargs) or (custom is not None and custom is not stitched_decode):
         # another custom_generate (e.g. the exported Hub template) receives the stitch_* arguments itself
@@ -34,8 +32,16 @@ def _stitching_generate(self, *args, **kwargs):
     return run_stitched(_ORIGINAL_GENERATE, self, args, kwargs)
 
 
+def _generation_mixin():
+    # imported here, not at the top: importing it may run hf.deferred's pending patch, which imports this module
+    from transformers.generation.utils import GenerationMixin
+
+    return GenerationMixin
+
+
 def patch() -> None:
     """Route stitching requests of ``GenerationMixin.generate`` to R-Stitch (idempotent)."""
+    GenerationMixin = _generation_mixin()
     global _ORIGINAL_GENERATE
     if _ORIGINAL_GENERATE is not None:
         return
@@ -45,6 +51,7 @@ def patch() -> None:
 
 def unpatch() -> None:
     """Restore transformers' own ``generate`` (idempotent)."""
+    GenerationMixin = _generation_mixin()
     global _ORIGINAL_GENERATE
     if _ORIGINAL_GENERATE is None:
         return
@@ -53,4 +60,5 @@ def unpatch() -> None:
 
 
 def is_patched() -> bool:
+    """Whether ``generate`` is patched now (after ``import hf_rstitch``: once transformers has loaded)."""
     return _ORIGINAL_GENERATE is not None
