@@ -63,6 +63,10 @@ class EvalConfig:
         "Store the full per-token decode trace of stitched methods in each record (large)."))
     plots: bool = field(default=True, metadata=_help("Write the trade-off and per-sample plots (matplotlib)."))
     progress: bool = field(default=True, metadata=_help("Show a progress bar."))
+    batch_size: int | None = field(default=None, metadata=_help(
+        "Problems decoded together through continuous batching (a finished problem's row goes to the next "
+        "one at once); latency is then each problem's own time in the batch. Default: 16 on CUDA, 1 "
+        "(the paper's per-sample latency) on CPU. Speculative decoding always runs at 1."))
     router: Any = field(default=None, metadata={"cli": False, "help": "Router object or folder for the 'router' method."})
     router_path: str = field(default="", metadata=_help(
         "R-Stitch+ router for the 'router' method: a local folder (e.g. hf_rstitch/assets/router) or Hub id."))
@@ -110,6 +114,15 @@ class EvalConfig:
             raise ValueError(f"--shard {self.shard}: need 0 <= i < n.")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}.")
+        if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
+                                            or self.batch_size < 1):
+            raise ValueError(f"--batch-size must be a positive integer, got {self.batch_size!r}.")
+
+    def batch_size_on(self, device: str) -> int:
+        """``batch_size``, or its default for ``device``: 16 on CUDA, 1 elsewhere."""
+        if self.batch_size is not None:
+            return self.batch_size
+        return 16 if str(device).startswith("cuda") else 1
 
     def shard_of(self, problems: list) -> list:
         """The problems this shard runs (all of them for the default 0/1)."""

@@ -90,6 +90,11 @@ class Method:
             news = [new[: self._row_length(out, r, new)] for r, new in enumerate(news)]
         return [(new, self._counts(out, r, len(new))) for r, new in enumerate(news)]
 
+    def engine_spec(self) -> dict[str, Any] | None:
+        """How :class:`~hf_rstitch.engine.RequestEngine` runs this method (``policy=`` for the engine,
+        ``role=`` for each request), or None when it runs through ``generate`` at batch size 1 only."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
 
@@ -97,12 +102,22 @@ class Method:
 class LLMOnly(Method):
     kind, label_text = "llm", "LLM"
 
+    def engine_spec(self):
+        from hf_rstitch.core.roles import Role
+
+        return {"role": Role.LLM}
+
     def _generate(self, input_ids, **gen):
         return self.llm.generate(input_ids, **gen)
 
 
 class SLMOnly(Method):
     kind, label_text = "slm", "SLM"
+
+    def engine_spec(self):
+        from hf_rstitch.core.roles import Role
+
+        return {"role": Role.SLM}
 
     def _generate(self, input_ids, **gen):
         return self.slm.generate(input_ids, **gen)
@@ -139,6 +154,14 @@ class _Stitched(Method):
     def _generate(self, input_ids, **gen):
         _require_stitching()
         return self.llm.generate(input_ids, assistant_model=self.slm, **self._stitch_kwargs(), **gen)
+
+    def engine_spec(self):
+        """The policy ``generate`` would resolve from this method's stitch arguments."""
+        from hf_rstitch.hf.decode import resolve_policy
+
+        kw = self._stitch_kwargs()
+        return {"policy": resolve_policy(kw.get("stitch_threshold"), kw.get("stitch_policy"),
+                                         self.llm.generation_config, kw.get("stitch_router"), self.slm)}
 
     def _row_length(self, out, row, new):
         return out.stitch_traces[row].n_tokens

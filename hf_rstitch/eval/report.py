@@ -151,6 +151,13 @@ def build_summary(agg: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     return {**meta, "report_date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "results": _no_nan(agg)}
 
 
+def _batching(batch_size: int) -> str:
+    if batch_size <= 1:
+        return "batch size 1 (latency per problem alone)"
+    return (f"continuous batching of {batch_size} problems (latency: each problem's own time in the batch; "
+            "speculative decoding at batch size 1)")
+
+
 def write_report(out_dir: str | Path, records: list[dict[str, Any]], meta: dict[str, Any],
                  plots: bool = True) -> dict[str, Any]:
     """Write ``report.md``, ``summary.json`` and (optionally) the plots; return the summary."""
@@ -165,7 +172,8 @@ def write_report(out_dir: str | Path, records: list[dict[str, Any]], meta: dict[
         "# R-Stitch evaluation", "",
         f"LLM `{settings.get('llm')}`, SLM `{settings.get('slm')}`; device: {meta.get('device')}; "
         f"budget {settings.get('max_new_tokens')} new tokens, "
-        f"{'sampled' if settings.get('do_sample') else 'greedy'}; run {meta.get('date')}.", "",
+        f"{'sampled' if settings.get('do_sample') else 'greedy'}; {_batching(meta.get('batch_size', 1))}; "
+        f"run {meta.get('date')}.", "",
         "## Accuracy / latency / speedup (paper Table 1 layout)", "", table1_markdown(agg), "",
         "## Tokens per dataset", "",
     ]
