@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
@@ -76,3 +78,22 @@ def check_request(input_ids: torch.Tensor, config: GenerationConfig, model_kwarg
             "output_attentions / output_hidden_states are not supported by stitched decoding (the two models differ "
             "in shape); use output_scores / output_logits, and out.stitch for provenance."
         )
+
+
+def streamer_from_generate(depth: int = 2):
+    """The ``streamer=`` of the transformers ``generate`` call that invoked the caller, or ``None``.
+
+    transformers does not forward ``streamer`` to a ``custom_generate`` callable, yet it puts the
+    prompt into it and leaves the rest to the callable: unless the callable finds it, the streamer
+    never gets ``end()`` and its consumer (e.g. a ``TextIteratorStreamer`` loop) waits forever.
+    ``depth`` counts frames from here to generate's body (2: generate -> stitched_decode -> this).
+    """
+    from transformers.generation import utils
+
+    try:
+        frame = sys._getframe(depth)
+    except ValueError:
+        return None
+    if frame.f_code.co_name != "generate" or frame.f_code.co_filename != utils.__file__:
+        return None
+    return frame.f_locals.get("streamer")

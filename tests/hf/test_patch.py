@@ -99,3 +99,28 @@ def test_deprecation_warnings_point_at_the_caller(pair, stitch):
     deprecations = [w for w in caught if "past_key_values" in str(w.message)]
     assert deprecations and all(w.filename == __file__ for w in deprecations), \
         [(w.filename, w.lineno) for w in deprecations]
+
+
+class _Recorder:
+    def __init__(self):
+        self.chunks, self.ended = [], False
+
+    def put(self, value):
+        self.chunks.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ended = True
+
+
+@pytest.mark.parametrize("patched", [True, False], ids=["patched", "unpatched"])
+def test_custom_generate_streamer_gets_every_token_and_end(pair, patched):
+    llm, slm = pair
+    ids = prompt()
+    if not patched:
+        hf_rstitch.unpatch()
+    streamer = _Recorder()
+    out = llm.generate(ids, custom_generate=hf_rstitch.stitched_decode, stitch_slm=slm, stitch_threshold=0.3,
+                       streamer=streamer, **GREEDY)
+    assert streamer.ended  # a TextIteratorStreamer's consumer would otherwise wait forever
+    assert streamer.chunks[0] == ids[0].tolist()
+    assert sum(streamer.chunks[1:], []) == out[0, ids.shape[1]:].tolist()
