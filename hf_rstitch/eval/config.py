@@ -91,6 +91,10 @@ class EvalConfig:
             for v in values:
                 if not (isinstance(v, (int, float)) and math.isfinite(v) and 0.0 <= v <= 1.0):
                     raise ValueError(f"--{name.replace('_', '-')} values must be in [0, 1], got {v!r}.")
+            twice = sorted({float(v) for v in values if [float(x) for x in values].count(float(v)) > 1})
+            if twice:
+                raise ValueError(f"--{name.replace('_', '-')} lists {twice} more than once; give each value once "
+                                 "(every value is one method, run once per problem).")
         if "rstitch" in self.methods and not self.thresholds:
             raise ValueError("method 'rstitch' needs at least one --thresholds value (e.g. 0.02).")
         if "random" in self.methods and not self.random_p:
@@ -100,6 +104,11 @@ class EvalConfig:
         if "router" in self.methods and self.router is None and not self.report_only:
             raise ValueError("method 'router' needs a router: --router-path FOLDER_OR_HUB_ID "
                              "(e.g. hf_rstitch/assets/router), or EvalConfig(router=...) in Python.")
+        rt = self.router_threshold
+        if rt is not None and (isinstance(rt, bool) or not isinstance(rt, (int, float))
+                               or not (math.isfinite(rt) and 0.0 <= rt <= 1.0)):
+            raise ValueError(f"--router-threshold must be a number in [0, 1] (normalized entropy), got {rt!r}; "
+                             "leave it out to use the threshold the router was trained with.")
         if self.max_new_tokens <= 0:
             raise ValueError(f"--max-new-tokens must be positive, got {self.max_new_tokens}.")
         if self.limit is not None and self.limit <= 0:

@@ -14,10 +14,18 @@ accepted drafts), SLM-only as the SLM's, stitched methods read the decode trace.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+
+
+def param_text(x: float) -> str:
+    """A method parameter as written in record keys: ``%g`` where that is exact (``0.02``,
+    ``1e-05``), else the shortest exact form (``0.001000001``), so two values never share a key."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(float(x))
 
 
 @dataclass(frozen=True)
@@ -51,8 +59,8 @@ class Method:
 
     @property
     def name(self) -> str:
-        """Record key: ``rstitch@0.02``, ``random@0.5``, ``llm``..."""
-        return self.kind if self.param is None else f"{self.kind}@{self.param:g}"
+        """Record key: ``rstitch@0.02``, ``random@0.5``, ``llm``... (the parameter exactly)."""
+        return self.kind if self.param is None else f"{self.kind}@{param_text(self.param)}"
 
     @property
     def label(self) -> str:
@@ -185,7 +193,7 @@ class RStitch(_Stitched):
 
     @property
     def label(self) -> str:
-        return f"R-Stitch τ={self.param:g}"
+        return f"R-Stitch τ={param_text(self.param)}"
 
     def _stitch_kwargs(self):
         return {"stitch_threshold": self.param}
@@ -202,7 +210,7 @@ class RandomRouting(_Stitched):
 
     @property
     def label(self) -> str:
-        return f"Random p={self.param:g}"
+        return f"Random p={param_text(self.param)}"
 
     def _stitch_kwargs(self):
         from hf_rstitch.core.policies import RandomPolicy
@@ -212,11 +220,15 @@ class RandomRouting(_Stitched):
 
 class LearnedRouter(_Stitched):
     """R-Stitch+: a learned router (a :class:`~hf_rstitch.router.Router`, or a folder / Hub id
-    of one) passed through as ``stitch_router=``, with ``threshold``, if given, as
-    ``stitch_threshold`` (the paper consults the router only above it; without one, the
+    of one, loaded once here) passed through as ``stitch_router=``, with ``threshold``, if given,
+    as ``stitch_threshold`` (the paper consults the router only above it; without one, the
     threshold saved in the router's config applies). An object that already implements
     :class:`~hf_rstitch.core.policies.RoutingPolicy` (e.g. a ``RouterPolicy``) runs as
     ``stitch_policy``.
+
+    The record key names the router and the threshold exactly: ``router-<fingerprint>@<tau>``,
+    the fingerprint a hash of the router's weights (of ``repr(policy)`` for a policy object other
+    than a ``RouterPolicy``: give such a class a stable ``__repr__`` to resume its records).
     """
 
     kind, label_text = "router", "R-Stitch+"
@@ -228,12 +240,27 @@ class LearnedRouter(_Stitched):
                 "the 'router' method needs a trained router: pass --router-path FOLDER_OR_HUB_ID "
                 "(EvalConfig(router=...) in Python), or drop 'router' from --methods."
             )
-        self.router, self.threshold = router, threshold
+        from hf_rstitch.core.policies import RoutingPolicy, check_threshold
+
+        if not isinstance(router, RoutingPolicy):
+            from hf_rstitch.router.model import load_router
+
+            router = load_router(router, slm=slm)
+        self.router = router
+        self.threshold = None if threshold is None else check_threshold(threshold, "router_threshold")
+        own = getattr(router, "threshold", None)
+        self.param = self.threshold if self.threshold is not None or own is None else float(own)
+        self.fingerprint = router_fingerprint(router)
+
+    @property
+    def name(self) -> str:
+        base = f"{self.kind}-{self.fingerprint}"
+        return base if self.param is None else f"{base}@{param_text(self.param)}"
 
     def _stitch_kwargs(self):
         from hf_rstitch.core.policies import RoutingPolicy
 
-        # a ready RoutingPolicy runs as the policy; a Router, a path or a Hub id goes to stitch_router
+        # a ready RoutingPolicy runs as the policy; a Router goes to stitch_router
         arg = "stitch_policy" if isinstance(self.router, RoutingPolicy) else "stitch_router"
         kw: dict[str, Any] = {arg: self.router}
         if self.threshold is not None and arg == "stitch_router":
@@ -248,6 +275,25 @@ def eos_ids(*models: Any) -> set[int]:
         eos = getattr(getattr(m, "generation_config", None), "eos_token_id", None)
         ids.update([eos] if isinstance(eos, int) else (eos or []))
     return ids
+
+
+def router_fingerprint(router: Any) -> str:
+    """10 hex digits naming a router: a hash of its config and weights (a RouterPolicy's router
+    and threshold; ``repr`` of any other policy object)."""
+    digest = hashlib.sha256()
+    inner = getattr(router, "router", None)
+    if isinstance(router, torch.nn.Module) or isinstance(inner, torch.nn.Module):
+        module = router if isinstance(router, torch.nn.Module) else inner
+        if module is not router:
+            digest.update(repr(float(router.threshold)).encode())
+        digest.update(type(module).__qualname__.encode())
+        for name, value in sorted(module.state_dict().items()):
+            flat = value.detach().to("cpu").contiguous().reshape(-1)
+            digest.update(f"{name}:{flat.dtype}:{tuple(value.shape)}".encode())
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+    else:
+        digest.update(f"{type(router).__qualname__}:{router!r}".encode())
+    return digest.hexdigest()[:10]
 
 
 METHODS: dict[str, type[Method]] = {

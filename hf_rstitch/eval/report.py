@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,9 +21,21 @@ from .grading import grade, profile_for
 KIND_ORDER = {"slm": 0, "llm": 1, "specdec": 2, "rstitch": 3, "router": 4, "random": 5}
 
 
-def method_sort_key(name: str) -> tuple[int, float]:
-    kind, _, param = name.partition("@")
-    return KIND_ORDER.get(kind, 9), float(param) if param else 0.0
+def method_sort_key(name: str) -> tuple[int, float, str]:
+    """``llm``, ``rstitch@0.02``, ``router-<fingerprint>@0.001``: kind order, then parameter."""
+    head, _, param = name.partition("@")
+    try:
+        value = float(param) if param else 0.0
+    except ValueError:
+        value = 0.0
+    return KIND_ORDER.get(head.partition("-")[0], 9), value, head
+
+
+def safe_file_name(text: str) -> str:
+    """``text`` as one file name: anything but letters, digits and ``._@+=-`` becomes ``_``, so a
+    dataset or method name from a records file (``../../x``, ``owner/name``) cannot leave its folder."""
+    name = re.sub(r"[^A-Za-z0-9._@+=-]", "_", text)
+    return name if name.strip(".") else name.replace(".", "_")
 
 
 def regrade(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -75,7 +88,10 @@ def _f(x: Any, fmt: str = "{:.2f}", none: str = "--") -> str:
 
 
 def _param(s: dict[str, Any]) -> str:
-    return "--" if s["param"] is None else f"{s['param']:g}"
+    if s["param"] is None:
+        return "--"
+    short = f"{s['param']:g}"
+    return short if float(short) == s["param"] else repr(float(s["param"]))
 
 
 def table1_markdown(agg: dict[str, dict[str, dict[str, Any]]]) -> str:
@@ -186,7 +202,8 @@ def write_report(out_dir: str | Path, records: list[dict[str, Any]], meta: dict[
         for ds in agg:
             for name in agg[ds]:
                 if name not in ("llm", "slm") and not name.startswith("random"):
-                    files.append(plot_per_sample(records, ds, name, out / "per_sample" / f"{ds}__{name}.png"))
+                    file = safe_file_name(f"{ds}__{name}.png")
+                    files.append(plot_per_sample(records, ds, name, out / "per_sample" / file))
         summary["plots"] = [str(Path(f).relative_to(out)) for f in files if f]
         md += ["## Plots", ""] + [f"![{Path(f).stem}]({Path(f).relative_to(out)})" for f in files if f] + [""]
     (out / "report.md").write_text("\n".join(md), encoding="utf-8")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -68,6 +69,60 @@ class RecordStore:
             os.fsync(fh.fileno())
 
 
+class FolderBusy(ValueError):
+    """Another run holds the output folder's lock."""
+
+
+class OutLock:
+    """Exclusive use of an output folder for one run: a second run on the same folder (another
+    process, or another thread of this one) is refused instead of writing every record twice.
+
+    An OS file lock on ``<folder>/.lock`` (``flock``; ``msvcrt.locking`` on Windows): the OS drops
+    it when the process dies, so a killed run leaves nothing to clean up.
+    """
+
+    def __init__(self, folder: str | Path):
+        self.path = Path(folder) / ".lock"
+        self._fh: Any = None
+
+    def __enter__(self) -> "OutLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+", encoding="utf-8")
+        try:
+            _lock_file(fh, True)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise FolderBusy(f"{self.path.parent} is in use by another run ({holder}); wait for it to finish, or "
+                             "give this run another --out (shards: one --out each, see --shard).") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            fh.truncate(0)
+            _lock_file(fh, False)
+            fh.close()
+
+
+def _lock_file(fh: Any, lock: bool) -> None:
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        import msvcrt
+
+        fh.seek(0)
+        msvcrt.locking(fh.fileno(), msvcrt.LK_NBLCK if lock else msvcrt.LK_UNLCK, 1)
+        return
+    fcntl.flock(fh.fileno(), (fcntl.LOCK_EX | fcntl.LOCK_NB) if lock else fcntl.LOCK_UN)
+
+
 def key(record: dict[str, Any]) -> tuple[str, str, str]:
     return (record["dataset"], str(record["id"]), record["method"])
 
@@ -123,6 +178,11 @@ def run_eval(methods: list[Method], problems: Iterable[Problem], tokenizer: Any,
     """
     device = torch.device(device)
     problems = list(problems)
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"methods {twice} appear more than once; each (dataset, problem, method) is one record. "
+                         "List every threshold / p / router once.")
     done = store.done()
     todo = [(p, m) for p in problems for m in methods if (p.dataset, p.id, m.name) not in done]
     if not todo:
