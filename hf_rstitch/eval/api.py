@@ -89,6 +89,10 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
     ``llm`` / ``slm`` / ``tokenizer`` may be passed already loaded (tests, notebooks); the
     config's ``llm`` / ``slm`` strings are then only labels.
     """
+    from .launched import evaluate_launched, launched
+
+    if not cfg.report_only and cfg.shard == "0/1" and (where := launched()) is not None:
+        return evaluate_launched(cfg, *where, llm=llm, slm=slm, tokenizer=tokenizer)  # torchrun / accelerate launch
     out = Path(cfg.out)
     store = RecordStore(out / RECORDS)
     if cfg.report_only:

@@ -43,8 +43,10 @@ class EvalConfig:
     seed: int = field(default=0, metadata=_help("Seed for sampling and random routing (reset before every problem)."))
     limit: int | None = field(default=None, metadata=_help("Use only the first N problems of each dataset."))
     shard: str = field(default="0/1", metadata=_help(
-        "i/n: run only the problems whose position modulo n is i, to split a run over n processes (give each "
-        "its own --out, then concatenate their records.jsonl into one folder and run --report-only)."))
+        "i/n: run only the problems whose position modulo n is i, to split a run over n processes by hand (give "
+        "each its own --out, then concatenate their records.jsonl into one folder and run --report-only). Under "
+        "torchrun / accelerate launch leave it out: each process takes its shard (RANK / WORLD_SIZE) on its own GPU, "
+        "and rank 0 merges the records into one report in --out."))
     out: str = field(default="benchmarks/results/eval", metadata=_help(
         "Output folder: records.jsonl, run.json, report.md, summary.json and plots."))
     device: str = field(default="auto", metadata=_help("Device for both models: auto (cuda if available), cuda, cuda:1, cpu."))

@@ -113,7 +113,7 @@ def table1_markdown(agg: dict[str, dict[str, dict[str, Any]]]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     ns = ", ".join(f"{ds}: n={next(iter(agg[ds].values()))['n']}" for ds in datasets)
     lines.append("")
-    lines.append(f"Acc in %, Lat = mean wall-clock seconds per sample (batch 1), Spd = Lat(LLM) / Lat(method). {ns}.")
+    lines.append(f"Acc in %, Lat = mean wall-clock seconds per sample (batching: see the run settings), Spd = Lat(LLM) / Lat(method). {ns}.")
     return "\n".join(lines)
 
 
