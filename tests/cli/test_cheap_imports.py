@@ -36,5 +36,5 @@ def test_rstitch_help_imports_neither_torch_nor_transformers():
 def test_the_generate_patch_lands_when_transformers_loads():
     code = ("import hf_rstitch\nfrom transformers import LlamaForCausalLM\n"
             "from hf_rstitch.hf.patch import is_patched\nassert is_patched()\n"
-            "assert LlamaForCausalLM.generate.__code__.co_name == '_stitching_generate'")
+            "from hf_rstitch.hf.patch import _state_of\nassert _state_of(LlamaForCausalLM.generate)['active']")
     assert loaded_after(code) == list(HEAVY)
