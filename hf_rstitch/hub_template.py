@@ -44,6 +44,7 @@ MODULES = (
     "hf/checks.py",
     "hf/placement.py",
     "hf/decode.py",
+    "hf/settings.py",
     "hf/entry.py",
 )
 
