@@ -109,9 +109,10 @@ def _fill_defaults(model, config, kwargs):
         kwargs["stitch_router"] = STITCH_DEFAULTS[ROUTER_KEY]
 
 
-def generate(model, *args, **kwargs):
+def generate(*args, model, **kwargs):
     \"\"\"``llm.generate(custom_generate=<this repo>, trust_remote_code=True, ...)``, or any ``generate`` of a
-    model loaded with ``from_pretrained(<repo holding this file>, trust_remote_code=True)``.
+    model loaded with ``from_pretrained(<repo holding this file>, trust_remote_code=True)`` (transformers
+    then binds ``model`` by keyword, and the prompt may come positionally).
 
     Stitches when asked: a ``stitch_threshold`` / ``stitch_policy`` / ``stitch_router`` argument, a
     ``stitch_threshold`` on the generation config, or one in ``STITCH_DEFAULTS``; every other call is
