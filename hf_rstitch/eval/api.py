@@ -58,14 +58,16 @@ def load_pair(cfg: EvalConfig, device: str) -> tuple[Any, Any, Any]:
 
 
 def clear_stitch_defaults(model: Any) -> None:
-    """Drop a ``stitch_threshold`` stored in the checkpoint's generation config: with it set,
-    the patched ``generate`` would stitch the LLM-only and SpecDec baselines too. The
-    harness passes every threshold explicitly."""
+    """Drop stitching settings stored in the checkpoint's generation config (threshold, SLM, router):
+    with them set, the patched ``generate`` would stitch the LLM-only and SpecDec baselines too, or
+    route R-Stitch through a router. The harness passes every setting explicitly."""
+    from ..hf.settings import clear_settings
+
     config = getattr(model, "generation_config", None)
-    if getattr(config, "stitch_threshold", None) is not None:
-        logger.warning("ignoring generation_config.stitch_threshold=%s of the LLM; each method sets its own routing",
-                       config.stitch_threshold)
-        config.stitch_threshold = None
+    found = clear_settings(config) if config is not None else {}
+    if found:
+        logger.warning("ignoring the LLM's generation_config stitching settings %s; each method sets its own routing",
+                       found)
 
 
 def _prepare_out(cfg: EvalConfig, out: Path) -> None:

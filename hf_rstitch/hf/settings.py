@@ -107,6 +107,14 @@ def configure(model, threshold: float | None = None, slm=None, router=None):
     return config
 
 
+def clear_settings(config) -> dict:
+    """Unset the stitching entries of ``config`` (harnesses that pass every setting explicitly); returns them."""
+    found = stitch_settings(config)
+    for key in found:
+        setattr(config, key, None)
+    return found
+
+
 def stitch_settings(config) -> dict:
     """The stitching entries set on a generation config, e.g. ``{"stitch_threshold": 0.005}``."""
     return {k: getattr(config, k) for k in SETTING_KEYS if getattr(config, k, None) is not None}
