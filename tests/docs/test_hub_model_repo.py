@@ -67,6 +67,7 @@ def test_template_bounds_match_pyproject():
         assert req in deps, f"{req} of the Hub template is not in pyproject.toml's dependencies {deps}"
 
 
+@pytest.mark.slow  # a subprocess loading transformers and both models
 @needs_pair
 def test_model_repo_stitches_with_its_defaults_without_hf_rstitch(tmp_path, pair):
     llm, slm, tok = pair
@@ -112,6 +113,7 @@ print(json.dumps({"error": error}))
 """
 
 
+@pytest.mark.slow
 @needs_pair
 def test_plain_generate_is_untouched_and_bounds_are_checked(tmp_path):
     repo = export(tmp_path / "repo")  # no defaults: stitching only when asked
