@@ -145,7 +145,8 @@ def _optional_import(module: str, names: list[str], indent: str) -> str:
         f"{indent}except ImportError:",
         f"{indent}    raise ImportError(",
         f'{indent}        "`{arg}` needs {what}, which this custom_generate template does not include: "',
-        f'{indent}        "pip install hf-rstitch (then `import hf_rstitch` and drop custom_generate=...)."',
+        f'{indent}        "install hf-rstitch (pip install a clone of its repository or a wheel built from one; it is on no "',
+        f'{indent}        "package index), then `import hf_rstitch` and drop custom_generate=...."',
         f"{indent}    ) from None",
     ]
     return "\n".join(body)

@@ -138,7 +138,7 @@ def test_template_runs_without_hf_rstitch(tmp_path, reference):
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["ids"] == want.sequences[0].tolist()
     assert got["roles"] == [str(r) for r in want.stitch.roles]
-    assert "pip install hf-rstitch" in got["router_error"]
+    assert "install hf-rstitch" in got["router_error"] and "wheel" in got["router_error"]
 
 
 @needs_pair
