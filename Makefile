@@ -1,4 +1,5 @@
-# The two set-up commands of the README. Each works by itself on a fresh clone.
+# The two set-up commands of the README. Each works by itself on a fresh clone, with any interpreter
+# (make demo PYTHON=.venv/bin/python): everything runs through $(PYTHON) -m, never a bare `rstitch`.
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip
 # torch==2.13.0 first: on the project's CPU machines it is a local CPU wheel, and it keeps pip from
@@ -16,7 +17,7 @@ install-dev:
 	$(PIP) install -q -e ".[dev]"
 
 demo: install
-	HF_HUB_OFFLINE=1 rstitch demo
+	HF_HUB_OFFLINE=1 $(PYTHON) -m hf_rstitch demo
 
 test: install-dev
 	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from hf_rstitch.hf.compat import with_cache
 from hf_rstitch.latency import LatencyModel
 from hf_rstitch.latency.profiler import device_name, fit_summary, profile_model, random_qwen2
 from lab import switch_route, sync
@@ -63,7 +64,7 @@ def replay(models: dict, calls: list[tuple[str, int, int]], device) -> float:
     t0 = time.perf_counter()
     for role, n_inf, n_kv in calls:
         assert caches[role].get_seq_length() == n_kv
-        models[role](input_ids=ids[role][:, :n_inf], past_key_values=caches[role], use_cache=True, logits_to_keep=1)
+        models[role](input_ids=ids[role][:, :n_inf], **with_cache(models[role], caches[role]), use_cache=True, logits_to_keep=1)
         sync(device)  # a stitched decoder reads the entropy on the host after every call
     return time.perf_counter() - t0
 

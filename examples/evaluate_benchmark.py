@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import argparse
 
+import hf_rstitch
 from common import load_models
 from hf_rstitch.eval import EvalConfig, evaluate
-from hf_rstitch.toyworld.pair import ASSETS
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=str(ASSETS / "test.jsonl"), help="benchmark JSONL or Hub dataset id")
+    parser.add_argument("--data", default=str(hf_rstitch.shipped("test")), help="benchmark JSONL, local file or Hub dataset id")
     parser.add_argument("--limit", type=int, default=2, help="first N problems")
     parser.add_argument("--thresholds", type=float, nargs="+", default=[0.001])
     parser.add_argument("--max-new-tokens", type=int, default=300)

@@ -3,7 +3,7 @@
     python examples/train_router.py                                  # ~1-2 minutes on a CPU
     python examples/train_router.py --steps 50 --batch-prompts 32 --group-size 8 --device cuda
 
-Uses the shipped router's latency profile (``hf_rstitch/assets/router/latency.json``) for the
+Uses the shipped router's latency profile (``hf_rstitch.shipped("latency")``) for the
 reward's latency term, so nothing is profiled here. A few steps do not make a good router -- the
 shipped one took 53 steps of 32 prompts x 8 rollouts on a GPU (docs/router.md) -- this shows the
 loop, the files it writes and how the result is used. ``rstitch train-router`` is the full CLI.
@@ -12,7 +12,6 @@ loop, the files it writes and how the result is used. ``rstitch train-router`` i
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
@@ -21,7 +20,7 @@ from common import TOY_PROBLEM, load_models, marked, prompt_ids
 from hf_rstitch.router.config import RouterTrainConfig
 from hf_rstitch.router.train import train_router
 
-SHIPPED_PROFILE = Path(hf_rstitch.__file__).parent / "assets" / "router" / "latency.json"
+SHIPPED_PROFILE = hf_rstitch.shipped("latency")
 
 
 def main(argv: list[str] | None = None):

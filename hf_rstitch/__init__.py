@@ -7,9 +7,14 @@
 Without the patch: ``llm.generate(..., custom_generate=hf_rstitch.stitched_decode,
 stitch_slm=slm, stitch_threshold=0.02)``. ``hf_rstitch.unpatch()`` restores ``generate``.
 
+Settings that travel with the LLM (``save_pretrained`` / ``push_to_hub``):
+``hf_rstitch.configure(llm, threshold=0.005, slm="org/slm")``. Shipped files (the toy pair, its
+router): ``hf_rstitch.shipped("llm")``, ``"slm"``, ``"router"``.
+
 Importing the package is cheap: the public names below load on first use, and the ``generate``
-patch is applied when transformers' generation module loads (at once if it already has; see
-:mod:`hf_rstitch.hf.deferred`), so ``rstitch --help`` and the torch-free submodules never load torch.
+patch (with the settings hook) is applied when transformers' generation module loads (at once if
+it already has; see :mod:`hf_rstitch.hf.deferred`), so ``rstitch --help`` and the torch-free
+submodules never load torch.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ _LAZY = {  # public name -> module that defines it
     "stitched_decode": ".hf.decode",
     "StitchedGenerateOutput": ".hf.output",
     **dict.fromkeys(["is_patched", "patch", "unpatch"], ".hf.patch"),
+    "configure": ".hf.settings",
+    "shipped": ".resources",
 }
 
 __all__ = sorted(_LAZY)

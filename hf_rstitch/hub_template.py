@@ -46,6 +46,7 @@ MODULES = (
     "hf/checks.py",
     "hf/placement.py",
     "hf/decode.py",
+    "hf/settings.py",
     "hf/entry.py",
 )
 
@@ -56,24 +57,82 @@ OPTIONAL_IMPORTS = {
     "fast": ("stitch_engine", "the fast engine"),
 }
 
-REQUIREMENTS = ("torch>=2.4", "transformers>=5.17,<5.25")
+# Same bounds as pyproject.toml (a test checks). transformers reads only the first specifier of a
+# custom_generate requirements.txt, so the generated file checks all of them itself when loaded.
+REQUIREMENTS = ("torch>=2.4", "transformers>=5.17,<6")
 
-ENTRY_POINT = '''
+VERSION_CHECK = """
+
+# ---- version bounds, checked when transformers loads this file --------------------------------
+
+TEMPLATE_REQUIREMENTS = $requirements
+
+
+def _check_versions(requirements=TEMPLATE_REQUIREMENTS):
+    from transformers.utils.versions import require_version
+
+    for requirement in requirements:
+        require_version(requirement, "This R-Stitch custom_generate template was exported by hf-rstitch $version and "
+                                     "tested within these bounds; install a version in range, or re-export the template "
+                                     "with a newer hf-rstitch (rstitch export-hub-template DIR).")
+
+
+_check_versions()
+"""
+
+ENTRY_POINT = """
 
 # ---- entry point: transformers calls generate(model=llm, **generate's arguments) -------------
 
-def generate(model, *args, **kwargs):
-    """R-Stitch through ``llm.generate(custom_generate=<this repo>, trust_remote_code=True, ...)``.
+# Written by `rstitch export-hub-template --threshold / --slm / --router`. generate() arguments come
+# first, then the LLM's generation config (stitch_threshold, stitch_slm_name_or_path,
+# stitch_router_name_or_path), then these.
+STITCH_DEFAULTS = $defaults
+_ASKS_FOR_STITCHING = ("stitch_threshold", "stitch_policy", "stitch_router", "stitch_slm")
 
-    ``assistant_model`` (or ``stitch_slm``) is the SLM; ``stitch_threshold`` / ``stitch_policy`` and
-    every other ``generate`` argument behave as with ``import hf_rstitch``. Without a threshold or a
-    policy, ``generation_config.stitch_threshold`` is used; without either, an error says so.
-    """
+
+def _wants_stitching(config, kwargs):
+    if kwargs.pop("stitch", True) is False:  # generate(..., stitch=False): plain decoding from a repo with defaults
+        return False
+    return (any(kwargs.get(name) is not None for name in _ASKS_FOR_STITCHING)
+            or getattr(config, THRESHOLD_KEY, None) is not None or THRESHOLD_KEY in STITCH_DEFAULTS)
+
+
+def _fill_defaults(model, config, kwargs):
+    import types
+
+    if kwargs.get("stitch_threshold") is None and getattr(config, THRESHOLD_KEY, None) is None:
+        kwargs["stitch_threshold"] = STITCH_DEFAULTS.get(THRESHOLD_KEY)
+    no_slm = kwargs.get("assistant_model") is None and kwargs.get("stitch_slm") is None
+    if no_slm and getattr(config, SLM_KEY, None) is None and SLM_KEY in STITCH_DEFAULTS:
+        kwargs["stitch_slm"] = configured_slm(model, types.SimpleNamespace(**{SLM_KEY: STITCH_DEFAULTS[SLM_KEY]}))
+    no_route = kwargs.get("stitch_policy") is None and kwargs.get("stitch_router") is None
+    if no_route and configured_router(config) is None and ROUTER_KEY in STITCH_DEFAULTS:
+        kwargs["stitch_router"] = STITCH_DEFAULTS[ROUTER_KEY]
+
+
+def generate(*args, model, **kwargs):
+    \"\"\"``llm.generate(custom_generate=<this repo>, trust_remote_code=True, ...)``, or any ``generate`` of a
+    model loaded with ``from_pretrained(<repo holding this file>, trust_remote_code=True)`` (transformers
+    then binds ``model`` by keyword, and the prompt may come positionally).
+
+    Stitches when asked: a ``stitch_threshold`` / ``stitch_policy`` / ``stitch_router`` argument, a
+    ``stitch_threshold`` on the generation config, or one in ``STITCH_DEFAULTS``; every other call is
+    transformers' own ``generate``, untouched (``stitch=False`` forces that). The SLM is
+    ``assistant_model``, else ``stitch_slm``, else the one the generation config or ``STITCH_DEFAULTS``
+    names (loaded once). Arguments behave as with ``import hf_rstitch``.
+    \"\"\"
     from transformers import GenerationMixin
 
     kwargs.pop("trust_remote_code", None)
+    config = kwargs.get("generation_config") or model.generation_config
+    if not _wants_stitching(config, kwargs):
+        for name in _ASKS_FOR_STITCHING:
+            kwargs.pop(name, None)
+        return GenerationMixin.generate(model, *args, **kwargs)
+    _fill_defaults(model, config, kwargs)
     return run_stitched(GenerationMixin.generate, model, args, kwargs)
-'''
+"""
 
 
 class ExportError(RuntimeError):
@@ -88,7 +147,8 @@ def _optional_import(module: str, names: list[str], indent: str) -> str:
         f"{indent}except ImportError:",
         f"{indent}    raise ImportError(",
         f'{indent}        "`{arg}` needs {what}, which this custom_generate template does not include: "',
-        f'{indent}        "pip install hf-rstitch (then `import hf_rstitch` and drop custom_generate=...)."',
+        f'{indent}        "install hf-rstitch (pip install a clone of its repository or a wheel built from one; it is on no "',
+        f'{indent}        "package index), then `import hf_rstitch` and drop custom_generate=...."',
         f"{indent}    ) from None",
     ]
     return "\n".join(body)
@@ -151,8 +211,9 @@ def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
     return "\n".join(out).strip("\n") + "\n", defined
 
 
-def flattened_source() -> str:
-    """The whole ``custom_generate/generate.py``."""
+def flattened_source(defaults: dict | None = None) -> str:
+    """The whole ``custom_generate/generate.py``; ``defaults`` become its ``STITCH_DEFAULTS``
+    (keys from :data:`hf_rstitch.hf.settings.SETTING_KEYS`)."""
     header = (
         f'"""R-Stitch stitched decoding as a transformers ``custom_generate`` recipe (hf-rstitch '
         f'{hf_rstitch.__version__}).\n\n'
@@ -160,7 +221,7 @@ def flattened_source() -> str:
         "Sections, in order: " + ", ".join(m.removesuffix(".py").replace("/", ".") for m in MODULES) + ".\n"
         '"""\n\nfrom __future__ import annotations\n'
     )
-    parts = [header]
+    parts = [header, Template(VERSION_CHECK).substitute(requirements=repr(REQUIREMENTS), version=hf_rstitch.__version__)]
     seen: dict[str, str] = {}
     for rel in MODULES:
         text, names = flatten_module((PACKAGE / rel).read_text(encoding="utf-8"), rel)
@@ -169,7 +230,7 @@ def flattened_source() -> str:
             raise ExportError(f"{rel} redefines {sorted(clash)} from {sorted(set(clash.values()))}; rename one")
         seen.update({n: rel for n in names})
         parts.append(f"\n# ==== hf_rstitch/{rel} " + "=" * max(4, 84 - len(rel)) + "\n\n" + text)
-    parts.append(ENTRY_POINT)
+    parts.append(Template(ENTRY_POINT).substitute(defaults=repr(dict(defaults or {}))))
     source = "\n".join(parts)
     compile(source, "custom_generate/generate.py", "exec")  # a syntax error here is an exporter bug
     return source
@@ -187,28 +248,62 @@ def render(template: str, **values) -> str:
         raise ValueError(f"template {template} needs a value for {err.args[0]!r}; got {sorted(values)}") from None
 
 
-def export(out_dir: str | Path, repo_id: str = "<org>/<repo>", overwrite: bool = False) -> Path:
+def stitch_defaults(threshold: float | None = None, slm: str | None = None, router: str | None = None) -> dict:
+    """The template's ``STITCH_DEFAULTS``: only the settings given, validated."""
+    from .hf.settings import ROUTER_KEY, SLM_KEY, THRESHOLD_KEY, threshold_value
+
+    defaults = {THRESHOLD_KEY: None if threshold is None else threshold_value(threshold), SLM_KEY: slm,
+                ROUTER_KEY: router}
+    return {k: v for k, v in defaults.items() if v not in (None, "")}
+
+
+def save_llm(llm: str, out: Path) -> None:
+    """Save the LLM (and its tokenizer) into ``out``, making the folder a model repo that carries the template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .resources import resolve
+
+    llm = resolve(llm)
+    AutoModelForCausalLM.from_pretrained(llm, dtype="auto").save_pretrained(out)
+    AutoTokenizer.from_pretrained(llm).save_pretrained(out)
+
+
+def export(out_dir: str | Path, repo_id: str = "<org>/<repo>", overwrite: bool = False, *,
+           threshold: float | None = None, slm: str | None = None, router: str | None = None,
+           llm: str | None = None) -> Path:
     """Write the Hub repository template to ``out_dir`` and return it.
 
     Layout: ``custom_generate/generate.py``, ``custom_generate/requirements.txt``, ``README.md``
-    (tagged ``custom_generate``; ``repo_id`` fills its examples) and ``hf_rstitch_export.json``.
+    (tagged ``custom_generate``; ``repo_id`` fills its examples) and ``hf_rstitch_export.json``;
+    with ``llm``, also that model's weights, configs and tokenizer (a model repo whose ``generate``,
+    ``pipeline`` and ``transformers serve`` stitch once loaded with ``trust_remote_code=True``).
 
     Args:
         out_dir: target folder; created if missing. Must be empty unless ``overwrite``.
         repo_id: the Hub id the folder will be pushed to, used in the README's examples.
         overwrite: replace the files this function writes if they exist.
+        threshold: default tau; with it, every ``generate`` through the template stitches.
+        slm: the SLM (Hub id, or a folder on the machine that will load the repo), used when a call
+            passes no ``assistant_model``.
+        router: default R-Stitch+ router (Hub id or folder; needs hf-rstitch where it runs).
+        llm: a model (Hub id, folder or ``shipped:llm``) to save into the folder with the template.
     """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a folder; pass a new or empty folder.")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} is not empty; pass an empty folder, or overwrite=True (--overwrite) to replace.")
+    defaults = stitch_defaults(threshold, slm, router)
     (out / "custom_generate").mkdir(parents=True, exist_ok=True)
-    (out / "custom_generate" / "generate.py").write_text(flattened_source(), encoding="utf-8")
+    if llm:
+        save_llm(llm, out)
+    (out / "custom_generate" / "generate.py").write_text(flattened_source(defaults), encoding="utf-8")
     (out / "custom_generate" / "requirements.txt").write_text("\n".join(REQUIREMENTS) + "\n", encoding="utf-8")
     readme = render("hub_readme.md", repo_id=repo_id, version=hf_rstitch.__version__,
-                    requirements=", ".join(f"`{r}`" for r in REQUIREMENTS))
+                    requirements=", ".join(f"`{r}`" for r in REQUIREMENTS),
+                    defaults=json.dumps(defaults) if defaults else "none (pass `stitch_threshold=` to stitch)")
     (out / "README.md").write_text(readme, encoding="utf-8")
-    meta = {"hf_rstitch_version": hf_rstitch.__version__, "modules": list(MODULES), "repo_id": repo_id}
+    meta = {"hf_rstitch_version": hf_rstitch.__version__, "modules": list(MODULES), "repo_id": repo_id,
+            "stitch_defaults": defaults, "llm": llm}
     (out / "hf_rstitch_export.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out

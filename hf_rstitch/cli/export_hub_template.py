@@ -27,6 +27,14 @@ class ExportConfig:
                                            "cli": False})
     repo_id: str = field(default="<org>/<repo>", metadata={"help": "Hub id the folder will be pushed to (README examples)"})
     overwrite: bool = field(default=False, metadata={"help": "replace the exported files in a non-empty folder"})
+    threshold: float | None = field(default=None, metadata={
+        "help": "default tau: every generate through the template then stitches (stitch=False opts out)"})
+    slm: str = field(default="", metadata={
+        "help": "SLM used when a call passes no assistant_model: a Hub id (or a folder on the machine that loads the repo)"})
+    router: str = field(default="", metadata={"help": "default R-Stitch+ router, Hub id or folder (needs hf-rstitch where it runs)"})
+    llm: str = field(default="", metadata={
+        "help": "also save this LLM (Hub id, folder or shipped:llm) with its tokenizer into DIR: a model repo that "
+                "pipeline and `transformers serve --trust-remote-code` load"})
 
     def __post_init__(self):
         if not self.dir:
@@ -43,11 +51,14 @@ def run(args: argparse.Namespace) -> int:
     from ..hub_template import ExportError, export
 
     try:
-        out = export(cfg.dir, repo_id=cfg.repo_id, overwrite=cfg.overwrite)
-    except (FileExistsError, ExportError) as err:
+        out = export(cfg.dir, repo_id=cfg.repo_id, overwrite=cfg.overwrite, threshold=cfg.threshold,
+                     slm=cfg.slm or None, router=cfg.router or None, llm=cfg.llm or None)
+    except (FileExistsError, ExportError, ValueError, OSError) as err:
         print(f"rstitch export-hub-template: error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {out}/custom_generate/generate.py, requirements.txt and README.md; "
+    what = "the LLM, " if cfg.llm else ""
+    print(f"wrote {what}{out}/custom_generate/generate.py, requirements.txt and README.md; "
           f"load it with llm.generate(..., custom_generate={str(out)!r}, trust_remote_code=True, assistant_model=slm, "
-          "stitch_threshold=0.02), or push the folder to the Hub")
+          "stitch_threshold=0.02)" + (f" or AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)"
+                                      if cfg.llm else "") + ", or push the folder to the Hub")
     return 0

@@ -10,7 +10,7 @@ import importlib
 import sys
 
 # Subcommand modules, in the order --help lists them.
-SUBCOMMANDS = ["demo", "generate", "eval", "profile", "train_router", "toyworld", "export_hub_template"]
+SUBCOMMANDS = ["demo", "generate", "eval", "tune", "profile", "train_router", "toyworld", "export_hub_template"]
 
 
 def _load_subcommands() -> list:
@@ -41,7 +41,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_library_logs() -> None:
+    """The library logs through ``logging`` (``hf_rstitch.*``); the command shows its INFO and above on stderr."""
+    import logging
+
+    log = logging.getLogger("hf_rstitch")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
+    _show_library_logs()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "_run"):

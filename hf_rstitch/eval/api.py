@@ -9,6 +9,7 @@ re-tabulates the records without loading any model.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -16,10 +17,12 @@ from typing import Any
 
 from .config import EvalConfig
 from .data import load_problems
+from .provenance import model_provenance
 from .report import environment, regrade, table1_markdown, aggregate, write_report
 from .runner import OutLock, RecordStore, run_eval
 
 RECORDS, RUN_META = "records.jsonl", "run.json"
+logger = logging.getLogger(__name__)
 
 
 def resolve_device(device: str) -> str:
@@ -55,14 +58,16 @@ def load_pair(cfg: EvalConfig, device: str) -> tuple[Any, Any, Any]:
 
 
 def clear_stitch_defaults(model: Any) -> None:
-    """Drop a ``stitch_threshold`` stored in the checkpoint's generation config: with it set,
-    the patched ``generate`` would stitch the LLM-only and SpecDec baselines too. The
-    harness passes every threshold explicitly."""
+    """Drop stitching settings stored in the checkpoint's generation config (threshold, SLM, router):
+    with them set, the patched ``generate`` would stitch the LLM-only and SpecDec baselines too, or
+    route R-Stitch through a router. The harness passes every setting explicitly."""
+    from ..hf.settings import clear_settings
+
     config = getattr(model, "generation_config", None)
-    if getattr(config, "stitch_threshold", None) is not None:
-        print(f"note: ignoring generation_config.stitch_threshold={config.stitch_threshold} of the LLM; "
-              "each method sets its own routing")
-        config.stitch_threshold = None
+    found = clear_settings(config) if config is not None else {}
+    if found:
+        logger.warning("ignoring the LLM's generation_config stitching settings %s; each method sets its own routing",
+                       found)
 
 
 def _prepare_out(cfg: EvalConfig, out: Path) -> None:
@@ -71,7 +76,7 @@ def _prepare_out(cfg: EvalConfig, out: Path) -> None:
     if not cfg.resume and rec_path.exists():
         backup = out / f"records.{time.strftime('%Y%m%d-%H%M%S')}.jsonl.bak"
         shutil.move(rec_path, backup)
-        print(f"--no-resume: moved old records to {backup}")
+        logger.warning("--no-resume: moved old records to %s", backup)
     elif meta_path.exists() and rec_path.exists():
         old = json.loads(meta_path.read_text()).get("settings", {})
         new = cfg.run_settings()
@@ -109,7 +114,7 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
     out.mkdir(parents=True, exist_ok=True)
     with OutLock(out):  # one run per --out at a time
         _prepare_out(cfg, out)
-        problems = cfg.shard_of([p for src in cfg.data for p in load_problems(src, limit=cfg.limit)])
+        problems = cfg.shard_of([p for src in cfg.data for p in load_problems(src, limit=cfg.limit, columns=cfg.columns)])
         device = resolve_device(cfg.device)
         if llm is None or slm is None or tokenizer is None:
             llm, slm, tokenizer = load_pair(cfg, device)
@@ -117,7 +122,8 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
             device = str(next(llm.parameters()).device)
         clear_stitch_defaults(llm)
         batch_size = cfg.batch_size_on(device)
-        meta = {**environment(), "settings": cfg.run_settings(), "batch_size": batch_size,
+        meta = {**environment(), "models": {"llm": model_provenance(cfg.llm), "slm": model_provenance(cfg.slm)},
+                "settings": cfg.run_settings(), "batch_size": batch_size,
                 "datasets": list(dict.fromkeys(p.dataset for p in problems))}
         settings = GenSettings(cfg.max_new_tokens, cfg.do_sample, cfg.temperature, cfg.top_p, cfg.seed)
         methods = build_methods(cfg.methods, llm, slm, settings, thresholds=cfg.thresholds, random_p=cfg.random_p,

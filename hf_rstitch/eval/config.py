@@ -23,11 +23,16 @@ def _help(text: str, **extra: Any) -> Any:
 
 @dataclass
 class EvalConfig:
-    llm: str = field(default="", metadata=_help("LLM checkpoint: local path or Hub id."))
-    slm: str = field(default="", metadata=_help("SLM checkpoint (same tokenizer as the LLM): local path or Hub id."))
+    llm: str = field(default="", metadata=_help("LLM checkpoint: local path, Hub id, or shipped:llm (the shipped pair)."))
+    slm: str = field(default="", metadata=_help(
+        "SLM checkpoint (same tokenizer as the LLM): local path, Hub id, or shipped:slm."))
     data: list[str] = field(default_factory=list, metadata=_help(
-        "Benchmark JSONL file(s) with id/problem/answer per line; a non-file is read as a Hub dataset "
-        "id owner/name[:split] (needs `datasets`). Several files give one Table-1 column group each."))
+        "Benchmark(s): JSONL files with id/problem/answer per line, local .json/.csv/.parquet files, or Hub "
+        "datasets owner/name[:split] or owner/name:config:split (needs `datasets`, in the eval extra; GSM8K and "
+        "MATH-500 as published load as they are). Several give one Table-1 column group each."))
+    columns: str = field(default="", metadata=_help(
+        "Column mapping for --data whose columns are named otherwise, FIELD=COLUMN pairs: "
+        "problem=question,answer=final_answer (fields: id, problem, answer; without an id the row number is used)."))
     methods: list[str] = field(default_factory=lambda: ["llm", "slm", "specdec", "rstitch", "random"], metadata=_help(
         "Methods to run: llm, slm, specdec (assisted generation), rstitch (one run per --thresholds), "
         "random (one run per --random-p), router (R-Stitch+: needs --router).",
@@ -71,19 +76,26 @@ class EvalConfig:
         "(the paper's per-sample latency) on CPU. Speculative decoding always runs at 1."))
     router: Any = field(default=None, metadata={"cli": False, "help": "Router object or folder for the 'router' method."})
     router_path: str = field(default="", metadata=_help(
-        "R-Stitch+ router for the 'router' method: a local folder (e.g. hf_rstitch/assets/router) or Hub id."))
+        "R-Stitch+ router for the 'router' method: a local folder, a Hub id, or shipped (the shipped pair's router)."))
     router_threshold: float | None = field(default=None, metadata=_help(
         "Entropy threshold under which the router is not consulted (default: the one it was trained with)."))
 
     def __post_init__(self) -> None:
         if isinstance(self.data, str):
             self.data = [self.data]
+        from ..resources import resolve
+
+        self.llm, self.slm = resolve(self.llm), resolve(self.slm)  # shipped:llm -> its folder
         if not self.report_only:
             for name in ("llm", "slm"):
                 if not getattr(self, name):
                     raise ValueError(f"--{name} is required (a local checkpoint path or Hub id) unless --report-only.")
             if not self.data:
-                raise ValueError("--data is required: one or more JSONL files with id/problem/answer per line.")
+                raise ValueError("--data is required: one or more JSONL files with id/problem/answer per line, "
+                                 "other local files or Hub dataset ids.")
+        from .data import parse_columns
+
+        parse_columns(self.columns)  # a malformed mapping fails here, before any model loads
         bad = [m for m in self.methods if m not in METHOD_KINDS]
         if bad or not self.methods:
             raise ValueError(f"unknown method(s) {bad}; choose from {list(METHOD_KINDS)}.")
@@ -105,7 +117,7 @@ class EvalConfig:
             self.router = self.router_path
         if "router" in self.methods and self.router is None and not self.report_only:
             raise ValueError("method 'router' needs a router: --router-path FOLDER_OR_HUB_ID "
-                             "(e.g. hf_rstitch/assets/router), or EvalConfig(router=...) in Python.")
+                             "(e.g. shipped), or EvalConfig(router=...) in Python.")
         rt = self.router_threshold
         if rt is not None and (isinstance(rt, bool) or not isinstance(rt, (int, float))
                                or not (math.isfinite(rt) and 0.0 <= rt <= 1.0)):

@@ -1,13 +1,19 @@
 """Benchmark problems and prompts.
 
-A benchmark is a JSONL file with one object per line carrying at least ``id``, ``problem`` and
-``answer`` (strings; extra keys are ignored) -- the format of the six sets in
-``shared/benchmarks`` and of the shipped pair's test split. A source that is not an existing
-file is read as a Hugging Face Hub dataset id (``owner/name`` or ``owner/name:split``) through
-``datasets``, imported only then; Hub rows need the same three columns.
+A benchmark is a set of rows with a ``problem`` and an ``answer`` (and an ``id``; without one, the
+row's position is its id) -- the format of the six sets in ``shared/benchmarks`` and of the shipped
+pair's test split. Sources:
 
-Prompts go through the tokenizer's chat template: one user turn holding the problem followed
-by the instruction. This module never grades or generates.
+* a JSONL file (read here, line numbers in errors);
+* a local ``.json`` / ``.csv`` / ``.parquet`` file, or a Hugging Face Hub dataset
+  ``owner/name[:split]`` or ``owner/name:config:split`` (default split ``test``), read through
+  ``datasets`` (the ``eval`` extra), imported only then.
+
+Columns named otherwise are mapped with ``columns={"problem": "question", "answer": "final_answer"}``
+(``--columns problem=question,answer=final_answer``); :data:`KNOWN_SETS` holds the mapping of common
+math sets as published (GSM8K's answers are cut after ``####``). Prompts go through the tokenizer's
+chat template: one user turn holding the problem followed by the instruction. This module never
+grades or generates.
 """
 
 from __future__ import annotations
@@ -15,10 +21,28 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
-REQUIRED_KEYS = ("id", "problem", "answer")
+REQUIRED_KEYS = ("problem", "answer")  # plus "id", optional
+FIELDS = ("id", "problem", "answer")
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+DATASETS_FILES = {".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """How a published set maps onto ``id`` / ``problem`` / ``answer``."""
+
+    columns: Mapping[str, str]
+    config: str | None = None  # the `datasets` configuration name, if the set needs one
+    answer_after: str | None = None  # keep only the text after this marker (GSM8K: "####")
+
+
+KNOWN_SETS = {
+    "openai/gsm8k": DataSpec({"problem": "question"}, config="main", answer_after="####"),
+    "gsm8k": DataSpec({"problem": "question"}, config="main", answer_after="####"),
+    "HuggingFaceH4/MATH-500": DataSpec({"id": "unique_id"}),
+}
 
 
 @dataclass(frozen=True)
@@ -31,76 +55,143 @@ class Problem:
     dataset: str
 
 
+def parse_columns(text: str | Mapping[str, str] | None) -> dict[str, str]:
+    """``"problem=question,answer=final_answer"`` (or a dict) -> ``{"problem": "question", ...}``."""
+    if not text:
+        return {}
+    pairs = dict(text) if isinstance(text, Mapping) else {}
+    if not isinstance(text, Mapping):
+        for item in text.split(","):
+            field_, sep, column = (x.strip() for x in item.partition("="))
+            if not sep or not field_ or not column:
+                raise ValueError(f"--columns takes FIELD=COLUMN pairs separated by commas, e.g. "
+                                 f"problem=question,answer=final_answer; got {text!r}.")
+            pairs[field_] = column
+    unknown = sorted(set(pairs) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"--columns maps unknown field(s) {unknown}; the fields are {list(FIELDS)}.")
+    return pairs
+
+
 def dataset_name(source: str) -> str:
     """Short name of a source: the file stem (``aime24``) or the Hub id's last part."""
     path = Path(source)
-    if path.suffix == ".jsonl" or path.exists():
+    if path.suffix in (".jsonl", *DATASETS_FILES) or path.exists():
         return path.stem
     return source.split(":")[0].rstrip("/").split("/")[-1]
 
 
-def _row_to_problem(obj: Any, where: str, dataset: str) -> Problem:
+def _row_to_problem(obj: Any, where: str, dataset: str, columns: Mapping[str, str] | None = None,
+                    index: int = 0, answer_after: str | None = None) -> Problem:
+    columns = {f: (columns or {}).get(f, f) for f in FIELDS}
     if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a JSON object with keys {REQUIRED_KEYS}, got {type(obj).__name__}.")
-    missing = [k for k in REQUIRED_KEYS if k not in obj]
+        raise ValueError(f"{where}: expected a JSON object with keys {list(REQUIRED_KEYS)}, got {type(obj).__name__}.")
+    missing = [columns[k] for k in REQUIRED_KEYS if columns[k] not in obj]
     if missing:
         raise ValueError(
-            f"{where}: missing key(s) {missing}; every row needs {REQUIRED_KEYS} "
-            f"(found {sorted(obj)}). Rename your columns, e.g. question -> problem, final_answer -> answer."
+            f"{where}: missing key(s) {missing}; every row needs a problem and an answer (found {sorted(obj)}). "
+            "Map your columns with --columns, e.g. --columns problem=question,answer=final_answer."
         )
-    return Problem(str(obj["id"]), str(obj["problem"]), str(obj["answer"]), dataset)
+    answer = str(obj[columns["answer"]])
+    if answer_after and answer_after in answer:
+        answer = answer.split(answer_after)[-1].strip()
+    ident = obj[columns["id"]] if columns["id"] in obj else index
+    return Problem(str(ident), str(obj[columns["problem"]]), answer, dataset)
 
 
-def load_jsonl(path: str | Path, limit: int | None = None, dataset: str | None = None) -> list[Problem]:
-    """Read a benchmark JSONL file (blank lines skipped); ``limit`` keeps the first N rows."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"benchmark file {path} does not exist; pass a .jsonl file with {REQUIRED_KEYS} per line.")
-    name = dataset or path.stem
+def _problems(rows: Iterable[tuple[str, int, Any]], name: str, limit: int | None, columns=None,
+              answer_after: str | None = None) -> list[Problem]:
+    """Rows ``(where, index, obj)`` -> problems with unique ids, the first ``limit`` only."""
     problems: list[Problem] = []
-    seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: not valid JSON ({err.msg} at column {err.colno}).") from None
-            prob = _row_to_problem(obj, where, name)
-            if prob.id in seen:
-                raise ValueError(f"{where}: duplicate id {prob.id!r} (first on line {seen[prob.id]}); ids must be unique.")
-            seen[prob.id] = lineno
-            problems.append(prob)
-            if limit is not None and len(problems) >= limit:
-                break
+    seen: dict[str, str] = {}
+    for where, index, obj in rows:
+        prob = _row_to_problem(obj, where, name, columns, index, answer_after)
+        if prob.id in seen:
+            raise ValueError(f"{where}: duplicate id {prob.id!r} (first at {seen[prob.id]}); ids must be unique.")
+        seen[prob.id] = where
+        problems.append(prob)
+        if limit is not None and len(problems) >= limit:
+            break
     if not problems:
-        raise ValueError(f"{path} holds no rows.")
+        raise ValueError(f"{name} holds no rows.")
     return problems
 
 
-def load_hub(source: str, limit: int | None = None) -> list[Problem]:
-    """Rows of a Hub dataset ``owner/name[:split]`` (default split ``test``). Needs ``datasets``."""
+def _jsonl_rows(path: Path):
+    with path.open(encoding="utf-8") as fh:
+        index = 0
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno}).") from None
+            yield f"{path}:{lineno}", index, obj
+            index += 1
+
+
+def load_jsonl(path: str | Path, limit: int | None = None, dataset: str | None = None,
+               columns: Mapping[str, str] | None = None) -> list[Problem]:
+    """Read a benchmark JSONL file (blank lines skipped); ``limit`` keeps the first N rows."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"benchmark file {path} does not exist; pass a .jsonl file with {list(FIELDS)} per line.")
+    return _problems(_jsonl_rows(path), dataset or path.stem, limit, columns)
+
+
+def _import_datasets(source: str):
     try:
         import datasets
     except ImportError as err:
-        raise ImportError(
-            f"{source!r} is not a file, so it was read as a Hub dataset id, which needs `pip install datasets`."
-        ) from err
-    repo, _, split = source.partition(":")
-    ds = datasets.load_dataset(repo, split=split or "test")
+        raise ImportError(f"reading {source!r} needs the `datasets` package: pip install datasets "
+                          "(or hf-rstitch's eval extra).") from err
+    return datasets
+
+
+def load_with_datasets(source: str, limit: int | None = None, columns: Mapping[str, str] | None = None) -> list[Problem]:
+    """Rows of a local .json/.csv/.parquet file or a Hub dataset ``owner/name[:config]:split`` (default split test)."""
+    datasets = _import_datasets(source)
+    path = Path(source)
+    if path.suffix in DATASETS_FILES:
+        if not path.is_file():
+            raise FileNotFoundError(f"benchmark file {path} does not exist.")
+        spec, loader = DataSpec({}), dict(path=DATASETS_FILES[path.suffix], data_files=str(path), split="train")
+    else:
+        parts = source.split(":")
+        if len(parts) > 3 or not parts[0]:
+            raise ValueError(f"Hub dataset {source!r}: expected owner/name, owner/name:split or owner/name:config:split.")
+        repo = parts[0]
+        spec = KNOWN_SETS.get(repo, DataSpec({}))
+        config = parts[1] if len(parts) == 3 else spec.config
+        loader = dict(path=repo, name=config, split=parts[-1] if len(parts) > 1 else "test")
+    try:
+        ds = datasets.load_dataset(**loader)
+    except Exception as err:  # the Hub / datasets raise many types; say what was asked and what failed
+        raise ValueError(f"could not load {source!r} with datasets.load_dataset({loader}): {type(err).__name__}: "
+                         f"{err}. Check the id, split and config, and that the Hub is reachable (HF_HUB_OFFLINE).") from None
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
-    name = dataset_name(source)
-    return [_row_to_problem(row, f"{source} row {i}", name) for i, row in enumerate(ds)]
+    mapping = {**spec.columns, **(columns or {})}
+    missing = [c for f, c in {f: mapping.get(f, f) for f in REQUIRED_KEYS}.items() if c not in ds.column_names]
+    if missing:
+        raise ValueError(f"{source}: no column(s) {missing}; it has {ds.column_names}. Map them with "
+                         "--columns problem=COLUMN,answer=COLUMN (and id=COLUMN).")
+    rows = ((f"{source} row {i}", i, row) for i, row in enumerate(ds))
+    return _problems(rows, dataset_name(source), limit, mapping, spec.answer_after)
 
 
-def load_problems(source: str, limit: int | None = None) -> list[Problem]:
-    """Problems from a JSONL file, or from the Hub when ``source`` is not an existing path."""
-    if Path(source).exists() or source.endswith(".jsonl"):
-        return load_jsonl(source, limit=limit)
-    return load_hub(source, limit=limit)
+def load_hub(source: str, limit: int | None = None, columns: Mapping[str, str] | None = None) -> list[Problem]:
+    """Rows of a Hub dataset ``owner/name[:split]`` (kept name; see :func:`load_with_datasets`)."""
+    return load_with_datasets(source, limit, columns)
+
+
+def load_problems(source: str, limit: int | None = None, columns: str | Mapping[str, str] | None = None) -> list[Problem]:
+    """Problems from a JSONL file, a local .json/.csv/.parquet file or a Hub dataset; see the module docstring."""
+    columns = parse_columns(columns)
+    if Path(source).suffix == ".jsonl" or (Path(source).exists() and Path(source).suffix not in DATASETS_FILES):
+        return load_jsonl(source, limit=limit, columns=columns)
+    return load_with_datasets(source, limit=limit, columns=columns)
 
 
 def user_message(problem: str, instruction: str = DEFAULT_INSTRUCTION) -> str:

@@ -89,7 +89,8 @@ def check_request(input_ids: torch.Tensor, config: GenerationConfig, model_kwarg
     cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))  # "cache" from transformers 5.24
     if cache is not None and (not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0):
         raise ValueError(
-            "stitched decoding builds one fresh DynamicCache per model; do not pass `past_key_values` "
+            "stitched decoding builds one fresh DynamicCache per model; do not pass `cache` (`past_key_values` "
+            "before transformers 5.24) "
             f"(got {type(cache).__name__} holding {cache.get_seq_length()} tokens)."
         )
     if config.output_attentions or config.output_hidden_states:

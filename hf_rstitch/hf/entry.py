@@ -10,6 +10,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 
 from .checks import check_tokenizers
 from .decode import stitched_decode
+from .settings import check_settings, configured_router, configured_slm
 
 
 def stop_string_criteria(model, kwargs: dict, tokenizer) -> None:
@@ -29,10 +30,18 @@ def stop_string_criteria(model, kwargs: dict, tokenizer) -> None:
 def run_stitched(generate, model, args: tuple, kwargs: dict):
     """Call transformers' ``generate`` with :func:`stitched_decode` as its ``custom_generate``.
 
-    ``assistant_model`` (or ``stitch_slm``) is the SLM; every other argument passes through.
+    ``assistant_model`` (or ``stitch_slm``, else the generation config's ``stitch_slm_name_or_path``) is
+    the SLM; a router named by the generation config applies when no policy or router is passed
+    (:mod:`hf_rstitch.hf.settings`); every other argument passes through.
     """
+    config = kwargs.get("generation_config") or model.generation_config
+    check_settings(config)
     slm = kwargs.pop("assistant_model", None)
     fallback = kwargs.pop("stitch_slm", None)
+    if slm is None and fallback is None:
+        fallback = configured_slm(model, config)
+    if kwargs.get("stitch_policy") is None and kwargs.get("stitch_router") is None and configured_router(config):
+        kwargs["stitch_router"] = configured_router(config)
     tokenizer = kwargs.pop("tokenizer", None)
     check_tokenizers(tokenizer, kwargs.pop("assistant_tokenizer", None))
     stop_string_criteria(model, kwargs, tokenizer)

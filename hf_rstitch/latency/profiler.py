@@ -14,15 +14,18 @@ torch-free :mod:`hf_rstitch.latency.model`.
 from __future__ import annotations
 
 import datetime
+import logging
 import platform
 import statistics
-import sys
 import time
 from typing import Any, Callable, Sequence
 
 import torch
 
+from ..hf.compat import with_cache
 from .model import Coefficients, LatencyProfileError, ModelProfile, fit, fit_decode, grid_is_fittable
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_N_INF = (1, 4, 16, 64, 256, 1024, 2048)
 DEFAULT_N_KV = (0, 512, 1024, 2048, 4096, 8192)
@@ -80,7 +83,7 @@ def model_facts(model: torch.nn.Module, name: str | None = None) -> dict[str, An
 
 def _forward(model, ids: torch.Tensor, cache, logits_to_keep: int) -> None:
     # ids: [1, N_inf]; the cache grows by N_inf
-    model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep)
+    model(input_ids=ids, **with_cache(model, cache), use_cache=True, logits_to_keep=logits_to_keep)
 
 
 def _prefill(model, n_kv: int, vocab: int, device, logits_to_keep: int, chunk: int = 4096):
@@ -113,9 +116,8 @@ def time_cell(model, cache, n_inf: int, vocab: int, device: torch.device, repeat
     return samples
 
 
-def _print_progress(done: int, total: int, n_inf: int, n_kv: int, ms: float) -> None:
-    print(f"[{done:>{len(str(total))}}/{total}] n_kv={n_kv:<6} n_inf={n_inf:<5} {ms:9.3f} ms", file=sys.stderr,
-          flush=True)
+def _log_progress(done: int, total: int, n_inf: int, n_kv: int, ms: float) -> None:
+    logger.info("[%*d/%d] n_kv=%-6d n_inf=%-5d %9.3f ms", len(str(total)), done, total, n_kv, n_inf, ms)
 
 
 @torch.inference_mode()
@@ -141,7 +143,7 @@ def profile_model(
         warmup: untimed calls per cell before the timed ones.
         logits_to_keep: positions the LM head is computed for (1 = last only, as generation does;
             0 = all).
-        progress: print a counter to stderr (True), stay quiet (False), or a callback
+        progress: log a counter at INFO on ``hf_rstitch.latency.profiler`` (True; ``rstitch profile`` shows it), stay quiet (False), or a callback
             ``(done, total, n_inf, n_kv, median_ms)``.
         relative_fit: weight residuals by 1 / ms (:func:`~hf_rstitch.latency.model.fit`), so a grid
             that spans long prefills still fits the short decode steps a trajectory is made of.
@@ -162,7 +164,7 @@ def profile_model(
         )
     device = next(model.parameters()).device
     vocab = model.config.vocab_size
-    report = progress if callable(progress) else (_print_progress if progress else None)
+    report = progress if callable(progress) else (_log_progress if progress else None)
     torch.manual_seed(seed)
     model.eval()
     # One throwaway pass so CUDA context, cuBLAS handles and kernel selection stay out of the first cell.

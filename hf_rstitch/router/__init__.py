@@ -1,7 +1,7 @@
 """R-Stitch+: a learned router on uncertain SLM steps, trained with DAPO and a latency-aware reward.
 
     from hf_rstitch.router import Router, RouterPolicy
-    router = Router.from_pretrained("hf_rstitch/assets/router")   # or a Hub id
+    router = Router.from_pretrained(hf_rstitch.shipped("router"))   # or a Hub id; stitch_router="shipped" too
     llm.generate(**inputs, assistant_model=slm, stitch_router=router)          # threshold from router.config
     llm.generate(**inputs, assistant_model=slm, stitch_policy=RouterPolicy(router, 0.001))
 

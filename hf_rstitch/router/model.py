@@ -96,7 +96,12 @@ def hidden_size_error(router_size: int, slm_size: int) -> str:
 
 
 def load_router(source, slm=None, device=None) -> Router:
-    """A :class:`Router` from an object, a local folder or a Hub id; checked against ``slm`` if given."""
+    """A :class:`Router` from an object, a local folder, a Hub id or ``"shipped"`` (the router trained for the
+    shipped pair, :func:`hf_rstitch.shipped`); checked against ``slm`` if given."""
+    if isinstance(source, str) and source in ("shipped", "shipped:router"):
+        from ..resources import shipped
+
+        source = shipped("router")
     router = source if isinstance(source, Router) else Router.from_pretrained(str(source))
     if slm is not None:
         router.check_slm(slm)

@@ -30,7 +30,7 @@ def _ids(tok):
 def test_export_writes_a_custom_generate_repo(tmp_path):
     out = export(tmp_path / "repo", repo_id="me/rstitch")
     source = (out / "custom_generate" / "generate.py").read_text()
-    assert "def generate(model, *args, **kwargs)" in source
+    assert "def generate(*args, model, **kwargs)" in source
     assert "from ." not in source and "\nfrom hf_rstitch" not in source  # flattened, package-free at import time
     for rel in MODULES:
         assert f"# ==== hf_rstitch/{rel}" in source
@@ -138,7 +138,7 @@ def test_template_runs_without_hf_rstitch(tmp_path, reference):
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["ids"] == want.sequences[0].tolist()
     assert got["roles"] == [str(r) for r in want.stitch.roles]
-    assert "pip install hf-rstitch" in got["router_error"]
+    assert "install hf-rstitch" in got["router_error"] and "wheel" in got["router_error"]
 
 
 @needs_pair

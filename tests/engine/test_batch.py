@@ -5,6 +5,7 @@ import torch
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import Role
+from hf_rstitch.hf.compat import with_cache
 from tiny_models import BATCH_ARCHS, left_pad, make_pair, prompt
 
 N_NEW = 20
@@ -114,7 +115,7 @@ def test_batched_caches_are_dense_and_equal_a_recompute(arch):
         positions = (full_mask[:, :n].cumsum(-1) - 1).clamp(min=0)
         with torch.no_grad():
             model(input_ids=seq[:, :n], attention_mask=full_mask[:, :n], position_ids=positions,
-                  past_key_values=fresh, use_cache=True)
+                  **with_cache(model, fresh), use_cache=True)
         real = full_mask[:, :n].bool()
         for got, want in zip(lane.cache.layers, fresh.layers):
             for g, w in ((got.keys, want.keys), (got.values, want.values)):  # [B, H, n, D]; sliding: last W - 1

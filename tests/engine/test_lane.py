@@ -7,6 +7,7 @@ from transformers import DynamicCache
 from hf_rstitch import Role
 from hf_rstitch.core.policies import ReplayPolicy
 from hf_rstitch.engine import EagerEngine
+from hf_rstitch.hf.compat import with_cache
 from tiny_models import ARCHS, make_pair, prompt
 
 ROUTE = ["slm"] * 3 + ["llm"] * 2 + ["slm"] * 4 + ["llm"] + ["slm"] * 3 + ["llm"] * 3 + ["slm"]
@@ -25,7 +26,7 @@ def test_caches_equal_a_full_recompute(arch):
         lane = lanes[role]
         fresh = DynamicCache(config=model.config)
         with torch.no_grad():
-            model(input_ids=out.sequences[:, : lane.seen], past_key_values=fresh, use_cache=True)
+            model(input_ids=out.sequences[:, : lane.seen], **with_cache(model, fresh), use_cache=True)
         assert lane.cache.get_seq_length() == fresh.get_seq_length() == lane.seen
         for got, want in zip(lane.cache.layers, fresh.layers):
             torch.testing.assert_close(got.keys, want.keys)

@@ -10,6 +10,7 @@ from transformers import DynamicCache
 
 from hf_rstitch import ReplayPolicy, Role
 from hf_rstitch.fast import FastConfig, FastEngine, FastLane
+from hf_rstitch.hf.compat import with_cache
 from tiny_models import make_pair, prompt
 
 ROUTE = ["slm"] * 3 + ["llm"] * 2 + ["slm"] * 4 + ["llm"] + ["slm"] * 7 + ["llm"] * 6 + ["slm"] * 2 + ["llm"] + ["slm"]
@@ -86,7 +87,7 @@ def test_cache_slots_hold_what_a_recompute_gives():
         lane = engine._lanes[role]
         fresh = DynamicCache(config=model.config)
         with torch.no_grad():
-            model(input_ids=out.sequences[:, : lane.seen], past_key_values=fresh, use_cache=True)
+            model(input_ids=out.sequences[:, : lane.seen], **with_cache(model, fresh), use_cache=True)
         assert int(lane.cache.pos) == lane.seen
         for layer, want in enumerate(fresh.layers):
             torch.testing.assert_close(lane.cache.keys[layer][:, :, : lane.seen], want.keys)

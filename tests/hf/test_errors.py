@@ -7,6 +7,7 @@ import torch
 from transformers import StaticCache
 
 import hf_rstitch  # noqa: F401  (patches generate)
+from hf_rstitch.hf.compat import with_cache
 from tiny_models import make_model, make_pair, make_tokenizer, prompt
 
 
@@ -62,7 +63,7 @@ def test_unsupported_caches(pair):
     with pytest.raises(ValueError, match="cache_implementation"):
         gen(llm, slm, cache_implementation="static")
     with pytest.raises(ValueError, match="past_key_values"):
-        gen(llm, slm, past_key_values=StaticCache(config=llm.config, max_cache_len=32))
+        gen(llm, slm, **with_cache(llm, StaticCache(config=llm.config, max_cache_len=32)))
 
 
 def test_empty_prompt(pair):

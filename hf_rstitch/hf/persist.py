@@ -1,0 +1,72 @@
+"""Stitching settings survive ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``.
+
+transformers drops custom entries of a generation config when its file says
+``"_from_model_config": true`` -- the case of every model whose generation config was derived from
+its model config, the shipped pair included. Two small reversible hooks on ``GenerationConfig``,
+installed by ``import hf_rstitch``:
+
+* ``save_pretrained`` (which ``model.save_pretrained`` and ``push_to_hub`` call): a config that
+  carries stitching settings is written with ``"_from_model_config": false``, so any transformers,
+  with or without hf-rstitch, keeps them when loading (the Hub template relies on this);
+* ``from_dict`` (which ``from_pretrained`` calls): stitching entries of a file still marked
+  ``true`` (saved without this hook) are put back.
+
+Nothing else about generation configs changes. :func:`unhook` removes both (only while they are
+the outermost wrappers: a hook another library installed later is left alone).
+"""
+
+from __future__ import annotations
+
+from transformers import GenerationConfig
+
+from .settings import SETTING_KEYS, stitch_settings
+
+_MARK = "__rstitch_original__"
+
+
+def _wrap_save(original):
+    def save_pretrained(self, *args, **kwargs):
+        if stitch_settings(self) and self._from_model_config:
+            self._from_model_config = False  # it now holds more than the model config's values
+        return original(self, *args, **kwargs)
+
+    save_pretrained.__doc__ = original.__doc__
+    setattr(save_pretrained, _MARK, original)
+    return save_pretrained
+
+
+def _wrap_from_dict(original):
+    def from_dict(cls, config_dict, **kwargs):
+        kept = {k: config_dict[k] for k in SETTING_KEYS if config_dict.get(k) is not None}
+        out = original(cls, config_dict, **kwargs)
+        config = out[0] if isinstance(out, tuple) else out
+        for key, value in kept.items():
+            if getattr(config, key, None) is None:
+                setattr(config, key, value)
+        return out
+
+    from_dict.__doc__ = original.__doc__
+    setattr(from_dict, _MARK, original)
+    return classmethod(from_dict)
+
+
+def is_hooked() -> bool:
+    return hasattr(GenerationConfig.save_pretrained, _MARK)
+
+
+def hook() -> None:
+    """Install both hooks (idempotent; reloading this module does not stack them)."""
+    if is_hooked():
+        return
+    GenerationConfig.save_pretrained = _wrap_save(GenerationConfig.save_pretrained)
+    GenerationConfig.from_dict = _wrap_from_dict(GenerationConfig.__dict__["from_dict"].__func__)
+
+
+def unhook() -> None:
+    """Restore ``GenerationConfig.save_pretrained`` and ``from_dict`` (idempotent)."""
+    current = GenerationConfig.save_pretrained
+    if hasattr(current, _MARK):
+        GenerationConfig.save_pretrained = getattr(current, _MARK)
+    current = GenerationConfig.__dict__["from_dict"].__func__
+    if hasattr(current, _MARK):
+        GenerationConfig.from_dict = classmethod(getattr(current, _MARK))
