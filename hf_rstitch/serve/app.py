@@ -146,20 +146,20 @@ def text_prompt_ids(tokenizer: Any, body: CompletionRequest, settings: ServerSet
     """A string prompt tokenized as is; a token-id prompt checked against the vocabulary."""
     if isinstance(body.prompt, str):
         return list(tokenizer(body.prompt)["input_ids"])
-    bad = [t for t in body.prompt if t < 0 or (settings.vocab_size is not None and t >= settings.vocab_size)]
+    bad = [t for t in body.prompt if settings.vocab_size is not None and not 0 <= t < settings.vocab_size]
     if bad:
         raise BadRequest(f"prompt token ids must lie in [0, {settings.vocab_size}), got {bad[:5]}", param="prompt")
     return list(body.prompt)
 
 
-def token_budget(requested: int | None, n_prompt: int, settings: ServerSettings) -> int:
+def token_budget(requested: int | None, n_prompt: int, settings: ServerSettings, prompt_param: str = "prompt") -> int:
     """``max_tokens`` checked against the context window; the server default when absent."""
     if settings.max_context is None:
         return requested or settings.default_max_tokens
     room = settings.max_context - n_prompt
     if room < 1:
         raise BadRequest(f"the prompt has {n_prompt} tokens but the model reads at most {settings.max_context} "
-                         "(its max_position_embeddings); shorten the prompt", param="messages")
+                         "(its max_position_embeddings); shorten the prompt", param=prompt_param)
     if requested is not None and requested > room:
         raise BadRequest(f"max_tokens={requested} plus the prompt's {n_prompt} tokens exceed the model's context of "
                          f"{settings.max_context} tokens; ask for at most {room}", param="max_tokens")
@@ -173,7 +173,8 @@ def build_request(body, ids: list[int], request_id: str, settings: ServerSetting
     if not ids:
         raise BadRequest("the prompt tokenized to nothing; send some text", param="prompt")
     sampling = body.sampling(settings.do_sample, settings.temperature, settings.top_p)
-    return EngineRequest(input_ids=ids, max_new_tokens=token_budget(body.token_budget(), len(ids), settings),
+    param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    return EngineRequest(input_ids=ids, max_new_tokens=token_budget(body.token_budget(), len(ids), settings, param),
                          stitch_threshold=body.stitch_threshold, seed=body.seed, request_id=request_id, **sampling)
 
 

@@ -97,3 +97,27 @@ def test_content_parts_and_system_message(client, tokenizer):
     assert client.post("/v1/chat/completions", json={"messages": messages}).status_code == 200
     # the shipped template renders user and assistant turns only
     assert client.engine.submitted[-1].input_ids == chat_ids(tokenizer, "Tom has 5")
+
+
+def test_concurrent_requests_share_the_batch(tokenizer):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from serve.fake_engine import FakeEngine
+    from serve.helpers import EOS, SCRIPT, make_app
+    from serve.live import LiveServer
+
+    engine = FakeEngine(SCRIPT, eos=EOS, max_batch=4, step_s=0.01)
+    app, _ = make_app(tokenizer, engine)
+    with LiveServer(app) as srv, ThreadPoolExecutor(8) as pool:
+        def ask(i):
+            body = {"prompt": [118, 48, 17 + i % 5], "max_tokens": 4 + i % 7}
+            return httpx.post(srv.url + "/v1/completions", json=body, timeout=20).json()
+
+        bodies = list(pool.map(ask, range(8)))
+    assert engine.max_running == 4 and len(engine.submitted) == 8
+    for i, body in enumerate(bodies):
+        n = min(4 + i % 7, 10)
+        assert body["usage"]["completion_tokens"] == n
+        assert body["choices"][0]["finish_reason"] == ("stop" if n == 10 else "length")
