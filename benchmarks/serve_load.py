@@ -45,7 +45,9 @@ def server_command(args, port: int) -> list[str]:
     common = ["--port", str(port), "--max-batch", str(args.max_batch), "--max-queue", str(args.requests),
               "--threshold", str(args.threshold), "--device", args.device, "--dtype", args.dtype]
     if args.pair == "shipped":
-        return [sys.executable, "-m", "hf_rstitch.cli.main", "serve", "--host", "127.0.0.1", *common]
+        replicas = ["--replicas", str(args.replicas), "--gpus-per-replica", str(args.gpus_per_replica)] \
+            if args.replicas > 1 else []
+        return [sys.executable, "-m", "hf_rstitch.cli.main", "serve", "--host", "127.0.0.1", *common, *replicas]
     return [sys.executable, str(Path(__file__).resolve()), "--serve-random-qwen2", *common]
 
 
@@ -264,6 +266,8 @@ def main(argv=None) -> int:
     p.add_argument("--request-timeout", type=float, default=300.0)
     p.add_argument("--time-limit", type=float, default=900.0, help="wall-clock limit of the whole load (s)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--replicas", type=int, default=1, help="shipped pair: server replicas on Ray Serve")
+    p.add_argument("--gpus-per-replica", type=float, default=0.0)
     p.add_argument("--check-solo", type=int, default=0, help="compare the first K answers with solo generate")
     p.add_argument("--name", default="", help="results file suffix (default: pair and device)")
     args = p.parse_args(argv)
@@ -286,7 +290,7 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
     summary = summarize(records, wall)
-    meta = {"pair": args.pair, "clients": args.clients, "requests": args.requests, "max_batch": args.max_batch,
+    meta = {"pair": args.pair, "replicas": args.replicas, "clients": args.clients, "requests": args.requests, "max_batch": args.max_batch,
             "max_tokens": args.max_tokens, "threshold": args.threshold, "device": args.device,
             "device_name": device_name(args.device), "torch": torch.__version__, "transformers": transformers.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

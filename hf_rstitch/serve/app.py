@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -74,6 +75,7 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
     async def health() -> JSONResponse:
         ok = driver.alive and driver.accepting
         body = {"status": "ok" if ok else ("draining" if driver.alive else "stopped"), "model": settings.model_name,
+                "pid": os.getpid(),
                 "threshold": settings.threshold, "running": engine.running, "waiting": engine.waiting,
                 "in_flight": driver.in_flight, "max_pending": driver.max_pending, "steps": driver.steps,
                 "completed": driver.completed, "last_error": driver.last_error}
