@@ -246,7 +246,9 @@ def device_name(device: str) -> str:
         import torch
 
         return torch.cuda.get_device_name(0)
-    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "") if Path("/proc/cpuinfo").exists() else ""
+    return f"CPU ({model or platform.machine()}, {os.cpu_count()} cores)"
 
 
 def main(argv=None) -> int:
