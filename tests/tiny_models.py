@@ -50,7 +50,7 @@ def _gemma3(hidden: int, layers: int, vocab: int) -> Gemma3ForCausalLM:
 
 BUILDERS = {"llama": _llama, "qwen2": _qwen2, "gemma3": _gemma3, "qwen2-full": _qwen2_full}
 ARCHS = ["llama", "qwen2", "gemma3"]  # equivalence tests at batch size 1
-BATCH_ARCHS = ["llama", "qwen2-full"]  # batched stitching refuses sliding-window layers
+BATCH_ARCHS = ["llama", "qwen2", "gemma3", "qwen2-full"]  # qwen2: sliding window everywhere; gemma3: hybrid
 
 
 def make_model(arch: str, hidden: int, layers: int, seed: int, vocab: int = VOCAB):

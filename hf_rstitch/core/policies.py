@@ -61,6 +61,19 @@ class RoutingPolicy(Protocol):
         """``[B]`` bool: after this kept LLM token, the SLM decodes the next position."""
 
 
+def as_decision(value, method: str) -> torch.Tensor:
+    """A policy's answer as a ``[B]`` bool tensor on the host, or a clear error naming the method."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"the routing policy's {method} must return a torch.Tensor of bools, one per row; "
+                        f"got {type(value).__name__}.")
+    if value.dtype != torch.bool:
+        if value.dtype.is_floating_point or value.dtype.is_complex:
+            raise TypeError(f"the routing policy's {method} returned a {value.dtype} tensor; return bools "
+                            "(e.g. `entropy > tau`), one per row.")
+        value = value != 0
+    return value.cpu()
+
+
 def check_threshold(tau: float, name: str = "stitch_threshold") -> float:
     """Validate a normalized-entropy threshold and return it as a float."""
     if isinstance(tau, bool) or not isinstance(tau, (int, float)):
@@ -168,3 +181,29 @@ class ReplayPolicy:
     def __repr__(self) -> str:
         share = float(self._llm.float().mean())
         return f"ReplayPolicy(routes={len(self.routes)}, len={self._llm.shape[1]}, llm_share={share:.2f})"
+
+
+class RowEntropyPolicy:
+    """R-Stitch with one threshold per row id (``StepView.rows``): requests of a served batch
+    each bring their own tau. ``thresholds[row_id]`` must be set before the row's first step."""
+
+    needs_hidden = False
+
+    def __init__(self):
+        self.thresholds: dict[int, float] = {}
+
+    def reset(self) -> None:
+        pass
+
+    def _tau(self, step: StepView) -> torch.Tensor:
+        taus = [self.thresholds[int(r)] for r in step.row_ids().tolist()]
+        return torch.tensor(taus, dtype=step.entropy.dtype).to(step.entropy.device, non_blocking=True)
+
+    def hand_to_llm(self, step: StepView) -> torch.Tensor:
+        return step.entropy > self._tau(step)
+
+    def hand_to_slm(self, step: StepView) -> torch.Tensor:
+        return step.entropy <= self._tau(step)
+
+    def __repr__(self) -> str:
+        return "RowEntropyPolicy()"

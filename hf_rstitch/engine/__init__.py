@@ -7,5 +7,8 @@ and a stopping rule. :mod:`hf_rstitch.hf` adapts it to transformers.
 
 from .lane import Lane
 from .loop import StitchResult, stitch_loop
+from .protocol import EagerEngine, LaneProtocol
+from .requests import Completion, Event, QueueFull, Request, RequestEngine
+from .step import Routing, StepOut, run_step
 
-__all__ = ["Lane", "StitchResult", "stitch_loop"]
+__all__ = ["Completion", "Event", "QueueFull", "Request", "RequestEngine", "EagerEngine", "Lane", "LaneProtocol", "Routing", "StepOut", "StitchResult", "run_step", "stitch_loop"]

@@ -14,8 +14,17 @@ same whichever rows it is for, so this work is free: it fills what would otherwi
 padding, keeps every row of the cache at the same length, and shortens the catch-up a row needs
 when it next takes part. So every row has seen the same columns, ``L`` is the same for all, and
 the cache's slot mask is the sequence's own attention mask (0 only on left padding).
-Left padding still enters the cache as masked slots, which a sliding window would count as
-tokens, so sliding-window models are refused for batch size > 1.
+
+Sliding windows: rows are right-aligned (padding only on the left), so the distance between two
+columns is the distance between the row's positions, and a window over the last ``W`` columns
+is the row's own window over its last ``W`` tokens, padding masked. transformers' sliding
+layers keep exactly those columns, so sliding-window and hybrid models batch like any other.
+
+Rows joining a running batch (continuous batching, :mod:`hf_rstitch.engine.requests`):
+:meth:`Lane.pad_left` prepends masked columns to every row (a prompt longer than the batch's
+columns), :meth:`Lane.add_rows` appends rows whose first ``n_seen`` columns it prefills alone,
+then merges into the cache; :meth:`Lane.trim_left` drops leading columns that are padding in
+every row once the rows that needed them have left.
 
 Decode traces stay per row and *as if the row ran alone*: a row's :class:`ForwardCall` records
 the tokens a solo run would read at that point (``n_inf``) and hold (``n_kv``), counted from
@@ -61,12 +70,6 @@ class Lane:
         self.timing = timing
         self.device = model.device
         self.cache = DynamicCache(config=model.config)
-        if batch_size > 1 and any(self.cache.is_sliding):
-            raise ValueError(
-                f"the {role} model ({type(model).__name__}) uses sliding-window attention, which batched stitching "
-                "does not support yet (its cache would count masked slots as tokens). Run batch size 1, "
-                "or disable the sliding window in the model config if it is not needed for your lengths."
-            )
         self.n_seen = 0  # columns of the shared sequence in the cache, the same for every row
         self.solo_seen = [0] * batch_size  # per row, columns in a solo run's cache (for the traces)
         self.pad: list[int] | None = None  # per row, left-padding columns, read at the first call
@@ -185,3 +188,93 @@ class Lane:
         self.solo_seen = [self.solo_seen[i] for i in keep]
         if self.pad is not None:
             self.pad = [self.pad[i] for i in keep]
+
+    def reset(self) -> None:
+        """Forget everything seen: an empty cache for a new generation of ``batch_size`` rows."""
+        self.__init__(self.model, self.role, self.vocab, self._rows, timing=self.timing)
+
+    # ---- rows joining a running batch (continuous batching) ---------------------------------------
+    def add_rows(self, seq: torch.Tensor, mask: torch.Tensor) -> None:
+        """Append rows laid out in the shared columns: ``seq`` / ``mask`` ``[k, T]``, left-padded.
+
+        Their first ``n_seen`` columns are prefilled now (alone, logits discarded) and merged into
+        the cache, so every row again holds the same columns; the rest is read at the next
+        :meth:`advance`. Their trace records count from nothing seen, as in a solo run.
+        """
+        k = seq.shape[0]
+        pads = (mask == 0).long().cumprod(-1).sum(-1).tolist()
+        if self.n_seen == 0:
+            self.cache = DynamicCache(config=self.model.config)  # nothing seen: a fresh cache of the new width
+        else:
+            fresh = DynamicCache(config=self.model.config)
+            part = mask[:, : self.n_seen].to(self.device)
+            positions = (part.long().cumsum(-1) - 1).clamp_(min=0)
+            with torch.no_grad():
+                self.model(input_ids=seq[:, : self.n_seen].to(self.device), attention_mask=part,
+                           position_ids=positions, use_cache=True, **{self._cache_arg: fresh}, **self._keep_kwargs)
+            for mine, new in zip(self.cache.layers, fresh.layers):
+                mine.keys = torch.cat([mine.keys, new.keys.to(mine.keys.device)], dim=0)
+                mine.values = torch.cat([mine.values, new.values.to(mine.values.device)], dim=0)
+        if self.mask is not None:
+            self.mask = torch.cat([self.mask, mask[:, : self.mask.shape[1]].to(self.mask.device)], dim=0)
+        if self.pad is not None:
+            self.pad += pads
+        self.dense = self.dense and bool(mask.all())
+        self.solo_seen += [0] * k
+        self._rows += k
+
+    def pad_left(self, n: int) -> None:
+        """Prepend ``n`` masked columns to every row (the shared sequence grew on the left)."""
+        if n <= 0:
+            return
+        if self.n_seen > 0:
+            for layer in self.cache.layers:
+                if not _filled(layer):
+                    continue
+                stored = layer.keys.shape[-2]
+                if layer.is_sliding:
+                    layer.cumulative_length += n
+                    grow = min(layer.cumulative_length, layer.sliding_window - 1) - stored
+                else:
+                    grow = n
+                if grow > 0:
+                    layer.keys = _prepend_zeros(layer.keys, grow)
+                    layer.values = _prepend_zeros(layer.values, grow)
+            self.n_seen += n
+            self.mask = torch.nn.functional.pad(self.mask, (n, 0), value=0)
+        if self.pad is not None:
+            self.pad = [p + n for p in self.pad]
+        self.solo_seen = [s + n for s in self.solo_seen]
+        self.dense = False
+
+    def trim_left(self, n: int) -> None:
+        """Drop the first ``n`` columns of the shared sequence, which must be padding in every row."""
+        if n <= 0:
+            return
+        if self.pad is not None and n > min(self.pad, default=n):
+            raise ValueError(f"{self.role} lane: cannot trim {n} columns, some row has only {min(self.pad)} of padding")
+        cut = min(n, self.n_seen)  # columns past n_seen are not in the cache yet
+        for layer in self.cache.layers:
+            if not _filled(layer) or cut == 0:
+                continue
+            if layer.is_sliding:
+                layer.cumulative_length -= cut
+                drop = layer.keys.shape[-2] - min(layer.cumulative_length, layer.sliding_window - 1)
+            else:
+                drop = cut
+            if drop > 0:
+                layer.keys, layer.values = layer.keys[..., drop:, :], layer.values[..., drop:, :]
+        if self.mask is not None:
+            self.mask = self.mask[:, cut:]
+        self.n_seen -= cut
+        self.pad = [p - n for p in self.pad] if self.pad is not None else None
+        self.solo_seen = [max(s - n, 0) for s in self.solo_seen]
+
+
+def _prepend_zeros(states: torch.Tensor, n: int) -> torch.Tensor:
+    """``[B, H, S, D]`` -> ``[B, H, n + S, D]`` with zeros in front (masked slots)."""
+    return torch.nn.functional.pad(states, (0, 0, n, 0))
+
+
+def _filled(layer) -> bool:
+    return getattr(layer, "is_initialized", True) and getattr(layer, "keys", None) is not None

@@ -1,15 +1,20 @@
-"""The stitched decode loop (the seed paper's Algorithm 1), every row routed on its own.
+"""The stitched decode loop (the seed paper's Algorithm 1) for one ``generate`` call.
 
-Per step, every unfinished row gains one token:
+Per step, every row of the caller's batch gains one token, as in plain ``generate``:
 
-1. Rows the SLM controls run the SLM (partial prefill + next-token logits); the policy decides
-   per row whether to keep its proposal or discard it (hand-over to the LLM).
-2. Rows the LLM controls -- or that were just handed over -- run the LLM; its token is always
-   kept, and the policy decides per row whether control returns to the SLM for the next step.
-3. Each row's writer logits go through the logits processor; a token is picked; stopping
-   criteria are checked; finished rows are dropped from both lanes.
+1. :func:`~hf_rstitch.engine.step.run_step` runs the lanes and lets the policy pick each row's
+   writer -- where a switch is decided: its two ``policy.hand_to_*`` calls, nowhere else.
+2. The writer logits of the *whole* batch (the caller's rows, in the caller's order) go through
+   the logits processors; a token is picked; finished rows get the pad token; the stopping
+   criteria see the whole batch. Processors, stopping criteria and streamers therefore see
+   exactly what plain ``generate`` shows them.
 
-Where a switch is decided: the two ``policy.hand_to_*`` calls below, nowhere else.
+Finished rows: plain ``generate`` keeps running them. Here they leave the lanes (no model runs
+for them) when nothing can tell (``drop_finished``: no scores or logits returned and only
+transformers' own row-wise processors and criteria); their processor input is then zeros
+instead of logits, and their token is the pad token either way. Otherwise they keep running,
+routed by the policy as before, so their scores equal plain ``generate``'s; they are left out
+of the traces either way.
 """
 
 from __future__ import annotations
@@ -20,12 +25,11 @@ from typing import Callable
 
 import torch
 
-from ..core.entropy import normalized_entropy
-from ..core.policies import RoutingPolicy, StepView
+from ..core.policies import RoutingPolicy, as_decision
 from ..core.roles import Role
 from ..core.sampling import pick_tokens
 from ..core.trace import StitchTrace
-from .lane import Lane
+from .step import Routing, StepOut, run_step
 
 # (sequence [B, T], raw logits [B, V]) -> processed scores [B, V]
 Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -37,48 +41,12 @@ Stopper = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class StitchResult:
     sequences: torch.Tensor  # [B, T_prompt + new], finished rows padded with pad_token_id
     traces: list[StitchTrace]  # one per row
-    scores: list[torch.Tensor] = field(default_factory=list)  # per step, [B, V] processed (-inf: finished)
-    logits: list[torch.Tensor] = field(default_factory=list)  # per step, [B, V] raw (-inf: finished)
-
-
-class _Rows:
-    """Bookkeeping that maps the live (unfinished) batch back to the caller's rows."""
-
-    def __init__(self, batch: int, keep_scores: bool, keep_logits: bool):
-        self.live = torch.arange(batch)  # caller's row index of each live row
-        self.batch = batch
-        self.keep_scores, self.keep_logits = keep_scores, keep_logits
-        self.scores: list[torch.Tensor] = []
-        self.logits: list[torch.Tensor] = []
-        self.done: dict[int, torch.Tensor] = {}  # caller's row -> final sequence (1-D)
-
-    def _full(self, part: torch.Tensor) -> torch.Tensor:
-        full = part.new_full((self.batch, part.shape[-1]), float("-inf"))
-        full[self.live.to(part.device)] = part
-        return full
-
-    def record(self, scores: torch.Tensor, logits: torch.Tensor) -> None:
-        if self.keep_scores:
-            self.scores.append(self._full(scores))
-        if self.keep_logits:
-            self.logits.append(self._full(logits))
-
-    def finish(self, seq: torch.Tensor, finished: torch.Tensor) -> torch.Tensor:
-        """Store finished rows; return the CPU index of the rows still live."""
-        for i in finished.nonzero().flatten().tolist():
-            self.done[int(self.live[i])] = seq[i]
-        keep = (~finished).nonzero().flatten()
-        self.live = self.live[keep]
-        return keep
-
-    def sequences(self, pad_id: int) -> torch.Tensor:
-        rows = [self.done[r] for r in range(self.batch)]
-        length = max(len(r) for r in rows)
-        return torch.stack([torch.nn.functional.pad(r, (0, length - len(r)), value=pad_id) for r in rows])
+    scores: list[torch.Tensor] = field(default_factory=list)  # per step, [B, V] processed
+    logits: list[torch.Tensor] = field(default_factory=list)  # per step, [B, V] raw
 
 
 def stitch_loop(
-    lanes: dict[Role, Lane],
+    lanes: dict,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     policy: RoutingPolicy,
@@ -89,129 +57,111 @@ def stitch_loop(
     on_token: Callable[[torch.Tensor], None] | None = None,
     keep_scores: bool = False,
     keep_logits: bool = False,
+    drop_finished: bool = True,
 ) -> StitchResult:
     """Decode until ``should_stop`` says so for every row, alternating the SLM and LLM lanes.
 
     Args:
-        lanes: ``{Role.SLM: Lane, Role.LLM: Lane}``, fresh (nothing seen yet), sized for the batch.
+        lanes: ``{Role.SLM: lane, Role.LLM: lane}``, fresh (nothing seen yet), sized for the batch.
         input_ids: ``[B, T]`` prompt ids (left-padded when rows differ in length).
         attention_mask: ``[B, T]`` prompt mask.
         policy: decides the hand-overs (see :mod:`hf_rstitch.core.policies`).
-        process: logits processor applied to each row's writer logits.
-        should_stop: stopping rule on (sequence, processed scores) -> ``[B]`` done.
+        process: logits processor, called on the whole batch each step.
+        should_stop: stopping rule on (sequence, processed scores) -> ``[B]`` done, whole batch.
         do_sample: sample instead of argmax.
-        pad_token_id: appended to rows that finished before the longest one.
+        pad_token_id: the token of rows that already finished.
         on_token: called with each step's tokens ``[B]`` (pad for finished rows), e.g. streamers.
         keep_scores / keep_logits: keep processed scores / raw logits of every step.
+        drop_finished: stop running finished rows through the models (see the module docstring).
     """
     batch = input_ids.shape[0]
-    seq, mask = input_ids, attention_mask
-    rows = _Rows(batch, keep_scores, keep_logits)
-    traces = [StitchTrace(policy=repr(policy)) for _ in range(batch)]
-    pending: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []  # entropies read at the end
-    llm_on = torch.zeros(batch, dtype=torch.bool)  # [B] the LLM controls the row (CPU)
-    last_llm = torch.zeros(batch, dtype=torch.bool)  # [B] the LLM wrote the row's latest token
+    seq, mask = input_ids, attention_mask  # [B, T]: the caller's rows, all of them, all along
+    unfinished = torch.ones(batch, dtype=torch.bool)  # [B] host
+    in_lanes = torch.arange(batch)  # [b] caller row of each lane row
+    routing = Routing.start(batch)
+    book = _TraceBook(batch, repr(policy))
+    scores_kept, logits_kept = [], []
     policy.reset()
     for index in itertools.count():
-        slm_rows = ~llm_on
-        slm_h = handed = slm_logits = None
-        if slm_rows.any():
-            slm_logits, hidden, calls = lanes[Role.SLM].advance(
-                seq, mask, slm_rows, resumed=last_llm, want_hidden=policy.needs_hidden
-            )
-            _add_calls(traces, rows.live, calls)
-            slm_h = normalized_entropy(slm_logits)
-            handed = policy.hand_to_llm(StepView(index, slm_h, hidden, rows.live)).cpu() & slm_rows  # discard proposals
-            llm_on = llm_on | handed
-        llm_h = back = llm_logits = None
-        if llm_on.any():
-            llm_logits, _, calls = lanes[Role.LLM].advance(seq, mask, llm_on, resumed=~last_llm)
-            _add_calls(traces, rows.live, calls)
-            llm_h = normalized_entropy(llm_logits)
-            back = policy.hand_to_slm(StepView(index, llm_h, rows=rows.live))  # read with `finished` below
-
-        writer_llm = llm_on  # never changed in place: the next line that changes llm_on rebinds it
-        logits = _by_writer(writer_llm, llm_logits, slm_logits)  # [B, V] of the model that writes each row
-        entropy = _by_writer(writer_llm, llm_h, slm_h)  # [B]
+        whole = len(in_lanes) == batch
+        accounted = unfinished[in_lanes]
+        at = in_lanes.to(seq.device)
+        out = run_step(lanes, seq if whole else seq[at], mask if whole else mask[at], routing, policy, index,
+                       in_lanes, accounted)
+        logits = out.logits if whole else out.logits.new_zeros(batch, out.logits.shape[-1]).index_copy_(0, at, out.logits)
         scores = process(seq, logits)
         tokens = pick_tokens(scores, do_sample)  # [B]
+        live = unfinished.to(tokens.device)
+        tokens = torch.where(live, tokens, torch.full_like(tokens, pad_token_id))
         seq = torch.cat([seq, tokens[:, None]], dim=-1)
-        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
-        live = rows.live.tolist()
-        _add_tokens(traces, live, writer_llm, handed)
-        pending.append((live, entropy, slm_h))
-        rows.record(scores, logits)
+        mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=-1)
+        book.record(in_lanes, accounted, out)
+        if keep_scores:
+            scores_kept.append(scores)
+        if keep_logits:
+            logits_kept.append(logits)
         if on_token is not None:
-            full = torch.full((batch,), pad_token_id, dtype=tokens.dtype, device=tokens.device)
-            full[rows.live.to(tokens.device)] = tokens
-            on_token(full)
-        last_llm = writer_llm
+            on_token(tokens)
 
-        finished, back = _to_host(should_stop(seq, scores), back)  # the step's one wait for the device
-        if back is not None:
-            llm_on = llm_on & ~back  # from the next step; this step's LLM token is kept either way
-        if finished.any():
-            keep = rows.finish(seq, finished)
-            if len(keep) == 0:
-                break
-            seq, mask = seq[keep.to(seq.device)], mask[keep.to(mask.device)]
-            llm_on, last_llm = llm_on[keep], last_llm[keep]
+        done, back = _to_host(should_stop(seq, scores), out.back)  # the step's one wait for the device
+        routing.after(out.writer_llm, back)
+        unfinished = unfinished & ~done
+        if not unfinished.any():
+            break
+        if drop_finished and not bool(unfinished[in_lanes].all()):
+            keep = unfinished[in_lanes].nonzero().flatten()
+            in_lanes = in_lanes[keep]
+            routing.keep(keep)
             for lane in lanes.values():
                 lane.keep_rows(keep)
-    _add_entropies(traces, pending)
-    return StitchResult(rows.sequences(pad_token_id), traces, rows.scores, rows.logits)
-
-
-def _by_writer(writer_llm: torch.Tensor, llm_value: torch.Tensor | None, slm_value: torch.Tensor | None):
-    """Per row, the LLM's value where it writes and the SLM's elsewhere (either may be absent).
-
-    ``writer_llm`` is ``[B]`` bool on the host; when every row has the same writer no mask goes to
-    the device (a host-to-device copy would wait for every queued kernel).
-    """
-    if llm_value is None or slm_value is None:
-        return slm_value if llm_value is None else llm_value
-    if bool(writer_llm.all()):
-        return llm_value
-    if not bool(writer_llm.any()):
-        return slm_value
-    pick = writer_llm.to(llm_value.device)
-    return torch.where(pick.view(-1, *[1] * (llm_value.dim() - 1)), llm_value, slm_value)
+    return StitchResult(seq, book.finish(), scores_kept, logits_kept)
 
 
 def _to_host(finished: torch.Tensor, back: torch.Tensor | None):
-    """``finished`` (and the LLM's hand-back decision, when it is on the same device) in one copy."""
-    if back is None or back.device != finished.device:
-        return finished.cpu(), (back.cpu() if back is not None else None)
-    both = torch.stack([finished.bool(), back.bool()]).cpu()
-    return both[0], both[1]
+    """``finished`` (and the LLM's hand-back decision, when on the same device) in one copy."""
+    if back is not None and isinstance(back, torch.Tensor) and back.device == finished.device and back.dtype == torch.bool:
+        both = torch.cat([finished.bool(), back]).cpu()
+        return both[: len(finished)], both[len(finished):]
+    return finished.cpu().bool(), (as_decision(back, "hand_to_slm") if back is not None else None)
 
 
-def _add_calls(traces, live, calls) -> None:
-    for r, call in calls.items():
-        traces[int(live[r])].calls.append(call)
+class _TraceBook:
+    """Per caller row, the trace of the tokens it really generated (finished rows add nothing)."""
 
+    def __init__(self, batch: int, policy: str):
+        self.traces = [StitchTrace(policy=policy) for _ in range(batch)]
+        self.pending: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []  # entropies read at the end
 
-def _add_tokens(traces, live: list[int], writer_llm, handed) -> None:
-    """Append one step's routing (already on the host) to each live row's trace."""
-    handed = handed.tolist() if handed is not None else [False] * len(live)
-    for r, llm, hand in zip(live, writer_llm.tolist(), handed):
-        traces[r].roles.append(Role.LLM if llm else Role.SLM)
-        traces[r].handovers.append(hand)
+    def record(self, in_lanes: torch.Tensor, accounted: torch.Tensor, out: StepOut) -> None:
+        for r, call in out.calls:
+            self.traces[int(in_lanes[r])].calls.append(call)
+        take = accounted.nonzero().flatten()
+        rows = in_lanes[take].tolist()
+        writer = out.writer_llm[take].tolist()
+        handed = out.handed[take].tolist() if out.handed is not None else [False] * len(rows)
+        for r, llm, hand in zip(rows, writer, handed):
+            self.traces[r].roles.append(Role.LLM if llm else Role.SLM)
+            self.traces[r].handovers.append(hand)
+        whole = len(take) == len(in_lanes)
+        pick = (lambda h: h) if whole else (lambda h: h[take.to(h.device)])
+        slm_h = pick(out.slm_entropy) if out.slm_entropy is not None else None
+        self.pending.append((rows, pick(out.entropy), slm_h))
 
-
-def _add_entropies(traces, pending) -> None:
-    """Fill entropies after decoding: one device-to-host copy for the whole generation."""
-    if not pending:
-        return
-    flat = torch.cat([h for _, h, _ in pending] + [s for _, _, s in pending if s is not None]).cpu().tolist()
-    n_writer = sum(len(live) for live, _, _ in pending)
-    writer, slm = iter(flat[:n_writer]), iter(flat[n_writer:])
-    seen = [0] * len(traces)
-    for live, _, slm_h in pending:
-        slm_values = [next(slm) for _ in live] if slm_h is not None else [None] * len(live)
-        for r, h, sh in zip(live, writer, slm_values):
-            t, k = traces[r], seen[r]
-            t.entropies.append(h)
-            # the SLM's own entropy where it was consulted: it wrote the token, or handed it over
-            t.slm_entropies.append(sh if (t.roles[k] is Role.SLM or t.handovers[k]) else None)
-            seen[r] += 1
+    def finish(self) -> list[StitchTrace]:
+        """Fill entropies after decoding: one device-to-host copy for the whole generation."""
+        pending, traces = self.pending, self.traces
+        if not pending:
+            return traces
+        flat = torch.cat([h for _, h, _ in pending] + [s for _, _, s in pending if s is not None]).cpu().tolist()
+        n_writer = sum(len(rows) for rows, _, _ in pending)
+        writer, slm = iter(flat[:n_writer]), iter(flat[n_writer:])
+        seen = [0] * len(traces)
+        for rows, _, slm_h in pending:
+            slm_values = [next(slm) for _ in rows] if slm_h is not None else [None] * len(rows)
+            for r, h, sh in zip(rows, writer, slm_values):
+                t, k = traces[r], seen[r]
+                t.entropies.append(h)
+                # the SLM's own entropy where it was consulted: it wrote the token, or handed it over
+                t.slm_entropies.append(sh if (t.roles[k] is Role.SLM or t.handovers[k]) else None)
+                seen[r] += 1
+        return traces

@@ -49,13 +49,32 @@ def check_tokenizers(tokenizer, assistant_tokenizer) -> None:
         )
 
 
-def check_request(input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict) -> None:
-    """Prompt shape, decoding mode and cache type this version supports."""
-    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+def check_request(input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict, vocab: int | None = None) -> None:
+    """Prompt shape and ids, decoding mode, options and cache type this version supports."""
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError(
+            "stitched decoding does not take `inputs_embeds`: the two models embed tokens differently, so each "
+            "needs token ids. Pass `input_ids` (and `attention_mask`) instead."
+        )
+    if input_ids.ndim != 2 or input_ids.shape[0] == 0:
+        raise ValueError(
+            f"stitched decoding needs `input_ids` of shape [batch, length] with at least one row, got "
+            f"{tuple(input_ids.shape)}. Pass one row per prompt (a 1-D tensor needs `[None]`)."
+        )
+    if input_ids.shape[1] == 0:
         raise ValueError(
             f"stitched decoding needs a non-empty prompt of shape [batch, length], got {tuple(input_ids.shape)}. "
             "Tokenize at least one token (e.g. the chat template's prefix)."
         )
+    if vocab is not None:
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= vocab:
+            raise ValueError(
+                f"`input_ids` holds id {high if high >= vocab else low}, outside the vocabulary both models share "
+                f"(0..{vocab - 1}). Tokenize with the pair's shared tokenizer; if the LLM's vocabulary is larger "
+                "than the SLM's, its extra ids cannot be stitched."
+            )
+    _check_unsupported_options(config)
     if (config.num_beams or 1) > 1:
         raise ValueError("stitched decoding does not support beam search; set num_beams=1.")
     if (config.num_return_sequences or 1) > 1:
@@ -75,4 +94,21 @@ def check_request(input_ids: torch.Tensor, config: GenerationConfig, model_kwarg
         raise ValueError(
             "output_attentions / output_hidden_states are not supported by stitched decoding (the two models differ "
             "in shape); use output_scores / output_logits, and out.stitch for provenance."
+        )
+
+
+def _check_unsupported_options(config: GenerationConfig) -> None:
+    """Options of ``generate`` that stitching cannot honour: refused, each with what to do instead."""
+    if getattr(config, "prompt_lookup_num_tokens", None) is not None:
+        raise ValueError(
+            "`prompt_lookup_num_tokens` (prompt-lookup decoding) cannot be combined with stitched decoding, which "
+            "already decides per token which model writes it. Drop `prompt_lookup_num_tokens`, or drop the "
+            "stitching arguments to use prompt lookup alone."
+        )
+    guidance = getattr(config, "guidance_scale", None)
+    if guidance is not None and guidance != 1:
+        raise ValueError(
+            f"`guidance_scale={guidance}` (classifier-free guidance) is not supported by stitched decoding: it needs "
+            "an unconditional forward of the writing model at every step, which neither lane runs. Drop "
+            "`guidance_scale`, or generate with the LLM alone."
         )

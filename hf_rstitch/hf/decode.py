@@ -14,7 +14,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from ..core.policies import EntropyPolicy, RoutingPolicy
 from ..core.roles import Role
 from ..core.sampling import pad_vocab
-from ..engine import Lane, stitch_loop
+from ..engine import EagerEngine, Lane, stitch_loop
 from .checks import check_pair, check_request
 from .placement import check_placement
 from .output import StitchedGenerateOutput
@@ -104,13 +104,15 @@ def stitched_decode(
     """
     slm = check_pair(model, stitch_slm)
     policy = resolve_policy(stitch_threshold, stitch_policy, generation_config, stitch_router, slm)
-    check_request(input_ids, generation_config, model_kwargs)
+    vocab = min(logit_width(model), logit_width(slm))  # ids either model may emit
+    check_request(input_ids, generation_config, model_kwargs, vocab)
     check_placement(model, slm, input_ids, do_sample=bool(generation_config.do_sample), engine=stitch_engine)
     mask = model_kwargs.get("attention_mask")
     if mask is None:
         mask = torch.ones_like(input_ids)
 
-    lanes = build_lanes(model, slm, stitch_engine, input_ids.shape[0], generation_config.max_length, stitch_timing)
+    lanes = build_lanes(model, slm, stitch_engine, input_ids.shape[0], generation_config.max_length, stitch_timing,
+                        vocab)
     result = stitch_loop(
         lanes,
         input_ids,
@@ -123,6 +125,7 @@ def stitched_decode(
         on_token=(lambda tok: stitch_streamer.put(tok.cpu())) if stitch_streamer is not None else None,
         keep_scores=bool(generation_config.output_scores),
         keep_logits=bool(generation_config.output_logits),
+        drop_finished=finished_rows_unseen(generation_config, logits_processor, stopping_criteria),
     )
     if stitch_streamer is not None:
         stitch_streamer.end()
@@ -131,13 +134,31 @@ def stitched_decode(
     return to_output(result, model, generation_config)
 
 
+def finished_rows_unseen(config: GenerationConfig, processors, criteria) -> bool:
+    """Whether finished rows can leave the models without anything observable changing.
+
+    Plain ``generate`` runs finished rows to the end; their logits reach the processors and,
+    through them, ``scores`` / ``logits`` and the stopping criteria. transformers' own processors
+    and criteria work row by row, and a finished row's token is the pad token whatever its
+    scores, so with those alone and no scores or logits returned, nobody sees the difference.
+    """
+    if config.output_scores or config.output_logits:
+        return False
+    return all(type(c).__module__.startswith("transformers.") for c in [*(processors or []), *(criteria or [])])
+
+
 def build_lanes(llm: PreTrainedModel, slm: PreTrainedModel, engine, batch: int, max_length: int,
-                timing: bool) -> dict[Role, Lane]:
-    """One lane per model: eager DynamicCache lanes, or the opt-in fast engine's."""
-    vocab = min(logit_width(llm), logit_width(slm))  # ids either model may emit
+                timing: bool, vocab: int | None = None) -> dict[Role, Lane]:
+    """One lane per model: eager DynamicCache lanes, or the opt-in fast engine's.
+
+    ``engine`` is resolved here, once: ``"default"`` or an :class:`hf_rstitch.engine.EagerEngine`
+    (which keeps the lanes it built, for tests and tools), or a fast-engine spec.
+    """
+    vocab = vocab if vocab is not None else min(logit_width(llm), logit_width(slm))
     if isinstance(engine, str) and engine == "default":
-        return {Role.SLM: Lane(slm, Role.SLM, vocab, batch, timing=timing),
-                Role.LLM: Lane(llm, Role.LLM, vocab, batch, timing=timing)}
+        engine = EagerEngine()
+    if isinstance(engine, EagerEngine):
+        return engine.lanes(llm, slm, vocab, batch, max_length, timing=timing)
     from ..fast import resolve_engine
 
     return resolve_engine(engine).lanes(slm, llm, vocab, batch, max_length, timing=timing)

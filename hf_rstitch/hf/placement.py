@@ -89,7 +89,9 @@ def check_placement(
     for model, role in ((llm, Role.LLM), (slm, Role.SLM)):
         _check_loaded(model, role)
         _check_parallelism_kind(model, role)
-    if not (isinstance(engine, str) and engine == "default"):
+    from ..engine.protocol import EagerEngine
+
+    if not ((isinstance(engine, str) and engine == "default") or isinstance(engine, EagerEngine)):
         for model, role in ((llm, Role.LLM), (slm, Role.SLM)):
             if is_sharded(model):
                 raise ValueError(

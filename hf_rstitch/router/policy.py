@@ -7,10 +7,9 @@
 * After an LLM forward: control returns to the SLM when the LLM's entropy is ``<= tau``
   (the R-Stitch rule; the router is not consulted on LLM steps).
 
-In sampling mode every consultation is recorded (step index, the live-row positions, the
-hidden states, the actions and their log-probabilities). The decode loop drops finished rows
-from the batch, so positions are *live-row* positions; :func:`assign_rows` maps them back to
-the caller's rows with the decode traces and keeps only rows the SLM really controlled.
+In sampling mode every consultation is recorded (step index, the caller's rows, the hidden
+states, the actions and their log-probabilities); :func:`assign_rows` matches them with the
+decode traces and keeps only rows the SLM really controlled while they were still generating.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ class Consult:
     """One router call during a generation (``n`` rows above the threshold)."""
 
     index: int  # step index (position among the new tokens)
-    positions: torch.Tensor  # [n] live-row positions, CPU long
+    rows: torch.Tensor  # [n] the caller's row of each consulted row, CPU long
     hidden: torch.Tensor  # [n, D] SLM hidden states (router dtype, CPU)
     actions: torch.Tensor  # [n] 0 = slm, 1 = llm, CPU long
     logp: torch.Tensor  # [n] log pi_old(action | state), CPU float32
@@ -94,7 +93,7 @@ class RouterPolicy:
         out[ask] = (actions == LLM_ACTION).to(out.device)
         if self.record:
             self.consults.append(Consult(
-                step.index, ask.nonzero().flatten().cpu(), hidden.detach().to("cpu", self.router.head.weight.dtype),
+                step.index, step.row_ids()[ask.cpu()], hidden.detach().to("cpu", self.router.head.weight.dtype),
                 actions.cpu(), logp.gather(1, actions[:, None]).squeeze(1).float().cpu()))
         return out
 
@@ -108,18 +107,15 @@ class RouterPolicy:
 def assign_rows(consults: list[Consult], traces: list) -> list[RowDecisions]:
     """Map recorded consultations to the caller's rows (one :class:`RowDecisions` per trace).
 
-    At step ``i`` the live rows are, in order, the rows whose trace has more than ``i`` tokens.
-    Positions where the row was not under SLM control (no SLM entropy in its trace) are
-    dropped; the kept decisions are checked against the trace's hand-over flags.
+    Steps where the row was not under SLM control (no SLM entropy in its trace) or had already
+    finished (no token there) are dropped; the kept decisions are checked against the trace's
+    hand-over flags.
     """
-    lengths = torch.tensor([t.n_tokens for t in traces])
     per_row: list[list[tuple[int, torch.Tensor, int, float]]] = [[] for _ in traces]
     for c in consults:
-        live = (lengths > c.index).nonzero().flatten()
-        for j, pos in enumerate(c.positions.tolist()):
-            row = int(live[pos])
+        for j, row in enumerate(c.rows.tolist()):
             trace = traces[row]
-            if trace.slm_entropies[c.index] is None:  # the LLM controlled this row: the vote was ignored
+            if c.index >= trace.n_tokens or trace.slm_entropies[c.index] is None:  # finished, or the LLM's step
                 continue
             action = int(c.actions[j])
             if trace.handovers[c.index] != (action == LLM_ACTION):

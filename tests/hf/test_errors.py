@@ -57,12 +57,6 @@ def test_beams_and_multiple_returns(pair):
         gen(*pair, num_return_sequences=2, do_sample=True)
 
 
-def test_sliding_window_models_refused_in_batches():
-    llm, slm = make_pair("qwen2")  # sliding window on every layer
-    with pytest.raises(ValueError, match="sliding-window.*batch size 1"):
-        gen(llm, slm, ids=torch.cat([prompt(), prompt(seed=1)]))
-
-
 def test_unsupported_caches(pair):
     llm, slm = pair
     with pytest.raises(ValueError, match="cache_implementation"):

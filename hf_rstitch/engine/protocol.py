@@ -1,0 +1,66 @@
+"""The lane protocol: what the stitch loop and the request engine need from one model + its cache.
+
+Two implementations: :class:`hf_rstitch.engine.Lane` (eager, DynamicCache, any device, any
+batch) and :class:`hf_rstitch.fast.FastLane` (static cache + CUDA graphs). Both keep one cache
+over a shared, left-padded sequence ``seq [B, T]``: every row has seen the same columns.
+
+Verbs (tensors on the host are marked CPU):
+
+* ``advance(seq, mask, rows, resumed, want_hidden=False) -> (logits, hidden, calls)`` -- read the
+  columns ``[n_seen, T)`` for *every* row, return the last column's logits ``[B, vocab]`` float32
+  on ``seq``'s device (meaningful for ``rows``, ``[B]`` bool CPU), the last hidden state
+  ``[B, D]`` when asked, and a :class:`~hf_rstitch.core.trace.ForwardCall` per row in ``rows``,
+  counted as if that row ran alone (``resumed`` ``[B]`` bool CPU: the other model wrote the
+  row's latest tokens, so the call is a partial prefill).
+* ``keep_rows(index)`` -- keep only rows ``index`` (CPU long), in that order.
+* ``reset()`` -- forget everything, ready for a new generation.
+
+For continuous batching (:mod:`hf_rstitch.engine.requests`) the eager lane also has
+``add_rows(seq, mask)`` (append rows laid out in the shared columns), ``pad_left(n)`` (prepend
+``n`` masked columns to every row) and ``trim_left(n)`` (drop leading columns that are padding
+in every row).
+
+Accounting: every lane reports its calls as ``ForwardCall(role, kind, n_inf, n_kv, seconds)``
+-- the quantities of the latency model (paper Eq. 4) -- so traces, the profiler and the
+benchmarks count the same way whichever engine ran.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from ..core.roles import Role
+
+
+@runtime_checkable
+class LaneProtocol(Protocol):
+    role: Role
+    vocab: int
+
+    def advance(self, seq: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, resumed: torch.Tensor,
+                want_hidden: bool = False): ...
+
+    def keep_rows(self, index: torch.Tensor) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class EagerEngine:
+    """Builds the eager lanes of a pair (``generate(..., stitch_engine=EagerEngine())``).
+
+    The default engine; an instance keeps the lanes it built last (``built``), which tests and
+    tools read instead of patching constructors.
+    """
+
+    def __init__(self, timing: bool = False):
+        self.timing = timing
+        self.built: dict[Role, object] = {}
+
+    def lanes(self, llm, slm, vocab: int, batch: int, capacity: int = 0, timing: bool = False) -> dict:
+        from .lane import Lane
+
+        self.built = {Role.LLM: Lane(llm, Role.LLM, vocab, batch, timing=timing or self.timing),
+                      Role.SLM: Lane(slm, Role.SLM, vocab, batch, timing=timing or self.timing)}
+        return self.built

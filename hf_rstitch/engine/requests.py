@@ -1,0 +1,359 @@
+"""Continuous batching: requests join and leave one running stitched batch.
+
+:class:`RequestEngine` keeps a batch of up to ``max_batch`` rows over the eager lanes. Each
+:meth:`~RequestEngine.step` admits waiting requests into free rows, then decodes one token for
+every running row with :func:`~hf_rstitch.engine.step.run_step` (the same switch point as
+``generate``); a row that finishes (EOS, its ``max_new_tokens``, or cancelled) leaves at once,
+and its place is taken at the next step. Each request routes with its own threshold, and a
+greedy request's tokens equal its solo ``generate`` (tested).
+
+Layout: rows share the columns of one left-padded sequence (see :mod:`.lane`). A joining
+request is right-aligned with the others -- left-padded to the batch's width, or the batch is
+padded on the left when the new prompt is longer -- and each lane prefills the columns it has
+already seen for it; columns that became padding in every row are trimmed when rows leave.
+
+The engine knows no tokenizer and no HTTP: token ids in, events out. ``submit`` and ``cancel``
+are thread-safe; one thread calls ``step`` (a server's engine loop, or :meth:`run`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import torch
+
+from ..core.policies import RowEntropyPolicy, check_threshold
+from ..core.roles import Role
+from ..core.trace import StitchTrace
+from .protocol import EagerEngine
+from .step import Routing, run_step
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+@dataclass
+class Request:
+    """One generation request (prompt already tokenized, chat template applied)."""
+
+    input_ids: list[int]
+    max_new_tokens: int = 256
+    stitch_threshold: float | None = None  # None: the engine's default threshold
+    eos_token_id: list[int] | None = None  # None: the LLM's generation_config eos ids
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    request_id: str | None = None  # assigned by submit() when None
+
+
+@dataclass
+class Event:
+    """What one step did for one request: a new token, and/or its end."""
+
+    request_id: str
+    token: int | None  # the new token (None on an event that only finishes)
+    role: Role | None  # which model wrote it
+    finished: bool = False
+    finish_reason: str | None = None  # one of FINISH_REASONS
+    error: str | None = None  # message when finish_reason == "error"
+    trace: StitchTrace | None = None  # on the finishing event
+
+
+@dataclass
+class Completion:
+    """A finished request, as :meth:`RequestEngine.run` returns it."""
+
+    request_id: str
+    tokens: list[int]
+    finish_reason: str
+    trace: StitchTrace
+
+
+@dataclass
+class _Row:
+    request: Request
+    eos: frozenset[int]
+    trace: StitchTrace
+    tokens: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = None
+
+
+class RequestEngine:
+    """Serve many requests through one stitched batch (the eager lanes, any device).
+
+    Args:
+        llm, slm: the pair (shared tokenizer), as for ``generate``.
+        threshold: the default tau for requests that bring none.
+        max_batch: rows decoded together at most; further requests wait in a queue.
+        max_waiting: queue length at which :meth:`submit` refuses (``QueueFull``); None: unbounded.
+    """
+
+    def __init__(self, llm, slm, threshold: float = 0.02, max_batch: int = 8, max_waiting: int | None = None):
+        from ..hf.checks import check_pair
+        from ..hf.decode import logit_width
+
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
+        self.llm, self.slm = llm, check_pair(llm, slm)
+        self.threshold = check_threshold(threshold)
+        self.max_batch, self.max_waiting = max_batch, max_waiting
+        self.vocab = min(logit_width(llm), logit_width(slm))
+        eos = llm.generation_config.eos_token_id
+        self.default_eos = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        pad = llm.generation_config.pad_token_id
+        self.pad_id = int(pad if pad is not None else min(self.default_eos, default=0))
+        self.device = llm.device
+        self.lanes = EagerEngine().lanes(llm, slm, self.vocab, 0)
+        self.policy = RowEntropyPolicy()
+        self._rows: list[_Row] = []
+        self._slots = torch.zeros(0, dtype=torch.long)  # [b] row id of each running row (StepView.rows)
+        self._seq = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [b, T] shared columns
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self._routing = Routing.start(0)
+        self._waiting: deque[Request] = deque()
+        self._cancel: set[str] = set()
+        self._known: set[str] = set()
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._step_index = 0
+
+    # ---- public API ---------------------------------------------------------------------------
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._rows)
+
+    def has_work(self) -> bool:
+        return bool(self._rows or self._waiting)
+
+    def submit(self, request: Request) -> str:
+        """Queue a request; returns its id. Bad input raises ValueError / TypeError now."""
+        self._validate(request)
+        with self._lock:
+            if self.max_waiting is not None and len(self._waiting) >= self.max_waiting:
+                raise QueueFull(f"{len(self._waiting)} requests are already waiting (max_waiting={self.max_waiting}); "
+                                "retry later or raise max_waiting / max_batch.")
+            if request.request_id is None:
+                request.request_id = f"req-{next(self._ids)}"
+            if request.request_id in self._known:
+                raise ValueError(f"request_id {request.request_id!r} is already in use; give each request its own id.")
+            self._known.add(request.request_id)
+            self._waiting.append(request)
+        return request.request_id
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a waiting or running request; its row is freed at the next step (a "cancelled" event)."""
+        with self._lock:
+            self._cancel.add(request_id)
+
+    @torch.no_grad()
+    def step(self) -> list[Event]:
+        """Admit waiting requests into free rows, then decode one token for every running row."""
+        events = self._take_cancelled()
+        self._admit()
+        if not self._rows:
+            return events
+        out = run_step(self.lanes, self._seq, self._mask, self._routing, self.policy, self._step_index, self._slots)
+        self._step_index += 1
+        tokens = self._pick(out.logits)
+        host = _one_copy(tokens, out.entropy, out.slm_entropy, out.back)
+        tokens, entropy, slm_h, back = host
+        self._routing.after(out.writer_llm, back)
+        self._seq = torch.cat([self._seq, tokens.to(self.device)[:, None]], dim=-1)
+        self._mask = torch.cat([self._mask, self._mask.new_ones(len(self._rows), 1)], dim=-1)
+        for i, call in out.calls:
+            self._rows[i].trace.calls.append(call)
+        done = []
+        for i, row in enumerate(self._rows):
+            events.append(self._advance_row(i, row, int(tokens[i]), out, float(entropy[i]),
+                                            None if slm_h is None else float(slm_h[i])))
+            if events[-1].finished:
+                done.append(i)
+        self._drop(done)
+        return events
+
+    def run(self, requests: Iterable[Request] = ()) -> dict[str, Completion]:
+        """Submit ``requests`` and step until nothing is left; every completion by request id."""
+        for request in requests:
+            self.submit(request)
+        tokens: dict[str, list[int]] = {}
+        done: dict[str, Completion] = {}
+        for e in self.events():
+            if e.token is not None:
+                tokens.setdefault(e.request_id, []).append(e.token)
+            if e.finished:
+                done[e.request_id] = Completion(e.request_id, tokens.pop(e.request_id, []), e.finish_reason, e.trace)
+        return done
+
+    def events(self) -> Iterator[Event]:
+        """Step until no request is left, yielding every event."""
+        while self.has_work():
+            yield from self.step()
+
+    # ---- admission ------------------------------------------------------------------------------
+    def _validate(self, r: Request) -> None:
+        if not isinstance(r, Request):
+            raise TypeError(f"submit() takes a Request, got {type(r).__name__}")
+        ids = r.input_ids
+        if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ValueError("Request.input_ids must be a non-empty list of token ids (ints); tokenize the prompt first.")
+        bad = [t for t in ids if not 0 <= t < self.vocab]
+        if bad:
+            raise ValueError(f"Request.input_ids holds id {bad[0]}, outside the vocabulary both models share "
+                             f"(0..{self.vocab - 1}); tokenize with the pair's tokenizer.")
+        if not isinstance(r.max_new_tokens, int) or r.max_new_tokens < 1:
+            raise ValueError(f"Request.max_new_tokens must be an integer >= 1, got {r.max_new_tokens!r}")
+        if r.stitch_threshold is not None:
+            r.stitch_threshold = check_threshold(r.stitch_threshold)
+        if r.do_sample and not (r.temperature > 0 and 0 < r.top_p <= 1):
+            raise ValueError(f"sampling needs temperature > 0 and 0 < top_p <= 1, got {r.temperature}, {r.top_p}")
+
+    def _take_cancelled(self) -> list[Event]:
+        with self._lock:
+            cancel, self._cancel = self._cancel, set()
+            waiting = [r for r in self._waiting if r.request_id in cancel]
+            self._waiting = deque(r for r in self._waiting if r.request_id not in cancel)
+        events = [Event(r.request_id, None, None, True, "cancelled", trace=StitchTrace()) for r in waiting]
+        for r in waiting:
+            self._forget(r.request_id)
+        gone = [i for i, row in enumerate(self._rows) if row.request.request_id in cancel]
+        for i in gone:
+            row = self._rows[i]
+            events.append(Event(row.request.request_id, None, None, True, "cancelled", trace=row.trace))
+            self._forget(row.request.request_id)
+        self._drop(gone)
+        return events
+
+    def _admit(self) -> None:
+        with self._lock:
+            free = self.max_batch - len(self._rows)
+            new = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+        if not new:
+            return
+        if not self._rows:  # an empty batch starts afresh: no columns, fresh caches
+            for lane in self.lanes.values():
+                lane.reset()
+            self._seq, self._mask = self._seq[:, :0], self._mask[:, :0]
+        width = max(len(r.input_ids) for r in new)
+        grow = width - self._seq.shape[1]
+        if grow > 0:
+            self._seq = torch.nn.functional.pad(self._seq, (grow, 0), value=self.pad_id)
+            self._mask = torch.nn.functional.pad(self._mask, (grow, 0), value=0)
+            for lane in self.lanes.values():
+                lane.pad_left(grow)
+        seq, mask = self._layout(new, self._seq.shape[1])
+        for lane in self.lanes.values():
+            lane.add_rows(seq, mask)
+        self._seq, self._mask = torch.cat([self._seq, seq]), torch.cat([self._mask, mask])
+        self._routing.add(len(new))
+        slots = []
+        for r in new:
+            slot = self._free_slot()
+            slots.append(slot)
+            self.policy.thresholds[slot] = r.stitch_threshold if r.stitch_threshold is not None else self.threshold
+            eos = frozenset(r.eos_token_id) if r.eos_token_id is not None else self.default_eos
+            gen = torch.Generator().manual_seed(r.seed) if (r.do_sample and r.seed is not None) else None
+            self._rows.append(_Row(r, eos, StitchTrace(policy=f"EntropyPolicy(threshold={self.policy.thresholds[slot]})",
+                                                       threshold=self.policy.thresholds[slot]), generator=gen))
+        self._slots = torch.cat([self._slots, torch.tensor(slots, dtype=torch.long)])
+
+    def _layout(self, new: list[Request], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The new prompts right-aligned in ``width`` columns: ids ``[k, width]`` and mask."""
+        seq = torch.full((len(new), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(len(new), width, dtype=torch.long)
+        for i, r in enumerate(new):
+            seq[i, width - len(r.input_ids):] = torch.tensor(r.input_ids)
+            mask[i, width - len(r.input_ids):] = 1
+        return seq.to(self.device), mask.to(self.device)
+
+    def _free_slot(self) -> int:
+        used = set(self._slots.tolist()) | set(self.policy.thresholds)
+        return next(i for i in itertools.count() if i not in used)
+
+    # ---- one step's tokens ----------------------------------------------------------------------
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy argmax per row; rows that sample draw from their own generator."""
+        tokens = logits.argmax(dim=-1)
+        for i, row in enumerate(self._rows):
+            r = row.request
+            if r.do_sample:
+                tokens[i] = _sample(logits[i], r.temperature, r.top_p, row.generator)
+        return tokens
+
+    def _advance_row(self, i: int, row: _Row, token: int, out, entropy: float, slm_h: float | None) -> Event:
+        llm = bool(out.writer_llm[i])
+        handed = bool(out.handed[i]) if out.handed is not None else False
+        t = row.trace
+        t.roles.append(Role.LLM if llm else Role.SLM)
+        t.handovers.append(handed)
+        t.entropies.append(entropy)
+        t.slm_entropies.append(slm_h if (not llm or handed) else None)
+        row.tokens.append(token)
+        reason = "stop" if token in row.eos else ("length" if len(row.tokens) >= row.request.max_new_tokens else None)
+        if reason is not None:
+            self._forget(row.request.request_id)
+        return Event(row.request.request_id, token, t.roles[-1], reason is not None, reason,
+                     trace=t if reason is not None else None)
+
+    def _forget(self, request_id: str) -> None:
+        with self._lock:
+            self._known.discard(request_id)
+
+    def _drop(self, index: list[int]) -> None:
+        """Remove finished rows from the batch, then trim columns that are padding in every row."""
+        if not index:
+            return
+        gone = set(index)
+        keep = torch.tensor([i for i in range(len(self._rows)) if i not in gone], dtype=torch.long)
+        for i in index:
+            self.policy.thresholds.pop(int(self._slots[i]), None)
+        self._rows = [row for i, row in enumerate(self._rows) if i not in gone]
+        self._slots = self._slots[keep]
+        self._routing.keep(keep)
+        at = keep.to(self.device)
+        self._seq, self._mask = self._seq[at], self._mask[at]
+        for lane in self.lanes.values():
+            lane.keep_rows(keep)
+        if self._rows:
+            n = int((self._mask == 0).long().cumprod(-1).sum(-1).min())
+            if n > 0:
+                self._seq, self._mask = self._seq[:, n:], self._mask[:, n:]
+                for lane in self.lanes.values():
+                    lane.trim_left(n)
+
+
+class QueueFull(RuntimeError):
+    """The engine's waiting queue is full (``max_waiting``); retry later."""
+
+
+def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator) -> torch.Tensor:
+    """One token from ``softmax(logits / temperature)`` restricted to the top-p nucleus."""
+    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
+    if top_p < 1:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the most likely token
+        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+    return torch.multinomial(probs, 1, generator=generator)[0]
+
+
+def _one_copy(tokens, entropy, slm_h, back):
+    """Tokens, entropies and the hand-back decisions on the host in one device-to-host copy."""
+    n = len(tokens)
+    parts = [tokens.double(), entropy.double()]
+    if slm_h is not None:
+        parts.append(slm_h.double().to(tokens.device))
+    if back is not None:
+        parts.append(back.double().to(tokens.device))
+    flat = torch.cat(parts).cpu()
+    tok, ent = flat[:n].long(), flat[n: 2 * n]
+    rest = flat[2 * n:]
+    sh = rest[:n] if slm_h is not None else None
+    bk = (rest[n:] if slm_h is not None else rest[:n]).bool() if back is not None else None
+    return tok, ent, sh, bk

@@ -1,0 +1,116 @@
+"""One stitched step over the rows of a batch: run the lanes, ask the policy, pick each row's writer.
+
+This is where every switch is decided -- the two ``policy.hand_to_*`` calls in :func:`run_step`:
+
+1. Rows the SLM controls run the SLM (partial prefill + next-token logits); the policy decides
+   per row whether to keep its proposal or discard it (hand-over to the LLM).
+2. Rows the LLM controls -- or that were just handed over -- run the LLM; its token is always
+   kept, and the policy decides per row whether control returns to the SLM for the next step.
+
+The step knows nothing about logits processors, stopping or finished rows: the callers (the
+``generate`` loop in :mod:`.loop`, the request engine in :mod:`.requests`) pick the tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..core.entropy import normalized_entropy
+from ..core.policies import RoutingPolicy, StepView, as_decision
+from ..core.roles import Role
+from ..core.trace import ForwardCall
+
+
+@dataclass
+class Routing:
+    """Who controls each row of the lanes, on the host (``[b]`` bool each)."""
+
+    llm_on: torch.Tensor  # the LLM decodes the row's next token
+    last_llm: torch.Tensor  # the LLM wrote the row's latest token
+
+    @classmethod
+    def start(cls, rows: int) -> "Routing":
+        """Every row starts with the SLM (the seed paper's Algorithm 1)."""
+        return cls(torch.zeros(rows, dtype=torch.bool), torch.zeros(rows, dtype=torch.bool))
+
+    def after(self, writer_llm: torch.Tensor, back: torch.Tensor | None) -> None:
+        """Record who wrote this step's tokens; LLM rows handed back give control to the SLM."""
+        self.last_llm = writer_llm
+        self.llm_on = writer_llm & ~back if back is not None else writer_llm
+
+    def keep(self, index: torch.Tensor) -> None:
+        self.llm_on, self.last_llm = self.llm_on[index], self.last_llm[index]
+
+    def add(self, k: int) -> None:
+        fresh = Routing.start(k)
+        self.llm_on = torch.cat([self.llm_on, fresh.llm_on])
+        self.last_llm = torch.cat([self.last_llm, fresh.last_llm])
+
+
+@dataclass
+class StepOut:
+    """One step's outcome per lane row (``[b]``); the writer is the model whose token is kept."""
+
+    logits: torch.Tensor  # [b, V] raw logits of each row's writer
+    entropy: torch.Tensor  # [b] writer's normalized entropy (on the logits' device)
+    writer_llm: torch.Tensor  # [b] bool, host: the LLM writes the row's token
+    handed: torch.Tensor | None  # [b] bool, host: the SLM's proposal was discarded (None: SLM did not run)
+    slm_entropy: torch.Tensor | None  # [b] the SLM's entropy where it ran
+    back: torch.Tensor | None  # [b] bool (any device): after its token the LLM hands back (None: LLM did not run)
+    calls: list[tuple[int, ForwardCall]]  # (lane row, call) for every accounted row
+
+
+def run_step(
+    lanes: dict, seq: torch.Tensor, mask: torch.Tensor, routing: Routing, policy: RoutingPolicy,
+    index: int, rows: torch.Tensor, accounted: torch.Tensor | None = None,
+) -> StepOut:
+    """Advance the lanes by one token for every row of ``seq [b, T]`` and choose each row's writer.
+
+    Args:
+        lanes: ``{Role.SLM: lane, Role.LLM: lane}`` holding exactly these ``b`` rows.
+        seq, mask: ``[b, T]`` the rows' shared columns (left-padded) and attention mask.
+        routing: the rows' control state (read here; the caller applies :meth:`Routing.after`).
+        policy: decides the hand-overs.
+        index: position of the token being decided among the new tokens (``StepView.index``).
+        rows: ``[b]`` CPU long, the caller's id of each row (``StepView.rows``).
+        accounted: ``[b]`` bool (CPU), rows whose forward calls are recorded (default: all); rows
+            that only run so their logits exist (finished rows, kept as plain ``generate`` keeps
+            them) are left out.
+    """
+    accounted = torch.ones(len(rows), dtype=torch.bool) if accounted is None else accounted
+    slm_rows = ~routing.llm_on
+    llm_on, calls = routing.llm_on, []
+    slm_h = handed = slm_logits = None
+    if slm_rows.any():
+        slm_logits, hidden, got = lanes[Role.SLM].advance(
+            seq, mask, slm_rows & accounted, resumed=routing.last_llm, want_hidden=policy.needs_hidden)
+        calls += got.items()
+        slm_h = normalized_entropy(slm_logits)
+        handed = as_decision(policy.hand_to_llm(StepView(index, slm_h, hidden, rows)), "hand_to_llm") & slm_rows
+        llm_on = llm_on | handed  # discard these proposals: the LLM decodes the same position
+    llm_h = back = llm_logits = None
+    if llm_on.any():
+        llm_logits, _, got = lanes[Role.LLM].advance(seq, mask, llm_on & accounted, resumed=~routing.last_llm)
+        calls += got.items()
+        llm_h = normalized_entropy(llm_logits)
+        back = policy.hand_to_slm(StepView(index, llm_h, rows=rows))  # host copy deferred to the caller's sync
+    return StepOut(_by_writer(llm_on, llm_logits, slm_logits), _by_writer(llm_on, llm_h, slm_h), llm_on, handed,
+                   slm_h, back, calls)
+
+
+def _by_writer(writer_llm: torch.Tensor, llm_value: torch.Tensor | None, slm_value: torch.Tensor | None):
+    """Per row, the LLM's value where it writes and the SLM's elsewhere (either may be absent).
+
+    ``writer_llm`` is ``[b]`` bool on the host; when every row has the same writer no mask goes to
+    the device (a host-to-device copy would wait for every queued kernel).
+    """
+    if llm_value is None or slm_value is None:
+        return slm_value if llm_value is None else llm_value
+    if bool(writer_llm.all()):
+        return llm_value
+    if not bool(writer_llm.any()):
+        return slm_value
+    pick = writer_llm.to(llm_value.device)
+    return torch.where(pick.view(-1, *[1] * (llm_value.dim() - 1)), llm_value, slm_value)

@@ -1,0 +1,113 @@
+"""Continuous batching: every request's output equals its solo ``generate``, whoever shares the batch."""
+
+import threading
+
+import pytest
+import torch
+
+import hf_rstitch  # noqa: F401  (patches generate)
+from hf_rstitch import Role
+from hf_rstitch.engine.requests import QueueFull, Request, RequestEngine
+from tiny_models import make_pair, prompt
+
+LENGTHS = [5, 11, 3, 8, 14, 2, 7]  # the 14-token prompt joins a narrower batch: it pads the batch on the left
+MAX_NEW = [12, 5, 20, 9, 15, 7, 4]  # rows leave at different steps; waiting requests take their rows
+TAUS = {"llama": [0.3, 0.5, 0.6, 0.4, 0.55, 0.5, 0.7], "qwen2": [0.3, 0.5, 0.6, 0.4, 0.55, 0.5, 0.7],
+        "gemma3": [0.38, 0.45, 0.42, 0.45, 0.4, 0.5, 0.45]}  # its tiny LLM is unsure everywhere
+
+
+def solo(llm, slm, p, tau, max_new):
+    return llm.generate(p, assistant_model=slm, stitch_threshold=tau, max_new_tokens=max_new,
+                        return_dict_in_generate=True)
+
+
+def calls(trace):
+    return [(c.role, c.kind, c.n_inf, c.n_kv) for c in trace.calls]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_each_request_equals_its_solo_run(arch):
+    llm, slm = make_pair(arch)
+    engine = RequestEngine(llm, slm, max_batch=3)
+    prompts = [prompt(n, seed=i) for i, n in enumerate(LENGTHS)]
+    requests = [Request(p[0].tolist(), max_new_tokens=m, stitch_threshold=t)
+                for p, t, m in zip(prompts, TAUS[arch], MAX_NEW)]
+    done = engine.run(requests)
+    assert not engine.has_work() and engine.running == 0
+    switched, roles = 0, set()
+    for r, p, t, m in zip(requests, prompts, TAUS[arch], MAX_NEW):
+        alone = solo(llm, slm, p, t, m)
+        got = done[r.request_id]
+        assert got.tokens == alone.sequences[0, p.shape[1]:].tolist(), r.request_id
+        assert got.trace.roles == alone.stitch.roles
+        assert calls(got.trace) == calls(alone.stitch)  # accounted as if it ran alone
+        assert got.finish_reason == ("stop" if got.tokens[-1] == 1 else "length")
+        switched += got.trace.switches > 0
+        roles |= set(got.trace.roles)
+    assert switched >= 1 and roles == {Role.SLM, Role.LLM}  # the thresholds really stitch, rows route apart
+
+
+def test_requests_submitted_while_others_decode():
+    llm, slm = make_pair("llama")
+    engine = RequestEngine(llm, slm, threshold=0.5, max_batch=2)
+    first = engine.submit(Request(prompt(6, seed=1)[0].tolist(), max_new_tokens=10))
+    events = [e for _ in range(4) for e in engine.step()]
+    late = engine.submit(Request(prompt(12, seed=2)[0].tolist(), max_new_tokens=6))
+    events += list(engine.events())
+    for rid, p, n in ((first, prompt(6, seed=1), 10), (late, prompt(12, seed=2), 6)):
+        want = solo(llm, slm, p, 0.5, n).sequences[0, p.shape[1]:].tolist()
+        assert [e.token for e in events if e.request_id == rid and e.token is not None] == want
+        assert sum(e.finished for e in events if e.request_id == rid) == 1
+
+
+def test_cancel_frees_the_row_and_reports_it():
+    llm, slm = make_pair("llama")
+    engine = RequestEngine(llm, slm, threshold=0.5, max_batch=1)
+    a = engine.submit(Request(prompt(5)[0].tolist(), max_new_tokens=50, eos_token_id=[]))
+    b = engine.submit(Request(prompt(7, seed=3)[0].tolist(), max_new_tokens=4))
+    engine.step()
+    assert engine.running == 1 and engine.waiting == 1
+    engine.cancel(a)
+    events = list(engine.events())
+    assert events[0].request_id == a and events[0].finished and events[0].finish_reason == "cancelled"
+    want = solo(llm, slm, prompt(7, seed=3), 0.5, 4).sequences[0, 7:].tolist()
+    assert [e.token for e in events if e.request_id == b] == want
+
+
+def test_queue_limit_and_bad_requests_fail_alone():
+    llm, slm = make_pair("llama")
+    engine = RequestEngine(llm, slm, max_batch=1, max_waiting=1)
+    engine.submit(Request([5, 6, 7], max_new_tokens=2))
+    with pytest.raises(QueueFull, match="max_waiting"):
+        engine.submit(Request([5, 6], max_new_tokens=2))
+    for bad, match in [(Request([]), "non-empty"), (Request([5, 999]), "outside the vocabulary"),
+                       (Request([5], max_new_tokens=0), "max_new_tokens"), (Request([5], stitch_threshold=2.0), "in \\[0, 1\\]"),
+                       (Request([5], do_sample=True, temperature=0), "temperature")]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            engine.submit(bad)
+    assert len(engine.run()) == 1
+
+
+def test_sampled_requests_depend_only_on_their_seed():
+    llm, slm = make_pair("llama")
+    p = prompt(6, seed=4)[0].tolist()
+    alone = RequestEngine(llm, slm, threshold=0.5).run([Request(p, max_new_tokens=8, do_sample=True, seed=7, top_p=0.9)])
+    crowd = RequestEngine(llm, slm, threshold=0.5, max_batch=4).run(
+        [Request(prompt(9, seed=s)[0].tolist(), max_new_tokens=8, do_sample=True, seed=s) for s in range(3)]
+        + [Request(p, max_new_tokens=8, do_sample=True, seed=7, top_p=0.9, request_id="me")])
+    assert crowd["me"].tokens == next(iter(alone.values())).tokens
+
+
+def test_submit_and_cancel_are_thread_safe():
+    llm, slm = make_pair("llama")
+    engine = RequestEngine(llm, slm, threshold=0.5, max_batch=4)
+    ids = []
+    threads = [threading.Thread(target=lambda i=i: ids.append(engine.submit(Request([3 + i, 4, 5], max_new_tokens=3))))
+               for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done = engine.run()
+    assert sorted(done) == sorted(ids) and all(len(c.tokens) <= 3 for c in done.values())
+    assert all(c.trace.roles and set(c.trace.roles) <= {Role.SLM, Role.LLM} for c in done.values())
