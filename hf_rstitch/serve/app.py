@@ -185,14 +185,17 @@ async def follow(driver: EngineDriver, rid: str, queue: asyncio.Queue, request: 
                  poll_s: float) -> AsyncIterator[Any]:
     """This request's events until the finishing one; cancels the row if the client leaves first
     (noticed by polling, or by the server cancelling this generator)."""
-    finished = False
+    loop = asyncio.get_running_loop()
+    finished, next_check = False, loop.time() + poll_s
     try:
         while True:
-            try:
-                event = await asyncio.wait_for(queue.get(), poll_s)
-            except asyncio.TimeoutError:
+            if loop.time() >= next_check:  # every poll_s, also while events keep coming
                 if await request.is_disconnected():
                     return
+                next_check = loop.time() + poll_s
+            try:
+                event = await asyncio.wait_for(queue.get(), max(1e-3, next_check - loop.time()))
+            except asyncio.TimeoutError:
                 continue
             finished = event.finished
             yield event
