@@ -237,7 +237,7 @@ def markdown(meta: dict, s: dict) -> str:
             ("LLM / SLM tokens, switches", f"{s['llm_tokens']} / {s['slm_tokens']}, {s['switches']}")]
     head = (f"# rstitch serve load test: {meta['pair']} pair on {meta['device_name']}\n\n"
             f"{meta['date']}, torch {meta['torch']}, transformers {meta['transformers']}, tau {meta['threshold']}, "
-            f"max_tokens {meta['max_tokens']}, greedy, streaming. Command: `{meta['command']}`\n\n")
+            f"max_tokens {meta['max_tokens']}, greedy, streaming, server threads {meta['server_threads']}. Command: `{meta['command']}`\n\n")
     return head + "| | |\n| --- | ---: |\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
 
 
@@ -265,6 +265,7 @@ def main(argv=None) -> int:
     p.add_argument("--threshold", type=float, default=0.02)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads of the server (OMP_NUM_THREADS)")
     p.add_argument("--request-timeout", type=float, default=300.0)
     p.add_argument("--time-limit", type=float, default=900.0, help="wall-clock limit of the whole load (s)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
@@ -279,7 +280,10 @@ def main(argv=None) -> int:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(server_command(args, port), env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    threads = str(args.threads)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    proc = subprocess.Popen(server_command(args, port), env=env)
+    torch.set_num_threads(args.threads)  # the solo reference, in this process
     try:
         wait_healthy(url, proc, args.startup_timeout)
         bodies = workload(args)
@@ -292,7 +296,8 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
     summary = summarize(records, wall)
-    meta = {"pair": args.pair, "replicas": args.replicas, "clients": args.clients, "requests": args.requests, "max_batch": args.max_batch,
+    meta = {"pair": args.pair, "replicas": args.replicas, "server_threads": args.threads, "clients": args.clients,
+            "requests": args.requests, "max_batch": args.max_batch,
             "max_tokens": args.max_tokens, "threshold": args.threshold, "device": args.device,
             "device_name": device_name(args.device), "torch": torch.__version__, "transformers": transformers.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

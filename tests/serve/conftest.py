@@ -28,3 +28,14 @@ def client(tokenizer):
     with TestClient(app) as c:
         c.engine = engine
         yield c
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: on a small shared CPU, several threads per process thrash (40x slower here)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not assets_present(), reason=
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_concurrent_requests_equal_solo_generate():
+def test_concurrent_requests_equal_solo_generate(one_thread):
     from hf_rstitch.engine.requests import RequestEngine
     from hf_rstitch.serve.app import create_app
     from hf_rstitch.serve.config import ServeConfig, settings_for
@@ -60,9 +60,10 @@ def _free_port() -> int:
 def test_cli_serve_drains_on_sigterm():
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "hf_rstitch.cli.main", "serve", "--port", str(port),
-                             "--threshold", "0.0"], cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--threshold", "0.0"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

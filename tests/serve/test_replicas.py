@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not assets_present(), reason=
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_two_cpu_replicas_on_ray_serve():
+def test_two_cpu_replicas_on_ray_serve(one_thread):
     pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'hf-rstitch[serve-ray]'")
     from hf_rstitch.serve import replicas
     from hf_rstitch.serve.config import ServeConfig
@@ -26,7 +26,8 @@ def test_two_cpu_replicas_on_ray_serve():
         port = s.getsockname()[1]
     cfg = ServeConfig(port=port, replicas=2, cpus_per_replica=0.5, max_batch=4, max_queue=8)
     ray_init = dict(num_cpus=2, object_store_memory=100 * 1024**2, log_to_driver=False,
-                    runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}})
+                    runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+                                                  "OMP_NUM_THREADS": "1"}})
     try:
         replicas.start(cfg, ray_init)
         url = f"http://127.0.0.1:{port}"
