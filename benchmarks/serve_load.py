@@ -32,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
+DETAIL = ("status", "latency_s", "ttft_s", "finish_reason", "usage", "complete")  # kept per request in the JSON
 
 
 # ---- the server --------------------------------------------------------------------------------
@@ -237,7 +238,8 @@ def markdown(meta: dict, s: dict) -> str:
             ("LLM / SLM tokens, switches", f"{s['llm_tokens']} / {s['slm_tokens']}, {s['switches']}")]
     head = (f"# rstitch serve load test: {meta['pair']} pair on {meta['device_name']}\n\n"
             f"{meta['date']}, torch {meta['torch']}, transformers {meta['transformers']}, tau {meta['threshold']}, "
-            f"max_tokens {meta['max_tokens']}, greedy, streaming, server threads {meta['server_threads']}. Command: `{meta['command']}`\n\n")
+            f"max_tokens {meta['max_tokens']}, greedy, streaming, server threads {meta['server_threads']}.\n"
+            f"Command: `{meta['command']}`\n\n")
     return head + "| | |\n| --- | ---: |\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
 
 
@@ -297,9 +299,9 @@ def main(argv=None) -> int:
             proc.kill()
     summary = summarize(records, wall)
     meta = {"pair": args.pair, "replicas": args.replicas, "server_threads": args.threads, "clients": args.clients,
-            "requests": args.requests, "max_batch": args.max_batch,
-            "max_tokens": args.max_tokens, "threshold": args.threshold, "device": args.device,
-            "device_name": device_name(args.device), "torch": torch.__version__, "transformers": transformers.__version__,
+            "requests": args.requests, "max_batch": args.max_batch, "max_tokens": args.max_tokens,
+            "threshold": args.threshold, "device": args.device, "device_name": device_name(args.device),
+            "torch": torch.__version__, "transformers": transformers.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": "python benchmarks/serve_load.py " + " ".join(argv), "server_exit_code": proc.returncode}
     if args.check_solo and args.pair == "shipped":
@@ -310,8 +312,7 @@ def main(argv=None) -> int:
     name = args.name or f"{args.pair}_{args.device.split(':')[0]}"
     RESULTS.mkdir(exist_ok=True)
     doc = {**meta, "summary": summary,
-           "requests_detail": [{k: r[k] for k in ("status", "latency_s", "ttft_s", "finish_reason", "usage", "complete")}
-                               if r else None for r in records]}
+           "requests_detail": [{k: r[k] for k in DETAIL} if r else None for r in records]}
     (RESULTS / f"serve_load_{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     (RESULTS / f"serve_load_{name}.md").write_text(markdown(meta, summary))
     print(markdown(meta, summary), file=sys.stderr)

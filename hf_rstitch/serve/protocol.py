@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-_UNSUPPORTED_HINT = "this server decodes one choice per request with R-Stitch; drop the field or leave it at its default"
+_UNSUPPORTED_HINT = ("this server decodes one choice per request with R-Stitch; drop the field or leave it at its "
+                     "default")
 
 
 class StreamOptions(BaseModel):

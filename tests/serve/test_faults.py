@@ -33,7 +33,8 @@ def _wait(cond, timeout=5.0):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "only text content parts are supported"),
     ("/v1/chat/completions", {**CHAT, "max_tokens": 760}, "ask for at most"),
-    ("/v1/completions", {"prompt": "Tom " * 800}, "tokens but the model reads at most 768 (its max_position_embeddings)"),
+    ("/v1/completions", {"prompt": "Tom " * 800},
+     "tokens but the model reads at most 768 (its max_position_embeddings)"),
     ("/v1/completions", {"prompt": [5, 131]}, "prompt token ids must lie in [0, 131), got [131]"),
     ("/v1/completions", {"prompt": ["a", "b"]}, "send one prompt per request"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
@@ -109,7 +110,8 @@ def test_failed_step_fails_requests_in_flight_only(tokenizer):
     with TestClient(app) as c:
         r = c.post("/v1/completions", json={"prompt": [118, 130]})
         assert r.status_code == 500
-        assert "the engine failed while decoding this batch (RuntimeError: poisoned batch)" in r.json()["error"]["message"]
+        message = r.json()["error"]["message"]
+        assert "the engine failed while decoding this batch (RuntimeError: poisoned batch)" in message
         assert c.get("/health").json()["last_error"] == "RuntimeError: poisoned batch"
         assert c.post("/v1/completions", json={"prompt": [118]}).json()["choices"][0]["text"] == SCRIPT_TEXT
 
