@@ -22,8 +22,8 @@ class ServeConfig:
     threshold: float = field(default=0.02, metadata={
         "help": "default R-Stitch entropy threshold tau in [0, 1]; a request may set its own `stitch_threshold`"})
     router: str = field(default="", metadata={
-        "help": "R-Stitch+ router (folder or Hub id) instead of the plain threshold, if the request engine "
-                "supports routing policies"})
+        "help": "R-Stitch+ router (folder or Hub id) instead of the threshold: refused for now (the request engine "
+                "routes by threshold only)"})
     host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
     port: int = field(default=8000, metadata={"help": "TCP port to listen on"})
     device: str = field(default="cpu", metadata={"help": "torch device of both models (e.g. cpu, cuda, cuda:1)"})
@@ -60,6 +60,9 @@ class ServeConfig:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         if self.drain_timeout < 0:
             raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout}")
+        if self.router:
+            raise ValueError("--router is not supported yet: the request engine routes every row by its entropy "
+                             "threshold; serve with --threshold (and per-request stitch_threshold)")
 
     @property
     def served_name(self) -> str:
@@ -87,8 +90,6 @@ def build_engine(cfg: ServeConfig, llm, slm):
     """The request engine over the pair (continuous batching, ``cfg.max_batch`` rows)."""
     from ..engine.requests import RequestEngine
 
-    if cfg.router:
-        raise ValueError("--router is not supported by the request engine yet; serve with --threshold")
     return RequestEngine(llm, slm, threshold=cfg.threshold, max_batch=cfg.max_batch)
 
 

@@ -39,8 +39,8 @@ def deployment(cfg: ServeConfig):
     return serve.deployment(
         RStitchReplica, name="RStitchReplica", num_replicas=cfg.replicas,
         ray_actor_options={"num_cpus": cfg.cpus_per_replica, "num_gpus": cfg.gpus_per_replica},
-        # a replica takes what its own engine holds (rows + queue); Ray queues the rest at the proxy
-        max_ongoing_requests=cfg.max_batch + cfg.max_queue,
+        # a replica takes what its own engine holds (rows + queue); Ray queues up to max_queue more, then 503s
+        max_ongoing_requests=cfg.max_batch + cfg.max_queue, max_queued_requests=cfg.max_queue,
         graceful_shutdown_timeout_s=cfg.drain_timeout, graceful_shutdown_wait_loop_s=0.5,
     )
 
@@ -71,6 +71,7 @@ def run_replicas(cfg: ServeConfig) -> int:
         signal.signal(sig, lambda *_: done.set())
     start(cfg)
     print(f"rstitch serve: {cfg.replicas} replicas on Ray Serve at http://{cfg.host}:{cfg.port}", flush=True)
-    done.wait()
+    while not done.wait(1.0):
+        pass
     stop()
     return 0
