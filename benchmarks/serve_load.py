@@ -207,6 +207,25 @@ def solo_texts(args, bodies: list[dict], k: int) -> list[str]:
     return out
 
 
+def engine_alone(args, bodies: list[dict]) -> dict:
+    """The same requests through ``RequestEngine.run`` in this process, no server: the reference
+    for what the HTTP layer costs."""
+    import hf_rstitch  # noqa: F401
+    from hf_rstitch.engine.requests import Request, RequestEngine
+    from hf_rstitch.eval.data import prompt_ids
+    from hf_rstitch.toyworld.pair import load_pair
+
+    llm, slm, tok = load_pair(args.device)
+    engine = RequestEngine(llm, slm, threshold=args.threshold, max_batch=args.max_batch)
+    ids = [prompt_ids(tok, b["messages"][0]["content"], instruction="") for b in bodies]
+    engine.run([Request(ids[0], max_new_tokens=8)])  # warm-up
+    t0 = time.perf_counter()
+    done = engine.run([Request(i, max_new_tokens=args.max_tokens) for i in ids])
+    wall = time.perf_counter() - t0
+    tokens = sum(len(c.tokens) for c in done.values())
+    return {"wall_s": wall, "completion_tokens": tokens, "tokens_per_s": tokens / wall}
+
+
 def summarize(records: list[dict | None], wall: float) -> dict:
     done = [r for r in records if r is not None]
     ok = [r for r in done if r["complete"]]
@@ -232,6 +251,8 @@ def markdown(meta: dict, s: dict) -> str:
             ("equal to solo generate", meta.get("solo_check", "not checked")),
             ("wall (s)", f"{s['wall_s']:.1f}"), ("requests/s", f"{s['requests_per_s']:.2f}"),
             ("completion tokens/s", f"{s['tokens_per_s']:.1f}"),
+            ("engine alone, same requests, no server: tokens/s", f"{meta['engine_alone']['tokens_per_s']:.1f}"
+             if "engine_alone" in meta else "not measured"),
             ("latency p50 / p99 (s)", f"{s['latency_p50_s']:.2f} / {s['latency_p99_s']:.2f}"),
             ("first token p50 / p99 (s)", f"{s['ttft_p50_s']:.2f} / {s['ttft_p99_s']:.2f}"),
             ("tokens per request", f"{s['mean_tokens_per_request']:.1f}"),
@@ -273,6 +294,8 @@ def main(argv=None) -> int:
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--replicas", type=int, default=1, help="shipped pair: server replicas on Ray Serve")
     p.add_argument("--gpus-per-replica", type=float, default=0.0)
+    p.add_argument("--engine-alone", action="store_true",
+                   help="shipped pair: also time the same requests through RequestEngine.run in-process")
     p.add_argument("--check-solo", type=int, default=0, help="compare the first K answers with solo generate")
     p.add_argument("--name", default="", help="results file suffix (default: pair and device)")
     args = p.parse_args(argv)
@@ -309,6 +332,8 @@ def main(argv=None) -> int:
         want = solo_texts(args, bodies, k)
         same = sum(r is not None and r["text"] == w for r, w in zip(records, want))
         meta["solo_check"] = f"{same} / {k}"
+    if args.engine_alone and args.pair == "shipped":
+        meta["engine_alone"] = engine_alone(args, bodies)
     name = args.name or f"{args.pair}_{args.device.split(':')[0]}"
     RESULTS.mkdir(exist_ok=True)
     doc = {**meta, "summary": summary,

@@ -1,4 +1,5 @@
-"""Two CPU replicas on Ray Serve, on loopback: requests spread over both, answers equal solo generate."""
+"""Two CPU replicas on Ray Serve, on loopback: requests spread over both, answers (plain and
+streamed) equal solo generate."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import httpx
 import pytest
 
 from hf_rstitch.toyworld.pair import assets_present
+from serve.helpers import sse_events
 from serve.pair_cases import CASES, body, got, solo
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not assets_present(), reason="shipped toy-world pair absent")]
@@ -35,9 +37,13 @@ def test_two_cpu_replicas_on_ray_serve(one_thread):
         with ThreadPoolExecutor(len(CASES)) as pool:
             answers = list(pool.map(
                 lambda c: httpx.post(url + "/v1/chat/completions", json=body(*c), timeout=120), CASES))
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body(*CASES[0], stream=True), timeout=120) as r:
+            chunks = sse_events(r.iter_lines())
     finally:
         replicas.stop()
     assert len(pids) == 2, pids
     assert [r.status_code for r in answers] == [200] * len(CASES)
     for case, r in zip(CASES, answers):
         assert got(r.json()) == solo(*case), case
+    assert chunks[-1] == "[DONE]"  # streams pass through Ray's proxy
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1]) == solo(*CASES[0])["text"]
