@@ -75,8 +75,7 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
     async def health() -> JSONResponse:
         ok = driver.alive and driver.accepting
         body = {"status": "ok" if ok else ("draining" if driver.alive else "stopped"), "model": settings.model_name,
-                "pid": os.getpid(),
-                "threshold": settings.threshold, "running": engine.running, "waiting": engine.waiting,
+                "pid": os.getpid(), "threshold": settings.threshold, "running": engine.running, "waiting": engine.waiting,
                 "in_flight": driver.in_flight, "max_pending": driver.max_pending, "steps": driver.steps,
                 "completed": driver.completed, "last_error": driver.last_error}
         return JSONResponse(body, status_code=200 if ok else 503)
@@ -117,16 +116,7 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
                 stream_text(rid, body, transcript, events, settings)
             return StreamingResponse(sse, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        async for ev in events:
-            transcript.add(ev)
-        if transcript.finish_reason is None:  # the client left; nobody reads this
-            return _error(499, "client disconnected", kind="cancelled")
-        if transcript.finish_reason == "error":
-            return _error(500, transcript.error or "decoding failed", kind="server_error")
-        if transcript.finish_reason == "cancelled":
-            return _error(503, "the server shut down before this request finished; retry", kind="server_shutting_down")
-        build = chat_body if kind == "chat" else completion_body
-        return JSONResponse(build(rid, settings.model_name, transcript))
+        return await whole_response(rid, kind, transcript, events, settings)
 
     return app
 
@@ -204,6 +194,20 @@ async def follow(driver: EngineDriver, rid: str, queue: asyncio.Queue, request: 
     finally:
         if not finished:
             driver.cancel(rid)
+
+
+async def whole_response(rid: str, kind: str, tr: Transcript, events, settings: ServerSettings) -> JSONResponse:
+    """The non-streaming answer once the request has finished (or an error saying why it did not)."""
+    async for ev in events:
+        tr.add(ev)
+    if tr.finish_reason is None:  # the client left; nobody reads this
+        return _error(499, "client disconnected", kind="cancelled")
+    if tr.finish_reason == "error":
+        return _error(500, tr.error or "decoding failed", kind="server_error")
+    if tr.finish_reason == "cancelled":
+        return _error(503, "the server shut down before this request finished; retry", kind="server_shutting_down")
+    build = chat_body if kind == "chat" else completion_body
+    return JSONResponse(build(rid, settings.model_name, tr))
 
 
 def _sse(data: dict[str, Any] | str) -> str:

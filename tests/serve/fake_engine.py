@@ -1,62 +1,24 @@
 """A scripted stand-in for ``hf_rstitch.engine.requests.RequestEngine`` (same API), for server tests.
 
 Every request answers the same script of token ids, one token per ``step()`` for every running row,
-so tests control exactly what the server streams. Rows join from the queue when slots are free and
-leave when they finish or are cancelled, like the real engine. Until the real
-``hf_rstitch.engine.requests`` exists, :func:`ensure_requests_module` installs minimal ``Request``
-/ ``Event`` dataclasses under that name so the server code (which imports it) runs unchanged.
+so tests control exactly what the server streams and how fast. Rows join from the queue when
+slots are free and leave when they finish or are cancelled, like the real engine; requests and
+events are the real ``Request`` / ``Event`` classes.
 """
 
 from __future__ import annotations
 
 import itertools
-import sys
 import threading
 import time
-import types
-from dataclasses import dataclass
 
 from hf_rstitch.core.roles import Role
 from hf_rstitch.core.trace import StitchTrace
-
-
-def ensure_requests_module():
-    try:
-        import hf_rstitch.engine.requests as mod  # noqa: F401
-        return mod
-    except ImportError:
-        pass
-
-    @dataclass
-    class Request:
-        input_ids: list
-        max_new_tokens: int = 256
-        stitch_threshold: float | None = None
-        eos_token_id: list | None = None
-        do_sample: bool = False
-        temperature: float = 1.0
-        top_p: float = 1.0
-        seed: int | None = None
-        request_id: str | None = None
-
-    @dataclass
-    class Event:
-        request_id: str
-        token: int | None
-        role: Role | None
-        finished: bool = False
-        finish_reason: str | None = None
-        error: str | None = None
-        trace: StitchTrace | None = None
-
-    mod = types.ModuleType("hf_rstitch.engine.requests")
-    mod.Request, mod.Event = Request, Event
-    sys.modules[mod.__name__] = mod
-    return mod
+from hf_rstitch.engine.requests import Event
 
 
 class FakeEngine:
-    """Answers ``script`` (token ids) to every request; roles alternate SLM, SLM, LLM.
+    """Answers ``script`` (token ids) to every request; roles go SLM, SLM, LLM, SLM, SLM, LLM, ...
 
     ``step_s`` sleeps in each step (a slow model); a prompt holding ``poison`` makes ``step()``
     raise while that row runs (an engine-wide failure); ``submit`` refuses an empty prompt or a
@@ -65,7 +27,6 @@ class FakeEngine:
 
     def __init__(self, script, eos=3, max_batch=4, step_s=0.0, poison=None):
         self.script, self.eos, self.max_batch, self.step_s, self.poison = list(script), eos, max_batch, step_s, poison
-        self.Event = ensure_requests_module().Event
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._waiting: list = []
@@ -107,7 +68,7 @@ class FakeEngine:
             for rid in [rid for rid in self._rows if rid in self._cancel]:
                 del self._rows[rid]
                 self.cancelled.append(rid)
-                events.append(self.Event(rid, None, None, True, "cancelled"))
+                events.append(Event(rid, None, None, True, "cancelled"))
             self._cancel.clear()
             while self._waiting and len(self._rows) < self.max_batch:
                 req = self._waiting.pop(0)
@@ -129,8 +90,8 @@ class FakeEngine:
         roles.append(role)
         done = token == self.eos or len(toks) >= req.max_new_tokens
         if not done:
-            return self.Event(rid, token, role)
+            return Event(rid, token, role)
         with self._lock:
             self._rows.pop(rid, None)
         reason = "stop" if token == self.eos else "length"
-        return self.Event(rid, token, role, True, reason, trace=StitchTrace(roles=list(roles)))
+        return Event(rid, token, role, True, reason, trace=StitchTrace(roles=list(roles)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from serve.fake_engine import FakeEngine, ensure_requests_module
+from serve.fake_engine import FakeEngine
 
 # "So 12 + 7 = 19." then <|end|> (id 3) in the shipped pair's vocabulary
 SCRIPT = [74, 17, 8, 28, 23, 27, 17, 15, 26]
@@ -15,7 +15,6 @@ CHAT = {"messages": [{"role": "user", "content": "Tom has 12 apples and buys 7 m
 
 def make_app(tokenizer, engine=None, **settings):
     """(app, engine): the server over ``engine`` (default: a FakeEngine answering SCRIPT)."""
-    ensure_requests_module()
     from hf_rstitch.serve.app import ServerSettings, create_app
 
     engine = engine or FakeEngine(SCRIPT, eos=EOS)

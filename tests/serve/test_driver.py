@@ -6,11 +6,10 @@ import threading
 
 import pytest
 
+from hf_rstitch.engine.requests import Request
 from hf_rstitch.serve.driver import EngineDriver, QueueFull, ShuttingDown
-from serve.fake_engine import FakeEngine, ensure_requests_module
+from serve.fake_engine import FakeEngine
 from serve.helpers import EOS, SCRIPT
-
-Request = ensure_requests_module().Request
 
 
 class Collect:
