@@ -49,6 +49,28 @@ def test_concurrent_requests_equal_solo_generate(one_thread):
     assert streamed == answers[0]["text"] and chunks[-1]["usage"]["llm_tokens"] == answers[0]["llm_tokens"]
 
 
+def test_disconnect_frees_the_real_engines_row(one_thread):
+    from hf_rstitch.engine.requests import RequestEngine
+    from hf_rstitch.serve.app import create_app
+    from hf_rstitch.serve.config import ServeConfig, settings_for
+
+    llm, slm, tok = pair()
+    engine = RequestEngine(llm, slm, threshold=0.0, max_batch=2)  # tau 0: the LLM writes all 300 tokens
+    app = create_app(engine, tok, settings_for(ServeConfig(threshold=0.0, max_batch=2), llm))
+    with LiveServer(app) as srv:
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body(0, None, 300, stream=True),
+                          timeout=60) as r:
+            for n, _ in enumerate(r.iter_lines()):
+                if n == 4:
+                    break
+        deadline = time.monotonic() + 10
+        while (engine.running or app.state.driver.in_flight) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.running == 0 and app.state.driver.in_flight == 0
+        assert app.state.driver.completed == 0  # cancelled, not run to its 300 tokens
+        assert httpx.post(srv.url + "/v1/chat/completions", json=body(1, None, 8), timeout=60).status_code == 200
+
+
 def _free_port() -> int:
     import socket
 
