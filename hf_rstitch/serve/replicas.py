@@ -57,9 +57,12 @@ def start(cfg: ServeConfig, ray_init: dict[str, Any] | None = None) -> None:
 
 
 def stop() -> None:
-    """Drain the replicas (each finishes its running requests), stop Serve, leave Ray."""
+    """Drain the replicas (each finishes its running requests, up to ``graceful_shutdown_timeout_s``),
+    then stop Serve and leave Ray. Deleting the app first lets open streams finish through the
+    proxy; ``serve.shutdown()`` alone stops the proxy under them."""
     import ray
 
+    serve.delete(APP_NAME, _blocking=True)
     serve.shutdown()
     ray.shutdown()
 
@@ -67,9 +70,9 @@ def stop() -> None:
 def run_replicas(cfg: ServeConfig) -> int:
     """``rstitch serve --replicas N``: serve until SIGINT / SIGTERM, then drain."""
     done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
     start(cfg)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, whose own SIGTERM handler aborts the process
+        signal.signal(sig, lambda *_: done.set())
     print(f"rstitch serve: {cfg.replicas} replicas on Ray Serve at http://{cfg.host}:{cfg.port}", flush=True)
     while not done.wait(1.0):
         pass
