@@ -5,16 +5,16 @@ For each batch size B it times, on one device, with every row decoding exactly N
 
 * LLM-only and SLM-only: plain batched ``generate`` (DynamicCache);
 * stitched decoding on replayed per-row routes with a given LLM-token share (random-weight
-  models have meaningless entropies, so the routes are drawn: alternating SLM and LLM segments
-  with geometric lengths, seeded per row);
+  models have meaningless entropies, so the routes are synthetic: ``hf_rstitch.fast.routes.route``,
+  seeded per row);
 * speculative decoding (transformers' assisted generation) where transformers runs it (B = 1).
 
 Per-sample latency = wall time of the batched call (every sample waits for the batch);
 throughput = B * N / wall time. Prints a table; writes JSON + markdown under
 benchmarks/results/.
 
-    python benchmarks/batch_bench.py --shapes 1.5b 7b --device cuda
-    python benchmarks/batch_bench.py --shapes tiny --device cpu --batches 1 2 --new-tokens 8   # smoke
+    PYTHONPATH=. python benchmarks/batch_bench.py --shapes qwen2 --device cuda
+    PYTHONPATH=. python benchmarks/batch_bench.py --shapes tiny --device cpu --batches 1 2 --new-tokens 8   # smoke
 """
 
 from __future__ import annotations
@@ -23,57 +23,22 @@ import argparse
 import datetime
 import json
 import platform
-import random
 import sys
-import time
 from pathlib import Path
 
 import torch
 import transformers
 
 import hf_rstitch
+from lab import command, random_pair, share_route, timed
 
 ROOT = Path(__file__).resolve().parent
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def draw_route(n: int, llm_share: float, mean_segment: float, rng: random.Random) -> list[str]:
-    """Alternating SLM/LLM segments, geometric lengths, about `llm_share` LLM tokens."""
-    route: list[str] = []
-    mean = {"llm": mean_segment, "slm": mean_segment * (1 - llm_share) / max(llm_share, 1e-9)}
-    role = "slm"
-    while len(route) < n:
-        length = 1 + int(rng.expovariate(1 / max(mean[role] - 1, 1e-9))) if mean[role] > 1 else 1
-        route += [role] * length
-        role = "llm" if role == "slm" else "slm"
-    return route[:n]
-
-
-def build_pair(shape: str, device: str, dtype: torch.dtype, tiny_layers: int = 3):
-    """(llm, slm), seeded, on ``device``: random Qwen2 7B + 1.5B shapes, or a tiny pair for CPU runs."""
-    if shape == "tiny":
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-
-        def tiny(h, layers, seed):
-            torch.manual_seed(seed)
-            cfg = Qwen2Config(vocab_size=256, hidden_size=h, intermediate_size=2 * h, num_hidden_layers=layers,
-                              num_attention_heads=4, num_key_value_heads=2)
-            return Qwen2ForCausalLM(cfg).to(device, dtype).eval()
-
-        return tiny(64, tiny_layers, 0), tiny(32, 2, 1)
-    from hf_rstitch.latency.profiler import random_qwen2
-
-    return random_qwen2("7b", dtype, device, seed=0), random_qwen2("1.5b", dtype, device, seed=1)
-
-
 def bench_pair(args, device: torch.device, rows: list[dict], save) -> list[dict]:
     """The shipped pair on real test problems with entropy routing (rows finish at their own EOS)."""
+    from hf_rstitch.eval.batched import left_pad
     from hf_rstitch.eval.data import prompt_ids
-    from hf_rstitch.router.rollout import left_pad
     from hf_rstitch.toyworld.pair import load_pair, load_test_split
 
     llm, slm, tok = load_pair(str(device))
@@ -91,7 +56,7 @@ def bench_pair(args, device: torch.device, rows: list[dict], save) -> list[dict]
         for name, fn in runs.items():
             out = fn()  # warm-up, and the token count
             new = int(((out[:, ids.shape[1]:] != tok.pad_token_id)).sum())
-            seconds = timed(fn, device, args.repeats)
+            seconds, _ = timed(fn, device, repeats=args.repeats)
             rows.append({"shape": "pair", "batch": batch, "method": name, "seconds": seconds,
                          "per_sample_latency_s": seconds, "throughput_tok_s": new / seconds,
                          "ms_per_step": 1000 * seconds / max(1, out.shape[1] - ids.shape[1])})
@@ -101,20 +66,9 @@ def bench_pair(args, device: torch.device, rows: list[dict], save) -> list[dict]
     return rows
 
 
-def timed(fn, device: torch.device, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
-
-
 def bench_shape(shape: str, args, device: torch.device, rows: list[dict], save) -> list[dict]:
     dtype = getattr(torch, args.dtype)
-    llm, slm = build_pair(shape, str(device), dtype)
+    llm, slm = random_pair(shape, str(device), dtype)
     vocab = min(llm.config.vocab_size, slm.config.vocab_size)
     eos = llm.generation_config.eos_token_id
     common = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
@@ -128,8 +82,7 @@ def bench_shape(shape: str, args, device: torch.device, rows: list[dict], save) 
             "slm": lambda: slm.generate(ids, attention_mask=mask, **common),
         }
         for share in args.llm_shares:
-            rngs = [random.Random(1000 * batch + r) for r in range(batch)]
-            routes = [draw_route(args.new_tokens, share, args.mean_segment, rng) for rng in rngs]
+            routes = [share_route(args.new_tokens, share, args.mean_segment, seed=1000 * batch + r) for r in range(batch)]
             policy = hf_rstitch.ReplayPolicy(routes)
             runs[f"stitch@{share:g}"] = (lambda p=policy: llm.generate(
                 ids, attention_mask=mask, assistant_model=slm, stitch_policy=p, **common))
@@ -137,7 +90,7 @@ def bench_shape(shape: str, args, device: torch.device, rows: list[dict], save) 
             runs["specdec"] = lambda: llm.generate(ids, attention_mask=mask, assistant_model=slm, **common)
         for name, fn in runs.items():
             fn()  # warm-up
-            seconds = timed(fn, device, args.repeats)
+            seconds, _ = timed(fn, device, repeats=args.repeats)
             row = {"shape": shape, "batch": batch, "method": name, "seconds": seconds,
                    "per_sample_latency_s": seconds, "throughput_tok_s": batch * args.new_tokens / seconds,
                    "ms_per_step": 1000 * seconds / args.new_tokens}
@@ -158,7 +111,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"# Batched stitching: per-sample latency and throughput\n",
              f"Device: {meta['device']}; torch {meta['torch']}, transformers {meta['transformers']}; {meta['date']}. "
              f"Random-weight shapes: prompt {meta['prompt_len']} tokens, {meta['new_tokens']} new tokens per row, "
-             "stitched rows replay drawn routes with the given LLM-token share. Shipped pair ('pair'): the first B "
+             "stitched rows replay synthetic routes (hf_rstitch.fast.routes.route) with the given LLM-token share. Shipped pair ('pair'): the first B "
              "test problems, up to 400 new tokens, rows stop at their own EOS, entropy routing at --thresholds; "
              "throughput counts generated tokens. Greedy, eager DynamicCache path.\n",
              "| shape | B | method | per-sample latency (s) | throughput (tok/s) | ms/step |",
@@ -194,7 +147,8 @@ def main(argv=None) -> int:
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
             "torch": torch.__version__, "transformers": transformers.__version__,
             "date": datetime.date.today().isoformat(), "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-            "llm_shares": args.llm_shares, "mean_segment": args.mean_segment, "dtype": args.dtype}
+            "llm_shares": args.llm_shares, "mean_segment": args.mean_segment, "dtype": args.dtype,
+            "command": command()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []

@@ -45,6 +45,7 @@ from hf_rstitch.core.roles import Role
 from hf_rstitch.fast import FastConfig, FastEngine
 from hf_rstitch.fast.routes import route, switches
 from hf_rstitch.latency.profiler import random_qwen2
+import lab
 
 MATH = {"llm_only_tokens": 2753, "llm_tokens": 344, "slm_tokens": 771}  # paper, MATH, 7B pair, 8k budget
 VARIANTS = {"graphs": FastConfig(), "graphs-sdpa": FastConfig(attention="sdpa"),
@@ -72,16 +73,11 @@ SAVE = lambda: None  # noqa: E731  (set by main: write the JSON and table so far
 
 
 def sync() -> None:
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
+    lab.sync(DEVICE)
 
 
 def timed(fn):
-    sync()
-    t0 = time.perf_counter()
-    out = fn()
-    sync()
-    return time.perf_counter() - t0, out
+    return lab.timed(fn, DEVICE)
 
 
 def copy_bandwidth(nbytes: int = 2 << 30, repeats: int = 10) -> float:

@@ -18,18 +18,16 @@ import cProfile
 import datetime
 import json
 import pstats
-import sys
 import time
 from pathlib import Path
 
 import torch
 import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import hf_rstitch  # noqa: E402,F401  (patches generate)
-from hf_rstitch import ReplayPolicy  # noqa: E402
-from hf_rstitch.fast import FastConfig, FastEngine  # noqa: E402
+import hf_rstitch  # noqa: F401  (patches generate)
+from hf_rstitch import ReplayPolicy
+from hf_rstitch.fast import FastConfig, FastEngine
+from lab import sync
 
 
 def build(cpu: bool):
@@ -56,15 +54,13 @@ def main(argv=None) -> None:
     dev = llm.device
     ids = torch.randint(1, slm.config.vocab_size, (1, 128), device=dev)  # no pad id: no mask holes
     engine = FastEngine(FastConfig(compile=args.compile, graphs=not args.cpu_smoke), capacity=1024)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-
     def gen(n):
-        sync()
+        sync(dev)
         t0 = time.perf_counter()
         with torch.no_grad():
             llm.generate(ids, assistant_model=slm, stitch_policy=ReplayPolicy(["llm"] * n), stitch_engine=engine,
                          max_new_tokens=n, do_sample=False)
-        sync()
+        sync(dev)
         return time.perf_counter() - t0
 
     gen(16), gen(args.new)  # capture every graph

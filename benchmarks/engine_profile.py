@@ -29,10 +29,9 @@ from pathlib import Path
 import torch
 import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hf_rstitch.core.roles import Role  # noqa: E402
-from hf_rstitch.fast import FastConfig, FastLane  # noqa: E402
+import lab
+from hf_rstitch.core.roles import Role
+from hf_rstitch.fast import FastConfig, FastLane
 
 FAMILIES = (  # first match wins; names as CUDA / CPU profilers print them
     ("attention", ("attention", "fmha", "flash", "softmax", "sdpa")),
@@ -89,8 +88,7 @@ def profile_size(size: str, attention: str, args, device: str) -> dict:
     ids = torch.randint(10, vocab - 10, (1, args.prompt), generator=torch.Generator().manual_seed(0)).to(device)
 
     def sync():
-        if device == "cuda":
-            torch.cuda.synchronize()
+        lab.sync(device)
 
     eager = FastLane(model, Role.LLM, vocab, args.capacity, FastConfig(graphs=False, attention=attention))
     decode_steps(eager, ids, 4, sync)  # warm-up

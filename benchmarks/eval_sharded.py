@@ -5,7 +5,7 @@ and the report (tables, JSON summary, plots) is rebuilt from them with ``--repor
 sample is still decoded at batch size 1; the shards only share the machine. Latencies measured this
 way include whatever the shards cost each other; compare methods within one run.
 
-    python benchmarks/eval_sharded.py --shards 8 --threads 1 --out benchmarks/results/eval_toyworld_cpu -- \
+    python benchmarks/eval_sharded.py --shards 8 --threads 1 --out benchmarks/results/eval_toyworld_cpu_600_v3 -- \
         --llm hf_rstitch/assets/pair/llm --slm hf_rstitch/assets/pair/slm \
         --data hf_rstitch/assets/pair/test.jsonl --instruction "" --device cpu --max-new-tokens 400
 

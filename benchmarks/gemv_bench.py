@@ -19,9 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hf_rstitch.fast import gemv  # noqa: E402
+from hf_rstitch.fast import gemv
 
 SHAPES = {  # name -> (N, K, bias); Qwen2 configs: hidden 1536/3584, MLP 8960/18944, KV heads 2/4 of 128
     "1.5b q": (1536, 1536, True), "1.5b k/v": (256, 1536, True), "1.5b qkv fused": (2048, 1536, True),

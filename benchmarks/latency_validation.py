@@ -30,8 +30,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_bench import random_route  # noqa: E402
+from lab import switch_route, sync
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -51,22 +50,19 @@ def load_pair(args):
 def stitched(llm, slm, prompt, route, timing: bool):
     import hf_rstitch
 
-    device = llm.device
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    sync(llm.device)
     t0 = time.perf_counter()
     out = llm.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=slm,
                        stitch_policy=hf_rstitch.ReplayPolicy(route), stitch_timing=timing, do_sample=False,
                        max_new_tokens=len(route), return_dict_in_generate=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    sync(llm.device)
     return out, time.perf_counter() - t0
 
 
 def one_decode(lm, llm, slm, prompt_len: int, n_new: int, n_switches: int, rng: random.Random) -> dict:
     vocab = min(llm.config.vocab_size, slm.config.vocab_size)
     prompt = torch.randint(3, vocab, (1, prompt_len), device=llm.device)
-    route = random_route(rng, n_new, n_switches)
+    route = switch_route(n_new, n_switches, seed=rng.randrange(1 << 30))
     # the timed run goes first: it also warms the caching allocator for this decode's cache sizes
     # (a first run of new sizes pays cudaMalloc calls that no later generate pays)
     timed, _ = stitched(llm, slm, prompt, route, timing=True)

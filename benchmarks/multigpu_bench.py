@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import random
 import re
 import statistics
 import sys
@@ -38,16 +37,9 @@ import transformers
 import hf_rstitch
 from hf_rstitch.hf.placement import check_placement, describe
 
-from batch_bench import build_pair as batch_build_pair  # same models and route generator as the batching benchmark
-from batch_bench import draw_route
+from lab import random_pair, share_route, sync
 
 TOP = 5  # logits kept per step for the divergence report
-
-
-def sync(devices) -> None:
-    for d in {torch.device(d) for d in devices}:
-        if d.type == "cuda":
-            torch.cuda.synchronize(d)
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -70,7 +62,7 @@ def meta(devices, args) -> dict:
 
 def build_pair(shape: str, device: str, dtype: torch.dtype = torch.bfloat16):
     """(llm, slm), seeded, on ``device`` (the tiny LLM has 4 layers: 2 per device of the smoke run)."""
-    return batch_build_pair(shape, device, dtype, tiny_layers=4)
+    return random_pair(shape, device, dtype, tiny_layers=4)
 
 
 def split_map(llm, devices) -> dict[str, int | str]:
@@ -87,7 +79,7 @@ def split_map(llm, devices) -> dict[str, int | str]:
 def request(vocab: int, args) -> tuple[torch.Tensor, list[str]]:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(10, vocab - 10, (1, args.prompt_len), generator=g)
-    return ids, draw_route(args.new_tokens, args.llm_share, 4.0, random.Random(0))
+    return ids, share_route(args.new_tokens, args.llm_share, 4.0, seed=0)
 
 
 def gen_kwargs(n: int) -> dict:
@@ -141,12 +133,12 @@ def ms_per_token(fn, devices, n: int, repeats: int, barrier=None) -> float:
     fn()
     times = []
     for _ in range(repeats):
-        sync(devices)
+        sync(*devices)
         if barrier:
             barrier()
         t0 = time.perf_counter()
         fn()
-        sync(devices)
+        sync(*devices)
         times.append(time.perf_counter() - t0)
     return 1e3 * statistics.median(times) / n
 

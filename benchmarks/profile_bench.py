@@ -29,23 +29,13 @@ from pathlib import Path
 import torch
 
 from hf_rstitch.latency import LatencyModel
-from hf_rstitch.latency.profiler import (device_name, fit_summary, profile_model, random_qwen2,
-                                         synchronize)
+from hf_rstitch.latency.profiler import device_name, fit_summary, profile_model, random_qwen2
+from lab import switch_route, sync
 
 PAPER = {  # R-Stitch appendix, A100, ms
     "1.5b": dict(a=0.000021, b=0.000231, c=-0.121046, d=27.090929),
     "7b": dict(a=0.000027, b=0.000031, c=-0.045256, d=27.040801),
 }
-
-
-def random_route(rng: random.Random, n_new: int, n_switches: int) -> list[str]:
-    """``n_new`` roles with about ``n_switches`` control changes, starting on the SLM."""
-    cuts = sorted(rng.sample(range(1, n_new), min(n_switches, n_new - 1)))
-    route, role, last = [], "slm", 0
-    for cut in cuts + [n_new]:
-        route += [role] * (cut - last)
-        role, last = ("llm" if role == "slm" else "slm"), cut
-    return route
 
 
 def schedule(prompt_len: int, route: list[str]) -> list[tuple[str, int, int]]:
@@ -69,12 +59,12 @@ def replay(models: dict, calls: list[tuple[str, int, int]], device) -> float:
 
     caches = {r: DynamicCache(config=m.config) for r, m in models.items()}
     ids = {r: torch.randint(0, m.config.vocab_size, (1, 8192), device=device) for r, m in models.items()}
-    synchronize(device)
+    sync(device)
     t0 = time.perf_counter()
     for role, n_inf, n_kv in calls:
         assert caches[role].get_seq_length() == n_kv
         models[role](input_ids=ids[role][:, :n_inf], past_key_values=caches[role], use_cache=True, logits_to_keep=1)
-        synchronize(device)  # a stitched decoder reads the entropy on the host after every call
+        sync(device)  # a stitched decoder reads the entropy on the host after every call
     return time.perf_counter() - t0
 
 
@@ -82,10 +72,10 @@ def replay_check(profiles: dict, models: dict, n: int, device, seed: int) -> dic
     lm = LatencyModel.from_profiles(slm=profiles["1.5b"], llm=profiles["7b"])
     lm_dec = LatencyModel.from_profiles(slm=profiles["1.5b"], llm=profiles["7b"], decode_fit=True)
     rng, rows = random.Random(seed), []
-    replay(models, schedule(64, random_route(rng, 16, 4)), device)  # warm-up
+    replay(models, schedule(64, switch_route(16, 4, seed=rng.randrange(1 << 30))), device)  # warm-up
     for i in range(n):
         prompt, n_new = rng.choice([128, 512, 1024, 2048]), rng.choice([64, 128, 192, 256])
-        route = random_route(rng, n_new, rng.choice([0, 2, 8, 24, 64]))
+        route = switch_route(n_new, rng.choice([0, 2, 8, 24, 64]), seed=rng.randrange(1 << 30))
         calls = schedule(prompt, route)
         measured = replay(models, calls, device) * 1e3
         pred, pred_dec = lm.predict_trace(calls), lm_dec.predict_trace(calls)

@@ -4,8 +4,9 @@
     python examples/threshold_sweep.py --n 4 --thresholds 0.001 1 --max-new-tokens 200
     python examples/threshold_sweep.py --hub --data gsm8k.jsonl --n 50 --max-new-tokens 4096
 
-Each tau decodes all problems as one left-padded batch (every row routes on its own). Writes
-``OUT/sweep.json`` and ``OUT/sweep.png``. For timed, paper-style tables use ``rstitch eval``.
+Each tau decodes all problems as one left-padded batch (every row routes on its own) through
+``hf_rstitch.eval.sweep``, the library's batched evaluation. Writes ``OUT/sweep.json`` and
+``OUT/sweep.png``. For timed, paper-style tables use ``rstitch eval``.
 """
 
 from __future__ import annotations
@@ -14,59 +15,32 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
-import hf_rstitch  # noqa: F401  (registers stitched decoding on generate)
-from common import load_models, prompt_ids
+from common import load_models
 
 
-def problems(data: str | None, n: int) -> list[dict]:
+def problems(data: str | None, n: int) -> list:
     if data:
         from hf_rstitch.eval.data import load_problems
 
-        return [{"problem": p.problem, "answer": p.answer} for p in load_problems(data, limit=n)]
+        return load_problems(data, limit=n)  # graded with the profile of the file's name (aime, gsm8k, ...)
     from hf_rstitch.toyworld import load_test_split
 
-    return load_test_split()[:n]
+    return load_test_split()[:n]  # graded as toy-world answers: a \boxed{} integer
 
 
-def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, T]`` ids and mask, shorter prompts padded on the left."""
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
+def sweep(llm, slm, tok, rows: list, thresholds: list[float], max_new_tokens: int, hub: bool = False) -> list[dict]:
+    """Accuracy and token shares per tau: ``hf_rstitch.eval.sweep``, all problems in one batch."""
+    from hf_rstitch.eval import sweep as eval_sweep
+    from hf_rstitch.eval.data import DEFAULT_INSTRUCTION
+    from hf_rstitch.eval.methods import GenSettings
 
-
-def sweep(llm, slm, tok, rows: list[dict], thresholds: list[float], max_new_tokens: int, hub: bool = False) -> list[dict]:
-    """One batched stitched generation per tau; accuracy and token shares per tau."""
-    if hub:
-        from hf_rstitch.eval.grading import grade
-
-        def correct(text, answer):
-            return grade(text, answer).correct
-    else:
-        from hf_rstitch.toyworld import grade as correct
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    ids, mask = left_pad([prompt_ids(tok, r["problem"], hub) for r in rows], pad)
-    ids, mask = ids.to(llm.device), mask.to(llm.device)
-    results = []
-    for tau in thresholds:
-        out = llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_threshold=tau,
-                           max_new_tokens=max_new_tokens, return_dict_in_generate=True)
-        traces = out.stitch if isinstance(out.stitch, list) else [out.stitch]
-        texts = tok.batch_decode(out.sequences[:, ids.shape[1]:], skip_special_tokens=True)
-        right = [correct(t, r["answer"]) for t, r in zip(texts, rows)]
-        tokens = sum(t.n_tokens for t in traces)
-        results.append({
-            "threshold": tau,
-            "accuracy": 100.0 * sum(right) / len(rows),
-            "llm_token_share": sum(t.llm_tokens for t in traces) / max(tokens, 1),
-            "mean_new_tokens": tokens / len(rows),
-            "mean_switches": sum(t.switches for t in traces) / len(rows),
-        })
-        print(f"tau={tau:<8g} accuracy={results[-1]['accuracy']:6.2f}%  "
-              f"LLM share={results[-1]['llm_token_share']:.3f}  tokens={results[-1]['mean_new_tokens']:.1f}", flush=True)
+    rows_out = eval_sweep(llm, slm, tok, rows, thresholds, settings=GenSettings(max_new_tokens=max_new_tokens),
+                          batch_size=len(rows), instruction=DEFAULT_INSTRUCTION if hub else "")
+    results = [{"threshold": r["param"], "accuracy": 100.0 * r["accuracy"], "llm_token_share": r["llm_token_share"],
+                "mean_new_tokens": r["new_tokens"], "mean_switches": r["switches"]} for r in rows_out]
+    for r in results:
+        print(f"tau={r['threshold']:<8g} accuracy={r['accuracy']:6.2f}%  LLM share={r['llm_token_share']:.3f}  "
+              f"tokens={r['mean_new_tokens']:.1f}", flush=True)
     return results
 
 

@@ -93,18 +93,3 @@ def left_pad(prompts: list[torch.Tensor], pad: int = 2) -> tuple[torch.Tensor, t
         ids[i, width - p.shape[1]:] = p[0]
         mask[i, width - p.shape[1]:] = 1
     return ids, mask
-
-
-def capture_lanes(monkeypatch) -> dict:
-    """Record every default-engine Lane built from now on, by role (filled as generate runs)."""
-    from hf_rstitch.engine import lane as lane_mod
-
-    lanes = {}
-    original_init = lane_mod.Lane.__init__
-
-    def spy(self, *a, **kw):
-        original_init(self, *a, **kw)
-        lanes[self.role] = self
-
-    monkeypatch.setattr(lane_mod.Lane, "__init__", spy)
-    return lanes

@@ -35,6 +35,11 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as err:  # bad options or data: say what, not a traceback
         print(f"rstitch eval: error: {err}", file=sys.stderr)
         return 2
+    from hf_rstitch.eval.launched import launched
+
+    where = launched()
+    if where is not None and where[0] != 0 and cfg.shard == "0/1":
+        return 0  # torchrun / accelerate launch: rank 0 prints the merged report
     print(summary.pop("table1_markdown"))
     print(f"\nreport: {cfg.out}/report.md")
     print(json.dumps({"device": summary.get("device"), "out": cfg.out,

@@ -207,3 +207,38 @@ class RowEntropyPolicy:
 
     def __repr__(self) -> str:
         return "RowEntropyPolicy()"
+
+
+class PinnedRoles:
+    """Wraps a policy; rows pinned to one model never leave it (``pins[row_id]``), e.g. an
+    LLM-only or SLM-only request served next to stitched ones. A row pinned to the LLM must
+    start under its control (the caller sets that); one pinned to the SLM is never handed over."""
+
+    def __init__(self, base: RoutingPolicy):
+        self.base = base
+        self.pins: dict[int, Role] = {}
+
+    @property
+    def needs_hidden(self) -> bool:
+        return self.base.needs_hidden
+
+    def reset(self) -> None:
+        self.base.reset()
+
+    def _pinned(self, step: StepView, role: Role) -> torch.Tensor:
+        return torch.tensor([self.pins.get(int(r)) is role for r in step.row_ids().tolist()], dtype=torch.bool)
+
+    def hand_to_llm(self, step: StepView) -> torch.Tensor:
+        decision = self.base.hand_to_llm(step)
+        if not self.pins:
+            return decision
+        return decision & ~self._pinned(step, Role.SLM).to(decision.device)
+
+    def hand_to_slm(self, step: StepView) -> torch.Tensor:
+        decision = self.base.hand_to_slm(step)
+        if not self.pins:
+            return decision
+        return decision & ~self._pinned(step, Role.LLM).to(decision.device)
+
+    def __repr__(self) -> str:
+        return f"PinnedRoles({self.base!r})"

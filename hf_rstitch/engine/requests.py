@@ -26,7 +26,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from ..core.policies import RowEntropyPolicy, check_threshold
+from ..core.policies import PinnedRoles, RowEntropyPolicy, check_threshold
 from ..core.roles import Role
 from ..core.trace import StitchTrace
 from .protocol import EagerEngine
@@ -48,6 +48,7 @@ class Request:
     top_p: float = 1.0
     seed: int | None = None
     request_id: str | None = None  # assigned by submit() when None
+    role: Role | None = None  # pin the request to one model (LLM alone / SLM alone); None: stitched
 
 
 @dataclass
@@ -90,9 +91,13 @@ class RequestEngine:
         threshold: the default tau for requests that bring none.
         max_batch: rows decoded together at most; further requests wait in a queue.
         max_waiting: queue length at which :meth:`submit` refuses (``QueueFull``); None: unbounded.
+        policy: one routing policy for every request (e.g. ``RandomPolicy``, a router's
+            ``RouterPolicy``); then requests may not bring their own ``stitch_threshold``. Default:
+            the entropy rule with each request's threshold.
     """
 
-    def __init__(self, llm, slm, threshold: float = 0.02, max_batch: int = 8, max_waiting: int | None = None):
+    def __init__(self, llm, slm, threshold: float = 0.02, max_batch: int = 8, max_waiting: int | None = None,
+                 policy=None):
         from ..hf.checks import check_pair
         from ..hf.decode import logit_width
 
@@ -108,7 +113,9 @@ class RequestEngine:
         self.pad_id = int(pad if pad is not None else min(self.default_eos, default=0))
         self.device = llm.device
         self.lanes = EagerEngine().lanes(llm, slm, self.vocab, 0)
-        self.policy = RowEntropyPolicy()
+        self.thresholds = RowEntropyPolicy() if policy is None else None
+        self.policy = PinnedRoles(self.thresholds if policy is None else policy)
+        self.policy.reset()
         self._rows: list[_Row] = []
         self._slots = torch.zeros(0, dtype=torch.long)  # [b] row id of each running row (StepView.rows)
         self._seq = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [b, T] shared columns
@@ -211,7 +218,12 @@ class RequestEngine:
         if not isinstance(r.max_new_tokens, int) or r.max_new_tokens < 1:
             raise ValueError(f"Request.max_new_tokens must be an integer >= 1, got {r.max_new_tokens!r}")
         if r.stitch_threshold is not None:
+            if self.thresholds is None:
+                raise ValueError("this engine routes every request with one policy; drop Request.stitch_threshold "
+                                 "or build the engine without `policy=`.")
             r.stitch_threshold = check_threshold(r.stitch_threshold)
+        if r.role is not None and not isinstance(r.role, Role):
+            r.role = Role(r.role)
         if r.do_sample and not (r.temperature > 0 and 0 < r.top_p <= 1):
             raise ValueError(f"sampling needs temperature > 0 and 0 < top_p <= 1, got {r.temperature}, {r.top_p}")
 
@@ -252,16 +264,21 @@ class RequestEngine:
         for lane in self.lanes.values():
             lane.add_rows(seq, mask)
         self._seq, self._mask = torch.cat([self._seq, seq]), torch.cat([self._mask, mask])
-        self._routing.add(len(new))
+        self._routing.add([r.role is Role.LLM for r in new])
         slots = []
         for r in new:
-            slot = self._free_slot()
+            slot = self._free_slot(slots)
             slots.append(slot)
-            self.policy.thresholds[slot] = r.stitch_threshold if r.stitch_threshold is not None else self.threshold
+            if r.role is not None:
+                self.policy.pins[slot] = r.role
+            tau = None
+            if self.thresholds is not None:
+                tau = r.stitch_threshold if r.stitch_threshold is not None else self.threshold
+                self.thresholds.thresholds[slot] = tau
             eos = frozenset(r.eos_token_id) if r.eos_token_id is not None else self.default_eos
             gen = torch.Generator().manual_seed(r.seed) if (r.do_sample and r.seed is not None) else None
-            self._rows.append(_Row(r, eos, StitchTrace(policy=f"EntropyPolicy(threshold={self.policy.thresholds[slot]})",
-                                                       threshold=self.policy.thresholds[slot]), generator=gen))
+            name = repr(self.policy.base) if tau is None else f"EntropyPolicy(threshold={tau})"
+            self._rows.append(_Row(r, eos, StitchTrace(policy=name, threshold=tau), generator=gen))
         self._slots = torch.cat([self._slots, torch.tensor(slots, dtype=torch.long)])
 
     def _layout(self, new: list[Request], width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -273,8 +290,8 @@ class RequestEngine:
             mask[i, width - len(r.input_ids):] = 1
         return seq.to(self.device), mask.to(self.device)
 
-    def _free_slot(self) -> int:
-        used = set(self._slots.tolist()) | set(self.policy.thresholds)
+    def _free_slot(self, taken: list[int]) -> int:
+        used = set(self._slots.tolist()) | set(taken)
         return next(i for i in itertools.count() if i not in used)
 
     # ---- one step's tokens ----------------------------------------------------------------------
@@ -313,7 +330,10 @@ class RequestEngine:
         gone = set(index)
         keep = torch.tensor([i for i in range(len(self._rows)) if i not in gone], dtype=torch.long)
         for i in index:
-            self.policy.thresholds.pop(int(self._slots[i]), None)
+            slot = int(self._slots[i])
+            self.policy.pins.pop(slot, None)
+            if self.thresholds is not None:
+                self.thresholds.thresholds.pop(slot, None)
         self._rows = [row for i, row in enumerate(self._rows) if i not in gone]
         self._slots = self._slots[keep]
         self._routing.keep(keep)

@@ -43,10 +43,11 @@ class Routing:
     def keep(self, index: torch.Tensor) -> None:
         self.llm_on, self.last_llm = self.llm_on[index], self.last_llm[index]
 
-    def add(self, k: int) -> None:
-        fresh = Routing.start(k)
-        self.llm_on = torch.cat([self.llm_on, fresh.llm_on])
-        self.last_llm = torch.cat([self.last_llm, fresh.last_llm])
+    def add(self, llm_first: list[bool]) -> None:
+        """Append rows; each starts with the SLM unless ``llm_first`` (a row pinned to the LLM)."""
+        first = torch.tensor(llm_first, dtype=torch.bool)
+        self.llm_on = torch.cat([self.llm_on, first])
+        self.last_llm = torch.cat([self.last_llm, torch.zeros_like(first)])
 
 
 @dataclass

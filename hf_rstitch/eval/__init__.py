@@ -6,7 +6,9 @@
 Modules: ``data`` (JSONL / Hub problems, chat prompts), ``grading`` (answer extraction and
 math-aware equivalence), ``methods`` (LLM-only, SLM-only, SpecDec, R-Stitch, random routing,
 learned router), ``runner`` (timed runs, resumable JSONL records), ``report`` / ``plots``
-(tables, JSON summary, figures), ``api`` (:func:`evaluate`). The CLI is ``rstitch eval``.
+(tables, JSON summary, figures), ``api`` (:func:`evaluate`), ``batched`` (:func:`sweep` and
+:func:`batched_records`: accuracy and token counts from batched ``generate`` calls, the same records
+and grader). The CLI is ``rstitch eval``.
 Heavy imports (torch, transformers, matplotlib) happen only when used.
 """
 
@@ -16,7 +18,7 @@ from typing import Any
 
 from .config import EvalConfig
 
-__all__ = ["EvalConfig", "evaluate"]
+__all__ = ["EvalConfig", "batched_records", "evaluate", "sweep"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,4 +26,8 @@ def __getattr__(name: str) -> Any:
         from .api import evaluate
 
         return evaluate
+    if name in ("sweep", "batched_records"):
+        from . import batched
+
+        return getattr(batched, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

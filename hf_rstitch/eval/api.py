@@ -17,7 +17,7 @@ from typing import Any
 from .config import EvalConfig
 from .data import load_problems
 from .report import environment, regrade, table1_markdown, aggregate, write_report
-from .runner import RecordStore, run_eval
+from .runner import OutLock, RecordStore, run_eval
 
 RECORDS, RUN_META = "records.jsonl", "run.json"
 
@@ -89,6 +89,10 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
     ``llm`` / ``slm`` / ``tokenizer`` may be passed already loaded (tests, notebooks); the
     config's ``llm`` / ``slm`` strings are then only labels.
     """
+    from .launched import evaluate_launched, launched
+
+    if not cfg.report_only and cfg.shard == "0/1" and (where := launched()) is not None:
+        return evaluate_launched(cfg, *where, llm=llm, slm=slm, tokenizer=tokenizer)  # torchrun / accelerate launch
     out = Path(cfg.out)
     store = RecordStore(out / RECORDS)
     if cfg.report_only:
@@ -103,23 +107,31 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
     from .methods import GenSettings, build_methods
 
     out.mkdir(parents=True, exist_ok=True)
-    _prepare_out(cfg, out)
-    problems = cfg.shard_of([p for src in cfg.data for p in load_problems(src, limit=cfg.limit)])
-    device = resolve_device(cfg.device)
-    if llm is None or slm is None or tokenizer is None:
-        llm, slm, tokenizer = load_pair(cfg, device)
-    else:
-        device = str(next(llm.parameters()).device)
-    clear_stitch_defaults(llm)
-    meta = {**environment(), "settings": cfg.run_settings(), "datasets": list(dict.fromkeys(p.dataset for p in problems))}
-    (out / RUN_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    with OutLock(out):  # one run per --out at a time
+        _prepare_out(cfg, out)
+        problems = cfg.shard_of([p for src in cfg.data for p in load_problems(src, limit=cfg.limit)])
+        device = resolve_device(cfg.device)
+        if llm is None or slm is None or tokenizer is None:
+            llm, slm, tokenizer = load_pair(cfg, device)
+        else:
+            device = str(next(llm.parameters()).device)
+        clear_stitch_defaults(llm)
+        batch_size = cfg.batch_size_on(device)
+        meta = {**environment(), "settings": cfg.run_settings(), "batch_size": batch_size,
+                "datasets": list(dict.fromkeys(p.dataset for p in problems))}
+        settings = GenSettings(cfg.max_new_tokens, cfg.do_sample, cfg.temperature, cfg.top_p, cfg.seed)
+        methods = build_methods(cfg.methods, llm, slm, settings, thresholds=cfg.thresholds, random_p=cfg.random_p,
+                                router=cfg.router, router_threshold=cfg.router_threshold)
+        (out / RUN_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        if batch_size > 1:  # through continuous batching; speculative decoding stays at batch size 1
+            from .continuous import engine_methods, run_continuous
 
-    settings = GenSettings(cfg.max_new_tokens, cfg.do_sample, cfg.temperature, cfg.top_p, cfg.seed)
-    methods = build_methods(cfg.methods, llm, slm, settings, thresholds=cfg.thresholds, random_p=cfg.random_p,
-                            router=cfg.router, router_threshold=cfg.router_threshold)
-    run_eval(methods, problems, tokenizer, store, device=torch.device(device), instruction=cfg.instruction,
-             chat_template=cfg.chat_template, max_new_tokens=cfg.max_new_tokens, warmup=cfg.warmup,
-             progress=cfg.progress, save_traces=cfg.save_traces)
+            batched, methods = engine_methods(methods)
+            run_continuous(batched, problems, tokenizer, store, batch_size=batch_size, instruction=cfg.instruction,
+                           chat_template=cfg.chat_template, progress=cfg.progress, save_traces=cfg.save_traces)
+        run_eval(methods, problems, tokenizer, store, device=torch.device(device), instruction=cfg.instruction,
+                 chat_template=cfg.chat_template, max_new_tokens=cfg.max_new_tokens, warmup=cfg.warmup,
+                 progress=cfg.progress, save_traces=cfg.save_traces)
     return _report(cfg, out, store.load(), meta)
 
 

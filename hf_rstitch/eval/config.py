@@ -43,8 +43,10 @@ class EvalConfig:
     seed: int = field(default=0, metadata=_help("Seed for sampling and random routing (reset before every problem)."))
     limit: int | None = field(default=None, metadata=_help("Use only the first N problems of each dataset."))
     shard: str = field(default="0/1", metadata=_help(
-        "i/n: run only the problems whose position modulo n is i, to split a run over n processes (give each "
-        "its own --out, then concatenate their records.jsonl into one folder and run --report-only)."))
+        "i/n: run only the problems whose position modulo n is i, to split a run over n processes by hand (give "
+        "each its own --out, then concatenate their records.jsonl into one folder and run --report-only). Under "
+        "torchrun / accelerate launch leave it out: each process takes its shard (RANK / WORLD_SIZE) on its own GPU, "
+        "and rank 0 merges the records into one report in --out."))
     out: str = field(default="benchmarks/results/eval", metadata=_help(
         "Output folder: records.jsonl, run.json, report.md, summary.json and plots."))
     device: str = field(default="auto", metadata=_help("Device for both models: auto (cuda if available), cuda, cuda:1, cpu."))
@@ -63,6 +65,10 @@ class EvalConfig:
         "Store the full per-token decode trace of stitched methods in each record (large)."))
     plots: bool = field(default=True, metadata=_help("Write the trade-off and per-sample plots (matplotlib)."))
     progress: bool = field(default=True, metadata=_help("Show a progress bar."))
+    batch_size: int | None = field(default=None, metadata=_help(
+        "Problems decoded together through continuous batching (a finished problem's row goes to the next "
+        "one at once); latency is then each problem's own time in the batch. Default: 16 on CUDA, 1 "
+        "(the paper's per-sample latency) on CPU. Speculative decoding always runs at 1."))
     router: Any = field(default=None, metadata={"cli": False, "help": "Router object or folder for the 'router' method."})
     router_path: str = field(default="", metadata=_help(
         "R-Stitch+ router for the 'router' method: a local folder (e.g. hf_rstitch/assets/router) or Hub id."))
@@ -87,6 +93,10 @@ class EvalConfig:
             for v in values:
                 if not (isinstance(v, (int, float)) and math.isfinite(v) and 0.0 <= v <= 1.0):
                     raise ValueError(f"--{name.replace('_', '-')} values must be in [0, 1], got {v!r}.")
+            twice = sorted({float(v) for v in values if [float(x) for x in values].count(float(v)) > 1})
+            if twice:
+                raise ValueError(f"--{name.replace('_', '-')} lists {twice} more than once; give each value once "
+                                 "(every value is one method, run once per problem).")
         if "rstitch" in self.methods and not self.thresholds:
             raise ValueError("method 'rstitch' needs at least one --thresholds value (e.g. 0.02).")
         if "random" in self.methods and not self.random_p:
@@ -96,6 +106,11 @@ class EvalConfig:
         if "router" in self.methods and self.router is None and not self.report_only:
             raise ValueError("method 'router' needs a router: --router-path FOLDER_OR_HUB_ID "
                              "(e.g. hf_rstitch/assets/router), or EvalConfig(router=...) in Python.")
+        rt = self.router_threshold
+        if rt is not None and (isinstance(rt, bool) or not isinstance(rt, (int, float))
+                               or not (math.isfinite(rt) and 0.0 <= rt <= 1.0)):
+            raise ValueError(f"--router-threshold must be a number in [0, 1] (normalized entropy), got {rt!r}; "
+                             "leave it out to use the threshold the router was trained with.")
         if self.max_new_tokens <= 0:
             raise ValueError(f"--max-new-tokens must be positive, got {self.max_new_tokens}.")
         if self.limit is not None and self.limit <= 0:
@@ -110,6 +125,15 @@ class EvalConfig:
             raise ValueError(f"--shard {self.shard}: need 0 <= i < n.")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}.")
+        if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
+                                            or self.batch_size < 1):
+            raise ValueError(f"--batch-size must be a positive integer, got {self.batch_size!r}.")
+
+    def batch_size_on(self, device: str) -> int:
+        """``batch_size``, or its default for ``device``: 16 on CUDA, 1 elsewhere."""
+        if self.batch_size is not None:
+            return self.batch_size
+        return 16 if str(device).startswith("cuda") else 1
 
     def shard_of(self, problems: list) -> list:
         """The problems this shard runs (all of them for the default 0/1)."""

@@ -15,7 +15,9 @@ and :func:`is_equiv` decides whether it matches the reference. Equivalence is tr
    matrices, equations, ``\\pm``).
 
 A :class:`GradingProfile` per benchmark holds the knobs; :func:`profile_for` picks one from a
-dataset name. This module knows nothing about models or records.
+dataset name. The toy world's answers are graded here too (:data:`TOYWORLD`: a ``\\boxed{}``
+integer, no symbolic step). This module knows nothing about models or records and imports
+nothing heavy (math-verify only when a symbolic comparison is reached).
 """
 
 from __future__ import annotations
@@ -36,18 +38,23 @@ class GradingProfile:
         rel_tol: relative tolerance for numeric answers.
         sig_figs: also accept a prediction that rounds to a decimal reference at the
             reference's number of significant figures (``4.49e33`` vs ``4.5e33``).
+        boxed_only: the answer must be in a ``\\boxed{}``: no "answer is" phrase or last number.
+        symbolic: fall back to math-verify when the surface and numeric checks fail.
     """
 
     name: str = "default"
     rel_tol: float = 1e-4
     sig_figs: bool = False
+    boxed_only: bool = False
+    symbolic: bool = True
 
 
 DEFAULT = GradingProfile()
 INTEGER = GradingProfile("integer", rel_tol=1e-9)  # AIME (zero-padded), AMC, GSM8K
 MINERVA = GradingProfile("minerva", rel_tol=1e-2, sig_figs=True)  # rounded physics decimals
+TOYWORLD = GradingProfile("toyworld", rel_tol=1e-9, boxed_only=True, symbolic=False)  # the shipped pair's integers
 
-_PROFILE_BY_KEYWORD = {"aime": INTEGER, "amc": INTEGER, "gsm8k": INTEGER, "minerva": MINERVA}
+_PROFILE_BY_KEYWORD = {"aime": INTEGER, "amc": INTEGER, "gsm8k": INTEGER, "minerva": MINERVA, "toyworld": TOYWORLD}
 
 
 def profile_for(dataset: str | None) -> GradingProfile:
@@ -95,12 +102,15 @@ _PHRASE_RES = [
 _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][+-]?\d+)?")
 
 
-def extract_answer(text: str) -> tuple[str | None, str]:
+def extract_answer(text: str, boxed_only: bool = False) -> tuple[str | None, str]:
     """``(answer, rule)``: the final answer of a completion and which rule found it
-    (``boxed``, ``phrase``, ``last_number`` or ``none``)."""
+    (``boxed``, ``phrase``, ``last_number`` or ``none``; only ``boxed`` or ``none`` with
+    ``boxed_only``)."""
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed, "boxed"
+    if boxed_only:
+        return None, "none"
     for pattern in _PHRASE_RES:
         hits = pattern.findall(text)
         if hits:
@@ -245,7 +255,7 @@ def _single_equiv(pred: str, gold: str, profile: GradingProfile) -> bool:
         return numbers_match(pnum, gnum, profile, gold, pred)
     if _squash(re.sub(r"^\(?([A-Za-z])\)?$", r"\1", pred)) == _squash(re.sub(r"^\(?([A-Za-z])\)?$", r"\1", gold)):
         return True  # multiple-choice letters: (C) vs C
-    return _math_verify(pred, gold)
+    return profile.symbolic and _math_verify(pred, gold)
 
 
 def _set_equiv(pred_parts: list[str], gold_parts: list[str], profile: GradingProfile) -> bool:
@@ -271,7 +281,7 @@ def is_equiv(pred: str | None, gold: str, profile: GradingProfile = DEFAULT) -> 
         p = normalize(pred, join_thousands=False)
         if _set_equiv(split_top_level(p), gold_parts, profile):
             return True
-        return _squash(p) == _squash(g) or _math_verify(p, g)
+        return _squash(p) == _squash(g) or (profile.symbolic and _math_verify(p, g))
     p = normalize(pred)
     return _single_equiv(p, g, profile)
 
@@ -287,5 +297,5 @@ class Grade:
 
 def grade(completion: str, gold: str, profile: GradingProfile = DEFAULT) -> Grade:
     """Extract the final answer of ``completion`` and compare it with ``gold``."""
-    answer, rule = extract_answer(completion)
+    answer, rule = extract_answer(completion, profile.boxed_only)
     return Grade(is_equiv(answer, gold, profile), answer, rule)

@@ -1,9 +1,11 @@
 """The decoding methods the harness compares, one small class each.
 
-Every method answers ``run(input_ids) -> (new_token_ids, counts)`` for one prompt (batch size
-1): ``counts`` holds ``new_tokens``, ``llm_tokens``, ``slm_tokens`` and ``switches`` (plus the
-trace summary for stitched methods). Methods only call ``generate``; timing, grading and
-records belong to the runner. Adding a method is a new class registered in ``METHODS``.
+Every method answers ``run_batch(input_ids, attention_mask) -> [(new_token_ids, counts), ...]``
+for a left-padded batch, one pair per row from one ``generate`` call, and ``run(input_ids)`` for
+one prompt (batch size 1): ``counts`` holds ``new_tokens``, ``llm_tokens``, ``slm_tokens`` and
+``switches`` (plus the trace summary for stitched methods). Methods only call ``generate``;
+timing, grading and records belong to the runner (:mod:`.runner` at batch size 1,
+:mod:`.batched` for batches). Adding a method is a new class registered in ``METHODS``.
 
 Token attribution: LLM-only and speculative decoding count every new token as the LLM's
 (speculative decoding emits exactly the LLM's distribution; transformers does not report
@@ -12,10 +14,18 @@ accepted drafts), SLM-only as the SLM's, stitched methods read the decode trace.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+
+
+def param_text(x: float) -> str:
+    """A method parameter as written in record keys: ``%g`` where that is exact (``0.02``,
+    ``1e-05``), else the shortest exact form (``0.001000001``), so two values never share a key."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(float(x))
 
 
 @dataclass(frozen=True)
@@ -49,8 +59,8 @@ class Method:
 
     @property
     def name(self) -> str:
-        """Record key: ``rstitch@0.02``, ``random@0.5``, ``llm``..."""
-        return self.kind if self.param is None else f"{self.kind}@{self.param:g}"
+        """Record key: ``rstitch@0.02``, ``random@0.5``, ``llm``... (the parameter exactly)."""
+        return self.kind if self.param is None else f"{self.kind}@{param_text(self.param)}"
 
     @property
     def label(self) -> str:
@@ -59,21 +69,39 @@ class Method:
     def _generate(self, input_ids: torch.Tensor, **gen: Any) -> Any:
         raise NotImplementedError
 
-    def _counts(self, out: Any, n_new: int) -> dict[str, Any]:
+    def _counts(self, out: Any, row: int, n_new: int) -> dict[str, Any]:
         return {"new_tokens": n_new, "llm_tokens": n_new, "slm_tokens": 0, "switches": 0}
+
+    def _row_length(self, out: Any, row: int, new: list[int]) -> int:
+        """New tokens of ``row`` before the padding of a batch: up to and including its first EOS."""
+        eos = set(eos_ids(self.llm, self.slm))
+        return next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
 
     def run(self, input_ids: torch.Tensor, max_new_tokens: int | None = None) -> tuple[list[int], dict[str, Any]]:
         """Decode one prompt. ``input_ids``: ``[1, S]`` on the models' device."""
-        gen = self.settings.kwargs()
+        return self.run_batch(input_ids, torch.ones_like(input_ids), max_new_tokens)[0]
+
+    def run_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int | None = None,
+                  **extra: Any) -> list[tuple[list[int], dict[str, Any]]]:
+        """Decode a left-padded batch in one ``generate`` call. ``input_ids`` / ``attention_mask``:
+        ``[B, S]`` on the models' device; ``extra`` goes to ``generate`` (e.g. ``pad_token_id``).
+        Returns ``(new_token_ids, counts)`` per row; a row of a batch ends at its EOS."""
+        gen = {**self.settings.kwargs(), **extra}
         if max_new_tokens is not None:  # warm-up calls
             gen["max_new_tokens"] = max_new_tokens
         if self.settings.do_sample:
             torch.manual_seed(self.settings.seed)
-        attention_mask = torch.ones_like(input_ids)
         with torch.inference_mode():
             out = self._generate(input_ids, attention_mask=attention_mask, return_dict_in_generate=True, **gen)
-        new = out.sequences[0, input_ids.shape[1]:].tolist()
-        return new, self._counts(out, len(new))
+        news = out.sequences[:, input_ids.shape[1]:].tolist()
+        if len(news) > 1:  # rows that finished early are padded up to the longest
+            news = [new[: self._row_length(out, r, new)] for r, new in enumerate(news)]
+        return [(new, self._counts(out, r, len(new))) for r, new in enumerate(news)]
+
+    def engine_spec(self) -> dict[str, Any] | None:
+        """How :class:`~hf_rstitch.engine.RequestEngine` runs this method (``policy=`` for the engine,
+        ``role=`` for each request), or None when it runs through ``generate`` at batch size 1 only."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
@@ -82,6 +110,11 @@ class Method:
 class LLMOnly(Method):
     kind, label_text = "llm", "LLM"
 
+    def engine_spec(self):
+        from hf_rstitch.core.roles import Role
+
+        return {"role": Role.LLM}
+
     def _generate(self, input_ids, **gen):
         return self.llm.generate(input_ids, **gen)
 
@@ -89,10 +122,15 @@ class LLMOnly(Method):
 class SLMOnly(Method):
     kind, label_text = "slm", "SLM"
 
+    def engine_spec(self):
+        from hf_rstitch.core.roles import Role
+
+        return {"role": Role.SLM}
+
     def _generate(self, input_ids, **gen):
         return self.slm.generate(input_ids, **gen)
 
-    def _counts(self, out, n_new):
+    def _counts(self, out, row, n_new):
         return {"new_tokens": n_new, "llm_tokens": 0, "slm_tokens": n_new, "switches": 0}
 
 
@@ -116,7 +154,7 @@ def _require_stitching() -> None:
 
 
 class _Stitched(Method):
-    """Shared by the methods that go through stitched decoding and return ``out.stitch``."""
+    """Shared by the methods that go through stitched decoding and return ``out.stitch_traces``."""
 
     def _stitch_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -125,8 +163,19 @@ class _Stitched(Method):
         _require_stitching()
         return self.llm.generate(input_ids, assistant_model=self.slm, **self._stitch_kwargs(), **gen)
 
-    def _counts(self, out, n_new):
-        trace = out.stitch
+    def engine_spec(self):
+        """The policy ``generate`` would resolve from this method's stitch arguments."""
+        from hf_rstitch.hf.decode import resolve_policy
+
+        kw = self._stitch_kwargs()
+        return {"policy": resolve_policy(kw.get("stitch_threshold"), kw.get("stitch_policy"),
+                                         self.llm.generation_config, kw.get("stitch_router"), self.slm)}
+
+    def _row_length(self, out, row, new):
+        return out.stitch_traces[row].n_tokens
+
+    def _counts(self, out, row, n_new):
+        trace = out.stitch_traces[row]
         counts = dict(trace.summary())
         counts["new_tokens"] = n_new
         counts["_trace"] = trace  # the runner keeps it when --save-traces is on, then drops it
@@ -144,7 +193,7 @@ class RStitch(_Stitched):
 
     @property
     def label(self) -> str:
-        return f"R-Stitch τ={self.param:g}"
+        return f"R-Stitch τ={param_text(self.param)}"
 
     def _stitch_kwargs(self):
         return {"stitch_threshold": self.param}
@@ -161,7 +210,7 @@ class RandomRouting(_Stitched):
 
     @property
     def label(self) -> str:
-        return f"Random p={self.param:g}"
+        return f"Random p={param_text(self.param)}"
 
     def _stitch_kwargs(self):
         from hf_rstitch.core.policies import RandomPolicy
@@ -171,11 +220,15 @@ class RandomRouting(_Stitched):
 
 class LearnedRouter(_Stitched):
     """R-Stitch+: a learned router (a :class:`~hf_rstitch.router.Router`, or a folder / Hub id
-    of one) passed through as ``stitch_router=``, with ``threshold``, if given, as
-    ``stitch_threshold`` (the paper consults the router only above it; without one, the
+    of one, loaded once here) passed through as ``stitch_router=``, with ``threshold``, if given,
+    as ``stitch_threshold`` (the paper consults the router only above it; without one, the
     threshold saved in the router's config applies). An object that already implements
     :class:`~hf_rstitch.core.policies.RoutingPolicy` (e.g. a ``RouterPolicy``) runs as
     ``stitch_policy``.
+
+    The record key names the router and the threshold exactly: ``router-<fingerprint>@<tau>``,
+    the fingerprint a hash of the router's weights (of ``repr(policy)`` for a policy object other
+    than a ``RouterPolicy``: give such a class a stable ``__repr__`` to resume its records).
     """
 
     kind, label_text = "router", "R-Stitch+"
@@ -187,17 +240,60 @@ class LearnedRouter(_Stitched):
                 "the 'router' method needs a trained router: pass --router-path FOLDER_OR_HUB_ID "
                 "(EvalConfig(router=...) in Python), or drop 'router' from --methods."
             )
-        self.router, self.threshold = router, threshold
+        from hf_rstitch.core.policies import RoutingPolicy, check_threshold
+
+        if not isinstance(router, RoutingPolicy):
+            from hf_rstitch.router.model import load_router
+
+            router = load_router(router, slm=slm)
+        self.router = router
+        self.threshold = None if threshold is None else check_threshold(threshold, "router_threshold")
+        own = getattr(router, "threshold", None)
+        self.param = self.threshold if self.threshold is not None or own is None else float(own)
+        self.fingerprint = router_fingerprint(router)
+
+    @property
+    def name(self) -> str:
+        base = f"{self.kind}-{self.fingerprint}"
+        return base if self.param is None else f"{base}@{param_text(self.param)}"
 
     def _stitch_kwargs(self):
         from hf_rstitch.core.policies import RoutingPolicy
 
-        # a ready RoutingPolicy runs as the policy; a Router, a path or a Hub id goes to stitch_router
+        # a ready RoutingPolicy runs as the policy; a Router goes to stitch_router
         arg = "stitch_policy" if isinstance(self.router, RoutingPolicy) else "stitch_router"
         kw: dict[str, Any] = {arg: self.router}
         if self.threshold is not None and arg == "stitch_router":
             kw["stitch_threshold"] = self.threshold
         return kw
+
+
+def eos_ids(*models: Any) -> set[int]:
+    """The EOS ids of the models' generation configs."""
+    ids: set[int] = set()
+    for m in models:
+        eos = getattr(getattr(m, "generation_config", None), "eos_token_id", None)
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return ids
+
+
+def router_fingerprint(router: Any) -> str:
+    """10 hex digits naming a router: a hash of its config and weights (a RouterPolicy's router
+    and threshold; ``repr`` of any other policy object)."""
+    digest = hashlib.sha256()
+    inner = getattr(router, "router", None)
+    if isinstance(router, torch.nn.Module) or isinstance(inner, torch.nn.Module):
+        module = router if isinstance(router, torch.nn.Module) else inner
+        if module is not router:
+            digest.update(repr(float(router.threshold)).encode())
+        digest.update(type(module).__qualname__.encode())
+        for name, value in sorted(module.state_dict().items()):
+            flat = value.detach().to("cpu").contiguous().reshape(-1)
+            digest.update(f"{name}:{flat.dtype}:{tuple(value.shape)}".encode())
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+    else:
+        digest.update(f"{type(router).__qualname__}:{router!r}".encode())
+    return digest.hexdigest()[:10]
 
 
 METHODS: dict[str, type[Method]] = {

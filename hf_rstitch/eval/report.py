@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,9 +21,21 @@ from .grading import grade, profile_for
 KIND_ORDER = {"slm": 0, "llm": 1, "specdec": 2, "rstitch": 3, "router": 4, "random": 5}
 
 
-def method_sort_key(name: str) -> tuple[int, float]:
-    kind, _, param = name.partition("@")
-    return KIND_ORDER.get(kind, 9), float(param) if param else 0.0
+def method_sort_key(name: str) -> tuple[int, float, str]:
+    """``llm``, ``rstitch@0.02``, ``router-<fingerprint>@0.001``: kind order, then parameter."""
+    head, _, param = name.partition("@")
+    try:
+        value = float(param) if param else 0.0
+    except ValueError:
+        value = 0.0
+    return KIND_ORDER.get(head.partition("-")[0], 9), value, head
+
+
+def safe_file_name(text: str) -> str:
+    """``text`` as one file name: anything but letters, digits and ``._@+=-`` becomes ``_``, so a
+    dataset or method name from a records file (``../../x``, ``owner/name``) cannot leave its folder."""
+    name = re.sub(r"[^A-Za-z0-9._@+=-]", "_", text)
+    return name if name.strip(".") else name.replace(".", "_")
 
 
 def regrade(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -75,7 +88,10 @@ def _f(x: Any, fmt: str = "{:.2f}", none: str = "--") -> str:
 
 
 def _param(s: dict[str, Any]) -> str:
-    return "--" if s["param"] is None else f"{s['param']:g}"
+    if s["param"] is None:
+        return "--"
+    short = f"{s['param']:g}"
+    return short if float(short) == s["param"] else repr(float(s["param"]))
 
 
 def table1_markdown(agg: dict[str, dict[str, dict[str, Any]]]) -> str:
@@ -97,7 +113,7 @@ def table1_markdown(agg: dict[str, dict[str, dict[str, Any]]]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     ns = ", ".join(f"{ds}: n={next(iter(agg[ds].values()))['n']}" for ds in datasets)
     lines.append("")
-    lines.append(f"Acc in %, Lat = mean wall-clock seconds per sample (batch 1), Spd = Lat(LLM) / Lat(method). {ns}.")
+    lines.append(f"Acc in %, Lat = mean wall-clock seconds per sample (batching: see the run settings), Spd = Lat(LLM) / Lat(method). {ns}.")
     return "\n".join(lines)
 
 
@@ -151,6 +167,13 @@ def build_summary(agg: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     return {**meta, "report_date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "results": _no_nan(agg)}
 
 
+def _batching(batch_size: int) -> str:
+    if batch_size <= 1:
+        return "batch size 1 (latency per problem alone)"
+    return (f"continuous batching of {batch_size} problems (latency: each problem's own time in the batch; "
+            "speculative decoding at batch size 1)")
+
+
 def write_report(out_dir: str | Path, records: list[dict[str, Any]], meta: dict[str, Any],
                  plots: bool = True) -> dict[str, Any]:
     """Write ``report.md``, ``summary.json`` and (optionally) the plots; return the summary."""
@@ -165,7 +188,8 @@ def write_report(out_dir: str | Path, records: list[dict[str, Any]], meta: dict[
         "# R-Stitch evaluation", "",
         f"LLM `{settings.get('llm')}`, SLM `{settings.get('slm')}`; device: {meta.get('device')}; "
         f"budget {settings.get('max_new_tokens')} new tokens, "
-        f"{'sampled' if settings.get('do_sample') else 'greedy'}; run {meta.get('date')}.", "",
+        f"{'sampled' if settings.get('do_sample') else 'greedy'}; {_batching(meta.get('batch_size', 1))}; "
+        f"run {meta.get('date')}.", "",
         "## Accuracy / latency / speedup (paper Table 1 layout)", "", table1_markdown(agg), "",
         "## Tokens per dataset", "",
     ]
@@ -178,7 +202,8 @@ def write_report(out_dir: str | Path, records: list[dict[str, Any]], meta: dict[
         for ds in agg:
             for name in agg[ds]:
                 if name not in ("llm", "slm") and not name.startswith("random"):
-                    files.append(plot_per_sample(records, ds, name, out / "per_sample" / f"{ds}__{name}.png"))
+                    file = safe_file_name(f"{ds}__{name}.png")
+                    files.append(plot_per_sample(records, ds, name, out / "per_sample" / file))
         summary["plots"] = [str(Path(f).relative_to(out)) for f in files if f]
         md += ["## Plots", ""] + [f"![{Path(f).stem}]({Path(f).relative_to(out)})" for f in files if f] + [""]
     (out / "report.md").write_text("\n".join(md), encoding="utf-8")

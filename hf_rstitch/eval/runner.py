@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -19,8 +20,9 @@ from typing import Any, Iterable
 import torch
 
 from .data import Problem, prompt_ids
+from ..latency.profiler import synchronize
 from .grading import grade, profile_for
-from .methods import Method
+from .methods import Method, eos_ids
 
 WARMUP_TOKENS = 16
 
@@ -67,21 +69,70 @@ class RecordStore:
             os.fsync(fh.fileno())
 
 
+class FolderBusy(ValueError):
+    """Another run holds the output folder's lock."""
+
+
+class OutLock:
+    """Exclusive use of an output folder for one run: a second run on the same folder (another
+    process, or another thread of this one) is refused instead of writing every record twice.
+
+    An OS file lock on ``<folder>/.lock`` (``flock``; ``msvcrt.locking`` on Windows): the OS drops
+    it when the process dies, so a killed run leaves nothing to clean up.
+    """
+
+    def __init__(self, folder: str | Path):
+        self.path = Path(folder) / ".lock"
+        self._fh: Any = None
+
+    def __enter__(self) -> "OutLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+", encoding="utf-8")
+        try:
+            _lock_file(fh, True)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise FolderBusy(f"{self.path.parent} is in use by another run ({holder}); wait for it to finish, or "
+                             "give this run another --out (shards: one --out each, see --shard).") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            fh.truncate(0)
+            _lock_file(fh, False)
+            fh.close()
+
+
+def _lock_file(fh: Any, lock: bool) -> None:
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        import msvcrt
+
+        fh.seek(0)
+        msvcrt.locking(fh.fileno(), msvcrt.LK_NBLCK if lock else msvcrt.LK_UNLCK, 1)
+        return
+    fcntl.flock(fh.fileno(), (fcntl.LOCK_EX | fcntl.LOCK_NB) if lock else fcntl.LOCK_UN)
+
+
 def key(record: dict[str, Any]) -> tuple[str, str, str]:
     return (record["dataset"], str(record["id"]), record["method"])
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed_run(method: Method, input_ids: torch.Tensor, **kw: Any) -> tuple[list[int], dict[str, Any], float]:
     """``method.run`` timed as wall clock, device-synchronised before and after."""
-    _sync(input_ids.device)
+    synchronize(input_ids.device)
     t0 = time.perf_counter()
     new_ids, counts = method.run(input_ids, **kw)
-    _sync(input_ids.device)
+    synchronize(input_ids.device)
     return new_ids, counts, time.perf_counter() - t0
 
 
@@ -108,14 +159,6 @@ def make_record(problem: Problem, method: Method, tokenizer: Any, prompt_len: in
     return rec
 
 
-def _eos_ids(*models: Any) -> set[int]:
-    ids: set[int] = set()
-    for m in models:
-        eos = getattr(getattr(m, "generation_config", None), "eos_token_id", None)
-        ids.update([eos] if isinstance(eos, int) else (eos or []))
-    return ids
-
-
 def _progress(total: int, enabled: bool) -> Any:
     try:
         from tqdm.auto import tqdm
@@ -135,11 +178,16 @@ def run_eval(methods: list[Method], problems: Iterable[Problem], tokenizer: Any,
     """
     device = torch.device(device)
     problems = list(problems)
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"methods {twice} appear more than once; each (dataset, problem, method) is one record. "
+                         "List every threshold / p / router once.")
     done = store.done()
     todo = [(p, m) for p in problems for m in methods if (p.dataset, p.id, m.name) not in done]
     if not todo:
         return []
-    eos = _eos_ids(methods[0].llm, methods[0].slm)
+    eos = eos_ids(methods[0].llm, methods[0].slm)
     prompts: dict[tuple[str, str], list[int]] = {}
 
     def ids_for(p: Problem) -> list[int]:

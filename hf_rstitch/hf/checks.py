@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
@@ -112,3 +114,22 @@ def _check_unsupported_options(config: GenerationConfig) -> None:
             "an unconditional forward of the writing model at every step, which neither lane runs. Drop "
             "`guidance_scale`, or generate with the LLM alone."
         )
+
+
+def streamer_from_generate(depth: int = 2):
+    """The ``streamer=`` of the transformers ``generate`` call that invoked the caller, or ``None``.
+
+    transformers does not forward ``streamer`` to a ``custom_generate`` callable, yet it puts the
+    prompt into it and leaves the rest to the callable: unless the callable finds it, the streamer
+    never gets ``end()`` and its consumer (e.g. a ``TextIteratorStreamer`` loop) waits forever.
+    ``depth`` counts frames from here to generate's body (2: generate -> stitched_decode -> this).
+    """
+    from transformers.generation import utils
+
+    try:
+        frame = sys._getframe(depth)
+    except ValueError:
+        return None
+    if frame.f_code.co_name != "generate" or frame.f_code.co_filename != utils.__file__:
+        return None
+    return frame.f_locals.get("streamer")

@@ -15,7 +15,7 @@ from ..core.policies import EntropyPolicy, RoutingPolicy
 from ..core.roles import Role
 from ..core.sampling import pad_vocab
 from ..engine import EagerEngine, Lane, stitch_loop
-from .checks import check_pair, check_request
+from .checks import check_pair, check_request, streamer_from_generate
 from .placement import check_placement
 from .output import StitchedGenerateOutput
 
@@ -83,8 +83,8 @@ def stitched_decode(
     Use it through ``generate`` after ``import hf_rstitch`` (``assistant_model=slm,
     stitch_threshold=tau``), or without the patch as
     ``llm.generate(..., custom_generate=hf_rstitch.stitched_decode, stitch_slm=slm, stitch_threshold=tau)``
-    (transformers does not forward ``assistant_model`` or ``streamer`` to callables; pass
-    ``stitch_slm`` and ``stitch_streamer`` instead).
+    (transformers does not forward ``assistant_model`` to callables; pass ``stitch_slm``;
+    generate's ``streamer=`` is picked up from the calling ``generate``).
 
     Args:
         stitch_slm: the small model; shares the LLM's tokenizer.
@@ -103,6 +103,7 @@ def stitched_decode(
         one per row, when B > 1).
     """
     slm = check_pair(model, stitch_slm)
+    stitch_streamer = stitch_streamer if stitch_streamer is not None else streamer_from_generate()
     policy = resolve_policy(stitch_threshold, stitch_policy, generation_config, stitch_router, slm)
     vocab = min(logit_width(model), logit_width(slm))  # ids either model may emit
     check_request(input_ids, generation_config, model_kwargs, vocab)

@@ -5,10 +5,22 @@
     llm.generate(**inputs, assistant_model=slm, stitch_router=router)          # threshold from router.config
     llm.generate(**inputs, assistant_model=slm, stitch_policy=RouterPolicy(router, 0.001))
 
-Training: :func:`hf_rstitch.router.train.train_router` / ``rstitch train-router``.
+Training: :func:`hf_rstitch.router.train.train_router` / ``rstitch train-router``. The names below
+load torch on first use only, so ``hf_rstitch.router.config`` stays torch-free.
 """
 
-from .model import Router, load_router
-from .policy import RouterPolicy, assign_rows, policy_from_router
+from __future__ import annotations
 
-__all__ = ["Router", "RouterPolicy", "assign_rows", "load_router", "policy_from_router"]
+import importlib
+from typing import Any
+
+_LAZY = {"Router": ".model", "load_router": ".model", "RouterPolicy": ".policy", "assign_rows": ".policy",
+         "policy_from_router": ".policy"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

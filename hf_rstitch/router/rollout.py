@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from ..core.trace import StitchTrace
+from ..eval.batched import left_pad  # noqa: F401  (re-exported: the rollouts' batch layout)
 from .policy import RouterPolicy, RowDecisions, assign_rows
 
 Grader = Callable[[str, str], bool]  # (completion text, reference answer) -> correct
@@ -43,17 +44,6 @@ def encode_prompts(tokenizer: Any, problems: list[str], instruction: str = "") -
     return [prompt_ids(tokenizer, p, instruction) for p in problems]
 
 
-def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, T]`` ids and attention mask, left-padded (the decode loop's layout)."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r)
-        mask[i, width - len(r):] = 1
-    return ids, mask
-
-
 @torch.no_grad()
 def rollout(llm, slm, tokenizer, router, prompts: list[list[int]], answers: list[str], *, group_size: int,
             threshold: float, latency_model, max_new_tokens: int, do_sample: bool = True, temperature: float = 1.0,
@@ -77,7 +67,7 @@ def rollout(llm, slm, tokenizer, router, prompts: list[list[int]], answers: list
         temperature=None, top_p=None, top_k=None)
     out = llm.generate(ids.to(device), attention_mask=mask.to(device), assistant_model=slm, stitch_policy=policy,
                        max_new_tokens=max_new_tokens, pad_token_id=pad, return_dict_in_generate=True, **gen)
-    traces: list[StitchTrace] = out.stitch if isinstance(out.stitch, list) else [out.stitch]
+    traces: list[StitchTrace] = out.stitch_traces
     decisions = assign_rows(policy.consults, traces)
     new = out.sequences[:, ids.shape[1]:].cpu()
     groups: list[list[Trajectory]] = [[] for _ in prompts]

@@ -10,14 +10,17 @@ Departures from DAPO as published: dynamic sampling *skips* zero-variance groups
 drawing more prompts until the batch is full (the batch shrinks; ``kept_groups`` is logged);
 no overlong-response shaping (the decoding budget is the task's); no KL term (as DAPO).
 
-Output folder: ``metrics.jsonl`` (one line per step), ``checkpoint/`` (router, optimizer,
-step, RNG; resumed automatically), ``router/`` (final, ``Router.from_pretrained``-loadable),
+Output folder: ``metrics.jsonl`` (one line per step; after a resume, lines past the checkpoint are
+dropped before the steps re-run), ``checkpoint/trainer.pt`` (router, optimizer, step and RNG in
+one file written atomically, loaded with ``weights_only=True``; resumed automatically), ``router/`` (final, ``Router.from_pretrained``-loadable),
 ``latency.json`` (the latency model used) and ``config.json``.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import random
 import time
 from pathlib import Path
@@ -148,22 +151,81 @@ def step_metrics(groups: list[list[Trajectory]], lam: float) -> dict[str, float]
 
 # --- checkpoints -----------------------------------------------------------------------------------
 
+CHECKPOINT = "trainer.pt"  # one file: router weights, optimizer, step and RNG states of one step
+LEGACY_STATE = "trainer_state.pt"  # the old two-file layout (router/ + trainer_state.pt)
+
 
 def save_checkpoint(path: Path, router: Router, optimizer, step: int) -> None:
+    """Write everything a resume needs into one file, atomically (temp file + ``os.replace``):
+    a kill leaves either the previous checkpoint or this one, never a mix of two steps."""
     path.mkdir(parents=True, exist_ok=True)
-    router.save_pretrained(path / "router")
-    torch.save({"optimizer": optimizer.state_dict(), "step": step, "torch_rng": torch.get_rng_state(),
-                "python_rng": random.getstate()}, path / "trainer_state.pt")
+    state = {"step": step, "router": router.state_dict(), "optimizer": optimizer.state_dict(),
+             "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    atomic_torch_save(state, path / CHECKPOINT)
+
+
+def atomic_torch_save(obj: Any, target: Path) -> None:
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def load_checkpoint(path: Path, router: Router, optimizer) -> int:
-    state = torch.load(path / "trainer_state.pt", weights_only=False)
-    loaded = Router.from_pretrained(str(path / "router"))
-    router.load_state_dict(loaded.state_dict())
-    optimizer.load_state_dict(state["optimizer"])
+    """Restore router, optimizer and RNG states saved by :func:`save_checkpoint`; returns the step.
+
+    Loaded with ``torch.load(weights_only=True)``: tensors and plain containers only, so a
+    crafted file cannot run code."""
+    file = path / CHECKPOINT
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        router.load_state_dict(state["router"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = int(state["step"])
+    except (pickle.UnpicklingError, RuntimeError, KeyError, TypeError, ValueError, EOFError) as err:
+        raise ValueError(f"cannot resume from {file}: {err}. The checkpoint is corrupt or was made with other "
+                         "router settings (--width, --num-blocks, another SLM); use another --out, or --no-resume "
+                         "to start over in this one.") from None
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])
-    return int(state["step"])
+    if state.get("cuda_rng") and torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return step
+
+
+def find_checkpoint(out: Path) -> Path | None:
+    """``out/checkpoint`` if it holds a resumable checkpoint; refuses the old two-file layout."""
+    folder = out / "checkpoint"
+    if (folder / CHECKPOINT).exists():
+        return folder
+    if (folder / LEGACY_STATE).exists():
+        raise ValueError(f"{folder} holds an old-format checkpoint ({LEGACY_STATE}, loaded by pickle and written "
+                         "in two steps, so it cannot be resumed safely). Delete that folder to start over, pass "
+                         "--no-resume, or use another --out.")
+    return None
+
+
+def trim_metrics(path: Path, last_step: int) -> None:
+    """Keep only the metric lines of steps ``<= last_step`` (the steps the resumed state has seen),
+    so steps re-run after a resume are not logged twice. Rewritten atomically."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if int(json.loads(line)["step"]) <= last_step:
+                keep.append(line)
+        except (ValueError, KeyError, TypeError):  # a torn last line from a kill
+            continue
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    os.replace(tmp, path)
 
 
 # --- the loop --------------------------------------------------------------------------------------
@@ -204,9 +266,11 @@ def train_router(cfg: RouterTrainConfig, *, llm=None, slm=None, tokenizer=None, 
     router = Router(hidden, cfg.width, cfg.num_blocks, threshold=cfg.threshold, llm_bias=cfg.llm_bias).to(device)
     optimizer = torch.optim.AdamW(router.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start = 0
-    if cfg.resume and (out / "checkpoint" / "trainer_state.pt").exists():
-        start = load_checkpoint(out / "checkpoint", router, optimizer)
-        log(f"resumed from {out / 'checkpoint'} at step {start}")
+    checkpoint = find_checkpoint(out) if cfg.resume else None
+    if checkpoint is not None:
+        start = load_checkpoint(checkpoint, router, optimizer)
+        log(f"resumed from {checkpoint} at step {start}")
+    trim_metrics(out / "metrics.jsonl", start)
     router.eval()
     prompts = encode_prompts(tokenizer, [r["problem"] for r in rows], cfg.instruction)
     answers = [str(r["answer"]) for r in rows]

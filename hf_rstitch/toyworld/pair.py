@@ -1,17 +1,18 @@
 """The shipped toy-world pair: load it, load its test split, grade its answers.
 
 ``load_pair()`` returns the LLM (verbose, accurate, slow) and the SLM (concise, weaker, fast)
-trained by :mod:`hf_rstitch.toyworld.train`, in float32, with their shared tokenizer. Grading
-reads the last ``\\boxed{...}`` of a completion and compares it with the reference as a string.
+trained by :mod:`hf_rstitch.toyworld.train`, in float32, with their shared tokenizer. Answers
+are graded by the package's one grader, :mod:`hf_rstitch.eval.grading`, with its ``TOYWORLD``
+profile (the last ``\\boxed{...}``, compared as an integer).
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from hf_rstitch.eval.grading import TOYWORLD, grade as _grade, last_boxed
+
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "pair"
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
 def assets_present(root: str | Path = ASSETS) -> bool:
@@ -22,20 +23,12 @@ def assets_present(root: str | Path = ASSETS) -> bool:
 
 def extract_boxed(text: str) -> str | None:
     """Contents of the last ``\\boxed{...}`` in ``text``, stripped, or ``None``."""
-    found = _BOXED.findall(text)
-    return found[-1].strip() if found else None
+    return last_boxed(text)
 
 
 def grade(text: str, answer: str | int) -> bool:
-    """True when the last ``\\boxed{}`` of ``text`` equals ``answer`` (as an integer if both parse)."""
-    got = extract_boxed(text)
-    if got is None:
-        return False
-    want = str(answer).strip()
-    try:
-        return int(got) == int(want)
-    except ValueError:
-        return got == want
+    """True when the last ``\\boxed{}`` of ``text`` equals ``answer`` (the ``TOYWORLD`` profile)."""
+    return _grade(text, str(answer), TOYWORLD).correct
 
 
 def _check(root: Path) -> None:

@@ -5,7 +5,7 @@ import torch
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import Role
-from tiny_models import BATCH_ARCHS, capture_lanes, left_pad, make_pair, prompt
+from tiny_models import BATCH_ARCHS, left_pad, make_pair, prompt
 
 N_NEW = 20
 LENGTHS = [5, 11, 8, 3]
@@ -91,17 +91,18 @@ def test_per_row_replayed_routes():
 
 
 @pytest.mark.parametrize("arch", BATCH_ARCHS)
-def test_batched_caches_are_dense_and_equal_a_recompute(arch, monkeypatch):
+def test_batched_caches_are_dense_and_equal_a_recompute(arch):
     """Every call brings every row up to date: after decoding, each lane's cache holds exactly the
     shared sequence (no masked holes), and each row's keys/values equal a recompute of that row."""
     from transformers import DynamicCache
 
     llm, slm = make_pair(arch)
     ids, mask = left_pad(prompts())
-    lanes = capture_lanes(monkeypatch)
+    engine = hf_rstitch.engine.EagerEngine()
     routes = [["slm"] * 8, ["llm"] * 8, ["slm", "slm", "llm"] * 2 + ["slm", "slm"], ["llm", "slm", "slm", "slm"] * 2]
     out = llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_policy=hf_rstitch.ReplayPolicy(routes),
-                       max_new_tokens=8, return_dict_in_generate=True)
+                       max_new_tokens=8, return_dict_in_generate=True, stitch_engine=engine)
+    lanes = engine.built
     seq = out.sequences
     full_mask = torch.cat([mask, torch.ones(len(routes), seq.shape[1] - mask.shape[1], dtype=mask.dtype)], dim=1)
     for role, model in ((Role.SLM, slm), (Role.LLM, llm)):

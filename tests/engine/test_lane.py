@@ -6,18 +6,20 @@ from transformers import DynamicCache
 
 from hf_rstitch import Role
 from hf_rstitch.core.policies import ReplayPolicy
-from tiny_models import ARCHS, capture_lanes, make_pair, prompt
+from hf_rstitch.engine import EagerEngine
+from tiny_models import ARCHS, make_pair, prompt
 
 ROUTE = ["slm"] * 3 + ["llm"] * 2 + ["slm"] * 4 + ["llm"] + ["slm"] * 3 + ["llm"] * 3 + ["slm"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_caches_equal_a_full_recompute(arch, monkeypatch):
+def test_caches_equal_a_full_recompute(arch):
     llm, slm = make_pair(arch)
     ids = prompt(12)
-    lanes = capture_lanes(monkeypatch)
+    engine = EagerEngine()
     out = llm.generate(ids, assistant_model=slm, stitch_policy=ReplayPolicy(ROUTE), max_new_tokens=len(ROUTE),
-                       return_dict_in_generate=True)
+                       return_dict_in_generate=True, stitch_engine=engine)
+    lanes = engine.built
     assert out.stitch.roles == [Role(r) for r in ROUTE]
     for role, model in ((Role.SLM, slm), (Role.LLM, llm)):
         lane = lanes[role]
@@ -45,9 +47,10 @@ def test_padding_free_fast_path_equals_the_masked_path(arch, monkeypatch):
         with monkeypatch.context() as m:
             if not dense:
                 m.setattr(Lane, "_padding_free", staticmethod(lambda mask: False))
-            lanes = capture_lanes(m)
-            runs[dense] = llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm, **kw)
-            assert all(lane.dense is dense for lane in lanes.values())
+            engine = EagerEngine()
+            runs[dense] = llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm,
+                                       stitch_engine=engine, **kw)
+            assert all(lane.dense is dense for lane in engine.built.values())
     fast, general = runs[True], runs[False]
     assert torch.equal(fast.sequences, general.sequences)
     assert all(torch.equal(a, b) for a, b in zip(fast.logits, general.logits))

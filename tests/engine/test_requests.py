@@ -111,3 +111,24 @@ def test_submit_and_cancel_are_thread_safe():
     done = engine.run()
     assert sorted(done) == sorted(ids) and all(len(c.tokens) <= 3 for c in done.values())
     assert all(c.trace.roles and set(c.trace.roles) <= {Role.SLM, Role.LLM} for c in done.values())
+
+
+def test_pinned_requests_are_the_single_models_and_a_shared_policy_routes_all():
+    llm, slm = make_pair("llama")
+    engine = RequestEngine(llm, slm, threshold=0.5, max_batch=3)
+    ps = [prompt(n, seed=30 + i) for i, n in enumerate([4, 9, 6])]
+    reqs = [Request(ps[0][0].tolist(), max_new_tokens=8, role=Role.LLM),
+            Request(ps[1][0].tolist(), max_new_tokens=8, role="slm"),
+            Request(ps[2][0].tolist(), max_new_tokens=8)]
+    done = engine.run(reqs)
+    for r, p, model in zip(reqs[:2], ps[:2], (llm, slm)):
+        want = model.generate(p, max_new_tokens=8)[0, p.shape[1]:].tolist()
+        assert done[r.request_id].tokens == want
+        assert set(done[r.request_id].trace.roles) == {Role.LLM if model is llm else Role.SLM}
+    assert done[reqs[2].request_id].tokens == solo(llm, slm, ps[2], 0.5, 8).sequences[0, 6:].tolist()
+    replay = hf_rstitch.ReplayPolicy(["slm", "llm", "llm", "slm"])
+    shared = RequestEngine(llm, slm, max_batch=2, policy=replay)
+    with pytest.raises(ValueError, match="one policy"):
+        shared.submit(Request([5, 6], stitch_threshold=0.1))
+    out = shared.run([Request(ps[2][0].tolist(), max_new_tokens=4)])
+    assert [r.value for r in next(iter(out.values())).trace.roles] == ["slm", "llm", "llm", "slm"]

@@ -97,8 +97,9 @@ def test_router_hook_accepts_a_policy_object(tmp_path, bench_file, tokenizer, pa
     cfg = _cfg(tmp_path, bench_file, ["llm", "router"], router=RandomPolicy(1.0), plots=False, limit=1)
     evaluate(cfg, llm=llm, slm=slm, tokenizer=tokenizer)
     recs = _records(tmp_path)
-    assert recs[("a", "router")]["output"] == recs[("a", "llm")]["output"]
-    assert recs[("a", "router")]["label"] == "R-Stitch+"
+    (router,) = [r for (pid, name), r in recs.items() if pid == "a" and name.startswith("router-")]  # names the policy
+    assert router["output"] == recs[("a", "llm")]["output"]
+    assert router["label"] == "R-Stitch+"
 
 
 def test_checkpoint_stitch_default_does_not_leak_into_baselines(tmp_path, bench_file, tokenizer, pair64):

@@ -163,3 +163,16 @@ def test_every_reference_grades_against_itself(name):
     profile = profile_for(name)
     bad = [r["id"] for r in rows if not grade(f"\\boxed{{{r['answer']}}}", r["answer"], profile).correct]
     assert not bad, f"{len(bad)} references do not match themselves: {bad[:10]}"
+
+
+def test_toyworld_profile_needs_a_boxed_integer_and_no_math_verify(monkeypatch):
+    from hf_rstitch.eval import grading
+    from hf_rstitch.eval.grading import TOYWORLD, grade, profile_for
+    from hf_rstitch.toyworld import grade as toy_grade
+
+    monkeypatch.setattr(grading, "_math_verify", lambda *a: pytest.fail("math-verify reached"))
+    assert profile_for("toyworld") is TOYWORLD
+    assert grade("so \\boxed{125}", "125", TOYWORLD).correct and toy_grade("so \\boxed{0125}", 125)
+    assert not grade("the answer is 125", "125", TOYWORLD).correct  # the default profile takes the phrase
+    assert grade("the answer is 125", "125").correct
+    assert not toy_grade("\\boxed{12x}", "12") and not toy_grade("\\boxed{}", "0")

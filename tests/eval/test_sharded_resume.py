@@ -1,13 +1,8 @@
 """benchmarks/eval_sharded.py --resume-from: prior records go to the shard that owns their problem."""
 
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import eval_sharded  # noqa: E402
+import eval_sharded  # benchmarks/ is on the test path (pyproject: [tool.pytest.ini_options] pythonpath)
 
 
 def test_prior_records_land_in_the_shard_that_runs_their_problem(tmp_path):

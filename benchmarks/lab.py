@@ -1,0 +1,109 @@
+"""What the lab's scripts share: device sync, timing, random-weight pairs, routes, result files.
+
+The library measures (:func:`hf_rstitch.eval.sweep` for accuracy and token counts,
+:func:`hf_rstitch.fast.routes.route` for synthetic routes, the latency profiler for Eq. 4); this
+module only holds what a benchmark script needs around it. Scripts import it as a sibling
+(``from lab import ...``) and are run from the repository root, e.g.
+``PYTHONPATH=. python benchmarks/batch_bench.py``. Every result a script writes names the
+command that regenerates it (:func:`write_result`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hf_rstitch.fast.routes import route, switches  # noqa: F401  (the one synthetic-route generator)
+from hf_rstitch.latency.profiler import synchronize
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def sync(*devices: torch.device | str | None) -> None:
+    """Wait for every named device (all of them: CUDA's current one when none is named)."""
+    if not devices:
+        devices = ("cuda",) if torch.cuda.is_available() else ()
+    for d in {torch.device(d) for d in devices if d is not None}:
+        synchronize(d)
+
+
+def timed(fn: Callable[[], Any], *devices: torch.device | str, repeats: int = 1) -> tuple[float, Any]:
+    """``(median wall seconds over repeats, last output)`` of ``fn``, devices synchronised around each run."""
+    times, out = [], None
+    for _ in range(repeats):
+        sync(*devices)
+        t0 = time.perf_counter()
+        out = fn()
+        sync(*devices)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def command() -> str:
+    """The command line that ran this script, to store beside its results."""
+    return "python " + " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def environment(devices: Iterable[torch.device | str] = ()) -> dict[str, Any]:
+    """Device names, library versions, date and the command: the header of every result file."""
+    import transformers
+
+    names = [torch.cuda.get_device_name(torch.device(d)) if torch.device(d).type == "cuda"
+             else platform.processor() or "cpu" for d in devices]
+    return {"devices": names, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": command()}
+
+
+def write_result(stem: str | Path, doc: dict[str, Any], markdown: str = "") -> None:
+    """``stem.json`` (``doc`` plus the regenerating command, if missing) and ``stem.md`` (a table)."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"command": command(), **doc}
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    if markdown:
+        stem.with_suffix(".md").write_text(markdown.rstrip() + f"\n\nRegenerate: `{doc['command']}`\n")
+
+
+def tiny_qwen2(hidden: int, layers: int, seed: int, device: str = "cpu", dtype: torch.dtype = torch.float32,
+               vocab: int = 256):
+    """A seeded random Qwen2 for CPU smoke runs of the GPU benchmarks."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2)
+    return Qwen2ForCausalLM(cfg).to(device, dtype).eval()
+
+
+def random_pair(shape: str, device: str, dtype: torch.dtype = torch.bfloat16, tiny_layers: int = 3):
+    """``(llm, slm)``, seeded, on ``device``: random Qwen2 7B + 1.5B shapes (``qwen2``), or a tiny pair (``tiny``)."""
+    if shape == "tiny":
+        return tiny_qwen2(64, tiny_layers, 0, device, dtype), tiny_qwen2(32, 2, 1, device, dtype)
+    from hf_rstitch.latency.profiler import random_qwen2
+
+    return random_qwen2("7b", dtype, device, seed=0), random_qwen2("1.5b", dtype, device, seed=1)
+
+
+def share_route(n: int, llm_share: float, llm_run: float, seed: int) -> list[str]:
+    """A route of ``n`` roles with about ``llm_share`` LLM tokens in runs of mean length ``llm_run``."""
+    return route(n, round(llm_share * n), llm_run, seed=seed)
+
+
+def switch_route(n: int, n_switches: int, seed: int) -> list[str]:
+    """A route of ``n`` roles with about ``n_switches`` control changes (half the tokens the LLM's)."""
+    if n_switches <= 0:
+        return ["slm"] * n
+    llm_tokens = n // 2
+    return route(n, llm_tokens, max(1.0, llm_tokens / max(1, (n_switches + 1) // 2)), seed=seed)

@@ -1,0 +1,89 @@
+"""Evaluation through continuous batching: ``rstitch eval --batch-size N`` with N > 1.
+
+Each method runs as one :class:`~hf_rstitch.engine.RequestEngine` over all its problems: up to N
+problems decode together, and a problem that finishes hands its row to the next one at once.
+Greedy outputs equal the batch-size-1 harness's (each request equals its solo ``generate``), so
+accuracy and token counts are those of :mod:`.runner`; ``latency_s`` is the request's own wall
+time in the batch (from the step that admitted it to the step that finished it), and every record
+says the ``batch_size`` it shared. Methods the engine cannot run (speculative decoding:
+transformers' assisted generation is batch size 1 only) stay with :func:`.runner.run_eval`.
+Records go to the same resumable store, one per (dataset, problem, method), as they finish.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .data import Problem, prompt_ids
+from .methods import Method, eos_ids
+from .runner import RecordStore, _progress, make_record
+
+
+def engine_methods(methods: list[Method]) -> tuple[list[Method], list[Method]]:
+    """(methods the request engine runs, methods left to the batch-size-1 harness)."""
+    return [m for m in methods if m.engine_spec() is not None], [m for m in methods if m.engine_spec() is None]
+
+
+def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: Any, store: RecordStore, *,
+                   batch_size: int, instruction: str = "", chat_template: bool = True, progress: bool = True,
+                   save_traces: bool = False) -> list[dict[str, Any]]:
+    """Every engine-capable method on every problem not already in ``store``; the new records."""
+    from hf_rstitch.engine import Request, RequestEngine
+
+    done = store.done()
+    todo = {m.name: [p for p in problems if (p.dataset, p.id, m.name) not in done] for m in methods}
+    total = sum(len(v) for v in todo.values())
+    if total == 0:
+        return []
+    bar = _progress(total, progress)
+    prompts = {(p.dataset, p.id): prompt_ids(tokenizer, p.problem, instruction, chat_template) for p in problems}
+    records: list[dict[str, Any]] = []
+    try:
+        for method in methods:
+            if not todo[method.name]:
+                continue
+            spec, s = method.engine_spec(), method.settings
+            eos = eos_ids(method.llm, method.slm)
+            engine = RequestEngine(method.llm, method.slm, max_batch=batch_size, policy=spec.get("policy"))
+            by_id = {}
+            for i, p in enumerate(todo[method.name]):
+                rid = f"{i}"
+                by_id[rid] = p
+                engine.submit(Request(prompts[(p.dataset, p.id)], max_new_tokens=s.max_new_tokens, eos_token_id=sorted(eos),
+                                      do_sample=s.do_sample, temperature=s.temperature, top_p=s.top_p,
+                                      seed=s.seed if s.do_sample else None, request_id=rid, role=spec.get("role")))
+            for rec in _drain(engine, method, by_id, prompts, tokenizer, eos, batch_size, save_traces):
+                store.append(rec)
+                records.append(rec)
+                if bar is not None:
+                    bar.set_postfix_str(f"{rec['dataset']}/{rec['id']} {method.name} B={batch_size} "
+                                        f"{'ok' if rec['correct'] else 'x'}", refresh=False)
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return records
+
+
+def _drain(engine, method: Method, by_id: dict, prompts: dict, tokenizer: Any, eos: set[int], batch_size: int,
+           save_traces: bool):
+    """Step ``engine`` until empty, yielding one record per finished request."""
+    started: dict[str, float] = {}
+    tokens: dict[str, list[int]] = {}
+    while engine.has_work():
+        t0 = time.perf_counter()
+        events = engine.step()  # ends with a host copy of the step's tokens: the device is done
+        t1 = time.perf_counter()
+        for e in events:
+            started.setdefault(e.request_id, t0)
+            if e.token is not None:
+                tokens.setdefault(e.request_id, []).append(e.token)
+            if not e.finished:
+                continue
+            p = by_id[e.request_id]
+            counts = {**e.trace.summary(), "_trace": e.trace}
+            new = tokens.pop(e.request_id, [])
+            rec = make_record(p, method, tokenizer, len(prompts[(p.dataset, p.id)]), new, counts,
+                              t1 - started.pop(e.request_id), eos, method.settings.max_new_tokens, save_traces)
+            yield {**rec, "batch_size": batch_size}

@@ -1,0 +1,47 @@
+"""``rstitch eval --batch-size N``: continuous batching gives every problem the record it gets alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_rstitch.eval import EvalConfig, evaluate
+
+KEYS = ("output", "correct", "new_tokens", "llm_tokens", "slm_tokens", "switches")
+
+
+@pytest.fixture(scope="module")
+def pair64(pair):
+    llm, slm = pair
+    return llm.double(), slm.double()
+
+
+def _run(tmp_path, name, bench_file, tokenizer, pair64, batch_size, **kw):
+    llm, slm = pair64
+    cfg = EvalConfig(llm="tiny-llm", slm="tiny-slm", data=[str(bench_file)], max_new_tokens=12, out=str(tmp_path / name),
+                     progress=False, plots=False, batch_size=batch_size, **kw)
+    evaluate(cfg, llm=llm, slm=slm, tokenizer=tokenizer)
+    lines = (tmp_path / name / "records.jsonl").read_text().splitlines()
+    return {(r["id"], r["method"]): r for r in map(json.loads, lines)}
+
+
+def test_batched_records_equal_batch_size_one(tmp_path, bench_file, tokenizer, pair64):
+    methods = dict(methods=["llm", "slm", "specdec", "rstitch"], thresholds=[0.0, 0.5, 1.0])
+    one = _run(tmp_path, "b1", bench_file, tokenizer, pair64, 1, **methods)
+    two = _run(tmp_path, "b2", bench_file, tokenizer, pair64, 2, **methods)
+    assert one.keys() == two.keys() and len(one) == 3 * 6
+    for k, rec in one.items():
+        assert {f: two[k][f] for f in KEYS} == {f: rec[f] for f in KEYS}, k
+        assert two[k].get("batch_size", 1) == (1 if k[1] == "specdec" else 2)  # assisted generation: B = 1 only
+        assert two[k]["latency_s"] > 0
+    # resuming a batched run re-runs nothing
+    again = _run(tmp_path, "b2", bench_file, tokenizer, pair64, 2, **methods)
+    assert again == two
+
+
+def test_batch_size_is_validated_and_defaults_by_device():
+    with pytest.raises(ValueError, match="--batch-size must be a positive integer"):
+        EvalConfig(llm="a", slm="b", data=["x.jsonl"], batch_size=0)
+    cfg = EvalConfig(llm="a", slm="b", data=["x.jsonl"])
+    assert cfg.batch_size_on("cpu") == 1 and cfg.batch_size_on("cuda:0") == 16
