@@ -44,6 +44,7 @@ class ServerSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     threshold: float | None = None  # the engine's default tau, reported by /health
+    router: str | None = None  # the R-Stitch+ router every request routes with (then no per-request tau)
     disconnect_poll_s: float = 0.25  # how often a waiting handler checks that its client is still there
 
 
@@ -75,7 +76,7 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
     async def health() -> JSONResponse:
         ok = driver.alive and driver.accepting
         body = {"status": "ok" if ok else ("draining" if driver.alive else "stopped"), "model": settings.model_name,
-                "pid": os.getpid(), "threshold": settings.threshold, "running": engine.running, "waiting": engine.waiting,
+                "pid": os.getpid(), "threshold": settings.threshold, "router": settings.router, "running": engine.running, "waiting": engine.waiting,
                 "in_flight": driver.in_flight, "max_pending": driver.max_pending, "steps": driver.steps,
                 "completed": driver.completed, "last_error": driver.last_error}
         return JSONResponse(body, status_code=200 if ok else 503)
@@ -164,6 +165,9 @@ def build_request(body, ids: list[int], request_id: str, settings: ServerSetting
 
     if not ids:
         raise BadRequest("the prompt tokenized to nothing; send some text", param="prompt")
+    if settings.router and body.stitch_threshold is not None:
+        raise BadRequest(f"this server routes every request with the R-Stitch+ router {settings.router!r} "
+                         "(rstitch serve --router); drop stitch_threshold", param="stitch_threshold")
     sampling = body.sampling(settings.do_sample, settings.temperature, settings.top_p)
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     return EngineRequest(input_ids=ids, max_new_tokens=token_budget(body.token_budget(), len(ids), settings, param),

@@ -22,8 +22,8 @@ class ServeConfig:
     threshold: float = field(default=0.02, metadata={
         "help": "default R-Stitch entropy threshold tau in [0, 1]; a request may set its own `stitch_threshold`"})
     router: str = field(default="", metadata={
-        "help": "R-Stitch+ router (folder or Hub id) instead of the threshold: refused for now (the request engine "
-                "routes by threshold only)"})
+        "help": "R-Stitch+ router (folder or Hub id, e.g. hf_rstitch/assets/router) instead of the threshold: it "
+                "routes every request with its own trained threshold, and requests may not set stitch_threshold"})
     host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
     port: int = field(default=8000, metadata={"help": "TCP port to listen on"})
     device: str = field(default="cpu", metadata={"help": "torch device of both models (e.g. cpu, cuda, cuda:1)"})
@@ -60,9 +60,6 @@ class ServeConfig:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         if self.drain_timeout < 0:
             raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout}")
-        if self.router:
-            raise ValueError("--router is not supported yet: the request engine routes every row by its entropy "
-                             "threshold; serve with --threshold (and per-request stitch_threshold)")
 
     @property
     def served_name(self) -> str:
@@ -87,10 +84,16 @@ def load_models(cfg: ServeConfig):
 
 
 def build_engine(cfg: ServeConfig, llm, slm):
-    """The request engine over the pair (continuous batching, ``cfg.max_batch`` rows)."""
+    """The request engine over the pair (continuous batching, ``cfg.max_batch`` rows); with
+    ``cfg.router``, every request routes with that R-Stitch+ router."""
     from ..engine.requests import RequestEngine
 
-    return RequestEngine(llm, slm, threshold=cfg.threshold, max_batch=cfg.max_batch)
+    policy = None
+    if cfg.router:
+        from ..router.policy import policy_from_router
+
+        policy = policy_from_router(cfg.router, slm)
+    return RequestEngine(llm, slm, threshold=cfg.threshold, max_batch=cfg.max_batch, policy=policy)
 
 
 def settings_for(cfg: ServeConfig, llm) -> Any:
@@ -104,7 +107,8 @@ def settings_for(cfg: ServeConfig, llm) -> Any:
         vocab_size=int(llm.config.get_text_config().vocab_size), max_pending=cfg.max_batch + cfg.max_queue,
         drain_timeout_s=cfg.drain_timeout, do_sample=bool(gen.do_sample),
         temperature=float(gen.temperature if gen.temperature is not None else 1.0),
-        top_p=float(gen.top_p if gen.top_p is not None else 1.0), threshold=cfg.threshold)
+        top_p=float(gen.top_p if gen.top_p is not None else 1.0), threshold=None if cfg.router else cfg.threshold,
+        router=cfg.router or None)
 
 
 def build_server(cfg: ServeConfig):

@@ -22,8 +22,8 @@ def problem(i: int) -> str:
     return load_test_split()[i]["problem"]
 
 
-def solo(i: int, tau: float | None, max_tokens: int) -> dict:
-    """Greedy solo generate: the completion text and its stitch counts."""
+def solo(i: int, tau: float | None, max_tokens: int, router: str | None = None) -> dict:
+    """Greedy solo generate (with the threshold, or ``router``): the completion text and its stitch counts."""
     import torch
 
     import hf_rstitch  # noqa: F401
@@ -31,9 +31,9 @@ def solo(i: int, tau: float | None, max_tokens: int) -> dict:
 
     llm, slm, tok = pair()
     ids = torch.tensor([prompt_ids(tok, problem(i), instruction="")])
+    routing = dict(stitch_router=router) if router else dict(stitch_threshold=SERVER_TAU if tau is None else tau)
     out = llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm, do_sample=False,
-                       stitch_threshold=SERVER_TAU if tau is None else tau, max_new_tokens=max_tokens,
-                       return_dict_in_generate=True)
+                       max_new_tokens=max_tokens, return_dict_in_generate=True, **routing)
     new = out.sequences[0, ids.shape[1]:].tolist()
     trace = out.stitch
     return {"text": tok.decode(new, skip_special_tokens=True), "completion_tokens": trace.n_tokens,

@@ -49,6 +49,27 @@ def test_concurrent_requests_equal_solo_generate(one_thread):
     assert streamed == answers[0]["text"] and chunks[-1]["usage"]["llm_tokens"] == answers[0]["llm_tokens"]
 
 
+def test_router_serving_equals_solo_generate_with_the_router(one_thread):
+    from hf_rstitch.serve.app import create_app
+    from hf_rstitch.serve.config import ServeConfig, build_engine, settings_for
+    from hf_rstitch.toyworld.pair import ASSETS
+
+    router = str(ASSETS.parent / "router")
+    llm, slm, tok = pair()
+    cfg = ServeConfig(router=router, max_batch=2)
+    app = create_app(build_engine(cfg, llm, slm), tok, settings_for(cfg, llm))
+    cases = [(i, None, m) for i, _, m in CASES[:4]]
+    with LiveServer(app) as srv, ThreadPoolExecutor(len(cases)) as pool:
+        answers = list(pool.map(lambda c: httpx.post(srv.url + "/v1/chat/completions", json=body(*c), timeout=120)
+                                .json(), cases))
+        refused = httpx.post(srv.url + "/v1/chat/completions", json=body(0, 0.1, 8), timeout=60)
+        health = httpx.get(srv.url + "/health").json()
+    for case, answer in zip(cases, answers):
+        assert got(answer) == solo(*case, router=router), case
+    assert refused.status_code == 400 and "drop stitch_threshold" in refused.json()["error"]["message"]
+    assert health["router"] == router and health["threshold"] is None
+
+
 def test_disconnect_frees_the_real_engines_row(one_thread):
     from hf_rstitch.engine.requests import RequestEngine
     from hf_rstitch.serve.app import create_app
