@@ -39,6 +39,8 @@ MODULES = (
     "core/sampling.py",
     "core/trace.py",
     "engine/lane.py",
+    "engine/protocol.py",
+    "engine/step.py",
     "engine/loop.py",
     "hf/output.py",
     "hf/checks.py",

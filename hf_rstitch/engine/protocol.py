@@ -32,6 +32,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from ..core.roles import Role
+from .lane import Lane
 
 
 @runtime_checkable
@@ -59,8 +60,6 @@ class EagerEngine:
         self.built: dict[Role, object] = {}
 
     def lanes(self, llm, slm, vocab: int, batch: int, capacity: int = 0, timing: bool = False) -> dict:
-        from .lane import Lane
-
         self.built = {Role.LLM: Lane(llm, Role.LLM, vocab, batch, timing=timing or self.timing),
                       Role.SLM: Lane(slm, Role.SLM, vocab, batch, timing=timing or self.timing)}
         return self.built

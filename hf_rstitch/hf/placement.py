@@ -21,6 +21,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..core.roles import Role
+from ..engine.protocol import EagerEngine
 
 _OFFLOAD = ("cpu", "disk")
 
@@ -89,8 +90,6 @@ def check_placement(
     for model, role in ((llm, Role.LLM), (slm, Role.SLM)):
         _check_loaded(model, role)
         _check_parallelism_kind(model, role)
-    from ..engine.protocol import EagerEngine
-
     if not ((isinstance(engine, str) and engine == "default") or isinstance(engine, EagerEngine)):
         for model, role in ((llm, Role.LLM), (slm, Role.SLM)):
             if is_sharded(model):
