@@ -10,7 +10,7 @@ import importlib
 import sys
 
 # Subcommand modules, in the order --help lists them.
-SUBCOMMANDS = ["demo", "generate", "eval", "tune", "profile", "train_router", "toyworld", "export_hub_template"]
+SUBCOMMANDS = ["demo", "generate", "eval", "tune", "serve", "profile", "train_router", "toyworld", "export_hub_template"]
 
 
 def _load_subcommands() -> list:

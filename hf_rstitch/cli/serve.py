@@ -1,0 +1,56 @@
+"""``rstitch serve``: an OpenAI-compatible HTTP endpoint over the continuous-batching engine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..serve.config import ServeConfig, is_loopback
+from .args import add_dataclass_args, dataclass_from_args
+
+NAME = "serve"
+HELP = "serve R-Stitch over HTTP: OpenAI-compatible /v1/chat/completions and /v1/completions"
+DESCRIPTION = (
+    "Loads an LLM and an SLM that share a tokenizer (default: the shipped toy-world pair) and serves them "
+    "with FastAPI + uvicorn: GET /health, GET /v1/models, POST /v1/chat/completions and POST /v1/completions "
+    "(OpenAI schema, stream=true as server-sent events, per-request `stitch_threshold`, usage with "
+    "llm_tokens / slm_tokens / switches). Concurrent requests share one continuous batch of --max-batch rows. "
+    "--replicas N > 1 runs N copies behind Ray Serve. Needs: pip install 'hf-rstitch[serve]'."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_args(parser, ServeConfig)
+
+
+def _need(module: str, extra: str) -> bool:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        print(f"rstitch serve: error: needs the `{module}` package; install it with "
+              f"pip install 'hf-rstitch[{extra}]'", file=sys.stderr)
+        return False
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = dataclass_from_args(ServeConfig, args)
+    if not all(_need(m, "serve") for m in ("fastapi", "uvicorn")):
+        return 2
+    if not is_loopback(cfg.host):
+        print(f"rstitch serve: listening on {cfg.host}: the server has no authentication; put it behind a proxy "
+              "that has", file=sys.stderr)
+    if cfg.replicas > 1 or cfg.ray_address:
+        if not _need("ray", "serve-ray"):
+            return 2
+        from ..serve.replicas import run_replicas
+
+        return run_replicas(cfg)
+    import uvicorn
+
+    from ..serve.config import build_server
+
+    app = build_server(cfg)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, timeout_graceful_shutdown=int(cfg.drain_timeout) + 1,
+                log_level="info")
+    return 0

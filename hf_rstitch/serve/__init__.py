@@ -1,0 +1,16 @@
+"""Serving: R-Stitch behind an OpenAI-compatible HTTP API (``rstitch serve``).
+
+* :mod:`.driver` -- the background thread that drives the request engine's ``step()``;
+* :mod:`.protocol` / :mod:`.responses` -- OpenAI request and response bodies;
+* :mod:`.app` -- the FastAPI app (``create_app``);
+* :mod:`.config` -- ``ServeConfig`` and ``build_server`` (what the CLI and each replica run);
+* :mod:`.replicas` -- several replicas across GPUs and machines on Ray Serve.
+
+Importing this package loads neither FastAPI nor torch; the web stack is the optional extra
+``pip install 'hf-rstitch[serve]'``.
+"""
+
+from .config import ServeConfig
+from .driver import EngineDriver, QueueFull, ShuttingDown
+
+__all__ = ["EngineDriver", "QueueFull", "ServeConfig", "ShuttingDown"]

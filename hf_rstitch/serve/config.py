@@ -1,0 +1,125 @@
+"""``ServeConfig``: what ``rstitch serve`` (and each Ray Serve replica) needs to build a server.
+
+One dataclass, so the CLI flags, their help and their validation live in one place, and a replica
+on another machine rebuilds exactly the server the command line described (the config is plain
+data and pickles). :func:`build_server` loads the pair and returns the app; the web stack is
+imported only there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass
+class ServeConfig:
+    llm: str = field(default="", metadata={"help": "LLM folder or Hub id (default: the shipped pair's LLM)"})
+    slm: str = field(default="", metadata={"help": "SLM folder or Hub id (default: the shipped pair's SLM)"})
+    threshold: float = field(default=0.02, metadata={
+        "help": "default R-Stitch entropy threshold tau in [0, 1]; a request may set its own `stitch_threshold`"})
+    router: str = field(default="", metadata={
+        "help": "R-Stitch+ router (folder or Hub id, e.g. hf_rstitch/assets/router) instead of the threshold: it "
+                "routes every request with its own trained threshold, and requests may not set stitch_threshold"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    port: int = field(default=8000, metadata={"help": "TCP port to listen on"})
+    device: str = field(default="cpu", metadata={"help": "torch device of both models (e.g. cpu, cuda, cuda:1)"})
+    dtype: str = field(default="float32", metadata={"help": "model dtype",
+                                                     "choices": ["float32", "bfloat16", "float16"]})
+    max_batch: int = field(default=8, metadata={"help": "rows of the continuous batch (requests decoded at once)"})
+    max_queue: int = field(default=64, metadata={
+        "help": "requests that may wait for a free row; beyond max-batch + max-queue the server answers 429"})
+    max_tokens: int = field(default=256, metadata={"help": "completion budget of a request that sets no max_tokens"})
+    model_name: str = field(default="", metadata={
+        "help": "model id that /v1/models lists and responses carry (default: the LLM folder's name)"})
+    drain_timeout: float = field(default=30.0, metadata={
+        "help": "on SIGTERM, seconds that running requests get to finish before they are cancelled"})
+    replicas: int = field(default=1, metadata={
+        "help": "server replicas; more than 1 runs them on Ray Serve (pip install 'hf-rstitch[serve-ray]')"})
+    ray_address: str = field(default="", metadata={
+        "help": "Ray cluster to join for replicas (e.g. 'auto' on a cluster node; default: a local Ray instance)"})
+    gpus_per_replica: float = field(default=0.0, metadata={
+        "help": "GPUs Ray reserves for each replica (1 puts one replica on each GPU; with --device cuda)"})
+    cpus_per_replica: float = field(default=1.0, metadata={"help": "CPUs Ray reserves for each replica"})
+
+    def __post_init__(self):
+        from ..core.policies import check_threshold
+
+        self.threshold = check_threshold(self.threshold, "--threshold")
+        if bool(self.llm) != bool(self.slm):
+            raise ValueError("pass both --llm and --slm, or neither (to serve the shipped pair)")
+        for name in ("max_batch", "max_tokens", "replicas"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.max_queue < 0:
+            raise ValueError(f"--max-queue must be >= 0, got {self.max_queue}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in [0, 65535], got {self.port}")
+        if self.drain_timeout < 0:
+            raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout}")
+
+    @property
+    def served_name(self) -> str:
+        return self.model_name or (Path(self.llm).name if self.llm else "rstitch-toyworld-pair")
+
+
+def load_models(cfg: ServeConfig):
+    """``(llm, slm, tokenizer)`` on ``cfg.device`` in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not cfg.llm:
+        from ..toyworld.pair import load_pair
+
+        llm, slm, tok = load_pair(cfg.device)
+        dtype = getattr(torch, cfg.dtype)
+        return llm.to(dtype), slm.to(dtype), tok
+    dtype = getattr(torch, cfg.dtype)
+    llm = AutoModelForCausalLM.from_pretrained(cfg.llm, dtype=dtype).to(cfg.device).eval()
+    slm = AutoModelForCausalLM.from_pretrained(cfg.slm, dtype=dtype).to(cfg.device).eval()
+    return llm, slm, AutoTokenizer.from_pretrained(cfg.llm)
+
+
+def build_engine(cfg: ServeConfig, llm, slm):
+    """The request engine over the pair (continuous batching, ``cfg.max_batch`` rows); with
+    ``cfg.router``, every request routes with that R-Stitch+ router."""
+    from ..engine.requests import RequestEngine
+
+    policy = None
+    if cfg.router:
+        from ..router.policy import policy_from_router
+
+        policy = policy_from_router(cfg.router, slm)
+    return RequestEngine(llm, slm, threshold=cfg.threshold, max_batch=cfg.max_batch, policy=policy)
+
+
+def settings_for(cfg: ServeConfig, llm) -> Any:
+    """Endpoint settings: context window, vocabulary and sampling defaults read from the LLM."""
+    from .app import ServerSettings
+
+    gen = llm.generation_config
+    return ServerSettings(
+        model_name=cfg.served_name, default_max_tokens=cfg.max_tokens,
+        max_context=getattr(llm.config.get_text_config(), "max_position_embeddings", None),
+        vocab_size=int(llm.config.get_text_config().vocab_size), max_pending=cfg.max_batch + cfg.max_queue,
+        drain_timeout_s=cfg.drain_timeout, do_sample=bool(gen.do_sample),
+        temperature=float(gen.temperature if gen.temperature is not None else 1.0),
+        top_p=float(gen.top_p if gen.top_p is not None else 1.0), threshold=None if cfg.router else cfg.threshold,
+        router=cfg.router or None)
+
+
+def build_server(cfg: ServeConfig):
+    """Load the pair and return the FastAPI app serving it."""
+    import hf_rstitch  # noqa: F401  (registers stitched generate)
+
+    from .app import create_app
+
+    llm, slm, tok = load_models(cfg)
+    return create_app(build_engine(cfg, llm, slm), tok, settings_for(cfg, llm))
+
+
+def is_loopback(host: str) -> bool:
+    return host in _LOOPBACK

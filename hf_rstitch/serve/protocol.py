@@ -1,0 +1,144 @@
+"""The OpenAI request bodies the server accepts, and their translation into engine requests.
+
+``ChatCompletionRequest`` and ``CompletionRequest`` follow the OpenAI schema for the fields that
+stitched decoding can honour, plus one extra field, ``stitch_threshold`` (this request's R-Stitch
+tau). Fields the server cannot honour (``n > 1``, ``stop``, penalties, ``logprobs``, tools, ...)
+are refused with a message rather than ignored; unknown fields are refused too, so a misspelt
+``stitch_treshold`` does not silently decode at the default. Sampling: no ``temperature`` and no
+``top_p`` means the LLM's generation config decides (greedy for the shipped pair);
+``temperature: 0`` is greedy; anything else samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_UNSUPPORTED_HINT = ("this server decodes one choice per request with R-Stitch; drop the field or leave it at its "
+                     "default")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    """Fields shared by both endpoints."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    stitch_threshold: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="R-Stitch normalized-entropy threshold tau for this request")
+    # accepted only at their OpenAI defaults
+    n: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: Any = None
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self):
+        bad = []
+        if self.n not in (None, 1):
+            bad.append(f"n={self.n} (only n=1)")
+        if self.stop not in (None, [], ""):
+            bad.append("stop (stop sequences are not supported; the model's EOS ends a completion)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                bad.append(f"{name}={getattr(self, name)}")
+        if self.logit_bias:
+            bad.append("logit_bias")
+        if self.logprobs not in (None, False, 0):
+            bad.append("logprobs")
+        if bad:
+            raise ValueError(f"unsupported: {', '.join(bad)}; {_UNSUPPORTED_HINT}")
+        return self
+
+    def sampling(self, default_sample: bool, default_temperature: float, default_top_p: float) -> dict[str, Any]:
+        """``do_sample / temperature / top_p`` for the engine request (see the module docstring)."""
+        if self.temperature is None and self.top_p is None:
+            return dict(do_sample=default_sample, temperature=default_temperature, top_p=default_top_p)
+        temperature = default_temperature if self.temperature is None else self.temperature
+        if temperature == 0.0:
+            return dict(do_sample=False, temperature=1.0, top_p=1.0)
+        return dict(do_sample=True, temperature=temperature, top_p=default_top_p if self.top_p is None else self.top_p)
+
+    @property
+    def include_usage_chunk(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_call_id, ... pass through to the template
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        """The message's text; a list of content parts keeps only (and needs only) ``text`` parts."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        kinds = {part.get("type") for part in self.content}
+        if kinds - {"text"}:
+            raise ValueError(f"only text content parts are supported, got {sorted(map(str, kinds - {'text'}))}")
+        return "".join(str(part.get("text", "")) for part in self.content)
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: Any = None
+    tool_choice: Any = None
+    response_format: Any = None
+    top_logprobs: int | None = None
+
+    @model_validator(mode="after")
+    def _refuse_chat_unsupported(self):
+        for name in ("tools", "tool_choice", "response_format", "top_logprobs"):
+            if getattr(self, name) not in (None, [], "none"):
+                raise ValueError(f"unsupported: {name}; {_UNSUPPORTED_HINT}")
+        return self
+
+    def token_budget(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [{**m.model_dump(exclude_none=True), "content": m.text()} for m in self.messages]
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise ValueError(f"send one prompt per request (got a list of {len(prompt)}); the server batches "
+                                 "concurrent requests itself")
+            prompt = prompt[0]
+        if isinstance(prompt, (str, list)) and len(prompt) == 0:
+            raise ValueError("prompt is empty")
+        return prompt
+
+    @model_validator(mode="after")
+    def _refuse_completion_unsupported(self):
+        if self.echo or self.suffix or self.best_of not in (None, 1):
+            raise ValueError(f"unsupported: echo / suffix / best_of; {_UNSUPPORTED_HINT}")
+        return self
+
+    def token_budget(self) -> int | None:
+        return self.max_tokens

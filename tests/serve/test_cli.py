@@ -1,0 +1,40 @@
+"""``rstitch serve`` flags: listed in --help, validated with messages (no model is loaded)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_rstitch.cli.main import build_parser, main
+
+
+def test_help_lists_the_issue_flags():
+    sub = build_parser()._subparsers._group_actions[0].choices["serve"]
+    flags = {o for a in sub._actions for o in a.option_strings}
+    assert {"--llm", "--slm", "--threshold", "--router", "--host", "--port", "--device", "--max-batch",
+            "--max-queue", "--replicas"} <= flags
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--max-batch", "0"], "--max-batch must be >= 1, got 0"),
+    (["--threshold", "2"], "`--threshold` must be a finite number in [0, 1]"),
+    (["--llm", "some/folder"], "pass both --llm and --slm, or neither"),
+    (["--port", "70000"], "--port must be in [0, 65535], got 70000"),
+])
+def test_bad_flags_exit_2_with_a_message(argv, needle, capsys):
+    assert main(["serve", *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_serve_help_and_package_import_load_no_torch_and_no_web_stack():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import contextlib, io, sys\nfrom hf_rstitch.cli.main import main\nimport hf_rstitch.serve\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        main(['serve', '--help'])\n    except SystemExit:\n        pass\n"
+            "print(' '.join(m for m in ('torch', 'transformers', 'fastapi', 'uvicorn', 'ray') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == []

@@ -1,0 +1,136 @@
+"""The shipped pair end to end: concurrent requests share the real request engine's batch and each
+greedy answer equals its solo ``generate`` (text and stitch counts); ``rstitch serve`` drains a
+running request on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hf_rstitch.toyworld.pair import assets_present
+from serve.helpers import sse_events
+from serve.live import LiveServer
+from serve.pair_cases import CASES, SERVER_TAU, body, got, pair, solo
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not assets_present(), reason="shipped toy-world pair absent")]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_concurrent_requests_equal_solo_generate(one_thread):
+    from hf_rstitch.engine.requests import RequestEngine
+    from hf_rstitch.serve.app import create_app
+    from hf_rstitch.serve.config import ServeConfig, settings_for
+
+    llm, slm, tok = pair()
+    engine = RequestEngine(llm, slm, threshold=SERVER_TAU, max_batch=4)  # 6 requests: some wait for a row
+    app = create_app(engine, tok, settings_for(ServeConfig(threshold=SERVER_TAU, max_batch=4), llm))
+    with LiveServer(app) as srv, ThreadPoolExecutor(len(CASES)) as pool:
+        def ask(case):
+            r = httpx.post(srv.url + "/v1/chat/completions", json=body(*case), timeout=120)
+            assert r.status_code == 200, r.text
+            return got(r.json())
+
+        answers = list(pool.map(ask, CASES))
+        # and one streamed: the concatenated deltas are the same text
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body(*CASES[0], stream=True),
+                          timeout=120) as r:
+            chunks = sse_events(r.iter_lines())[:-1]
+    for case, answer in zip(CASES, answers):
+        assert answer == solo(*case), case
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert streamed == answers[0]["text"] and chunks[-1]["usage"]["llm_tokens"] == answers[0]["llm_tokens"]
+
+
+def test_router_serving_equals_solo_generate_with_the_router(one_thread):
+    from hf_rstitch.serve.app import create_app
+    from hf_rstitch.serve.config import ServeConfig, build_engine, settings_for
+    from hf_rstitch.toyworld.pair import ASSETS
+
+    router = str(ASSETS.parent / "router")
+    llm, slm, tok = pair()
+    cfg = ServeConfig(router=router, max_batch=2)
+    app = create_app(build_engine(cfg, llm, slm), tok, settings_for(cfg, llm))
+    cases = [(i, None, m) for i, _, m in CASES[:4]]
+    with LiveServer(app) as srv, ThreadPoolExecutor(len(cases)) as pool:
+        answers = list(pool.map(lambda c: httpx.post(srv.url + "/v1/chat/completions", json=body(*c), timeout=120)
+                                .json(), cases))
+        refused = httpx.post(srv.url + "/v1/chat/completions", json=body(0, 0.1, 8), timeout=60)
+        health = httpx.get(srv.url + "/health").json()
+    for case, answer in zip(cases, answers):
+        assert got(answer) == solo(*case, router=router), case
+    assert refused.status_code == 400 and "drop stitch_threshold" in refused.json()["error"]["message"]
+    assert health["router"] == router and health["threshold"] is None
+
+
+def test_disconnect_frees_the_real_engines_row(one_thread):
+    from hf_rstitch.engine.requests import RequestEngine
+    from hf_rstitch.serve.app import create_app
+    from hf_rstitch.serve.config import ServeConfig, settings_for
+
+    llm, slm, tok = pair()
+    engine = RequestEngine(llm, slm, threshold=0.0, max_batch=2)  # tau 0: the LLM writes all 300 tokens
+    app = create_app(engine, tok, settings_for(ServeConfig(threshold=0.0, max_batch=2), llm))
+    with LiveServer(app) as srv:
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body(0, None, 300, stream=True),
+                          timeout=60) as r:
+            for n, _ in enumerate(r.iter_lines()):
+                if n == 4:
+                    break
+        deadline = time.monotonic() + 10
+        while (engine.running or app.state.driver.in_flight) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.running == 0 and app.state.driver.in_flight == 0
+        assert app.state.driver.completed == 0  # cancelled, not run to its 300 tokens
+        assert httpx.post(srv.url + "/v1/chat/completions", json=body(1, None, 8), timeout=60).status_code == 200
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_serve_drains_on_sigterm():
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "hf_rstitch.cli.main", "serve", "--port", str(port),
+                             "--threshold", "0.0"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        lines = []
+        # tau 0: every token from the LLM, 200 of them: long enough to be running at SIGTERM
+        with httpx.stream("POST", url + "/v1/chat/completions", timeout=120,
+                          json=body(0, None, 200, stream=True)) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                if len(lines) == 3:
+                    proc.send_signal(signal.SIGTERM)
+        events = sse_events(lines)
+        assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+        # uvicorn re-raises the captured SIGTERM once it has shut down gracefully
+        assert proc.wait(60) in (0, -signal.SIGTERM)
+        assert "Finished server process" in proc.stdout.read()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
