@@ -91,8 +91,9 @@ def fast_section(llm, slm, args, res, budget):
         if not budget.allows(30):
             res["skipped"].append(f"fast B={batch}: time budget")
             continue
-        ids = eb.prompt_ids(llm.config.vocab_size, args.prompt).expand(batch, -1).contiguous()
-        ids = (ids + torch.arange(batch, device=ids.device)[:, None]) % llm.config.vocab_size  # rows differ
+        vocab = min(llm.config.vocab_size, slm.config.vocab_size)  # ids both models embed
+        ids = eb.prompt_ids(vocab, args.prompt).expand(batch, -1).contiguous()
+        ids = (ids + torch.arange(batch, device=ids.device)[:, None]) % vocab  # rows differ
         sec_build, _ = eb.timed(lambda: generate(llm, slm, ids, [["slm", "llm"]], engine, 2))  # builds / captures
         warm = sum(lane.warm_up(batch_sizes=[bucket_for(batch, lane.rows.sizes)]) for lane in engine._lanes.values())
         res["warm_up"].append({"batch": batch, "first_call_s": sec_build, "warm_up_every_bucket_s": warm,
