@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import engine_bench as eb  # noqa: E402  (the lab's shared helpers: bandwidth, weight bytes, timing)
 
 MATH = eb.MATH
-VARIANTS = {"graphs": FastConfig(), "compiled-decode": FastConfig(compile="decode"),
+VARIANTS = {"graphs": FastConfig(), "parts": FastConfig(compile="parts"), "compiled-decode": FastConfig(compile="decode"),
             "graphs-matmul": FastConfig(attention="matmul")}
 
 
@@ -61,9 +61,10 @@ def stitched_routes(batch: int, scale: float) -> list[list[str]]:
 def floor_seconds(routes: list[list[str]], prompt: int, facts: dict, bw: float) -> float:
     """Bytes the route's forwards must read over the copy bandwidth (see the module docstring)."""
     total = 0.0
+    alone = [len(set(r)) == 1 for r in routes]  # one model alone: it runs every step
     for i in range(len(routes[0])):
         for role in ("slm", "llm"):
-            need = [r for r in routes if _needs(r, i, role)]
+            need = [r for r, one in zip(routes, alone) if (r[0] == role if one else _needs(r, i, role))]
             if need:
                 f = facts[role]
                 total += f["decode_read_bytes"] + len(need) * (prompt + i) * f["kv_bytes_per_token"]
@@ -99,10 +100,11 @@ def fast_section(llm, slm, args, res, budget):
         res["warm_up"].append({"batch": batch, "first_call_s": sec_build, "warm_up_every_bucket_s": warm,
                                "graphs": engine.graph_count(), "capture_s": engine.capture_seconds()})
         print(f"[warm B={batch}] {res['warm_up'][-1]}", flush=True)
-        for method in ("llm_only", "stitched"):
-            if method == "llm_only":
+        methods = ("llm_only", "stitched") + (("slm_only",) if batch in args.slm_only_batches else ())
+        for method in methods:
+            if method.endswith("_only"):
                 n = round(MATH["llm_only_tokens"] * args.scale)
-                routes = [["llm"] * n] * batch
+                routes = [[method[:3]] * n] * batch
             else:
                 routes = stitched_routes(batch, args.scale)
                 n = len(routes[0])
@@ -170,6 +172,9 @@ def markdown(res) -> str:
                      f"{cell(st, 'seconds', '{:.2f}')} | {cell(st, 'x_floor', '{:.2f}')} | {speed} | "
                      f"{cell(lo, 'ms_per_step', '{:.2f}')} | {cell(pl, 'seconds', '{:.1f}')} | "
                      f"{cell(sc, 'seconds', '{:.1f}')} |")
+    for r in res["rows"]:
+        if r["method"] == "slm_only":
+            lines.append(f"\nSLM (1.5B) alone, B={r['batch']}: {r['ms_per_step']:.2f} ms/step, {r['x_floor']:.2f}x its floor.")
     lines += ["", "Warm-up per batch size (graphs captured for the batch bucket, every length bucket, both lanes):", ""]
     lines += [f"- B={w['batch']}: {w['warm_up_every_bucket_s']:.1f} s (first call {w['first_call_s']:.1f} s), "
               f"{w['graphs']} graphs in all" for w in res["warm_up"]]
@@ -183,6 +188,7 @@ def main() -> None:
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--static-batches", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--slm-only-batches", type=int, nargs="*", default=[1], help="also time the SLM alone here")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--baseline-new", type=int, default=128, help="new tokens for transformers' generate")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the MATH token counts (quick checks)")

@@ -49,7 +49,7 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 
 from ..core.roles import Role
-from . import gemv
+from . import gemv, regions
 from .buckets import bucket_for, bucket_sizes, round_up
 from .decode_attention import decode_attention
 from .graphs import GraphRunner
@@ -63,7 +63,9 @@ class FastConfig:
 
     max_bucket: int = 128  # largest catch-up graph (power of two); longer catch-ups run as several
     graphs: bool | None = None  # CUDA graphs; None: on CUDA devices
-    compile: str | None = None  # torch.compile before capture: None, "decode" (1-token steps) or "all" (buckets too)
+    # torch.compile: None; "parts" (norm, rotary and gated activation, symbolic shapes: one compile each per
+    # process, see .regions); whole steps before capture: "decode" (1-token steps) or "all" (buckets too)
+    compile: str | None = None
     compile_max_bucket: int = 16  # with compile="all": buckets up to this size are compiled (one compile each)
     warm_up: bool = False  # capture (and compile) every bucket when a lane is built, not on first use
     # static-cache attention: "split" (a Triton kernel reading the written slots only; where Triton runs, else
@@ -76,8 +78,8 @@ class FastConfig:
         bucket_sizes(self.max_bucket)  # validates
         if self.compile_max_bucket < 1:
             raise ValueError(f"compile_max_bucket must be >= 1, got {self.compile_max_bucket}")
-        if self.compile not in (None, "decode", "all"):
-            raise ValueError(f"compile must be None, 'decode' or 'all', got {self.compile!r}")
+        if self.compile not in (None, "parts", "decode", "all"):
+            raise ValueError(f"compile must be None, 'parts', 'decode' or 'all', got {self.compile!r}")
         if self.attention not in (*ATTENTIONS, "split"):
             raise ValueError(f"attention must be one of {sorted((*ATTENTIONS, 'split'))}, got {self.attention!r}")
 
@@ -160,7 +162,11 @@ class FastLane:
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
         self._decode_step = self._compiled_bucket = self._forward  # eager kernels (recorded in graphs on CUDA)
-        if config.compile is not None:  # static compiles: 1-token steps, and with "all" each bucket size
+        self._regions = None
+        if config.compile == "parts":
+            _allow_recompiles(64)  # symbolic shapes still specialise sizes 0 and 1 (batch 1, one-token steps)
+            self._regions = regions.plan(model)
+        elif config.compile is not None:  # static compiles: 1-token steps, and with "all" each bucket size
             _allow_recompiles(64)  # (a symbolic length took minutes on 7B)
             self._decode_step = torch.compile(self._forward, fullgraph=True, dynamic=False)
         if config.compile == "all":
@@ -330,7 +336,8 @@ class FastLane:
     @contextlib.contextmanager
     def _model_code(self):
         """Dispatch for the model's Python code: static-cache attention, tuned GEMV for one-row products."""
-        with static_attention_on(self.model, self._attention), gemv.gemv_linears_on(self.gemv_layers):
+        with static_attention_on(self.model, self._attention), gemv.gemv_linears_on(self.gemv_layers), \
+                regions.regions_on(self._regions):
             yield
 
     def _forward(self, ids: torch.Tensor, n_real, want_hidden: bool):

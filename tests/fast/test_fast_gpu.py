@@ -149,7 +149,8 @@ def _generate_batch(llm, slm, ids, mask, engine, **kw):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("compile,attention", [(None, "split"), (None, "matmul"), ("decode", "split")])
+@pytest.mark.parametrize("compile,attention", [(None, "split"), (None, "matmul"), ("decode", "split"),
+                                               ("parts", "split")])
 def test_fp32_batched_fast_engine_equals_default(compile, attention):
     """B = 5 (batch buckets 1, 2, 4, 5), prompts of 37/20/29/5/33 tokens left-padded, independent routes,
     rows 1 and 3 finishing early (an end token), so the batch bucket shrinks and cache rows move."""
