@@ -45,7 +45,7 @@ class FastEngine:
                 or lane.max_rows < batch):
             self._lanes.pop(role, None)  # free the old buffers before allocating new ones
             lane = FastLane(model, role, vocab, max(capacity, self.capacity), self.config,
-                            max_rows=max(batch, self.max_batch))
+                            max_rows=max(batch, self.max_batch, 1))
             self._lanes[role] = lane
             self.builds += 1
             if self.config.warm_up:  # every bucket now: no generation pays a capture or compile mid-way

@@ -32,7 +32,7 @@ attend to them. Prompts may be left-padded; those slots are masked out of their 
 
 Reuse: a lane keeps its graphs across generations (:meth:`reset`); graphs record the model's
 weight addresses, so replace no parameter tensors of a model while a lane for it is alive
-(in-place updates are fine). See :func:`hf_rstitch.fast.fast_lanes` for the cached builder.
+(in-place updates are fine). :class:`~hf_rstitch.fast.FastEngine` keeps lanes for reuse.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ import inspect
 import time
 import warnings
 import weakref
-from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -51,54 +50,11 @@ from transformers import AttentionInterface, PreTrainedModel
 from ..core.roles import Role
 from . import gemv, regions
 from .buckets import bucket_for, bucket_sizes, round_up
+from .config import FastConfig, check_supported
 from .decode_attention import decode_attention
 from .graphs import GraphRunner
 from .rows import RowSlots
-from .static_kv import ATTENTIONS, KV_CHUNK, StaticKV, static_attention, static_attention_on
-
-
-@dataclass(frozen=True)
-class FastConfig:
-    """Options of the fast engine (``generate(..., stitch_engine=FastConfig(...))``)."""
-
-    max_bucket: int = 128  # largest catch-up graph (power of two); longer catch-ups run as several
-    graphs: bool | None = None  # CUDA graphs; None: on CUDA devices
-    # torch.compile: None; "parts" (norm, rotary and gated activation, symbolic shapes: one compile each per
-    # process, see .regions); whole steps before capture: "decode" (1-token steps) or "all" (buckets too)
-    compile: str | None = None
-    compile_max_bucket: int = 16  # with compile="all": buckets up to this size are compiled (one compile each)
-    warm_up: bool = False  # capture (and compile) every bucket when a lane is built, not on first use
-    # static-cache attention: "split" (a Triton kernel reading the written slots only; where Triton runs, else
-    # "matmul"), "matmul" (chunked products over every slot) or "sdpa" (one fused call over every slot)
-    attention: str = "split"
-    gemv: bool | None = None  # tuned Triton kernel for one-row linear products; None: where Triton runs
-    fuse_qkv: bool = True  # with gemv: q/k/v projections as one product (a copy of their weights)
-
-    def __post_init__(self):
-        bucket_sizes(self.max_bucket)  # validates
-        if self.compile_max_bucket < 1:
-            raise ValueError(f"compile_max_bucket must be >= 1, got {self.compile_max_bucket}")
-        if self.compile not in (None, "parts", "decode", "all"):
-            raise ValueError(f"compile must be None, 'parts', 'decode' or 'all', got {self.compile!r}")
-        if self.attention not in (*ATTENTIONS, "split"):
-            raise ValueError(f"attention must be one of {sorted((*ATTENTIONS, 'split'))}, got {self.attention!r}")
-
-
-def check_supported(model: PreTrainedModel, batch_size: int = 1) -> None:
-    """Raise a clear error if ``model`` cannot run in a FastLane (any batch size >= 1)."""
-    if batch_size < 1:
-        raise ValueError(f"the fast engine needs at least one row, got batch size {batch_size}.")
-    config = model.config.get_text_config()
-    if getattr(model.config, "is_encoder_decoder", False):
-        raise ValueError("the fast engine supports decoder-only causal LMs only.")
-    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"} or getattr(config, "use_sliding_window", False):
-        raise ValueError(
-            f"the fast engine supports full-attention models only; {type(model).__name__} has layer types "
-            f"{sorted(kinds)} (sliding_window={getattr(config, 'sliding_window', None)}). Use stitch_engine='default'."
-        )
-    if "attention_mask" not in inspect.signature(model.forward).parameters:
-        raise ValueError(f"{type(model).__name__}.forward takes no attention_mask; the fast engine cannot drive it.")
+from .static_kv import KV_CHUNK, StaticKV, static_attention, static_attention_on
 
 
 def _sync(device: torch.device) -> None:
@@ -226,6 +182,56 @@ class FastLane:
         in_order = self.rows.in_order
         self._slot_index = None if in_order else torch.tensor(self.rows.slot, device=self.device)
 
+    # ---- continuous batching: rows join, the shared columns grow or shrink on the left ------------
+    def add_rows(self, seq: torch.Tensor, mask: torch.Tensor) -> None:
+        """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free
+        cache rows. Their first ``seen`` columns are prefilled now, eagerly and alone (logits discarded,
+        as :meth:`hf_rstitch.engine.Lane.add_rows`); the rest is read at the next :meth:`advance`. Their
+        trace records count from nothing seen, as in a solo run."""
+        if self.seen == 0:  # nothing read yet: the first advance reads every row's padding from its mask
+            return
+        k = seq.shape[0]
+        host = mask.detach().cpu().bool()
+        pads = (~host).long().cumprod(-1).sum(-1).tolist()
+        free = sorted(set(range(self.max_rows)) - set(self.rows.slot))[:k]
+        if len(free) < k:
+            raise ValueError(f"{self.role} FastLane holds {self.max_rows} rows, {self.rows.n_live} are live: no room "
+                             f"for {k} more. Build the engine with FastEngine(max_batch=...) >= the largest batch.")
+        self._prefill_rows(free, seq[:, : self.seen], mask[:, : self.seen])
+        dst = torch.tensor(free, device=self.device)
+        self.valid[dst] = True
+        self.valid[dst, : host.shape[1]] = host.to(self.device)
+        self.n_pad[dst] = torch.tensor(pads, device=self.device)
+        self.rows.slot += free
+        self.rows.solo_seen += [0] * k
+        self.rows.pad += pads
+        self._slot_index = None if self.rows.in_order else torch.tensor(self.rows.slot, device=self.device)
+
+    def pad_left(self, n: int) -> None:
+        """Prepend ``n`` masked columns to every row (the shared sequence grew on the left): the written
+        slots move ``n`` to the right; positions stay (slot and padding count both grow by ``n``)."""
+        if n <= 0:
+            return
+        if self.seen > 0:
+            if self.seen + n > self.capacity:
+                raise RuntimeError(f"{self.role} FastLane holds {self.capacity} tokens; padding {self.seen} columns "
+                                   f"by {n} more overflows it. Build the engine with a larger capacity.")
+            self._shift(n, n)
+        self.rows.pad = [p + n for p in self.rows.pad]
+        self.rows.solo_seen = [s + n for s in self.rows.solo_seen]
+
+    def trim_left(self, n: int) -> None:
+        """Drop the first ``n`` columns of the shared sequence, which must be padding in every row."""
+        if n <= 0:
+            return
+        if n > min(self.rows.pad, default=n):
+            raise ValueError(f"{self.role} FastLane: cannot trim {n} columns, some row has only "
+                             f"{min(self.rows.pad)} of padding")
+        if self.seen > 0:
+            self._shift(-n, -min(n, self.seen))
+        self.rows.pad = [p - n for p in self.rows.pad]
+        self.rows.solo_seen = [max(s - n, 0) for s in self.rows.solo_seen]
+
     def reset(self) -> None:
         """Forget the sequence (keeps buffers and graphs): ready for the next generation."""
         self.cache.pos.zero_()
@@ -265,6 +271,43 @@ class FastLane:
         self.valid[:b].fill_(True)
         self.valid[:b, :t].copy_(host)
         self._slot_index = None
+
+    def _prefill_rows(self, dst: list[int], ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """Fill cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (an eager forward with the
+        model's own attention over a DynamicCache, as the eager lane prefills added rows)."""
+        from transformers import DynamicCache
+
+        fresh = DynamicCache(config=self.model.config)
+        mask = mask.to(self.device)
+        positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)
+        with torch.no_grad():
+            self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions, use_cache=True,
+                       logits_to_keep=1, **{self._cache_arg: fresh})
+        rows = torch.tensor(dst, device=self.device)
+        for layer, new in enumerate(fresh.layers):
+            self.cache.keys[layer][rows, :, : self.seen] = new.keys.to(self.cache.keys[layer].dtype)
+            self.cache.values[layer][rows, :, : self.seen] = new.values.to(self.cache.values[layer].dtype)
+
+    def _shift(self, n: int, cut: int) -> None:
+        """The shared columns move ``n`` to the right (``n > 0``: new masked columns in front) or ``-n`` to the
+        left (leading padding dropped): the padding masks and counts of every row move by ``n``, the
+        ``cut`` written slots of the live cache rows by ``cut`` (``|cut| <= |n|``: only written slots exist)."""
+        seen, width = self.seen, self.valid.shape[1]
+        rows = self.rows.bucket if self.rows.slot else self.max_rows
+        for buf in self.cache.keys + self.cache.values:
+            if cut > 0:
+                buf[:rows, :, cut: cut + seen] = buf[:rows, :, :seen].clone()
+            elif cut < 0:
+                buf[:rows, :, : seen + cut] = buf[:rows, :, -cut: seen].clone()
+        if n > 0:
+            self.valid[:, n:] = self.valid[:, : width - n].clone()
+            self.valid[:, :n] = False
+        else:
+            self.valid[:, : width + n] = self.valid[:, -n:].clone()
+            self.valid[:, width + n:] = True
+        self.n_pad.add_(n).clamp_(min=0)
+        self.cache.pos.add_(cut)
+        self.seen += cut
 
     def _live(self, out: torch.Tensor) -> torch.Tensor:
         """Rows of a graph output ``[b, ...]`` that belong to live rows, in the caller's order."""
