@@ -3,8 +3,12 @@
 Capturing graphs (and compiling, if asked) costs far more than one generation's worth of host
 time, so lanes are kept: ``generate(..., stitch_engine=engine)`` with the same engine object
 reuses its lanes (and their graphs) whenever the models, vocabulary width and configuration
-match and the capacity suffices; otherwise the lane is rebuilt. ``stitch_engine="fast"``
-builds a throw-away engine per call (capture cost paid every call).
+match and the capacity and batch size suffice; otherwise the lane is rebuilt.
+
+``stitch_engine="fast"`` (or a :class:`FastConfig`) needs no object held by the user: the engine
+for that configuration is kept on the LLM itself (``llm._rstitch_fast_engines``), so repeated
+``generate`` calls on the same pair reuse its graphs, and it goes when the LLM goes (or with
+:func:`release`).
 
 The engine holds its models; drop it to free the caches and graphs.
 """
@@ -23,19 +27,25 @@ class FastEngine:
     Args:
         config: :class:`FastConfig` shared by both lanes.
         capacity: minimum cache capacity in tokens; a generation needing more rebuilds its lanes.
+        max_batch: minimum rows the lanes hold; a generation with a larger batch rebuilds them (each
+            batch size up to it runs in the graphs of its batch bucket, captured on first use).
     """
 
-    def __init__(self, config: FastConfig | None = None, capacity: int = 0):
+    def __init__(self, config: FastConfig | None = None, capacity: int = 0, max_batch: int = 1):
         self.config = config or FastConfig()
         self.capacity = capacity
+        self.max_batch = max_batch
         self._lanes: dict[Role, FastLane] = {}
         self.builds = 0  # lanes built so far (reuse check for tests and benchmarks)
 
-    def lane(self, model: PreTrainedModel, role: Role, vocab: int, capacity: int, timing: bool = False) -> FastLane:
+    def lane(self, model: PreTrainedModel, role: Role, vocab: int, capacity: int, timing: bool = False,
+             batch: int = 1) -> FastLane:
         lane = self._lanes.get(role)
-        if (lane is None or lane.model is not model or lane.vocab != vocab or lane.capacity < capacity):
+        if (lane is None or lane.model is not model or lane.vocab != vocab or lane.capacity < capacity
+                or lane.max_rows < batch):
             self._lanes.pop(role, None)  # free the old buffers before allocating new ones
-            lane = FastLane(model, role, vocab, max(capacity, self.capacity), self.config)
+            lane = FastLane(model, role, vocab, max(capacity, self.capacity), self.config,
+                            max_rows=max(batch, self.max_batch, 1))
             self._lanes[role] = lane
             self.builds += 1
             if self.config.warm_up:  # every bucket now: no generation pays a capture or compile mid-way
@@ -50,8 +60,8 @@ class FastEngine:
         check_supported(llm, batch_size)
         check_supported(slm, batch_size)
         return {
-            Role.SLM: self.lane(slm, Role.SLM, vocab, capacity, timing),
-            Role.LLM: self.lane(llm, Role.LLM, vocab, capacity, timing),
+            Role.SLM: self.lane(slm, Role.SLM, vocab, capacity, timing, batch_size),
+            Role.LLM: self.lane(llm, Role.LLM, vocab, capacity, timing, batch_size),
         }
 
     def capture_seconds(self) -> float:
@@ -62,14 +72,42 @@ class FastEngine:
         return sum(len(l.graphs.graphs) for l in self._lanes.values() if l.graphs is not None)
 
 
-def resolve_engine(spec) -> FastEngine:
-    """``"fast"`` -> a new FastEngine; a FastConfig -> a new engine with it; a FastEngine -> itself."""
+class _EngineOnModel:
+    """``stitch_engine="fast"`` / a FastConfig: the LLM's own engine for that configuration, made on first use."""
+
+    def __init__(self, config: FastConfig):
+        self.config = config
+
+    def lanes(self, slm, llm, vocab, batch_size, capacity, timing=False) -> dict[Role, FastLane]:
+        return engine_for(llm, self.config).lanes(slm, llm, vocab, batch_size, capacity, timing)
+
+
+ATTRIBUTE = "_rstitch_fast_engines"  # on the LLM: {FastConfig: FastEngine}
+
+
+def engine_for(llm: PreTrainedModel, config: FastConfig | None = None) -> FastEngine:
+    """The engine kept on ``llm`` for ``config`` (made now if there is none)."""
+    config = config or FastConfig()
+    engines = llm.__dict__.setdefault(ATTRIBUTE, {})
+    if config not in engines:
+        engines[config] = FastEngine(config)
+    return engines[config]
+
+
+def release(llm: PreTrainedModel) -> None:
+    """Drop the engines kept on ``llm`` (their caches and graphs are freed with them)."""
+    llm.__dict__.pop(ATTRIBUTE, None)
+
+
+def resolve_engine(spec):
+    """``"fast"`` / a FastConfig -> the LLM's kept engine for that configuration (made on first use);
+    a FastEngine -> itself."""
     if isinstance(spec, FastEngine):
         return spec
     if isinstance(spec, FastConfig):
-        return FastEngine(spec)
-    if spec == "fast":
-        return FastEngine()
+        return _EngineOnModel(spec)
+    if isinstance(spec, str) and spec == "fast":
+        return _EngineOnModel(FastConfig())
     raise ValueError(
         f"stitch_engine must be 'default', 'fast', a hf_rstitch.fast.FastConfig or a hf_rstitch.fast.FastEngine, "
         f"got {spec!r}."

@@ -1,15 +1,20 @@
-"""FastLane: a :class:`~hf_rstitch.engine.Lane` for CUDA at batch size 1, built for speed.
+"""FastLane: a :class:`~hf_rstitch.engine.Lane` for CUDA, built for speed, at any batch size.
 
-Same contract as ``Lane.advance`` -- run the model over the columns of the shared sequence it
-has not seen, return the last column's logits -- with three changes underneath:
+Same contract as ``Lane.advance`` -- bring every row of the batch up to date over the columns of
+the shared sequence it has not seen, return the last column's logits -- with these changes underneath:
 
 * a static KV cache (:class:`~hf_rstitch.fast.static_kv.StaticKV`) whose slot ``j`` holds
-  column ``j``; the mask of a step is built on the device from the write offset, so no step
-  needs the host to know where it writes;
-* every call of up to ``max_bucket`` tokens runs as a CUDA graph: one-token decode steps, and
-  catch-up prefills padded to a power-of-two bucket (:mod:`hf_rstitch.fast.buckets`). A
-  longer catch-up (a long run of the other model, or a long prompt) runs as several calls of the
-  largest bucket and one for the rest;
+  column ``j`` of every row; the masks and positions of a step are built on the device from the
+  write offset and each row's left-padding count, so no step needs the host to know where it writes;
+* every call of up to ``max_bucket`` tokens runs as a CUDA graph keyed by (batch bucket, length
+  bucket): one-token decode steps, and catch-up prefills padded to a power-of-two bucket
+  (:mod:`hf_rstitch.fast.buckets`); a batch runs in the graph of the smallest batch bucket holding
+  its rows (:mod:`hf_rstitch.fast.rows`: finished rows stay as dead weight until the live ones fit
+  a smaller bucket, then a few cache rows move). A longer catch-up (a long run of the other model,
+  or a long prompt) runs as several calls of the largest bucket and one for the rest;
+* attention reads only the slots written so far, in one split-K Triton kernel per layer
+  (:mod:`hf_rstitch.fast.decode_attention`; ``FastConfig(attention="split")``, the default where
+  Triton runs), not every slot of the static cache;
 * one-row products of the linear layers run a Triton GEMV kernel tuned per weight shape on the
   device (:mod:`hf_rstitch.fast.gemv`; where Triton is installed), cuBLAS otherwise;
 * optionally the step is compiled with ``torch.compile`` (fused elementwise kernels) before
@@ -18,77 +23,38 @@ has not seen, return the last column's logits -- with three changes underneath:
 Per call the host does: one device copy of the new token ids into the graph's input buffer,
 a ``fill_`` of the real-token count for padded buckets, one replay, one copy of the logits out
 of the graph's buffer (they are overwritten by the next replay, and the other model may run
-first). It never waits for the device; the stitch loop's routing decision is the only sync.
+first). It never waits for the device except at the first call of a generation (the prompts'
+padding) and when rows leave; the stitch loop's routing decision is the only other sync.
 
 Padding: padded tokens are written to the slots just past the real ones, are invisible to
 every real query (causal mask) and are overwritten by the next call before anything can
-attend to them. The prompt may be left-padded; those slots are masked out for good.
+attend to them. Prompts may be left-padded; those slots are masked out of their row for good.
 
 Reuse: a lane keeps its graphs across generations (:meth:`reset`); graphs record the model's
 weight addresses, so replace no parameter tensors of a model while a lane for it is alive
-(in-place updates are fine). See :func:`hf_rstitch.fast.fast_lanes` for the cached builder.
+(in-place updates are fine). :class:`~hf_rstitch.fast.FastEngine` keeps lanes for reuse.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import time
 import warnings
-from dataclasses import dataclass
+import weakref
 
 import torch
-from transformers import PreTrainedModel
+from transformers import AttentionInterface, PreTrainedModel
 
 from ..core.roles import Role
-from ..core.trace import CallKind, ForwardCall
-from . import gemv
+from . import gemv, regions
 from .buckets import bucket_for, bucket_sizes, round_up
+from .config import FastConfig, check_supported
+from .decode_attention import decode_attention
 from .graphs import GraphRunner
-from .static_kv import ATTENTIONS, KV_CHUNK, StaticKV, static_attention_on
-
-
-@dataclass(frozen=True)
-class FastConfig:
-    """Options of the fast engine (``generate(..., stitch_engine=FastConfig(...))``)."""
-
-    max_bucket: int = 128  # largest catch-up graph (power of two); longer catch-ups run as several
-    graphs: bool | None = None  # CUDA graphs; None: on CUDA devices
-    compile: str | None = None  # torch.compile before capture: None, "decode" (1-token steps) or "all" (buckets too)
-    compile_max_bucket: int = 16  # with compile="all": buckets up to this size are compiled (one compile each)
-    warm_up: bool = False  # capture (and compile) every bucket when a lane is built, not on first use
-    attention: str = "matmul"  # static-cache attention: "matmul" (chunked products) or "sdpa" (one fused call)
-    gemv: bool | None = None  # tuned Triton kernel for one-row linear products; None: where Triton runs
-    fuse_qkv: bool = True  # with gemv: q/k/v projections as one product (a copy of their weights)
-
-    def __post_init__(self):
-        bucket_sizes(self.max_bucket)  # validates
-        if self.compile_max_bucket < 1:
-            raise ValueError(f"compile_max_bucket must be >= 1, got {self.compile_max_bucket}")
-        if self.compile not in (None, "decode", "all"):
-            raise ValueError(f"compile must be None, 'decode' or 'all', got {self.compile!r}")
-        if self.attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {sorted(ATTENTIONS)}, got {self.attention!r}")
-
-
-def check_supported(model: PreTrainedModel, batch_size: int = 1) -> None:
-    """Raise a clear error if ``model`` cannot run in a FastLane."""
-    if batch_size != 1:
-        raise ValueError(
-            f"the fast engine runs batch size 1 only, got batch size {batch_size}. Use the default engine "
-            "(stitch_engine='default') for batches, or call generate once per prompt."
-        )
-    config = model.config.get_text_config()
-    if getattr(model.config, "is_encoder_decoder", False):
-        raise ValueError("the fast engine supports decoder-only causal LMs only.")
-    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"} or getattr(config, "use_sliding_window", False):
-        raise ValueError(
-            f"the fast engine supports full-attention models only; {type(model).__name__} has layer types "
-            f"{sorted(kinds)} (sliding_window={getattr(config, 'sliding_window', None)}). Use stitch_engine='default'."
-        )
-    if "attention_mask" not in inspect.signature(model.forward).parameters:
-        raise ValueError(f"{type(model).__name__}.forward takes no attention_mask; the fast engine cannot drive it.")
+from .rows import RowSlots
+from .static_kv import KV_CHUNK, StaticKV, static_attention, static_attention_on
 
 
 def _sync(device: torch.device) -> None:
@@ -108,7 +74,7 @@ _GEMV_TABLE: dict = {}  # tuned configurations, shared by every lane of the proc
 
 
 class FastLane:
-    """One model with a static cache and captured steps, advanced over a shared sequence (B = 1).
+    """One model with a static cache and captured steps, advanced over a shared sequence.
 
     Args:
         model: a full-attention causal LM (Llama, Qwen2, Mistral, ... family).
@@ -117,50 +83,59 @@ class FastLane:
         capacity: longest sequence (prompt + new tokens) the lane must hold.
         config: :class:`FastConfig`.
         timing: record device-synchronised seconds of each call in its ForwardCall (adds a sync).
+        max_rows: most rows of a batch (cache rows); any batch up to it runs without rebuilding.
     """
 
     def __init__(self, model: PreTrainedModel, role: Role, vocab: int, capacity: int,
-                 config: FastConfig | None = None, timing: bool = False):
-        check_supported(model)
+                 config: FastConfig | None = None, timing: bool = False, max_rows: int = 1):
+        check_supported(model, max_rows)
         self.config = config = config or FastConfig()
         self.model, self.role, self.vocab, self.timing = model, role, vocab, timing
-        self.device = model.device
-        graphs = self.device.type == "cuda" if config.graphs is None else config.graphs
+        self.device = dev = model.device
+        graphs = dev.type == "cuda" if config.graphs is None else config.graphs
         if config.graphs is None and not graphs:
-            warnings.warn(f"the fast engine runs its static-cache steps eagerly on {self.device} (CUDA graphs need "
+            warnings.warn(f"the fast engine runs its static-cache steps eagerly on {dev} (CUDA graphs need "
                           "CUDA): same outputs, no speed-up. Pass FastConfig(graphs=False) to silence this.",
                           stacklevel=2)
-        self.graphs = GraphRunner(self.device) if graphs else None  # raises off CUDA
+        self.graphs = GraphRunner(dev) if graphs else None  # raises off CUDA
         self.capacity = capacity
         self.buckets = bucket_sizes(config.max_bucket)
-        dev = self.device
+        self.rows = RowSlots(max_rows)  # live row -> cache row, per-row trace bookkeeping
         n_slots = round_up(capacity + config.max_bucket, KV_CHUNK)  # padded writes stay inside; whole chunks
-        self.cache = StaticKV(model.config, n_slots, model.dtype, dev)
+        self.cache = StaticKV(model.config, n_slots, model.dtype, dev, rows=max_rows)
         self.slot_ids = torch.arange(n_slots, device=dev)  # [S]
-        self.valid = torch.ones(n_slots, dtype=torch.bool, device=dev)  # False on left-padding slots
-        self.n_pad = torch.zeros((), dtype=torch.long, device=dev)  # left-padding columns of the prompt
-        self.ids = torch.zeros(1, config.max_bucket, dtype=torch.long, device=dev)  # graph input
+        self.valid = torch.ones(max_rows, n_slots, dtype=torch.bool, device=dev)  # False on left-padding slots
+        self.n_pad = torch.zeros(max_rows, dtype=torch.long, device=dev)  # left-padding columns of each cache row
+        self.ids = torch.zeros(max_rows, config.max_bucket, dtype=torch.long, device=dev)  # graph input
         self.n_real = torch.ones((), dtype=torch.long, device=dev)  # real tokens in a padded bucket
-        self.seen = 0  # columns of the shared sequence in the cache
-        self.pads = 0  # host copy of n_pad
+        self.seen = 0  # columns of the shared sequence in the cache (every row)
         self.long_calls = 0  # calls of this generation longer than max_bucket (run as several bucket calls)
+        self.row_moves = 0  # cache rows moved down when finished rows let the batch bucket shrink
+        self._slot_index: torch.Tensor | None = None  # [B] cache row of each live row (device), None: in order
         self.gemv_tune_seconds = 0.0
         self.gemv_layers = self._gemv_plan(config)  # [] keeps cuBLAS everywhere
+        self._attention = self._register_attention(config.attention)
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
         self._decode_step = self._compiled_bucket = self._forward  # eager kernels (recorded in graphs on CUDA)
-        if config.compile is not None:  # static compiles: 1-token steps, and with "all" each bucket size
+        self._regions = None
+        if config.compile == "parts":
+            _allow_recompiles(64)  # symbolic shapes still specialise sizes 0 and 1 (batch 1, one-token steps)
+            self._regions = regions.plan(model)
+        elif config.compile is not None:  # static compiles: 1-token steps, and with "all" each bucket size
             _allow_recompiles(64)  # (a symbolic length took minutes on 7B)
             self._decode_step = torch.compile(self._forward, fullgraph=True, dynamic=False)
         if config.compile == "all":
             self._compiled_bucket = torch.compile(self._forward, fullgraph=True, dynamic=False)
 
+    @property
+    def max_rows(self) -> int:
+        return self.rows.max_rows
+
     # ---- the Lane interface -------------------------------------------------------------------
     def advance(self, seq: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, resumed: torch.Tensor,
                 want_hidden: bool = False):
-        """As :meth:`hf_rstitch.engine.Lane.advance` (batch size 1)."""
-        if seq.shape[0] != 1:
-            raise ValueError(f"FastLane runs batch size 1, got a sequence of shape {tuple(seq.shape)}")
+        """As :meth:`hf_rstitch.engine.Lane.advance`: every row catches up columns ``[seen, T)``."""
         total = seq.shape[1]
         width = total - self.seen
         if width <= 0:
@@ -170,9 +145,11 @@ class FastLane:
                 f"{self.role} FastLane holds {self.capacity} tokens but the sequence has {total}; build it with a "
                 "larger capacity (the generation's max_length) or lower max_new_tokens."
             )
-        first = self.seen == 0
-        if first:
+        if self.seen == 0:
             self._start(mask)
+        if seq.shape[0] != self.rows.n_live:
+            raise ValueError(f"{self.role} FastLane holds {self.rows.n_live} live rows but got a sequence of shape "
+                             f"{tuple(seq.shape)}; drop finished rows with keep_rows before advancing.")
         start = 0.0
         if self.timing:
             _sync(self.device)
@@ -180,53 +157,176 @@ class FastLane:
         with torch.no_grad():
             logits, hidden = self._run(seq[:, total - width:].to(self.device), want_hidden)
         # copy out of the graph's buffers: the next replay (of either lane) may overwrite them
-        logits = logits.to(device=seq.device, dtype=torch.float32, copy=True)
-        hidden = hidden.clone() if hidden is not None else None
+        logits = self._live(logits).to(device=seq.device, dtype=torch.float32, copy=True)
+        hidden = self._live(hidden).clone() if hidden is not None else None
         seconds = None
         if self.timing:
             _sync(self.device)
             seconds = time.perf_counter() - start
-        n_kv = max(self.seen - self.pads, 0)
-        kind = CallKind.PREFILL if first else (CallKind.RESUME if bool(resumed[0]) else CallKind.DECODE)
-        call = ForwardCall(self.role, kind, width - (self.pads if first else 0), n_kv, seconds)
+        calls = self.rows.records(self.role, total, rows.tolist(), resumed.tolist(), seconds)
         self.seen = total
-        return logits, hidden, {0: call}
+        return logits, hidden, calls
 
     def keep_rows(self, index: torch.Tensor) -> None:
-        if index.tolist() != [0]:
-            raise ValueError("FastLane holds one row; it cannot drop or reorder rows.")
+        """Keep only the live rows ``index`` (CPU long tensor), in that order. No buffer is reallocated:
+        finished rows stay in the batch bucket as dead weight until the live ones fit a smaller bucket,
+        then the live rows above it move down (a copy of their written slots)."""
+        moves = self.rows.keep([int(i) for i in index])
+        if moves:
+            src = torch.tensor([m[0] for m in moves], device=self.device)
+            dst = torch.tensor([m[1] for m in moves], device=self.device)
+            self.cache.move_rows(src, dst, self.seen)
+            self.valid[dst] = self.valid[src]
+            self.n_pad[dst] = self.n_pad[src]
+            self.row_moves += len(moves)
+        in_order = self.rows.in_order
+        self._slot_index = None if in_order else torch.tensor(self.rows.slot, device=self.device)
+
+    # ---- continuous batching: rows join, the shared columns grow or shrink on the left ------------
+    def add_rows(self, seq: torch.Tensor, mask: torch.Tensor) -> None:
+        """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free
+        cache rows. Their first ``seen`` columns are prefilled now, eagerly and alone (logits discarded,
+        as :meth:`hf_rstitch.engine.Lane.add_rows`); the rest is read at the next :meth:`advance`. Their
+        trace records count from nothing seen, as in a solo run."""
+        if self.seen == 0:  # nothing read yet: the first advance reads every row's padding from its mask
+            return
+        k = seq.shape[0]
+        host = mask.detach().cpu().bool()
+        pads = (~host).long().cumprod(-1).sum(-1).tolist()
+        free = sorted(set(range(self.max_rows)) - set(self.rows.slot))[:k]
+        if len(free) < k:
+            raise ValueError(f"{self.role} FastLane holds {self.max_rows} rows, {self.rows.n_live} are live: no room "
+                             f"for {k} more. Build the engine with FastEngine(max_batch=...) >= the largest batch.")
+        self._prefill_rows(free, seq[:, : self.seen], mask[:, : self.seen])
+        dst = torch.tensor(free, device=self.device)
+        self.valid[dst] = True
+        self.valid[dst, : host.shape[1]] = host.to(self.device)
+        self.n_pad[dst] = torch.tensor(pads, device=self.device)
+        self.rows.slot += free
+        self.rows.solo_seen += [0] * k
+        self.rows.pad += pads
+        self._slot_index = None if self.rows.in_order else torch.tensor(self.rows.slot, device=self.device)
+
+    def pad_left(self, n: int) -> None:
+        """Prepend ``n`` masked columns to every row (the shared sequence grew on the left): the written
+        slots move ``n`` to the right; positions stay (slot and padding count both grow by ``n``)."""
+        if n <= 0:
+            return
+        if self.seen > 0:
+            if self.seen + n > self.capacity:
+                raise RuntimeError(f"{self.role} FastLane holds {self.capacity} tokens; padding {self.seen} columns "
+                                   f"by {n} more overflows it. Build the engine with a larger capacity.")
+            self._shift(n, n)
+        self.rows.pad = [p + n for p in self.rows.pad]
+        self.rows.solo_seen = [s + n for s in self.rows.solo_seen]
+
+    def trim_left(self, n: int) -> None:
+        """Drop the first ``n`` columns of the shared sequence, which must be padding in every row."""
+        if n <= 0:
+            return
+        if n > min(self.rows.pad, default=n):
+            raise ValueError(f"{self.role} FastLane: cannot trim {n} columns, some row has only "
+                             f"{min(self.rows.pad)} of padding")
+        if self.seen > 0:
+            self._shift(-n, -min(n, self.seen))
+        self.rows.pad = [p - n for p in self.rows.pad]
+        self.rows.solo_seen = [max(s - n, 0) for s in self.rows.solo_seen]
 
     def reset(self) -> None:
         """Forget the sequence (keeps buffers and graphs): ready for the next generation."""
         self.cache.pos.zero_()
         self.valid.fill_(True)
         self.n_pad.zero_()
-        self.seen = self.pads = self.long_calls = 0
+        self.seen = self.long_calls = self.row_moves = 0
+        self.rows.clear()
+        self._slot_index = None
 
-    def warm_up(self, want_hidden: bool = False) -> float:
-        """Capture (and compile) the one-token step and every bucket now rather than on first use,
-        so that no later generation pays for it mid-way. Returns the seconds it took."""
+    def warm_up(self, want_hidden: bool = False, batch_sizes=None) -> float:
+        """Capture (and compile) the one-token step and every length bucket, for each batch bucket in
+        ``batch_sizes`` (default: all of this lane's), now rather than on first use, so that no later
+        generation pays for it mid-way. Returns the seconds it took."""
         start = time.perf_counter()
-        self.reset()
         with torch.no_grad():
-            for size in sorted(set(self.buckets) | {1}):
-                self._run(torch.ones(1, size, dtype=torch.long, device=self.device), want_hidden)
-                self.cache.pos.zero_()  # dummy tokens: nothing to keep
+            for b in batch_sizes or self.rows.sizes:
+                self.reset()
+                self.rows.start([0] * b)
+                for size in sorted(set(self.buckets) | {1}):
+                    self._run(torch.ones(b, size, dtype=torch.long, device=self.device), want_hidden)
+                    self.cache.pos.zero_()  # dummy tokens: nothing to keep
         self.reset()
         _sync(self.device)
         return time.perf_counter() - start
 
     # ---- internals ----------------------------------------------------------------------------
     def _start(self, mask: torch.Tensor) -> None:
-        """First call of a generation: note the prompt's left padding (one host sync)."""
-        row = mask[0].cpu().bool()
-        pads = int(row.long().argmax()) if bool(row.any()) else row.numel()
-        if not bool(row[pads:].all()):
-            raise ValueError("FastLane supports left padding only; the prompt's attention mask has holes.")
-        self.pads = pads
-        self.n_pad.fill_(pads)
-        if pads:
-            self.valid[:pads] = False
+        """First call of a generation: note each row's left padding (one host sync)."""
+        host = mask.detach().cpu().bool()  # [B, T]
+        pads = (~host).long().cumprod(-1).sum(-1).tolist()
+        for r, pad in enumerate(pads):
+            if not bool(host[r, pad:].all()):
+                raise ValueError(f"FastLane supports left padding only; row {r} of the attention mask has holes.")
+        self.rows.start(pads)
+        b, t = host.shape
+        self.n_pad[:b].copy_(torch.tensor(pads))
+        self.valid[:b].fill_(True)
+        self.valid[:b, :t].copy_(host)
+        self._slot_index = None
+
+    def _prefill_rows(self, dst: list[int], ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """Fill cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (an eager forward with the
+        model's own attention over a DynamicCache, as the eager lane prefills added rows)."""
+        from transformers import DynamicCache
+
+        fresh = DynamicCache(config=self.model.config)
+        mask = mask.to(self.device)
+        positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)
+        with torch.no_grad():
+            self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions, use_cache=True,
+                       logits_to_keep=1, **{self._cache_arg: fresh})
+        rows = torch.tensor(dst, device=self.device)
+        for layer, new in enumerate(fresh.layers):
+            self.cache.keys[layer][rows, :, : self.seen] = new.keys.to(self.cache.keys[layer].dtype)
+            self.cache.values[layer][rows, :, : self.seen] = new.values.to(self.cache.values[layer].dtype)
+
+    def _shift(self, n: int, cut: int) -> None:
+        """The shared columns move ``n`` to the right (``n > 0``: new masked columns in front) or ``-n`` to the
+        left (leading padding dropped): the padding masks and counts of every row move by ``n``, the
+        ``cut`` written slots of the live cache rows by ``cut`` (``|cut| <= |n|``: only written slots exist)."""
+        seen, width = self.seen, self.valid.shape[1]
+        rows = self.rows.bucket if self.rows.slot else self.max_rows
+        for buf in self.cache.keys + self.cache.values:
+            if cut > 0:
+                buf[:rows, :, cut: cut + seen] = buf[:rows, :, :seen].clone()
+            elif cut < 0:
+                buf[:rows, :, : seen + cut] = buf[:rows, :, -cut: seen].clone()
+        if n > 0:
+            self.valid[:, n:] = self.valid[:, : width - n].clone()
+            self.valid[:, :n] = False
+        else:
+            self.valid[:, : width + n] = self.valid[:, -n:].clone()
+            self.valid[:, width + n:] = True
+        self.n_pad.add_(n).clamp_(min=0)
+        self.cache.pos.add_(cut)
+        self.seen += cut
+
+    def _live(self, out: torch.Tensor) -> torch.Tensor:
+        """Rows of a graph output ``[b, ...]`` that belong to live rows, in the caller's order."""
+        if self._slot_index is None:
+            return out[: self.rows.n_live]
+        return out.index_select(0, self._slot_index)
+
+    def _register_attention(self, kind: str) -> str:
+        """The attention this lane runs, by registered name. ``"split"`` registers a per-lane function
+        bound to this lane's write offset and padding counts (unregistered when the lane goes)."""
+        if kind != "split":
+            return kind
+        if not gemv.available(self.device):  # no Triton here: every call would take the fallback
+            return "matmul"
+        name = f"rstitch_split_{id(self)}"
+        AttentionInterface.register(name, functools.partial(decode_attention, pos=self.cache.pos, pad=self.n_pad,
+                                                            fallback=static_attention))
+        weakref.finalize(self, AttentionInterface._global_mapping.pop, name, None)
+        return name
 
     def _gemv_plan(self, config: FastConfig) -> list:
         if config.gemv is False:
@@ -252,20 +352,25 @@ class FastLane:
         return self._run_bucket(new_ids, want_hidden)
 
     def _run_bucket(self, new_ids: torch.Tensor, want_hidden: bool):
+        """One graph call over the batch bucket's rows; ``new_ids`` ``[B, width]`` of the live rows."""
         width = new_ids.shape[1]
         size = bucket_for(width, self.buckets)
-        self.ids[:, :width].copy_(new_ids)
+        rows = self.rows.bucket
+        if self._slot_index is None:
+            self.ids[: new_ids.shape[0], :width].copy_(new_ids)
+        else:
+            self.ids[:, :width].index_copy_(0, self._slot_index, new_ids)
         n_real = 1
         if size > 1:
             self.n_real.fill_(width)
             n_real = self.n_real
-        ids = self.ids[:, :size]
+        ids = self.ids[:rows, :size]
         if size == 1:
             fn = self._decode_step
         else:
             fn = self._compiled_bucket if size <= self.config.compile_max_bucket else self._forward
         step = lambda: fn(ids, n_real, want_hidden)  # noqa: E731
-        key = (size, want_hidden)
+        key = (rows, size, want_hidden)
         if self.graphs is not None and key in self.graphs:  # a replay runs no model code: no dispatch set-up
             return self.graphs.run(key, step)
         with self._model_code():
@@ -274,28 +379,29 @@ class FastLane:
     @contextlib.contextmanager
     def _model_code(self):
         """Dispatch for the model's Python code: static-cache attention, tuned GEMV for one-row products."""
-        with static_attention_on(self.model, self.config.attention), gemv.gemv_linears_on(self.gemv_layers):
+        with static_attention_on(self.model, self._attention), gemv.gemv_linears_on(self.gemv_layers), \
+                regions.regions_on(self._regions):
             yield
 
     def _forward(self, ids: torch.Tensor, n_real, want_hidden: bool):
-        """One forward over ``ids`` ``[1, q]`` whose first ``n_real`` tokens are real.
+        """One forward over ``ids`` ``[b, q]`` (cache rows ``[0, b)``) whose first ``n_real`` tokens are real.
 
         ``n_real`` is an int when it is fixed for the call's shape, else a device scalar. Returns
-        the logits ``[1, V]`` and hidden state ``[1, D]`` (or None) at the last real token.
+        the logits ``[b, V]`` and hidden state ``[b, D]`` (or None) at the last real token.
         """
-        q = ids.shape[1]
+        b, q = ids.shape
         kv = self.cache
-        slots = kv.pos + self.slot_ids[:q]  # [q] slot = column of each token
+        slots = kv.pos + self.slot_ids[:q]  # [q] slot = column of each token (the same in every row)
         kv.slots = slots
         causal = self.slot_ids[None, :] <= slots[:, None]  # [q, S]
         own = self.slot_ids[None, :] == slots[:, None]  # a padding query sees itself: no empty rows
-        allowed = causal & (self.valid[None, :] | own)
-        positions = (slots - self.n_pad).clamp(min=0)[None, :]  # [1, q]
+        allowed = causal[None] & (self.valid[:b, None, :] | own[None])  # [b, q, S]
+        positions = (slots[None, :] - self.n_pad[:b, None]).clamp(min=0)  # [b, q]
         fixed = isinstance(n_real, int)  # then n_real == q: keep the last position
         keep = 1 if fixed else (n_real - 1).reshape(1)  # tensor: index of the last real token
         out = self.model(
             input_ids=ids,
-            attention_mask=allowed[None, None],  # 4D: transformers uses it as is
+            attention_mask=allowed[:, None],  # 4D: transformers uses it as is
             position_ids=positions,
             use_cache=True,
             output_hidden_states=want_hidden,
@@ -303,9 +409,9 @@ class FastLane:
             **{self._cache_arg: kv},
         )
         kv.pos.add_(n_real)
-        logits = out.logits[:, 0, : self.vocab]  # [1, V]
+        logits = out.logits[:, 0, : self.vocab]  # [b, V]
         hidden = None
         if want_hidden:
-            last = out.hidden_states[-1]  # [1, q, D]
+            last = out.hidden_states[-1]  # [b, q, D]
             hidden = last[:, -1] if fixed else last.index_select(1, keep)[:, 0]
         return logits, hidden

@@ -1,14 +1,20 @@
-"""A static KV cache for one sequence (batch size 1) and the attention that reads it.
+"""A static KV cache for a batch of rows and the attention that reads it.
 
-Slot ``j`` of every layer holds column ``j`` of the stitched sequence (prompt padding included),
-so a lane never needs a per-row slot map. The write offset ``pos`` is a device scalar advanced
+Slot ``j`` of every layer holds column ``j`` of the stitched sequence (prompt padding included)
+for every row: all rows of a batch share the column index (the stitch loop brings every row up
+to date on every call), so a lane never needs a per-row slot map, only a per-row mask of the
+slots that hold left padding. The write offset ``pos`` is a device scalar advanced
 by the captured step itself: a CUDA graph recorded once writes to the right slots on every
 replay, with no host round trip. transformers' ``StaticCache`` would do the same, but its
 offset lives inside each layer object and its attention repeats the KV heads (``repeat_kv``)
 whenever a mask is given, copying the whole static cache every step; this cache is a few
 lines and its attention folds the query heads of a KV group onto the query axis instead.
 
-What it does not do: sliding windows (the lane refuses such models), batches, cropping.
+Rows: the buffers hold ``rows`` cache rows; a forward over ``b <= rows`` rows (the lane's batch
+bucket) reads and writes rows ``[0, b)``. Which live row sits in which cache row is the lane's
+business (:mod:`hf_rstitch.fast.rows`).
+
+What it does not do: sliding windows (the lane refuses such models), cropping.
 """
 
 from __future__ import annotations
@@ -22,17 +28,17 @@ ATTENTIONS = {"matmul": "rstitch_static", "sdpa": "rstitch_static_sdpa"}  # Fast
 
 
 class StaticKV:
-    """Per-layer key/value buffers ``[1, H_kv, slots, D]`` written at ``pos + arange(q)``.
+    """Per-layer key/value buffers ``[rows, H_kv, slots, D]`` written at ``pos + arange(q)``.
 
     transformers' attention layers call :meth:`update` with their new keys/values; the lane sets
     :attr:`slots` before each forward and advances :attr:`pos` after it.
     """
 
-    def __init__(self, config: PretrainedConfig, slots: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, config: PretrainedConfig, slots: int, dtype: torch.dtype, device: torch.device, rows: int = 1):
         text = config.get_text_config()
         kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        shape = (1, kv_heads, slots, head_dim)
+        shape = (rows, kv_heads, slots, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(text.num_hidden_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(text.num_hidden_layers)]
         self.pos = torch.zeros((), dtype=torch.long, device=device)  # slots written so far
@@ -45,11 +51,22 @@ class StaticKV:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
+    @property
+    def n_rows(self) -> int:
+        return self.keys[0].shape[0]
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        # key_states: [1, H_kv, q, D] -> slots[0..q) of layer `layer_idx`; returns all slots
-        self.keys[layer_idx].index_copy_(2, self.slots, key_states)
-        self.values[layer_idx].index_copy_(2, self.slots, value_states)
-        return self.keys[layer_idx], self.values[layer_idx]
+        # key_states: [b, H_kv, q, D] -> slots[0..q) of rows [0, b) of layer `layer_idx`; returns all their slots
+        b = key_states.shape[0]
+        keys, values = self.keys[layer_idx][:b], self.values[layer_idx][:b]
+        keys.index_copy_(2, self.slots, key_states)
+        values.index_copy_(2, self.slots, value_states)
+        return keys, values
+
+    def move_rows(self, src: torch.Tensor, dst: torch.Tensor, n_slots: int) -> None:
+        """Copy cache rows ``src`` to ``dst`` (device long tensors), slots ``[0, n_slots)`` of every layer."""
+        for buf in self.keys + self.values:
+            buf[dst, :, :n_slots] = buf[src, :, :n_slots]
 
 
 KV_CHUNK = 256  # slots per partial product in :func:`_weighted_values`; lanes size their caches in multiples
@@ -65,28 +82,28 @@ def static_attention(module, query, key, value, attention_mask, scaling=None, dr
     -- a fixed cost of milliseconds per token on long static caches, whatever the model size.
 
     Args:
-        query: ``[1, H, q, D]``; key / value: ``[1, H_kv, S, D]`` (all slots);
-        attention_mask: ``[1, 1, q, S]`` bool, True where a query may attend.
+        query: ``[b, H, q, D]``; key / value: ``[b, H_kv, S, D]`` (all slots);
+        attention_mask: ``[b, 1, q, S]`` bool, True where a query may attend.
 
     Returns:
-        ``([1, q, H, D], None)`` as transformers' attention functions do.
+        ``([b, q, H, D], None)`` as transformers' attention functions do.
     """
     batch, heads, q, dim = query.shape
     query, mask = _fold_groups(query, key.shape[1], attention_mask)
     scale = dim**-0.5 if scaling is None else scaling
-    scores = torch.matmul(query, key.transpose(2, 3)) * scale  # [1, H_kv, group * q, S]
+    scores = torch.matmul(query, key.transpose(2, 3)) * scale  # [b, H_kv, group * q, S]
     scores = scores.masked_fill(~mask, float("-inf"))  # every row keeps its own slot: no empty rows
     probs = scores.softmax(-1, dtype=_at_least_fp32(scores.dtype)).to(value.dtype)
-    out = _weighted_values(probs, value)  # [1, H_kv, group * q, D]
-    return out.reshape(batch, heads, q, dim).transpose(1, 2).contiguous(), None  # [1, q, H, D]
+    out = _weighted_values(probs, value)  # [b, H_kv, group * q, D]
+    return out.reshape(batch, heads, q, dim).transpose(1, 2).contiguous(), None  # [b, q, H, D]
 
 
 def _fold_groups(query: torch.Tensor, kv_heads: int, attention_mask: torch.Tensor):
     """Stack the query heads of each KV group on the query axis, and repeat the mask to match.
 
     Head ``h = kv * group + g`` reads KV head ``kv``; it becomes row ``g * q + i`` of KV head
-    ``kv``, so no copy of the keys and values is needed. Returns query ``[1, H_kv, group * q, D]``
-    and mask ``[1, 1, group * q, S]``.
+    ``kv``, so no copy of the keys and values is needed. Returns query ``[b, H_kv, group * q, D]``
+    and mask ``[b, 1, group * q, S]``.
     """
     batch, heads, q, dim = query.shape
     group, slots = heads // kv_heads, attention_mask.shape[-1]
@@ -105,8 +122,8 @@ def _weighted_values(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     chunks = slots // KV_CHUNK
     if chunks <= 1 or slots % KV_CHUNK:
         return torch.matmul(probs, value)
-    p = probs.view(batch, kv_heads, rows, chunks, KV_CHUNK).transpose(2, 3)  # [1, H_kv, C, rows, K]
-    v = value.view(batch, kv_heads, chunks, KV_CHUNK, value.shape[-1])  # [1, H_kv, C, K, D]
+    p = probs.view(batch, kv_heads, rows, chunks, KV_CHUNK).transpose(2, 3)  # [b, H_kv, C, rows, K]
+    v = value.view(batch, kv_heads, chunks, KV_CHUNK, value.shape[-1])  # [b, H_kv, C, K, D]
     return torch.matmul(p, v).sum(2, dtype=_at_least_fp32(value.dtype)).to(value.dtype)
 
 
@@ -134,14 +151,15 @@ AttentionInterface.register(ATTENTIONS["sdpa"], static_attention_sdpa)
 
 @contextlib.contextmanager
 def static_attention_on(model, kind: str = "matmul"):
-    """Route ``model``'s attention layers to :func:`static_attention` (``kind="matmul"``) or
-    :func:`static_attention_sdpa` (``"sdpa"``) inside the block.
+    """Route ``model``'s attention layers to :func:`static_attention` (``kind="matmul"``),
+    :func:`static_attention_sdpa` (``"sdpa"``) or any other function registered with transformers'
+    ``AttentionInterface`` under the name ``kind`` inside the block.
 
     Only Python-side dispatch changes; a CUDA graph captured inside keeps the kernels it recorded.
     """
     config = model.config
     before = config._attn_implementation
-    config._attn_implementation = ATTENTIONS[kind]
+    config._attn_implementation = ATTENTIONS.get(kind, kind)
     try:
         yield
     finally:

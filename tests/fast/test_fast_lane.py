@@ -115,12 +115,6 @@ def test_sliding_window_models_are_refused():
         _generate(llm, slm, prompt(5), FastEngine(CPU))
 
 
-def test_batches_are_refused():
-    llm, slm = make_pair("llama")
-    with pytest.raises(ValueError, match="batch size 1 only"):
-        _generate(llm, slm, torch.cat([prompt(5), prompt(5, seed=1)]), FastEngine(CPU))
-
-
 def test_capacity_overflow_is_a_clear_error():
     llm, _ = make_pair("llama")
     lane = FastLane(llm, Role.LLM, 96, capacity=8, config=CPU)
@@ -163,3 +157,18 @@ def test_warm_up_captures_every_bucket_and_changes_nothing(at_build):
         assert lane.seen == 0 and int(lane.cache.pos) == 0
     _same(_generate(llm, slm, ids, engine), ref)
     assert engine.builds == 2
+
+
+def test_fast_by_name_keeps_the_engine_on_the_llm():
+    """stitch_engine="fast" / a FastConfig: later generate calls on the same LLM reuse its lanes and graphs."""
+    from hf_rstitch.fast import engine_for, release
+
+    llm, slm = make_pair("llama")
+    ids = prompt(8)
+    ref = _generate(llm, slm, ids, "default")
+    for _ in range(2):
+        _same(_generate(llm, slm, ids, CPU), ref)
+    engine = engine_for(llm, CPU)
+    assert engine.builds == 2  # one lane per model, built by the first call only
+    release(llm)
+    assert engine_for(llm, CPU) is not engine

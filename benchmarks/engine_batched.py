@@ -1,0 +1,248 @@
+"""Batched fast engine on the MATH-shaped workload (random-weight Qwen2 1.5B SLM / 7B LLM, bf16), one GPU.
+
+    PYTHONPATH=. python benchmarks/engine_batched.py --out-dir $OUT [--batches 1 8 32 64] [--budget-s 540]
+
+Per row, the paper's MATH row (7B pair, 8k budget): the LLM alone writes 2753 tokens; stitched,
+344 LLM + 771 SLM tokens in LLM runs of ~4 (``hf_rstitch.fast.routes.route``, a different seed
+per row, so rows route independently). At each batch size both methods run in one
+:class:`~hf_rstitch.fast.FastEngine` (every batch bucket captured before its timed runs), then
+transformers' plain and static-cache ``generate`` run the LLM alone for ``--baseline-new``
+tokens (their seconds for 2753 tokens are extrapolated per step and marked so).
+
+Floor: bytes a method must read (weights once per forward call it needs, plus the KV cache of the
+rows that need it, per step), over the measured device-to-device copy bandwidth. For stitched
+decoding a step needs the SLM if any row consults it (its token, or a proposal it hands over) and
+the LLM if any row's token is the LLM's.
+
+Writes ``engine_batched_<gpu>.json`` (``rows``: ``{"batch", "method", "seconds", "floor_seconds"}``
+plus details, device, versions, date) and ``.md``; prints one compact JSON document last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+import hf_rstitch  # noqa: F401  (patches generate)
+from hf_rstitch import ReplayPolicy
+from hf_rstitch.core.roles import Role
+from hf_rstitch.fast import FastConfig, FastEngine
+from hf_rstitch.fast.buckets import bucket_for
+from hf_rstitch.fast.routes import route, switches
+
+sys.path.insert(0, str(Path(__file__).parent))
+import engine_bench as eb  # noqa: E402  (the lab's shared helpers: bandwidth, weight bytes, timing)
+
+MATH = eb.MATH
+VARIANTS = {"graphs": FastConfig(), "parts": FastConfig(compile="parts"), "compiled-decode": FastConfig(compile="decode"),
+            "graphs-matmul": FastConfig(attention="matmul")}
+
+
+def kv_bytes_per_token(model) -> int:
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return c.num_hidden_layers * c.num_key_value_heads * head_dim * 2 * model.dtype.itemsize
+
+
+def stitched_routes(batch: int, scale: float) -> list[list[str]]:
+    llm, slm = round(MATH["llm_tokens"] * scale), round(MATH["slm_tokens"] * scale)
+    return [route(llm + slm, llm, 4.0, seed=100 + r) for r in range(batch)]
+
+
+def floor_seconds(routes: list[list[str]], prompt: int, facts: dict, bw: float) -> float:
+    """Bytes the route's forwards must read over the copy bandwidth (see the module docstring)."""
+    total = 0.0
+    alone = [len(set(r)) == 1 for r in routes]  # one model alone: it runs every step
+    for i in range(len(routes[0])):
+        for role in ("slm", "llm"):
+            need = [r for r, one in zip(routes, alone) if (r[0] == role if one else _needs(r, i, role))]
+            if need:
+                f = facts[role]
+                total += f["decode_read_bytes"] + len(need) * (prompt + i) * f["kv_bytes_per_token"]
+    return total / (bw * 1e9)
+
+
+def _needs(roles: list[str], i: int, model: str) -> bool:
+    if model == "llm":
+        return roles[i] == "llm"
+    return roles[i] == "slm" or (i == 0 or roles[i - 1] == "slm")  # its token, or a proposal it hands over
+
+
+def generate(llm, slm, ids, routes, engine, new):
+    return llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm,
+                        stitch_policy=ReplayPolicy(routes), stitch_engine=engine, max_new_tokens=new,
+                        do_sample=False, return_dict_in_generate=True)
+
+
+def fast_section(llm, slm, args, res, budget):
+    engine = FastEngine(VARIANTS[args.variant], capacity=args.prompt + MATH["llm_only_tokens"] + 8,
+                        max_batch=max(args.batches))
+    res["variant"] = {"name": args.variant, "config": repr(engine.config)}
+    facts = res["models"]
+    for batch in args.batches:
+        if not budget.allows(30):
+            res["skipped"].append(f"fast B={batch}: time budget")
+            continue
+        vocab = min(llm.config.vocab_size, slm.config.vocab_size)  # ids both models embed
+        ids = eb.prompt_ids(vocab, args.prompt).expand(batch, -1).contiguous()
+        ids = (ids + torch.arange(batch, device=ids.device)[:, None]) % vocab  # rows differ
+        sec_build, _ = eb.timed(lambda: generate(llm, slm, ids, [["slm", "llm"]], engine, 2))  # builds / captures
+        warm = sum(lane.warm_up(batch_sizes=[bucket_for(batch, lane.rows.sizes)]) for lane in engine._lanes.values())
+        res["warm_up"].append({"batch": batch, "first_call_s": sec_build, "warm_up_every_bucket_s": warm,
+                               "graphs": engine.graph_count(), "capture_s": engine.capture_seconds()})
+        print(f"[warm B={batch}] {res['warm_up'][-1]}", flush=True)
+        methods = ("llm_only", "stitched") + (("slm_only",) if batch in args.slm_only_batches else ())
+        for method in methods:
+            if method.endswith("_only"):
+                n = round(MATH["llm_only_tokens"] * args.scale)
+                routes = [[method[:3]] * n] * batch
+            else:
+                routes = stitched_routes(batch, args.scale)
+                n = len(routes[0])
+            sec, out = eb.timed(lambda: generate(llm, slm, ids, routes, engine, n))
+            traces = out.stitch if isinstance(out.stitch, list) else [out.stitch]
+            row = {"batch": batch, "method": method, "seconds": sec,
+                   "floor_seconds": floor_seconds(routes, args.prompt, facts, res["bandwidth_gbps"]),
+                   "new_tokens_per_row": n, "ms_per_step": 1e3 * sec / n,
+                   "llm_forward_calls_row0": traces[0].summary()["llm_forward_calls"],
+                   "slm_forward_calls_row0": traces[0].summary()["slm_forward_calls"],
+                   "switches_row0": switches(routes[0]),
+                   "roles_match": all([str(r) for r in t.roles] == routes[i] for i, t in enumerate(traces)),
+                   "row_moves": {str(k): v.row_moves for k, v in engine._lanes.items()}}
+            row["x_floor"] = row["seconds"] / row["floor_seconds"]
+            res["rows"].append(row)
+            print(f"[{method} B={batch}] {row}", flush=True)
+            res["save"]()
+    res["lane_rows"] = {str(r): lane.max_rows for r, lane in engine._lanes.items()}
+    del engine
+    torch.cuda.empty_cache() if eb.DEVICE == "cuda" else None
+
+
+def baseline_section(llm, args, res, budget):
+    """transformers, LLM alone: plain generate (DynamicCache) and the static cache (compiled by generate)."""
+    n = args.baseline_new
+    for kind, kw, batches in (("plain", {}, args.batches), ("static", {"cache_implementation": "static"},
+                                                             args.static_batches)):
+        for batch in batches:
+            if not budget.allows(40 if kind == "plain" else 120):
+                res["skipped"].append(f"transformers {kind} B={batch}: time budget")
+                continue
+            ids = eb.prompt_ids(llm.config.vocab_size, args.prompt).expand(batch, -1).contiguous()
+            row = {"batch": batch, "method": f"llm_only_transformers_{kind}", "new_tokens_measured": n}
+            try:
+                first, _ = eb.timed(lambda: llm.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, **kw))
+                sec, _ = eb.timed(lambda: llm.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kw))
+                row.update(first_call_s=first, seconds_measured=sec, ms_per_step=1e3 * sec / n,
+                           seconds=sec * MATH["llm_only_tokens"] / n, extrapolated=True)
+            except Exception as err:  # keep the run going; record what broke
+                row["error"] = f"{type(err).__name__}: {err}"[:1000]
+            res["transformers"].append(row)
+            print(f"[transformers {kind} B={batch}] {row}", flush=True)
+            res["save"]()
+
+
+def markdown(res) -> str:
+    d = res["device"]
+    lines = [f"# Batched fast engine, MATH-shaped workload: random Qwen2 7B (LLM) / 1.5B (SLM), bf16, {d['name']}", "",
+             f"torch {res['versions']['torch']}, transformers {res['versions']['transformers']}, {res['date']}; "
+             f"variant `{res.get('variant', {}).get('name')}`; prompt {res['args']['prompt']} tokens per row; "
+             f"copy bandwidth {res['bandwidth_gbps']:.0f} GB/s (read + write). Per row: LLM alone "
+             f"{round(MATH['llm_only_tokens'] * res['args']['scale'])} tokens; stitched "
+             f"{round(MATH['llm_tokens'] * res['args']['scale'])} LLM + {round(MATH['slm_tokens'] * res['args']['scale'])} "
+             "SLM tokens, LLM runs of ~4, independent routes per row.", "",
+             "| B | LLM alone (s) | x floor | stitched (s) | x floor | stitched speed-up | LLM ms/step | "
+             "plain generate, LLM (s, extrap.) | static generate, LLM (s, extrap.) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    by = {(r["batch"], r["method"]): r for r in res["rows"] + res["transformers"]}
+    for batch in res["args"]["batches"]:
+        lo, st = by.get((batch, "llm_only")), by.get((batch, "stitched"))
+        pl, sc = by.get((batch, "llm_only_transformers_plain")), by.get((batch, "llm_only_transformers_static"))
+        cell = lambda r, k, f: f.format(r[k]) if r and k in r else "-"  # noqa: E731
+        speed = f"{lo['seconds'] / st['seconds']:.2f}x" if lo and st else "-"
+        lines.append(f"| {batch} | {cell(lo, 'seconds', '{:.2f}')} | {cell(lo, 'x_floor', '{:.2f}')} | "
+                     f"{cell(st, 'seconds', '{:.2f}')} | {cell(st, 'x_floor', '{:.2f}')} | {speed} | "
+                     f"{cell(lo, 'ms_per_step', '{:.2f}')} | {cell(pl, 'seconds', '{:.1f}')} | "
+                     f"{cell(sc, 'seconds', '{:.1f}')} |")
+    for r in res["rows"]:
+        if r["method"] == "slm_only":
+            lines.append(f"\nSLM (1.5B) alone, B={r['batch']}: {r['ms_per_step']:.2f} ms/step, {r['x_floor']:.2f}x its floor.")
+    lines += ["", "Warm-up per batch size (graphs captured for the batch bucket, every length bucket, both lanes):", ""]
+    lines += [f"- B={w['batch']}: {w['warm_up_every_bucket_s']:.1f} s (first call {w['first_call_s']:.1f} s), "
+              f"{w['graphs']} graphs in all" for w in res["warm_up"]]
+    if res["skipped"]:
+        lines += ["", "Skipped: " + "; ".join(res["skipped"])]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out-dir", default="benchmarks/results")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--static-batches", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--slm-only-batches", type=int, nargs="*", default=[1], help="also time the SLM alone here")
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--baseline-new", type=int, default=128, help="new tokens for transformers' generate")
+    ap.add_argument("--scale", type=float, default=1.0, help="fraction of the MATH token counts (quick checks)")
+    ap.add_argument("--variant", default="graphs", choices=list(VARIANTS))
+    ap.add_argument("--skip-baselines", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
+    args = ap.parse_args()
+    if args.dry_run_cpu:
+        eb.DEVICE = "cpu"
+        for cfg in VARIANTS.values():
+            object.__setattr__(cfg, "graphs", False)
+    budget = eb.Budget(args.budget_s)
+    name = torch.cuda.get_device_name() if eb.DEVICE == "cuda" else "cpu dry run"
+    res = {"device": {"name": name, "capability": torch.cuda.get_device_capability() if eb.DEVICE == "cuda" else None},
+           "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                        "python": platform.python_version()},
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "args": vars(args),
+           "rows": [], "transformers": [], "warm_up": [], "skipped": []}
+    res["bandwidth_gbps"] = bw = eb.copy_bandwidth(2 << 30 if eb.DEVICE == "cuda" else 1 << 24)
+    if eb.DEVICE == "cuda":
+        from hf_rstitch.latency.profiler import random_qwen2
+        models = {"slm": random_qwen2("1.5b"), "llm": random_qwen2("7b")}
+    else:
+        models = eb.tiny_pair()
+    res["models"] = {}
+    for tag, m in models.items():
+        m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0  # random weights: no early stop
+        res["models"][tag] = {**eb.weight_bytes(m), "kv_bytes_per_token": kv_bytes_per_token(m)}
+    print(f"[setup] {res['device']} bw={bw:.0f} GB/s {res['models']}", flush=True)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    stem = out_dir / f"engine_batched_{gpu}{args.tag}"
+
+    def save():
+        clean = {k: v for k, v in res.items() if k != "save"}
+        stem.with_suffix(".json").write_text(json.dumps(clean, indent=1, default=str))
+        stem.with_suffix(".md").write_text(markdown(res))
+
+    res["save"] = save
+    llm, slm = models["llm"], models["slm"]
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        fast_section(llm, slm, args, res, budget)
+        res["fast_section_s"] = time.perf_counter() - t0
+        if not args.skip_baselines:
+            baseline_section(llm, args, res, budget)
+    save()
+    print(markdown(res))
+    print(json.dumps({"device": name, "rows": [{k: r[k] for k in ("batch", "method", "seconds", "floor_seconds")}
+                                               for r in res["rows"]]}))
+
+
+if __name__ == "__main__":
+    main()

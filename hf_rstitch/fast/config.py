@@ -1,0 +1,55 @@
+"""FastConfig (the fast engine's options) and the check of which models a FastLane can drive."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from transformers import PreTrainedModel
+
+from .buckets import bucket_sizes
+from .static_kv import ATTENTIONS
+
+
+@dataclass(frozen=True)
+class FastConfig:
+    """Options of the fast engine (``generate(..., stitch_engine=FastConfig(...))``)."""
+
+    max_bucket: int = 128  # largest catch-up graph (power of two); longer catch-ups run as several
+    graphs: bool | None = None  # CUDA graphs; None: on CUDA devices
+    # torch.compile: None; "parts" (norm, rotary and gated activation, symbolic shapes: one compile each per
+    # process, see .regions); whole steps before capture: "decode" (1-token steps) or "all" (buckets too)
+    compile: str | None = None
+    compile_max_bucket: int = 16  # with compile="all": buckets up to this size are compiled (one compile each)
+    warm_up: bool = False  # capture (and compile) every bucket when a lane is built, not on first use
+    # static-cache attention: "split" (a Triton kernel reading the written slots only; where Triton runs, else
+    # "matmul"), "matmul" (chunked products over every slot) or "sdpa" (one fused call over every slot)
+    attention: str = "split"
+    gemv: bool | None = None  # tuned Triton kernel for one-row linear products; None: where Triton runs
+    fuse_qkv: bool = True  # with gemv: q/k/v projections as one product (a copy of their weights)
+
+    def __post_init__(self):
+        bucket_sizes(self.max_bucket)  # validates
+        if self.compile_max_bucket < 1:
+            raise ValueError(f"compile_max_bucket must be >= 1, got {self.compile_max_bucket}")
+        if self.compile not in (None, "parts", "decode", "all"):
+            raise ValueError(f"compile must be None, 'parts', 'decode' or 'all', got {self.compile!r}")
+        if self.attention not in (*ATTENTIONS, "split"):
+            raise ValueError(f"attention must be one of {sorted((*ATTENTIONS, 'split'))}, got {self.attention!r}")
+
+
+def check_supported(model: PreTrainedModel, batch_size: int = 1) -> None:
+    """Raise a clear error if ``model`` cannot run in a FastLane (any batch size >= 1)."""
+    if batch_size < 1:
+        raise ValueError(f"the fast engine needs at least one row, got batch size {batch_size}.")
+    config = model.config.get_text_config()
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError("the fast engine supports decoder-only causal LMs only.")
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"} or getattr(config, "use_sliding_window", False):
+        raise ValueError(
+            f"the fast engine supports full-attention models only; {type(model).__name__} has layer types "
+            f"{sorted(kinds)} (sliding_window={getattr(config, 'sliding_window', None)}). Use stitch_engine='default'."
+        )
+    if "attention_mask" not in inspect.signature(model.forward).parameters:
+        raise ValueError(f"{type(model).__name__}.forward takes no attention_mask; the fast engine cannot drive it.")

@@ -1,0 +1,98 @@
+"""Which cache row holds which live row of a batch, and the per-row accounting of a fast lane.
+
+A CUDA graph replays fixed shapes, so a fast lane runs a batch of ``B`` rows in the graph of the
+smallest batch bucket ``b >= B`` (:func:`batch_sizes`). When rows finish (``keep_rows``) the
+survivors keep their cache rows and the finished ones stay in the bucket as dead weight -- their
+cache rows are computed and ignored -- until the live rows fit a smaller bucket; then the few
+live rows sitting above it move down into free cache rows (:meth:`RowSlots.keep` returns those
+moves). Nothing is reallocated and no graph is captured again.
+
+The live rows keep the caller's order (row ``r`` of ``seq`` is live row ``r``); ``slot[r]`` is the
+cache row that holds it, so after a move the cache rows are no longer in that order and the lane
+gathers / scatters through ``slot``.
+"""
+
+from __future__ import annotations
+
+from ..core.roles import Role
+from ..core.trace import CallKind, ForwardCall
+from .buckets import bucket_for
+
+
+def batch_sizes(max_rows: int) -> tuple[int, ...]:
+    """Batch buckets ``(1, 2, 4, ..., max_rows)``: powers of two below ``max_rows``, then ``max_rows``
+    itself (so a batch of 48 runs in a 48-row graph, not a 64-row one)."""
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise ValueError(f"a fast lane holds at least one row, got max_rows={max_rows!r}")
+    sizes, size = [], 1
+    while size < max_rows:
+        sizes.append(size)
+        size *= 2
+    return tuple(sizes) + (max_rows,)
+
+
+class RowSlots:
+    """Host bookkeeping of the live rows: cache row, columns a solo run would have seen, left padding."""
+
+    def __init__(self, max_rows: int):
+        self.max_rows = max_rows
+        self.sizes = batch_sizes(max_rows)
+        self.slot: list[int] = []  # cache row of each live row
+        self.solo_seen: list[int] = []  # per live row, columns a solo lane's cache would hold
+        self.pad: list[int] = []  # per live row, left-padding columns of its prompt
+
+    def start(self, pads: list[int]) -> None:
+        if len(pads) > self.max_rows:
+            raise ValueError(f"this lane holds {self.max_rows} rows, got a batch of {len(pads)}; build the engine's "
+                             "lanes for the larger batch (FastEngine rebuilds them when a generation needs more rows).")
+        self.slot, self.solo_seen, self.pad = list(range(len(pads))), [0] * len(pads), list(pads)
+
+    def clear(self) -> None:
+        self.slot, self.solo_seen, self.pad = [], [], []
+
+    @property
+    def n_live(self) -> int:
+        return len(self.slot)
+
+    @property
+    def bucket(self) -> int:
+        """Rows of the graph that runs the live rows: the smallest batch bucket holding every live cache row."""
+        return bucket_for(max(self.slot) + 1, self.sizes)
+
+    @property
+    def in_order(self) -> bool:
+        """Live row ``r`` sits in cache row ``r`` (no gather / scatter needed)."""
+        return all(s == r for r, s in enumerate(self.slot))
+
+    def keep(self, index: list[int]) -> list[tuple[int, int]]:
+        """Keep live rows ``index`` (in that order); returns the cache-row moves ``(src, dst)`` that bring
+        every live row under the smallest batch bucket that holds them all."""
+        if any(i < 0 or i >= self.n_live for i in index):
+            raise IndexError(f"keep_rows index {index} out of range for {self.n_live} live rows")
+        self.slot = [self.slot[i] for i in index]
+        self.solo_seen = [self.solo_seen[i] for i in index]
+        self.pad = [self.pad[i] for i in index]
+        if not self.slot:
+            return []
+        target = bucket_for(len(self.slot), self.sizes)
+        free = sorted(set(range(target)) - set(self.slot))
+        moves = []
+        for r, s in enumerate(self.slot):
+            if s >= target:
+                moves.append((s, free.pop(0)))
+                self.slot[r] = moves[-1][1]
+        return moves
+
+    def records(self, role: Role, total: int, taking: list[bool], resumed: list[bool],
+                seconds: float | None) -> dict[int, ForwardCall]:
+        """Per taking-part row, as if it ran alone (as :meth:`hf_rstitch.engine.Lane._records`): real
+        tokens read (``n_inf``) and held before (``n_kv``); the taking rows' solo view moves to ``total``."""
+        calls = {}
+        for r, (take, seen, pad, back) in enumerate(zip(taking, self.solo_seen, self.pad, resumed)):
+            if not take:
+                continue
+            kv = max(seen - pad, 0)
+            kind = CallKind.PREFILL if kv == 0 else (CallKind.RESUME if back else CallKind.DECODE)
+            calls[r] = ForwardCall(role, kind, total - max(seen, pad), kv, seconds)
+            self.solo_seen[r] = total
+        return calls

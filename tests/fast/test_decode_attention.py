@@ -1,0 +1,80 @@
+"""The split-K static-cache attention kernel (hf_rstitch.fast.decode_attention) against a plain reference.
+
+On CPU the kernel runs only under Triton's interpreter (``TRITON_INTERPRET=1`` with triton
+installed); these tests skip when it is not there. On CUDA they run the compiled kernel.
+"""
+
+import pytest
+import torch
+
+from hf_rstitch.fast import decode_attention as da
+from hf_rstitch.fast import gemv
+
+DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")),
+                           ("cuda", torch.cuda.is_available() and gemv.available("cuda"))) if ok]
+pytestmark = pytest.mark.skipif(not DEVICES, reason="needs triton (CUDA, or TRITON_INTERPRET=1 on CPU)")
+
+
+def reference(query, key, value, pos, pads, scale):
+    """Eager attention in float64: query i of row b sits at slot pos + i and sees slots <= its own,
+    except the row's first pads[b] slots (left padding), its own slot always."""
+    batch, heads, q, dim = query.shape
+    group = heads // key.shape[1]
+    k = key.double().repeat_interleave(group, dim=1)[:, :, : pos + q]
+    v = value.double().repeat_interleave(group, dim=1)[:, :, : pos + q]
+    slot = torch.arange(pos + q, device=query.device)
+    mine = pos + torch.arange(q, device=query.device)
+    pad = torch.tensor(pads, device=query.device)
+    see = (slot[None, None, :] <= mine[None, :, None]) & (
+        (slot[None, None, :] >= pad[:, None, None]) | (slot[None, None, :] == mine[None, :, None]))  # [b, q, S]
+    scores = (query.double() @ k.transpose(2, 3)) * scale
+    scores = scores.masked_fill(~see[:, None], float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(1, 2)  # [b, q, H, D]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch,heads,kv_heads,q,dim,slots,pos,pads", [
+    (1, 8, 2, 1, 32, 512, 37, [0]),  # B = 1 decode step
+    (3, 7, 1, 1, 16, 320, 200, [0, 5, 199]),  # group of 7 (Qwen2-7B), a row that is all padding but its own slot
+    (4, 12, 2, 2, 64, 256, 64, [3, 0, 0, 60]),  # two-token catch-up, split boundary at the write offset
+    (2, 8, 2, 8, 32, 448, 100, [10, 0]),  # 32 rows per KV head: two row blocks of 16
+    (2, 4, 4, 13, 16, 640, 511, [0, 7]),  # a padded-bucket shape crossing many splits
+])
+def test_kernel_equals_reference(device, batch, heads, kv_heads, q, dim, slots, pos, pads):
+    torch.manual_seed(batch + q + pos)
+    query = torch.randn(batch, q, heads, dim, device=device).transpose(1, 2)  # as transformers lays it out
+    key = torch.randn(batch + 1, kv_heads, slots, dim, device=device)[:batch]  # cache rows past the bucket unused
+    value = torch.randn(batch + 1, kv_heads, slots, dim, device=device)[:batch]
+    key[:, :, pos + q:] = float("nan")  # slots not written yet: never read
+    value[:, :, pos + q:] = float("nan")
+    posd = torch.tensor(pos, device=device)
+    pad = torch.tensor(pads + [123], device=device)  # one entry per cache row
+    out, weights = da.decode_attention(None, query, key, value, None, scaling=0.3, pos=posd, pad=pad,
+                                       fallback=None)
+    assert weights is None and out.shape == (batch, q, heads, dim)
+    want = reference(query, key, value, pos, pads, 0.3)
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unsupported_shapes_take_the_fallback(device):
+    query = torch.randn(1, 4, 1, 24, device=device)  # head size 24: not a power of two
+    key = torch.randn(1, 2, 64, 24, device=device)
+    seen = []
+
+    def fallback(module, q, k, v, mask, **kw):
+        seen.append(q.shape)
+        return "fallback", None
+
+    assert da.decode_attention(None, query, key, key, None, pos=torch.tensor(0), pad=torch.zeros(1, dtype=torch.long),
+                               fallback=fallback)[0] == "fallback"
+    assert seen == [query.shape]
+
+
+def test_plan_fills_the_device_and_caps_the_splits():
+    block_m, row_blocks, split = da._plan(batch=1, kv_heads=4, rows=7, slots=3072, sms=132)
+    assert (block_m, row_blocks) == (16, 1) and split % da.BLOCK_N == 0
+    assert -(-3072 // split) * 4 >= 132  # programs: splits x KV heads >= the multiprocessors
+    block_m, row_blocks, split = da._plan(batch=64, kv_heads=4, rows=56, slots=3072, sms=132)
+    assert (block_m, row_blocks) == (64, 1) and split == 1536  # 256 programs: two splits reach 2 x 132
+    assert -(-100000 // da._plan(1, 1, 1, 100000, 132)[2]) <= 64
