@@ -94,10 +94,14 @@ class RequestEngine:
         policy: one routing policy for every request (e.g. ``RandomPolicy``, a router's
             ``RouterPolicy``); then requests may not bring their own ``stitch_threshold``. Default:
             the entropy rule with each request's threshold.
+        engine: ``"default"`` (eager lanes, any device and model) or the fast engine on CUDA:
+            ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a :class:`hf_rstitch.fast.FastEngine`.
+        max_length: with the fast engine, the longest prompt + ``max_new_tokens`` a request may
+            ask for (the static caches' capacity); longer requests are refused at :meth:`submit`.
     """
 
     def __init__(self, llm, slm, threshold: float = 0.02, max_batch: int = 8, max_waiting: int | None = None,
-                 policy=None):
+                 policy=None, engine="default", max_length: int = 4096):
         from ..hf.checks import check_pair
         from ..hf.decode import logit_width
 
@@ -112,7 +116,15 @@ class RequestEngine:
         pad = llm.generation_config.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.default_eos, default=0))
         self.device = llm.device
-        self.lanes = EagerEngine().lanes(llm, slm, self.vocab, 0)
+        self.max_length = None
+        if isinstance(engine, str) and engine == "default" or isinstance(engine, EagerEngine):
+            self.lanes = EagerEngine().lanes(llm, slm, self.vocab, 0)
+        else:
+            from ..fast import FastEngine, resolve_engine
+
+            fast = engine if isinstance(engine, FastEngine) else FastEngine(resolve_engine(engine).config, max_batch=max_batch)
+            self.max_length = max_length
+            self.lanes = fast.lanes(slm, llm, self.vocab, max_batch, max_length)
         self.thresholds = RowEntropyPolicy() if policy is None else None
         self.policy = PinnedRoles(self.thresholds if policy is None else policy)
         self.policy.reset()
@@ -217,6 +229,10 @@ class RequestEngine:
                              f"(0..{self.vocab - 1}); tokenize with the pair's tokenizer.")
         if not isinstance(r.max_new_tokens, int) or r.max_new_tokens < 1:
             raise ValueError(f"Request.max_new_tokens must be an integer >= 1, got {r.max_new_tokens!r}")
+        if self.max_length is not None and len(ids) + r.max_new_tokens > self.max_length:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({r.max_new_tokens}) exceeds the fast "
+                             f"engine's max_length {self.max_length}; shorten the request or build the engine with "
+                             "a larger max_length.")
         if r.stitch_threshold is not None:
             if self.thresholds is None:
                 raise ValueError("this engine routes every request with one policy; drop Request.stitch_threshold "

@@ -132,3 +132,23 @@ def test_pinned_requests_are_the_single_models_and_a_shared_policy_routes_all():
         shared.submit(Request([5, 6], stitch_threshold=0.1))
     out = shared.run([Request(ps[2][0].tolist(), max_new_tokens=4)])
     assert [r.value for r in next(iter(out.values())).trace.roles] == ["slm", "llm", "llm", "slm"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-full"])
+def test_requests_through_the_fast_engine_equal_solo_runs(arch):
+    """The fast engine's lanes (static caches; eager steps off CUDA) behind the same request engine."""
+    from hf_rstitch.fast import FastConfig
+
+    llm, slm = make_pair(arch)
+    engine = RequestEngine(llm, slm, max_batch=3, engine=FastConfig(graphs=False), max_length=64)
+    prompts = [prompt(n, seed=40 + i) for i, n in enumerate([5, 12, 3, 8, 14])]
+    taus, max_new = [0.3, 0.5, 0.6, 0.4, 0.55], [10, 4, 16, 7, 9]
+    requests = [Request(p[0].tolist(), max_new_tokens=m, stitch_threshold=t) for p, t, m in zip(prompts, taus, max_new)]
+    done = engine.run(requests)
+    for r, p, t, m in zip(requests, prompts, taus, max_new):
+        alone = solo(llm, slm, p, t, m)
+        assert done[r.request_id].tokens == alone.sequences[0, p.shape[1]:].tolist(), r.request_id
+        assert done[r.request_id].trace.roles == alone.stitch.roles
+        assert calls(done[r.request_id].trace) == calls(alone.stitch)
+    with pytest.raises(ValueError, match="max_length 64"):
+        engine.submit(Request([5] * 60, max_new_tokens=10))
