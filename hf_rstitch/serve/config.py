@@ -30,6 +30,10 @@ class ServeConfig:
     dtype: str = field(default="float32", metadata={"help": "model dtype",
                                                      "choices": ["float32", "bfloat16", "float16"]})
     max_batch: int = field(default=8, metadata={"help": "rows of the continuous batch (requests decoded at once)"})
+    engine: str = field(default="default", metadata={
+        "help": "default: eager lanes (any device, any model); fast: static caches + CUDA graphs (CUDA, "
+                "full-attention models; a request's prompt + max_tokens must fit 4096 tokens)",
+        "choices": ["default", "fast"]})
     max_queue: int = field(default=64, metadata={
         "help": "requests that may wait for a free row; beyond max-batch + max-queue the server answers 429"})
     max_tokens: int = field(default=256, metadata={"help": "completion budget of a request that sets no max_tokens"})
@@ -83,6 +87,9 @@ def load_models(cfg: ServeConfig):
     return llm, slm, AutoTokenizer.from_pretrained(cfg.llm)
 
 
+FAST_MAX_LENGTH = 4096  # --engine fast: static cache capacity per row
+
+
 def build_engine(cfg: ServeConfig, llm, slm):
     """The request engine over the pair (continuous batching, ``cfg.max_batch`` rows); with
     ``cfg.router``, every request routes with that R-Stitch+ router."""
@@ -93,7 +100,10 @@ def build_engine(cfg: ServeConfig, llm, slm):
         from ..router.policy import policy_from_router
 
         policy = policy_from_router(cfg.router, slm)
-    return RequestEngine(llm, slm, threshold=cfg.threshold, max_batch=cfg.max_batch, policy=policy)
+    context = getattr(llm.config.get_text_config(), "max_position_embeddings", None) or FAST_MAX_LENGTH
+    max_length = min(context, FAST_MAX_LENGTH)  # static caches hold max_batch x this many tokens
+    return RequestEngine(llm, slm, threshold=cfg.threshold, max_batch=cfg.max_batch, policy=policy,
+                         engine=cfg.engine, max_length=max_length)
 
 
 def settings_for(cfg: ServeConfig, llm) -> Any:
