@@ -44,12 +44,12 @@ def free_port() -> int:
 
 def server_command(args, port: int) -> list[str]:
     common = ["--port", str(port), "--max-batch", str(args.max_batch), "--max-queue", str(args.requests),
-              "--threshold", str(args.threshold), "--device", args.device, "--dtype", args.dtype]
+              "--threshold", str(args.threshold), "--device", args.device, "--dtype", args.dtype, "--engine", args.engine]
     if args.pair == "shipped":
         replicas = ["--replicas", str(args.replicas), "--gpus-per-replica", str(args.gpus_per_replica)] \
             if args.replicas > 1 else []
         return [sys.executable, "-m", "hf_rstitch.cli.main", "serve", "--host", "127.0.0.1", *common, *replicas]
-    return [sys.executable, str(Path(__file__).resolve()), "--serve-random-qwen2", *common]
+    return [sys.executable, str(Path(__file__).resolve()), "--serve-random-qwen2", *common, "--random-p", str(args.random_p)]
 
 
 def serve_random_qwen2(argv: list[str]) -> int:
@@ -66,16 +66,22 @@ def serve_random_qwen2(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser()
     for flag, tp in (("--port", int), ("--max-batch", int), ("--max-queue", int), ("--threshold", float),
-                     ("--device", str), ("--dtype", str)):
+                     ("--device", str), ("--dtype", str), ("--engine", str), ("--random-p", float)):
         p.add_argument(flag, type=tp, required=True)
     a = p.parse_args(argv)
     dtype = getattr(torch, a.dtype)
     llm, slm = random_qwen2("7b", dtype, a.device, seed=0), random_qwen2("1.5b", dtype, a.device, seed=1)
     for m in (llm, slm):
         m.generation_config.eos_token_id = None
-    engine = RequestEngine(llm, slm, threshold=a.threshold, max_batch=a.max_batch)
+    # random weights: near-uniform distributions, so entropy routing is meaningless; route at random instead
+    # (each SLM step goes to the LLM with probability --random-p, which hands back after one token)
+    from hf_rstitch.core.policies import RandomPolicy
+
+    policy = RandomPolicy(a.random_p) if a.random_p > 0 else None
+    engine = RequestEngine(llm, slm, threshold=a.threshold, max_batch=a.max_batch, policy=policy, engine=a.engine,
+                           max_length=4096)
     settings = ServerSettings(model_name="random-qwen2-7b+1.5b", max_context=4096, vocab_size=llm.config.vocab_size,
-                              max_pending=a.max_batch + a.max_queue, threshold=a.threshold)
+                              max_pending=a.max_batch + a.max_queue, threshold=None if policy else a.threshold)
     uvicorn.run(create_app(engine, IdTokenizer(), settings), host="127.0.0.1", port=a.port, log_level="warning")
     return 0
 
@@ -286,6 +292,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=400)
     p.add_argument("--prompt-tokens", type=int, default=128, help="random pair: prompt length")
     p.add_argument("--threshold", type=float, default=0.02)
+    p.add_argument("--engine", choices=["default", "fast"], default="default", help="request engine lanes")
+    p.add_argument("--random-p", type=float, default=0.0,
+                   help="random pair: route at random, each SLM step to the LLM with this probability (0: threshold)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads of the server (OMP_NUM_THREADS)")
