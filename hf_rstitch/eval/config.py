@@ -78,6 +78,11 @@ class EvalConfig:
                     raise ValueError(f"--{name} is required (a local checkpoint path or Hub id) unless --report-only.")
             if not self.data:
                 raise ValueError("--data is required: one or more JSONL files with id/problem/answer per line.")
+            from ..sources import check_device, check_local_source
+
+            check_local_source(self.llm, "--llm")
+            check_local_source(self.slm, "--slm")
+            check_device(self.device)
         bad = [m for m in self.methods if m not in METHOD_KINDS]
         if bad or not self.methods:
             raise ValueError(f"unknown method(s) {bad}; choose from {list(METHOD_KINDS)}.")
