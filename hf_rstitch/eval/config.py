@@ -82,6 +82,9 @@ class EvalConfig:
 
             check_local_source(self.llm, "--llm")
             check_local_source(self.slm, "--slm")
+            if self.router_path and "router" in self.methods:
+                check_local_source(self.router_path, "--router-path", needs=("config.json", "model.safetensors"),
+                                   what="a router saved with Router.save_pretrained (train-router writes OUT/router)")
             check_device(self.device)
         bad = [m for m in self.methods if m not in METHOD_KINDS]
         if bad or not self.methods:
