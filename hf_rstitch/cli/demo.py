@@ -47,6 +47,11 @@ class DemoConfig:
     def __post_init__(self):
         if self.n < 1:
             raise ValueError(f"--n must be at least 1, got {self.n}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be positive, got {self.max_new_tokens}")
+        from ..sources import check_device
+
+        check_device(self.device)
         if not -1 <= self.show < self.n:
             raise ValueError(f"--show must index one of the {self.n} problems (0..{self.n - 1}) or be -1, got {self.show}")
         from ..core.policies import check_threshold
@@ -66,7 +71,7 @@ def _problems(cfg: DemoConfig):
 
     rows = load_test_split()
     if cfg.n > len(rows):
-        raise ValueError(f"--n {cfg.n} exceeds the {len(rows)} shipped test problems")
+        raise ValueError(f"--n {cfg.n} exceeds the {len(rows)} shipped test problems; use --n 1 to {len(rows)}")
     random.Random(cfg.seed).shuffle(rows)
     return [Problem(id=str(r["id"]), problem=r["problem"], answer=str(r["answer"]), dataset="toyworld")
             for r in rows[: cfg.n]]
@@ -150,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
     from ..toyworld.pair import load_pair
 
     torch.manual_seed(cfg.seed)
+    problems = _problems(cfg)  # before loading: --n past the split fails fast
     llm, slm, tokenizer = load_pair(cfg.device)
-    problems = _problems(cfg)
     settings = GenSettings(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
     router = _router(slm) if cfg.router else None
     kinds = ["llm", "slm", "rstitch"] + (["router"] if router is not None else [])

@@ -37,6 +37,12 @@ class GenerateConfig:
             raise ValueError("pass both --llm and --slm, or neither (to use the shipped pair)")
         if self.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be positive, got {self.max_new_tokens}")
+        from ..sources import check_device, check_local_source
+
+        for flag, source in (("--llm", self.llm), ("--slm", self.slm)):
+            if source:
+                check_local_source(source, flag)
+        check_device(self.device)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,11 +53,12 @@ def _load(cfg: GenerateConfig):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    dtype = getattr(torch, cfg.dtype)
     if not cfg.llm:
         from ..toyworld.pair import load_pair
 
-        return load_pair(cfg.device)
-    dtype = getattr(torch, cfg.dtype)
+        llm, slm, tok = load_pair(cfg.device)
+        return llm.to(dtype), slm.to(dtype), tok
     llm = AutoModelForCausalLM.from_pretrained(cfg.llm, dtype=dtype).to(cfg.device).eval()
     slm = AutoModelForCausalLM.from_pretrained(cfg.slm, dtype=dtype).to(cfg.device).eval()
     return llm, slm, AutoTokenizer.from_pretrained(cfg.llm)

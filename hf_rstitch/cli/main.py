@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except SystemExit as stop:  # config validation (cli/args.py) already printed its message
         return stop.code if isinstance(stop.code, int) else 1
+    except (ValueError, FileNotFoundError) as err:  # bad input found past the config: say what, not a traceback
+        print(f"rstitch {args.command}: error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

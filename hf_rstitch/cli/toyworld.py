@@ -5,13 +5,14 @@ Subcommands::
     rstitch toyworld data --split test --n 600 --out test.jsonl
     rstitch toyworld tokenizer --out runs/toyworld/tokenizer
     rstitch toyworld train --preset llm --out runs/toyworld/llm
-    rstitch toyworld eval --model hf_rstitch/assets/pair/slm --n 100
+    rstitch toyworld eval --model hf_rstitch/assets/pair/slm --n 100   # default: the shipped LLM
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -52,7 +53,7 @@ class TokenizerConfig:
 class EvalConfig:
     """Greedy single-model evaluation on the test split."""
 
-    model: str = field(default="hf_rstitch/assets/pair/llm", metadata={"help": "model folder"})
+    model: str = field(default="", metadata={"help": "model folder; empty: the shipped pair's LLM"})
     data: str = field(default="", metadata={"help": "JSONL of problems; default: the shipped test split"})
     n: int = field(default=0, metadata={"help": "first N problems only; 0 = all"})
     batch_size: int = field(default=32, metadata={"help": "problems per generate call"})
@@ -62,6 +63,24 @@ class EvalConfig:
     opener: str = field(default="", metadata={
         "help": "write this at the start of every answer, e.g. 'So' to make a model answer in the concise "
                 "style (how well the LLM does inside the SLM's traces)"})
+
+    def __post_init__(self) -> None:
+        if self.n < 0:
+            raise ValueError(f"--n must be >= 0 (0 = all problems), got {self.n}")
+        if self.batch_size < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"--batch-size and --max-new-tokens must be positive, got {self.batch_size} and "
+                             f"{self.max_new_tokens}")
+        from hf_rstitch.sources import check_device, check_local_source
+
+        if not self.model:
+            from hf_rstitch.toyworld.pair import ASSETS
+
+            self.model = str(ASSETS / "llm")
+        check_local_source(self.model, "--model")
+        if self.data and not os.path.isfile(self.data):
+            raise FileNotFoundError(f"--data {self.data}: no such file; give a JSONL of problems "
+                                    "(rstitch toyworld data writes one) or leave it out for the shipped test split.")
+        check_device(self.device)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,6 +14,7 @@ the decode loop never changes. This is where every switch decision is made.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
@@ -75,8 +76,11 @@ def as_decision(value, method: str) -> torch.Tensor:
 
 
 def check_threshold(tau: float, name: str = "stitch_threshold") -> float:
-    """Validate a normalized-entropy threshold and return it as a float."""
-    if isinstance(tau, bool) or not isinstance(tau, (int, float)):
+    """Validate a normalized-entropy threshold and return it as a float (a Python, numpy or
+    one-element tensor number is accepted)."""
+    if getattr(tau, "shape", None) is not None and getattr(tau, "ndim", 0) == 0 and hasattr(tau, "item"):
+        tau = tau.item()  # numpy scalar or 0-d array / tensor
+    if isinstance(tau, bool) or not isinstance(tau, numbers.Real):
         raise TypeError(
             f"`{name}` must be a number in [0, 1] (normalized entropy), got {type(tau).__name__} {tau!r}. "
             "Typical values are 0.001 - 0.05, e.g. stitch_threshold=0.02."
@@ -242,3 +246,60 @@ class PinnedRoles:
 
     def __repr__(self) -> str:
         return f"PinnedRoles({self.base!r})"
+
+
+def as_decisions(value, step: StepView, owner: object, method: str) -> torch.Tensor:
+    """A policy's answer as the ``[B]`` bool tensor the loop expects.
+
+    Bool tensors pass as they are; a list, array or number tensor holding only 0 / 1 is
+    converted; anything else (scores, probabilities, a wrong shape) raises an error that says
+    what came back and what to return instead."""
+    n = int(step.entropy.shape[0])
+    where = f"{type(owner).__name__}.{method}"
+    if not isinstance(value, torch.Tensor):
+        try:
+            value = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{where} must return a [{n}] bool tensor (True = hand over), got "
+                            f"{type(value).__name__} {value!r}.") from None
+    if tuple(value.shape) != (n,):
+        raise ValueError(f"{where} returned shape {tuple(value.shape)}; expected [{n}], one decision per row of the "
+                         "batch (StepView.entropy has that shape).")
+    if value.dtype == torch.bool:
+        return value
+    if not value.is_complex() and bool(((value == 0) | (value == 1)).all()):
+        return value != 0
+    raise TypeError(f"{where} must return a [{n}] bool tensor (True = hand over), got {value.dtype} values "
+                    f"{value[:4].tolist()}. Compare scores with a cut-off, e.g. `return probs > 0.5`.")
+
+
+class CheckedPolicy:
+    """Wraps a policy from outside hf_rstitch: its decisions go through :func:`as_decisions`.
+    Every other attribute is the wrapped policy's."""
+
+    def __init__(self, policy: RoutingPolicy):
+        self.policy = policy
+
+    def __getattr__(self, name: str):
+        return getattr(self.policy, name)
+
+    @property
+    def needs_hidden(self) -> bool:
+        return bool(self.policy.needs_hidden)
+
+    def reset(self) -> None:
+        self.policy.reset()
+
+    def hand_to_llm(self, step: StepView) -> torch.Tensor:
+        return as_decisions(self.policy.hand_to_llm(step), step, self.policy, "hand_to_llm")
+
+    def hand_to_slm(self, step: StepView) -> torch.Tensor:
+        return as_decisions(self.policy.hand_to_slm(step), step, self.policy, "hand_to_slm")
+
+    def __repr__(self) -> str:
+        return repr(self.policy)
+
+
+def checked(policy: RoutingPolicy) -> RoutingPolicy:
+    """``policy`` itself if hf_rstitch defines its class, else wrapped in :class:`CheckedPolicy`."""
+    return policy if type(policy).__module__.startswith("hf_rstitch.") else CheckedPolicy(policy)

@@ -93,6 +93,14 @@ class EvalConfig:
             if not self.data:
                 raise ValueError("--data is required: one or more JSONL files with id/problem/answer per line, "
                                  "other local files or Hub dataset ids.")
+            from ..sources import check_device, check_local_source
+
+            check_local_source(self.llm, "--llm")
+            check_local_source(self.slm, "--slm")
+            if self.router_path and "router" in self.methods and self.router_path != "shipped":
+                check_local_source(self.router_path, "--router-path", needs=("config.json", "model.safetensors"),
+                                   what="a router saved with Router.save_pretrained (train-router writes OUT/router)")
+            check_device(self.device)
         from .data import parse_columns
 
         parse_columns(self.columns)  # a malformed mapping fails here, before any model loads

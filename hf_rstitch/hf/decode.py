@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
-from ..core.policies import EntropyPolicy, RoutingPolicy
+from ..core.policies import EntropyPolicy, RoutingPolicy, checked
 from ..core.roles import Role
 from ..core.sampling import pad_vocab
 from ..engine import EagerEngine, Lane, stitch_loop
@@ -52,7 +52,7 @@ def resolve_policy(
                 f"`stitch_policy` must implement hand_to_llm / hand_to_slm / reset / needs_hidden "
                 f"(see hf_rstitch.core.policies), got {type(stitch_policy).__name__}."
             )
-        return stitch_policy
+        return checked(stitch_policy)  # a foreign policy's decisions are checked: [B] bool
     if stitch_threshold is None:
         stitch_threshold = getattr(config, "stitch_threshold", None)
     if stitch_threshold is None:

@@ -84,6 +84,12 @@ class RouterTrainConfig:
             raise ValueError("; ".join(bad) + f" (got {self.describe()}).")
         if bool(self.llm) != bool(self.slm):
             raise ValueError("give both --llm and --slm, or neither (the shipped toy pair).")
+        from ..sources import check_device, check_local_source
+
+        for flag, source in (("--llm", self.llm), ("--slm", self.slm)):
+            if source:
+                check_local_source(source, flag)
+        check_device(self.device)
 
     def describe(self) -> str:
         keys = ("threshold", "lam", "steps", "batch_prompts", "group_size", "lr", "epochs", "eps_low", "eps_high",

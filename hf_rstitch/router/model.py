@@ -89,6 +89,29 @@ class Router(nn.Module, PyTorchModelHubMixin, library_name="hf-rstitch", tags=["
         return sum(p.numel() for p in self.parameters())
 
 
+def _router_from(source) -> Router:
+    """``Router.from_pretrained`` with errors that name the argument and the fix."""
+    from pathlib import Path
+
+    from ..sources import check_local_source
+
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"a router must be a Router, a local folder or a Hub id (str or Path), got "
+                        f"{type(source).__name__} {source!r}. For a ready policy object pass stitch_policy=.")
+    if not str(source).strip():
+        raise ValueError("the router path is empty; give the folder written by Router.save_pretrained "
+                         "(rstitch train-router writes OUT/router) or a Hub id.")
+    what = "a router saved with Router.save_pretrained (rstitch train-router writes OUT/router)"
+    check_local_source(source, "router", needs=("config.json", "model.safetensors"), what=what)
+    try:
+        return Router.from_pretrained(str(source))
+    except (OSError, FileNotFoundError):
+        raise
+    except Exception as err:  # a corrupt or foreign file: safetensors / json / shape errors
+        raise ValueError(f"cannot load a router from {source}: {type(err).__name__}: {err}. Expected {what}; "
+                         "the files may be corrupt or belong to another model.") from None
+
+
 def hidden_size_error(router_size: int, slm_size: int) -> str:
     return (f"router/SLM mismatch: the router reads hidden states of size {router_size}, but the SLM's hidden "
             f"size is {slm_size}. A router is trained for one SLM; load the router trained for this SLM, or train "
@@ -102,7 +125,7 @@ def load_router(source, slm=None, device=None) -> Router:
         from ..resources import shipped
 
         source = shipped("router")
-    router = source if isinstance(source, Router) else Router.from_pretrained(str(source))
+    router = source if isinstance(source, Router) else _router_from(source)
     if slm is not None:
         router.check_slm(slm)
         device = device or next(slm.parameters()).device

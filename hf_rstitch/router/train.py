@@ -10,10 +10,11 @@ Departures from DAPO as published: dynamic sampling *skips* zero-variance groups
 drawing more prompts until the batch is full (the batch shrinks; ``kept_groups`` is logged);
 no overlong-response shaping (the decoding budget is the task's); no KL term (as DAPO).
 
-Output folder: ``metrics.jsonl`` (one line per step; after a resume, lines past the checkpoint are
-dropped before the steps re-run), ``checkpoint/trainer.pt`` (router, optimizer, step and RNG in
-one file written atomically, loaded with ``weights_only=True``; resumed automatically), ``router/`` (final, ``Router.from_pretrained``-loadable),
-``latency.json`` (the latency model used) and ``config.json``.
+Output folder: ``metrics.jsonl`` (one line per step; after a resume, lines past the checkpoint
+are dropped before the steps re-run), ``checkpoint/trainer.pt`` (router, optimizer, step and RNG
+in one file written atomically, loaded with ``weights_only=True``; resumed automatically),
+``router/`` (final, ``Router.from_pretrained``-loadable), ``latency.json`` (the latency model
+used) and ``config.json``.
 """
 
 from __future__ import annotations

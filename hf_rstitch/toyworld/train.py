@@ -94,6 +94,17 @@ class TrainConfig:
         for key in _PRESET_KEYS:
             if getattr(self, key) is None:
                 setattr(self, key, PRESETS[self.preset][key])
+        positive = {"--steps": self.steps, "--batch-size": self.batch_size, "--hidden-size": self.hidden_size,
+                    "--num-layers": self.num_layers, "--num-heads": self.num_heads, "--eval-every": self.eval_every,
+                    "--log-every": self.log_every, "--n-valid": self.n_valid, "--max-new-tokens": self.max_new_tokens}
+        bad = [f"{flag} {value}" for flag, value in positive.items() if value < 1]
+        bad += [f"{flag} {value}" for flag, value, ok in (
+            ("--lr", self.lr, self.lr > 0), ("--warmup-steps", self.warmup_steps, self.warmup_steps >= 0),
+            ("--max-minutes", self.max_minutes, self.max_minutes >= 0), ("--workers", self.workers, self.workers >= 0))
+            if not ok]
+        if bad:
+            raise ValueError(f"invalid {', '.join(bad)}: steps, sizes, intervals and budgets must be >= 1, --lr > 0, "
+                             "--warmup-steps, --max-minutes and --workers >= 0")
         if not 0.0 <= self.other_style_fraction < 1.0:
             raise ValueError(f"other_style_fraction must be in [0, 1), got {self.other_style_fraction}")
         if self.hidden_size % self.num_heads:

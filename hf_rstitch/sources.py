@@ -1,0 +1,61 @@
+"""Checks on where a model or router comes from and where it runs, shared by the configs and
+the CLI, so a typo gets a message about the typo: a missing local folder is reported as a missing
+folder (not as an invalid Hub id), an unusable ``--device`` before any model loads.
+
+Cheap to import (no torch at module level).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def looks_local(source: str) -> bool:
+    """True when ``source`` can only mean a path: it starts with ``.``, ``/`` or ``~``, has a
+    backslash or more than one ``/``, or its parent folder exists here (``runs/llm`` with a local
+    ``runs/``). A Hub id is ``name`` or ``owner/name``."""
+    s = str(source)
+    if s.startswith((".", "/", "~")) or "\\" in s or s.count("/") > 1 or os.path.isabs(s):
+        return True
+    parent = os.path.dirname(s)
+    return bool(parent) and os.path.isdir(parent)
+
+
+def check_local_source(source: str | os.PathLike, flag: str, needs: tuple[str, ...] = ("config.json",),
+                       what: str = "a model saved with save_pretrained") -> None:
+    """Raise ``FileNotFoundError`` if ``source`` is meant as a local folder but is not a usable one.
+
+    A Hub id that is not a local path passes (the Hub loader reports its own errors)."""
+    path = Path(source).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise FileNotFoundError(f"{flag} {source}: is a file; give the folder that holds {needs[0]} ({what}).")
+        missing = [name for name in needs if not (path / name).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{flag} {source}: the folder has no {' / '.join(missing)}; expected {what}.")
+        return
+    if looks_local(str(source)):
+        raise FileNotFoundError(f"{flag} {source}: no such folder (looked for {path.resolve()}). Give the folder that "
+                                f"holds {needs[0]} ({what}), or a Hub id such as owner/name.")
+
+
+def check_device(device: str, flag: str = "--device") -> None:
+    """Raise ``ValueError`` unless ``device`` is ``auto`` or a torch device this machine has."""
+    if device == "auto":
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"{flag} {device!r} is not a torch device ({err}); use cpu, cuda, cuda:1 or auto.") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"{flag} {device}: CUDA is not available on this machine (torch {torch.__version__}); "
+                             "use --device cpu (or auto).")
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"{flag} {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}.")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{flag} {device}: MPS is not available on this machine; use --device cpu.")
