@@ -94,7 +94,7 @@ def stitched_decode(
             ``stitch_threshold`` (default: the threshold it was trained with). See :mod:`hf_rstitch.router`.
         stitch_streamer: receives every new token (``put``) and ``end()``.
         stitch_timing: record device-synchronised seconds of every forward call in the trace.
-        stitch_engine: ``"default"`` (eager lanes), or the opt-in fast engine for batch size 1 on CUDA:
+        stitch_engine: ``"default"`` (eager lanes), or the opt-in fast engine on CUDA (any batch size):
             ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a reusable :class:`hf_rstitch.fast.FastEngine`.
 
     Returns:
