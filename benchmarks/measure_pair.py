@@ -87,7 +87,7 @@ def device_name(device: str) -> str:
     return f"{cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--llm", default=str(ASSETS / "llm"), help="LLM folder")
     p.add_argument("--slm", default=str(ASSETS / "slm"), help="SLM folder")
@@ -108,14 +108,61 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speed-tokens", type=int, default=128, help="tokens generated per timing")
     p.add_argument("--no-speed", action="store_true", help="skip the per-token timing")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "toyworld_pair.json"))
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def measure_model(role: str, folder: str, rows: list[dict], tok, args) -> dict:
+    """Accuracy (by level), mean answer length and, unless --no-speed, batch-1 ms per token of one model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hf_rstitch.toyworld.evaluate import evaluate
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(args.device).eval()
+    if args.accuracy_from:
+        ev = from_records(Path(args.accuracy_from), rows, role)
+    else:
+        ev = evaluate(model, tok, rows, args.batch_size, args.max_new_tokens,
+                      progress=lambda d, t, r=role: print(f"\r{r}: {d}/{t}", end="", file=sys.stderr))
+        print(file=sys.stderr)
+    by_level: dict[str, list[bool]] = {}
+    for row, res in zip(rows, ev["results"]):
+        by_level.setdefault(str(row.get("level")), []).append(res["correct"])
+    out = {"folder": str(folder), "params": sum(p.numel() for p in model.parameters()),
+           "accuracy": ev["accuracy"], "mean_tokens": ev["mean_tokens"],
+           "accuracy_by_level": {k: sum(v) / len(v) for k, v in sorted(by_level.items())},
+           "eval_seconds": ev["seconds"]}
+    if not args.no_speed:
+        if args.speed_threads:
+            torch.set_num_threads(args.speed_threads)
+        out["ms_per_token_batch1"] = per_token_ms(model, tok, [r["problem"] for r in rows[:args.speed_problems + 1]],
+                                                  args.speed_tokens)
+    return out
+
+
+def judge(report: dict, no_speed: bool) -> None:
+    """Ratios and which targets are met, added to ``report``."""
+    llm, slm = report["llm"], report["slm"]
+    report["length_ratio_slm_over_llm"] = slm["mean_tokens"] / llm["mean_tokens"]
+    if not no_speed:
+        report["speed_ratio_llm_over_slm"] = llm["ms_per_token_batch1"] / slm["ms_per_token_batch1"]
+    report["targets_met"] = {
+        "llm_accuracy": llm["accuracy"] >= TARGETS["llm_accuracy_min"],
+        "slm_accuracy": slm["accuracy"] <= TARGETS["slm_accuracy_max"],
+        "length_ratio": report["length_ratio_slm_over_llm"] <= TARGETS["length_ratio_max"],
+        **({"speed_ratio": report["speed_ratio_llm_over_slm"] >= TARGETS["speed_ratio_min"]} if not no_speed else {}),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     import tokenizers
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from hf_rstitch.toyworld.evaluate import evaluate
     from hf_rstitch.toyworld.tasks import read_jsonl
 
     if args.threads:
@@ -133,38 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                                  if args.accuracy_from else "greedy, plain model.generate, float32, "
                                  f"left-padded batches of {args.batch_size}"), "targets": TARGETS}
     for role, folder in (("llm", args.llm), ("slm", args.slm)):
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(args.device).eval()
-        if args.accuracy_from:
-            ev = from_records(Path(args.accuracy_from), rows, role)
-        else:
-            ev = evaluate(model, tok, rows, args.batch_size, args.max_new_tokens,
-                          progress=lambda d, t, r=role: print(f"\r{r}: {d}/{t}", end="", file=sys.stderr))
-            print(file=sys.stderr)
-        by_level: dict[str, list[bool]] = {}
-        for row, res in zip(rows, ev["results"]):
-            by_level.setdefault(str(row.get("level")), []).append(res["correct"])
-        report[role] = {"folder": str(folder), "params": sum(p.numel() for p in model.parameters()),
-                        "accuracy": ev["accuracy"], "mean_tokens": ev["mean_tokens"],
-                        "accuracy_by_level": {k: sum(v) / len(v) for k, v in sorted(by_level.items())},
-                        "eval_seconds": ev["seconds"]}
-        if not args.no_speed:
-            if args.speed_threads:
-                torch.set_num_threads(args.speed_threads)
-            report[role]["ms_per_token_batch1"] = per_token_ms(
-                model, tok, [r["problem"] for r in rows[:args.speed_problems + 1]], args.speed_tokens)
-    llm, slm = report["llm"], report["slm"]
-    report["length_ratio_slm_over_llm"] = slm["mean_tokens"] / llm["mean_tokens"]
-    if not args.no_speed:
-        report["speed_ratio_llm_over_slm"] = llm["ms_per_token_batch1"] / slm["ms_per_token_batch1"]
-    report["targets_met"] = {
-        "llm_accuracy": llm["accuracy"] >= TARGETS["llm_accuracy_min"],
-        "slm_accuracy": slm["accuracy"] <= TARGETS["slm_accuracy_max"],
-        "length_ratio": report["length_ratio_slm_over_llm"] <= TARGETS["length_ratio_max"],
-        **({"speed_ratio": report["speed_ratio_llm_over_slm"] >= TARGETS["speed_ratio_min"]}
-           if not args.no_speed else {}),
-    }
+        report[role] = measure_model(role, folder, rows, tok, args)
+    judge(report, args.no_speed)
     print(f"{'model':<5} {'params':>9} {'accuracy':>9} {'mean tokens':>12} {'ms/token':>9}")
     for role in ("llm", "slm"):
         r = report[role]

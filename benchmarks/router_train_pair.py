@@ -40,7 +40,7 @@ def plane_point(row: dict) -> dict:
     return {k: row[k] for k in ("accuracy", "latency_ms", "llm_token_share")} | {"new_tokens": row["new_tokens"]}
 
 
-def main() -> None:
+def parse_args():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--minutes", type=float, default=5.0)
@@ -53,51 +53,59 @@ def main() -> None:
     ap.add_argument("--llm-bias", type=float, default=2.0)
     ap.add_argument("--scale-advantages", action=argparse.BooleanOptionalAction, default=False)
     ap.add_argument("--latency", default="", help="reuse this latency.json instead of profiling")
-    args = ap.parse_args()
-    out, work = Path(args.out), Path("/tmp/router_run")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    llm, slm, tok = load_pair("cuda")
-    if args.latency:
-        shutil.copy(args.latency, work / "latency.json")
-    base = RouterTrainConfig(out=str(work), threshold=args.threshold, device="cuda")
-    t0 = time.perf_counter()
-    lm = load_latency_model(base, llm, slm, work)
-    print(f"profiled in {time.perf_counter() - t0:.0f}s: {lm}", flush=True)
+    return ap.parse_args()
 
-    rows = load_test_split()[: args.n_test]
-    sweep_kw = dict(batch_size=len(rows), latency_model=lm)  # the whole split in one batch, as before
-    sweep_res = {"device": torch.cuda.get_device_name(), "n_test": len(rows), "rstitch": {}, "router": {}}
-    taus = [0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 1.0]
-    for tau, row in zip(taus, sweep(llm, slm, tok, rows, taus, **sweep_kw)):
-        sweep_res["rstitch"][tau] = plane_point(row)
-        print("rstitch", tau, sweep_res["rstitch"][tau], flush=True)
-    lam = args.lam_weight / sweep_res["rstitch"][0.0]["latency_ms"]
-    sweep_res["lambda"] = lam
-    print(f"lambda = {args.lam_weight} / {sweep_res['rstitch'][0.0]['latency_ms']:.1f} ms = {lam:.3g}", flush=True)
 
+def train(args, llm, slm, tok, lm, lam: float, work: Path):
     cfg = RouterTrainConfig(out=str(work), threshold=args.threshold, lam=lam, steps=1000, max_minutes=args.minutes,
                             device="cuda", checkpoint_every=10, temperature=args.temperature, lr=args.lr,
                             do_sample=args.do_sample, llm_bias=args.llm_bias,
                             scale_advantages=args.scale_advantages,
                             latency_profile=str(work / "latency.json"))
-    router = train_router(cfg, llm=llm, slm=slm, tokenizer=tok, latency_model=lm,
-                          log=lambda s: print(s, flush=True))
+    return train_router(cfg, llm=llm, slm=slm, tokenizer=tok, latency_model=lm, log=lambda s: print(s, flush=True))
+
+
+def save(out: Path, work: Path, sweep_res: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(sweep_res, indent=1) + "\n")
+    for src, dst in (("router/config.json", "router_config.json"), ("router/model.safetensors",
+                     "router_model.safetensors"), ("latency.json", "latency.json"), ("metrics.jsonl", "metrics.jsonl")):
+        shutil.copy(work / src, out / dst)
+
+
+def main() -> None:
+    args = parse_args()
+    work = Path("/tmp/router_run")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    llm, slm, tok = load_pair("cuda")
+    if args.latency:
+        shutil.copy(args.latency, work / "latency.json")
+    t0 = time.perf_counter()
+    lm = load_latency_model(RouterTrainConfig(out=str(work), threshold=args.threshold, device="cuda"), llm, slm, work)
+    print(f"profiled in {time.perf_counter() - t0:.0f}s: {lm}", flush=True)
+
+    rows = load_test_split()[: args.n_test]
+    sweep_kw = dict(batch_size=len(rows), latency_model=lm)  # the whole split in one batch
+    res = {"device": torch.cuda.get_device_name(), "n_test": len(rows), "rstitch": {}, "router": {}}
+    taus = [0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 1.0]
+    for tau, row in zip(taus, sweep(llm, slm, tok, rows, taus, **sweep_kw)):
+        res["rstitch"][tau] = plane_point(row)
+        print("rstitch", tau, res["rstitch"][tau], flush=True)
+    res["lambda"] = lam = args.lam_weight / res["rstitch"][0.0]["latency_ms"]
+    print(f"lambda = {args.lam_weight} / {res['rstitch'][0.0]['latency_ms']:.1f} ms = {lam:.3g}", flush=True)
+
+    router = train(args, llm, slm, tok, lm, lam, work)
     for tau in sorted({args.threshold, 0.001, 0.005, 0.01, 0.02}):
         method = LearnedRouter(llm, slm, GREEDY_400, RouterPolicy(router, tau))
         (row,) = sweep(llm, slm, tok, rows, methods=[method], **sweep_kw)
-        sweep_res["router"][tau] = plane_point(row)
-        print("router", tau, sweep_res["router"][tau], flush=True)
+        res["router"][tau] = plane_point(row)
+        print("router", tau, res["router"][tau], flush=True)
     x = torch.randn(1, router.hidden_size, device="cuda")
     times = [timed(lambda: router.log_probs(x).argmax(-1), "cuda")[0] * 1e3 for _ in range(300)]
-    sweep_res["router_overhead_ms_gpu_median"] = statistics.median(times[50:])
-    print("router overhead ms (GPU, batch 1):", sweep_res["router_overhead_ms_gpu_median"], flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps(sweep_res, indent=1) + "\n")
-    shutil.copy(work / "router" / "config.json", out / "router_config.json")
-    shutil.copy(work / "router" / "model.safetensors", out / "router_model.safetensors")
-    shutil.copy(work / "latency.json", out / "latency.json")
-    shutil.copy(work / "metrics.jsonl", out / "metrics.jsonl")
+    res["router_overhead_ms_gpu_median"] = statistics.median(times[50:])
+    print("router overhead ms (GPU, batch 1):", res["router_overhead_ms_gpu_median"], flush=True)
+    save(Path(args.out), work, res)
 
 
 if __name__ == "__main__":

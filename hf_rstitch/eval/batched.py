@@ -53,7 +53,8 @@ def batched_records(methods: Sequence[Method], problems: Sequence[Problem], toke
     """Every method on every problem, ``batch_size`` rows per ``generate`` call; one record each.
 
     ``instruction`` is appended to every problem (the toy pair takes none; benchmarks use
-    :data:`~.data.DEFAULT_INSTRUCTION`). Records are in ``methods`` x ``problems`` order.
+    :data:`~.data.DEFAULT_INSTRUCTION`). Speculative decoding runs one problem per call (transformers
+    refuses it for larger batches). Records are in ``methods`` x ``problems`` order.
     """
     if not methods or not problems:
         return []
@@ -62,8 +63,9 @@ def batched_records(methods: Sequence[Method], problems: Sequence[Problem], toke
     prompts = [prompt_ids(tokenizer, p.problem, instruction, chat_template) for p in problems]
     records: list[dict[str, Any]] = []
     for method in methods:
-        for start in range(0, len(problems), batch_size):
-            chunk = range(start, min(start + batch_size, len(problems)))
+        size = 1 if method.kind == "specdec" else batch_size  # transformers' assisted generation: batch 1 only
+        for start in range(0, len(problems), size):
+            chunk = range(start, min(start + size, len(problems)))
             ids, mask = left_pad([prompts[i] for i in chunk], pad)
             synchronize(device)
             t0 = time.perf_counter()

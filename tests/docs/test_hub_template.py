@@ -82,6 +82,7 @@ def reference(pair):
     return ids, args, llm.generate(ids, assistant_model=slm, **args)
 
 
+@pytest.mark.slow  # with the template tests below: 5 s fixture + 8 s subprocess
 @needs_pair
 def test_local_template_equals_patched_generate(tmp_path, pair, reference):
     llm, slm, _ = pair
@@ -126,6 +127,7 @@ print(json.dumps({"ids": out.sequences[0].tolist(), "roles": [str(r) for r in ou
 """
 
 
+@pytest.mark.slow
 @needs_pair
 def test_template_runs_without_hf_rstitch(tmp_path, reference):
     ids, _, want = reference
@@ -141,6 +143,7 @@ def test_template_runs_without_hf_rstitch(tmp_path, reference):
     assert "install hf-rstitch" in got["router_error"] and "wheel" in got["router_error"]
 
 
+@pytest.mark.slow
 @needs_pair
 def test_template_also_runs_while_the_package_patch_is_active(tmp_path, pair, reference):
     llm, slm, _ = pair

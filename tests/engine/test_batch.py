@@ -16,6 +16,7 @@ def prompts():
     return [prompt(n, seed=10 + i) for i, n in enumerate(LENGTHS)]
 
 
+@pytest.mark.slow  # 3.5-4.2 s per architecture
 @pytest.mark.parametrize("arch", BATCH_ARCHS)
 def test_each_row_equals_its_prompt_alone(arch):
     llm, slm = make_pair(arch)
@@ -49,6 +50,7 @@ def test_thresholds_zero_and_one_equal_batched_generate(arch):
     assert torch.equal(llm.generate(ids, assistant_model=slm, stitch_threshold=1.0, **kw), slm.generate(ids, **kw))
 
 
+@pytest.mark.slow  # 3.5 s
 def test_rows_finish_at_different_times_and_stop_costing():
     llm, slm = make_pair("llama")
     ps = prompts()

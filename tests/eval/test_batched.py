@@ -17,12 +17,13 @@ KEYS = ("new_tokens", "llm_tokens", "slm_tokens", "switches", "output", "correct
 
 def test_each_batched_record_equals_its_problem_alone(pair, tokenizer):
     llm, slm = pair
-    methods = build_methods(["llm", "slm", "rstitch"], llm, slm, GenSettings(max_new_tokens=12),
+    methods = build_methods(["llm", "slm", "specdec", "rstitch"], llm, slm, GenSettings(max_new_tokens=12),
                             thresholds=[0.9987])  # random weights: normalized entropies near 1
     problems = as_problems(ROWS)
     records = batched_records(methods, problems, tokenizer, batch_size=3)
     assert [(r["method"], r["id"]) for r in records] == [(m.name, p.id) for m in methods for p in problems]
     assert [r["batch_size"] for r in records[:4]] == [3, 3, 3, 1]
+    assert {r["batch_size"] for r in records if r["kind"] == "specdec"} == {1}  # assisted generation: batch 1
     for rec in records:
         method = next(m for m in methods if m.name == rec["method"])
         ids = torch.tensor([prompt_ids(tokenizer, ROWS[int(rec["id"])]["problem"], "")])

@@ -16,6 +16,8 @@ from hf_rstitch.hf.placement import check_placement, describe, is_sharded
 from multigpu.cases import batch_with_early_stop, mixing_tau, stitched, tiny_pair
 from tiny_models import prompt
 
+pytestmark = pytest.mark.slow  # 9 s module fixture + 8 s of dispatched runs
+
 
 @pytest.fixture(scope="module")
 def reference():

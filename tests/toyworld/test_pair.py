@@ -14,6 +14,7 @@ def test_grade_reads_the_last_boxed_answer():
     assert not grade("The answer is 305", "305")
 
 
+@pytest.mark.slow  # 20 s
 @pytest.mark.skipif(not assets_present(), reason="shipped toy-world pair absent")
 def test_shipped_pair_loads_and_solves_test_problems():
     import torch
