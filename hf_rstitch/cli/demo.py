@@ -8,7 +8,6 @@ table, then one problem with every token coloured by the model that wrote it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import tempfile
 from dataclasses import dataclass, field

@@ -39,6 +39,26 @@ class ForwardCall:
     seconds: float | None = None
 
 
+def solo_calls(role: Role, total: int, taking: list[bool], solo_seen: list[int], pad: list[int],
+               resumed: list[bool], seconds: float | None = None) -> dict[int, ForwardCall]:
+    """The one accounting of a lane call, shared by every engine: per taking-part row, the call a
+    solo run of that row would make -- real tokens read (``n_inf``) and held before (``n_kv``).
+
+    Rows share left-padded columns: row ``r`` has ``pad[r]`` padding columns, a solo lane would
+    have read ``solo_seen[r]`` columns, and this call brings it to ``total``. Padding is on the
+    left only, so the real tokens among columns ``[a, b)`` are ``b - max(a, pad)``. Plain Python
+    over ints: a few rows, and each tensor op would cost more than the arithmetic.
+    """
+    calls = {}
+    for r, (take, seen, p, back) in enumerate(zip(taking, solo_seen, pad, resumed)):
+        if not take:
+            continue
+        kv = max(seen - p, 0)
+        kind = CallKind.PREFILL if kv == 0 else (CallKind.RESUME if back else CallKind.DECODE)
+        calls[r] = ForwardCall(role, kind, total - max(seen, p), kv, seconds)
+    return calls
+
+
 @dataclass
 class StitchTrace:
     """Provenance of every new token plus every forward call (batch row 0 for B = 1)."""

@@ -44,7 +44,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..core.roles import Role
-from ..core.trace import CallKind, ForwardCall
+from ..core.trace import ForwardCall, solo_calls
 
 
 def _sync(device: torch.device) -> None:
@@ -164,19 +164,8 @@ class Lane:
         return {"attention_mask": mask, "position_ids": positions[:, first:]}
 
     def _records(self, total: int, taking: list[bool], resumed: list[bool], seconds):
-        """Per taking-part row, as if it ran alone: real tokens read (n_inf) and cached before (n_kv).
-
-        Padding is on the left only, so the real tokens among columns [a, b) are b - max(a, pad).
-        Plain Python over ints: a few rows, and each tensor op would cost more than the arithmetic.
-        """
-        calls = {}
-        for r, (take, seen, pad, back) in enumerate(zip(taking, self.solo_seen, self.pad, resumed)):
-            if not take:
-                continue
-            kv = max(seen - pad, 0)
-            kind = CallKind.PREFILL if kv == 0 else (CallKind.RESUME if back else CallKind.DECODE)
-            calls[r] = ForwardCall(self.role, kind, total - max(seen, pad), kv, seconds)
-        return calls
+        """Per taking-part row, the call a solo run would make (:func:`~hf_rstitch.core.trace.solo_calls`)."""
+        return solo_calls(self.role, total, taking, self.solo_seen, self.pad, resumed, seconds)
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Keep only the rows ``index`` (CPU long tensor), e.g. to drop finished rows."""

@@ -15,7 +15,7 @@ gathers / scatters through ``slot``.
 from __future__ import annotations
 
 from ..core.roles import Role
-from ..core.trace import CallKind, ForwardCall
+from ..core.trace import ForwardCall, solo_calls
 from .buckets import bucket_for
 
 
@@ -87,12 +87,7 @@ class RowSlots:
                 seconds: float | None) -> dict[int, ForwardCall]:
         """Per taking-part row, as if it ran alone (as :meth:`hf_rstitch.engine.Lane._records`): real
         tokens read (``n_inf``) and held before (``n_kv``); the taking rows' solo view moves to ``total``."""
-        calls = {}
-        for r, (take, seen, pad, back) in enumerate(zip(taking, self.solo_seen, self.pad, resumed)):
-            if not take:
-                continue
-            kv = max(seen - pad, 0)
-            kind = CallKind.PREFILL if kv == 0 else (CallKind.RESUME if back else CallKind.DECODE)
-            calls[r] = ForwardCall(role, kind, total - max(seen, pad), kv, seconds)
+        calls = solo_calls(role, total, taking, self.solo_seen, self.pad, resumed, seconds)
+        for r in calls:
             self.solo_seen[r] = total
         return calls
