@@ -124,7 +124,7 @@ class RequestEngine:
 
             fast = engine if isinstance(engine, FastEngine) else FastEngine(resolve_engine(engine).config, max_batch=max_batch)
             self.max_length = max_length
-            self.lanes = fast.lanes(slm, llm, self.vocab, max_batch, max_length)
+            self.lanes = fast.lanes(llm, slm, self.vocab, max_batch, max_length)
         self.thresholds = RowEntropyPolicy() if policy is None else None
         self.policy = PinnedRoles(self.thresholds if policy is None else policy)
         self.policy.reset()

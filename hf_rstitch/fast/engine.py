@@ -55,7 +55,7 @@ class FastEngine:
         lane.timing = timing
         return lane
 
-    def lanes(self, slm: PreTrainedModel, llm: PreTrainedModel, vocab: int, batch_size: int, capacity: int,
+    def lanes(self, llm: PreTrainedModel, slm: PreTrainedModel, vocab: int, batch_size: int, capacity: int,
               timing: bool = False) -> dict[Role, FastLane]:
         check_supported(llm, batch_size)
         check_supported(slm, batch_size)
@@ -78,8 +78,8 @@ class _EngineOnModel:
     def __init__(self, config: FastConfig):
         self.config = config
 
-    def lanes(self, slm, llm, vocab, batch_size, capacity, timing=False) -> dict[Role, FastLane]:
-        return engine_for(llm, self.config).lanes(slm, llm, vocab, batch_size, capacity, timing)
+    def lanes(self, llm, slm, vocab, batch_size, capacity, timing=False) -> dict[Role, FastLane]:
+        return engine_for(llm, self.config).lanes(llm, slm, vocab, batch_size, capacity, timing)
 
 
 ATTRIBUTE = "_rstitch_fast_engines"  # on the LLM: {FastConfig: FastEngine}

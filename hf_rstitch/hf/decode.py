@@ -162,7 +162,7 @@ def build_lanes(llm: PreTrainedModel, slm: PreTrainedModel, engine, batch: int, 
         return engine.lanes(llm, slm, vocab, batch, max_length, timing=timing)
     from ..fast import resolve_engine
 
-    return resolve_engine(engine).lanes(slm, llm, vocab, batch, max_length, timing=timing)
+    return resolve_engine(engine).lanes(llm, slm, vocab, batch, max_length, timing=timing)
 
 
 def to_output(result, llm: PreTrainedModel, config: GenerationConfig) -> StitchedGenerateOutput | torch.LongTensor:
