@@ -79,12 +79,14 @@ OFFLINE = {  # parameters-cell values for CI: the shipped pair, tiny budgets
 }
 
 
-def test_every_notebook_is_covered_and_has_a_badge_and_parameters():
+def test_every_notebook_is_covered_installs_as_the_readme_says_and_has_parameters():
     nbformat = pytest.importorskip("nbformat")
     assert {p.name for p in EXAMPLES.glob("*.ipynb")} == set(OFFLINE)
     for name in OFFLINE:
         nb = nbformat.read(EXAMPLES / name, as_version=4)
-        assert f"blob/main/examples/{name}" in nb.cells[0].source  # the Open-in-Colab badge
+        install = next(c.source for c in nb.cells if c.cell_type == "code")
+        assert "hf_rstitch-*.whl" in install and "%pip install" in install  # the wheel built from a clone
+        assert "git+" not in install and "colab.research.google.com" not in nb.cells[0].source
         assert sum("parameters" in c.metadata.get("tags", []) for c in nb.cells) == 1
         assert all(c.cell_type != "code" or not c.outputs for c in nb.cells), f"{name}: commit notebooks without outputs"
 
