@@ -91,6 +91,7 @@ def test_every_notebook_is_covered_installs_as_the_readme_says_and_has_parameter
         assert all(c.cell_type != "code" or not c.outputs for c in nb.cells), f"{name}: commit notebooks without outputs"
 
 
+@pytest.mark.slow  # 9-17 s per notebook (pytest --durations, 2-core CPU)
 @pytest.mark.parametrize("name", sorted(OFFLINE))
 def test_notebook_executes_offline(name, tmp_path):
     nbformat = pytest.importorskip("nbformat")
