@@ -121,3 +121,17 @@ def test_eval_harness_router_method_accepts_a_router_or_a_path(tmp_path):
     by_object = LearnedRouter(llm, slm, settings, router=router, threshold=0.3).run(prompt())
     by_path = LearnedRouter(llm, slm, settings, router=str(tmp_path)).run(prompt())
     assert by_object[0] == by_path[0] and by_object[1]["new_tokens"] == 6
+
+
+def test_router_threshold_argument_wins_over_a_stored_one():
+    """transformers moves a generate argument named like a config entry into the config: with a
+    stored ``stitch_threshold``, ``stitch_threshold=0.7`` must still reach the router policy."""
+    llm, slm = make_pair("llama")
+    router = Router(32, width=8, num_blocks=2, threshold=0.3)
+    llm.generation_config.stitch_threshold = 0.1
+    try:
+        out = llm.generate(prompt(), assistant_model=slm, stitch_router=router, stitch_threshold=0.7,
+                           max_new_tokens=4, return_dict_in_generate=True)
+    finally:
+        llm.generation_config.stitch_threshold = None
+    assert out.stitch.threshold == 0.7
