@@ -17,7 +17,7 @@ from typing import Any
 
 from .data import Problem, prompt_ids
 from .methods import Method, eos_ids
-from .runner import RecordStore, _progress, make_record
+from .runner import RecordStore, _progress, make_record, tick
 
 
 def engine_methods(methods: list[Method]) -> tuple[list[Method], list[Method]]:
@@ -56,10 +56,7 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
             for rec in _drain(engine, method, by_id, prompts, tokenizer, eos, batch_size, save_traces):
                 store.append(rec)
                 records.append(rec)
-                if bar is not None:
-                    bar.set_postfix_str(f"{rec['dataset']}/{rec['id']} {method.name} B={batch_size} "
-                                        f"{'ok' if rec['correct'] else 'x'}", refresh=False)
-                    bar.update(1)
+                tick(bar, rec, f"B={batch_size}")
     finally:
         if bar is not None:
             bar.close()

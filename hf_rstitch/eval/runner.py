@@ -167,6 +167,14 @@ def _progress(total: int, enabled: bool) -> Any:
     return tqdm(total=total, disable=not enabled, file=sys.stderr, unit="sample", dynamic_ncols=True)
 
 
+def tick(bar: Any, rec: dict[str, Any], note: str = "") -> None:
+    """One finished record on the progress bar (if any): where it is, pass or fail."""
+    if bar is not None:
+        bar.set_postfix_str(f"{rec['dataset']}/{rec['id']} {rec['method']} {'ok' if rec['correct'] else 'x'} {note}",
+                            refresh=False)
+        bar.update(1)
+
+
 def run_eval(methods: list[Method], problems: Iterable[Problem], tokenizer: Any, store: RecordStore, *,
              device: torch.device | str = "cpu", instruction: str = "", chat_template: bool = True,
              max_new_tokens: int = 8192, warmup: bool = True, progress: bool = True,
@@ -210,10 +218,7 @@ def run_eval(methods: list[Method], problems: Iterable[Problem], tokenizer: Any,
                               max_new_tokens, save_traces)
             store.append(rec)
             new_records.append(rec)
-            if bar is not None:
-                bar.set_postfix_str(f"{problem.dataset}/{problem.id} {method.name} "
-                                    f"{'ok' if rec['correct'] else 'x'} {latency:.1f}s", refresh=False)
-                bar.update(1)
+            tick(bar, rec, f"{latency:.1f}s")
     finally:
         if bar is not None:
             bar.close()
