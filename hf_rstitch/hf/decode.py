@@ -102,8 +102,20 @@ def stitched_decode(
         :class:`StitchedGenerateOutput` whose ``stitch`` holds the trace (a list of traces,
         one per row, when B > 1).
     """
-    slm = check_pair(model, stitch_slm)
     stitch_streamer = stitch_streamer if stitch_streamer is not None else streamer_from_generate()
+    try:
+        return _decode(model, input_ids, logits_processor, stopping_criteria, generation_config, stitch_slm,
+                       stitch_threshold, stitch_policy, stitch_router, stitch_streamer, stitch_timing, stitch_engine,
+                       model_kwargs)
+    finally:  # generate already put the prompt into the streamer: its consumer waits for end(), even on errors
+        if stitch_streamer is not None:
+            stitch_streamer.end()
+
+
+def _decode(model, input_ids, logits_processor, stopping_criteria, generation_config, stitch_slm, stitch_threshold,
+            stitch_policy, stitch_router, stitch_streamer, stitch_timing, stitch_engine, model_kwargs):
+    """The body of :func:`stitched_decode` once the streamer is known: checks, lanes, the loop, the output."""
+    slm = check_pair(model, stitch_slm)
     policy = resolve_policy(stitch_threshold, stitch_policy, generation_config, stitch_router, slm)
     vocab = min(logit_width(model), logit_width(slm))  # ids either model may emit
     check_request(input_ids, generation_config, model_kwargs, vocab)
@@ -128,8 +140,6 @@ def stitched_decode(
         keep_logits=bool(generation_config.output_logits),
         drop_finished=finished_rows_unseen(generation_config, logits_processor, stopping_criteria),
     )
-    if stitch_streamer is not None:
-        stitch_streamer.end()
     for trace in result.traces:
         trace.threshold = getattr(policy, "threshold", None)
     return to_output(result, model, generation_config)

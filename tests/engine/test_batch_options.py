@@ -204,3 +204,24 @@ def test_finished_rows_leave_the_models_only_when_nobody_can_tell():
     assert torch.equal(quiet, scored.sequences)
     assert seen_quiet[0] == 3 and min(seen_quiet) < 3  # row 1 left the SLM's batch once it finished
     assert set(rows) == {3}  # scores returned: every row runs to the end, as in plain generate
+
+
+def test_streamer_is_ended_when_stitching_refuses_the_request():
+    """generate puts the prompt into the streamer before stitching runs: a refusal must still end it,
+    or a consumer iterating a TextIteratorStreamer waits forever."""
+    llm, slm = make_pair("llama")
+
+    class Watch:
+        ended = False
+
+        def put(self, value):
+            pass
+
+        def end(self):
+            self.ended = True
+
+    watch = Watch()
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens"):
+        llm.generate(prompt(5), assistant_model=slm, stitch_threshold=0.5, max_new_tokens=3, streamer=watch,
+                     prompt_lookup_num_tokens=2)
+    assert watch.ended
