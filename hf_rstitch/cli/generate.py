@@ -20,8 +20,8 @@ DESCRIPTION = (
 class GenerateConfig:
     prompt: str = field(default="Tom has 12 apples and buys 7 more. How many apples does he have?",
                         metadata={"help": "the user message"})
-    llm: str = field(default="", metadata={"help": "LLM folder or Hub id (default: the shipped pair's LLM)"})
-    slm: str = field(default="", metadata={"help": "SLM folder or Hub id (default: the shipped pair's SLM)"})
+    llm: str = field(default="", metadata={"help": "LLM folder, Hub id or shipped:llm (default: the shipped pair's LLM)"})
+    slm: str = field(default="", metadata={"help": "SLM folder, Hub id or shipped:slm (default: the shipped pair's SLM)"})
     threshold: float = field(default=0.05, metadata={"help": "R-Stitch entropy threshold tau in [0, 1]"})
     max_new_tokens: int = field(default=400, metadata={"help": "decoding budget"})
     device: str = field(default="cpu", metadata={"help": "torch device"})
@@ -32,7 +32,10 @@ class GenerateConfig:
     def __post_init__(self):
         from ..core.policies import check_threshold
 
+        from ..resources import resolve
+
         self.threshold = check_threshold(self.threshold, "--threshold")
+        self.llm, self.slm = resolve(self.llm), resolve(self.slm)  # shipped:llm -> its folder
         if bool(self.llm) != bool(self.slm):
             raise ValueError("pass both --llm and --slm, or neither (to use the shipped pair)")
         if self.max_new_tokens < 1:

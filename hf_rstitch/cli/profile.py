@@ -23,7 +23,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 @dataclass
 class ProfileConfig:
-    model: str | None = field(default=None, metadata={"help": "model path or Hub id to profile"})
+    model: str | None = field(default=None, metadata={"help": "model path, Hub id or shipped:llm / shipped:slm to profile"})
     random_qwen2: str | None = field(default=None, metadata={
         "help": "profile a random-weight Qwen2 of this shape instead of --model (timing only)",
         "choices": ["1.5b", "7b"]})
@@ -49,7 +49,9 @@ class ProfileConfig:
 
     def __post_init__(self) -> None:
         from ..latency.model import grid_is_fittable
+        from ..resources import resolve
 
+        self.model = resolve(self.model)  # shipped:llm -> its folder
         if (self.model is None) == (self.random_qwen2 is None):
             raise ValueError("give exactly one of --model PATH_OR_HUB_ID or --random-qwen2 {1.5b,7b}.")
         if self.dtype not in DTYPES:

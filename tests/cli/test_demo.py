@@ -37,3 +37,15 @@ def test_demo_runs_offline_on_the_shipped_pair(capsys):
 def test_generate_command_rejects_half_a_pair(capsys):
     assert main(["generate", "--llm", "x"]) == 2
     assert "both --llm and --slm" in capsys.readouterr().err
+
+
+def test_generate_and_profile_take_shipped_references(capsys):
+    from hf_rstitch import shipped
+    from hf_rstitch.cli.generate import GenerateConfig
+    from hf_rstitch.cli.profile import ProfileConfig
+
+    cfg = GenerateConfig(llm="shipped:llm", slm="shipped:slm")
+    assert (cfg.llm, cfg.slm) == (str(shipped("llm")), str(shipped("slm")))
+    assert ProfileConfig(model="shipped:slm").model == str(shipped("slm"))
+    assert main(["generate", "--prompt", "What is 2 + 3?", "--llm", "shipped:llm", "--slm", "shipped:slm",
+                 "--max-new-tokens", "8", "--no-colour"]) == 0
