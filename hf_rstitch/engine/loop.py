@@ -78,21 +78,21 @@ def stitch_loop(
     seq, mask = input_ids, attention_mask  # [B, T]: the caller's rows, all of them, all along
     unfinished = torch.ones(batch, dtype=torch.bool)  # [B] host
     in_lanes = torch.arange(batch)  # [b] caller row of each lane row
+    at = None  # in_lanes on the device, once rows have left the lanes (copied once per change, not per step)
+    live = None  # [B] unfinished on the device, once a row has finished (derived there: no per-step copy)
     routing = Routing.start(batch)
     book = _TraceBook(batch, repr(policy))
     scores_kept, logits_kept = [], []
     policy.reset()
     for index in itertools.count():
-        whole = len(in_lanes) == batch
         accounted = unfinished[in_lanes]
-        at = in_lanes.to(seq.device)
-        out = run_step(lanes, seq if whole else seq[at], mask if whole else mask[at], routing, policy, index,
-                       in_lanes, accounted)
-        logits = out.logits if whole else out.logits.new_zeros(batch, out.logits.shape[-1]).index_copy_(0, at, out.logits)
+        out = run_step(lanes, seq if at is None else seq[at], mask if at is None else mask[at], routing, policy,
+                       index, in_lanes, accounted)
+        logits = out.logits if at is None else out.logits.new_zeros(batch, out.logits.shape[-1]).index_copy_(0, at, out.logits)
         scores = process(seq, logits)
         tokens = pick_tokens(scores, do_sample)  # [B]
-        live = unfinished.to(tokens.device)
-        tokens = torch.where(live, tokens, torch.full_like(tokens, pad_token_id))
+        if live is not None:
+            tokens = torch.where(live, tokens, torch.full_like(tokens, pad_token_id))
         seq = torch.cat([seq, tokens[:, None]], dim=-1)
         mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=-1)
         book.record(in_lanes, accounted, out)
@@ -103,14 +103,18 @@ def stitch_loop(
         if on_token is not None:
             on_token(tokens)
 
-        done, back = _to_host(should_stop(seq, scores), out.back)  # the step's one wait for the device
+        stop = should_stop(seq, scores)
+        done, back = _to_host(stop, out.back)  # the step's one wait for the device
         routing.after(out.writer_llm, back)
         unfinished = unfinished & ~done
         if not unfinished.any():
             break
+        if bool(done.any()):
+            live = (torch.ones_like(tokens, dtype=torch.bool) if live is None else live) & ~stop.to(tokens.device).bool()
         if drop_finished and not bool(unfinished[in_lanes].all()):
             keep = unfinished[in_lanes].nonzero().flatten()
             in_lanes = in_lanes[keep]
+            at = in_lanes.to(seq.device)
             routing.keep(keep)
             for lane in lanes.values():
                 lane.keep_rows(keep)
