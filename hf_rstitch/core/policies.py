@@ -195,13 +195,14 @@ class RowEntropyPolicy:
 
     def __init__(self):
         self.thresholds: dict[int, float] = {}
+        self._tensors: dict = {}  # the rows' taus as device tensors (see _on_device)
 
     def reset(self) -> None:
         pass
 
     def _tau(self, step: StepView) -> torch.Tensor:
-        taus = [self.thresholds[int(r)] for r in step.row_ids().tolist()]
-        return torch.tensor(taus, dtype=step.entropy.dtype).to(step.entropy.device, non_blocking=True)
+        taus = tuple(self.thresholds[r] for r in step.row_ids().tolist())
+        return _on_device(self._tensors, taus, step.entropy.dtype, step.entropy.device)
 
     def hand_to_llm(self, step: StepView) -> torch.Tensor:
         return step.entropy > self._tau(step)
@@ -221,6 +222,7 @@ class PinnedRoles:
     def __init__(self, base: RoutingPolicy):
         self.base = base
         self.pins: dict[int, Role] = {}
+        self._tensors: dict = {}
 
     @property
     def needs_hidden(self) -> bool:
@@ -229,20 +231,18 @@ class PinnedRoles:
     def reset(self) -> None:
         self.base.reset()
 
-    def _pinned(self, step: StepView, role: Role) -> torch.Tensor:
-        return torch.tensor([self.pins.get(int(r)) is role for r in step.row_ids().tolist()], dtype=torch.bool)
+    def _free(self, step: StepView, role: Role, device) -> torch.Tensor:
+        """``[B]`` bool: rows not pinned to ``role``."""
+        free = tuple(self.pins.get(r) is not role for r in step.row_ids().tolist())
+        return _on_device(self._tensors, free, torch.bool, device)
 
     def hand_to_llm(self, step: StepView) -> torch.Tensor:
         decision = self.base.hand_to_llm(step)
-        if not self.pins:
-            return decision
-        return decision & ~self._pinned(step, Role.SLM).to(decision.device)
+        return decision & self._free(step, Role.SLM, decision.device) if self.pins else decision
 
     def hand_to_slm(self, step: StepView) -> torch.Tensor:
         decision = self.base.hand_to_slm(step)
-        if not self.pins:
-            return decision
-        return decision & ~self._pinned(step, Role.LLM).to(decision.device)
+        return decision & self._free(step, Role.LLM, decision.device) if self.pins else decision
 
     def __repr__(self) -> str:
         return f"PinnedRoles({self.base!r})"
@@ -303,3 +303,14 @@ class CheckedPolicy:
 def checked(policy: RoutingPolicy) -> RoutingPolicy:
     """``policy`` itself if hf_rstitch defines its class, else wrapped in :class:`CheckedPolicy`."""
     return policy if type(policy).__module__.startswith("hf_rstitch.") else CheckedPolicy(policy)
+
+
+def _on_device(cache: dict, values: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+    """``values`` as a tensor on ``device``, reused while they stay the same: a served batch's rows
+    change only when requests join or leave, so most steps copy nothing to the device."""
+    key = (values, dtype, device)
+    if key not in cache:
+        if len(cache) > 8:
+            cache.clear()
+        cache[key] = torch.tensor(values, dtype=dtype).to(device)
+    return cache[key]
