@@ -22,7 +22,8 @@ from .runner import RecordStore, _progress, make_record, tick
 
 def engine_methods(methods: list[Method]) -> tuple[list[Method], list[Method]]:
     """(methods the request engine runs, methods left to the batch-size-1 harness)."""
-    return [m for m in methods if m.engine_spec() is not None], [m for m in methods if m.engine_spec() is None]
+    runs = [m.engine_spec() is not None for m in methods]
+    return [m for m, r in zip(methods, runs) if r], [m for m, r in zip(methods, runs) if not r]
 
 
 def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: Any, store: RecordStore, *,
@@ -36,34 +37,27 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
     total = sum(len(v) for v in todo.values())
     if total == 0:
         return []
-    bar = _progress(total, progress)
     prompts = {(p.dataset, p.id): prompt_ids(tokenizer, p.problem, instruction, chat_template) for p in problems}
     records: list[dict[str, Any]] = []
-    try:
+    with _progress(total, progress) as bar:
         for method in methods:
             if not todo[method.name]:
                 continue
             spec, s = method.engine_spec(), method.settings
             eos = eos_ids(method.llm, method.slm)
             engine = RequestEngine(method.llm, method.slm, max_batch=batch_size, policy=spec.get("policy"))
-            by_id = {}
             for i, p in enumerate(todo[method.name]):
-                rid = f"{i}"
-                by_id[rid] = p
                 engine.submit(Request(prompts[(p.dataset, p.id)], max_new_tokens=s.max_new_tokens, eos_token_id=sorted(eos),
                                       do_sample=s.do_sample, temperature=s.temperature, top_p=s.top_p,
-                                      seed=s.seed if s.do_sample else None, request_id=rid, role=spec.get("role")))
-            for rec in _drain(engine, method, by_id, prompts, tokenizer, eos, batch_size, save_traces):
+                                      seed=s.seed if s.do_sample else None, request_id=str(i), role=spec.get("role")))
+            for rec in _drain(engine, method, todo[method.name], prompts, tokenizer, eos, batch_size, save_traces):
                 store.append(rec)
                 records.append(rec)
                 tick(bar, rec, f"B={batch_size}")
-    finally:
-        if bar is not None:
-            bar.close()
     return records
 
 
-def _drain(engine, method: Method, by_id: dict, prompts: dict, tokenizer: Any, eos: set[int], batch_size: int,
+def _drain(engine, method: Method, problems: list[Problem], prompts: dict, tokenizer: Any, eos: set[int], batch_size: int,
            save_traces: bool):
     """Step ``engine`` until empty, yielding one record per finished request."""
     started: dict[str, float] = {}
@@ -78,7 +72,7 @@ def _drain(engine, method: Method, by_id: dict, prompts: dict, tokenizer: Any, e
                 tokens.setdefault(e.request_id, []).append(e.token)
             if not e.finished:
                 continue
-            p = by_id[e.request_id]
+            p = problems[int(e.request_id)]
             counts = {**e.trace.summary(), "_trace": e.trace}
             new = tokens.pop(e.request_id, [])
             rec = make_record(p, method, tokenizer, len(prompts[(p.dataset, p.id)]), new, counts,

@@ -9,6 +9,7 @@ warm-up call first. Batch size 1 throughout. Reporting lives in :mod:`.report`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -160,10 +161,11 @@ def make_record(problem: Problem, method: Method, tokenizer: Any, prompt_len: in
 
 
 def _progress(total: int, enabled: bool) -> Any:
+    """A progress bar to use as ``with _progress(...) as bar`` (``bar`` is None without tqdm)."""
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm ships with huggingface-hub
-        return None
+        return contextlib.nullcontext()
     return tqdm(total=total, disable=not enabled, file=sys.stderr, unit="sample", dynamic_ncols=True)
 
 
@@ -207,9 +209,8 @@ def run_eval(methods: list[Method], problems: Iterable[Problem], tokenizer: Any,
         first = torch.tensor([ids_for(todo[0][0])], device=device)
         for m in {m.name: m for _, m in todo}.values():
             m.run(first, max_new_tokens=min(WARMUP_TOKENS, max_new_tokens))
-    bar = _progress(len(todo), progress)
     new_records = []
-    try:
+    with _progress(len(todo), progress) as bar:
         for problem, method in todo:
             ids = ids_for(problem)
             input_ids = torch.tensor([ids], device=device)
@@ -219,7 +220,4 @@ def run_eval(methods: list[Method], problems: Iterable[Problem], tokenizer: Any,
             store.append(rec)
             new_records.append(rec)
             tick(bar, rec, f"{latency:.1f}s")
-    finally:
-        if bar is not None:
-            bar.close()
     return new_records
