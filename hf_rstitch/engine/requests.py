@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import torch
@@ -79,7 +79,6 @@ class _Row:
     request: Request
     eos: frozenset[int]
     trace: StitchTrace
-    tokens: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None
 
 
@@ -181,11 +180,10 @@ class RequestEngine:
             return events
         out = run_step(self.lanes, self._seq, self._mask, self._routing, self.policy, self._step_index, self._slots)
         self._step_index += 1
-        tokens = self._pick(out.logits)
-        host = _one_copy(tokens, out.entropy, out.slm_entropy, out.back)
-        tokens, entropy, slm_h, back = host
+        picked = self._pick(out.logits)  # [b] on the device
+        tokens, entropy, slm_h, back = _one_copy(picked, out.entropy, out.slm_entropy, out.back)
         self._routing.after(out.writer_llm, back)
-        self._seq = torch.cat([self._seq, tokens.to(self.device)[:, None]], dim=-1)
+        self._seq = torch.cat([self._seq, picked.to(self._seq.device)[:, None]], dim=-1)
         self._mask = torch.cat([self._mask, self._mask.new_ones(len(self._rows), 1)], dim=-1)
         for i, call in out.calls:
             self._rows[i].trace.calls.append(call)
@@ -328,8 +326,7 @@ class RequestEngine:
         t.handovers.append(handed)
         t.entropies.append(entropy)
         t.slm_entropies.append(slm_h if (not llm or handed) else None)
-        row.tokens.append(token)
-        reason = "stop" if token in row.eos else ("length" if len(row.tokens) >= row.request.max_new_tokens else None)
+        reason = "stop" if token in row.eos else ("length" if t.n_tokens >= row.request.max_new_tokens else None)
         if reason is not None:
             self._forget(row.request.request_id)
         return Event(row.request.request_id, token, t.roles[-1], reason is not None, reason,
