@@ -87,23 +87,32 @@ class EvalConfig:
 
         self.llm, self.slm = resolve(self.llm), resolve(self.slm)  # shipped:llm -> its folder
         if not self.report_only:
-            for name in ("llm", "slm"):
-                if not getattr(self, name):
-                    raise ValueError(f"--{name} is required (a local checkpoint path or Hub id) unless --report-only.")
-            if not self.data:
-                raise ValueError("--data is required: one or more JSONL files with id/problem/answer per line, "
-                                 "other local files or Hub dataset ids.")
-            from ..sources import check_device, check_local_source
-
-            check_local_source(self.llm, "--llm")
-            check_local_source(self.slm, "--slm")
-            if self.router_path and "router" in self.methods and self.router_path != "shipped":
-                check_local_source(self.router_path, "--router-path", needs=("config.json", "model.safetensors"),
-                                   what="a router saved with Router.save_pretrained (train-router writes OUT/router)")
-            check_device(self.device)
+            self._check_sources()
         from .data import parse_columns
 
         parse_columns(self.columns)  # a malformed mapping fails here, before any model loads
+        self._check_methods()
+        self._check_decoding()
+
+    def _check_sources(self) -> None:
+        """Models, data and device exist, before any model loads."""
+        for name in ("llm", "slm"):
+            if not getattr(self, name):
+                raise ValueError(f"--{name} is required (a local checkpoint path or Hub id) unless --report-only.")
+        if not self.data:
+            raise ValueError("--data is required: one or more JSONL files with id/problem/answer per line, "
+                             "other local files or Hub dataset ids.")
+        from ..sources import check_device, check_local_source
+
+        check_local_source(self.llm, "--llm")
+        check_local_source(self.slm, "--slm")
+        if self.router_path and "router" in self.methods and self.router_path != "shipped":
+            check_local_source(self.router_path, "--router-path", needs=("config.json", "model.safetensors"),
+                               what="a router saved with Router.save_pretrained (train-router writes OUT/router)")
+        check_device(self.device)
+
+    def _check_methods(self) -> None:
+        """Known methods, each once, with the values they need."""
         bad = [m for m in self.methods if m not in METHOD_KINDS]
         if bad or not self.methods:
             raise ValueError(f"unknown method(s) {bad}; choose from {list(METHOD_KINDS)}.")
@@ -131,6 +140,9 @@ class EvalConfig:
                                or not (math.isfinite(rt) and 0.0 <= rt <= 1.0)):
             raise ValueError(f"--router-threshold must be a number in [0, 1] (normalized entropy), got {rt!r}; "
                              "leave it out to use the threshold the router was trained with.")
+
+    def _check_decoding(self) -> None:
+        """Budget, sampling, sharding, dtype and batch size."""
         if self.max_new_tokens <= 0:
             raise ValueError(f"--max-new-tokens must be positive, got {self.max_new_tokens}.")
         if self.limit is not None and self.limit <= 0:
