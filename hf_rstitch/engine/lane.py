@@ -47,6 +47,11 @@ from ..core.roles import Role
 from ..core.trace import ForwardCall, solo_calls
 
 
+def left_padding(mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` left-padding columns of each row of an attention mask ``[B, T]`` (zeros before the first one)."""
+    return (mask == 0).long().cumprod(-1).sum(-1)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -118,7 +123,7 @@ class Lane:
         if total <= first:
             raise RuntimeError(f"{self.role} lane asked to advance rows that have nothing new")
         if self.pad is None:  # the host reads of the mask, once; later records need no device sync
-            self.pad = (mask == 0).long().cumprod(-1).sum(-1).tolist()
+            self.pad = left_padding(mask).tolist()
             self.dense = self._padding_free(mask)
         mask = mask.to(self.device)
 
@@ -191,7 +196,7 @@ class Lane:
         :meth:`advance`. Their trace records count from nothing seen, as in a solo run.
         """
         k = seq.shape[0]
-        pads = (mask == 0).long().cumprod(-1).sum(-1).tolist()
+        pads = left_padding(mask).tolist()
         if self.n_seen == 0:
             self.cache = DynamicCache(config=self.model.config)  # nothing seen: a fresh cache of the new width
         else:

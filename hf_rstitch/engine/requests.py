@@ -29,6 +29,7 @@ import torch
 from ..core.policies import PinnedRoles, RowEntropyPolicy, check_threshold
 from ..core.roles import Role
 from ..core.trace import StitchTrace
+from .lane import left_padding
 from .protocol import EagerEngine
 from .step import Routing, run_step
 
@@ -355,7 +356,7 @@ class RequestEngine:
         for lane in self.lanes.values():
             lane.keep_rows(keep)
         if self._rows:
-            n = int((self._mask == 0).long().cumprod(-1).sum(-1).min())
+            n = int(left_padding(self._mask).min())
             if n > 0:
                 self._seq, self._mask = self._seq[:, n:], self._mask[:, n:]
                 for lane in self.lanes.values():

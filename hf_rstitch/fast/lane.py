@@ -48,6 +48,7 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 
 from ..core.roles import Role
+from ..engine.lane import left_padding
 from . import gemv, regions
 from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
@@ -192,7 +193,7 @@ class FastLane:
             return
         k = seq.shape[0]
         host = mask.detach().cpu().bool()
-        pads = (~host).long().cumprod(-1).sum(-1).tolist()
+        pads = left_padding(host).tolist()
         free = sorted(set(range(self.max_rows)) - set(self.rows.slot))[:k]
         if len(free) < k:
             raise ValueError(f"{self.role} FastLane holds {self.max_rows} rows, {self.rows.n_live} are live: no room "
@@ -261,7 +262,7 @@ class FastLane:
     def _start(self, mask: torch.Tensor) -> None:
         """First call of a generation: note each row's left padding (one host sync)."""
         host = mask.detach().cpu().bool()  # [B, T]
-        pads = (~host).long().cumprod(-1).sum(-1).tolist()
+        pads = left_padding(host).tolist()
         for r, pad in enumerate(pads):
             if not bool(host[r, pad:].all()):
                 raise ValueError(f"FastLane supports left padding only; row {r} of the attention mask has holes.")
