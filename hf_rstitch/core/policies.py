@@ -62,19 +62,6 @@ class RoutingPolicy(Protocol):
         """``[B]`` bool: after this kept LLM token, the SLM decodes the next position."""
 
 
-def as_decision(value, method: str) -> torch.Tensor:
-    """A policy's answer as a ``[B]`` bool tensor on the host, or a clear error naming the method."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"the routing policy's {method} must return a torch.Tensor of bools, one per row; "
-                        f"got {type(value).__name__}.")
-    if value.dtype != torch.bool:
-        if value.dtype.is_floating_point or value.dtype.is_complex:
-            raise TypeError(f"the routing policy's {method} returned a {value.dtype} tensor; return bools "
-                            "(e.g. `entropy > tau`), one per row.")
-        value = value != 0
-    return value.cpu()
-
-
 def check_threshold(tau: float, name: str = "stitch_threshold") -> float:
     """Validate a normalized-entropy threshold and return it as a float (a Python, numpy or
     one-element tensor number is accepted)."""

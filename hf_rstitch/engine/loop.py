@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from ..core.policies import RoutingPolicy, as_decision
+from ..core.policies import RoutingPolicy
 from ..core.roles import Role
 from ..core.sampling import pick_tokens
 from ..core.trace import StitchTrace
@@ -123,10 +123,12 @@ def stitch_loop(
 
 def _to_host(finished: torch.Tensor, back: torch.Tensor | None):
     """``finished`` (and the LLM's hand-back decision, when on the same device) in one copy."""
-    if back is not None and isinstance(back, torch.Tensor) and back.device == finished.device and back.dtype == torch.bool:
-        both = torch.cat([finished.bool(), back]).cpu()
-        return both[: len(finished)], both[len(finished):]
-    return finished.cpu().bool(), (as_decision(back, "hand_to_slm") if back is not None else None)
+    if back is None:
+        return finished.cpu().bool(), None
+    if back.device != finished.device:
+        return finished.cpu().bool(), back.cpu()
+    both = torch.cat([finished.bool(), back]).cpu()
+    return both[: len(finished)], both[len(finished):]
 
 
 class _TraceBook:

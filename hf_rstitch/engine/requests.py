@@ -26,7 +26,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from ..core.policies import PinnedRoles, RowEntropyPolicy, check_threshold
+from ..core.policies import PinnedRoles, RowEntropyPolicy, check_threshold, checked
 from ..core.roles import Role
 from ..core.trace import StitchTrace
 from .lane import left_padding
@@ -126,7 +126,7 @@ class RequestEngine:
             self.max_length = max_length
             self.lanes = fast.lanes(llm, slm, self.vocab, max_batch, max_length)
         self.thresholds = RowEntropyPolicy() if policy is None else None
-        self.policy = PinnedRoles(self.thresholds if policy is None else policy)
+        self.policy = PinnedRoles(self.thresholds if policy is None else checked(policy))
         self.policy.reset()
         self._rows: list[_Row] = []
         self._slots = torch.zeros(0, dtype=torch.long)  # [b] row id of each running row (StepView.rows)

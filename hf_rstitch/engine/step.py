@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.entropy import normalized_entropy
-from ..core.policies import RoutingPolicy, StepView, as_decision
+from ..core.policies import RoutingPolicy, StepView
 from ..core.roles import Role
 from ..core.trace import ForwardCall
 
@@ -89,7 +89,7 @@ def run_step(
             seq, mask, slm_rows & accounted, resumed=routing.last_llm, want_hidden=policy.needs_hidden)
         calls += got.items()
         slm_h = normalized_entropy(slm_logits)
-        handed = as_decision(policy.hand_to_llm(StepView(index, slm_h, hidden, rows)), "hand_to_llm") & slm_rows
+        handed = policy.hand_to_llm(StepView(index, slm_h, hidden, rows)).cpu() & slm_rows
         llm_on = llm_on | handed  # discard these proposals: the LLM decodes the same position
     llm_h = back = llm_logits = None
     if llm_on.any():
