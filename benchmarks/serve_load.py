@@ -32,7 +32,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
-DETAIL = ("status", "latency_s", "ttft_s", "finish_reason", "usage", "complete")  # kept per request in the JSON
 
 
 # ---- the server --------------------------------------------------------------------------------
@@ -345,8 +344,7 @@ def main(argv=None) -> int:
         meta["engine_alone"] = engine_alone(args, bodies)
     name = args.name or f"{args.pair}_{args.device.split(':')[0]}"
     RESULTS.mkdir(exist_ok=True)
-    doc = {**meta, "summary": summary,
-           "requests_detail": [{k: r[k] for k in DETAIL} if r else None for r in records]}
+    doc = {**meta, "summary": summary}  # the summary only: per-request records are not kept
     (RESULTS / f"serve_load_{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     (RESULTS / f"serve_load_{name}.md").write_text(markdown(meta, summary))
     print(markdown(meta, summary), file=sys.stderr)
