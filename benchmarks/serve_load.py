@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import socket
-import statistics
 import subprocess
 import sys
 import time
