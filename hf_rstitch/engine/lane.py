@@ -24,7 +24,9 @@ Rows joining a running batch (continuous batching, :mod:`hf_rstitch.engine.reque
 :meth:`Lane.pad_left` prepends masked columns to every row (a prompt longer than the batch's
 columns), :meth:`Lane.add_rows` appends rows whose first ``n_seen`` columns it prefills alone,
 then merges into the cache; :meth:`Lane.trim_left` drops leading columns that are padding in
-every row once the rows that needed them have left.
+every row once the rows that needed them have left. :meth:`Lane.hold_rows` moves some rows one
+column to the right (a masked column in front) when they gain no token at a step where the others
+do (a schedule made them wait for the LLM, :mod:`hf_rstitch.core.scheduling`).
 
 Decode traces stay per row and *as if the row ran alone*: a row's :class:`ForwardCall` records
 the tokens a solo run would read at that point (``n_inf``) and hold (``n_kv``), counted from
@@ -241,6 +243,34 @@ class Lane:
         self.solo_seen = [s + n for s in self.solo_seen]
         self.dense = False
 
+    def hold_rows(self, index: list[int]) -> None:
+        """Rows ``index`` gain no token this step while the others gain one.
+
+        The shared sequence grows by one column; for these rows it is a masked column in front (their
+        columns move one to the right, so they stay right-aligned). In the cache their slots move right
+        too and the last one falls off: that column -- now the last one seen -- is read again at the next
+        call, so every row still holds the same columns. Full-attention models only: a sliding layer
+        keeps too few columns to move (:func:`check_holdable`).
+        """
+        if not index or self.n_seen == 0:  # nothing cached: the next call reads the padding from the mask
+            return
+        at = torch.tensor(index, dtype=torch.long)
+        for layer in self.cache.layers:
+            if not _filled(layer):
+                continue
+            if layer.is_sliding:
+                raise ValueError(f"{self.role} lane: rows of a sliding-window model cannot wait (check_holdable)")
+            rows = at.to(layer.keys.device)
+            for states in (layer.keys, layer.values):
+                states[rows, :, 1:] = states[rows, :, :-1].clone()
+                states[rows, :, 0] = 0
+        rows = at.to(self.mask.device)
+        self.mask[rows] = torch.nn.functional.pad(self.mask[rows, :-1], (1, 0), value=0)
+        for r in index:
+            self.pad[r] += 1
+            self.solo_seen[r] += 1
+        self.dense = False
+
     def trim_left(self, n: int) -> None:
         """Drop the first ``n`` columns of the shared sequence, which must be padding in every row."""
         if n <= 0:
@@ -263,6 +293,16 @@ class Lane:
         self.n_seen -= cut
         self.pad = [p - n for p in self.pad] if self.pad is not None else None
         self.solo_seen = [max(s - n, 0) for s in self.solo_seen]
+
+
+def check_holdable(model: PreTrainedModel) -> None:
+    """Raise unless rows of ``model`` can wait (:meth:`Lane.hold_rows`): full attention only."""
+    config = model.config.get_text_config()
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"} or getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        raise ValueError(f"waiting for the LLM (schedule='gather') needs full-attention models; {type(model).__name__} has "
+                         f"layer types {sorted(kinds)} (sliding_window={getattr(config, 'sliding_window', None)}): a "
+                         "sliding layer keeps too few columns to move a waiting row. Use the default schedule.")
 
 
 def _prepend_zeros(states: torch.Tensor, n: int) -> torch.Tensor:

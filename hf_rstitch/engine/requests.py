@@ -12,6 +12,11 @@ request is right-aligned with the others -- left-padded to the batch's width, or
 padded on the left when the new prompt is longer -- and each lane prefills the columns it has
 already seen for it; columns that became padding in every row are trimmed when rows leave.
 
+Scheduling (``schedule=``, :mod:`hf_rstitch.core.scheduling`): with :class:`GatherForLLM`, rows
+whose next token is the LLM's may wait a step or two (no token, no event) so that one LLM call
+serves several of them, while the SLM's rows go on. A waiting row moves one column to the right
+(``hold_rows`` of each lane); its tokens, route and trace are those of its solo run all the same.
+
 The engine knows no tokenizer and no HTTP: token ids in, events out. ``submit`` and ``cancel``
 are thread-safe; one thread calls ``step`` (a server's engine loop, or :meth:`run`).
 """
@@ -28,8 +33,9 @@ import torch
 
 from ..core.policies import PinnedRoles, RowEntropyPolicy, check_threshold, checked
 from ..core.roles import Role
+from ..core.scheduling import Immediate, LLMSchedule, parse_schedule
 from ..core.trace import StitchTrace
-from .lane import left_padding
+from .lane import check_holdable, left_padding
 from .protocol import EagerEngine
 from .step import Routing, run_step
 
@@ -81,6 +87,7 @@ class _Row:
     eos: frozenset[int]
     trace: StitchTrace
     generator: torch.Generator | None = None
+    held: tuple[bool, float | None] | None = None  # waiting for the LLM: (handed over?, the SLM's entropy)
 
 
 class RequestEngine:
@@ -98,10 +105,13 @@ class RequestEngine:
             ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a :class:`hf_rstitch.fast.FastEngine`.
         max_length: with the fast engine, the longest prompt + ``max_new_tokens`` a request may
             ask for (the static caches' capacity); longer requests are refused at :meth:`submit`.
+        schedule: when the LLM runs for the rows that need it: ``None`` / ``"now"`` (at once, the
+            default), a :class:`~hf_rstitch.core.scheduling.GatherForLLM` or its string form
+            (``"gather:2:8"``: wait at most 2 steps, run at once from 8 rows). Full-attention models.
     """
 
     def __init__(self, llm, slm, threshold: float = 0.02, max_batch: int = 8, max_waiting: int | None = None,
-                 policy=None, engine="default", max_length: int = 4096):
+                 policy=None, engine="default", max_length: int = 4096, schedule: LLMSchedule | str | None = None):
         from ..hf.checks import check_pair
         from ..hf.decode import logit_width
 
@@ -116,6 +126,7 @@ class RequestEngine:
         pad = llm.generation_config.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.default_eos, default=0))
         self.device = llm.device
+        self.schedule = _schedule(schedule, llm, slm)
         self.max_length = None
         if isinstance(engine, str) and engine == "default" or isinstance(engine, EagerEngine):
             self.lanes = EagerEngine().lanes(llm, slm, self.vocab, 0)
@@ -139,6 +150,7 @@ class RequestEngine:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._step_index = 0
+        self.stats = {"steps": 0, "slm_calls": 0, "llm_calls": 0, "held": 0}  # held: row-steps spent waiting
 
     # ---- public API ---------------------------------------------------------------------------
     @property
@@ -179,19 +191,24 @@ class RequestEngine:
         self._admit()
         if not self._rows:
             return events
-        out = run_step(self.lanes, self._seq, self._mask, self._routing, self.policy, self._step_index, self._slots)
+        out = run_step(self.lanes, self._seq, self._mask, self._routing, self.policy, self._step_index, self._slots,
+                       schedule=self.schedule)
         self._step_index += 1
-        picked = self._pick(out.logits)  # [b] on the device
+        held = out.held if out.held is not None else torch.zeros(len(self._rows), dtype=torch.bool)
+        self._count(out, held)
+        picked = self._pick(out.logits, held)  # [b] on the device
         tokens, entropy, slm_h, back = _one_copy(picked, out.entropy, out.slm_entropy, out.back)
-        self._routing.after(out.writer_llm, back)
-        self._seq = torch.cat([self._seq, picked.to(self._seq.device)[:, None]], dim=-1)
-        self._mask = torch.cat([self._mask, self._mask.new_ones(len(self._rows), 1)], dim=-1)
+        self._routing.after(out.writer_llm, back, out.held)
+        self._append(picked, held)
         for i, call in out.calls:
             self._rows[i].trace.calls.append(call)
         done = []
         for i, row in enumerate(self._rows):
-            events.append(self._advance_row(i, row, int(tokens[i]), out, float(entropy[i]),
-                                            None if slm_h is None else float(slm_h[i])))
+            h = None if slm_h is None else float(slm_h[i])
+            if held[i]:  # no token: remember the hand-over for the token the LLM writes later
+                row.held = row.held or (bool(out.handed[i]) if out.handed is not None else False, h)
+                continue
+            events.append(self._advance_row(i, row, int(tokens[i]), out, float(entropy[i]), h))
             if events[-1].finished:
                 done.append(i)
         self._drop(done)
@@ -310,18 +327,41 @@ class RequestEngine:
         return next(i for i in itertools.count() if i not in used)
 
     # ---- one step's tokens ----------------------------------------------------------------------
-    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
-        """Greedy argmax per row; rows that sample draw from their own generator."""
+    def _count(self, out, held: torch.Tensor) -> None:
+        st = self.stats
+        st["steps"] += 1
+        st["slm_calls"] += out.slm_entropy is not None
+        st["llm_calls"] += out.back is not None
+        st["held"] += int(held.sum())
+
+    def _pick(self, logits: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+        """Greedy argmax per row; rows that sample draw from their own generator (held rows draw nothing)."""
         tokens = logits.argmax(dim=-1)
         for i, row in enumerate(self._rows):
             r = row.request
-            if r.do_sample:
+            if r.do_sample and not held[i]:
                 tokens[i] = _sample(logits[i], r.temperature, r.top_p, row.generator)
         return tokens
+
+    def _append(self, tokens: torch.Tensor, held: torch.Tensor) -> None:
+        """One new column: each row's token, or, for held rows, a masked column in front (they move right)."""
+        self._seq = torch.cat([self._seq, tokens.to(self._seq.device)[:, None]], dim=-1)
+        self._mask = torch.cat([self._mask, self._mask.new_ones(len(self._rows), 1)], dim=-1)
+        if not held.any():
+            return
+        index = held.nonzero().flatten()
+        at = index.to(self.device)
+        self._seq[at] = torch.nn.functional.pad(self._seq[at, :-1], (1, 0), value=self.pad_id)
+        self._mask[at] = torch.nn.functional.pad(self._mask[at, :-1], (1, 0), value=0)
+        for lane in self.lanes.values():
+            lane.hold_rows(index.tolist())
+        self._trim()
 
     def _advance_row(self, i: int, row: _Row, token: int, out, entropy: float, slm_h: float | None) -> Event:
         llm = bool(out.writer_llm[i])
         handed = bool(out.handed[i]) if out.handed is not None else False
+        if row.held is not None:  # the LLM's token after waiting: the hand-over happened when it began to wait
+            (handed, slm_h), row.held = row.held, None
         t = row.trace
         t.roles.append(Role.LLM if llm else Role.SLM)
         t.handovers.append(handed)
@@ -355,6 +395,10 @@ class RequestEngine:
         self._seq, self._mask = self._seq[at], self._mask[at]
         for lane in self.lanes.values():
             lane.keep_rows(keep)
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop leading columns that are padding in every row."""
         if self._rows:
             n = int(left_padding(self._mask).min())
             if n > 0:
@@ -391,3 +435,16 @@ def _one_copy(tokens, entropy, slm_h, back):
     sh = rest[:n] if slm_h is not None else None
     bk = (rest[n:] if slm_h is not None else rest[:n]).bool() if back is not None else None
     return tok, ent, sh, bk
+
+
+def _schedule(spec, llm, slm) -> LLMSchedule | None:
+    """The engine's schedule (None: the LLM runs at once); waiting needs full-attention models."""
+    schedule = parse_schedule(spec) if spec is None or isinstance(spec, str) else spec
+    if not hasattr(schedule, "run_now"):
+        raise TypeError(f"schedule must be None, a string such as 'gather:2:8' or an object with run_now(demand), "
+                        f"got {type(spec).__name__}")
+    if isinstance(schedule, Immediate):
+        return None
+    check_holdable(llm)
+    check_holdable(slm)
+    return schedule

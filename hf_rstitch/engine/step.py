@@ -7,6 +7,10 @@ This is where every switch is decided -- the two ``policy.hand_to_*`` calls in :
 2. Rows the LLM controls -- or that were just handed over -- run the LLM; its token is always
    kept, and the policy decides per row whether control returns to the SLM for the next step.
 
+A schedule (:mod:`hf_rstitch.core.scheduling`, the request engine's option) may defer step 2: then
+the rows that need the LLM gain no token this step (``StepOut.held``) and wait for a later LLM call
+that serves more of them. Which model decides each token does not change, only when.
+
 The step knows nothing about logits processors, stopping or finished rows: the callers (the
 ``generate`` loop in :mod:`.loop`, the request engine in :mod:`.requests`) pick the tokens.
 """
@@ -20,6 +24,7 @@ import torch
 from ..core.entropy import normalized_entropy
 from ..core.policies import RoutingPolicy, StepView
 from ..core.roles import Role
+from ..core.scheduling import LLMDemand, LLMSchedule
 from ..core.trace import ForwardCall
 
 
@@ -29,25 +34,35 @@ class Routing:
 
     llm_on: torch.Tensor  # the LLM decodes the row's next token
     last_llm: torch.Tensor  # the LLM wrote the row's latest token
+    waited: torch.Tensor  # [b] long: steps the row has waited for the LLM (a schedule deferred it)
 
     @classmethod
     def start(cls, rows: int) -> "Routing":
         """Every row starts with the SLM (the seed paper's Algorithm 1)."""
-        return cls(torch.zeros(rows, dtype=torch.bool), torch.zeros(rows, dtype=torch.bool))
+        return cls(torch.zeros(rows, dtype=torch.bool), torch.zeros(rows, dtype=torch.bool),
+                   torch.zeros(rows, dtype=torch.long))
 
-    def after(self, writer_llm: torch.Tensor, back: torch.Tensor | None) -> None:
-        """Record who wrote this step's tokens; LLM rows handed back give control to the SLM."""
+    def after(self, writer_llm: torch.Tensor, back: torch.Tensor | None, held: torch.Tensor | None = None) -> None:
+        """Record who wrote this step's tokens; LLM rows handed back give control to the SLM.
+        ``held`` rows wrote nothing: they keep waiting for the LLM."""
+        if held is not None:  # the LLM did not run: held == writer_llm, every other row is the SLM's
+            self.waited = torch.where(held, self.waited + 1, 0)
+            self.last_llm = self.last_llm & held
+            self.llm_on = held
+            return
+        self.waited = torch.zeros_like(self.waited)
         self.last_llm = writer_llm
         self.llm_on = writer_llm & ~back if back is not None else writer_llm
 
     def keep(self, index: torch.Tensor) -> None:
-        self.llm_on, self.last_llm = self.llm_on[index], self.last_llm[index]
+        self.llm_on, self.last_llm, self.waited = self.llm_on[index], self.last_llm[index], self.waited[index]
 
     def add(self, llm_first: list[bool]) -> None:
         """Append rows; each starts with the SLM unless ``llm_first`` (a row pinned to the LLM)."""
         first = torch.tensor(llm_first, dtype=torch.bool)
         self.llm_on = torch.cat([self.llm_on, first])
         self.last_llm = torch.cat([self.last_llm, torch.zeros_like(first)])
+        self.waited = torch.cat([self.waited, torch.zeros(len(first), dtype=torch.long)])
 
 
 @dataclass
@@ -61,11 +76,12 @@ class StepOut:
     slm_entropy: torch.Tensor | None  # [b] the SLM's entropy where it ran
     back: torch.Tensor | None  # [b] bool (any device): after its token the LLM hands back (None: LLM did not run)
     calls: list[tuple[int, ForwardCall]]  # (lane row, call) for every accounted row
+    held: torch.Tensor | None = None  # [b] bool, host: rows that gain no token this step (waiting for the LLM)
 
 
 def run_step(
     lanes: dict, seq: torch.Tensor, mask: torch.Tensor, routing: Routing, policy: RoutingPolicy,
-    index: int, rows: torch.Tensor, accounted: torch.Tensor | None = None,
+    index: int, rows: torch.Tensor, accounted: torch.Tensor | None = None, schedule: LLMSchedule | None = None,
 ) -> StepOut:
     """Advance the lanes by one token for every row of ``seq [b, T]`` and choose each row's writer.
 
@@ -79,6 +95,9 @@ def run_step(
         accounted: ``[b]`` bool (CPU), rows whose forward calls are recorded (default: all); rows
             that only run so their logits exist (finished rows, kept as plain ``generate`` keeps
             them) are left out.
+        schedule: whether the LLM runs now for the rows that need it (default: always); when it
+            does not, those rows are ``held`` and the caller moves them one column right
+            (``hold_rows`` of each lane) instead of appending a token.
     """
     accounted = torch.ones(len(rows), dtype=torch.bool) if accounted is None else accounted
     slm_rows = ~routing.llm_on
@@ -91,14 +110,23 @@ def run_step(
         slm_h = normalized_entropy(slm_logits)
         handed = policy.hand_to_llm(StepView(index, slm_h, hidden, rows)).cpu() & slm_rows
         llm_on = llm_on | handed  # discard these proposals: the LLM decodes the same position
-    llm_h = back = llm_logits = None
-    if llm_on.any():
+    llm_h = back = llm_logits = held = None
+    if llm_on.any() and _llm_now(schedule, llm_on, routing.waited):
         llm_logits, _, got = lanes[Role.LLM].advance(seq, mask, llm_on & accounted, resumed=~routing.last_llm)
         calls += got.items()
         llm_h = normalized_entropy(llm_logits)
         back = policy.hand_to_slm(StepView(index, llm_h, rows=rows))  # host copy deferred to the caller's sync
+    elif llm_on.any():
+        held = llm_on.clone()  # no LLM call: these rows wait; their logits below are the SLM's, unused
     return StepOut(_by_writer(llm_on, llm_logits, slm_logits), _by_writer(llm_on, llm_h, slm_h), llm_on, handed,
-                   slm_h, back, calls)
+                   slm_h, back, calls, held)
+
+
+def _llm_now(schedule: LLMSchedule | None, llm_on: torch.Tensor, waited: torch.Tensor) -> bool:
+    need = int(llm_on.sum())
+    if schedule is None or need == len(llm_on):  # waiting would stall every row: never
+        return True
+    return schedule.run_now(LLMDemand(need=need, rows=len(llm_on), waited=int(waited[llm_on].max())))
 
 
 def _by_writer(writer_llm: torch.Tensor, llm_value: torch.Tensor | None, slm_value: torch.Tensor | None):

@@ -123,7 +123,7 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
         clear_stitch_defaults(llm)
         batch_size = cfg.batch_size_on(device)
         meta = {**environment(), "models": {"llm": model_provenance(cfg.llm), "slm": model_provenance(cfg.slm)},
-                "settings": cfg.run_settings(), "batch_size": batch_size,
+                "settings": cfg.run_settings(), "batch_size": batch_size, "schedule": cfg.schedule,
                 "datasets": list(dict.fromkeys(p.dataset for p in problems))}
         settings = GenSettings(cfg.max_new_tokens, cfg.do_sample, cfg.temperature, cfg.top_p, cfg.seed)
         methods = build_methods(cfg.methods, llm, slm, settings, thresholds=cfg.thresholds, random_p=cfg.random_p,
@@ -133,8 +133,9 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
             from .continuous import engine_methods, run_continuous
 
             batched, methods = engine_methods(methods)
-            run_continuous(batched, problems, tokenizer, store, batch_size=batch_size, instruction=cfg.instruction,
-                           chat_template=cfg.chat_template, progress=cfg.progress, save_traces=cfg.save_traces)
+            run_continuous(batched, problems, tokenizer, store, batch_size=batch_size, schedule=cfg.schedule,
+                           instruction=cfg.instruction, chat_template=cfg.chat_template, progress=cfg.progress,
+                           save_traces=cfg.save_traces)
         run_eval(methods, problems, tokenizer, store, device=torch.device(device), instruction=cfg.instruction,
                  chat_template=cfg.chat_template, max_new_tokens=cfg.max_new_tokens, warmup=cfg.warmup,
                  progress=cfg.progress, save_traces=cfg.save_traces)

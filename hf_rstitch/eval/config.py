@@ -74,6 +74,10 @@ class EvalConfig:
         "Problems decoded together through continuous batching (a finished problem's row goes to the next "
         "one at once); latency is then each problem's own time in the batch. Default: 16 on CUDA, 1 "
         "(the paper's per-sample latency) on CPU. Speculative decoding always runs at 1."))
+    schedule: str = field(default="now", metadata=_help(
+        "When the LLM runs for rows that need it in a batch (--batch-size > 1): now (at once), or gather[:K[:M]]: "
+        "such rows wait (no token) at most K steps (default 2) until M rows need it (default a quarter of the batch), while "
+        "the SLM's rows go on -- fewer LLM calls, the same outputs. Full-attention models only."))
     router: Any = field(default=None, metadata={"cli": False, "help": "Router object or folder for the 'router' method."})
     router_path: str = field(default="", metadata=_help(
         "R-Stitch+ router for the 'router' method: a local folder, a Hub id, or shipped (the shipped pair's router)."))
@@ -160,6 +164,12 @@ class EvalConfig:
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                                             or self.batch_size < 1):
             raise ValueError(f"--batch-size must be a positive integer, got {self.batch_size!r}.")
+        from ..core.scheduling import parse_schedule
+
+        try:
+            parse_schedule(self.schedule)
+        except ValueError as e:
+            raise ValueError(f"--schedule: {e}") from None
 
     def batch_size_on(self, device: str) -> int:
         """``batch_size``, or its default for ``device``: 16 on CUDA, 1 elsewhere."""

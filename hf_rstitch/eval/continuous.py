@@ -27,8 +27,8 @@ def engine_methods(methods: list[Method]) -> tuple[list[Method], list[Method]]:
 
 
 def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: Any, store: RecordStore, *,
-                   batch_size: int, instruction: str = "", chat_template: bool = True, progress: bool = True,
-                   save_traces: bool = False) -> list[dict[str, Any]]:
+                   batch_size: int, schedule: str = "now", instruction: str = "", chat_template: bool = True,
+                   progress: bool = True, save_traces: bool = False) -> list[dict[str, Any]]:
     """Every engine-capable method on every problem not already in ``store``; the new records."""
     from hf_rstitch.engine import Request, RequestEngine
 
@@ -45,7 +45,8 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
                 continue
             spec, s = method.engine_spec(), method.settings
             eos = eos_ids(method.llm, method.slm)
-            engine = RequestEngine(method.llm, method.slm, max_batch=batch_size, policy=spec.get("policy"))
+            engine = RequestEngine(method.llm, method.slm, max_batch=batch_size, policy=spec.get("policy"),
+                                   schedule=schedule)
             for i, p in enumerate(todo[method.name]):
                 engine.submit(Request(prompts[(p.dataset, p.id)], max_new_tokens=s.max_new_tokens, eos_token_id=sorted(eos),
                                       do_sample=s.do_sample, temperature=s.temperature, top_p=s.top_p,

@@ -233,6 +233,20 @@ class FastLane:
         self.rows.pad = [p - n for p in self.rows.pad]
         self.rows.solo_seen = [max(s - n, 0) for s in self.rows.solo_seen]
 
+    def hold_rows(self, index: list[int]) -> None:
+        """As :meth:`hf_rstitch.engine.Lane.hold_rows`: live rows ``index`` gain no token this step; their
+        written slots move one to the right (one copy over every layer), a masked slot in front, and the
+        last seen column is read again at the next call."""
+        if not index or self.seen == 0:  # nothing written: the first call reads the padding from the mask
+            return
+        rows = torch.tensor([self.rows.slot[i] for i in index], device=self.device)
+        self.cache.shift_rows(rows, self.seen)
+        self.valid[rows] = torch.nn.functional.pad(self.valid[rows, :-1], (1, 0), value=False)
+        self.n_pad[rows] += 1
+        for i in index:
+            self.rows.pad[i] += 1
+            self.rows.solo_seen[i] += 1
+
     def reset(self) -> None:
         """Forget the sequence (keeps buffers and graphs): ready for the next generation."""
         self.cache.pos.zero_()
@@ -295,11 +309,11 @@ class FastLane:
         ``cut`` written slots of the live cache rows by ``cut`` (``|cut| <= |n|``: only written slots exist)."""
         seen, width = self.seen, self.valid.shape[1]
         rows = self.rows.bucket if self.rows.slot else self.max_rows
-        for buf in self.cache.keys + self.cache.values:
-            if cut > 0:
-                buf[:rows, :, cut: cut + seen] = buf[:rows, :, :seen].clone()
-            elif cut < 0:
-                buf[:rows, :, : seen + cut] = buf[:rows, :, -cut: seen].clone()
+        states = self.cache.states[:, :, :rows]  # [2, layers, rows, H_kv, slots, D]: one copy for every layer
+        if cut > 0:
+            states[..., cut: cut + seen, :] = states[..., :seen, :].clone()
+        elif cut < 0:
+            states[..., : seen + cut, :] = states[..., -cut: seen, :].clone()
         if n > 0:
             self.valid[:, n:] = self.valid[:, : width - n].clone()
             self.valid[:, :n] = False

@@ -38,9 +38,11 @@ class StaticKV:
         text = config.get_text_config()
         kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        shape = (rows, kv_heads, slots, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(text.num_hidden_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(text.num_hidden_layers)]
+        # one buffer [2, layers, rows, H_kv, slots, D]: a row operation over every layer is one kernel
+        self.states = torch.zeros((2, text.num_hidden_layers, rows, kv_heads, slots, head_dim), dtype=dtype,
+                                  device=device)
+        self.keys = list(self.states[0].unbind(0))  # per layer [rows, H_kv, slots, D], views of ``states``
+        self.values = list(self.states[1].unbind(0))
         self.pos = torch.zeros((), dtype=torch.long, device=device)  # slots written so far
         self.slots: torch.Tensor | None = None  # [q] slots the current forward writes
 
@@ -49,7 +51,7 @@ class StaticKV:
         return self.keys[0].shape[2]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+        return self.states.numel() * self.states.element_size()
 
     @property
     def n_rows(self) -> int:
@@ -65,8 +67,14 @@ class StaticKV:
 
     def move_rows(self, src: torch.Tensor, dst: torch.Tensor, n_slots: int) -> None:
         """Copy cache rows ``src`` to ``dst`` (device long tensors), slots ``[0, n_slots)`` of every layer."""
-        for buf in self.keys + self.values:
-            buf[dst, :, :n_slots] = buf[src, :, :n_slots]
+        self.states[:, :, dst, :, :n_slots] = self.states[:, :, src, :, :n_slots]
+
+    def shift_rows(self, rows: torch.Tensor, n_slots: int) -> None:
+        """Move slots ``[0, n_slots - 1)`` of cache rows ``rows`` (device long tensor) one slot right, in
+        every layer; slot 0 is zeroed and the old slot ``n_slots - 1`` is overwritten."""
+        if n_slots > 1:
+            self.states[:, :, rows, :, 1:n_slots] = self.states[:, :, rows, :, : n_slots - 1]
+        self.states[:, :, rows, :, 0] = 0
 
 
 KV_CHUNK = 256  # slots per partial product in :func:`_weighted_values`; lanes size their caches in multiples

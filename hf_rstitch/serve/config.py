@@ -34,6 +34,10 @@ class ServeConfig:
         "help": "default: eager lanes (any device, any model); fast: static caches + CUDA graphs (CUDA, "
                 "full-attention models; a request's prompt + max_tokens must fit 4096 tokens)",
         "choices": ["default", "fast"]})
+    schedule: str = field(default="now", metadata={"help":
+        "When the LLM runs for rows that need it in a batch: now (at once), or gather[:K[:M]]: such rows "
+        "wait (no token) at most K steps (default 2) until M rows need it (default a quarter of the batch), while "
+        "the SLM's rows go on -- fewer LLM calls, the same outputs. Full-attention models only."})
     max_queue: int = field(default=64, metadata={
         "help": "requests that may wait for a free row; beyond max-batch + max-queue the server answers 429"})
     max_tokens: int = field(default=256, metadata={"help": "completion budget of a request that sets no max_tokens"})
@@ -62,6 +66,12 @@ class ServeConfig:
             raise ValueError(f"--max-queue must be >= 0, got {self.max_queue}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
+        from ..core.scheduling import parse_schedule
+
+        try:
+            parse_schedule(self.schedule)
+        except ValueError as e:
+            raise ValueError(f"--schedule: {e}") from None
         if self.drain_timeout < 0:
             raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout}")
 
@@ -103,7 +113,7 @@ def build_engine(cfg: ServeConfig, llm, slm):
     context = getattr(llm.config.get_text_config(), "max_position_embeddings", None) or FAST_MAX_LENGTH
     max_length = min(context, FAST_MAX_LENGTH)  # static caches hold max_batch x this many tokens
     return RequestEngine(llm, slm, threshold=cfg.threshold, max_batch=cfg.max_batch, policy=policy,
-                         engine=cfg.engine, max_length=max_length)
+                         engine=cfg.engine, max_length=max_length, schedule=cfg.schedule)
 
 
 def settings_for(cfg: ServeConfig, llm) -> Any:

@@ -45,3 +45,16 @@ def test_batch_size_is_validated_and_defaults_by_device():
         EvalConfig(llm="a", slm="b", data=["x.jsonl"], batch_size=0)
     cfg = EvalConfig(llm="a", slm="b", data=["x.jsonl"])
     assert cfg.batch_size_on("cpu") == 1 and cfg.batch_size_on("cuda:0") == 16
+
+
+def test_waiting_for_the_llm_changes_no_record(tmp_path, bench_file, tokenizer, pair64):
+    methods = dict(methods=["rstitch"], thresholds=[0.3, 0.5])
+    now = _run(tmp_path, "now", bench_file, tokenizer, pair64, 3, **methods)
+    gather = _run(tmp_path, "gather", bench_file, tokenizer, pair64, 3, schedule="gather:2:2", **methods)
+    assert now.keys() == gather.keys()
+    for k, rec in now.items():
+        assert {f: gather[k][f] for f in KEYS} == {f: rec[f] for f in KEYS}, k
+    run = json.loads((tmp_path / "gather" / "run.json").read_text())
+    assert run["schedule"] == "gather:2:2"
+    with pytest.raises(ValueError, match="--schedule: schedule 'soon'"):
+        EvalConfig(llm="a", slm="b", data=["x.jsonl"], schedule="soon")

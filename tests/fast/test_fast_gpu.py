@@ -172,3 +172,46 @@ def test_fp32_batched_fast_engine_equals_default(compile, attention):
     lengths = [tr.n_tokens for tr in ref.stitch]
     print(f"[batched fp32 compile={compile} attention={attention}] row lengths {lengths}, graphs "
           f"{engine.graph_count()}, row moves {[lane.row_moves for lane in engine._lanes.values()]}")
+
+
+class _RoutePerRequest:
+    """Each request's route at its own token index (read from the request engine's rows)."""
+
+    needs_hidden = False
+
+    def __init__(self, routes):
+        self.routes, self.engine = routes, None
+
+    def reset(self):
+        pass
+
+    def _llm(self, ahead):
+        rows = self.engine._rows
+        return torch.tensor([self.routes[r.request.request_id][min(r.trace.n_tokens + ahead, 59)] == "llm" for r in rows])
+
+    def hand_to_llm(self, step):
+        return self._llm(0)
+
+    def hand_to_slm(self, step):
+        return ~self._llm(1)
+
+
+@gpu
+def test_fp32_requests_that_wait_for_the_llm_equal_those_that_do_not():
+    from hf_rstitch.engine import Request, RequestEngine
+
+    llm, slm = _pair(torch.float32)
+    fast = FastEngine(FastConfig(max_bucket=16), capacity=128, max_batch=4)
+    got = {}
+    for schedule in ("now", "gather:3:3"):
+        policy = _RoutePerRequest({str(i): route(60, 20, 3, seed=10 + i) for i in range(10)})
+        engine = RequestEngine(llm, slm, max_batch=4, policy=policy, engine=fast, max_length=128, schedule=schedule)
+        policy.engine = engine
+        g = torch.Generator().manual_seed(0)
+        reqs = [Request(torch.randint(3, 1024, (5 + 3 * i,), generator=g).tolist(), max_new_tokens=60, eos_token_id=[],
+                        request_id=str(i)) for i in range(10)]
+        got[schedule] = (engine.run(reqs), dict(engine.stats))
+    (now, st_now), (gather, st_gather) = got["now"], got["gather:3:3"]
+    assert st_gather["held"] > 0 and st_gather["llm_calls"] < st_now["llm_calls"]
+    for rid, c in now.items():
+        assert gather[rid].tokens == c.tokens and gather[rid].trace.roles == c.trace.roles, rid

@@ -11,7 +11,7 @@ def test_help_lists_the_issue_flags():
     sub = build_parser()._subparsers._group_actions[0].choices["serve"]
     flags = {o for a in sub._actions for o in a.option_strings}
     assert {"--llm", "--slm", "--threshold", "--router", "--host", "--port", "--device", "--max-batch",
-            "--max-queue", "--replicas"} <= flags
+            "--max-queue", "--replicas", "--schedule"} <= flags
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -19,6 +19,7 @@ def test_help_lists_the_issue_flags():
     (["--threshold", "2"], "`--threshold` must be a finite number in [0, 1]"),
     (["--llm", "some/folder"], "pass both --llm and --slm, or neither"),
     (["--port", "70000"], "--port must be in [0, 65535], got 70000"),
+    (["--schedule", "later"], "--schedule: schedule 'later': use 'now', 'gather'"),
 ])
 def test_bad_flags_exit_2_with_a_message(argv, needle, capsys):
     assert main(["serve", *argv]) == 2
@@ -38,3 +39,13 @@ def test_serve_help_and_package_import_load_no_torch_and_no_web_stack():
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == []
+
+
+def test_the_schedule_reaches_the_request_engine():
+    from hf_rstitch.core.scheduling import GatherForLLM
+    from hf_rstitch.serve.config import ServeConfig, build_engine
+    from tiny_models import make_pair
+
+    llm, slm = make_pair("llama")
+    assert build_engine(ServeConfig(schedule="gather:3:4"), llm, slm).schedule == GatherForLLM(3, 4)
+    assert build_engine(ServeConfig(), llm, slm).schedule is None
