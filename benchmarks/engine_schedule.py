@@ -153,6 +153,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--budget-s", type=float, default=500)
     ap.add_argument("--tiny-cpu", action="store_true", help="tiny models on CPU without graphs: checks the script")
+    ap.add_argument("--probe", action="store_true", help="time the pieces of a hold (B = 64) before the runs")
     ap.add_argument("--plot", type=Path, help="draw the chart of an existing results JSON and exit")
     args = ap.parse_args()
     if args.plot:
@@ -172,6 +173,8 @@ def main() -> None:
     gpu = re.sub(r"[^a-z0-9]+", "_", res["environment"]["devices"][0].lower()).strip("_")
     stem = Path(args.out_dir) / f"engine_schedule_{gpu}"
     with torch.no_grad():
+        if args.probe:
+            res["probe_s"] = probe(llm, slm, args)
         t0 = time.perf_counter()
         run(llm, slm, fast, max(args.batches), "now", argparse.Namespace(**{**vars(args), "per_batch": 1, "scale": 0.02}),
             vocab)  # builds the lanes (and compiles)
@@ -194,6 +197,40 @@ def main() -> None:
                 lab.write_result(stem, res, markdown(res))
     lab.write_result(stem, res, markdown(res))
     print(markdown(res))
+
+
+def probe(llm, slm, args) -> dict:
+    """Seconds of the pieces a held row adds, at B = 64 with 700 columns seen: hold_rows, trim_left, and
+    one call of each catch-up width (a held row's next LLM call reads one column more)."""
+    from hf_rstitch import Role
+    from hf_rstitch.fast import FastLane
+
+    out = {}
+    for role, model in ((Role.LLM, llm), (Role.SLM, slm)):
+        lane = FastLane(model, role, min(llm.config.vocab_size, slm.config.vocab_size), capacity=1024,
+                        config=FastConfig(compile=None if args.compile == "none" else args.compile), max_rows=64)
+        seq = torch.randint(3, 200, (64, 700), device=model.device)
+        mask = torch.ones_like(seq)
+        every, none = torch.ones(64, dtype=torch.bool), torch.zeros(64, dtype=torch.bool)
+        lane.advance(seq, mask, every, none)
+        t = {}
+        for k in (1, 4, 16):
+            t[f"hold_rows_{k}"] = lab.timed(lambda: lane.hold_rows(list(range(k))), model.device, repeats=5)[0]
+        lane.pad_left(1)
+        seq, mask = torch.nn.functional.pad(seq, (1, 0)), torch.nn.functional.pad(mask, (1, 0))
+        t["trim_left_1"] = lab.timed(lambda: lane.trim_left(1), model.device)[0]
+        seq, mask = seq[:, 1:], mask[:, 1:]
+        for width in (1, 2, 4, 1, 2, 4):
+            seq = torch.cat([seq, seq[:, -width:]], 1)
+            mask = torch.ones_like(seq)
+            lane.advance(seq, mask, every, none)  # captures the bucket the first time
+            seq = torch.cat([seq, seq[:, -width:]], 1)
+            mask = torch.ones_like(seq)
+            t[f"call_width_{width}"] = lab.timed(lambda: lane.advance(seq, mask, every, none), model.device)[0]
+        out[str(role)] = t
+        print(f"[probe {role}] {t}", flush=True)
+        del lane
+    return out
 
 
 def lab_budget(seconds: float):

@@ -40,6 +40,7 @@ from .protocol import EagerEngine
 from .step import Routing, run_step
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
+HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
 
 
 @dataclass
@@ -135,7 +136,8 @@ class RequestEngine:
 
             fast = engine if isinstance(engine, FastEngine) else FastEngine(resolve_engine(engine).config, max_batch=max_batch)
             self.max_length = max_length
-            self.lanes = fast.lanes(llm, slm, self.vocab, max_batch, max_length)
+            slack = HOLD_TRIM if self.schedule is not None else 0  # untrimmed padding of held rows
+            self.lanes = fast.lanes(llm, slm, self.vocab, max_batch, max_length + slack)
         self.thresholds = RowEntropyPolicy() if policy is None else None
         self.policy = PinnedRoles(self.thresholds if policy is None else checked(policy))
         self.policy.reset()
@@ -355,7 +357,7 @@ class RequestEngine:
         self._mask[at] = torch.nn.functional.pad(self._mask[at, :-1], (1, 0), value=0)
         for lane in self.lanes.values():
             lane.hold_rows(index.tolist())
-        self._trim()
+        self._trim(HOLD_TRIM)
 
     def _advance_row(self, i: int, row: _Row, token: int, out, entropy: float, slm_h: float | None) -> Event:
         llm = bool(out.writer_llm[i])
@@ -397,11 +399,11 @@ class RequestEngine:
             lane.keep_rows(keep)
         self._trim()
 
-    def _trim(self) -> None:
-        """Drop leading columns that are padding in every row."""
+    def _trim(self, at_least: int = 1) -> None:
+        """Drop leading columns that are padding in every row (when there are ``at_least`` of them)."""
         if self._rows:
             n = int(left_padding(self._mask).min())
-            if n > 0:
+            if n >= at_least:
                 self._seq, self._mask = self._seq[:, n:], self._mask[:, n:]
                 for lane in self.lanes.values():
                     lane.trim_left(n)

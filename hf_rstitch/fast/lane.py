@@ -239,11 +239,12 @@ class FastLane:
         last seen column is read again at the next call."""
         if not index or self.seen == 0:  # nothing written: the first call reads the padding from the mask
             return
-        rows = torch.tensor([self.rows.slot[i] for i in index], device=self.device)
-        self.cache.shift_rows(rows, self.seen)
-        self.valid[rows] = torch.nn.functional.pad(self.valid[rows, :-1], (1, 0), value=False)
-        self.n_pad[rows] += 1
-        for i in index:
+        for i in index:  # a few rows a step: per-row copies, no index tensor to send to the device
+            row = self.rows.slot[i]
+            self.cache.shift_row(row, 1, self.seen)
+            self.valid[row, 1:] = self.valid[row, :-1].clone()
+            self.valid[row, 0] = False
+            self.n_pad[row] += 1
             self.rows.pad[i] += 1
             self.rows.solo_seen[i] += 1
 
@@ -309,11 +310,9 @@ class FastLane:
         ``cut`` written slots of the live cache rows by ``cut`` (``|cut| <= |n|``: only written slots exist)."""
         seen, width = self.seen, self.valid.shape[1]
         rows = self.rows.bucket if self.rows.slot else self.max_rows
-        states = self.cache.states[:, :, :rows]  # [2, layers, rows, H_kv, slots, D]: one copy for every layer
-        if cut > 0:
-            states[..., cut: cut + seen, :] = states[..., :seen, :].clone()
-        elif cut < 0:
-            states[..., : seen + cut, :] = states[..., -cut: seen, :].clone()
+        if cut != 0:
+            for row in range(rows):
+                self.cache.shift_row(row, cut, seen + max(cut, 0))
         if n > 0:
             self.valid[:, n:] = self.valid[:, : width - n].clone()
             self.valid[:, :n] = False

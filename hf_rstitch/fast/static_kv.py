@@ -45,6 +45,7 @@ class StaticKV:
         self.values = list(self.states[1].unbind(0))
         self.pos = torch.zeros((), dtype=torch.long, device=device)  # slots written so far
         self.slots: torch.Tensor | None = None  # [q] slots the current forward writes
+        self._scratch: torch.Tensor | None = None  # one row of every layer, for moving a row's slots
 
     @property
     def n_slots(self) -> int:
@@ -69,12 +70,22 @@ class StaticKV:
         """Copy cache rows ``src`` to ``dst`` (device long tensors), slots ``[0, n_slots)`` of every layer."""
         self.states[:, :, dst, :, :n_slots] = self.states[:, :, src, :, :n_slots]
 
-    def shift_rows(self, rows: torch.Tensor, n_slots: int) -> None:
-        """Move slots ``[0, n_slots - 1)`` of cache rows ``rows`` (device long tensor) one slot right, in
-        every layer; slot 0 is zeroed and the old slot ``n_slots - 1`` is overwritten."""
-        if n_slots > 1:
-            self.states[:, :, rows, :, 1:n_slots] = self.states[:, :, rows, :, : n_slots - 1]
-        self.states[:, :, rows, :, 0] = 0
+    def shift_row(self, row: int, by: int, n_slots: int) -> None:
+        """Move the written slots of cache row ``row`` by ``by`` in every layer: ``by = 1`` moves slots
+        ``[0, n_slots - 1)`` one right (slot 0 zeroed, slot ``n_slots - 1`` overwritten); a negative ``by``
+        moves slots ``[-by, n_slots)`` to the front. Two copies through a one-row scratch buffer (kept:
+        a fresh temporary of a growing size would make the allocator reserve a new block every few steps)."""
+        if self._scratch is None:
+            self._scratch = torch.empty_like(self.states[:, :, 0])  # [2, layers, H_kv, slots, D]
+        state = self.states[:, :, row]
+        src, dst = (slice(0, n_slots - by), slice(by, n_slots)) if by > 0 else (slice(-by, n_slots), slice(0, n_slots + by))
+        width = src.stop - src.start
+        if width > 0:
+            tmp = self._scratch[..., :width, :]
+            tmp.copy_(state[..., src, :])
+            state[..., dst, :].copy_(tmp)
+        if by > 0:
+            state[..., :by, :].zero_()
 
 
 KV_CHUNK = 256  # slots per partial product in :func:`_weighted_values`; lanes size their caches in multiples

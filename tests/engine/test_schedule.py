@@ -108,9 +108,11 @@ def _same(a, b):
     torch.testing.assert_close(torch.tensor(ta.entropies), torch.tensor(tb.entropies), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("trim", [1, 32], ids=["trim-each-column", "trim-lazily"])
 @pytest.mark.parametrize("engine", ["default", CPU_FAST], ids=["eager", "fast"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2-full"])
-def test_waiting_rows_change_nothing_but_the_llm_calls(arch, engine):
+def test_waiting_rows_change_nothing_but_the_llm_calls(arch, engine, trim, monkeypatch):
+    monkeypatch.setattr("hf_rstitch.engine.requests.HOLD_TRIM", trim)  # padding held rows leave is trimmed at
     llm, slm = make_pair(arch)
     now = RequestEngine(llm, slm, max_batch=4, engine=engine, max_length=64)
     base = now.run(_requests())
