@@ -38,6 +38,7 @@ MODULES = (
     "core/policies.py",
     "core/sampling.py",
     "core/trace.py",
+    "core/scheduling.py",
     "engine/lane.py",
     "engine/protocol.py",
     "engine/step.py",

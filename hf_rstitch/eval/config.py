@@ -77,7 +77,8 @@ class EvalConfig:
     schedule: str = field(default="now", metadata=_help(
         "When the LLM runs for rows that need it in a batch (--batch-size > 1): now (at once), or gather[:K[:M]]: "
         "such rows wait (no token) at most K steps (default 2) until M rows need it (default a quarter of the batch), while "
-        "the SLM's rows go on -- fewer LLM calls, the same outputs. Full-attention models only."))
+        "the SLM's rows go on: fewer LLM calls, the same outputs, full-attention models only. Measured slower on an "
+        "H200 (7B/1.5B, B=4-64); see docs/howto/batching.md."))
     router: Any = field(default=None, metadata={"cli": False, "help": "Router object or folder for the 'router' method."})
     router_path: str = field(default="", metadata=_help(
         "R-Stitch+ router for the 'router' method: a local folder, a Hub id, or shipped (the shipped pair's router)."))
