@@ -15,10 +15,11 @@ Verbs (tensors on the host are marked CPU):
 * ``keep_rows(index)`` -- keep only rows ``index`` (CPU long), in that order.
 * ``reset()`` -- forget everything, ready for a new generation.
 
-For continuous batching (:mod:`hf_rstitch.engine.requests`) the eager lane also has
+For continuous batching (:mod:`hf_rstitch.engine.requests`) both lanes also have
 ``add_rows(seq, mask)`` (append rows laid out in the shared columns), ``pad_left(n)`` (prepend
-``n`` masked columns to every row) and ``trim_left(n)`` (drop leading columns that are padding
-in every row).
+``n`` masked columns to every row), ``trim_left(n)`` (drop leading columns that are padding in
+every row) and ``hold_rows(index)`` (rows that gain no token this step move one column right: a
+schedule made them wait for the LLM, :mod:`hf_rstitch.core.scheduling`).
 
 Accounting: every lane reports its calls as ``ForwardCall(role, kind, n_inf, n_kv, seconds)``
 -- the quantities of the latency model (paper Eq. 4) -- so traces, the profiler and the

@@ -28,7 +28,8 @@ ATTENTIONS = {"matmul": "rstitch_static", "sdpa": "rstitch_static_sdpa"}  # Fast
 
 
 class StaticKV:
-    """Per-layer key/value buffers ``[rows, H_kv, slots, D]`` written at ``pos + arange(q)``.
+    """Per-layer key/value buffers ``[rows, H_kv, slots, D]`` (views of one buffer ``states``) written at
+    ``pos + arange(q)``.
 
     transformers' attention layers call :meth:`update` with their new keys/values; the lane sets
     :attr:`slots` before each forward and advances :attr:`pos` after it.
