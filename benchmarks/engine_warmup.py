@@ -1,0 +1,226 @@
+"""First-call warm-up of the fast engine in a fresh process, with cold, warm and shipped compile caches.
+
+    PYTHONPATH=.:benchmarks python benchmarks/engine_warmup.py --out-dir $OUT [--variants parts compiled-decode]
+    PYTHONPATH=.:benchmarks python benchmarks/engine_warmup.py --dry-run-cpu --out-dir /tmp/w   # checks the script
+
+The question (issue 18, item 5): does a process whose torch.compile caches were filled by an earlier
+process reach compiled-class speed after a short first call? For each variant, fresh Python processes
+run one after another on one GPU, each with its own ``TORCHINDUCTOR_CACHE_DIR``:
+
+* ``cold``: an empty cache directory -- the first-ever cost on a machine;
+* ``warm``: the same directory again -- what every later process on that machine pays (inductor's
+  FX-graph and AOTAutograd caches; dynamo still traces the model);
+* ``mega``: an empty directory, but the artifacts the cold process saved with
+  ``torch.compiler.save_cache_artifacts`` loaded first (``load_cache_artifacts``) -- a cache shipped
+  to another machine of the same kind and versions.
+
+Each process builds the random Qwen2 7B / 1.5B bf16 pair (not timed), then times: the first
+``generate`` (batch 1, 128-token prompt, a 4-token stitched route: lanes built, GEMV kernels tuned,
+steps compiled, decode and prompt graphs captured), ``FastLane.warm_up()`` of both lanes (every
+other length bucket), then the LLM alone and the SLM alone over ``--new`` tokens through
+``generate`` and through a bare lane loop (no policy, no per-token sync). Floor: the bytes a decode
+step reads (weights) over the measured copy bandwidth. With ``--profile``, the warm process also
+profiles ``--profile-steps`` decode graph replays of each model (kernels grouped by family, as
+``engine_profile.py``). Writes ``engine_warmup_<gpu>.json`` and ``.md``; prints one compact JSON last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import lab
+
+VARIANTS = {"parts": dict(compile="parts"), "compiled-decode": dict(compile="decode"), "graphs": dict()}
+RESULT = "RESULT "  # prefix of the child's result line
+
+
+# ---- one child process ------------------------------------------------------------------------------------
+def child(args) -> dict:
+    import hf_rstitch  # noqa: F401  (patches generate)
+    import engine_bench as eb
+    from engine_profile import decode_steps, family
+    from hf_rstitch import ReplayPolicy
+    from hf_rstitch.core.roles import Role
+    from hf_rstitch.fast import FastConfig, FastEngine
+
+    start = time.perf_counter()
+    if args.load_artifacts:
+        torch.compiler.load_cache_artifacts(Path(args.load_artifacts).read_bytes())
+    loaded_s = time.perf_counter() - start
+    device = "cpu" if args.dry_run_cpu else "cuda"
+    eb.DEVICE = device
+    cfg = FastConfig(**VARIANTS[args.variant], **({"graphs": False, "max_bucket": 8} if args.dry_run_cpu else {}))
+    llm, slm = lab.random_pair("tiny" if args.dry_run_cpu else "qwen2", device)
+    for m in (llm, slm):
+        m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0
+    bw = eb.copy_bandwidth(2 << 30 if device == "cuda" else 1 << 24)
+    vocab = min(llm.config.vocab_size, slm.config.vocab_size)
+    ids = eb.prompt_ids(vocab, args.prompt)
+    engine = FastEngine(cfg, capacity=args.prompt + args.new + 8)
+
+    def generate(roles, n):
+        return llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm,
+                            stitch_policy=ReplayPolicy(roles), stitch_engine=engine, max_new_tokens=n, do_sample=False)
+
+    res = {"variant": args.variant, "mode": args.mode, "config": repr(cfg), "load_artifacts_s": loaded_s,
+           "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "bandwidth_gbps": bw}
+    res["first_call_s"], _ = lab.timed(lambda: generate(["slm", "llm", "slm", "llm"], 4), device)
+    res["warm_up_every_bucket_s"] = sum(lane.warm_up() for lane in engine._lanes.values())
+    res["gemv_tune_s"] = sum(lane.gemv_tune_seconds for lane in engine._lanes.values())
+    res["graphs"] = engine.graph_count()
+    if args.save_artifacts:
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is not None:
+            Path(args.save_artifacts).write_bytes(saved[0])
+            res["artifact_bytes"] = len(saved[0])
+    from torch._dynamo.utils import counters
+    res["cache_counters"] = {f"{g}.{k}": v for g in ("inductor", "aot_autograd") for k, v in counters[g].items()
+                             if "cache" in k}
+    for tag, model, role in (("llm", llm, Role.LLM), ("slm", slm, Role.SLM)):
+        floor_s = eb.weight_bytes(model)["decode_read_bytes"] / (bw * 1e9)
+        sec, _ = lab.timed(lambda: generate([tag] * args.new, args.new), device)
+        lane = engine._lanes[role]
+        lane.reset()
+        bare = decode_steps(lane, ids, args.new // 2, lambda: lab.sync(device))
+        res[tag] = {"floor_ms": 1e3 * floor_s, "generate_ms_per_token": 1e3 * sec / args.new,
+                    "x_floor": sec / args.new / floor_s, "bare_lane_ms_per_token": 1e3 * bare,
+                    "bare_x_floor": bare / floor_s}
+        if args.profile:
+            lane.reset()
+            res[tag]["profile"] = profile_replays(lane, ids, args.profile_steps, device, decode_steps, family)
+    return res
+
+
+def profile_replays(lane, ids, steps: int, device: str, decode_steps, family) -> dict:
+    """Device kernels of ``steps`` one-token graph replays, per token, grouped by family."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        decode_steps(lane, ids, steps, lambda: lab.sync(device))
+    on_device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    fams: dict[str, list] = {}
+    names: dict[str, float] = {}
+    for e in on_device:
+        f = fams.setdefault(family(e.name), [0, 0.0])
+        f[0] += 1
+        f[1] += e.device_time
+        names[e.name[:90]] = names.get(e.name[:90], 0.0) + e.device_time
+    n = steps + 1  # the prefill is in the profiled region too
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
+    return {"kernels_per_token": len(on_device) / n,
+            "kernel_ms_per_token": sum(f[1] for f in fams.values()) / 1e3 / n,
+            "by_family": {k: {"kernels": c / n, "ms": us / 1e3 / n} for k, (c, us) in fams.items()},
+            "top_kernels_ms": {k: us / 1e3 / n for k, us in top}}
+
+
+# ---- the parent: fresh processes one after another -------------------------------------------------------
+def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: float) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--variant", variant, "--mode", mode, "--prompt", str(args.prompt),
+           "--new", str(args.new), "--profile-steps", str(args.profile_steps)]
+    cmd += ["--dry-run-cpu"] if args.dry_run_cpu else []
+    cmd += ["--save-artifacts", str(artifacts)] if mode == "cold" else []
+    cmd += ["--load-artifacts", str(artifacts)] if mode == "mega" else []
+    cmd += ["--profile"] if args.profile and mode == "warm" else []
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"variant": variant, "mode": mode, "error": f"timed out after {timeout:.0f} s"}
+    lines = [l for l in done.stdout.splitlines() if l.startswith(RESULT)]
+    if done.returncode or not lines:
+        return {"variant": variant, "mode": mode, "error": (done.stderr or done.stdout)[-2000:]}
+    return {**json.loads(lines[-1][len(RESULT):]), "process_s": time.perf_counter() - t0}
+
+
+def markdown(doc: dict) -> str:
+    env = doc["environment"]
+    lines = [f"# Fast engine warm-up in a fresh process: random Qwen2 7B (LLM) / 1.5B (SLM), bf16, "
+             f"{', '.join(env['devices'])}", "",
+             f"torch {env['torch']}, transformers {env['transformers']}, {env['date']}; batch 1, prompt "
+             f"{doc['args']['prompt']} tokens, {doc['args']['new']} new tokens timed. cold: empty compile cache; warm: "
+             "the cache the cold process filled; mega: empty cache plus the cold process's "
+             "`save_cache_artifacts` loaded first. ms/token through `generate` (bare lane loop in brackets).", "",
+             "| variant | cache | first call (s) | every bucket (s) | 7B ms/token | x floor | 1.5B ms/token | x floor |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in doc["runs"]:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | {r['mode']} | error: {r['error'].splitlines()[-1][:80] if r['error'] else ''} "
+                         "| | | | | |")
+            continue
+        cell = lambda t: f"{r[t]['generate_ms_per_token']:.2f} ({r[t]['bare_lane_ms_per_token']:.2f})"  # noqa: E731
+        lines.append(f"| {r['variant']} | {r['mode']} | {r['first_call_s']:.1f} | {r['warm_up_every_bucket_s']:.1f} | "
+                     f"{cell('llm')} | {r['llm']['x_floor']:.2f} | {cell('slm')} | {r['slm']['x_floor']:.2f} |")
+    for r in doc["runs"]:
+        for tag in ("llm", "slm"):
+            p = r.get(tag, {}).get("profile")
+            if p:
+                fams = ", ".join(f"{k} {v['ms']:.2f} ms / {v['kernels']:.0f}" for k, v in
+                                 sorted(p["by_family"].items(), key=lambda kv: -kv[1]["ms"]))
+                lines.append(f"\nProfile, {r['variant']} {tag}: {p['kernels_per_token']:.0f} kernels, "
+                             f"{p['kernel_ms_per_token']:.2f} ms of kernels per token ({fams}).")
+    if doc["skipped"]:
+        lines += ["", "Skipped: " + "; ".join(doc["skipped"])]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out-dir", default=str(lab.RESULTS))
+    ap.add_argument("--variants", nargs="+", default=["parts", "compiled-decode"], choices=list(VARIANTS))
+    ap.add_argument("--modes", nargs="+", default=["cold", "warm", "mega"], choices=["cold", "warm", "mega"])
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=512, help="new tokens per timed generate")
+    ap.add_argument("--profile", action="store_true", help="profile decode replays in the warm process")
+    ap.add_argument("--profile-steps", type=int, default=16)
+    ap.add_argument("--budget-s", type=float, default=540, help="no process starts past this many seconds")
+    ap.add_argument("--cache-root", default=None, help="parent of the per-variant cache dirs (default: a temp dir)")
+    ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
+    # child-only
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--variant", default="parts", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", default="cold", help=argparse.SUPPRESS)
+    ap.add_argument("--save-artifacts", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--load-artifacts", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        with torch.no_grad():
+            print(RESULT + json.dumps(child(args), default=str), flush=True)
+        return
+    root = Path(args.cache_root or tempfile.mkdtemp(prefix="rstitch_warmup_"))
+    device = "cpu" if args.dry_run_cpu else "cuda"
+    doc = {"environment": lab.environment([device]), "args": vars(args), "runs": [], "skipped": []}
+    name = doc["environment"]["devices"][0] if device == "cuda" else "cpu dry run"
+    stem = Path(args.out_dir) / ("engine_warmup_" + re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_"))
+    start = time.perf_counter()
+    for variant in args.variants:
+        cache, artifacts = root / variant, root / f"{variant}.artifacts"
+        for mode in args.modes:
+            left = args.budget_s - (time.perf_counter() - start)
+            if left < 30:
+                doc["skipped"].append(f"{variant} {mode}: time budget")
+                continue
+            run_cache = root / f"{variant}-mega" if mode == "mega" else cache  # mega: an empty directory
+            doc["runs"].append(spawn(args, variant, mode, run_cache, artifacts, timeout=left))
+            print(json.dumps(doc["runs"][-1], default=str)[:2000], flush=True)
+            lab.write_result(stem, doc, markdown(doc))
+    lab.write_result(stem, doc, markdown(doc))
+    print(markdown(doc))
+    print(json.dumps({"device": name, "runs": [{k: r.get(k) for k in ("variant", "mode", "first_call_s")} |
+                                               {t: r.get(t, {}).get("generate_ms_per_token") for t in ("llm", "slm")}
+                                               for r in doc["runs"]]}))
+
+
+if __name__ == "__main__":
+    main()
