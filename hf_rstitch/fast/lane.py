@@ -123,7 +123,7 @@ class FastLane:
         if config.compile is not None:
             compile_cache.use_persistent_cache()  # a later process reuses the kernels compiled here
         if config.compile == "parts":
-            _allow_recompiles(64)  # symbolic shapes still specialise sizes 0 and 1 (batch 1, one-token steps)
+            _allow_recompiles(64)  # a new model class or norm class is a new compile
             self._regions = regions.plan(model)
         elif config.compile is not None:  # static compiles: 1-token steps, and with "all" each bucket size
             _allow_recompiles(64)  # (a symbolic length took minutes on 7B)
