@@ -18,10 +18,11 @@ Each process builds the random Qwen2 7B / 1.5B bf16 pair (not timed), then times
 ``generate`` (batch 1, 128-token prompt, a 4-token stitched route: lanes built, GEMV kernels tuned,
 steps compiled, decode and prompt graphs captured), ``FastLane.warm_up()`` of both lanes (every
 other length bucket), then the LLM alone and the SLM alone over ``--new`` tokens through
-``generate`` and through a bare lane loop (no policy, no per-token sync). Floor: the bytes a decode
-step reads (weights) over the measured copy bandwidth. With ``--profile``, the warm process also
-profiles ``--profile-steps`` decode graph replays of each model (kernels grouped by family, as
-``engine_profile.py``). Writes ``engine_warmup_<gpu>.json`` and ``.md``; prints one compact JSON last.
+``generate`` and through a bare lane loop (no policy, no per-token sync), then the first call at a
+larger batch (``--then-batch``, 8: its graphs, and any compile a new batch size needs). Floor: the
+bytes a decode step reads (weights) over the measured copy bandwidth. With ``--profile``, the warm
+process also profiles ``--profile-steps`` decode graph replays of each model (kernels grouped by
+family, as ``engine_profile.py``). Writes ``engine_warmup_<gpu>.json`` and ``.md``; prints one compact JSON last.
 """
 
 from __future__ import annotations
@@ -66,10 +67,10 @@ def child(args) -> dict:
     bw = eb.copy_bandwidth(2 << 30 if device == "cuda" else 1 << 24)
     vocab = min(llm.config.vocab_size, slm.config.vocab_size)
     ids = eb.prompt_ids(vocab, args.prompt)
-    engine = FastEngine(cfg, capacity=args.prompt + args.new + 8)
+    engine = FastEngine(cfg, capacity=args.prompt + args.new + 8, max_batch=max(1, args.then_batch))
 
-    def generate(roles, n):
-        return llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm,
+    def generate(roles, n, prompt=ids):
+        return llm.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=slm,
                             stitch_policy=ReplayPolicy(roles), stitch_engine=engine, max_new_tokens=n, do_sample=False)
 
     res = {"variant": args.variant, "mode": args.mode, "config": repr(cfg), "load_artifacts_s": loaded_s,
@@ -98,6 +99,11 @@ def child(args) -> dict:
         if args.profile:
             lane.reset()
             res[tag]["profile"] = profile_replays(lane, ids, args.profile_steps, device, decode_steps, family)
+    if args.then_batch > 1:  # a first call at a larger batch: new graphs, and with compile="decode" new compiles
+        rows = ((ids + torch.arange(args.then_batch, device=ids.device)[:, None]) % vocab).contiguous()
+        res["then_batch"] = args.then_batch
+        res["first_batch_call_s"], _ = lab.timed(lambda: generate([["slm", "llm", "slm", "llm"]] * len(rows), 4,
+                                                                  rows), device)
     return res
 
 
@@ -127,7 +133,7 @@ def profile_replays(lane, ids, steps: int, device: str, decode_steps, family) ->
 # ---- the parent: fresh processes one after another -------------------------------------------------------
 def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: float) -> dict:
     cmd = [sys.executable, __file__, "--child", "--variant", variant, "--mode", mode, "--prompt", str(args.prompt),
-           "--new", str(args.new), "--profile-steps", str(args.profile_steps)]
+           "--new", str(args.new), "--profile-steps", str(args.profile_steps), "--then-batch", str(args.then_batch)]
     cmd += ["--dry-run-cpu"] if args.dry_run_cpu else []
     cmd += ["--save-artifacts", str(artifacts)] if mode == "cold" else []
     cmd += ["--load-artifacts", str(artifacts)] if mode == "mega" else []
@@ -149,19 +155,22 @@ def markdown(doc: dict) -> str:
     lines = [f"# Fast engine warm-up in a fresh process: random Qwen2 7B (LLM) / 1.5B (SLM), bf16, "
              f"{', '.join(env['devices'])}", "",
              f"torch {env['torch']}, transformers {env['transformers']}, {env['date']}; batch 1, prompt "
-             f"{doc['args']['prompt']} tokens, {doc['args']['new']} new tokens timed. cold: empty compile cache; warm: "
-             "the cache the cold process filled; mega: empty cache plus the cold process's "
+             f"{doc['args']['prompt']} tokens, {doc['args']['new']} new tokens timed. cold: empty compile cache; "
+             "warm: the cache the cold process filled; mega: empty cache plus the cold process's "
              "`save_cache_artifacts` loaded first. ms/token through `generate` (bare lane loop in brackets).", "",
-             "| variant | cache | first call (s) | every bucket (s) | 7B ms/token | x floor | 1.5B ms/token | x floor |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| variant | cache | first call (s) | every bucket (s) | 7B ms/token | x floor | 1.5B ms/token | "
+             f"x floor | first call at B = {doc['args']['then_batch']} (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
         if "error" in r:
-            lines.append(f"| {r['variant']} | {r['mode']} | error: {r['error'].splitlines()[-1][:80] if r['error'] else ''} "
-                         "| | | | | |")
+            last = r["error"].strip().splitlines()[-1][:80] if r["error"].strip() else ""
+            lines.append(f"| {r['variant']} | {r['mode']} | error: {last} | | | | | | |")
             continue
         cell = lambda t: f"{r[t]['generate_ms_per_token']:.2f} ({r[t]['bare_lane_ms_per_token']:.2f})"  # noqa: E731
+        batch = f"{r['first_batch_call_s']:.1f}" if "first_batch_call_s" in r else "-"
         lines.append(f"| {r['variant']} | {r['mode']} | {r['first_call_s']:.1f} | {r['warm_up_every_bucket_s']:.1f} | "
-                     f"{cell('llm')} | {r['llm']['x_floor']:.2f} | {cell('slm')} | {r['slm']['x_floor']:.2f} |")
+                     f"{cell('llm')} | {r['llm']['x_floor']:.2f} | {cell('slm')} | {r['slm']['x_floor']:.2f} | "
+                     f"{batch} |")
     for r in doc["runs"]:
         for tag in ("llm", "slm"):
             p = r.get(tag, {}).get("profile")
@@ -184,6 +193,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=512, help="new tokens per timed generate")
     ap.add_argument("--profile", action="store_true", help="profile decode replays in the warm process")
     ap.add_argument("--profile-steps", type=int, default=16)
+    ap.add_argument("--then-batch", type=int, default=8, help="then time a first call at this batch size (0: none)")
     ap.add_argument("--budget-s", type=float, default=540, help="no process starts past this many seconds")
     ap.add_argument("--cache-root", default=None, help="parent of the per-variant cache dirs (default: a temp dir)")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
