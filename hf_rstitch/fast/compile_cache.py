@@ -7,10 +7,11 @@ later process reuse the generated kernels, but by default they live under the sy
 compile the fast engine therefore points inductor at ``$XDG_CACHE_HOME/hf_rstitch/inductor``
 (``~/.cache/hf_rstitch/inductor``), or at ``$HF_RSTITCH_COMPILE_CACHE`` if set.
 
-What it does not do: override a directory already chosen -- ``TORCHINDUCTOR_CACHE_DIR`` set by the
-user, or by inductor itself once it has compiled anything in this process (it writes its choice back
-into the environment) -- or cache anything itself. ``HF_RSTITCH_COMPILE_CACHE=off`` leaves torch's
-default. The caches are keyed by torch version, device and graph, so one directory serves any mix.
+What it does not do: override a directory the user chose (``TORCHINDUCTOR_CACHE_DIR`` set to anything
+but torch's default -- torch itself writes its default into the environment as soon as dynamo is
+imported, which ``import transformers`` does, so only a different value counts as a choice), or cache
+anything itself. ``HF_RSTITCH_COMPILE_CACHE=off`` leaves torch's default. The caches are keyed by
+torch version, device and graph, so one directory serves any mix.
 """
 
 from __future__ import annotations
@@ -31,13 +32,25 @@ def default_dir() -> Path:
     return Path(base) / "hf_rstitch" / "inductor"
 
 
-def use_persistent_cache() -> str | None:
-    """Point inductor's caches at the persistent directory unless one is already chosen.
+def user_chose() -> bool:
+    """Whether ``TORCHINDUCTOR_CACHE_DIR`` holds a directory other than torch's default."""
+    chosen = os.environ.get(TORCH_ENV)
+    if chosen is None:
+        return False
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # a torch without it: take any value as the user's
+        return True
+    return os.path.abspath(chosen) != os.path.abspath(default_cache_dir())
 
-    Returns the directory set now, or None when nothing was changed (a directory already chosen, or
+
+def use_persistent_cache() -> str | None:
+    """Point inductor's caches at the persistent directory unless the user chose one.
+
+    Returns the directory set now, or None when nothing was changed (the user's directory, or
     ``HF_RSTITCH_COMPILE_CACHE`` turned it off). Call before the process's first ``torch.compile``.
     """
-    if TORCH_ENV in os.environ:
+    if user_chose():
         return None
     setting = os.environ.get(ENV)
     if setting is not None and setting.strip().lower() in ("", "0", "off", "false", "no"):
