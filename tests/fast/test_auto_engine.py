@@ -22,8 +22,13 @@ def _generate(llm, slm, ids, engine):
 
 def test_auto_off_cuda_runs_the_eager_engine_and_says_why(caplog):
     llm, slm = make_pair("llama")
-    with caplog.at_level(logging.INFO, logger="hf_rstitch.fast"):
-        auto = _generate(llm, slm, prompt(5), "auto")
+    log = logging.getLogger("hf_rstitch.fast")
+    log.addHandler(caplog.handler)  # directly: the CLI's tests may stop hf_rstitch's records reaching the root
+    try:
+        with caplog.at_level(logging.INFO, logger="hf_rstitch.fast"):
+            auto = _generate(llm, slm, prompt(5), "auto")
+    finally:
+        log.removeHandler(caplog.handler)
     assert "stitch_engine='auto' runs the eager engine: the llm is on cpu" in caplog.text
     eager = _generate(llm, slm, prompt(5), "default")
     assert torch.equal(auto.sequences, eager.sequences)
