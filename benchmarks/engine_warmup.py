@@ -1,16 +1,28 @@
-"""How long does a fresh process wait before the fast engine decodes, with and without torch's compile caches?
+"""First-call warm-up of the fast engine in a fresh process, with cold, warm and shipped compile caches.
 
-    PYTHONPATH=.:benchmarks python benchmarks/engine_warmup.py --out-dir $OUT [--variants parts decode]
+    PYTHONPATH=.:benchmarks python benchmarks/engine_warmup.py --out-dir $OUT [--variants parts compiled-decode]
+    PYTHONPATH=.:benchmarks python benchmarks/engine_warmup.py --dry-run-cpu --out-dir /tmp/w   # checks the script
 
-For each ``FastConfig(compile=...)`` variant, two child processes run one after the other with the
-same, initially empty, compile caches (``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` in a fresh
-folder): the first compiles cold, the second finds the first one's FX-graph / AOTAutograd / Triton
-caches on disk (torch's defaults; nothing of hf-rstitch's). Each child builds the random Qwen2 7B /
-1.5B pair (bf16), times its first stitched ``generate`` at B = 1 (lanes built, GEMV tuned, graphs of the
-buckets it meets captured and compiled), then ``warm_up`` of every remaining bucket, then decode speed:
-the LLM alone and the SLM alone for 256 tokens (ms per token).
+The question (issue 18, item 5): does a process whose torch.compile caches were filled by an earlier
+process reach compiled-class speed after a short first call? For each variant, fresh Python processes
+run one after another on one GPU, each with its own ``TORCHINDUCTOR_CACHE_DIR``:
 
-Writes ``engine_warmup_<gpu>.json`` / ``.md``.
+* ``cold``: an empty cache directory -- the first-ever cost on a machine;
+* ``warm``: the same directory again -- what every later process on that machine pays (inductor's
+  FX-graph and AOTAutograd caches; dynamo still traces the model);
+* ``mega``: an empty directory, but the artifacts the cold process saved with
+  ``torch.compiler.save_cache_artifacts`` loaded first (``load_cache_artifacts``) -- a cache shipped
+  to another machine of the same kind and versions.
+
+Each process builds the random Qwen2 7B / 1.5B bf16 pair (not timed), then times: the first
+``generate`` (batch 1, 128-token prompt, a 4-token stitched route: lanes built, GEMV kernels tuned,
+steps compiled, decode and prompt graphs captured), ``FastLane.warm_up()`` of both lanes (every
+other length bucket), then the LLM alone and the SLM alone over ``--new`` tokens through
+``generate`` and through a bare lane loop (no policy, no per-token sync), then the first call at a
+larger batch (``--then-batch``, 8: its graphs, and any compile a new batch size needs). Floor: the
+bytes a decode step reads (weights) over the measured copy bandwidth. With ``--profile``, the warm
+process also profiles ``--profile-steps`` decode graph replays of each model (kernels grouped by
+family, as ``engine_profile.py``). Writes ``engine_warmup_<gpu>.json`` and ``.md``; prints one compact JSON last.
 """
 
 from __future__ import annotations
@@ -25,90 +37,199 @@ import tempfile
 import time
 from pathlib import Path
 
-CHILD_TOKENS = 256
+import torch
+
+import lab
+
+VARIANTS = {"parts": dict(compile="parts"), "compiled-decode": dict(compile="decode"), "graphs": dict()}
+RESULT = "RESULT "  # prefix of the child's result line
 
 
-def child(variant: str, prompt: int, device: str = "cuda") -> dict:
-    import torch
-
+# ---- one child process ------------------------------------------------------------------------------------
+def child(args) -> dict:
     import hf_rstitch  # noqa: F401  (patches generate)
-    import lab
+    import engine_bench as eb
+    from engine_profile import decode_steps, family
     from hf_rstitch import ReplayPolicy
+    from hf_rstitch.core.roles import Role
     from hf_rstitch.fast import FastConfig, FastEngine
 
-    t_start = time.perf_counter()
-    llm, slm = lab.random_pair("qwen2" if device == "cuda" else "tiny", device)
+    start = time.perf_counter()
+    if args.load_artifacts:
+        torch.compiler.load_cache_artifacts(Path(args.load_artifacts).read_bytes())
+    loaded_s = time.perf_counter() - start
+    device = "cpu" if args.dry_run_cpu else "cuda"
+    eb.DEVICE = device
+    cfg = FastConfig(**VARIANTS[args.variant], **({"graphs": False, "max_bucket": 8} if args.dry_run_cpu else {}))
+    llm, slm = lab.random_pair("tiny" if args.dry_run_cpu else "qwen2", device)
     for m in (llm, slm):
         m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0
-    t_models = time.perf_counter() - t_start
-    config = FastConfig(compile=None if variant == "none" else variant, graphs=None if device == "cuda" else False)
-    engine = FastEngine(config, capacity=prompt + CHILD_TOKENS + 16)
-    ids = torch.randint(3, 200, (1, prompt), generator=torch.Generator().manual_seed(0)).to(device)
+    bw = eb.copy_bandwidth(2 << 30 if device == "cuda" else 1 << 24)
+    vocab = min(llm.config.vocab_size, slm.config.vocab_size)
+    ids = eb.prompt_ids(vocab, args.prompt)
+    engine = FastEngine(cfg, capacity=args.prompt + args.new + 8, max_batch=max(1, args.then_batch))
 
-    def gen(route, n):
-        return llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm, stitch_engine=engine,
-                            stitch_policy=ReplayPolicy(route), max_new_tokens=n, do_sample=False)
+    def generate(roles, n, prompt=ids):
+        return llm.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=slm,
+                            stitch_policy=ReplayPolicy(roles), stitch_engine=engine, max_new_tokens=n, do_sample=False)
 
-    first, _ = lab.timed(lambda: gen(["slm", "slm", "llm", "llm", "slm"], 5), device)
-    warm = sum(lane.warm_up() for lane in engine._lanes.values())
-    speed = {}
-    for role in ("llm", "slm"):
-        gen([role] * 8, 8)
-        sec, _ = lab.timed(lambda: gen([role] * CHILD_TOKENS, CHILD_TOKENS), device)
-        speed[f"{role}_ms_per_token"] = 1e3 * sec / CHILD_TOKENS
-    return {"variant": variant, "models_s": t_models, "first_generate_s": first, "warm_up_rest_s": warm,
-            "ready_s": first + warm, "gemv_tune_s": sum(lane.gemv_tune_seconds for lane in engine._lanes.values()),
-            **speed}
+    res = {"variant": args.variant, "mode": args.mode, "config": repr(cfg), "load_artifacts_s": loaded_s,
+           "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "bandwidth_gbps": bw}
+    res["first_call_s"], _ = lab.timed(lambda: generate(["slm", "llm", "slm", "llm"], 4), device)
+    res["warm_up_every_bucket_s"] = sum(lane.warm_up() for lane in engine._lanes.values())
+    res["gemv_tune_s"] = sum(lane.gemv_tune_seconds for lane in engine._lanes.values())
+    res["graphs"] = engine.graph_count()
+    if args.save_artifacts:
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is not None:
+            Path(args.save_artifacts).write_bytes(saved[0])
+            res["artifact_bytes"] = len(saved[0])
+    from torch._dynamo.utils import counters
+    res["cache_counters"] = {f"{g}.{k}": v for g in ("inductor", "aot_autograd") for k, v in counters[g].items()
+                             if "cache" in k}
+    for tag, model, role in (("llm", llm, Role.LLM), ("slm", slm, Role.SLM)):
+        floor_s = eb.weight_bytes(model)["decode_read_bytes"] / (bw * 1e9)
+        sec, _ = lab.timed(lambda: generate([tag] * args.new, args.new), device)
+        lane = engine._lanes[role]
+        lane.reset()
+        bare = decode_steps(lane, ids, args.new // 2, lambda: lab.sync(device))
+        res[tag] = {"floor_ms": 1e3 * floor_s, "generate_ms_per_token": 1e3 * sec / args.new,
+                    "x_floor": sec / args.new / floor_s, "bare_lane_ms_per_token": 1e3 * bare,
+                    "bare_x_floor": bare / floor_s}
+        if args.profile:
+            lane.reset()
+            res[tag]["profile"] = profile_replays(lane, ids, args.profile_steps, device, decode_steps, family)
+    if args.then_batch > 1:  # a first call at a larger batch: new graphs, and with compile="decode" new compiles
+        rows = ((ids + torch.arange(args.then_batch, device=ids.device)[:, None]) % vocab).contiguous()
+        res["then_batch"] = args.then_batch
+        res["first_batch_call_s"], _ = lab.timed(lambda: generate([["slm", "llm", "slm", "llm"]] * len(rows), 4,
+                                                                  rows), device)
+    return res
+
+
+def profile_replays(lane, ids, steps: int, device: str, decode_steps, family) -> dict:
+    """Device kernels of ``steps`` one-token graph replays, per token, grouped by family."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        decode_steps(lane, ids, steps, lambda: lab.sync(device))
+    on_device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    fams: dict[str, list] = {}
+    names: dict[str, float] = {}
+    for e in on_device:
+        f = fams.setdefault(family(e.name), [0, 0.0])
+        f[0] += 1
+        f[1] += e.device_time
+        names[e.name[:90]] = names.get(e.name[:90], 0.0) + e.device_time
+    n = steps + 1  # the prefill is in the profiled region too
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
+    return {"kernels_per_token": len(on_device) / n,
+            "kernel_ms_per_token": sum(f[1] for f in fams.values()) / 1e3 / n,
+            "by_family": {k: {"kernels": c / n, "ms": us / 1e3 / n} for k, (c, us) in fams.items()},
+            "top_kernels_ms": {k: us / 1e3 / n for k, us in top}}
+
+
+# ---- the parent: fresh processes one after another -------------------------------------------------------
+def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: float) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--variant", variant, "--mode", mode, "--prompt", str(args.prompt),
+           "--new", str(args.new), "--profile-steps", str(args.profile_steps), "--then-batch", str(args.then_batch)]
+    cmd += ["--dry-run-cpu"] if args.dry_run_cpu else []
+    cmd += ["--save-artifacts", str(artifacts)] if mode == "cold" else []
+    cmd += ["--load-artifacts", str(artifacts)] if mode == "mega" else []
+    cmd += ["--profile"] if args.profile and mode == "warm" else []
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"variant": variant, "mode": mode, "error": f"timed out after {timeout:.0f} s"}
+    lines = [l for l in done.stdout.splitlines() if l.startswith(RESULT)]
+    if done.returncode or not lines:
+        return {"variant": variant, "mode": mode, "error": (done.stderr or done.stdout)[-2000:]}
+    return {**json.loads(lines[-1][len(RESULT):]), "process_s": time.perf_counter() - t0}
+
+
+def markdown(doc: dict) -> str:
+    env = doc["environment"]
+    lines = [f"# Fast engine warm-up in a fresh process: random Qwen2 7B (LLM) / 1.5B (SLM), bf16, "
+             f"{', '.join(env['devices'])}", "",
+             f"torch {env['torch']}, transformers {env['transformers']}, {env['date']}; batch 1, prompt "
+             f"{doc['args']['prompt']} tokens, {doc['args']['new']} new tokens timed. cold: empty compile cache; "
+             "warm: the cache the cold process filled; mega: empty cache plus the cold process's "
+             "`save_cache_artifacts` loaded first. ms/token through `generate` (bare lane loop in brackets).", "",
+             "| variant | cache | first call (s) | every bucket (s) | 7B ms/token | x floor | 1.5B ms/token | "
+             f"x floor | first call at B = {doc['args']['then_batch']} (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["runs"]:
+        if "error" in r:
+            last = r["error"].strip().splitlines()[-1][:80] if r["error"].strip() else ""
+            lines.append(f"| {r['variant']} | {r['mode']} | error: {last} | | | | | | |")
+            continue
+        cell = lambda t: f"{r[t]['generate_ms_per_token']:.2f} ({r[t]['bare_lane_ms_per_token']:.2f})"  # noqa: E731
+        batch = f"{r['first_batch_call_s']:.1f}" if "first_batch_call_s" in r else "-"
+        lines.append(f"| {r['variant']} | {r['mode']} | {r['first_call_s']:.1f} | {r['warm_up_every_bucket_s']:.1f} | "
+                     f"{cell('llm')} | {r['llm']['x_floor']:.2f} | {cell('slm')} | {r['slm']['x_floor']:.2f} | "
+                     f"{batch} |")
+    for r in doc["runs"]:
+        for tag in ("llm", "slm"):
+            p = r.get(tag, {}).get("profile")
+            if p:
+                fams = ", ".join(f"{k} {v['ms']:.2f} ms / {v['kernels']:.0f}" for k, v in
+                                 sorted(p["by_family"].items(), key=lambda kv: -kv[1]["ms"]))
+                lines.append(f"\nProfile, {r['variant']} {tag}: {p['kernels_per_token']:.0f} kernels, "
+                             f"{p['kernel_ms_per_token']:.2f} ms of kernels per token ({fams}).")
+    if doc["skipped"]:
+        lines += ["", "Skipped: " + "; ".join(doc["skipped"])]
+    return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out-dir", default="benchmarks/results")
-    ap.add_argument("--variants", nargs="+", default=["parts", "decode"])
+    ap.add_argument("--out-dir", default=str(lab.RESULTS))
+    ap.add_argument("--variants", nargs="+", default=["parts", "compiled-decode"], choices=list(VARIANTS))
+    ap.add_argument("--modes", nargs="+", default=["cold", "warm", "mega"], choices=["cold", "warm", "mega"])
     ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--dry-cpu", action="store_true", help="tiny models on CPU, no graphs: checks the script")
+    ap.add_argument("--new", type=int, default=512, help="new tokens per timed generate")
+    ap.add_argument("--profile", action="store_true", help="profile decode replays in the warm process")
+    ap.add_argument("--profile-steps", type=int, default=16)
+    ap.add_argument("--then-batch", type=int, default=8, help="then time a first call at this batch size (0: none)")
+    ap.add_argument("--budget-s", type=float, default=540, help="no process starts past this many seconds")
+    ap.add_argument("--cache-root", default=None, help="parent of the per-variant cache dirs (default: a temp dir)")
+    ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
+    # child-only
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--variant", default="parts", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", default="cold", help=argparse.SUPPRESS)
+    ap.add_argument("--save-artifacts", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--load-artifacts", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.prompt, "cpu" if args.dry_cpu else "cuda")), flush=True)
+        with torch.no_grad():
+            print(RESULT + json.dumps(child(args), default=str), flush=True)
         return
-    import lab
-
-    res = {"environment": lab.environment(["cpu" if args.dry_cpu else "cuda"]), "rows": [], "command": lab.command()}
-    gpu = re.sub(r"[^a-z0-9]+", "_", res["environment"]["devices"][0].lower()).strip("_")
-    stem = Path(args.out_dir) / f"engine_warmup_{gpu}"
+    root = Path(args.cache_root or tempfile.mkdtemp(prefix="rstitch_warmup_"))
+    device = "cpu" if args.dry_run_cpu else "cuda"
+    doc = {"environment": lab.environment([device]), "args": vars(args), "runs": [], "skipped": []}
+    name = doc["environment"]["devices"][0] if device == "cuda" else "cpu dry run"
+    stem = Path(args.out_dir) / ("engine_warmup_" + re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_"))
+    start = time.perf_counter()
     for variant in args.variants:
-        caches = tempfile.mkdtemp(prefix=f"rstitch_warm_{variant}_")
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{caches}/inductor", "TRITON_CACHE_DIR": f"{caches}/triton"}
-        for run in ("cold", "warm"):
-            t0 = time.perf_counter()
-            cmd = [sys.executable, __file__, "--child", variant, "--prompt", str(args.prompt)] + ["--dry-cpu"] * args.dry_cpu
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-            row = json.loads(line[-1][7:]) if line else {"variant": variant, "error": done.stderr[-2000:]}
-            row.update(caches=run, process_s=time.perf_counter() - t0)
-            res["rows"].append(row)
-            print(f"[{variant} {run}] {row}", flush=True)
-            lab.write_result(stem, res, markdown(res))
-    print(markdown(res))
-
-
-def markdown(res: dict) -> str:
-    env = res["environment"]
-    lines = [f"# Fast engine warm-up in a fresh process: random Qwen2 7B / 1.5B bf16, B = 1, {env['devices'][0]}", "",
-             f"torch {env['torch']}, transformers {env['transformers']}, {env['date']}. Cold: empty compile caches; "
-             "warm: a second process with the caches the first one wrote (torch's own on-disk caches).", "",
-             "| compile | caches | ready (s) | first generate (s) | warm-up of the rest (s) | GEMV tuning (s) | "
-             "LLM ms/token | SLM ms/token |", "|---|---|---|---|---|---|---|---|"]
-    for r in res["rows"]:
-        if "error" in r:
-            lines.append(f"| {r['variant']} | {r['caches']} | error | | | | | |")
-            continue
-        lines.append(f"| {r['variant']} | {r['caches']} | {r['ready_s']:.1f} | {r['first_generate_s']:.1f} | "
-                     f"{r['warm_up_rest_s']:.1f} | {r['gemv_tune_s']:.1f} | {r['llm_ms_per_token']:.2f} | "
-                     f"{r['slm_ms_per_token']:.2f} |")
-    lines += ["", f"Regenerate: `{res['command']}`"]
-    return "\n".join(lines) + "\n"
+        cache, artifacts = root / variant, root / f"{variant}.artifacts"
+        for mode in args.modes:
+            left = args.budget_s - (time.perf_counter() - start)
+            if left < 30:
+                doc["skipped"].append(f"{variant} {mode}: time budget")
+                continue
+            run_cache = root / f"{variant}-mega" if mode == "mega" else cache  # mega: an empty directory
+            doc["runs"].append(spawn(args, variant, mode, run_cache, artifacts, timeout=left))
+            print(json.dumps(doc["runs"][-1], default=str)[:2000], flush=True)
+            lab.write_result(stem, doc, markdown(doc))
+    lab.write_result(stem, doc, markdown(doc))
+    print(markdown(doc))
+    print(json.dumps({"device": name, "runs": [{k: r.get(k) for k in ("variant", "mode", "first_call_s")} |
+                                               {t: r.get(t, {}).get("generate_ms_per_token") for t in ("llm", "slm")}
+                                               for r in doc["runs"]]}))
 
 
 if __name__ == "__main__":

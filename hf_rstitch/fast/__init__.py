@@ -1,7 +1,8 @@
 """The fast engine: stitched decoding on CUDA near the memory-bandwidth floor, at any batch size.
 
 Opt-in: ``generate(..., assistant_model=slm, stitch_threshold=tau, stitch_engine="fast")`` (the
-engine is kept on the LLM and reused by later calls) or a :class:`FastEngine` of your own. It swaps
+engine is kept on the LLM and reused by later calls), ``stitch_engine="auto"`` (fast where it runs,
+eager otherwise) or a :class:`FastEngine` of your own. It swaps
 the default :class:`~hf_rstitch.engine.Lane` (eager forwards over a DynamicCache, host-bound at a
 few hundred kernel launches per token) for :class:`FastLane`: a static KV cache, one-token steps
 and bucketed catch-up prefills replayed as CUDA graphs per batch bucket, attention that reads only
@@ -14,9 +15,10 @@ how the CPU tests check it against the default engine. See docs/fast-engine.md.
 """
 
 from .buckets import bucket_for, bucket_sizes
-from .engine import FastEngine, engine_for, release, resolve_engine
+from .engine import AUTO, FastEngine, choose_engine, engine_for, release, resolve_engine, why_not_fast
 from .lane import FastConfig, FastLane, check_supported
 from .static_kv import StaticKV, static_attention, static_attention_sdpa
 
-__all__ = ["FastConfig", "FastEngine", "FastLane", "StaticKV", "bucket_for", "bucket_sizes", "check_supported",
-           "engine_for", "release", "resolve_engine", "static_attention", "static_attention_sdpa"]
+__all__ = ["AUTO", "FastConfig", "FastEngine", "FastLane", "StaticKV", "bucket_for", "bucket_sizes", "check_supported",
+           "choose_engine", "engine_for", "release", "resolve_engine", "static_attention", "static_attention_sdpa",
+           "why_not_fast"]

@@ -8,17 +8,23 @@ match and the capacity and batch size suffice; otherwise the lane is rebuilt.
 ``stitch_engine="fast"`` (or a :class:`FastConfig`) needs no object held by the user: the engine
 for that configuration is kept on the LLM itself (``llm._rstitch_fast_engines``), so repeated
 ``generate`` calls on the same pair reuse its graphs, and it goes when the LLM goes (or with
-:func:`release`).
+:func:`release`). ``stitch_engine="auto"`` runs it (with :data:`AUTO`) where it can, and the eager
+engine otherwise, logging why (:func:`choose_engine`).
 
 The engine holds its models; drop it to free the caches and graphs.
 """
 
 from __future__ import annotations
 
+import logging
+
 from transformers import PreTrainedModel
 
 from ..core.roles import Role
 from .lane import FastConfig, FastLane, check_supported
+
+log = logging.getLogger("hf_rstitch.fast")
+AUTO = FastConfig(compile="parts")  # what stitch_engine="auto" runs: the shortest warm-up of the compiled variants
 
 
 class FastEngine:
@@ -112,3 +118,31 @@ def resolve_engine(spec):
         f"stitch_engine must be 'default', 'fast', a hf_rstitch.fast.FastConfig or a hf_rstitch.fast.FastEngine, "
         f"got {spec!r}."
     )
+
+
+def why_not_fast(llm: PreTrainedModel, slm: PreTrainedModel, batch: int = 1) -> str | None:
+    """Why the fast engine cannot run this pair, in one line; None when it can."""
+    from ..hf.placement import describe, is_sharded
+
+    for model, role in ((llm, Role.LLM), (slm, Role.SLM)):
+        try:
+            check_supported(model, batch)
+        except ValueError as err:
+            return f"the {role}: {err}"
+        if is_sharded(model):
+            return f"the {role} is {describe(model)}; the fast engine runs single-device models only"
+        if model.device.type != "cuda":
+            return f"the {role} is on {model.device}; the fast engine's graphs need CUDA"
+    return None
+
+
+def choose_engine(llm: PreTrainedModel, slm: PreTrainedModel, spec, batch: int = 1):
+    """``stitch_engine="auto"`` -> :data:`AUTO` where the fast engine runs the pair, else ``"default"``
+    (logged at INFO with the reason); any other spec is returned unchanged."""
+    if not (isinstance(spec, str) and spec == "auto"):
+        return spec
+    reason = why_not_fast(llm, slm, batch)
+    if reason is not None:
+        log.info("hf_rstitch: stitch_engine='auto' runs the eager engine: %s", reason)
+        return "default"
+    return AUTO

@@ -49,7 +49,7 @@ from transformers import AttentionInterface, PreTrainedModel
 
 from ..core.roles import Role
 from ..engine.lane import left_padding
-from . import gemv, regions
+from . import compile_cache, gemv, regions
 from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
 from .decode_attention import decode_attention
@@ -120,8 +120,10 @@ class FastLane:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
         self._decode_step = self._compiled_bucket = self._forward  # eager kernels (recorded in graphs on CUDA)
         self._regions = None
+        if config.compile is not None:
+            compile_cache.use_persistent_cache()  # a later process reuses the kernels compiled here
         if config.compile == "parts":
-            _allow_recompiles(64)  # symbolic shapes still specialise sizes 0 and 1 (batch 1, one-token steps)
+            _allow_recompiles(64)  # a new model class or norm class is a new compile
             self._regions = regions.plan(model)
         elif config.compile is not None:  # static compiles: 1-token steps, and with "all" each bucket size
             _allow_recompiles(64)  # (a symbolic length took minutes on 7B)

@@ -22,13 +22,27 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import torch.fx.experimental._config as fx_config
 
 _COMPILED: dict = {}  # one compiled function per piece (and norm class), shared by every lane of the process
+
+# Symbolic shapes still specialise a size seen as 1 (batch 1, one-token steps) and equate sizes that were
+# equal at the first call ("duck sizing"), so a lane compiled each piece again at its first batch > 1
+# (12.5 + 4 s for the 7B pair on an H100). Size-oblivious sizes without duck sizing: one compile per piece.
+_ONE_COMPILE = {k: v for k, v in (("backed_size_oblivious", True), ("use_duck_shape", False))
+                if hasattr(fx_config, k)}
 
 
 def _compiled(key, fn):
     if key not in _COMPILED:
-        _COMPILED[key] = torch.compile(fn, dynamic=True, fullgraph=True)
+        compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            with fx_config.patch(_ONE_COMPILE):
+                return compiled(*args, **kwargs)
+
+        _COMPILED[key] = call
     return _COMPILED[key]
 
 

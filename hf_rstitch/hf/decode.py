@@ -95,7 +95,9 @@ def stitched_decode(
         stitch_streamer: receives every new token (``put``) and ``end()``.
         stitch_timing: record device-synchronised seconds of every forward call in the trace.
         stitch_engine: ``"default"`` (eager lanes), or the opt-in fast engine on CUDA (any batch size):
-            ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a reusable :class:`hf_rstitch.fast.FastEngine`.
+            ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a reusable :class:`hf_rstitch.fast.FastEngine`;
+            ``"auto"``: the fast engine (``FastConfig(compile="parts")``) where it runs the pair, the eager
+            lanes otherwise (the reason logged at INFO on ``hf_rstitch.fast``).
 
     Returns:
         The sequences ``[B, T]``, or with ``return_dict_in_generate=True`` a
@@ -119,6 +121,10 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     policy = resolve_policy(stitch_threshold, stitch_policy, generation_config, stitch_router, slm)
     vocab = min(logit_width(model), logit_width(slm))  # ids either model may emit
     check_request(input_ids, generation_config, model_kwargs, vocab)
+    if isinstance(stitch_engine, str) and stitch_engine == "auto":
+        from ..fast import choose_engine
+
+        stitch_engine = choose_engine(model, slm, stitch_engine, input_ids.shape[0])
     check_placement(model, slm, input_ids, do_sample=bool(generation_config.do_sample), engine=stitch_engine)
     mask = model_kwargs.get("attention_mask")
     if mask is None:
