@@ -27,9 +27,15 @@ def engine_methods(methods: list[Method]) -> tuple[list[Method], list[Method]]:
 
 
 def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: Any, store: RecordStore, *,
-                   batch_size: int, schedule: str = "now", instruction: str = "", chat_template: bool = True,
-                   progress: bool = True, save_traces: bool = False) -> list[dict[str, Any]]:
-    """Every engine-capable method on every problem not already in ``store``; the new records."""
+                   batch_size: int, schedule: str = "now", engine: str = "default", warmup: bool = False,
+                   instruction: str = "", chat_template: bool = True, progress: bool = True,
+                   save_traces: bool = False) -> list[dict[str, Any]]:
+    """Every engine-capable method on every problem not already in ``store``; the new records.
+
+    ``engine``: ``"default"`` (eager lanes), ``"fast"`` or ``"auto"`` (:func:`hf_rstitch.fast.choose_engine`);
+    one fast engine serves every method (the lanes and graphs are built once), and with ``warmup`` every
+    batch and length bucket is captured before the first timed request.
+    """
     from hf_rstitch.engine import Request, RequestEngine
 
     done = store.done()
@@ -39,6 +45,9 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
         return []
     prompts = {(p.dataset, p.id): prompt_ids(tokenizer, p.problem, instruction, chat_template) for p in problems}
     records: list[dict[str, Any]] = []
+    longest = max(len(ids) for ids in prompts.values()) + max(m.settings.max_new_tokens for m in methods)
+    fast = _fast_engine(engine, methods, batch_size, longest)
+    warmed = fast is None or not warmup
     with _progress(total, progress) as bar:
         for method in methods:
             if not todo[method.name]:
@@ -46,7 +55,11 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
             spec, s = method.engine_spec(), method.settings
             eos = eos_ids(method.llm, method.slm)
             engine = RequestEngine(method.llm, method.slm, max_batch=batch_size, policy=spec.get("policy"),
-                                   schedule=schedule)
+                                   schedule=schedule, engine=fast or "default", max_length=longest)
+            if not warmed:
+                for lane in fast._lanes.values():
+                    lane.warm_up()  # every batch and length bucket now, not inside a timed request
+                warmed = True
             for i, p in enumerate(todo[method.name]):
                 engine.submit(Request(prompts[(p.dataset, p.id)], max_new_tokens=s.max_new_tokens, eos_token_id=sorted(eos),
                                       do_sample=s.do_sample, temperature=s.temperature, top_p=s.top_p,
@@ -56,6 +69,20 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
                 records.append(rec)
                 tick(bar, rec, f"B={batch_size}")
     return records
+
+
+def _fast_engine(engine: str, methods: list[Method], batch_size: int, longest: int):
+    """The fast engine the methods share, or None for the eager lanes (``"auto"`` decides per pair)."""
+    if engine == "default" or not methods:
+        return None
+    from hf_rstitch.fast import FastConfig, FastEngine, choose_engine
+
+    spec = choose_engine(methods[0].llm, methods[0].slm, engine, batch_size)
+    if isinstance(spec, str) and spec == "default":
+        return None
+    on_cuda = methods[0].llm.device.type == "cuda"  # off CUDA nothing is compiled or captured: no speed-up
+    config = spec if isinstance(spec, FastConfig) else FastConfig(compile="parts" if on_cuda else None)
+    return FastEngine(config, capacity=longest, max_batch=batch_size)
 
 
 def _drain(engine, method: Method, problems: list[Problem], prompts: dict, tokenizer: Any, eos: set[int], batch_size: int,

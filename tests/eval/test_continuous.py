@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -58,3 +59,39 @@ def test_waiting_for_the_llm_changes_no_record(tmp_path, bench_file, tokenizer, 
     assert run["schedule"] == "gather:2:2"
     with pytest.raises(ValueError, match="--schedule: schedule 'soon'"):
         EvalConfig(llm="a", slm="b", data=["x.jsonl"], schedule="soon")
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def test_the_fast_engine_gives_the_same_records(tmp_path, bench_file, tokenizer, pair64):
+    methods = dict(methods=["llm", "slm", "rstitch"], thresholds=[0.5])
+    eager = _run(tmp_path, "eager", bench_file, tokenizer, pair64, 2, **methods)
+    with pytest.warns(UserWarning, match="runs its static-cache steps eagerly"):  # CPU: no graphs, same outputs
+        fast = _run(tmp_path, "fast", bench_file, tokenizer, pair64, 2, engine="fast", **methods)
+    with pytest.warns(UserWarning, match="runs its static-cache steps eagerly"):
+        one = _run(tmp_path, "fast1", bench_file, tokenizer, pair64, 1, engine="fast", **methods)
+    logger = logging.getLogger("hf_rstitch.fast")  # its own handler: other tests may stop propagation
+    seen = _Lines()
+    logger.addHandler(seen)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        auto = _run(tmp_path, "auto", bench_file, tokenizer, pair64, 2, engine="auto", **methods)
+    finally:
+        logger.removeHandler(seen)
+        logger.setLevel(level)
+    assert any("runs the eager engine" in m and "need CUDA" in m for m in seen.lines)
+    for got in (fast, one, auto):
+        assert got.keys() == eager.keys()
+        for k, rec in eager.items():
+            assert {f: got[k][f] for f in KEYS} == {f: rec[f] for f in KEYS}, k
+    assert json.loads((tmp_path / "fast1" / "run.json").read_text())["engine"] == "fast"
+    with pytest.raises(ValueError, match="--engine must be default, fast or auto"):
+        EvalConfig(llm="a", slm="b", data=["x.jsonl"], engine="turbo")
