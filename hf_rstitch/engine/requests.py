@@ -102,7 +102,8 @@ class RequestEngine:
         policy: one routing policy for every request (e.g. ``RandomPolicy``, a router's
             ``RouterPolicy``); then requests may not bring their own ``stitch_threshold``. Default:
             the entropy rule with each request's threshold.
-        engine: ``"default"`` (eager lanes, any device and model) or the fast engine on CUDA:
+        engine: ``"default"`` (eager lanes, any device and model), ``"auto"`` (the fast engine where it runs
+            the pair, else the eager lanes, the reason logged) or the fast engine on CUDA:
             ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a :class:`hf_rstitch.fast.FastEngine`.
         max_length: with the fast engine, the longest prompt + ``max_new_tokens`` a request may
             ask for (the static caches' capacity); longer requests are refused at :meth:`submit`.
@@ -129,6 +130,10 @@ class RequestEngine:
         self.device = llm.device
         self.schedule = _schedule(schedule, llm, slm)
         self.max_length = None
+        if isinstance(engine, str) and engine == "auto":
+            from ..fast import choose_engine
+
+            engine = choose_engine(llm, slm, engine, max_batch)
         if isinstance(engine, str) and engine == "default" or isinstance(engine, EagerEngine):
             self.lanes = EagerEngine().lanes(llm, slm, self.vocab, 0)
         else:

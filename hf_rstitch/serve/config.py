@@ -32,8 +32,9 @@ class ServeConfig:
     max_batch: int = field(default=8, metadata={"help": "rows of the continuous batch (requests decoded at once)"})
     engine: str = field(default="default", metadata={
         "help": "default: eager lanes (any device, any model); fast: static caches + CUDA graphs (CUDA, "
-                "full-attention models; a request's prompt + max_tokens must fit 4096 tokens)",
-        "choices": ["default", "fast"]})
+                "full-attention models; a request's prompt + max_tokens must fit 4096 tokens); auto: fast where it "
+                "runs the pair, else default (the reason logged)",
+        "choices": ["default", "fast", "auto"]})
     schedule: str = field(default="now", metadata={"help":
         "When the LLM runs for rows that need it in a batch: now (at once), or gather[:K[:M]]: such rows "
         "wait (no token) at most K steps (default 2) until M rows need it (default a quarter of the batch), while "

@@ -42,6 +42,7 @@ def test_serve_help_and_package_import_load_no_torch_and_no_web_stack():
 
 
 def test_the_schedule_reaches_the_request_engine():
+    from hf_rstitch import Role
     from hf_rstitch.core.scheduling import GatherForLLM
     from hf_rstitch.serve.config import ServeConfig, build_engine
     from tiny_models import make_pair
@@ -49,3 +50,4 @@ def test_the_schedule_reaches_the_request_engine():
     llm, slm = make_pair("llama")
     assert build_engine(ServeConfig(schedule="gather:3:4"), llm, slm).schedule == GatherForLLM(3, 4)
     assert build_engine(ServeConfig(), llm, slm).schedule is None
+    assert type(build_engine(ServeConfig(engine="auto"), llm, slm).lanes[Role.LLM]).__name__ == "Lane"  # CPU: eager
