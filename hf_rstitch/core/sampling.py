@@ -27,3 +27,14 @@ def pad_vocab(scores: torch.Tensor, width: int) -> torch.Tensor:
     if extra <= 0:
         return scores
     return torch.nn.functional.pad(scores, (0, extra), value=float("-inf"))
+
+
+def sample_one(logits: torch.Tensor, temperature: float, top_p: float, generator=None) -> torch.Tensor:
+    """One request's token from its logits ``[V]``: ``softmax(logits / temperature)`` restricted to the
+    top-p nucleus, drawn with ``generator`` (a seeded request depends on nothing else)."""
+    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
+    if top_p < 1:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the most likely token
+        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+    return torch.multinomial(probs, 1, generator=generator)[0]

@@ -33,53 +33,15 @@ import torch
 
 from ..core.policies import PinnedRoles, RowEntropyPolicy, check_threshold, checked
 from ..core.roles import Role
+from ..core.sampling import sample_one
 from ..core.scheduling import Immediate, LLMSchedule, parse_schedule
 from ..core.trace import StitchTrace
 from .lane import check_holdable, left_padding
 from .protocol import EagerEngine
+from .request_types import FINISH_REASONS, Completion, Event, QueueFull, Request  # noqa: F401  (the public names)
 from .step import Routing, run_step
 
-FINISH_REASONS = ("stop", "length", "cancelled", "error")
 HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
-
-
-@dataclass
-class Request:
-    """One generation request (prompt already tokenized, chat template applied)."""
-
-    input_ids: list[int]
-    max_new_tokens: int = 256
-    stitch_threshold: float | None = None  # None: the engine's default threshold
-    eos_token_id: list[int] | None = None  # None: the LLM's generation_config eos ids
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    request_id: str | None = None  # assigned by submit() when None
-    role: Role | None = None  # pin the request to one model (LLM alone / SLM alone); None: stitched
-
-
-@dataclass
-class Event:
-    """What one step did for one request: a new token, and/or its end."""
-
-    request_id: str
-    token: int | None  # the new token (None on an event that only finishes)
-    role: Role | None  # which model wrote it
-    finished: bool = False
-    finish_reason: str | None = None  # one of FINISH_REASONS
-    error: str | None = None  # message when finish_reason == "error"
-    trace: StitchTrace | None = None  # on the finishing event
-
-
-@dataclass
-class Completion:
-    """A finished request, as :meth:`RequestEngine.run` returns it."""
-
-    request_id: str
-    tokens: list[int]
-    finish_reason: str
-    trace: StitchTrace
 
 
 @dataclass
@@ -347,7 +309,7 @@ class RequestEngine:
         for i, row in enumerate(self._rows):
             r = row.request
             if r.do_sample and not held[i]:
-                tokens[i] = _sample(logits[i], r.temperature, r.top_p, row.generator)
+                tokens[i] = sample_one(logits[i], r.temperature, r.top_p, row.generator)
         return tokens
 
     def _append(self, tokens: torch.Tensor, held: torch.Tensor) -> None:
@@ -412,20 +374,6 @@ class RequestEngine:
                 self._seq, self._mask = self._seq[:, n:], self._mask[:, n:]
                 for lane in self.lanes.values():
                     lane.trim_left(n)
-
-
-class QueueFull(RuntimeError):
-    """The engine's waiting queue is full (``max_waiting``); retry later."""
-
-
-def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator) -> torch.Tensor:
-    """One token from ``softmax(logits / temperature)`` restricted to the top-p nucleus."""
-    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
-    if top_p < 1:
-        sorted_p, order = probs.sort(descending=True)
-        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the most likely token
-        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
-    return torch.multinomial(probs, 1, generator=generator)[0]
 
 
 def _one_copy(tokens, entropy, slm_h, back):
