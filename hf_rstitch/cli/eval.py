@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from hf_rstitch.cli.args import add_dataclass_args, dataclass_from_args
 from hf_rstitch.eval.config import EvalConfig
@@ -29,12 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from hf_rstitch.eval.api import evaluate
 
-    try:
-        cfg = dataclass_from_args(EvalConfig, args)
-        summary = evaluate(cfg)
-    except (ValueError, FileNotFoundError) as err:  # bad options or data: say what, not a traceback
-        print(f"rstitch eval: error: {err}", file=sys.stderr)
-        return 2
+    cfg = dataclass_from_args(EvalConfig, args)
+    summary = evaluate(cfg)  # bad options or data: cli.main says what, not a traceback
     from hf_rstitch.eval.launched import launched
 
     where = launched()

@@ -7,7 +7,6 @@ Thin wrapper over :func:`hf_rstitch.router.train.train_router`; options come fro
 from __future__ import annotations
 
 import argparse
-import sys
 
 from hf_rstitch.cli.args import add_dataclass_args, dataclass_from_args
 from hf_rstitch.router.config import RouterTrainConfig
@@ -30,11 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from hf_rstitch.router.train import train_router
 
-    try:
-        cfg = dataclass_from_args(RouterTrainConfig, args)
-        train_router(cfg, log=lambda line: print(line, flush=True))
-    except (ValueError, FileNotFoundError) as err:
-        print(f"rstitch train-router: error: {err}", file=sys.stderr)
-        return 2
+    cfg = dataclass_from_args(RouterTrainConfig, args)
+    train_router(cfg, log=lambda line: print(line, flush=True))  # bad input: cli.main says what
     print(f"router saved to {cfg.out}/router (metrics: {cfg.out}/metrics.jsonl)")
     return 0

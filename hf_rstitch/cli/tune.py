@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         from ..eval.tuning import tune
 
         result = tune(cfg)
-    except (ValueError, FileNotFoundError, ImportError, OSError) as err:
+    except (ImportError, OSError) as err:  # a missing extra or an unreadable file; ValueError: cli.main
         print(f"rstitch tune: error: {err}", file=sys.stderr)
         return 2
     print(result.pop("table"))
