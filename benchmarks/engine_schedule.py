@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 import lab
+from engine_bench import Budget
 from hf_rstitch.engine.requests import HOLD_TRIM, Request, RequestEngine
 from hf_rstitch.fast import FastConfig, FastEngine
 from hf_rstitch.fast.routes import route
@@ -168,7 +169,7 @@ def main() -> None:
         print(plot(args.plot))
         return
     device = "cpu" if args.tiny_cpu else "cuda"
-    budget = lab_budget(args.budget_s)
+    budget = Budget(args.budget_s)
     llm, slm = lab.random_pair("tiny" if args.tiny_cpu else "qwen2", device, getattr(torch, args.dtype))
     for m in (llm, slm):
         m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0
@@ -197,7 +198,7 @@ def main() -> None:
             for schedule in args.schedules:  # untimed: first-use costs (allocator, eager kernels) stay out
                 run(llm, slm, engine, batch, schedule, short, vocab)
             for schedule in args.schedules:
-                if not budget():
+                if not budget.allows(0):
                     res["skipped"].append(f"{'fast' if engine else 'eager'} B={batch} {schedule}: time budget")
                     continue
                 row, tokens = run(llm, slm, engine, batch, schedule, args, vocab)
@@ -244,11 +245,6 @@ def probe(llm, slm, args) -> dict:
         print(f"[probe {role}] {t}", flush=True)
         del lane
     return out
-
-
-def lab_budget(seconds: float):
-    start = time.perf_counter()
-    return lambda: time.perf_counter() - start < seconds
 
 
 if __name__ == "__main__":

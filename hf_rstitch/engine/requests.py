@@ -163,7 +163,7 @@ class RequestEngine:
         out = run_step(self.lanes, self._seq, self._mask, self._routing, self.policy, self._step_index, self._slots,
                        schedule=self.schedule)
         self._step_index += 1
-        held = out.held if out.held is not None else torch.zeros(len(self._rows), dtype=torch.bool)
+        held = set(out.held.nonzero().flatten().tolist()) if out.held is not None else set()  # rows without a token
         self._count(out, held)
         picked = self._pick(out.logits, held)  # [b] on the device
         tokens, entropy, slm_h, back = _one_copy(picked, out.entropy, out.slm_entropy, out.back)
@@ -171,13 +171,15 @@ class RequestEngine:
         self._append(picked, held)
         for i, call in out.calls:
             self._rows[i].trace.calls.append(call)
+        b = len(self._rows)  # per-row values as Python lists: one conversion each, not b tensor reads
+        writer, handed = out.writer_llm.tolist(), out.handed.tolist() if out.handed is not None else [False] * b
+        slm = slm_h.tolist() if slm_h is not None else [None] * b
         done = []
-        for i, row in enumerate(self._rows):
-            h = None if slm_h is None else float(slm_h[i])
-            if held[i]:  # no token: remember the hand-over for the token the LLM writes later
-                row.held = row.held or (bool(out.handed[i]) if out.handed is not None else False, h)
+        for i, (row, token, h) in enumerate(zip(self._rows, tokens.tolist(), entropy.tolist())):
+            if i in held:  # no token: remember the hand-over for the token the LLM writes later
+                row.held = row.held or (handed[i], slm[i])
                 continue
-            events.append(self._advance_row(i, row, int(tokens[i]), out, float(entropy[i]), h))
+            events.append(self._advance_row(row, token, writer[i], handed[i], h, slm[i]))
             if events[-1].finished:
                 done.append(i)
         self._drop(done)
@@ -296,39 +298,38 @@ class RequestEngine:
         return next(i for i in itertools.count() if i not in used)
 
     # ---- one step's tokens ----------------------------------------------------------------------
-    def _count(self, out, held: torch.Tensor) -> None:
+    def _count(self, out, held: set[int]) -> None:
         st = self.stats
         st["steps"] += 1
         st["slm_calls"] += out.slm_entropy is not None
         st["llm_calls"] += out.back is not None
-        st["held"] += int(held.sum())
+        st["held"] += len(held)
 
-    def _pick(self, logits: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+    def _pick(self, logits: torch.Tensor, held: set[int]) -> torch.Tensor:
         """Greedy argmax per row; rows that sample draw from their own generator (held rows draw nothing)."""
         tokens = logits.argmax(dim=-1)
         for i, row in enumerate(self._rows):
             r = row.request
-            if r.do_sample and not held[i]:
+            if r.do_sample and i not in held:
                 tokens[i] = sample_one(logits[i], r.temperature, r.top_p, row.generator)
         return tokens
 
-    def _append(self, tokens: torch.Tensor, held: torch.Tensor) -> None:
+    def _append(self, tokens: torch.Tensor, held: set[int]) -> None:
         """One new column: each row's token, or, for held rows, a masked column in front (they move right)."""
         self._seq = torch.cat([self._seq, tokens.to(self._seq.device)[:, None]], dim=-1)
         self._mask = torch.cat([self._mask, self._mask.new_ones(len(self._rows), 1)], dim=-1)
-        if not held.any():
+        if not held:
             return
-        index = held.nonzero().flatten()
-        at = index.to(self.device)
+        index = sorted(held)
+        at = torch.tensor(index, device=self.device)
         self._seq[at] = torch.nn.functional.pad(self._seq[at, :-1], (1, 0), value=self.pad_id)
         self._mask[at] = torch.nn.functional.pad(self._mask[at, :-1], (1, 0), value=0)
         for lane in self.lanes.values():
-            lane.hold_rows(index.tolist())
+            lane.hold_rows(index)
         self._trim(HOLD_TRIM)
 
-    def _advance_row(self, i: int, row: _Row, token: int, out, entropy: float, slm_h: float | None) -> Event:
-        llm = bool(out.writer_llm[i])
-        handed = bool(out.handed[i]) if out.handed is not None else False
+    def _advance_row(self, row: _Row, token: int, llm: bool, handed: bool, entropy: float,
+                     slm_h: float | None) -> Event:
         if row.held is not None:  # the LLM's token after waiting: the hand-over happened when it began to wait
             (handed, slm_h), row.held = row.held, None
         t = row.trace

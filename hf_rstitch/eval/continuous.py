@@ -75,13 +75,12 @@ def _fast_engine(engine: str, methods: list[Method], batch_size: int, longest: i
     """The fast engine the methods share, or None for the eager lanes (``"auto"`` decides per pair)."""
     if engine == "default" or not methods:
         return None
-    from hf_rstitch.fast import FastConfig, FastEngine, choose_engine
+    from hf_rstitch.fast import AUTO, FastConfig, FastEngine, choose_engine
 
-    spec = choose_engine(methods[0].llm, methods[0].slm, engine, batch_size)
-    if isinstance(spec, str) and spec == "default":
+    llm, slm = methods[0].llm, methods[0].slm
+    if choose_engine(llm, slm, engine, batch_size) == "default":  # "auto" where the fast engine cannot run
         return None
-    on_cuda = methods[0].llm.device.type == "cuda"  # off CUDA nothing is compiled or captured: no speed-up
-    config = spec if isinstance(spec, FastConfig) else FastConfig(compile="parts" if on_cuda else None)
+    config = AUTO if llm.device.type == "cuda" else FastConfig()  # off CUDA nothing is compiled or captured
     return FastEngine(config, capacity=longest, max_batch=batch_size)
 
 
