@@ -50,7 +50,7 @@ class Routing:
             self.last_llm = self.last_llm & held
             self.llm_on = held
             return
-        self.waited = torch.zeros_like(self.waited)
+        self.waited.zero_()  # in place: the generate loop passes here every step
         self.last_llm = writer_llm
         self.llm_on = writer_llm & ~back if back is not None else writer_llm
 
