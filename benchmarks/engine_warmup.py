@@ -41,7 +41,9 @@ import torch
 
 import lab
 
-VARIANTS = {"parts": dict(compile="parts"), "compiled-decode": dict(compile="decode"), "graphs": dict()}
+VARIANTS = {"parts": dict(compile="parts"), "compiled-decode": dict(compile="decode"), "graphs": dict(),
+            # without the fused rotary / cache-store / gated-MLP kernels: what they buy
+            "parts-unfused": dict(compile="parts", fuse_mlp=False, fuse_rope_store=False)}
 RESULT = "RESULT "  # prefix of the child's result line
 
 

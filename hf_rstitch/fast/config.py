@@ -27,6 +27,9 @@ class FastConfig:
     attention: str = "split"
     gemv: bool | None = None  # tuned Triton kernel for one-row linear products; None: where Triton runs
     fuse_qkv: bool = True  # with gemv: q/k/v projections as one product (a copy of their weights)
+    fuse_mlp: bool = True  # with gemv: a SiLU MLP's gate and up products and activation in one kernel (.gated)
+    # where Triton runs and the step is not compiled whole: q/k rotation in one kernel, k/v cache writes in one
+    fuse_rope_store: bool = True
 
     def __post_init__(self):
         bucket_sizes(self.max_bucket)  # validates

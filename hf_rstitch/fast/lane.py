@@ -49,7 +49,7 @@ from transformers import AttentionInterface, PreTrainedModel
 
 from ..core.roles import Role
 from ..engine.lane import left_padding
-from . import compile_cache, gemv, regions
+from . import compile_cache, gated, gemv, regions, rope_store
 from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
 from .decode_attention import decode_attention
@@ -120,11 +120,14 @@ class FastLane:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
         self._decode_step = self._compiled_bucket = self._forward  # eager kernels (recorded in graphs on CUDA)
         self._regions = None
+        fused = config.fuse_rope_store and config.compile in (None, "parts") and gemv.available(dev)
+        self._rotary = rope_store.plan(model) if fused else []  # module globals to swap, as regions do
+        self.cache.fused_store = fused
         if config.compile is not None:
             compile_cache.use_persistent_cache()  # a later process reuses the kernels compiled here
         if config.compile == "parts":
             _allow_recompiles(64)  # a new model class or norm class is a new compile
-            self._regions = regions.plan(model)
+            self._regions = regions.plan(model, keep_rotary=[m for m, _, _ in self._rotary])
         elif config.compile is not None:  # static compiles: 1-token steps, and with "all" each bucket size
             _allow_recompiles(64)  # (a symbolic length took minutes on 7B)
             self._decode_step = torch.compile(self._forward, fullgraph=True, dynamic=False)
@@ -354,6 +357,8 @@ class FastLane:
             return []
         start = time.perf_counter()
         layers = gemv.plan(self.model, _GEMV_TABLE, fuse=config.fuse_qkv)
+        if config.fuse_mlp:  # MLP forwards: installed with the linears' (gemv_linears_on), before the regions'
+            layers += gated.plan(self.model, _GEMV_TABLE)
         self.gemv_tune_seconds = time.perf_counter() - start
         return layers
 
@@ -396,7 +401,7 @@ class FastLane:
     def _model_code(self):
         """Dispatch for the model's Python code: static-cache attention, tuned GEMV for one-row products."""
         with static_attention_on(self.model, self._attention), gemv.gemv_linears_on(self.gemv_layers), \
-                regions.regions_on(self._regions):
+                regions.regions_on(self._regions), regions.regions_on(([], self._rotary)):
             yield
 
     def _forward(self, ids: torch.Tensor, n_real, want_hidden: bool):

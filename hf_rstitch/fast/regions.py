@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 import torch.fx.experimental._config as fx_config
 
+from .gated import silu_mlp
+
 _COMPILED: dict = {}  # one compiled function per piece (and norm class), shared by every lane of the process
 
 # Symbolic shapes still specialise a size seen as 1 (batch 1, one-token steps) and equate sizes that were
@@ -54,22 +56,17 @@ def _mlp_forward(mlp, act_mul, x: torch.Tensor) -> torch.Tensor:
     return mlp.down_proj(act_mul(mlp.gate_proj(x), mlp.up_proj(x)))
 
 
-def _silu_mlp(m: torch.nn.Module) -> bool:
-    act = getattr(m, "act_fn", None)
-    return (all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj"))
-            and (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"))
-
-
-def plan(model: torch.nn.Module) -> tuple[list, list]:
-    """``(instance forwards to install, module globals to swap)`` for ``model``'s norms, MLPs and rotary."""
+def plan(model: torch.nn.Module, keep_rotary=()) -> tuple[list, list]:
+    """``(instance forwards to install, module globals to swap)`` for ``model``'s norms, MLPs and rotary
+    embedding (but not the ``apply_rotary_pos_emb`` of the modelling modules in ``keep_rotary``)."""
     forwards, globals_ = [], []
     for m in model.modules():
         cls = type(m)
         if cls.__name__.endswith("RMSNorm") and "forward" in cls.__dict__:
             forwards.append((m, functools.partial(_compiled(("norm", cls), cls.forward), m)))
-        elif cls.__name__.endswith("MLP") and _silu_mlp(m):
+        elif cls.__name__.endswith("MLP") and silu_mlp(m):
             forwards.append((m, functools.partial(_mlp_forward, m, _compiled("silu_mul", _silu_mul))))
-    seen = set()
+    seen = set(keep_rotary)
     for m in model.modules():
         module = sys.modules.get(type(m).__module__)
         fn = getattr(module, "apply_rotary_pos_emb", None)

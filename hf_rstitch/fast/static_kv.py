@@ -47,6 +47,7 @@ class StaticKV:
         self.pos = torch.zeros((), dtype=torch.long, device=device)  # slots written so far
         self.slots: torch.Tensor | None = None  # [q] slots the current forward writes
         self._scratch: torch.Tensor | None = None  # one row of every layer, for moving a row's slots
+        self.fused_store = False  # update() writes keys and values with one Triton kernel (set by the lane)
 
     @property
     def n_slots(self) -> int:
@@ -63,8 +64,11 @@ class StaticKV:
         # key_states: [b, H_kv, q, D] -> slots[0..q) of rows [0, b) of layer `layer_idx`; returns all their slots
         b = key_states.shape[0]
         keys, values = self.keys[layer_idx][:b], self.values[layer_idx][:b]
-        keys.index_copy_(2, self.slots, key_states)
-        values.index_copy_(2, self.slots, value_states)
+        if self.fused_store:  # one kernel for both (hf_rstitch.fast.rope_store)
+            torch.ops.hf_rstitch.store_kv(key_states, value_states, self.slots, keys, values)
+        else:
+            keys.index_copy_(2, self.slots, key_states)
+            values.index_copy_(2, self.slots, value_states)
         return keys, values
 
     def move_rows(self, src: torch.Tensor, dst: torch.Tensor, n_slots: int) -> None:

@@ -1,0 +1,209 @@
+"""The gated MLP's two products and its activation in one kernel: ``silu(x @ Wg^T) * (x @ Wu^T)``.
+
+Why: a decode step of a Llama/Qwen2-style MLP ran three kernels before its down projection -- the
+gate GEMV, the up GEMV and the SiLU product (fused by ``compile="parts"``, three more without it)
+-- each a launch and a ramp to full bandwidth, 28 times a token for Qwen2. Here one program reads
+a block of rows of *both* weights (no concatenated copy of the weights is made) and writes the
+activated product, so the MLP is two kernels: this one and the down projection.
+
+Same arithmetic as the module's eager forward: each product accumulates in float32 and is rounded
+to the model's dtype, the SiLU is rounded, then the product is rounded.
+
+What it does not do: biases, activations other than SiLU, more than :data:`~hf_rstitch.fast.gemv.MAX_ROWS`
+rows (the module's own forward runs), CPU execution outside Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import gemv
+from .gemv import GemvConfig, MAX_ROWS, _triton, available, interpreted
+
+# two [BLOCK_N, BLOCK_K] float32 accumulators a program: the one-row candidates that fit registers twice
+CANDIDATES = tuple(c for c in gemv.CANDIDATES if c.block_n * c.block_k <= 4096)
+FEW_ROWS = tuple(GemvConfig(n, k, 4, 2, MAX_ROWS) for n in (16, 32, 64) for k in (64, 128))
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel():
+    triton, tl = _triton()
+
+    @triton.jit
+    def gated_kernel(x_ptr, g_ptr, u_ptr, y_ptr, N, K, stride_g, stride_u,
+                     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # y[n] = silu(sum_k g[n, k] x[k]) * sum_k u[n, k] x[k] for the BLOCK_N rows of this program
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = tl.arange(0, BLOCK_K)
+        acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + cols
+            if EVEN_N and EVEN_K:
+                x = tl.load(x_ptr + k)
+                wg = tl.load(g_ptr + rows[:, None] * stride_g + k[None, :])
+                wu = tl.load(u_ptr + rows[:, None] * stride_u + k[None, :])
+            else:
+                inside = (rows[:, None] < N) & (k[None, :] < K)
+                x = tl.load(x_ptr + k, mask=k < K, other=0.0)
+                wg = tl.load(g_ptr + rows[:, None] * stride_g + k[None, :], mask=inside, other=0.0)
+                wu = tl.load(u_ptr + rows[:, None] * stride_u + k[None, :], mask=inside, other=0.0)
+            xf = x[None, :].to(tl.float32)
+            acc_g += wg.to(tl.float32) * xf
+            acc_u += wu.to(tl.float32) * xf
+        dtype = y_ptr.dtype.element_ty
+        g = tl.sum(acc_g, axis=1).to(dtype).to(tl.float32)
+        u = tl.sum(acc_u, axis=1).to(dtype).to(tl.float32)
+        act = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
+        tl.store(y_ptr + rows, (act * u).to(dtype), mask=rows < N)
+
+    return gated_kernel
+
+
+@functools.lru_cache(maxsize=1)
+def _few_rows_kernel():
+    triton, tl = _triton()
+
+    @triton.jit
+    def gated_few_rows_kernel(x_ptr, g_ptr, u_ptr, y_ptr, M, N, K, stride_xm, stride_g, stride_u, stride_ym,
+                              IEEE: tl.constexpr, UPCAST: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        m = tl.arange(0, BLOCK_M)
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = tl.arange(0, BLOCK_K)
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + cols
+            x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K),
+                        other=0.0)
+            inside = (n[:, None] < N) & (k[None, :] < K)
+            wg = tl.load(g_ptr + n[:, None] * stride_g + k[None, :], mask=inside, other=0.0)
+            wu = tl.load(u_ptr + n[:, None] * stride_u + k[None, :], mask=inside, other=0.0)
+            if UPCAST:  # Triton's CPU interpreter gets bf16/fp16 dot products wrong: exact fp32 instead
+                xf = x.to(tl.float32)
+                acc_g += tl.dot(xf, tl.trans(wg.to(tl.float32)), input_precision="ieee")
+                acc_u += tl.dot(xf, tl.trans(wu.to(tl.float32)), input_precision="ieee")
+            elif IEEE:
+                acc_g += tl.dot(x, tl.trans(wg), input_precision="ieee")
+                acc_u += tl.dot(x, tl.trans(wu), input_precision="ieee")
+            else:
+                acc_g += tl.dot(x, tl.trans(wg))
+                acc_u += tl.dot(x, tl.trans(wu))
+        dtype = y_ptr.dtype.element_ty
+        g = acc_g.to(dtype).to(tl.float32)
+        u = acc_u.to(dtype).to(tl.float32)
+        act = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
+        tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], (act * u).to(dtype),
+                 mask=(m[:, None] < M) & (n[None, :] < N))
+
+    return gated_few_rows_kernel
+
+
+def launch(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
+    """``silu(F.linear(x, gate)) * F.linear(x, up)`` for ``x`` ``[..., K]`` of 1..``cfg.block_m`` rows."""
+    n, k = gate.shape
+    rows = x.numel() // k if x.shape[-1] == k else -1
+    if rows < 1 or rows > cfg.block_m or up.shape != gate.shape:
+        raise ValueError(f"gated gemv takes 1..{cfg.block_m} row(s) of {k} values and two weights of one shape, got "
+                         f"x {tuple(x.shape)}, gate {tuple(gate.shape)}, up {tuple(up.shape)}")
+    if gate.stride(1) != 1 or up.stride(1) != 1:
+        raise ValueError("gated gemv needs weights whose rows are contiguous (stride 1 along K)")
+    y = torch.empty(x.shape[:-1] + (n,), dtype=x.dtype, device=x.device)
+    grid = ((n + cfg.block_n - 1) // cfg.block_n,)
+    if cfg.block_m == 1:
+        _kernel()[grid](x.contiguous(), gate, up, y, n, k, gate.stride(0), up.stride(0),
+                        EVEN_N=n % cfg.block_n == 0, EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n,
+                        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return y
+    x2 = x.reshape(rows, k).contiguous()
+    _few_rows_kernel()[grid](x2, gate, up, y, rows, n, k, x2.stride(0), gate.stride(0), up.stride(0), n,
+                             IEEE=gate.dtype == torch.float32, UPCAST=interpreted(), BLOCK_M=cfg.block_m,
+                             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+                             num_stages=cfg.num_stages)
+    return y
+
+
+def reference(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """What the kernel computes, as the eager module does it."""
+    return F.silu(F.linear(x, gate)) * F.linear(x, up)
+
+
+@torch.library.custom_op("hf_rstitch::gated_gemv", mutates_args=())
+def gated_op(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, block_n: int, block_k: int, num_warps: int,
+             num_stages: int, block_m: int) -> torch.Tensor:
+    if not available(x.device):
+        return reference(x, gate, up)
+    return launch(x, gate, up, GemvConfig(block_n, block_k, num_warps, num_stages, block_m))
+
+
+@gated_op.register_fake
+def _(x, gate, up, block_n, block_k, num_warps, num_stages, block_m):
+    return x.new_empty(x.shape[:-1] + (gate.shape[0],))
+
+
+def tune(gate: torch.Tensor, up: torch.Tensor, candidates, calls: int = 20) -> Optional[GemvConfig]:
+    """The fastest candidate on the device; for few rows ``None`` when cuBLAS and the eager product win."""
+    rows = candidates[0].block_m
+    if gate.device.type != "cuda":
+        return candidates[0]
+    x = torch.randn(rows, gate.shape[1], dtype=gate.dtype, device=gate.device)
+    best, best_ms = None, gemv.graph_ms(lambda: reference(x, gate, up), calls) if rows > 1 else float("inf")
+    for cfg in candidates:
+        try:
+            ms = gemv.graph_ms(lambda: launch(x, gate, up, cfg), calls)
+        except Exception:  # noqa: BLE001 - a configuration the device cannot run (registers, shared memory)
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    if best is None and rows == 1:
+        raise RuntimeError(f"no gated gemv configuration runs for weights of shape {tuple(gate.shape)}")
+    return best
+
+
+def configs_for(table: dict, gate: torch.Tensor, up: torch.Tensor) -> tuple:
+    """(one-row, few-rows) configurations for this shape from ``table``, tuned on first sight."""
+    out = []
+    for candidates in (CANDIDATES, FEW_ROWS):
+        key = ("gated",) + gemv.shape_key(gate, None, candidates[0].block_m)
+        if key not in table:
+            table[key] = tune(gate, up, candidates)
+        out.append(table[key])
+    return tuple(out)
+
+
+def silu_mlp(m: torch.nn.Module) -> bool:
+    """A ``gate_proj / up_proj / down_proj`` MLP with a SiLU activation (Llama, Qwen2, Mistral, ...)."""
+    act = getattr(m, "act_fn", None)
+    return (all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj"))
+            and (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"))
+
+
+def fusable(m: torch.nn.Module) -> bool:
+    """A SiLU MLP whose gate and up projections the kernel can read as they are (no bias, one shape)."""
+    if not silu_mlp(m):
+        return False
+    g, u = m.gate_proj, m.up_proj
+    return (gemv.readable(g) and gemv.readable(u) and g.bias is None and u.bias is None
+            and g.weight.shape == u.weight.shape and g.weight.dtype == u.weight.dtype
+            and g.weight.device == u.weight.device)
+
+
+def _forward(mlp: torch.nn.Module, cfgs: tuple, x: torch.Tensor) -> torch.Tensor:
+    rows = x.numel() // x.shape[-1]
+    c = None if rows > MAX_ROWS else cfgs[0] if rows == 1 else cfgs[1]
+    if c is None:  # a long catch-up, or the eager product measured faster: the module's own arithmetic
+        return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+    h = torch.ops.hf_rstitch.gated_gemv(x, mlp.gate_proj.weight, mlp.up_proj.weight, c.block_n, c.block_k,
+                                        c.num_warps, c.num_stages, c.block_m)
+    return mlp.down_proj(h)
+
+
+def plan(model: torch.nn.Module, table: dict) -> list[tuple[torch.nn.Module, functools.partial]]:
+    """The MLP forwards to install (as :func:`hf_rstitch.fast.gemv.gemv_linears_on` installs them)."""
+    return [(m, functools.partial(_forward, m, configs_for(table, m.gate_proj.weight, m.up_proj.weight)))
+            for m in model.modules() if fusable(m)]

@@ -1,0 +1,163 @@
+"""Two kernels where a decode step's attention ran four: rotate q and k together, store k and v together.
+
+Why: each layer of a step rotated its queries and keys (two kernels even when ``compile="parts"``
+fuses each, an unfused dozen otherwise) and wrote its keys and values into the static cache (two
+``index_copy_``); each is a launch of a microsecond-scale kernel, 28 layers a token for Qwen2.
+
+* :func:`rotate_qk`: the rotary embedding of ``apply_rotary_pos_emb`` (``x * cos + rotate_half(x) *
+  sin``) for q and k in one launch, rounded as the eager code rounds (each product, then the sum).
+  :func:`plan` installs it in place of a model module's ``apply_rotary_pos_emb`` only where that
+  function gives the same result on a probe (so interleaved or partial rotary embeddings keep theirs),
+  and each call falls back to the model's function for shapes the kernel does not take.
+* :func:`store_kv`: keys and values of a forward into their cache slots in one launch
+  (:meth:`hf_rstitch.fast.static_kv.StaticKV.update` uses it when the lane says so).
+
+Both are custom ops (a CUDA graph records the launch); the lane uses them where Triton runs and the
+step is not compiled whole (``compile="decode"``/``"all"`` fuse these themselves).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import torch
+
+from .gemv import DTYPES, _triton, available
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=1)
+def _rotate_kernel():
+    triton, tl = _triton()
+
+    @triton.jit
+    def rotate_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, S, HQ,
+                      sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sc_b, sc_s, ss_b, ss_s,
+                      HALF: tl.constexpr, BLOCK: tl.constexpr):
+        # one program: one head of one token; out = x * cos + rotate_half(x) * sin, rounded as eager code rounds
+        bs, h = tl.program_id(0), tl.program_id(1)
+        b, i = bs // S, bs % S
+        d = tl.arange(0, BLOCK)
+        ok = d < HALF
+        c1 = tl.load(cos_ptr + b * sc_b + i * sc_s + d, mask=ok, other=0.0).to(tl.float32)
+        c2 = tl.load(cos_ptr + b * sc_b + i * sc_s + HALF + d, mask=ok, other=0.0).to(tl.float32)
+        s1 = tl.load(sin_ptr + b * ss_b + i * ss_s + d, mask=ok, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_ptr + b * ss_b + i * ss_s + HALF + d, mask=ok, other=0.0).to(tl.float32)
+        if h < HQ:
+            src = q_ptr + b * sq_b + h * sq_h + i * sq_s
+            dst = qo_ptr + ((b * HQ + h) * S + i) * 2 * HALF
+        else:
+            hk = h - HQ
+            src = k_ptr + b * sk_b + hk * sk_h + i * sk_s
+            dst = ko_ptr + ((b * (tl.num_programs(1) - HQ) + hk) * S + i) * 2 * HALF
+        dtype = qo_ptr.dtype.element_ty
+        x1 = tl.load(src + d, mask=ok, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF + d, mask=ok, other=0.0).to(tl.float32)
+        y1 = (x1 * c1).to(dtype).to(tl.float32) + (-x2 * s1).to(dtype).to(tl.float32)
+        y2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
+        tl.store(dst + d, y1.to(dtype), mask=ok)
+        tl.store(dst + HALF + d, y2.to(dtype), mask=ok)
+
+    return rotate_kernel
+
+
+@functools.lru_cache(maxsize=1)
+def _store_kernel():
+    triton, tl = _triton()
+
+    @triton.jit
+    def store_kernel(k_ptr, v_ptr, slots_ptr, keys_ptr, values_ptr, H, S,
+                     sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, c_b, c_h, c_s, D: tl.constexpr, BLOCK: tl.constexpr):
+        # one program: token i of head h of row b -> slot slots[i] of the layer's keys and values
+        p = tl.program_id(0)
+        i, h, b = p % S, (p // S) % H, p // (S * H)
+        d = tl.arange(0, BLOCK)
+        ok = d < D
+        slot = tl.load(slots_ptr + i)
+        at = b * c_b + h * c_h + slot * c_s + d
+        tl.store(keys_ptr + at, tl.load(k_ptr + b * sk_b + h * sk_h + i * sk_s + d, mask=ok), mask=ok)
+        tl.store(values_ptr + at, tl.load(v_ptr + b * sv_b + h * sv_h + i * sv_s + d, mask=ok), mask=ok)
+
+    return store_kernel
+
+
+@torch.library.custom_op("hf_rstitch::rotate_qk", mutates_args=())
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q, k`` ``[b, H, s, D]`` (last dim contiguous), ``cos, sin`` ``[b, s, D]`` -> rotated (contiguous)."""
+    b, hq, s, dim = q.shape
+    qo, ko = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    _rotate_kernel()[(b * s, hq + k.shape[1])](
+        q, k, cos, sin, qo, ko, s, hq, *q.stride()[:3], *k.stride()[:3], cos.stride(0), cos.stride(1),
+        sin.stride(0), sin.stride(1), HALF=dim // 2, BLOCK=_pow2(dim // 2), num_warps=1)
+    return qo, ko
+
+
+@rotate_qk.register_fake
+def _(q, k, cos, sin):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@torch.library.custom_op("hf_rstitch::store_kv", mutates_args=("keys", "values"))
+def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """``keys[:b, :, slots] = k`` and ``values[:b, :, slots] = v`` for ``k, v`` ``[b, H, q, D]`` (one launch)."""
+    b, h, q, dim = k.shape
+    _store_kernel()[(b * h * q,)](
+        k, v, slots, keys, values, h, q, *k.stride()[:3], *v.stride()[:3], *keys.stride()[:3],
+        D=dim, BLOCK=_pow2(dim), num_warps=1)
+
+
+def rotate_takes(q, k, cos, sin, unsqueeze_dim=1) -> bool:
+    """The shapes :func:`rotate_qk` takes: ``[b, H, s, D]`` heads, ``[b, s, D]`` tables, even D, one dtype."""
+    return (unsqueeze_dim == 1 and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and sin.shape == cos.shape
+            and q.shape[0] == k.shape[0] == cos.shape[0] and q.shape[2] == k.shape[2] == cos.shape[1]
+            and q.shape[3] == k.shape[3] == cos.shape[2] and q.shape[3] % 2 == 0
+            and q.stride(3) == k.stride(3) == cos.stride(2) == sin.stride(2) == 1
+            and q.dtype == k.dtype == cos.dtype == sin.dtype and q.device == k.device == cos.device)
+
+
+def _rotary(original):
+    @functools.wraps(original)
+    def rotary(q, k, cos, sin, *args, **kwargs):
+        if not args and not (set(kwargs) - {"unsqueeze_dim"}) and rotate_takes(q, k, cos, sin, **kwargs):
+            return torch.ops.hf_rstitch.rotate_qk(q, k, cos, sin)
+        return original(q, k, cos, sin, *args, **kwargs)
+
+    return rotary
+
+
+def _same_on_probe(fn, device, dtype) -> bool:
+    """Whether a module's ``apply_rotary_pos_emb`` computes what :func:`rotate_qk` computes."""
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, h, 3, 16, generator=gen).to(device, dtype) for h in (4, 2))
+    angle = torch.randn(2, 3, 8, generator=gen)
+    cos, sin = (torch.cat([f(angle), f(angle)], dim=-1).to(device, dtype) for f in (torch.cos, torch.sin))
+    try:
+        want = fn(q, k, cos, sin)
+    except Exception:  # noqa: BLE001 - another signature: not the standard rotary embedding
+        return False
+    got = rotate_qk(q, k, cos, sin)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    return all(isinstance(w, torch.Tensor) and w.shape == g.shape and torch.allclose(w.float(), g.float(), **tol)
+               for w, g in zip(want, got))
+
+
+def plan(model: torch.nn.Module) -> list:
+    """``(module, "apply_rotary_pos_emb", replacement)`` for the modelling modules of ``model`` whose
+    rotary embedding the kernel reproduces (empty where Triton does not run on the model's device, and
+    for float64 models)."""
+    device, dtype = model.device, model.dtype
+    if not available(device) or dtype not in DTYPES:  # the kernel rotates in float32: no float64
+        return []
+    swaps, seen = [], set()
+    for m in model.modules():
+        module = sys.modules.get(type(m).__module__)
+        fn = getattr(module, "apply_rotary_pos_emb", None)
+        if type(m).__name__.endswith("Attention") and callable(fn) and module not in seen:
+            seen.add(module)
+            if _same_on_probe(fn, device, dtype):
+                swaps.append((module, "apply_rotary_pos_emb", _rotary(fn)))
+    return swaps

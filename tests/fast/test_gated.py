@@ -1,0 +1,109 @@
+"""The gated-MLP kernel (hf_rstitch.fast.gated) against the module's eager arithmetic.
+
+Like test_gemv: on CPU the kernel runs only under Triton's interpreter (``TRITON_INTERPRET=1``);
+these tests skip when it is not there. On CUDA they run the compiled kernel.
+"""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from hf_rstitch.fast import gated, gemv
+
+CUDA = torch.cuda.is_available()
+DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")), ("cuda", CUDA and gemv.available("cuda"))) if ok]
+pytestmark = pytest.mark.skipif(not DEVICES, reason="needs triton (CUDA, or TRITON_INTERPRET=1 on CPU)")
+
+
+def _weights(n, k, dtype, device):
+    torch.manual_seed(0)
+    return [torch.randn(n, k, dtype=dtype, device=device) / k ** 0.5 for _ in range(2)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k", [(64, 96), (37, 130), (256, 1024)])
+@pytest.mark.parametrize("cfg", [gemv.GemvConfig(), gemv.GemvConfig(4, 128, 4, 2), gemv.GemvConfig(16, 256, 8, 2)])
+def test_one_row_equals_module_arithmetic(device, n, k, cfg):
+    g, u = _weights(n, k, torch.float32, device)
+    x = torch.randn(1, 1, k, device=device)
+    torch.testing.assert_close(gated.launch(x, g, u, cfg), gated.reference(x, g, u), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [2, 5, gemv.MAX_ROWS])
+@pytest.mark.parametrize("n,k", [(64, 96), (37, 130)])
+def test_few_rows_equal_module_arithmetic(device, rows, n, k):
+    g, u = _weights(n, k, torch.float32, device)
+    x = torch.randn(1, rows, k, device=device)
+    got = gated.launch(x, g, u, gated.FEW_ROWS[0])
+    torch.testing.assert_close(got, gated.reference(x, g, u), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="Triton's CPU interpreter does not round to bf16 as devices do")
+def test_low_precision_rounds_like_the_module():
+    """bf16: each product, the SiLU and the result are rounded as the eager module rounds them."""
+    device = "cuda"
+    g, u = _weights(128, 256, torch.bfloat16, device)
+    x = torch.randn(1, 256, dtype=torch.bfloat16, device=device)
+    got = gated.launch(x, g, u, gemv.GemvConfig())
+    want = gated.reference(x, g, u)
+    # the products' float32 sums differ only in order: at most one bf16 step apart
+    assert ((got.float() - want.float()).abs() <= want.float().abs() * 2 ** -7 + 1e-3).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_refuses_wrong_shapes(device):
+    g, u = _weights(8, 16, torch.float32, device)
+    with pytest.raises(ValueError, match="two weights of one shape"):
+        gated.launch(torch.randn(1, 16, device=device), g, u[:4], gemv.GemvConfig())
+    with pytest.raises(ValueError, match="1..1 row"):
+        gated.launch(torch.randn(2, 16, device=device), g, u, gemv.GemvConfig())
+
+
+def _tiny(device, arch):
+    torch.manual_seed(0)
+    config, model = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    cfg = config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)
+    return model(cfg).to(device).eval()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_mlps_on_model_equal_and_restored(device, arch):
+    model = _tiny(device, arch)
+    table = {}
+    patches = gated.plan(model, table)
+    mlps = [layer.mlp for layer in model.model.layers]
+    assert [m for m, _ in patches] == mlps
+    one, several, many = (torch.randint(0, 97, (1, n), device=device) for n in (1, 5, gemv.MAX_ROWS + 3))
+    with torch.no_grad():
+        want = [model(ids).logits for ids in (one, several, many)]
+        with gemv.gemv_linears_on(patches):
+            assert all("forward" in m.__dict__ for m in mlps)
+            got = [model(ids).logits for ids in (one, several, many)]
+    assert not any("forward" in m.__dict__ for m in mlps)  # restored
+    torch.testing.assert_close(got[0], want[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=1e-4)
+    assert torch.equal(got[2], want[2])  # more than MAX_ROWS rows: the module's own forward
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiles_through_custom_op(device):
+    model = _tiny(device, "qwen2")
+    patches = gated.plan(model, {})
+    one = torch.randint(0, 97, (1, 1), device=device)
+    step = torch.compile(lambda ids: model(ids).logits, fullgraph=True)
+    with torch.no_grad(), gemv.gemv_linears_on(patches):
+        got = step(one)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(one).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_plan_skips_what_the_kernel_cannot_fuse(device):
+    model = _tiny(device, "llama")
+    first, second = model.model.layers[0].mlp, model.model.layers[1].mlp
+    first.gate_proj.bias = torch.nn.Parameter(torch.zeros(first.gate_proj.out_features, device=device))
+    second.act_fn = torch.nn.GELU()
+    assert gated.plan(model, {}) == []

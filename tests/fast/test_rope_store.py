@@ -1,0 +1,119 @@
+"""The rotary and cache-store kernels (hf_rstitch.fast.rope_store) against the code they replace.
+
+Like test_gemv: on CPU the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1``);
+these tests skip when it is not there. On CUDA they run compiled.
+"""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers.models.llama import modeling_llama
+from transformers.models.qwen2 import modeling_qwen2
+
+from hf_rstitch.fast import gemv, rope_store
+
+CUDA = torch.cuda.is_available()
+DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")), ("cuda", CUDA and gemv.available("cuda"))) if ok]
+pytestmark = pytest.mark.skipif(not DEVICES, reason="needs triton (CUDA, or TRITON_INTERPRET=1 on CPU)")
+
+
+def _heads(b, s, device, dim=16, hq=4, hk=2):
+    """q, k, v as an attention layer sees them: transposed views of one fused projection output."""
+    torch.manual_seed(0)
+    fused = torch.randn(b, s, (hq + 2 * hk) * dim, device=device)
+    q, k, v = fused.split([hq * dim, hk * dim, hk * dim], dim=-1)
+    return [t.view(b, s, -1, dim).transpose(1, 2) for t in (q, k, v)]
+
+
+def _tables(b, s, device, dim=16):
+    angle = torch.randn(b, s, dim // 2, device=device)
+    return [torch.cat([f(angle), f(angle)], dim=-1) for f in (torch.cos, torch.sin)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("b,s,dim", [(1, 1, 16), (2, 3, 16), (3, 1, 24)])
+@pytest.mark.parametrize("fn", [modeling_qwen2.apply_rotary_pos_emb, modeling_llama.apply_rotary_pos_emb])
+def test_rotate_qk_equals_apply_rotary_pos_emb(device, b, s, dim, fn):
+    q, k, _ = _heads(b, s, device, dim)
+    cos, sin = _tables(b, s, device, dim)
+    got = rope_store.rotate_qk(q, k, cos, sin)
+    want = fn(q, k, cos, sin)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("b,s,rows", [(1, 1, 1), (2, 3, 4)])
+def test_store_kv_equals_index_copy(device, b, s, rows):
+    _, k, v = _heads(b, s, device)
+    keys, values = (torch.randn(rows, 2, 12, 16, device=device) for _ in range(2))
+    slots = torch.tensor([5, 6, 7][:s], device=device)
+    want_k, want_v = keys.clone(), values.clone()
+    want_k[:b].index_copy_(2, slots, k)
+    want_v[:b].index_copy_(2, slots, v)
+    rope_store.store_kv(k, v, slots, keys[:b], values[:b])
+    assert torch.equal(keys, want_k) and torch.equal(values, want_v)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rotary_falls_back_for_shapes_it_does_not_take(device):
+    calls = []
+
+    def original(q, k, cos, sin, unsqueeze_dim=1):
+        calls.append(unsqueeze_dim)
+        return q, k
+
+    rotary = rope_store._rotary(original)
+    q, k, _ = _heads(1, 2, device)
+    cos, sin = _tables(1, 2, device)
+    rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)  # [b, s, H, D] layout
+    rotary(q, k, cos[..., :8], sin[..., :8])  # partial rotary
+    assert calls == [2, 1]
+    rotary(q, k, cos, sin)
+    assert calls == [2, 1]  # the kernel took it
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_plan_swaps_standard_rotary_only(device, arch, monkeypatch):
+    config, model_cls = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    model = model_cls(config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                             num_attention_heads=4, num_key_value_heads=2)).to(device).eval()
+    module = modeling_llama if arch == "llama" else modeling_qwen2
+    assert [(m, name) for m, name, _ in rope_store.plan(model)] == [(module, "apply_rotary_pos_emb")]
+
+    def interleaved(q, k, cos, sin, unsqueeze_dim=1):  # pairs (0, 1), (2, 3), ...: not rotate_half
+        def rot(x):
+            pair = torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).flatten(-2)
+            return x * cos.unsqueeze(unsqueeze_dim) + pair * sin.unsqueeze(unsqueeze_dim)
+        return rot(q), rot(k)
+
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", interleaved)
+    assert rope_store.plan(model) == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch", ["llama", "qwen2-full"])
+def test_fast_engine_with_fused_kernels_equals_without(device, arch):
+    """float32 pair through generate: the fused kernels (rotary, cache store, gated MLP) on and off give the
+    same tokens and logits to float32 rounding (the float64 lane tests do not run these kernels)."""
+    from hf_rstitch import ReplayPolicy
+    from hf_rstitch.fast import FastConfig, FastEngine
+    from tiny_models import make_pair, prompt
+
+    llm, slm = (m.float().to(device) for m in make_pair(arch))
+    route = ["slm"] * 3 + ["llm"] * 2 + ["slm"] * 4 + ["llm"] + ["slm"] * 2
+    graphs = device == "cuda"
+    outs = []
+    for fused in (True, False):
+        config = FastConfig(max_bucket=4, graphs=graphs, fuse_mlp=fused, fuse_rope_store=fused)
+        engine = FastEngine(config)
+        outs.append(llm.generate(prompt(12).to(device), assistant_model=slm, stitch_policy=ReplayPolicy(route),
+                                 stitch_engine=engine, max_new_tokens=len(route), min_new_tokens=len(route),
+                                 return_dict_in_generate=True, output_logits=True))
+        lane = engine._lanes[next(iter(engine._lanes))]
+        assert bool(lane._rotary) == fused and lane.cache.fused_store == fused
+        assert any(type(m).__name__.endswith("MLP") for m, _ in lane.gemv_layers) == fused
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+    for a, b in zip(outs[0].logits, outs[1].logits):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
