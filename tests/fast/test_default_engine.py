@@ -104,7 +104,7 @@ def test_request_engine_without_an_engine_on_cpu_is_eager():
     assert type(RequestEngine(llm, slm).lanes[Role.SLM]).__name__ == "Lane"
 
 
-def test_eval_and_serve_default_to_auto_or_the_variable(monkeypatch):
+def test_the_cli_configs_default_to_auto_or_the_variable(monkeypatch):
     from hf_rstitch.cli.main import build_parser
     from hf_rstitch.eval import EvalConfig
     from hf_rstitch.serve.config import ServeConfig
@@ -115,12 +115,17 @@ def test_eval_and_serve_default_to_auto_or_the_variable(monkeypatch):
     assert EvalConfig(llm="a", slm="b", data=["x.jsonl"]).engine == "default"
     assert EvalConfig(llm="a", slm="b", data=["x.jsonl"], engine="fast").engine == "fast"
     assert ServeConfig().engine == "default" and ServeConfig(engine="auto").engine == "auto"
-    for command in ("eval", "serve"):
+    for command in ("eval", "serve", "generate"):
         sub = build_parser()._subparsers._group_actions[0].choices[command]
         (flag,) = [a for a in sub._actions if "--engine" in a.option_strings]
         assert flag.default is None and "HF_RSTITCH_ENGINE" in flag.help and "auto (the default" in flag.help
+    from hf_rstitch.cli.generate import GenerateConfig
+
+    assert GenerateConfig().engine == "default"  # the variable still says default
     with pytest.raises(ValueError, match="--engine must be default, fast or auto, got 'turbo'"):
         ServeConfig(engine="turbo")
+    with pytest.raises(ValueError, match="--engine must be default, fast or auto, got 'turbo'"):
+        GenerateConfig(engine="turbo")
 
 
 assert hf_rstitch  # generate is patched on import
