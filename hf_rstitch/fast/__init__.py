@@ -6,8 +6,8 @@ no engine, which means ``stitch_engine="auto"``: this engine with :data:`AUTO` w
 reason logged (:func:`choose_engine`). ``stitch_engine="default"`` (or ``HF_RSTITCH_ENGINE=default``)
 keeps the eager engine; ``"fast"``, a :class:`FastConfig` or a :class:`FastEngine` of your own asks
 for this one. It swaps the eager :class:`~hf_rstitch.engine.Lane` (forwards over a DynamicCache,
-host-bound at a few hundred kernel launches per token) for :class:`FastLane`: a static KV cache, one-token steps
-and bucketed catch-up prefills replayed as CUDA graphs per batch bucket, attention that reads only
+host-bound at a few hundred kernel launches per token) for :class:`FastLane`: a static KV cache,
+one-token steps and bucketed catch-up prefills replayed as CUDA graphs per batch bucket, attention that reads only
 the written slots (:mod:`.decode_attention`) and few-row linear products through tuned Triton
 kernels (:mod:`.gemv`). The stitch loop, policies, trace and outputs are the default engine's.
 
@@ -22,6 +22,6 @@ from .engine import (AUTO, NO_TRITON, FastEngine, choose_engine, engine_for, rel
 from .lane import FastConfig, FastLane, check_supported
 from .static_kv import StaticKV, static_attention, static_attention_sdpa
 
-__all__ = ["AUTO", "NO_TRITON", "FastConfig", "FastEngine", "FastLane", "StaticKV", "bucket_for", "bucket_sizes", "check_supported",
-           "choose_engine", "engine_for", "release", "resolve_engine", "static_attention", "static_attention_sdpa",
-           "why_not_fast", "why_not_triton"]
+__all__ = ["AUTO", "NO_TRITON", "FastConfig", "FastEngine", "FastLane", "StaticKV", "bucket_for", "bucket_sizes",
+           "check_supported", "choose_engine", "engine_for", "release", "resolve_engine", "static_attention",
+           "static_attention_sdpa", "why_not_fast", "why_not_triton"]
