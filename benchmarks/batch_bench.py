@@ -50,7 +50,8 @@ def bench_pair(args, device: torch.device, rows: list[dict], save) -> list[dict]
         kw = dict(attention_mask=mask, max_new_tokens=400, do_sample=False, pad_token_id=tok.pad_token_id)
         runs = {"llm": lambda: llm.generate(ids, **kw), "slm": lambda: slm.generate(ids, **kw)}
         for tau in args.thresholds:
-            runs[f"stitch@{tau:g}"] = (lambda t=tau: llm.generate(ids, assistant_model=slm, stitch_threshold=t, **kw))
+            runs[f"stitch@{tau:g}"] = (lambda t=tau: llm.generate(ids, assistant_model=slm, stitch_threshold=t,
+                                                                   stitch_engine="default", **kw))  # the eager lanes
         if batch == 1 and llm.config.vocab_size == slm.config.vocab_size:  # assisted generation needs one vocab
             runs["specdec"] = lambda: llm.generate(ids, assistant_model=slm, **kw)
         for name, fn in runs.items():
@@ -85,7 +86,7 @@ def bench_shape(shape: str, args, device: torch.device, rows: list[dict], save) 
             routes = [share_route(args.new_tokens, share, args.mean_segment, seed=1000 * batch + r) for r in range(batch)]
             policy = hf_rstitch.ReplayPolicy(routes)
             runs[f"stitch@{share:g}"] = (lambda p=policy: llm.generate(
-                ids, attention_mask=mask, assistant_model=slm, stitch_policy=p, **common))
+                ids, attention_mask=mask, assistant_model=slm, stitch_policy=p, stitch_engine="default", **common))
         if batch == 1 and llm.config.vocab_size == slm.config.vocab_size:  # assisted generation needs one vocab
             runs["specdec"] = lambda: llm.generate(ids, attention_mask=mask, assistant_model=slm, **common)
         for name, fn in runs.items():

@@ -54,6 +54,7 @@ def stitched(llm, slm, prompt, route, timing: bool):
     t0 = time.perf_counter()
     out = llm.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=slm,
                        stitch_policy=hf_rstitch.ReplayPolicy(route), stitch_timing=timing, do_sample=False,
+                       stitch_engine="default",  # the engine the profiles (Eq. 4's coefficients) were measured on
                        max_new_tokens=len(route), return_dict_in_generate=True)
     sync(llm.device)
     return out, time.perf_counter() - t0

@@ -87,7 +87,8 @@ def gen_kwargs(n: int) -> dict:
 
 
 def stitched(llm, slm, ids, route, n, **kw):
-    return llm.generate(ids, assistant_model=slm, stitch_policy=hf_rstitch.ReplayPolicy(route), **gen_kwargs(n), **kw)
+    return llm.generate(ids, assistant_model=slm, stitch_policy=hf_rstitch.ReplayPolicy(route), stitch_engine="default",
+                        **gen_kwargs(n), **kw)  # eager on one GPU too: device_map runs only the eager lanes
 
 
 def reference_run(llm, slm, ids, route, n) -> dict:

@@ -31,7 +31,8 @@ def main() -> None:
     prompts = [prompt(3 + (7 * i) % 13, seed=50 + i).to(a.device) for i in range(12)]
     taus = [0.3 + 0.05 * (i % 6) for i in range(12)]
     news = [4 + (5 * i) % 17 for i in range(12)]
-    solo = [llm.generate(x, assistant_model=slm, stitch_threshold=t, max_new_tokens=n)[0, x.shape[1]:].tolist()
+    solo = [llm.generate(x, assistant_model=slm, stitch_threshold=t, max_new_tokens=n,
+                         stitch_engine="default")[0, x.shape[1]:].tolist()
             for x, t, n in zip(prompts, taus, news)]
     out = {}
     for name, spec in (("default", "default"), ("fast", FastConfig())):

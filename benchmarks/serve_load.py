@@ -206,7 +206,8 @@ def solo_texts(args, bodies: list[dict], k: int) -> list[str]:
     for body in bodies[:k]:
         ids = torch.tensor([prompt_ids(tok, body["messages"][0]["content"], instruction="")], device=args.device)
         seq = llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm,
-                           stitch_threshold=args.threshold, max_new_tokens=args.max_tokens, do_sample=False)
+                           stitch_threshold=args.threshold, max_new_tokens=args.max_tokens, do_sample=False,
+                           stitch_engine="default")
         out.append(tok.decode(seq[0, ids.shape[1]:].tolist(), skip_special_tokens=True))
     return out
 
@@ -220,7 +221,7 @@ def engine_alone(args, bodies: list[dict]) -> dict:
     from hf_rstitch.toyworld.pair import load_pair
 
     llm, slm, tok = load_pair(args.device)
-    engine = RequestEngine(llm, slm, threshold=args.threshold, max_batch=args.max_batch)
+    engine = RequestEngine(llm, slm, threshold=args.threshold, max_batch=args.max_batch, engine=args.engine)
     ids = [prompt_ids(tok, b["messages"][0]["content"], instruction="") for b in bodies]
     engine.run([Request(ids[0], max_new_tokens=8)])  # warm-up
     t0 = time.perf_counter()

@@ -16,7 +16,8 @@ then transformers' own ``generate`` runs with the flattened ``stitched_decode`` 
 relative imports for transformers' dynamic-module loader to chase, and nothing to install.
 
 The learned router and the fast engine are not flattened: they need hf-rstitch installed, and the
-template says so when asked for them. This module writes files only; it makes no decisions.
+template says so when asked for them; a call that names no ``stitch_engine`` runs the eager lanes. This
+module writes files only; it makes no decisions.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ TEMPLATES = PACKAGE / "templates"
 # Flattened in this order: each module only uses names defined above it.
 MODULES = (
     "core/roles.py",
+    "core/engines.py",
     "core/entropy.py",
     "core/policies.py",
     "core/sampling.py",
@@ -132,6 +134,8 @@ def generate(*args, model, **kwargs):
             kwargs.pop(name, None)
         return GenerationMixin.generate(model, *args, **kwargs)
     _fill_defaults(model, config, kwargs)
+    if kwargs.get("stitch_engine") is None:  # the fast engine is not in this file: eager lanes unless asked
+        kwargs["stitch_engine"] = "default"
     return run_stitched(GenerationMixin.generate, model, args, kwargs)
 """
 

@@ -1,6 +1,7 @@
 """Continuous batching: requests join and leave one running stitched batch.
 
-:class:`RequestEngine` keeps a batch of up to ``max_batch`` rows over the eager lanes. Each
+:class:`RequestEngine` keeps a batch of up to ``max_batch`` rows over one pair of lanes (the
+fast engine's where it runs the pair, else the eager ones: ``engine=``). Each
 :meth:`~RequestEngine.step` admits waiting requests into free rows, then decodes one token for
 every running row with :func:`~hf_rstitch.engine.step.run_step` (the same switch point as
 ``generate``); a row that finishes (EOS, its ``max_new_tokens``, or cancelled) leaves at once,
@@ -31,6 +32,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from ..core.engines import requested_engine
 from ..core.policies import PinnedRoles, RowEntropyPolicy, check_threshold, checked
 from ..core.roles import Role
 from ..core.sampling import sample_one
@@ -54,7 +56,7 @@ class _Row:
 
 
 class RequestEngine:
-    """Serve many requests through one stitched batch (the eager lanes, any device).
+    """Serve many requests through one stitched batch (any device; the fast engine on CUDA by default).
 
     Args:
         llm, slm: the pair (shared tokenizer), as for ``generate``.
@@ -64,9 +66,11 @@ class RequestEngine:
         policy: one routing policy for every request (e.g. ``RandomPolicy``, a router's
             ``RouterPolicy``); then requests may not bring their own ``stitch_threshold``. Default:
             the entropy rule with each request's threshold.
-        engine: ``"default"`` (eager lanes, any device and model), ``"auto"`` (the fast engine where it runs
-            the pair, else the eager lanes, the reason logged) or the fast engine on CUDA:
-            ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a :class:`hf_rstitch.fast.FastEngine`.
+        engine: ``None`` (the default): ``"auto"``, or the engine ``$HF_RSTITCH_ENGINE`` names.
+            ``"auto"``: the fast engine where it runs the pair, else the eager lanes, the reason logged
+            (:func:`hf_rstitch.fast.choose_engine`); ``"default"``: the eager lanes (any device and model);
+            the fast engine on CUDA: ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a
+            :class:`hf_rstitch.fast.FastEngine`.
         max_length: with the fast engine, the longest prompt + ``max_new_tokens`` a request may
             ask for (the static caches' capacity); longer requests are refused at :meth:`submit`.
         schedule: when the LLM runs for the rows that need it: ``None`` / ``"now"`` (at once, the
@@ -75,7 +79,7 @@ class RequestEngine:
     """
 
     def __init__(self, llm, slm, threshold: float = 0.02, max_batch: int = 8, max_waiting: int | None = None,
-                 policy=None, engine="default", max_length: int = 4096, schedule: LLMSchedule | str | None = None):
+                 policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None):
         from ..hf.checks import check_pair
         from ..hf.decode import logit_width
 
@@ -92,6 +96,7 @@ class RequestEngine:
         self.device = llm.device
         self.schedule = _schedule(schedule, llm, slm)
         self.max_length = None
+        engine = requested_engine(engine)
         if isinstance(engine, str) and engine == "auto":
             from ..fast import choose_engine
 

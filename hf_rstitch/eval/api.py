@@ -122,24 +122,36 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
             device = str(next(llm.parameters()).device)
         clear_stitch_defaults(llm)
         batch_size = cfg.batch_size_on(device)
+        engine = _engine(cfg.engine, llm, slm, batch_size)
         meta = {**environment(), "models": {"llm": model_provenance(cfg.llm), "slm": model_provenance(cfg.slm)},
-                "settings": cfg.run_settings(), "batch_size": batch_size, "schedule": cfg.schedule, "engine": cfg.engine,
+                "settings": cfg.run_settings(), "batch_size": batch_size, "schedule": cfg.schedule,
+                "engine": cfg.engine if engine != "default" else "default",
                 "datasets": list(dict.fromkeys(p.dataset for p in problems))}
         settings = GenSettings(cfg.max_new_tokens, cfg.do_sample, cfg.temperature, cfg.top_p, cfg.seed)
         methods = build_methods(cfg.methods, llm, slm, settings, thresholds=cfg.thresholds, random_p=cfg.random_p,
                                 router=cfg.router, router_threshold=cfg.router_threshold)
         (out / RUN_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        if batch_size > 1 or cfg.engine != "default":  # the request engine; speculative decoding stays at B = 1
+        if batch_size > 1 or engine != "default":  # the request engine; speculative decoding stays at B = 1
             from .continuous import engine_methods, run_continuous
 
             batched, methods = engine_methods(methods)
             run_continuous(batched, problems, tokenizer, store, batch_size=batch_size, schedule=cfg.schedule,
-                           engine=cfg.engine, warmup=cfg.warmup, instruction=cfg.instruction,
+                           engine=engine, warmup=cfg.warmup, instruction=cfg.instruction,
                            chat_template=cfg.chat_template, progress=cfg.progress, save_traces=cfg.save_traces)
         run_eval(methods, problems, tokenizer, store, device=torch.device(device), instruction=cfg.instruction,
                  chat_template=cfg.chat_template, max_new_tokens=cfg.max_new_tokens, warmup=cfg.warmup,
                  progress=cfg.progress, save_traces=cfg.save_traces)
     return _report(cfg, out, store.load(), meta)
+
+
+def _engine(name: str, llm: Any, slm: Any, batch_size: int):
+    """``"auto"`` -> ``"default"`` where the fast engine cannot run the pair (logged), else the FastConfig
+    that runs it; other names unchanged. Eager at batch size 1 keeps the per-sample ``generate`` path."""
+    if name != "auto":
+        return name
+    from ..fast import choose_engine
+
+    return choose_engine(llm, slm, name, batch_size)
 
 
 def _report(cfg: EvalConfig, out: Path, records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:

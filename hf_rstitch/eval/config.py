@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.engines import ENGINE_NAMES, requested_engine
 from .data import DEFAULT_INSTRUCTION
 
 METHOD_KINDS = ("llm", "slm", "specdec", "rstitch", "random", "router")
@@ -74,11 +75,12 @@ class EvalConfig:
         "Problems decoded together through continuous batching (a finished problem's row goes to the next "
         "one at once); latency is then each problem's own time in the batch. Default: 16 on CUDA, 1 "
         "(the paper's per-sample latency) on CPU. Speculative decoding always runs at 1."))
-    engine: str = field(default="default", metadata=_help(
-        "Engine of the request engine that runs the problems: default (eager lanes, any device and model), fast "
-        "(static caches + CUDA graphs, compile='parts'; full-attention single-GPU models) or auto (fast where it "
-        "runs the pair, else default, the reason logged). Not default: every method but SpecDec runs through the "
-        "request engine, at batch size 1 too; with --warmup the engine's graphs are captured before timing.",
+    engine: str | None = field(default=None, metadata=_help(
+        "Engine that runs the problems: auto (the default, or $HF_RSTITCH_ENGINE: fast where it runs the pair, "
+        "else default, the reason logged), default (eager lanes, any device and model) or fast (static caches + "
+        "CUDA graphs, compile='parts'; full-attention single-GPU models). Where the fast engine runs, every method "
+        "but SpecDec goes through the request engine, at batch size 1 too, and with --warmup its graphs are "
+        "captured before timing.",
         choices=["default", "fast", "auto"]))
     schedule: str = field(default="now", metadata=_help(
         "When the LLM runs for rows that need it in a batch (--batch-size > 1): now (at once), or gather[:K[:M]]: "
@@ -171,7 +173,8 @@ class EvalConfig:
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                                             or self.batch_size < 1):
             raise ValueError(f"--batch-size must be a positive integer, got {self.batch_size!r}.")
-        if self.engine not in ("default", "fast", "auto"):
+        self.engine = requested_engine(self.engine)
+        if self.engine not in ENGINE_NAMES:
             raise ValueError(f"--engine must be default, fast or auto, got {self.engine!r}.")
         from ..core.scheduling import parse_schedule
 

@@ -27,12 +27,13 @@ def engine_methods(methods: list[Method]) -> tuple[list[Method], list[Method]]:
 
 
 def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: Any, store: RecordStore, *,
-                   batch_size: int, schedule: str = "now", engine: str = "default", warmup: bool = False,
+                   batch_size: int, schedule: str = "now", engine="default", warmup: bool = False,
                    instruction: str = "", chat_template: bool = True, progress: bool = True,
                    save_traces: bool = False) -> list[dict[str, Any]]:
     """Every engine-capable method on every problem not already in ``store``; the new records.
 
-    ``engine``: ``"default"`` (eager lanes), ``"fast"`` or ``"auto"`` (:func:`hf_rstitch.fast.choose_engine`);
+    ``engine``: ``"default"`` (eager lanes), ``"fast"``, ``"auto"`` (:func:`hf_rstitch.fast.choose_engine`) or
+    the :class:`~hf_rstitch.fast.FastConfig` it chose;
     one fast engine serves every method (the lanes and graphs are built once), and with ``warmup`` every
     batch and length bucket is captured before the first timed request.
     """
@@ -71,16 +72,18 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
     return records
 
 
-def _fast_engine(engine: str, methods: list[Method], batch_size: int, longest: int):
+def _fast_engine(engine, methods: list[Method], batch_size: int, longest: int):
     """The fast engine the methods share, or None for the eager lanes (``"auto"`` decides per pair)."""
-    if engine == "default" or not methods:
+    if isinstance(engine, str) and engine == "default" or not methods:
         return None
     from hf_rstitch.fast import AUTO, FastConfig, FastEngine, choose_engine
 
     llm, slm = methods[0].llm, methods[0].slm
-    if choose_engine(llm, slm, engine, batch_size) == "default":  # "auto" where the fast engine cannot run
+    config = choose_engine(llm, slm, engine, batch_size)  # "auto": "default" or the FastConfig that runs here
+    if isinstance(config, str) and config == "default":
         return None
-    config = AUTO if llm.device.type == "cuda" else FastConfig()  # off CUDA nothing is compiled or captured
+    if not isinstance(config, FastConfig):  # "fast"; off CUDA nothing is compiled or captured
+        config = AUTO if llm.device.type == "cuda" else FastConfig()
     return FastEngine(config, capacity=longest, max_batch=batch_size)
 
 

@@ -154,14 +154,20 @@ def _require_stitching() -> None:
 
 
 class _Stitched(Method):
-    """Shared by the methods that go through stitched decoding and return ``out.stitch_traces``."""
+    """Shared by the methods that go through stitched decoding and return ``out.stitch_traces``.
+
+    Through ``generate`` they run the eager lanes: the harness sends them there only when the engine
+    is ``default`` (eager); the fast engine runs them through the request engine (:mod:`.continuous`)."""
+
+    stitch_engine: ClassVar[str] = "default"
 
     def _stitch_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
 
     def _generate(self, input_ids, **gen):
         _require_stitching()
-        return self.llm.generate(input_ids, assistant_model=self.slm, **self._stitch_kwargs(), **gen)
+        return self.llm.generate(input_ids, assistant_model=self.slm, stitch_engine=self.stitch_engine,
+                                 **self._stitch_kwargs(), **gen)
 
     def engine_spec(self):
         """The policy ``generate`` would resolve from this method's stitch arguments."""

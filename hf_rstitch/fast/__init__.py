@@ -1,11 +1,13 @@
 """The fast engine: stitched decoding on CUDA near the memory-bandwidth floor, at any batch size.
 
-Opt-in: ``generate(..., assistant_model=slm, stitch_threshold=tau, stitch_engine="fast")`` (the
-engine is kept on the LLM and reused by later calls), ``stitch_engine="auto"`` (fast where it runs,
-eager otherwise) or a :class:`FastEngine` of your own. It swaps
-the default :class:`~hf_rstitch.engine.Lane` (eager forwards over a DynamicCache, host-bound at a
-few hundred kernel launches per token) for :class:`FastLane`: a static KV cache, one-token steps
-and bucketed catch-up prefills replayed as CUDA graphs per batch bucket, attention that reads only
+What CUDA users get without asking: ``generate(..., assistant_model=slm, stitch_threshold=tau)`` names
+no engine, which means ``stitch_engine="auto"``: this engine with :data:`AUTO` where it can run the pair
+(kept on the LLM and reused by later calls; :func:`release` frees it), the eager engine otherwise, the
+reason logged (:func:`choose_engine`). ``stitch_engine="default"`` (or ``HF_RSTITCH_ENGINE=default``)
+keeps the eager engine; ``"fast"``, a :class:`FastConfig` or a :class:`FastEngine` of your own asks
+for this one. It swaps the eager :class:`~hf_rstitch.engine.Lane` (forwards over a DynamicCache,
+host-bound at a few hundred kernel launches per token) for :class:`FastLane`: a static KV cache,
+one-token steps and bucketed catch-up prefills replayed as CUDA graphs per batch bucket, attention that reads only
 the written slots (:mod:`.decode_attention`) and few-row linear products through tuned Triton
 kernels (:mod:`.gemv`). The stitch loop, policies, trace and outputs are the default engine's.
 
@@ -15,10 +17,11 @@ how the CPU tests check it against the default engine. See docs/fast-engine.md.
 """
 
 from .buckets import bucket_for, bucket_sizes
-from .engine import AUTO, FastEngine, choose_engine, engine_for, release, resolve_engine, why_not_fast
+from .engine import (AUTO, NO_TRITON, FastEngine, choose_engine, engine_for, release, resolve_engine, why_not_fast,
+                     why_not_triton)
 from .lane import FastConfig, FastLane, check_supported
 from .static_kv import StaticKV, static_attention, static_attention_sdpa
 
-__all__ = ["AUTO", "FastConfig", "FastEngine", "FastLane", "StaticKV", "bucket_for", "bucket_sizes", "check_supported",
-           "choose_engine", "engine_for", "release", "resolve_engine", "static_attention", "static_attention_sdpa",
-           "why_not_fast"]
+__all__ = ["AUTO", "NO_TRITON", "FastConfig", "FastEngine", "FastLane", "StaticKV", "bucket_for", "bucket_sizes",
+           "check_supported", "choose_engine", "engine_for", "release", "resolve_engine", "static_attention",
+           "static_attention_sdpa", "why_not_fast", "why_not_triton"]

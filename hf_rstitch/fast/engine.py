@@ -2,14 +2,14 @@
 
 Capturing graphs (and compiling, if asked) costs far more than one generation's worth of host
 time, so lanes are kept: ``generate(..., stitch_engine=engine)`` with the same engine object
-reuses its lanes (and their graphs) whenever the models, vocabulary width and configuration
-match and the capacity and batch size suffice; otherwise the lane is rebuilt.
+reuses its lanes (and their graphs) whenever the models, their weights, vocabulary width and
+configuration match and the capacity and batch size suffice; otherwise the lane is rebuilt.
 
 ``stitch_engine="fast"`` (or a :class:`FastConfig`) needs no object held by the user: the engine
 for that configuration is kept on the LLM itself (``llm._rstitch_fast_engines``), so repeated
 ``generate`` calls on the same pair reuse its graphs, and it goes when the LLM goes (or with
-:func:`release`). ``stitch_engine="auto"`` runs it (with :data:`AUTO`) where it can, and the eager
-engine otherwise, logging why (:func:`choose_engine`).
+:func:`release`). ``stitch_engine="auto"`` (what a call naming no engine runs) uses it with
+:data:`AUTO` where it can, and the eager engine otherwise, logging why (:func:`choose_engine`).
 
 The engine holds its models; drop it to free the caches and graphs.
 """
@@ -17,6 +17,8 @@ The engine holds its models; drop it to free the caches and graphs.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 
 from transformers import PreTrainedModel
 
@@ -24,7 +26,9 @@ from ..core.roles import Role
 from .lane import FastConfig, FastLane, check_supported
 
 log = logging.getLogger("hf_rstitch.fast")
+_SAID: set[str] = set()  # messages logged at INFO already: a loop of generate calls says each once
 AUTO = FastConfig(compile="parts")  # what stitch_engine="auto" runs: the shortest warm-up of the compiled variants
+NO_TRITON = FastConfig(gemv=False, attention="matmul")  # "auto" where Triton cannot run: graphs of eager kernels
 
 
 class FastEngine:
@@ -42,17 +46,18 @@ class FastEngine:
         self.capacity = capacity
         self.max_batch = max_batch
         self._lanes: dict[Role, FastLane] = {}
+        self._weights: dict[Role, tuple] = {}  # _weights(model) when each lane was built
         self.builds = 0  # lanes built so far (reuse check for tests and benchmarks)
 
     def lane(self, model: PreTrainedModel, role: Role, vocab: int, capacity: int, timing: bool = False,
              batch: int = 1) -> FastLane:
-        lane = self._lanes.get(role)
+        lane, weights = self._lanes.get(role), _weights(model)
         if (lane is None or lane.model is not model or lane.vocab != vocab or lane.capacity < capacity
-                or lane.max_rows < batch):
+                or lane.max_rows < batch or self._weights.get(role) != weights):
             self._lanes.pop(role, None)  # free the old buffers before allocating new ones
             lane = FastLane(model, role, vocab, max(capacity, self.capacity), self.config,
                             max_rows=max(batch, self.max_batch, 1))
-            self._lanes[role] = lane
+            self._lanes[role], self._weights[role] = lane, weights
             self.builds += 1
             if self.config.warm_up:  # every bucket now: no generation pays a capture or compile mid-way
                 lane.warm_up()
@@ -78,6 +83,15 @@ class FastEngine:
         return sum(len(l.graphs.graphs) for l in self._lanes.values() if l.graphs is not None)
 
 
+def _weights(model: PreTrainedModel) -> tuple:
+    """Where each parameter lives and how often it was written in place. A lane built over other weights
+    (its fused q/k/v copy, graphs reading the old storage) would decode stale ones, so it is rebuilt."""
+    try:
+        return tuple((p.data_ptr(), p._version) for p in model.parameters())
+    except RuntimeError:  # parameters made under inference_mode keep no version counter
+        return tuple(p.data_ptr() for p in model.parameters())
+
+
 class _EngineOnModel:
     """``stitch_engine="fast"`` / a FastConfig: the LLM's own engine for that configuration, made on first use."""
 
@@ -96,6 +110,10 @@ def engine_for(llm: PreTrainedModel, config: FastConfig | None = None) -> FastEn
     config = config or FastConfig()
     engines = llm.__dict__.setdefault(ATTRIBUTE, {})
     if config not in engines:
+        log.info("hf_rstitch: the fast engine (%s) is built for this LLM on first use: the first generate pays its "
+                 "warm-up (graph captures, compiles: 11-26 s for a 7B pair with compile='parts'), later ones reuse it; "
+                 "hf_rstitch.fast.release(llm) frees it, stitch_engine='default' or HF_RSTITCH_ENGINE=default "
+                 "runs the eager engine", config)
         engines[config] = FastEngine(config)
     return engines[config]
 
@@ -115,8 +133,8 @@ def resolve_engine(spec):
     if isinstance(spec, str) and spec == "fast":
         return _EngineOnModel(FastConfig())
     raise ValueError(
-        f"stitch_engine must be 'default', 'fast', a hf_rstitch.fast.FastConfig or a hf_rstitch.fast.FastEngine, "
-        f"got {spec!r}."
+        f"stitch_engine must be None, 'auto', 'default', 'fast', a hf_rstitch.fast.FastConfig or a "
+        f"hf_rstitch.fast.FastEngine, got {spec!r}."
     )
 
 
@@ -131,18 +149,45 @@ def why_not_fast(llm: PreTrainedModel, slm: PreTrainedModel, batch: int = 1) -> 
             return f"the {role}: {err}"
         if is_sharded(model):
             return f"the {role} is {describe(model)}; the fast engine runs single-device models only"
+        if getattr(model, "hf_quantizer", None) is not None:
+            return f"the {role} is quantized; the fast engine is tested on unquantized weights only"
         if model.device.type != "cuda":
             return f"the {role} is on {model.device}; the fast engine's graphs need CUDA"
     return None
 
 
+def why_not_triton() -> str | None:
+    """Why Triton cannot run here (torch.compile's CUDA kernels, the GEMV and split-attention kernels);
+    None when it can."""
+    try:
+        import triton  # noqa: F401
+    except Exception as err:  # not installed, or built for another torch
+        return f"triton is not importable ({type(err).__name__}: {err})"
+    if not (os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")):
+        return "triton finds no C compiler to build its kernel launchers (gcc or clang on PATH, or $CC)"
+    return None
+
+
 def choose_engine(llm: PreTrainedModel, slm: PreTrainedModel, spec, batch: int = 1):
-    """``stitch_engine="auto"`` -> :data:`AUTO` where the fast engine runs the pair, else ``"default"``
-    (logged at INFO with the reason); any other spec is returned unchanged."""
+    """``stitch_engine="auto"`` -> :data:`AUTO` where the fast engine runs the pair and Triton runs,
+    :data:`NO_TRITON` (graphs, no compile, no Triton kernels) where only Triton is missing, else
+    ``"default"``; the reason for anything but :data:`AUTO` is logged at INFO (once per process, then at
+    DEBUG). Any other spec is returned unchanged."""
     if not (isinstance(spec, str) and spec == "auto"):
         return spec
     reason = why_not_fast(llm, slm, batch)
     if reason is not None:
-        log.info("hf_rstitch: stitch_engine='auto' runs the eager engine: %s", reason)
+        _say(f"hf_rstitch: stitch_engine='auto' runs the eager engine: {reason}")
         return "default"
+    reason = why_not_triton()
+    if reason is not None:
+        _say(f"hf_rstitch: stitch_engine='auto' runs the fast engine without torch.compile or Triton kernels "
+             f"({NO_TRITON}): {reason}")
+        return NO_TRITON
     return AUTO
+
+
+def _say(message: str) -> None:
+    """INFO the first time in this process, DEBUG after."""
+    log.log(logging.DEBUG if message in _SAID else logging.INFO, message)
+    _SAID.add(message)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
+from ..core.engines import requested_engine
 from ..core.policies import EntropyPolicy, RoutingPolicy, checked
 from ..core.roles import Role
 from ..core.sampling import pad_vocab
@@ -75,7 +76,7 @@ def stitched_decode(
     stitch_router=None,
     stitch_streamer=None,
     stitch_timing: bool = False,
-    stitch_engine="default",
+    stitch_engine=None,
     **model_kwargs,
 ) -> StitchedGenerateOutput | torch.LongTensor:
     """R-Stitch decoding with ``model`` as the LLM and ``stitch_slm`` as the SLM.
@@ -94,10 +95,13 @@ def stitched_decode(
             ``stitch_threshold`` (default: the threshold it was trained with). See :mod:`hf_rstitch.router`.
         stitch_streamer: receives every new token (``put``) and ``end()``.
         stitch_timing: record device-synchronised seconds of every forward call in the trace.
-        stitch_engine: ``"default"`` (eager lanes), or the opt-in fast engine on CUDA (any batch size):
-            ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a reusable :class:`hf_rstitch.fast.FastEngine`;
-            ``"auto"``: the fast engine (``FastConfig(compile="parts")``) where it runs the pair, the eager
-            lanes otherwise (the reason logged at INFO on ``hf_rstitch.fast``).
+        stitch_engine: ``None`` (the default): ``"auto"``, or the engine ``$HF_RSTITCH_ENGINE`` names.
+            ``"auto"``: the fast engine (static caches, CUDA graphs, ``FastConfig(compile="parts")``) where
+            it can run the pair (both models on CUDA, one device each, full attention), kept on the LLM
+            for later calls (:func:`hf_rstitch.fast.release` frees it); the eager lanes otherwise, the
+            reason logged at INFO on ``hf_rstitch.fast``. ``"default"``: the eager lanes (any device, any
+            model). ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a reusable
+            :class:`hf_rstitch.fast.FastEngine`: the fast engine, an error where it cannot run.
 
     Returns:
         The sequences ``[B, T]``, or with ``return_dict_in_generate=True`` a
@@ -121,6 +125,7 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     policy = resolve_policy(stitch_threshold, stitch_policy, generation_config, stitch_router, slm)
     vocab = min(logit_width(model), logit_width(slm))  # ids either model may emit
     check_request(input_ids, generation_config, model_kwargs, vocab)
+    stitch_engine = requested_engine(stitch_engine)
     if isinstance(stitch_engine, str) and stitch_engine == "auto":
         from ..fast import choose_engine
 
@@ -166,7 +171,7 @@ def finished_rows_unseen(config: GenerationConfig, processors, criteria) -> bool
 
 def build_lanes(llm: PreTrainedModel, slm: PreTrainedModel, engine, batch: int, max_length: int,
                 timing: bool, vocab: int | None = None) -> dict[Role, Lane]:
-    """One lane per model: eager DynamicCache lanes, or the opt-in fast engine's.
+    """One lane per model: eager DynamicCache lanes, or the fast engine's.
 
     ``engine`` is resolved here, once: ``"default"`` or an :class:`hf_rstitch.engine.EagerEngine`
     (which keeps the lanes it built, for tests and tools), or a fast-engine spec.

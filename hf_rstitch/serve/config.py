@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.engines import ENGINE_NAMES, requested_engine
+
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -30,10 +32,10 @@ class ServeConfig:
     dtype: str = field(default="float32", metadata={"help": "model dtype",
                                                      "choices": ["float32", "bfloat16", "float16"]})
     max_batch: int = field(default=8, metadata={"help": "rows of the continuous batch (requests decoded at once)"})
-    engine: str = field(default="default", metadata={
-        "help": "default: eager lanes (any device, any model); fast: static caches + CUDA graphs (CUDA, "
-                "full-attention models; a request's prompt + max_tokens must fit 4096 tokens); auto: fast where it "
-                "runs the pair, else default (the reason logged)",
+    engine: str | None = field(default=None, metadata={
+        "help": "auto (the default, or $HF_RSTITCH_ENGINE): fast where it runs the pair, else default (the reason "
+                "logged); default: eager lanes (any device, any model); fast: static caches + CUDA graphs (CUDA, "
+                "full-attention models; a request's prompt + max_tokens must fit 4096 tokens)",
         "choices": ["default", "fast", "auto"]})
     schedule: str = field(default="now", metadata={"help":
         "When the LLM runs for rows that need it in a batch: now (at once), or gather[:K[:M]]: such rows "
@@ -59,6 +61,9 @@ class ServeConfig:
         from ..core.policies import check_threshold
 
         self.threshold = check_threshold(self.threshold, "--threshold")
+        self.engine = requested_engine(self.engine)
+        if self.engine not in ENGINE_NAMES:
+            raise ValueError(f"--engine must be default, fast or auto, got {self.engine!r}.")
         if bool(self.llm) != bool(self.slm):
             raise ValueError("pass both --llm and --slm, or neither (to serve the shipped pair)")
         for name in ("max_batch", "max_tokens", "replicas"):

@@ -70,13 +70,14 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def test_the_fast_engine_gives_the_same_records(tmp_path, bench_file, tokenizer, pair64):
+def test_the_fast_engine_gives_the_same_records(tmp_path, bench_file, tokenizer, pair64, monkeypatch):
     methods = dict(methods=["llm", "slm", "rstitch"], thresholds=[0.5])
-    eager = _run(tmp_path, "eager", bench_file, tokenizer, pair64, 2, **methods)
+    eager = _run(tmp_path, "eager", bench_file, tokenizer, pair64, 2, engine="default", **methods)
     with pytest.warns(UserWarning, match="runs its static-cache steps eagerly"):  # CPU: no graphs, same outputs
         fast = _run(tmp_path, "fast", bench_file, tokenizer, pair64, 2, engine="fast", **methods)
     with pytest.warns(UserWarning, match="runs its static-cache steps eagerly"):
         one = _run(tmp_path, "fast1", bench_file, tokenizer, pair64, 1, engine="fast", **methods)
+    monkeypatch.setattr("hf_rstitch.fast.engine._SAID", set())  # earlier runs may have said it (INFO once)
     logger = logging.getLogger("hf_rstitch.fast")  # its own handler: other tests may stop propagation
     seen = _Lines()
     logger.addHandler(seen)
@@ -95,3 +96,17 @@ def test_the_fast_engine_gives_the_same_records(tmp_path, bench_file, tokenizer,
     assert json.loads((tmp_path / "fast1" / "run.json").read_text())["engine"] == "fast"
     with pytest.raises(ValueError, match="--engine must be default, fast or auto"):
         EvalConfig(llm="a", slm="b", data=["x.jsonl"], engine="turbo")
+
+
+def test_no_engine_named_on_cpu_keeps_the_batch_size_one_harness(tmp_path, bench_file, tokenizer, pair64, monkeypatch):
+    """auto off CUDA is the eager engine: at batch size 1 the problems go through ``generate`` one by one
+    (per-sample latency, no ``batch_size`` in the records), as with --engine default."""
+    monkeypatch.delenv("HF_RSTITCH_ENGINE", raising=False)
+    methods = dict(methods=["llm", "rstitch"], thresholds=[0.5])
+    unnamed = _run(tmp_path, "unnamed", bench_file, tokenizer, pair64, 1, **methods)
+    eager = _run(tmp_path, "eager", bench_file, tokenizer, pair64, 1, engine="default", **methods)
+    assert unnamed.keys() == eager.keys() and len(unnamed) == 2 * 3
+    for k, rec in eager.items():
+        assert {f: unnamed[k][f] for f in KEYS} == {f: rec[f] for f in KEYS}, k
+        assert "batch_size" not in unnamed[k] and "batch_size" not in rec
+    assert json.loads((tmp_path / "unnamed" / "run.json").read_text())["engine"] == "default"  # what ran

@@ -215,3 +215,30 @@ def test_fp32_requests_that_wait_for_the_llm_equal_those_that_do_not():
     assert st_gather["held"] > 0 and st_gather["llm_calls"] < st_now["llm_calls"]
     for rid, c in now.items():
         assert gather[rid].tokens == c.tokens and gather[rid].trace.roles == c.trace.roles, rid
+
+
+@pytest.mark.gpu
+@gpu
+def test_fp32_generate_naming_no_engine_runs_the_fast_engine_and_keeps_it(monkeypatch):
+    """What CUDA users get without asking: no ``stitch_engine`` means "auto", the fast engine (kept on the LLM)
+    with the eager engine's tokens; the second call reuses its lanes. Entropy routing, so routes must match too."""
+    from hf_rstitch.core.engines import ENGINE_ENV
+    from hf_rstitch.fast import choose_engine
+    from hf_rstitch.fast.engine import ATTRIBUTE
+    from tiny_models import make_pair, prompt
+
+    monkeypatch.delenv(ENGINE_ENV, raising=False)
+    llm, slm = (m.to("cuda", torch.float32) for m in make_pair("llama"))
+    ids = prompt(6).cuda()
+    kw = dict(assistant_model=slm, stitch_threshold=0.7, max_new_tokens=12, do_sample=False,
+              return_dict_in_generate=True, output_logits=True)
+    want = llm.generate(ids, stitch_engine="default", **kw)
+    assert len(set(want.stitch.roles)) == 2  # tau = 0.7 really stitches
+    config = choose_engine(llm, slm, "auto")  # fast.AUTO, or fast.NO_TRITON where Triton cannot run
+    assert config != "default"
+    for _ in range(2):  # first call builds (compiles, captures), second reuses
+        got = llm.generate(ids, **kw)
+        assert torch.equal(got.sequences, want.sequences) and got.stitch.roles == want.stitch.roles
+        assert max(float((a - b).abs().max()) for a, b in zip(got.logits, want.logits)) < 1e-3
+    engines = llm.__dict__[ATTRIBUTE]
+    assert list(engines) == [config] and engines[config].builds == 2

@@ -132,7 +132,7 @@ def test_advancing_with_nothing_new_is_an_error():
         lane.advance(ids, torch.ones_like(ids), rows, resumed)
 
 
-@pytest.mark.parametrize("spec", ["fastest", 3, None])
+@pytest.mark.parametrize("spec", ["fastest", 3, ""])  # None is no engine named: "auto"
 def test_unknown_engine_is_refused(spec):
     llm, slm = make_pair("llama")
     with pytest.raises(ValueError, match="stitch_engine must be"):
