@@ -28,7 +28,8 @@ from .lane import FastConfig, FastLane, check_supported
 log = logging.getLogger("hf_rstitch.fast")
 _SAID: set[str] = set()  # messages logged at INFO already: a loop of generate calls says each once
 AUTO = FastConfig(compile="parts")  # what stitch_engine="auto" runs: the shortest warm-up of the compiled variants
-NO_TRITON = FastConfig(gemv=False, attention="matmul")  # "auto" where Triton cannot run: graphs of eager kernels
+# "auto" where Triton cannot run: graphs of eager kernels (no GEMV, split attention or fused kernels)
+NO_TRITON = FastConfig(gemv=False, attention="matmul", fuse_mlp=False, fuse_rope_store=False)
 
 
 class FastEngine:
