@@ -193,17 +193,20 @@ def fusable(m: torch.nn.Module) -> bool:
             and g.weight.device == u.weight.device)
 
 
-def _forward(mlp: torch.nn.Module, cfgs: tuple, x: torch.Tensor) -> torch.Tensor:
+def _forward(mlp: torch.nn.Module, cfgs: tuple, act_mul, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
     c = None if rows > MAX_ROWS else cfgs[0] if rows == 1 else cfgs[1]
-    if c is None:  # a long catch-up, or the eager product measured faster: the module's own arithmetic
-        return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+    if c is None:  # a wide batch or long catch-up, or cuBLAS measured faster: two products, then the activation
+        gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+        return mlp.down_proj(mlp.act_fn(gate) * up if act_mul is None else act_mul(gate, up))
     h = torch.ops.hf_rstitch.gated_gemv(x, mlp.gate_proj.weight, mlp.up_proj.weight, c.block_n, c.block_k,
                                         c.num_warps, c.num_stages, c.block_m)
     return mlp.down_proj(h)
 
 
-def plan(model: torch.nn.Module, table: dict) -> list[tuple[torch.nn.Module, functools.partial]]:
-    """The MLP forwards to install (as :func:`hf_rstitch.fast.gemv.gemv_linears_on` installs them)."""
-    return [(m, functools.partial(_forward, m, configs_for(table, m.gate_proj.weight, m.up_proj.weight)))
+def plan(model: torch.nn.Module, table: dict, act_mul=None) -> list[tuple[torch.nn.Module, functools.partial]]:
+    """The MLP forwards to install (as :func:`hf_rstitch.fast.gemv.gemv_linears_on` installs them).
+    ``act_mul(gate, up)``: the activation product where the kernel does not run (None: the module's
+    ``act_fn(gate) * up``; ``compile="parts"`` passes its compiled one)."""
+    return [(m, functools.partial(_forward, m, configs_for(table, m.gate_proj.weight, m.up_proj.weight), act_mul))
             for m in model.modules() if fusable(m)]

@@ -358,7 +358,7 @@ class FastLane:
         start = time.perf_counter()
         layers = gemv.plan(self.model, _GEMV_TABLE, fuse=config.fuse_qkv)
         if config.fuse_mlp:  # MLP forwards: installed with the linears' (gemv_linears_on), before the regions'
-            layers += gated.plan(self.model, _GEMV_TABLE)
+            layers += gated.plan(self.model, _GEMV_TABLE, regions.silu_mul() if config.compile == "parts" else None)
         self.gemv_tune_seconds = time.perf_counter() - start
         return layers
 

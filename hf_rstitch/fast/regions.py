@@ -52,6 +52,11 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def silu_mul() -> "callable":
+    """The compiled ``silu(gate) * up`` (one fused kernel, any shape), shared by every lane of the process."""
+    return _compiled("silu_mul", _silu_mul)
+
+
 def _mlp_forward(mlp, act_mul, x: torch.Tensor) -> torch.Tensor:
     return mlp.down_proj(act_mul(mlp.gate_proj(x), mlp.up_proj(x)))
 
@@ -65,7 +70,7 @@ def plan(model: torch.nn.Module, keep_rotary=()) -> tuple[list, list]:
         if cls.__name__.endswith("RMSNorm") and "forward" in cls.__dict__:
             forwards.append((m, functools.partial(_compiled(("norm", cls), cls.forward), m)))
         elif cls.__name__.endswith("MLP") and silu_mlp(m):
-            forwards.append((m, functools.partial(_mlp_forward, m, _compiled("silu_mul", _silu_mul))))
+            forwards.append((m, functools.partial(_mlp_forward, m, silu_mul())))
     seen = set(keep_rotary)
     for m in model.modules():
         module = sys.modules.get(type(m).__module__)

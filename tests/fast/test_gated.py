@@ -107,3 +107,22 @@ def test_plan_skips_what_the_kernel_cannot_fuse(device):
     first.gate_proj.bias = torch.nn.Parameter(torch.zeros(first.gate_proj.out_features, device=device))
     second.act_fn = torch.nn.GELU()
     assert gated.plan(model, {}) == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wide_inputs_use_the_given_activation_product(device):
+    """Past MAX_ROWS rows the two products run apart and ``act_mul`` (compile="parts": its compiled one) joins them."""
+    model = _tiny(device, "qwen2")
+    seen = []
+
+    def act_mul(gate, up):
+        seen.append(gate.shape[-2])
+        return torch.nn.functional.silu(gate) * up
+
+    many = torch.randint(0, 97, (1, gemv.MAX_ROWS + 3), device=device)
+    with torch.no_grad():
+        want = model(many).logits
+        with gemv.gemv_linears_on(gated.plan(model, {}, act_mul)):
+            got = model(many).logits
+    assert seen == [gemv.MAX_ROWS + 3] * 2  # both layers
+    assert torch.equal(got, want)
