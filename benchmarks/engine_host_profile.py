@@ -45,7 +45,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--new", type=int, default=256)
-    ap.add_argument("--compile", default=None, choices=[None, "decode", "all"])
+    ap.add_argument("--compile", default=None, choices=[None, "parts", "decode", "all"])
+    ap.add_argument("--route", default="llm", choices=["llm", "slm"], help="which model writes every token")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args(argv)
     llm, slm = build(args.cpu_smoke)
@@ -58,7 +59,7 @@ def main(argv=None) -> None:
         sync(dev)
         t0 = time.perf_counter()
         with torch.no_grad():
-            llm.generate(ids, assistant_model=slm, stitch_policy=ReplayPolicy(["llm"] * n), stitch_engine=engine,
+            llm.generate(ids, assistant_model=slm, stitch_policy=ReplayPolicy([args.route] * n), stitch_engine=engine,
                          max_new_tokens=n, do_sample=False)
         sync(dev)
         return time.perf_counter() - t0
@@ -76,7 +77,7 @@ def main(argv=None) -> None:
                      "cum_ms_per_token": 1e3 * ct / args.new})
     rows.sort(key=lambda r: -r["own_ms_per_token"])
     res = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu smoke", "torch": torch.__version__,
-           "transformers": transformers.__version__, "compile": args.compile,
+           "transformers": transformers.__version__, "compile": args.compile, "route": args.route,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "new_tokens": args.new, "ms_per_token": 1e3 * plain / args.new,
            "ms_per_token_under_cprofile": 1e3 * profiled / args.new, "top_own": rows[:40],
