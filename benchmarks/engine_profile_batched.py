@@ -26,7 +26,7 @@ import engine_bench as eb
 import lab
 from engine_profile import family
 from hf_rstitch.core.roles import Role
-from hf_rstitch.fast import FastConfig, FastLane
+from hf_rstitch.fast import FastConfig, FastLane, decode_attention
 
 
 class Rows:
@@ -99,12 +99,12 @@ def markdown(result: dict) -> str:
              f"fused kernels; every row prefilled with {result['args']['context']} tokens, then one-token graph "
              "replays in a bare loop (no policy, no host wait per step). Floor: weights plus the KV the step reads, "
              "over the measured copy bandwidth.", "",
-             "| B | ms/step | floor (ms) | x floor | kernel ms/step | kernels/step | top kernels (ms/step) |",
-             "|---|---|---|---|---|---|---|"]
+             "| attention FILL:STAGES | B | ms/step | floor (ms) | x floor | kernel ms/step | kernels/step | "
+             "top kernels (ms/step) |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         p = r["profile"] or {"top_kernels_ms": {}, "kernel_ms_per_token": 0.0, "kernels_per_token": 0}
         top = "; ".join(f"{k[:40]} {v:.2f}" for k, v in list(p["top_kernels_ms"].items())[:5])
-        lines.append(f"| {r['batch']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | {r['x_floor']:.2f} | "
+        lines.append(f"| {r['attention_plan']} | {r['batch']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | {r['x_floor']:.2f} | "
                      f"{p['kernel_ms_per_token']:.2f} | {p['kernels_per_token']:.0f} | {top} |")
     return "\n".join(lines)
 
@@ -115,6 +115,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
     ap.add_argument("--context", type=int, default=1400, help="tokens in each row's cache before the timed steps")
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--attention-plans", nargs="+", default=[None],
+                    help="FILL:STAGES of the split attention (hf_rstitch.fast.decode_attention), each a run")
     ap.add_argument("--dry-run-cpu", action="store_true", help="a tiny model on CPU: checks the script, times nothing")
     args = ap.parse_args()
     device = "cpu" if args.dry_run_cpu else "cuda"
@@ -124,11 +126,15 @@ def main() -> None:
     llm, _ = lab.random_pair("tiny" if args.dry_run_cpu else "qwen2", device)
     bw = eb.copy_bandwidth(2 << 30 if device == "cuda" else 1 << 24)
     rows = []
-    for b in args.batches:
-        rows.append(one_batch(llm, b, args, device, bw))
-        print(json.dumps({k: v for k, v in rows[-1].items() if k != "profile"}), flush=True)
-        if device == "cuda":
-            torch.cuda.empty_cache()
+    for plan in args.attention_plans:
+        if plan is not None:
+            decode_attention.FILL, decode_attention.STAGES = (int(v) for v in plan.split(":"))
+        for b in args.batches:
+            rows.append({"attention_plan": f"{decode_attention.FILL}:{decode_attention.STAGES}",
+                         **one_batch(llm, b, args, device, bw)})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "profile"}), flush=True)
+            if device == "cuda":
+                torch.cuda.empty_cache()
     result = {"environment": lab.environment([device] if device == "cuda" else []), "args": vars(args),
               "bandwidth_gbps": bw, "rows": rows}
     if not result["environment"]["devices"]:

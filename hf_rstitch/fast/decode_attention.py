@@ -27,6 +27,8 @@ import torch
 from .gemv import _triton, available, interpreted
 
 BLOCK_N = 64  # slots per inner step
+FILL = 2  # programs per SM the split plan aims for (at most 64 splits): more splits, more loads in flight
+STAGES = 2  # software-pipeline stages of the split kernel
 
 
 @functools.lru_cache(maxsize=1)
@@ -91,32 +93,37 @@ def _kernels():
 
     @triton.jit
     def combine_kernel(acc_ptr, ml_ptr, o_ptr, pos_ptr, so_b, so_q, so_h, n_splits, Q_LEN, GROUP, KV_HEADS, SPLIT,
-                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-        # out[b, i, kvh * GROUP + g, :] = sum over splits of acc * exp(m - max) / sum of l * exp(m - max)
-        hm, b = tl.program_id(0), tl.program_id(1)
+                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                       CHUNK_S: tl.constexpr):
+        # out[b, i, kvh * GROUP + g, d] = sum over splits of acc * exp(m - max) / sum of l * exp(m - max), for the
+        # BLOCK_D columns d of this program. Every split's (max, sum) is read in one [BLOCK_S, BLOCK_M] tile and
+        # the partial outputs CHUNK_S splits at a time: a few dependent loads, not two per split.
+        hm, b, db = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         kvh, mb = hm % KV_HEADS, hm // KV_HEADS
         rows_padded = tl.num_programs(0) // KV_HEADS * BLOCK_M
         m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
         real = m < GROUP * Q_LEN
         g, i = m // Q_LEN, m % Q_LEN
-        d = tl.arange(0, HEAD_DIM)
+        d = db * BLOCK_D + tl.arange(0, BLOCK_D)
         used = (tl.load(pos_ptr) + Q_LEN + SPLIT - 1) // SPLIT
-        m_all = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        s = used * 0
-        while s < used:
-            out = ((b * KV_HEADS + kvh) * n_splits + s) * rows_padded + m
-            m_all = tl.maximum(m_all, tl.load(ml_ptr + 2 * out))
-            s += 1
+        s = tl.arange(0, BLOCK_S)
+        at = ((b * KV_HEADS + kvh) * n_splits + s)[:, None] * rows_padded + m[None, :]  # [S, BM]
+        ok = (s < used)[:, None]
+        maxes = tl.load(ml_ptr + 2 * at, mask=ok, other=float("-inf"))
+        m_all = tl.max(maxes, 0)
         m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-        total = tl.zeros((BLOCK_M,), tl.float32)
-        acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
-        s = used * 0
-        while s < used:
-            out = ((b * KV_HEADS + kvh) * n_splits + s) * rows_padded + m
-            w = tl.exp(tl.load(ml_ptr + 2 * out) - m_safe)
-            total += w * tl.load(ml_ptr + 2 * out + 1)
-            acc += w[:, None] * tl.load(acc_ptr + out[:, None] * HEAD_DIM + d[None, :])
-            s += 1
+        total = tl.sum(tl.exp(maxes - m_safe[None, :]) * tl.load(ml_ptr + 2 * at + 1, mask=ok, other=0.0), 0)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        c = used * 0
+        while c < used:
+            sc = c + tl.arange(0, CHUNK_S)
+            at_c = ((b * KV_HEADS + kvh) * n_splits + sc)[:, None] * rows_padded + m[None, :]  # [C, BM]
+            ok_c = (sc < used)[:, None]
+            w = tl.exp(tl.load(ml_ptr + 2 * at_c, mask=ok_c, other=float("-inf")) - m_safe[None, :])
+            part = tl.load(acc_ptr + at_c[:, :, None] * HEAD_DIM + d[None, None, :], mask=ok_c[:, :, None],
+                           other=0.0)  # [C, BM, BD]
+            acc += tl.sum(w[:, :, None] * part, 0)
+            c += CHUNK_S
         y = acc / total[:, None]
         tl.store(o_ptr + b * so_b + i[:, None] * so_q + (kvh * GROUP + g)[:, None] * so_h + d[None, :],
                  y.to(o_ptr.dtype.element_ty), mask=real[:, None])
@@ -132,16 +139,20 @@ def supported(query: torch.Tensor, key: torch.Tensor) -> bool:
 
 
 def _plan(batch: int, kv_heads: int, rows: int, slots: int, sms: int) -> tuple[int, int, int]:
-    """(BLOCK_M, row blocks, split size): enough programs to fill ``sms`` twice over, splits of whole
-    ``BLOCK_N`` steps, no more than 64 splits."""
+    """(BLOCK_M, row blocks, split size): enough programs to fill ``sms`` :data:`FILL` times over, splits
+    of whole ``BLOCK_N`` steps, no more than 64 splits."""
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     row_blocks = -(-rows // block_m)
-    want = max(1, -(-2 * sms // (batch * kv_heads * row_blocks)))
+    want = max(1, -(-FILL * sms // (batch * kv_heads * row_blocks)))
     split = -(-slots // want)
     split = max(BLOCK_N, -(-split // BLOCK_N) * BLOCK_N)
     while -(-slots // split) > 64:
         split *= 2
     return block_m, row_blocks, split
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 @functools.lru_cache(maxsize=8)
@@ -167,11 +178,13 @@ def decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         query, key, value, acc, ml, pad, pos, scale,
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), n_splits, q_len, group, kv_heads, split,
-        HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, IEEE=ieee or interpreted(), num_warps=4, num_stages=2,
+        HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, IEEE=ieee or interpreted(), num_warps=4, num_stages=STAGES,
     )
-    combine_kernel[(kv_heads * row_blocks, batch)](
+    block_d = min(dim, 32)
+    combine_kernel[(kv_heads * row_blocks, batch, dim // block_d)](
         acc, ml, out, pos, out.stride(0), out.stride(1), out.stride(2), n_splits, q_len, group, kv_heads, split,
-        HEAD_DIM=dim, BLOCK_M=block_m, num_warps=4,
+        HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=max(16, _pow2(n_splits)), CHUNK_S=128 // block_m,
+        num_warps=4,
     )
     return out
 

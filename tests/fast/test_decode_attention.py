@@ -78,3 +78,24 @@ def test_plan_fills_the_device_and_caps_the_splits():
     block_m, row_blocks, split = da._plan(batch=64, kv_heads=4, rows=56, slots=3072, sms=132)
     assert (block_m, row_blocks) == (64, 1) and split == 1536  # 256 programs: two splits reach 2 x 132
     assert -(-100000 // da._plan(1, 1, 1, 100000, 132)[2]) <= 64
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch,q,pos", [(1, 1, 3000), (2, 3, 1500)])
+def test_many_splits_combine_in_chunks(device, batch, q, pos, monkeypatch):
+    """A device with many SMs: up to 64 splits, of which dozens hold written slots; the combine reads them a
+    chunk at a time (more than one chunk here)."""
+    monkeypatch.setattr(da, "_sm_count", lambda device: 132)
+    heads, kv_heads, dim, slots = 4, 2, 16, 4096
+    block_m, _, split = da._plan(batch, kv_heads, heads // kv_heads * q, slots, 132)
+    assert -(-(pos + q) // split) > 128 // block_m  # more written splits than one chunk holds
+    torch.manual_seed(pos)
+    query = torch.randn(batch, q, heads, dim, device=device).transpose(1, 2)
+    key = torch.randn(batch, kv_heads, slots, dim, device=device)
+    value = torch.randn(batch, kv_heads, slots, dim, device=device)
+    key[:, :, pos + q:] = float("nan")
+    value[:, :, pos + q:] = float("nan")
+    pads = [0, 40][:batch]
+    out, _ = da.decode_attention(None, query, key, value, None, scaling=0.3, pos=torch.tensor(pos, device=device),
+                                 pad=torch.tensor(pads, device=device), fallback=None)
+    torch.testing.assert_close(out.double(), reference(query, key, value, pos, pads, 0.3), atol=2e-5, rtol=2e-5)
