@@ -27,7 +27,7 @@ import torch
 from .gemv import _triton, available, interpreted
 
 BLOCK_N = 64  # slots per inner step
-FILL = 2  # programs per SM the split plan aims for (at most 64 splits): more splits, more loads in flight
+FILL = 8  # programs per SM the split plan aims for (at most 64 splits): more splits, more loads in flight
 STAGES = 2  # software-pipeline stages of the split kernel
 
 

@@ -76,7 +76,7 @@ def test_plan_fills_the_device_and_caps_the_splits():
     assert (block_m, row_blocks) == (16, 1) and split % da.BLOCK_N == 0
     assert -(-3072 // split) * 4 >= 132  # programs: splits x KV heads >= the multiprocessors
     block_m, row_blocks, split = da._plan(batch=64, kv_heads=4, rows=56, slots=3072, sms=132)
-    assert (block_m, row_blocks) == (64, 1) and split == 1536  # 256 programs: two splits reach 2 x 132
+    assert (block_m, row_blocks) == (64, 1) and split == 640  # 5 splits x 256 = 1280 programs reach FILL x 132
     assert -(-100000 // da._plan(1, 1, 1, 100000, 132)[2]) <= 64
 
 
