@@ -15,6 +15,13 @@ transformers' own row-wise processors and criteria); their processor input is th
 instead of logits, and their token is the pad token either way. Otherwise they keep running,
 routed by the policy as before, so their scores equal plain ``generate``'s; they are left out
 of the traces either way.
+
+Run-ahead: when the SLM wrote every row's token (no hand-over, no LLM call), the next step is the
+SLM's for every row whatever the stopping check says, so a lane that allows it (``run_ahead``: the
+fast engine's graphs) is advanced before that check and its host wait: the device decodes the next
+token while the host records this one (:func:`run_slm_ahead`). If rows finished meanwhile, their
+part of the early call is dropped; if every row finished, the whole call is (the lane has read one
+column more, which the next generation's reset forgets). Outputs and traces do not change.
 """
 
 from __future__ import annotations
@@ -84,10 +91,11 @@ def stitch_loop(
     book = _TraceBook(batch, repr(policy))
     scores_kept, logits_kept = [], []
     policy.reset()
+    ahead = None  # the SLM lane's next advance, run early (run_slm_ahead)
     for index in itertools.count():
         accounted = unfinished[in_lanes]
         out = run_step(lanes, seq if at is None else seq[at], mask if at is None else mask[at], routing, policy,
-                       index, in_lanes, accounted)
+                       index, in_lanes, accounted, slm_ahead=ahead)
         logits = out.logits if at is None else out.logits.new_zeros(batch, out.logits.shape[-1]).index_copy_(0, at, out.logits)
         scores = process(seq, logits)
         tokens = pick_tokens(scores, do_sample)  # [B]
@@ -95,6 +103,8 @@ def stitch_loop(
             tokens = torch.where(live, tokens, torch.full_like(tokens, pad_token_id))
         seq = torch.cat([seq, tokens[:, None]], dim=-1)
         mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=-1)
+        ahead = run_slm_ahead(lanes, out, seq if at is None else seq[at], mask if at is None else mask[at],
+                              accounted, policy.needs_hidden)
         book.record(in_lanes, accounted, out)
         if keep_scores:
             scores_kept.append(scores)
@@ -118,7 +128,32 @@ def stitch_loop(
             routing.keep(keep)
             for lane in lanes.values():
                 lane.keep_rows(keep)
+            ahead = keep_ahead(ahead, keep)
     return StitchResult(seq, book.finish(), scores_kept, logits_kept)
+
+
+def run_slm_ahead(lanes: dict, out: StepOut, seq: torch.Tensor, mask: torch.Tensor, accounted: torch.Tensor,
+                  want_hidden: bool):
+    """The SLM lane's next ``advance`` over ``seq`` (this step's tokens appended), run now, when the SLM
+    wrote every row's token and the lane allows it; else None. The next step then decides as before."""
+    lane = lanes[Role.SLM]
+    if not getattr(lane, "run_ahead", False) or out.back is not None or bool(out.writer_llm.any()):
+        return None
+    if seq.shape[1] > getattr(lane, "capacity", seq.shape[1]):  # a last step past the cache: never needed
+        return None
+    resumed = torch.zeros(len(out.writer_llm), dtype=torch.bool)  # the SLM wrote the latest token of every row
+    return lane.advance(seq, mask, accounted.clone(), resumed, want_hidden=want_hidden)
+
+
+def keep_ahead(ahead, keep: torch.Tensor):
+    """A run-ahead ``advance`` output cut to the lane rows ``keep`` (CPU long), renumbered."""
+    if ahead is None:
+        return None
+    logits, hidden, calls = ahead
+    new = {old: i for i, old in enumerate(keep.tolist())}
+    if hidden is not None:
+        hidden = hidden.index_select(0, keep.to(hidden.device))
+    return logits.index_select(0, keep.to(logits.device)), hidden, {new[r]: c for r, c in calls.items() if r in new}
 
 
 def _to_host(finished: torch.Tensor, back: torch.Tensor | None):

@@ -21,6 +21,11 @@ For continuous batching (:mod:`hf_rstitch.engine.requests`) both lanes also have
 every row) and ``hold_rows(index)`` (rows that gain no token this step move one column right: a
 schedule made them wait for the LLM, :mod:`hf_rstitch.core.scheduling`).
 
+Run-ahead: a lane whose ``run_ahead`` attribute is True (the fast engine with CUDA graphs: its
+``advance`` only queues work on the device) is advanced by the ``generate`` loop one step early when
+the SLM wrote every row's token, so the device decodes the next token while the host picks this
+one's successors' bookkeeping (see :mod:`hf_rstitch.engine.loop`). Lanes without it are never run ahead.
+
 Accounting: every lane reports its calls as ``ForwardCall(role, kind, n_inf, n_kv, seconds)``
 -- the quantities of the latency model (paper Eq. 4) -- so traces, the profiler and the
 benchmarks count the same way whichever engine ran.

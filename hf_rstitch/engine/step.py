@@ -82,6 +82,7 @@ class StepOut:
 def run_step(
     lanes: dict, seq: torch.Tensor, mask: torch.Tensor, routing: Routing, policy: RoutingPolicy,
     index: int, rows: torch.Tensor, accounted: torch.Tensor | None = None, schedule: LLMSchedule | None = None,
+    slm_ahead: tuple | None = None,
 ) -> StepOut:
     """Advance the lanes by one token for every row of ``seq [b, T]`` and choose each row's writer.
 
@@ -98,14 +99,21 @@ def run_step(
         schedule: whether the LLM runs now for the rows that need it (default: always); when it
             does not, those rows are ``held`` and the caller moves them one column right
             (``hold_rows`` of each lane) instead of appending a token.
+        slm_ahead: the SLM lane's ``advance`` output for these rows, already run (the loop's run-ahead,
+            :func:`hf_rstitch.engine.loop.run_slm_ahead`): used instead of advancing the SLM lane; its calls
+            count for accounted rows only.
     """
     accounted = torch.ones(len(rows), dtype=torch.bool) if accounted is None else accounted
     slm_rows = ~routing.llm_on
     llm_on, calls = routing.llm_on, []
     slm_h = handed = slm_logits = None
     if slm_rows.any():
-        slm_logits, hidden, got = lanes[Role.SLM].advance(
-            seq, mask, slm_rows & accounted, resumed=routing.last_llm, want_hidden=policy.needs_hidden)
+        if slm_ahead is None:
+            slm_logits, hidden, got = lanes[Role.SLM].advance(
+                seq, mask, slm_rows & accounted, resumed=routing.last_llm, want_hidden=policy.needs_hidden)
+        else:
+            slm_logits, hidden, got = slm_ahead
+            got = {r: c for r, c in got.items() if accounted[r]}
         calls += got.items()
         slm_h = normalized_entropy(slm_logits)
         handed = policy.hand_to_llm(StepView(index, slm_h, hidden, rows)).cpu() & slm_rows

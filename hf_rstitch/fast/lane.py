@@ -99,6 +99,7 @@ class FastLane:
                           "CUDA): same outputs, no speed-up. Pass FastConfig(graphs=False) to silence this.",
                           stacklevel=2)
         self.graphs = GraphRunner(dev) if graphs else None  # raises off CUDA
+        self.run_ahead = graphs if config.run_ahead is None else config.run_ahead  # see engine.protocol
         self.capacity = capacity
         self.buckets = bucket_sizes(config.max_bucket)
         self.rows = RowSlots(max_rows)  # live row -> cache row, per-row trace bookkeeping
@@ -176,7 +177,10 @@ class FastLane:
     def keep_rows(self, index: torch.Tensor) -> None:
         """Keep only the live rows ``index`` (CPU long tensor), in that order. No buffer is reallocated:
         finished rows stay in the batch bucket as dead weight until the live ones fit a smaller bucket,
-        then the live rows above it move down (a copy of their written slots)."""
+        then the live rows above it move down (a copy of their written slots). Before the lane's first
+        call there is nothing to keep: that call starts from the rows it is given."""
+        if self.seen == 0:
+            return
         moves = self.rows.keep([int(i) for i in index])
         if moves:
             src = torch.tensor([m[0] for m in moves], device=self.device)

@@ -1,0 +1,170 @@
+"""The generate loop's run-ahead (hf_rstitch.engine.loop.run_slm_ahead): the SLM lane advanced before
+the stopping check when the SLM wrote every row's token. On CUDA the fast engine does it by default;
+here CPU FastLanes are told to (``FastConfig(run_ahead=True)``) and every output must equal the eager
+engine's: tokens, logits, roles and per-row forward-call records, with rows finishing at different
+steps (dropped from the lanes, or kept running when logits are returned), end tokens, a router policy
+that reads hidden states, and sampling.
+
+fp64 tiny models: identical tokens, logits to 1e-9.
+"""
+
+import pytest
+import torch
+
+from hf_rstitch import ReplayPolicy, Role
+from hf_rstitch.engine import loop
+from hf_rstitch.fast import FastConfig, FastEngine
+from tiny_models import left_pad, make_pair, prompt
+
+AHEAD = FastConfig(max_bucket=4, graphs=False, run_ahead=True)
+ROUTE = ["slm"] * 5 + ["llm"] * 2 + ["slm"] * 6 + ["llm"] + ["slm"] * 4
+# every row the SLM's at steps 0-2, 6-9 and 13-17: run-ahead steps for the whole batch
+ROUTES = [["slm"] * 3 + ["llm"] * 3 + ["slm"] * 4 + ["llm"] * 3 + ["slm"] * 5,
+          ["slm"] * 3 + ["slm", "llm", "slm"] + ["slm"] * 4 + ["slm", "slm", "llm"] + ["slm"] * 5,
+          ["slm"] * 3 + ["llm", "slm", "llm"] + ["slm"] * 4 + ["llm", "slm", "slm"] + ["slm"] * 5]
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How many steps ran the SLM ahead."""
+    runs = []
+    original = loop.run_slm_ahead
+
+    def spy(*args, **kwargs):
+        got = original(*args, **kwargs)
+        runs.append(got is not None)
+        return got
+
+    monkeypatch.setattr(loop, "run_slm_ahead", spy)
+    return runs
+
+
+def _calls(trace):
+    return [(c.role, c.kind, c.n_inf, c.n_kv) for c in trace.calls]
+
+
+def _same(out, ref):
+    assert torch.equal(out.sequences, ref.sequences)
+    traces = lambda o: o.stitch if isinstance(o.stitch, list) else [o.stitch]  # noqa: E731
+    assert [t.roles for t in traces(out)] == [t.roles for t in traces(ref)]
+    assert [_calls(t) for t in traces(out)] == [_calls(t) for t in traces(ref)]
+    for a, b in zip(traces(out), traces(ref)):
+        assert a.entropies == pytest.approx(b.entropies, abs=1e-9)
+    for a, b in zip(out.logits or (), ref.logits or ()):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def _generate(llm, slm, ids, engine, mask=None, **kw):
+    kw.setdefault("stitch_policy", ReplayPolicy(ROUTE))
+    kw.setdefault("max_new_tokens", len(ROUTE))
+    return llm.generate(ids, attention_mask=mask if mask is not None else torch.ones_like(ids), assistant_model=slm,
+                        stitch_engine=engine, return_dict_in_generate=True, **kw)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-full"])
+@pytest.mark.parametrize("logits", [False, True])
+def test_one_row_equals_the_eager_engine(arch, logits, counted):
+    llm, slm = make_pair(arch)
+    ids = prompt(10)
+    ref = _generate(llm, slm, ids, "default", output_logits=logits, min_new_tokens=len(ROUTE))
+    engine = FastEngine(AHEAD)
+    for _ in range(2):  # the second generation starts from a lane that read one column more at the end
+        _same(_generate(llm, slm, ids, engine, output_logits=logits, min_new_tokens=len(ROUTE)), ref)
+    assert sum(counted) >= 2 * 12  # the SLM steps followed by an SLM step, each generation
+
+
+def _first_at(seqs: torch.Tensor, row: int, steps: range) -> int:
+    """A token that row ``row`` writes at one of ``steps`` and no row writes earlier."""
+    for step in steps:
+        token = int(seqs[row, step])
+        if not bool((seqs[:, :step] == token).any()):
+            return token
+    raise AssertionError(f"no token of row {row} first appears in steps {steps}")
+
+
+def _finishing(llm, slm, ids, mask, first, second):
+    free = _generate(llm, slm, ids, "default", mask, stitch_policy=ReplayPolicy(ROUTES), max_new_tokens=len(ROUTES[0]))
+    new = free.sequences[:, ids.shape[1]:]
+    return [_first_at(new, 1, first), _first_at(new, 2, second)]
+
+
+@pytest.mark.parametrize("logits", [False, True])
+def test_rows_finishing_at_different_steps(logits, counted):
+    """End tokens stop row 1 inside an all-SLM stretch and row 2 later: dropped rows (no logits returned)
+    or rows kept running unaccounted (logits returned) give the eager engine's outputs."""
+    llm, slm = make_pair("llama")
+    ids, mask = left_pad([prompt(k, seed=40 + i) for i, k in enumerate([6, 9, 4])])
+    eos = _finishing(llm, slm, ids, mask, range(4, 10), range(10, 18))
+    kw = dict(eos_token_id=eos, pad_token_id=2, max_new_tokens=len(ROUTES[0]), output_logits=logits)
+    ref = _generate(llm, slm, ids, "default", mask, stitch_policy=ReplayPolicy(ROUTES), **kw)
+    out = _generate(llm, slm, ids, FastEngine(AHEAD), mask, stitch_policy=ReplayPolicy(ROUTES), **kw)
+    _same(out, ref)
+    lengths = [tr.n_tokens for tr in ref.stitch]
+    assert lengths[0] == len(ROUTES[0]) and lengths[1] < lengths[2] < lengths[0], lengths
+    assert any(counted)
+
+
+@pytest.mark.parametrize("config", [AHEAD, FastConfig(max_bucket=4, graphs=False)])
+def test_rows_finishing_before_the_llm_ever_ran(config):
+    """Rows ending in the first steps, while the LLM lane has read nothing yet: it starts later from the
+    rows that are left."""
+    llm, slm = make_pair("llama")
+    ids, mask = left_pad([prompt(k, seed=40 + i) for i, k in enumerate([6, 9, 4])])
+    eos = _finishing(llm, slm, ids, mask, range(0, 2), range(0, 3))
+    kw = dict(eos_token_id=eos, pad_token_id=2, max_new_tokens=len(ROUTES[0]))
+    ref = _generate(llm, slm, ids, "default", mask, stitch_policy=ReplayPolicy(ROUTES), **kw)
+    _same(_generate(llm, slm, ids, FastEngine(config), mask, stitch_policy=ReplayPolicy(ROUTES), **kw), ref)
+    assert min(tr.n_tokens for tr in ref.stitch) <= 3
+
+
+def test_router_reading_hidden_states_and_threshold_routing(counted):
+    """A policy that needs the SLM's hidden state gets it from the early call."""
+    from hf_rstitch.core.policies import EntropyPolicy
+
+    class HiddenNorm(EntropyPolicy):
+        needs_hidden = True
+        seen = []
+
+        def hand_to_llm(self, view):
+            self.seen.append(float(view.hidden.norm()))
+            return super().hand_to_llm(view)
+
+    llm, slm = make_pair("llama")
+    ids = prompt(8)
+    outs, seen = [], []
+    for engine in ("default", FastEngine(AHEAD)):
+        HiddenNorm.seen = []
+        outs.append(_generate(llm, slm, ids, engine, stitch_policy=HiddenNorm(0.7), max_new_tokens=16))
+        seen.append(HiddenNorm.seen)
+    _same(outs[1], outs[0])
+    assert seen[1] == pytest.approx(seen[0], abs=1e-9) and len(seen[0]) >= 4
+    assert any(counted)
+
+
+def test_sampling_draws_the_same_tokens():
+    llm, slm = make_pair("qwen2-full")
+    ids = prompt(7)
+    outs = []
+    for engine in ("default", FastEngine(AHEAD)):
+        torch.manual_seed(3)
+        outs.append(_generate(llm, slm, ids, engine, do_sample=True, max_new_tokens=len(ROUTE)))
+    _same(outs[1], outs[0])
+
+
+def test_lanes_without_it_never_run_ahead(counted):
+    llm, slm = make_pair("llama")
+    _generate(llm, slm, prompt(6), FastEngine(FastConfig(max_bucket=4, graphs=False)))
+    _generate(llm, slm, prompt(6), "default")
+    assert counted and not any(counted)
+    assert FastConfig(graphs=False).run_ahead is None  # None: the lane runs ahead when it runs CUDA graphs
+
+
+def test_run_ahead_stops_at_the_lane_capacity():
+    """The last step would read one column past the cache: not run ahead (no error)."""
+    llm, slm = make_pair("llama")
+    ids = prompt(6)
+    engine = FastEngine(AHEAD, capacity=0)
+    out = _generate(llm, slm, ids, engine, stitch_policy=ReplayPolicy(["slm"] * 8), max_new_tokens=8)
+    ref = _generate(llm, slm, ids, "default", stitch_policy=ReplayPolicy(["slm"] * 8), max_new_tokens=8)
+    _same(out, ref)
+    assert engine._lanes[Role.SLM].capacity == out.sequences.shape[1]
