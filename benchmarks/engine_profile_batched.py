@@ -104,7 +104,8 @@ def markdown(result: dict) -> str:
     for r in result["rows"]:
         p = r["profile"] or {"top_kernels_ms": {}, "kernel_ms_per_token": 0.0, "kernels_per_token": 0}
         top = "; ".join(f"{k[:40]} {v:.2f}" for k, v in list(p["top_kernels_ms"].items())[:5])
-        lines.append(f"| {r['attention_plan']} | {r['batch']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | {r['x_floor']:.2f} | "
+        lines.append(f"| {r['attention_plan']} | {r['batch']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | "
+                     f"{r['x_floor']:.2f} | "
                      f"{p['kernel_ms_per_token']:.2f} | {p['kernels_per_token']:.0f} | {top} |")
     return "\n".join(lines)
 

@@ -92,6 +92,7 @@ def stitch_loop(
     scores_kept, logits_kept = [], []
     policy.reset()
     ahead = None  # the SLM lane's next advance, run early (run_slm_ahead)
+    flags = _HostFlags(batch)
     for index in itertools.count():
         accounted = unfinished[in_lanes]
         out = run_step(lanes, seq if at is None else seq[at], mask if at is None else mask[at], routing, policy,
@@ -103,6 +104,10 @@ def stitch_loop(
             tokens = torch.where(live, tokens, torch.full_like(tokens, pad_token_id))
         seq = torch.cat([seq, tokens[:, None]], dim=-1)
         mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=-1)
+        if on_token is not None:
+            on_token(tokens)
+        stop = should_stop(seq, scores)
+        flags.start(stop, out.back)  # to the host, queued before any early call: waiting for it waits for no more
         ahead = run_slm_ahead(lanes, out, seq if at is None else seq[at], mask if at is None else mask[at],
                               accounted, policy.needs_hidden)
         book.record(in_lanes, accounted, out)
@@ -110,11 +115,7 @@ def stitch_loop(
             scores_kept.append(scores)
         if keep_logits:
             logits_kept.append(logits)
-        if on_token is not None:
-            on_token(tokens)
-
-        stop = should_stop(seq, scores)
-        done, back = _to_host(stop, out.back)  # the step's one wait for the device
+        done, back = flags.wait()  # the step's one wait for the device
         routing.after(out.writer_llm, back)
         unfinished = unfinished & ~done
         if not unfinished.any():
@@ -156,14 +157,40 @@ def keep_ahead(ahead, keep: torch.Tensor):
     return logits.index_select(0, keep.to(logits.device)), hidden, {new[r]: c for r, c in calls.items() if r in new}
 
 
-def _to_host(finished: torch.Tensor, back: torch.Tensor | None):
-    """``finished`` (and the LLM's hand-back decision, when on the same device) in one copy."""
-    if back is None:
-        return finished.cpu().bool(), None
-    if back.device != finished.device:
-        return finished.cpu().bool(), back.cpu()
-    both = torch.cat([finished.bool(), back]).cpu()
-    return both[: len(finished)], both[len(finished):]
+class _HostFlags:
+    """Each step's stopping flags (and the LLM's hand-back decisions) on their way to the host.
+
+    On CUDA the copy goes to a kept page-locked buffer and an event marks its end, so :meth:`wait`
+    waits for the kernels queued before it, not for an early SLM call queued after it; elsewhere it is
+    a plain copy. ``back`` on another device than the flags (a model split over GPUs) is copied apart.
+    """
+
+    def __init__(self, batch: int):
+        self.buffer: torch.Tensor | None = None  # [2 * batch] bool, pinned, made at the first CUDA step
+        self.batch = batch
+        self.pending = None
+
+    def start(self, finished: torch.Tensor, back: torch.Tensor | None) -> None:
+        rows = len(finished)
+        apart = back.cpu() if back is not None and back.device != finished.device else None
+        both = finished.bool() if back is None or apart is not None else torch.cat([finished.bool(), back])
+        if both.device.type != "cuda":
+            self.pending = (both.cpu(), None, rows, back is not None and apart is None, apart)
+            return
+        if self.buffer is None:
+            self.buffer = torch.empty(2 * self.batch, dtype=torch.bool, pin_memory=True)
+        host = self.buffer[: len(both)]
+        host.copy_(both, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.pending = (host, event, rows, back is not None and apart is None, apart)
+
+    def wait(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        host, event, rows, with_back, apart = self.pending
+        if event is not None:
+            event.synchronize()
+        host = host.clone()  # the buffer is reused by the next step
+        return host[:rows], (host[rows:] if with_back else apart)
 
 
 class _TraceBook:

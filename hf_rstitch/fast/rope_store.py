@@ -86,7 +86,8 @@ def _store_kernel():
 
 
 @torch.library.custom_op("hf_rstitch::rotate_qk", mutates_args=())
-def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``q, k`` ``[b, H, s, D]`` (last dim contiguous), ``cos, sin`` ``[b, s, D]`` -> rotated (contiguous)."""
     b, hq, s, dim = q.shape
     qo, ko = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
