@@ -30,6 +30,9 @@ Padding: padded tokens are written to the slots just past the real ones, are inv
 every real query (causal mask) and are overwritten by the next call before anything can
 attend to them. Prompts may be left-padded; those slots are masked out of their row for good.
 
+Rows joining, waiting and the shared columns moving (the request engine's verbs) are in
+:mod:`hf_rstitch.fast.lane_rows`.
+
 Reuse: a lane keeps its graphs across generations (:meth:`reset`); graphs record the model's
 weight addresses, so replace no parameter tensors of a model while a lane for it is alive
 (in-place updates are fine). :class:`~hf_rstitch.fast.FastEngine` keeps lanes for reuse.
@@ -54,6 +57,7 @@ from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
 from .decode_attention import decode_attention
 from .graphs import GraphRunner
+from .lane_rows import RowOps
 from .rows import RowSlots
 from .static_kv import KV_CHUNK, StaticKV, static_attention, static_attention_on
 
@@ -74,7 +78,7 @@ def _allow_recompiles(limit: int) -> None:
 _GEMV_TABLE: dict = {}  # tuned configurations, shared by every lane of the process (keyed by shape and device)
 
 
-class FastLane:
+class FastLane(RowOps):
     """One model with a static cache and captured steps, advanced over a shared sequence.
 
     Args:
@@ -192,71 +196,6 @@ class FastLane:
         in_order = self.rows.in_order
         self._slot_index = None if in_order else torch.tensor(self.rows.slot, device=self.device)
 
-    # ---- continuous batching: rows join, the shared columns grow or shrink on the left ------------
-    def add_rows(self, seq: torch.Tensor, mask: torch.Tensor) -> None:
-        """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free
-        cache rows. Their first ``seen`` columns are prefilled now, eagerly and alone (logits discarded,
-        as :meth:`hf_rstitch.engine.Lane.add_rows`); the rest is read at the next :meth:`advance`. Their
-        trace records count from nothing seen, as in a solo run."""
-        if self.seen == 0:  # nothing read yet: the first advance reads every row's padding from its mask
-            return
-        k = seq.shape[0]
-        host = mask.detach().cpu().bool()
-        pads = left_padding(host).tolist()
-        free = sorted(set(range(self.max_rows)) - set(self.rows.slot))[:k]
-        if len(free) < k:
-            raise ValueError(f"{self.role} FastLane holds {self.max_rows} rows, {self.rows.n_live} are live: no room "
-                             f"for {k} more. Build the engine with FastEngine(max_batch=...) >= the largest batch.")
-        self._prefill_rows(free, seq[:, : self.seen], mask[:, : self.seen])
-        dst = torch.tensor(free, device=self.device)
-        self.valid[dst] = True
-        self.valid[dst, : host.shape[1]] = host.to(self.device)
-        self.n_pad[dst] = torch.tensor(pads, device=self.device)
-        self.rows.slot += free
-        self.rows.solo_seen += [0] * k
-        self.rows.pad += pads
-        self._slot_index = None if self.rows.in_order else torch.tensor(self.rows.slot, device=self.device)
-
-    def pad_left(self, n: int) -> None:
-        """Prepend ``n`` masked columns to every row (the shared sequence grew on the left): the written
-        slots move ``n`` to the right; positions stay (slot and padding count both grow by ``n``)."""
-        if n <= 0:
-            return
-        if self.seen > 0:
-            if self.seen + n > self.capacity:
-                raise RuntimeError(f"{self.role} FastLane holds {self.capacity} tokens; padding {self.seen} columns "
-                                   f"by {n} more overflows it. Build the engine with a larger capacity.")
-            self._shift(n, n)
-        self.rows.pad = [p + n for p in self.rows.pad]
-        self.rows.solo_seen = [s + n for s in self.rows.solo_seen]
-
-    def trim_left(self, n: int) -> None:
-        """Drop the first ``n`` columns of the shared sequence, which must be padding in every row."""
-        if n <= 0:
-            return
-        if n > min(self.rows.pad, default=n):
-            raise ValueError(f"{self.role} FastLane: cannot trim {n} columns, some row has only "
-                             f"{min(self.rows.pad)} of padding")
-        if self.seen > 0:
-            self._shift(-n, -min(n, self.seen))
-        self.rows.pad = [p - n for p in self.rows.pad]
-        self.rows.solo_seen = [max(s - n, 0) for s in self.rows.solo_seen]
-
-    def hold_rows(self, index: list[int]) -> None:
-        """As :meth:`hf_rstitch.engine.Lane.hold_rows`: live rows ``index`` gain no token this step; their
-        written slots move one to the right (one copy over every layer), a masked slot in front, and the
-        last seen column is read again at the next call."""
-        if not index or self.seen == 0:  # nothing written: the first call reads the padding from the mask
-            return
-        for i in index:  # a few rows a step: per-row copies, no index tensor to send to the device
-            row = self.rows.slot[i]
-            self.cache.shift_row(row, 1, self.seen)
-            self.valid[row, 1:] = self.valid[row, :-1].clone()
-            self.valid[row, 0] = False
-            self.n_pad[row] += 1
-            self.rows.pad[i] += 1
-            self.rows.solo_seen[i] += 1
-
     def reset(self) -> None:
         """Forget the sequence (keeps buffers and graphs): ready for the next generation."""
         self.cache.pos.zero_()
@@ -296,41 +235,6 @@ class FastLane:
         self.valid[:b].fill_(True)
         self.valid[:b, :t].copy_(host)
         self._slot_index = None
-
-    def _prefill_rows(self, dst: list[int], ids: torch.Tensor, mask: torch.Tensor) -> None:
-        """Fill cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (an eager forward with the
-        model's own attention over a DynamicCache, as the eager lane prefills added rows)."""
-        from transformers import DynamicCache
-
-        fresh = DynamicCache(config=self.model.config)
-        mask = mask.to(self.device)
-        positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)
-        with torch.no_grad():
-            self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions, use_cache=True,
-                       logits_to_keep=1, **{self._cache_arg: fresh})
-        rows = torch.tensor(dst, device=self.device)
-        for layer, new in enumerate(fresh.layers):
-            self.cache.keys[layer][rows, :, : self.seen] = new.keys.to(self.cache.keys[layer].dtype)
-            self.cache.values[layer][rows, :, : self.seen] = new.values.to(self.cache.values[layer].dtype)
-
-    def _shift(self, n: int, cut: int) -> None:
-        """The shared columns move ``n`` to the right (``n > 0``: new masked columns in front) or ``-n`` to the
-        left (leading padding dropped): the padding masks and counts of every row move by ``n``, the
-        ``cut`` written slots of the live cache rows by ``cut`` (``|cut| <= |n|``: only written slots exist)."""
-        seen, width = self.seen, self.valid.shape[1]
-        rows = self.rows.bucket if self.rows.slot else self.max_rows
-        if cut != 0:
-            for row in range(rows):
-                self.cache.shift_row(row, cut, seen + max(cut, 0))
-        if n > 0:
-            self.valid[:, n:] = self.valid[:, : width - n].clone()
-            self.valid[:, :n] = False
-        else:
-            self.valid[:, : width + n] = self.valid[:, -n:].clone()
-            self.valid[:, width + n:] = True
-        self.n_pad.add_(n).clamp_(min=0)
-        self.cache.pos.add_(cut)
-        self.seen += cut
 
     def _live(self, out: torch.Tensor) -> torch.Tensor:
         """Rows of a graph output ``[b, ...]`` that belong to live rows, in the caller's order."""

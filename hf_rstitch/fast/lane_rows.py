@@ -1,0 +1,118 @@
+"""Continuous batching for :class:`~hf_rstitch.fast.lane.FastLane`: rows join, wait, and the shared columns
+grow or shrink on the left (the request engine's verbs of the lane protocol, :mod:`hf_rstitch.engine.protocol`).
+
+A mixin over the lane's state: its static cache (``cache``), per-cache-row padding mask and count
+(``valid``, ``n_pad``), row bookkeeping (``rows``), columns read so far (``seen``) and the live-row order
+on the device (``_slot_index``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..engine.lane import left_padding
+
+
+class RowOps:
+    """``add_rows``, ``pad_left``, ``trim_left`` and ``hold_rows`` of a FastLane."""
+
+    def add_rows(self, seq: torch.Tensor, mask: torch.Tensor) -> None:
+        """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free
+        cache rows. Their first ``seen`` columns are prefilled now, eagerly and alone (logits discarded,
+        as :meth:`hf_rstitch.engine.Lane.add_rows`); the rest is read at the next :meth:`advance`. Their
+        trace records count from nothing seen, as in a solo run."""
+        if self.seen == 0:  # nothing read yet: the first advance reads every row's padding from its mask
+            return
+        k = seq.shape[0]
+        host = mask.detach().cpu().bool()
+        pads = left_padding(host).tolist()
+        free = sorted(set(range(self.max_rows)) - set(self.rows.slot))[:k]
+        if len(free) < k:
+            raise ValueError(f"{self.role} FastLane holds {self.max_rows} rows, {self.rows.n_live} are live: no room "
+                             f"for {k} more. Build the engine with FastEngine(max_batch=...) >= the largest batch.")
+        self._prefill_rows(free, seq[:, : self.seen], mask[:, : self.seen])
+        dst = torch.tensor(free, device=self.device)
+        self.valid[dst] = True
+        self.valid[dst, : host.shape[1]] = host.to(self.device)
+        self.n_pad[dst] = torch.tensor(pads, device=self.device)
+        self.rows.slot += free
+        self.rows.solo_seen += [0] * k
+        self.rows.pad += pads
+        self._slot_index = None if self.rows.in_order else torch.tensor(self.rows.slot, device=self.device)
+
+    def pad_left(self, n: int) -> None:
+        """Prepend ``n`` masked columns to every row (the shared sequence grew on the left): the written
+        slots move ``n`` to the right; positions stay (slot and padding count both grow by ``n``)."""
+        if n <= 0:
+            return
+        if self.seen > 0:
+            if self.seen + n > self.capacity:
+                raise RuntimeError(f"{self.role} FastLane holds {self.capacity} tokens; padding {self.seen} columns "
+                                   f"by {n} more overflows it. Build the engine with a larger capacity.")
+            self._shift(n, n)
+        self.rows.pad = [p + n for p in self.rows.pad]
+        self.rows.solo_seen = [s + n for s in self.rows.solo_seen]
+
+    def trim_left(self, n: int) -> None:
+        """Drop the first ``n`` columns of the shared sequence, which must be padding in every row."""
+        if n <= 0:
+            return
+        if n > min(self.rows.pad, default=n):
+            raise ValueError(f"{self.role} FastLane: cannot trim {n} columns, some row has only "
+                             f"{min(self.rows.pad)} of padding")
+        if self.seen > 0:
+            self._shift(-n, -min(n, self.seen))
+        self.rows.pad = [p - n for p in self.rows.pad]
+        self.rows.solo_seen = [max(s - n, 0) for s in self.rows.solo_seen]
+
+    def hold_rows(self, index: list[int]) -> None:
+        """As :meth:`hf_rstitch.engine.Lane.hold_rows`: live rows ``index`` gain no token this step; their
+        written slots move one to the right (one copy over every layer), a masked slot in front, and the
+        last seen column is read again at the next call."""
+        if not index or self.seen == 0:  # nothing written: the first call reads the padding from the mask
+            return
+        for i in index:  # a few rows a step: per-row copies, no index tensor to send to the device
+            row = self.rows.slot[i]
+            self.cache.shift_row(row, 1, self.seen)
+            self.valid[row, 1:] = self.valid[row, :-1].clone()
+            self.valid[row, 0] = False
+            self.n_pad[row] += 1
+            self.rows.pad[i] += 1
+            self.rows.solo_seen[i] += 1
+
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _prefill_rows(self, dst: list[int], ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """Fill cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (an eager forward with the
+        model's own attention over a DynamicCache, as the eager lane prefills added rows)."""
+        from transformers import DynamicCache
+
+        fresh = DynamicCache(config=self.model.config)
+        mask = mask.to(self.device)
+        positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)
+        with torch.no_grad():
+            self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions, use_cache=True,
+                       logits_to_keep=1, **{self._cache_arg: fresh})
+        rows = torch.tensor(dst, device=self.device)
+        for layer, new in enumerate(fresh.layers):
+            self.cache.keys[layer][rows, :, : self.seen] = new.keys.to(self.cache.keys[layer].dtype)
+            self.cache.values[layer][rows, :, : self.seen] = new.values.to(self.cache.values[layer].dtype)
+
+    def _shift(self, n: int, cut: int) -> None:
+        """The shared columns move ``n`` to the right (``n > 0``: new masked columns in front) or ``-n`` to the
+        left (leading padding dropped): the padding masks and counts of every row move by ``n``, the
+        ``cut`` written slots of the live cache rows by ``cut`` (``|cut| <= |n|``: only written slots exist)."""
+        seen, width = self.seen, self.valid.shape[1]
+        rows = self.rows.bucket if self.rows.slot else self.max_rows
+        if cut != 0:
+            for row in range(rows):
+                self.cache.shift_row(row, cut, seen + max(cut, 0))
+        if n > 0:
+            self.valid[:, n:] = self.valid[:, : width - n].clone()
+            self.valid[:, :n] = False
+        else:
+            self.valid[:, : width + n] = self.valid[:, -n:].clone()
+            self.valid[:, width + n:] = True
+        self.n_pad.add_(n).clamp_(min=0)
+        self.cache.pos.add_(cut)
+        self.seen += cut
