@@ -182,7 +182,7 @@ class _HostFlags:
         host = self.buffer[: len(both)]
         host.copy_(both, non_blocking=True)
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(both.device))  # the flags' device, not the current one
         self.pending = (host, event, rows, back is not None and apart is None, apart)
 
     def wait(self) -> tuple[torch.Tensor, torch.Tensor | None]:
