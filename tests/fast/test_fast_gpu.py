@@ -242,3 +242,38 @@ def test_fp32_generate_naming_no_engine_runs_the_fast_engine_and_keeps_it(monkey
         assert max(float((a - b).abs().max()) for a, b in zip(got.logits, want.logits)) < 1e-3
     engines = llm.__dict__[ATTRIBUTE]
     assert list(engines) == [config] and engines[config].builds == 2
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("logits", [False, True])
+def test_fp32_run_ahead_on_cuda_equals_default(logits, monkeypatch):
+    """On CUDA the loop runs the SLM ahead (graphs): the stopping flags come back through a page-locked buffer
+    while the early call runs. Three rows, end tokens stopping two of them early, routes with all-SLM
+    stretches: tokens, roles and per-row records equal the eager engine's, logits within 1e-3."""
+    from hf_rstitch.engine import loop
+    from tiny_models import left_pad, make_pair, prompt
+
+    runs = []
+    original = loop.run_slm_ahead
+    monkeypatch.setattr(loop, "run_slm_ahead", lambda *a, **k: runs.append(original(*a, **k)) or runs[-1])
+    llm, slm = (m.to("cuda", torch.float32) for m in make_pair("llama"))
+    ids, mask = (t.cuda() for t in left_pad([prompt(k, seed=40 + i) for i, k in enumerate([6, 9, 4])]))
+    routes = [["slm"] * 3 + ["llm"] * 3 + ["slm"] * 4 + ["llm"] * 3 + ["slm"] * 5,
+              ["slm"] * 3 + ["slm", "llm", "slm"] + ["slm"] * 4 + ["slm", "slm", "llm"] + ["slm"] * 5,
+              ["slm"] * 3 + ["llm", "slm", "llm"] + ["slm"] * 4 + ["llm", "slm", "slm"] + ["slm"] * 5]
+    kw = dict(attention_mask=mask, assistant_model=slm, max_new_tokens=18, do_sample=False,
+              return_dict_in_generate=True, output_logits=logits, pad_token_id=2)
+    free = llm.generate(ids, stitch_policy=ReplayPolicy(routes), stitch_engine="default", **kw)
+    new = free.sequences[:, ids.shape[1]:].cpu()
+    kw["eos_token_id"] = [int(new[1, 8]), int(new[2, 15])]
+    want = llm.generate(ids, stitch_policy=ReplayPolicy(routes), stitch_engine="default", **kw)
+    got = llm.generate(ids, stitch_policy=ReplayPolicy(routes), stitch_engine=FastEngine(FastConfig(max_bucket=8)),
+                       **kw)
+    assert any(r is not None for r in runs)
+    assert torch.equal(got.sequences, want.sequences)
+    assert [t.roles for t in got.stitch] == [t.roles for t in want.stitch]
+    assert [[(c.role, c.n_inf, c.n_kv) for c in t.calls] for t in got.stitch] == \
+           [[(c.role, c.n_inf, c.n_kv) for c in t.calls] for t in want.stitch]
+    for a, b in zip(got.logits or (), want.logits or ()):
+        assert float((a - b).abs().nan_to_num(posinf=0, neginf=0).max()) < 1e-3
