@@ -51,6 +51,21 @@ def family(name: str) -> str:
     return "other"
 
 
+def summarize(events, n: int) -> dict:
+    """Device kernel ``events`` of ``n`` tokens (or steps), per token: count, time, by family, costliest names."""
+    fams: dict[str, list] = {}
+    names: dict[str, float] = {}
+    for e in events:
+        f = fams.setdefault(family(e.name), [0, 0.0])
+        f[0] += 1
+        f[1] += e.device_time
+        names[e.name[:90]] = names.get(e.name[:90], 0.0) + e.device_time
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
+    return {"kernels_per_token": len(events) / n, "kernel_ms_per_token": sum(f[1] for f in fams.values()) / 1e3 / n,
+            "by_family": {k: {"kernels": c / n, "ms": us / 1e3 / n} for k, (c, us) in fams.items()},
+            "top_kernels_ms": {k: us / 1e3 / n for k, us in top}}
+
+
 def build(size: str, device: str, dtype: torch.dtype):
     if device == "cpu":
         from transformers import Qwen2Config, Qwen2ForCausalLM

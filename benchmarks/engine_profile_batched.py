@@ -24,7 +24,7 @@ import torch
 
 import engine_bench as eb
 import lab
-from engine_profile import family
+from engine_profile import summarize
 from hf_rstitch.core.roles import Role
 from hf_rstitch.fast import FastConfig, FastLane, decode_attention
 
@@ -60,18 +60,7 @@ def profile_steps(rows: Rows, n: int, sync) -> dict:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         rows.steps(n, sync)
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    fams: dict[str, list] = {}
-    names: dict[str, float] = {}
-    for e in events:
-        f = fams.setdefault(family(e.name), [0, 0.0])
-        f[0] += 1
-        f[1] += e.device_time
-        names[e.name[:90]] = names.get(e.name[:90], 0.0) + e.device_time
-    top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
-    return {"kernels_per_token": len(events) / n, "kernel_ms_per_token": sum(f[1] for f in fams.values()) / 1e3 / n,
-            "by_family": {k: {"kernels": c / n, "ms": us / 1e3 / n} for k, (c, us) in fams.items()},
-            "top_kernels_ms": {k: us / 1e3 / n for k, us in top}}
+    return summarize([e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA], n)
 
 
 def one_batch(model, batch: int, args, device: str, bw: float) -> dict:

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 import lab
+from engine_profile import summarize
 
 VARIANTS = {"parts": dict(compile="parts"), "compiled-decode": dict(compile="decode"), "graphs": dict(),
             # without the fused rotary / cache-store / gated-MLP kernels: what they buy
@@ -51,7 +52,7 @@ RESULT = "RESULT "  # prefix of the child's result line
 def child(args) -> dict:
     import hf_rstitch  # noqa: F401  (patches generate)
     import engine_bench as eb
-    from engine_profile import decode_steps, family
+    from engine_profile import decode_steps
     from hf_rstitch import ReplayPolicy
     from hf_rstitch.core.roles import Role
     from hf_rstitch.fast import FastConfig, FastEngine
@@ -100,7 +101,7 @@ def child(args) -> dict:
                     "bare_x_floor": bare / floor_s}
         if args.profile:
             lane.reset()
-            res[tag]["profile"] = profile_replays(lane, ids, args.profile_steps, device, decode_steps, family)
+            res[tag]["profile"] = profile_replays(lane, ids, args.profile_steps, device, decode_steps)
     if args.then_batch > 1:  # a first call at a larger batch: new graphs, and with compile="decode" new compiles
         rows = ((ids + torch.arange(args.then_batch, device=ids.device)[:, None]) % vocab).contiguous()
         res["then_batch"] = args.then_batch
@@ -109,27 +110,15 @@ def child(args) -> dict:
     return res
 
 
-def profile_replays(lane, ids, steps: int, device: str, decode_steps, family) -> dict:
+def profile_replays(lane, ids, steps: int, device: str, decode_steps) -> dict:
     """Device kernels of ``steps`` one-token graph replays, per token, grouped by family."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
         decode_steps(lane, ids, steps, lambda: lab.sync(device))
-    on_device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    fams: dict[str, list] = {}
-    names: dict[str, float] = {}
-    for e in on_device:
-        f = fams.setdefault(family(e.name), [0, 0.0])
-        f[0] += 1
-        f[1] += e.device_time
-        names[e.name[:90]] = names.get(e.name[:90], 0.0) + e.device_time
     n = steps + 1  # the prefill is in the profiled region too
-    top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
-    return {"kernels_per_token": len(on_device) / n,
-            "kernel_ms_per_token": sum(f[1] for f in fams.values()) / 1e3 / n,
-            "by_family": {k: {"kernels": c / n, "ms": us / 1e3 / n} for k, (c, us) in fams.items()},
-            "top_kernels_ms": {k: us / 1e3 / n for k, us in top}}
+    return summarize([e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA], n)
 
 
 # ---- the parent: fresh processes one after another -------------------------------------------------------

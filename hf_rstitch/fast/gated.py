@@ -152,14 +152,8 @@ def tune(gate: torch.Tensor, up: torch.Tensor, candidates, calls: int = 20) -> O
     if gate.device.type != "cuda":
         return candidates[0]
     x = torch.randn(rows, gate.shape[1], dtype=gate.dtype, device=gate.device)
-    best, best_ms = None, gemv.graph_ms(lambda: reference(x, gate, up), calls) if rows > 1 else float("inf")
-    for cfg in candidates:
-        try:
-            ms = gemv.graph_ms(lambda: launch(x, gate, up, cfg), calls)
-        except Exception:  # noqa: BLE001 - a configuration the device cannot run (registers, shared memory)
-            continue
-        if ms < best_ms:
-            best, best_ms = cfg, ms
+    baseline = (lambda: reference(x, gate, up)) if rows > 1 else None
+    best = gemv.fastest(candidates, lambda cfg: launch(x, gate, up, cfg), baseline, calls)
     if best is None and rows == 1:
         raise RuntimeError(f"no gated gemv configuration runs for weights of shape {tuple(gate.shape)}")
     return best

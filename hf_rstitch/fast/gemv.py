@@ -192,18 +192,25 @@ def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES,
     if weight.device.type != "cuda":
         return GemvConfig(block_m=rows) if rows == 1 else GemvConfig(32, 128, 4, 2, rows)
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-    best, best_ms = None, float("inf")
-    if rows > 1:  # on an H100, cuBLAS won for most Qwen2 shapes at 8 rows (results/gemv_*.md)
-        best_ms = graph_ms(lambda: F.linear(x, weight, bias), calls)
+    # few rows: on an H100, cuBLAS won for most Qwen2 shapes at 8 rows (results/gemv_*.md)
+    baseline = (lambda: F.linear(x, weight, bias)) if rows > 1 else None
+    best = fastest(candidates, lambda cfg: launch(x, weight, bias, cfg), baseline, calls)
+    if best is None and rows == 1:
+        raise RuntimeError(f"no gemv configuration runs for a weight of shape {tuple(weight.shape)}")
+    return best
+
+
+def fastest(candidates, run, baseline=None, calls: int = 20):
+    """The candidate whose ``run(cfg)`` takes least time in a CUDA graph, or None when ``baseline()`` (if
+    given) beats every one; candidates the device cannot run are skipped."""
+    best, best_ms = None, graph_ms(baseline, calls) if baseline is not None else float("inf")
     for cfg in candidates:
         try:
-            ms = graph_ms(lambda: launch(x, weight, bias, cfg), calls)
+            ms = graph_ms(lambda: run(cfg), calls)
         except Exception:  # noqa: BLE001 - a configuration the device cannot run (registers, shared memory)
             continue
         if ms < best_ms:
             best, best_ms = cfg, ms
-    if best is None and rows == 1:
-        raise RuntimeError(f"no gemv configuration runs for a weight of shape {tuple(weight.shape)}")
     return best
 
 
