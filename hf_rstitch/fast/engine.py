@@ -40,11 +40,19 @@ class FastEngine:
         capacity: minimum cache capacity in tokens; a generation needing more rebuilds its lanes.
         max_batch: minimum rows the lanes hold; a generation with a larger batch rebuilds them (each
             batch size up to it runs in the graphs of its batch bucket, captured on first use).
+        capacity_step: lanes are built for a multiple of this many tokens, so that generations of
+            slightly different lengths (prompts of another length, one more new token) reuse them
+            instead of rebuilding (a rebuild recaptures every graph: seconds for a 7B pair). The
+            split attention reads only the written slots, so the spare slots cost memory, not time.
     """
 
-    def __init__(self, config: FastConfig | None = None, capacity: int = 0, max_batch: int = 1):
+    def __init__(self, config: FastConfig | None = None, capacity: int = 0, max_batch: int = 1,
+                 capacity_step: int = 1024):
+        if capacity_step < 1:
+            raise ValueError(f"capacity_step must be >= 1, got {capacity_step}")
         self.config = config or FastConfig()
         self.capacity = capacity
+        self.capacity_step = capacity_step
         self.max_batch = max_batch
         self._lanes: dict[Role, FastLane] = {}
         self._weights: dict[Role, tuple] = {}  # _weights(model) when each lane was built
@@ -56,8 +64,8 @@ class FastEngine:
         if (lane is None or lane.model is not model or lane.vocab != vocab or lane.capacity < capacity
                 or lane.max_rows < batch or self._weights.get(role) != weights):
             self._lanes.pop(role, None)  # free the old buffers before allocating new ones
-            lane = FastLane(model, role, vocab, max(capacity, self.capacity), self.config,
-                            max_rows=max(batch, self.max_batch, 1))
+            room = -(-max(capacity, self.capacity, 1) // self.capacity_step) * self.capacity_step
+            lane = FastLane(model, role, vocab, room, self.config, max_rows=max(batch, self.max_batch, 1))
             self._lanes[role], self._weights[role] = lane, weights
             self.builds += 1
             if self.config.warm_up:  # every bucket now: no generation pays a capture or compile mid-way

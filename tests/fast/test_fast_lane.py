@@ -172,3 +172,19 @@ def test_fast_by_name_keeps_the_engine_on_the_llm():
     assert engine.builds == 2  # one lane per model, built by the first call only
     release(llm)
     assert engine_for(llm, CPU) is not engine
+
+
+def test_lanes_are_built_for_whole_capacity_steps_and_reused_across_lengths():
+    """Generations of other lengths reuse the lanes while they fit the step the lanes were built for."""
+    llm, slm = make_pair("llama")
+    engine = FastEngine(CPU, capacity_step=64)
+    route = ["slm", "llm"] * 4
+    for length, new in ((12, 8), (20, 8), (9, 40)):  # 20, 28, 49 tokens: one 64-token step
+        llm.generate(prompt(length), assistant_model=slm, stitch_policy=ReplayPolicy(route * 5), stitch_engine=engine,
+                     max_new_tokens=new)
+    assert engine.builds == 2 and engine._lanes[Role.LLM].capacity == 64
+    llm.generate(prompt(30), assistant_model=slm, stitch_policy=ReplayPolicy(route * 5), stitch_engine=engine,
+                 max_new_tokens=40)  # 70 tokens: the next step
+    assert engine.builds == 4 and engine._lanes[Role.LLM].capacity == 128
+    with pytest.raises(ValueError, match="capacity_step must be >= 1"):
+        FastEngine(CPU, capacity_step=0)

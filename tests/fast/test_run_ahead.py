@@ -163,7 +163,7 @@ def test_run_ahead_stops_at_the_lane_capacity():
     """The last step would read one column past the cache: not run ahead (no error)."""
     llm, slm = make_pair("llama")
     ids = prompt(6)
-    engine = FastEngine(AHEAD, capacity=0)
+    engine = FastEngine(AHEAD, capacity_step=1)
     out = _generate(llm, slm, ids, engine, stitch_policy=ReplayPolicy(["slm"] * 8), max_new_tokens=8)
     ref = _generate(llm, slm, ids, "default", stitch_policy=ReplayPolicy(["slm"] * 8), max_new_tokens=8)
     _same(out, ref)
