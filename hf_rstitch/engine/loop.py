@@ -123,14 +123,19 @@ def stitch_loop(
         if bool(done.any()):
             live = (torch.ones_like(tokens, dtype=torch.bool) if live is None else live) & ~stop.to(tokens.device).bool()
         if drop_finished and not bool(unfinished[in_lanes].all()):
-            keep = unfinished[in_lanes].nonzero().flatten()
-            in_lanes = in_lanes[keep]
+            in_lanes, ahead = _drop_finished(lanes, routing, unfinished, in_lanes, ahead)
             at = in_lanes.to(seq.device)
-            routing.keep(keep)
-            for lane in lanes.values():
-                lane.keep_rows(keep)
-            ahead = keep_ahead(ahead, keep)
     return StitchResult(seq, book.finish(), scores_kept, logits_kept)
+
+
+def _drop_finished(lanes: dict, routing: Routing, unfinished: torch.Tensor, in_lanes: torch.Tensor, ahead):
+    """Finished rows leave the lanes, the routing and a run-ahead output; returns the rows left
+    (caller row of each lane row) and the cut run-ahead output."""
+    keep = unfinished[in_lanes].nonzero().flatten()
+    routing.keep(keep)
+    for lane in lanes.values():
+        lane.keep_rows(keep)
+    return in_lanes[keep], keep_ahead(ahead, keep)
 
 
 def run_slm_ahead(lanes: dict, out: StepOut, seq: torch.Tensor, mask: torch.Tensor, accounted: torch.Tensor,
