@@ -88,7 +88,7 @@ def markdown(result: dict) -> str:
              f"fused kernels; every row prefilled with {result['args']['context']} tokens, then one-token graph "
              "replays in a bare loop (no policy, no host wait per step). Floor: weights plus the KV the step reads, "
              "over the measured copy bandwidth.", "",
-             "| attention FILL:STAGES | B | ms/step | floor (ms) | x floor | kernel ms/step | kernels/step | "
+             "| attention FILL:STAGES:BLOCK_N:WARPS | B | ms/step | floor (ms) | x floor | kernel ms/step | kernels/step | "
              "top kernels (ms/step) |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         p = r["profile"] or {"top_kernels_ms": {}, "kernel_ms_per_token": 0.0, "kernels_per_token": 0}
@@ -106,7 +106,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1400, help="tokens in each row's cache before the timed steps")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--attention-plans", nargs="+", default=[None],
-                    help="FILL:STAGES of the split attention (hf_rstitch.fast.decode_attention), each a run")
+                    help="FILL:STAGES[:BLOCK_N[:WARPS]] of the split attention (hf_rstitch.fast.decode_attention), "
+                         "each a run")
     ap.add_argument("--dry-run-cpu", action="store_true", help="a tiny model on CPU: checks the script, times nothing")
     args = ap.parse_args()
     device = "cpu" if args.dry_run_cpu else "cuda"
@@ -118,9 +119,12 @@ def main() -> None:
     rows = []
     for plan in args.attention_plans:
         if plan is not None:
-            decode_attention.FILL, decode_attention.STAGES = (int(v) for v in plan.split(":"))
+            names = ("FILL", "STAGES", "BLOCK_N", "WARPS")
+            for name, value in zip(names, plan.split(":")):
+                setattr(decode_attention, name, int(value))
         for b in args.batches:
-            rows.append({"attention_plan": f"{decode_attention.FILL}:{decode_attention.STAGES}",
+            da = decode_attention
+            rows.append({"attention_plan": f"{da.FILL}:{da.STAGES}:{da.BLOCK_N}:{da.WARPS}",
                          **one_batch(llm, b, args, device, bw)})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "profile"}), flush=True)
             if device == "cuda":

@@ -29,6 +29,7 @@ from .gemv import _triton, available, interpreted
 BLOCK_N = 64  # slots per inner step
 FILL = 8  # programs per SM the split plan aims for (at most 64 splits): more splits, more loads in flight
 STAGES = 2  # software-pipeline stages of the split kernel
+WARPS = 4  # warps a split-kernel program
 
 
 @functools.lru_cache(maxsize=1)
@@ -178,7 +179,7 @@ def decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         query, key, value, acc, ml, pad, pos, scale,
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), n_splits, q_len, group, kv_heads, split,
-        HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, IEEE=ieee or interpreted(), num_warps=4, num_stages=STAGES,
+        HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, IEEE=ieee or interpreted(), num_warps=WARPS, num_stages=STAGES,
     )
     block_d = min(dim, 32)
     combine_kernel[(kv_heads * row_blocks, batch, dim // block_d)](
