@@ -32,6 +32,9 @@ class FastConfig:
     fuse_rope_store: bool = True
     # the generate loop may advance the SLM lane one step early (hf_rstitch.engine.loop); None: with graphs
     run_ahead: bool | None = None
+    # with compile="parts": a pre-norm layer's middle residual add and norm as one compiled piece (not yet
+    # measured on a GPU, hence off)
+    fuse_add_norm: bool = False
 
     def __post_init__(self):
         bucket_sizes(self.max_bucket)  # validates
@@ -39,6 +42,8 @@ class FastConfig:
             raise ValueError(f"compile_max_bucket must be >= 1, got {self.compile_max_bucket}")
         if self.compile not in (None, "parts", "decode", "all"):
             raise ValueError(f"compile must be None, 'parts', 'decode' or 'all', got {self.compile!r}")
+        if self.fuse_add_norm and self.compile != "parts":
+            raise ValueError(f"fuse_add_norm=True fuses with compile='parts'; got compile={self.compile!r}")
         if self.attention not in (*ATTENTIONS, "split"):
             raise ValueError(f"attention must be one of {sorted((*ATTENTIONS, 'split'))}, got {self.attention!r}")
 

@@ -189,3 +189,39 @@ def test_compiled_parts_equal_default_engine():
           _generate(llm, slm, one, torch.ones_like(one), "default", ReplayPolicy(ROUTES[0])), tol=1e-4)
     assert counters["stats"]["unique_graphs"] == graphs  # batch 1 after batch 5: no piece compiled again
     assert "forward" not in llm.model.norm.__dict__  # patches live only inside the lane's calls
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", FULL_ATTENTION)
+def test_compiled_parts_with_fused_add_norm_equal_default_engine(arch):
+    """FastConfig(compile="parts", fuse_add_norm=True): pre-norm layers run their middle residual add and
+    norm as one compiled piece; outputs as with the pieces apart (float32 rounding, as above)."""
+    from hf_rstitch.fast import regions
+
+    llm, slm = make_pair(arch)
+    forwards, _ = regions.plan(llm, add_norm=True)
+    layers = [m for m, _ in forwards if type(m).__name__.endswith("DecoderLayer")]
+    assert layers == list(llm.model.layers)
+    ids, mask = _batch()
+    engine = FastEngine(FastConfig(max_bucket=4, graphs=False, compile="parts", fuse_add_norm=True))
+    _same(_generate(llm, slm, ids, mask, engine, ReplayPolicy(ROUTES)),
+          _generate(llm, slm, ids, mask, "default", ReplayPolicy(ROUTES)), tol=1e-4)
+    assert not any("forward" in layer.__dict__ for layer in llm.model.layers)  # only inside the lane's calls
+
+
+def test_fused_add_norm_only_for_the_standard_pre_norm_layer():
+    from hf_rstitch.fast import regions
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    llm, _ = make_pair("llama")
+    assert all(regions.pre_norm_layer(layer) for layer in llm.model.layers)
+
+    class PostNormDecoderLayer(LlamaDecoderLayer):
+        def forward(self, hidden_states, **kwargs):  # another order of operations: not stood in for
+            return self.input_layernorm(hidden_states + self.self_attn(hidden_states=hidden_states, **kwargs)[0])
+
+    layer = llm.model.layers[0]
+    layer.__class__ = PostNormDecoderLayer
+    assert not regions.pre_norm_layer(layer)
+    with pytest.raises(ValueError, match="fuse_add_norm=True fuses with compile='parts'"):
+        FastConfig(fuse_add_norm=True)
