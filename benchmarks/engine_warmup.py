@@ -45,7 +45,7 @@ from engine_profile import summarize
 VARIANTS = {"parts": dict(compile="parts"), "compiled-decode": dict(compile="decode"), "graphs": dict(),
             # without the fused rotary / cache-store / gated-MLP kernels: what they buy
             "parts-unfused": dict(compile="parts", fuse_mlp=False, fuse_rope_store=False),
-            # the opt-in middle residual add + norm of each layer as one compiled piece
+            # the opt-in residual adds fused with the norms after them (hf_rstitch.fast.add_norm)
             "parts-add-norm": dict(compile="parts", fuse_add_norm=True)}
 RESULT = "RESULT "  # prefix of the child's result line
 

@@ -32,8 +32,8 @@ class FastConfig:
     fuse_rope_store: bool = True
     # the generate loop may advance the SLM lane one step early (hf_rstitch.engine.loop); None: with graphs
     run_ahead: bool | None = None
-    # with compile="parts": a pre-norm layer's middle residual add and norm as one compiled piece (not yet
-    # measured on a GPU, hence off)
+    # with compile="parts": each residual add of a pre-norm layer and the norm after it as one compiled piece
+    # (.add_norm; not yet measured on a GPU, hence off)
     fuse_add_norm: bool = False
 
     def __post_init__(self):

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import sys
 
 import torch
 import torch.nn.functional as F
 import torch.fx.experimental._config as fx_config
 
+from .add_norm import plan as add_norm_plan
 from .gated import silu_mlp
 
 _COMPILED: dict = {}  # one compiled function per piece (and norm class), shared by every lane of the process
@@ -62,55 +62,14 @@ def _mlp_forward(mlp, act_mul, x: torch.Tensor) -> torch.Tensor:
     return mlp.down_proj(act_mul(mlp.gate_proj(x), mlp.up_proj(x)))
 
 
-def _add_norm(norm: torch.nn.Module, residual: torch.Tensor, h: torch.Tensor):
-    """``residual + h`` and the norm of it: the residual add before a layer's MLP and the norm after it."""
-    total = residual + h
-    return total, type(norm).forward(norm, total)
-
-
-@functools.lru_cache(maxsize=1)
-def _pre_norm_source() -> str:
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    return inspect.getsource(LlamaDecoderLayer.forward)
-
-
-def pre_norm_layer(m: torch.nn.Module) -> bool:
-    """A decoder layer whose forward is, to the letter, the pre-norm one of Llama (Qwen2, Qwen3 and
-    Mistral share it): the only layers :func:`_layer_forward` may stand in for."""
-    forward = type(m).__dict__.get("forward")
-    if not type(m).__name__.endswith("DecoderLayer") or forward is None:
-        return False
-    try:
-        return inspect.getsource(forward) == _pre_norm_source()
-    except (OSError, TypeError):
-        return False
-
-
-def _layer_forward(layer, add_norm, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    """The pre-norm layer's forward with its middle residual add and norm as one compiled piece."""
-    if args:  # called positionally: the layer's own forward (which these keywords would not match)
-        return type(layer).forward(layer, hidden_states, *args, **kwargs)
-    bound = inspect.signature(type(layer).forward).bind(layer, hidden_states, **kwargs)
-    bound.apply_defaults()
-    named = {k: v for k, v in bound.arguments.items() if k not in ("self", "hidden_states", "kwargs")}
-    residual = hidden_states
-    h, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **named,
-                           **bound.arguments.get("kwargs", {}))
-    residual, h = add_norm(layer.post_attention_layernorm, residual, h)
-    return residual + layer.mlp(h)
-
-
 def plan(model: torch.nn.Module, keep_rotary=(), add_norm: bool = False) -> tuple[list, list]:
     """``(instance forwards to install, module globals to swap)`` for ``model``'s norms, MLPs and rotary
     embedding (but not the ``apply_rotary_pos_emb`` of the modelling modules in ``keep_rotary``); with
-    ``add_norm``, pre-norm decoder layers run their middle residual add and norm as one piece."""
-    forwards, globals_ = [], []
+    ``add_norm``, pre-norm decoder layers run each residual add and the norm after it as one piece
+    (:mod:`hf_rstitch.fast.add_norm`)."""
+    forwards, globals_ = (add_norm_plan(model, _compiled) if add_norm else []), []
     for m in model.modules():
         cls = type(m)
-        if add_norm and pre_norm_layer(m):
-            norm_cls = type(m.post_attention_layernorm)
-            forwards.append((m, functools.partial(_layer_forward, m, _compiled(("add_norm", norm_cls), _add_norm))))
         if cls.__name__.endswith("RMSNorm") and "forward" in cls.__dict__:
             forwards.append((m, functools.partial(_compiled(("norm", cls), cls.forward), m)))
         elif cls.__name__.endswith("MLP") and silu_mlp(m):

@@ -210,11 +210,11 @@ def test_compiled_parts_with_fused_add_norm_equal_default_engine(arch):
 
 
 def test_fused_add_norm_only_for_the_standard_pre_norm_layer():
-    from hf_rstitch.fast import regions
+    from hf_rstitch.fast import add_norm
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     llm, _ = make_pair("llama")
-    assert all(regions.pre_norm_layer(layer) for layer in llm.model.layers)
+    assert all(add_norm.pre_norm_layer(layer) for layer in llm.model.layers)
 
     class PostNormDecoderLayer(LlamaDecoderLayer):
         def forward(self, hidden_states, **kwargs):  # another order of operations: not stood in for
@@ -222,6 +222,26 @@ def test_fused_add_norm_only_for_the_standard_pre_norm_layer():
 
     layer = llm.model.layers[0]
     layer.__class__ = PostNormDecoderLayer
-    assert not regions.pre_norm_layer(layer)
+    assert not add_norm.pre_norm_layer(layer)
     with pytest.raises(ValueError, match="fuse_add_norm=True fuses with compile='parts'"):
         FastConfig(fuse_add_norm=True)
+
+
+@pytest.mark.parametrize("arch", FULL_ATTENTION)
+def test_add_norm_layers_hand_their_closing_norm_to_the_next_layer(arch):
+    """Uncompiled pieces (same arithmetic): logits equal the model's own to the bit, and only the first
+    layer's input norm runs as a module; the others come from the carry."""
+    from hf_rstitch.fast import add_norm, regions
+
+    llm, _ = make_pair(arch)
+    calls = []
+    for i, layer in enumerate(llm.model.layers):
+        layer.input_layernorm.register_forward_hook(lambda *a, i=i: calls.append(i))
+    ids = prompt(9)
+    with torch.no_grad():
+        want = llm(ids).logits
+        calls.clear()
+        with regions.regions_on((add_norm.plan(llm, lambda key, fn: fn), [])):
+            got = llm(ids).logits
+    assert torch.equal(got, want)
+    assert calls == [0]
