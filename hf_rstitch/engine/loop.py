@@ -206,8 +206,9 @@ class _TraceBook:
         self.pending: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []  # entropies read at the end
 
     def record(self, in_lanes: torch.Tensor, accounted: torch.Tensor, out: StepOut) -> None:
+        caller = in_lanes.tolist()  # one conversion: indexing a tensor per call costs microseconds each
         for r, call in out.calls:
-            self.traces[int(in_lanes[r])].calls.append(call)
+            self.traces[caller[r]].calls.append(call)
         take = accounted.nonzero().flatten()
         rows = in_lanes[take].tolist()
         writer = out.writer_llm[take].tolist()
