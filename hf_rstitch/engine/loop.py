@@ -148,7 +148,7 @@ def run_slm_ahead(lanes: dict, out: StepOut, seq: torch.Tensor, mask: torch.Tens
     if seq.shape[1] > getattr(lane, "capacity", seq.shape[1]):  # a last step past the cache: never needed
         return None
     resumed = torch.zeros(len(out.writer_llm), dtype=torch.bool)  # the SLM wrote the latest token of every row
-    return lane.advance(seq, mask, accounted.clone(), resumed, want_hidden=want_hidden)
+    return lane.advance(seq, mask, accounted, resumed, want_hidden=want_hidden)
 
 
 def keep_ahead(ahead, keep: torch.Tensor):
@@ -194,7 +194,7 @@ class _HostFlags:
         host, event, rows, with_back, apart = self.pending
         if event is not None:
             event.synchronize()
-        host = host.clone()  # the buffer is reused by the next step
+            host = host.clone()  # the page-locked buffer is reused by the next step
         return host[:rows], (host[rows:] if with_back else apart)
 
 

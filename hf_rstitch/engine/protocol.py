@@ -37,6 +37,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from ..core.engines import requested_engine
 from ..core.roles import Role
 from .lane import Lane
 
@@ -69,3 +70,15 @@ class EagerEngine:
         self.built = {Role.LLM: Lane(llm, Role.LLM, vocab, batch, timing=timing or self.timing),
                       Role.SLM: Lane(slm, Role.SLM, vocab, batch, timing=timing or self.timing)}
         return self.built
+
+
+def pick_engine(llm, slm, spec, batch: int):
+    """The engine a call runs: ``spec`` as named, ``None`` as :func:`hf_rstitch.core.engines.requested_engine`
+    says, and ``"auto"`` resolved for this pair (:func:`hf_rstitch.fast.choose_engine`: a FastConfig, or
+    ``"default"`` with the reason logged)."""
+    spec = requested_engine(spec)
+    if isinstance(spec, str) and spec == "auto":
+        from ..fast import choose_engine  # imported only when asked: the fast engine pulls in Triton
+
+        return choose_engine(llm, slm, spec, batch)
+    return spec

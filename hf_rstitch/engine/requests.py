@@ -32,14 +32,13 @@ from typing import Iterable, Iterator
 
 import torch
 
-from ..core.engines import requested_engine
 from ..core.policies import PinnedRoles, RowEntropyPolicy, check_threshold, checked
 from ..core.roles import Role
 from ..core.sampling import sample_one
 from ..core.scheduling import Immediate, LLMSchedule, parse_schedule
 from ..core.trace import StitchTrace
 from .lane import check_holdable, left_padding
-from .protocol import EagerEngine
+from .protocol import EagerEngine, pick_engine
 from .request_types import FINISH_REASONS, Completion, Event, QueueFull, Request  # noqa: F401  (the public names)
 from .step import Routing, run_step
 
@@ -96,11 +95,7 @@ class RequestEngine:
         self.device = llm.device
         self.schedule = _schedule(schedule, llm, slm)
         self.max_length = None
-        engine = requested_engine(engine)
-        if isinstance(engine, str) and engine == "auto":
-            from ..fast import choose_engine
-
-            engine = choose_engine(llm, slm, engine, max_batch)
+        engine = pick_engine(llm, slm, engine, max_batch)
         if isinstance(engine, str) and engine == "default" or isinstance(engine, EagerEngine):
             self.lanes = EagerEngine().lanes(llm, slm, self.vocab, 0)
         else:

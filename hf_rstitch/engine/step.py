@@ -131,8 +131,10 @@ def run_step(
 
 
 def _llm_now(schedule: LLMSchedule | None, llm_on: torch.Tensor, waited: torch.Tensor) -> bool:
+    if schedule is None:  # the generate loop: every step
+        return True
     need = int(llm_on.sum())
-    if schedule is None or need == len(llm_on):  # waiting would stall every row: never
+    if need == len(llm_on):  # waiting would stall every row: never
         return True
     return schedule.run_now(LLMDemand(need=need, rows=len(llm_on), waited=int(waited[llm_on].max())))
 

@@ -147,11 +147,9 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
 def _engine(name: str, llm: Any, slm: Any, batch_size: int):
     """``"auto"`` -> ``"default"`` where the fast engine cannot run the pair (logged), else the FastConfig
     that runs it; other names unchanged. Eager at batch size 1 keeps the per-sample ``generate`` path."""
-    if name != "auto":
-        return name
-    from ..fast import choose_engine
+    from ..engine.protocol import pick_engine
 
-    return choose_engine(llm, slm, name, batch_size)
+    return pick_engine(llm, slm, name, batch_size)
 
 
 def _report(cfg: EvalConfig, out: Path, records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from .gemv import _triton, available, interpreted
+from .gemv import _triton, available, interpreted, next_pow2
 
 BLOCK_N = 64  # slots per inner step
 FILL = 8  # programs per SM the split plan aims for (at most 64 splits): more splits, more loads in flight
@@ -152,10 +152,6 @@ def _plan(batch: int, kv_heads: int, rows: int, slots: int, sms: int) -> tuple[i
     return block_m, row_blocks, split
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 @functools.lru_cache(maxsize=8)
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
@@ -184,7 +180,7 @@ def decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     block_d = min(dim, 32)
     combine_kernel[(kv_heads * row_blocks, batch, dim // block_d)](
         acc, ml, out, pos, out.stride(0), out.stride(1), out.stride(2), n_splits, q_len, group, kv_heads, split,
-        HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=max(16, _pow2(n_splits)), CHUNK_S=128 // block_m,
+        HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=max(16, next_pow2(n_splits)), CHUNK_S=128 // block_m,
         num_warps=4,
     )
     return out

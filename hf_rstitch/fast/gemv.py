@@ -60,6 +60,11 @@ def _triton():
     return triton, tl
 
 
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (Triton block sizes)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 

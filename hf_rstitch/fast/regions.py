@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +25,7 @@ import torch.fx.experimental._config as fx_config
 
 from .add_norm import plan as add_norm_plan
 from .gated import silu_mlp
+from .rope_store import rotary_functions
 
 _COMPILED: dict = {}  # one compiled function per piece (and norm class), shared by every lane of the process
 
@@ -67,20 +67,15 @@ def plan(model: torch.nn.Module, keep_rotary=(), add_norm: bool = False) -> tupl
     embedding (but not the ``apply_rotary_pos_emb`` of the modelling modules in ``keep_rotary``); with
     ``add_norm``, pre-norm decoder layers run each residual add and the norm after it as one piece
     (:mod:`hf_rstitch.fast.add_norm`)."""
-    forwards, globals_ = (add_norm_plan(model, _compiled) if add_norm else []), []
+    forwards = add_norm_plan(model, _compiled) if add_norm else []
     for m in model.modules():
         cls = type(m)
         if cls.__name__.endswith("RMSNorm") and "forward" in cls.__dict__:
             forwards.append((m, functools.partial(_compiled(("norm", cls), cls.forward), m)))
         elif cls.__name__.endswith("MLP") and silu_mlp(m):
             forwards.append((m, functools.partial(_mlp_forward, m, silu_mul())))
-    seen = set(keep_rotary)
-    for m in model.modules():
-        module = sys.modules.get(type(m).__module__)
-        fn = getattr(module, "apply_rotary_pos_emb", None)
-        if type(m).__name__.endswith("Attention") and callable(fn) and module not in seen:
-            seen.add(module)
-            globals_.append((module, "apply_rotary_pos_emb", _compiled(("rotary", fn), fn)))
+    globals_ = [(module, "apply_rotary_pos_emb", _compiled(("rotary", fn), fn))
+                for module, fn in rotary_functions(model) if module not in keep_rotary]
     return forwards, globals_
 
 

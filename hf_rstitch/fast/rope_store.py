@@ -23,11 +23,7 @@ import sys
 
 import torch
 
-from .gemv import DTYPES, _triton, available
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+from .gemv import DTYPES, _triton, available, next_pow2
 
 
 @functools.lru_cache(maxsize=1)
@@ -93,7 +89,7 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     qo, ko = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     _rotate_kernel()[(b * s, hq + k.shape[1])](
         q, k, cos, sin, qo, ko, s, hq, *q.stride()[:3], *k.stride()[:3], cos.stride(0), cos.stride(1),
-        sin.stride(0), sin.stride(1), HALF=dim // 2, BLOCK=_pow2(dim // 2), num_warps=1)
+        sin.stride(0), sin.stride(1), HALF=dim // 2, BLOCK=next_pow2(dim // 2), num_warps=1)
     return qo, ko
 
 
@@ -108,7 +104,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, keys: torch.
     b, h, q, dim = k.shape
     _store_kernel()[(b * h * q,)](
         k, v, slots, keys, values, h, q, *k.stride()[:3], *v.stride()[:3], *keys.stride()[:3],
-        D=dim, BLOCK=_pow2(dim), num_warps=1)
+        D=dim, BLOCK=next_pow2(dim), num_warps=1)
 
 
 def rotate_takes(q, k, cos, sin, unsqueeze_dim=1) -> bool:
@@ -153,12 +149,17 @@ def plan(model: torch.nn.Module) -> list:
     device, dtype = model.device, model.dtype
     if not available(device) or dtype not in DTYPES:  # the kernel rotates in float32: no float64
         return []
-    swaps, seen = [], set()
+    return [(module, "apply_rotary_pos_emb", _rotary(fn)) for module, fn in rotary_functions(model)
+            if _same_on_probe(fn, device, dtype)]
+
+
+def rotary_functions(model: torch.nn.Module) -> list:
+    """``(modelling module, its apply_rotary_pos_emb)`` for each module defining ``model``'s attention layers."""
+    found, seen = [], set()
     for m in model.modules():
         module = sys.modules.get(type(m).__module__)
         fn = getattr(module, "apply_rotary_pos_emb", None)
         if type(m).__name__.endswith("Attention") and callable(fn) and module not in seen:
             seen.add(module)
-            if _same_on_probe(fn, device, dtype):
-                swaps.append((module, "apply_rotary_pos_emb", _rotary(fn)))
-    return swaps
+            found.append((module, fn))
+    return found

@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
-from ..core.engines import requested_engine
 from ..core.policies import EntropyPolicy, RoutingPolicy, checked
 from ..core.roles import Role
 from ..core.sampling import pad_vocab
 from ..engine import EagerEngine, Lane, stitch_loop
+from ..engine.protocol import pick_engine
 from .checks import check_pair, check_request, streamer_from_generate
 from .placement import check_placement
 from .output import StitchedGenerateOutput
@@ -125,11 +125,7 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     policy = resolve_policy(stitch_threshold, stitch_policy, generation_config, stitch_router, slm)
     vocab = min(logit_width(model), logit_width(slm))  # ids either model may emit
     check_request(input_ids, generation_config, model_kwargs, vocab)
-    stitch_engine = requested_engine(stitch_engine)
-    if isinstance(stitch_engine, str) and stitch_engine == "auto":
-        from ..fast import choose_engine
-
-        stitch_engine = choose_engine(model, slm, stitch_engine, input_ids.shape[0])
+    stitch_engine = pick_engine(model, slm, stitch_engine, input_ids.shape[0])
     check_placement(model, slm, input_ids, do_sample=bool(generation_config.do_sample), engine=stitch_engine)
     mask = model_kwargs.get("attention_mask")
     if mask is None:
