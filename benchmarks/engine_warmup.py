@@ -44,9 +44,9 @@ from engine_profile import summarize
 
 VARIANTS = {"parts": dict(compile="parts"), "compiled-decode": dict(compile="decode"), "graphs": dict(),
             # without the fused rotary / cache-store / gated-MLP kernels: what they buy
-            "parts-unfused": dict(compile="parts", fuse_mlp=False, fuse_rope_store=False),
-            # the opt-in residual adds fused with the norms after them (hf_rstitch.fast.add_norm)
-            "parts-add-norm": dict(compile="parts", fuse_add_norm=True)}
+            "parts-unfused": dict(compile="parts", fuse_mlp=False, fuse_rope_store=False, fuse_add_norm=False),
+            # without the residual adds fused with the norms after them (hf_rstitch.fast.add_norm)
+            "parts-add-norm-apart": dict(compile="parts", fuse_add_norm=False)}
 RESULT = "RESULT "  # prefix of the child's result line
 
 

@@ -33,8 +33,8 @@ class FastConfig:
     # the generate loop may advance the SLM lane one step early (hf_rstitch.engine.loop); None: with graphs
     run_ahead: bool | None = None
     # with compile="parts": each residual add of a pre-norm layer and the norm after it as one compiled piece
-    # (.add_norm; not yet measured on a GPU, hence off)
-    fuse_add_norm: bool = False
+    # (.add_norm); None: on with compile="parts"
+    fuse_add_norm: bool | None = None
 
     def __post_init__(self):
         bucket_sizes(self.max_bucket)  # validates
@@ -46,6 +46,11 @@ class FastConfig:
             raise ValueError(f"fuse_add_norm=True fuses with compile='parts'; got compile={self.compile!r}")
         if self.attention not in (*ATTENTIONS, "split"):
             raise ValueError(f"attention must be one of {sorted((*ATTENTIONS, 'split'))}, got {self.attention!r}")
+
+    @property
+    def adds_with_norms(self) -> bool:
+        """Whether residual adds run fused with the norms after them (``fuse_add_norm``, resolved)."""
+        return self.compile == "parts" if self.fuse_add_norm is None else self.fuse_add_norm
 
 
 def check_supported(model: PreTrainedModel, batch_size: int = 1) -> None:

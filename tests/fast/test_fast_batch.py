@@ -165,7 +165,8 @@ assert hf_rstitch  # generate is patched on import
 
 
 @pytest.mark.slow
-def test_compiled_parts_equal_default_engine():
+@pytest.mark.parametrize("fuse_add_norm", [None, False])  # the default (residual adds with the norms) and apart
+def test_compiled_parts_equal_default_engine(fuse_add_norm):
     """compile="parts": the model's RMSNorm, rotary embedding and gated activation compiled with symbolic
     shapes (one compile each for every batch and length: none at a later batch size); same outputs,
     batched and alone. The models'
@@ -178,7 +179,8 @@ def test_compiled_parts_equal_default_engine():
     assert len(forwards) == 2 * 3 + 1 + 3  # two norms and an MLP per layer, the final norm
     assert [g[1] for g in globals_] == ["apply_rotary_pos_emb"]
     ids, mask = _batch()
-    engine = FastEngine(FastConfig(max_bucket=4, graphs=False, compile="parts"))
+    engine = FastEngine(FastConfig(max_bucket=4, graphs=False, compile="parts", fuse_add_norm=fuse_add_norm))
+    assert engine.config.adds_with_norms == (fuse_add_norm is None)
     _same(_generate(llm, slm, ids, mask, engine, ReplayPolicy(ROUTES)),
           _generate(llm, slm, ids, mask, "default", ReplayPolicy(ROUTES)), tol=1e-4)
     from torch._dynamo.utils import counters
