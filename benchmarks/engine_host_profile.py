@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import datetime
+import functools
 import json
 import pstats
 import time
@@ -155,6 +156,38 @@ class Timeline:
         return {k: 1e3 * sum(v) / max(len(v), 1) for k, v in sums.items()} | {"steps": len(sums["device_graph"])}
 
 
+def lane_loops(engine, ids: torch.Tensor, route: str, n: int, sync) -> dict:
+    """The generation's own lane (same engine, graphs, capacity and contexts) driven by bare loops, ms a step:
+    ``bare`` graph replays and argmax, ``entropy`` adding the loop's entropy of each step's logits, ``synced``
+    adding a wait for the device every step (what the stitch loop's stopping check costs at least)."""
+    from engine_profile_batched import Rows
+
+    from hf_rstitch.core.roles import Role
+
+    lane = engine._lanes[Role(route)]
+    out = {}
+    for name in ("bare", "entropy", "synced"):
+        lane.reset()
+        rows = Rows(lane, ids, n + 8)  # the prompt's prefill, then one-token steps
+        rows._advance = functools.partial(_lane_step, rows, name, sync)
+        out[name] = 1e3 * rows.steps(n, sync)
+    lane.reset()
+    return out
+
+
+def _lane_step(rows, name: str, sync) -> None:
+    from hf_rstitch.core.entropy import normalized_entropy
+
+    t = rows.t
+    logits, _, _ = rows.lane.advance(rows.buf[:, :t], rows.mask[:, :t], rows.rows, rows.resumed)
+    if name != "bare":
+        normalized_entropy(logits)
+    rows.buf[:, t] = logits.argmax(-1)
+    rows.t += 1
+    if name == "synced":
+        sync()
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -191,6 +224,9 @@ def main(argv=None) -> None:
         gen(args.new)
         timeline = tl.close()
         print("timeline, ms a step:", json.dumps({k: round(v, 4) for k, v in timeline.items()}))
+        loops = lane_loops(engine, ids, args.route, args.new, lambda: sync(dev))
+        timeline["lane_loops_ms"] = loops
+        print("the same lane in bare loops, ms a step:", json.dumps({k: round(v, 4) for k, v in loops.items()}))
     prof = cProfile.Profile()
     prof.enable()
     profiled = gen(args.new)
