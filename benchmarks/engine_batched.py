@@ -35,7 +35,7 @@ import transformers
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy
 from hf_rstitch.core.roles import Role
-from hf_rstitch.fast import FastConfig, FastEngine
+from hf_rstitch.fast import FastConfig, FastEngine, decode_attention
 from hf_rstitch.fast.buckets import bucket_for
 from hf_rstitch.fast.routes import route, switches
 
@@ -86,7 +86,7 @@ def generate(llm, slm, ids, routes, engine, new):
 def fast_section(llm, slm, args, res, budget):
     engine = FastEngine(VARIANTS[args.variant], capacity=args.prompt + MATH["llm_only_tokens"] + 8,
                         max_batch=max(args.batches))
-    res["variant"] = {"name": args.variant, "config": repr(engine.config)}
+    res["variant"] = {"name": args.variant, "config": repr(engine.config), "split_basis": args.split_basis}
     facts = res["models"]
     for batch in args.batches:
         if not budget.allows(30):
@@ -193,11 +193,15 @@ def main() -> None:
     ap.add_argument("--baseline-new", type=int, default=128, help="new tokens for transformers' generate")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the MATH token counts (quick checks)")
     ap.add_argument("--variant", default="graphs", choices=list(VARIANTS))
+    ap.add_argument("--split-basis", default="written", choices=["written", "capacity"],
+                    help="what the split attention's splits share (hf_rstitch.fast.decode_attention.SPLIT_BASIS): "
+                         "the written slots (the default) or the capacity (the earlier plan, to compare)")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--tag", default="")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
     args = ap.parse_args()
+    decode_attention.SPLIT_BASIS = args.split_basis
     if args.dry_run_cpu:
         eb.DEVICE = "cpu"
         for cfg in VARIANTS.values():

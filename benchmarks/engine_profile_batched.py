@@ -2,6 +2,9 @@
 
     PYTHONPATH=.:benchmarks python benchmarks/engine_profile_batched.py --out-dir $OUT      # CUDA, ~2 min
     PYTHONPATH=.:benchmarks python benchmarks/engine_profile_batched.py --dry-run-cpu --out-dir /tmp/p
+    # the split attention's two plans where they differ: a short context in a long cache
+    PYTHONPATH=.:benchmarks python benchmarks/engine_profile_batched.py --out-dir $OUT --context 256 \
+        --capacity 3072 --batches 8 32 64 --split-bases written capacity
 
 The MATH-shaped batched workload (benchmarks/engine_batched.py) runs the 7B alone at 1.47-1.64x its
 floor at B >= 8, against 1.21x for the bare lane at B = 1. This script says where the difference
@@ -67,7 +70,8 @@ def one_batch(model, batch: int, args, device: str, bw: float) -> dict:
     sync = lambda: lab.sync(device)  # noqa: E731
     cfg = FastConfig(compile="parts") if device == "cuda" else FastConfig(graphs=False, max_bucket=8)
     room = 3 * args.steps + 8
-    lane = FastLane(model, Role.LLM, model.config.vocab_size, args.context + room + 8, cfg, max_rows=batch)
+    lane = FastLane(model, Role.LLM, model.config.vocab_size, max(args.capacity, args.context + room + 8), cfg,
+                    max_rows=batch)
     gen = torch.Generator().manual_seed(batch)
     ids = torch.randint(10, model.config.vocab_size - 10, (batch, args.context), generator=gen).to(device)
     rows = Rows(lane, ids, room)
@@ -87,14 +91,15 @@ def markdown(result: dict) -> str:
              f"torch {env['torch']}, transformers {env['transformers']}, {env['date']}; `compile=\"parts\"` with the "
              f"fused kernels; every row prefilled with {result['args']['context']} tokens, then one-token graph "
              "replays in a bare loop (no policy, no host wait per step). Floor: weights plus the KV the step reads, "
-             "over the measured copy bandwidth.", "",
-             "| attention FILL:STAGES:BLOCK_N:WARPS | B | ms/step | floor (ms) | x floor | kernel ms/step | kernels/step | "
-             "top kernels (ms/step) |", "|---|---|---|---|---|---|---|---|"]
+             f"over the measured copy bandwidth. Cache: {result['args']['capacity'] or 'just what the steps need'} "
+             "slots a row.", "",
+             "| splits share | attention FILL:STAGES:BLOCK_N:WARPS | B | ms/step | floor (ms) | x floor | "
+             "kernel ms/step | kernels/step | top kernels (ms/step) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         p = r["profile"] or {"top_kernels_ms": {}, "kernel_ms_per_token": 0.0, "kernels_per_token": 0}
         top = "; ".join(f"{k[:40]} {v:.2f}" for k, v in list(p["top_kernels_ms"].items())[:5])
-        lines.append(f"| {r['attention_plan']} | {r['batch']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | "
-                     f"{r['x_floor']:.2f} | "
+        lines.append(f"| {r.get('split_basis', 'capacity')} | {r['attention_plan']} | {r['batch']} | "
+                     f"{r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | {r['x_floor']:.2f} | "
                      f"{p['kernel_ms_per_token']:.2f} | {p['kernels_per_token']:.0f} | {top} |")
     return "\n".join(lines)
 
@@ -108,6 +113,12 @@ def main() -> None:
     ap.add_argument("--attention-plans", nargs="+", default=[None],
                     help="FILL:STAGES[:BLOCK_N[:WARPS]] of the split attention (hf_rstitch.fast.decode_attention), "
                          "each a run")
+    ap.add_argument("--split-bases", nargs="+", default=["written"], choices=["written", "capacity"],
+                    help="what the splits share (decode_attention.SPLIT_BASIS), each a run: the written slots or "
+                         "the capacity (the earlier plan)")
+    ap.add_argument("--capacity", type=int, default=0,
+                    help="cache slots of each lane (default: just what the steps need); a long cache with a short "
+                         "context is where the split bases differ")
     ap.add_argument("--dry-run-cpu", action="store_true", help="a tiny model on CPU: checks the script, times nothing")
     args = ap.parse_args()
     device = "cpu" if args.dry_run_cpu else "cuda"
@@ -117,14 +128,15 @@ def main() -> None:
     llm, _ = lab.random_pair("tiny" if args.dry_run_cpu else "qwen2", device)
     bw = eb.copy_bandwidth(2 << 30 if device == "cuda" else 1 << 24)
     rows = []
-    for plan in args.attention_plans:
+    for basis, plan in [(b, p) for b in args.split_bases for p in args.attention_plans]:
+        decode_attention.SPLIT_BASIS = basis
         if plan is not None:
             names = ("FILL", "STAGES", "BLOCK_N", "WARPS")
             for name, value in zip(names, plan.split(":")):
                 setattr(decode_attention, name, int(value))
         for b in args.batches:
             da = decode_attention
-            rows.append({"attention_plan": f"{da.FILL}:{da.STAGES}:{da.BLOCK_N}:{da.WARPS}",
+            rows.append({"attention_plan": f"{da.FILL}:{da.STAGES}:{da.BLOCK_N}:{da.WARPS}", "split_basis": basis,
                          **one_batch(llm, b, args, device, bw)})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "profile"}), flush=True)
             if device == "cuda":

@@ -6,9 +6,10 @@ sequence: at batch 64 on Qwen2-7B with 3072 slots that is 11 GB a step against 1
 and at batch 1 its dozen small kernels per layer cost more than the bytes they read. Here one
 kernel reads the slots ``[0, pos + q)`` (``pos`` is the cache's write offset, a device scalar, so a
 captured graph reads the right length on every replay) in independent chunks ("splits", as in
-flash-decoding); programs past the written length return at once; a second kernel combines the
-splits. Per row, slots left of the row's padding count (``pad[b]``) are masked, as is everything
-right of each query's own slot.
+flash-decoding), each split an equal share of the slots written so far (the grid is fixed when a graph
+is captured, the split length is not: a short sequence runs as many programs as a long one, each over
+fewer slots); a second kernel combines the splits. Per row, slots left of the row's padding count
+(``pad[b]``) are masked, as is everything right of each query's own slot.
 
 Same arithmetic as the eager attention where it matters: scores and softmax in float32 (eager
 attention rounds the scores to the model's dtype first), probabilities rounded to the values'
@@ -30,6 +31,9 @@ BLOCK_N = 64  # slots per inner step
 FILL = 8  # programs per SM the split plan aims for (at most 64 splits): more splits, more loads in flight
 STAGES = 2  # software-pipeline stages of the split kernel
 WARPS = 4  # warps a split-kernel program
+# what the splits share: "written" (the slots written so far) or "capacity" (every slot of the cache, the
+# earlier plan, kept to measure against: early in a long generation most of its splits have nothing to read)
+SPLIT_BASIS = "written"
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,22 +42,26 @@ def _kernels():
 
     @triton.jit
     def split_kernel(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, pad_ptr, pos_ptr, scale,
-                     sq_b, sq_h, sq_q, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, n_splits, Q_LEN, GROUP, KV_HEADS, SPLIT,
-                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+                     sq_b, sq_h, sq_q, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, n_splits, Q_LEN, GROUP, KV_HEADS,
+                     BASIS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     IEEE: tl.constexpr):
         # one program: rows [mb * BLOCK_M, +BLOCK_M) of (group head, query) for one KV head of one batch row,
-        # slots [split * SPLIT, +SPLIT) -> partial (acc [BLOCK_M, D], max, sum), all float32. Only the head size
-        # and block sizes are compile-time constants: one compiled kernel serves every batch and catch-up length.
+        # slots [split * length, +length) -> partial (acc [BLOCK_M, D], max, sum), all float32, where length is the
+        # written slots' share per split (split_length). Only the head size and block sizes are compile-time
+        # constants: one compiled kernel serves every batch, catch-up length and sequence length.
         split, hm, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         kvh, mb = hm % KV_HEADS, hm // KV_HEADS
         pos = tl.load(pos_ptr)
         total = pos + Q_LEN  # slots written, this call's included
-        start = split * SPLIT
+        shared = tl.maximum(total, BASIS)  # BASIS: 0, or the capacity (>= every written length)
+        length = ((shared + n_splits - 1) // n_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # as split_length()
+        start = split * length
         m = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # row = g * Q_LEN + i
         real = m < GROUP * Q_LEN
         g, i = m // Q_LEN, m % Q_LEN
         d = tl.arange(0, HEAD_DIM)
         out = ((b * KV_HEADS + kvh) * n_splits + split) * (tl.num_programs(1) // KV_HEADS * BLOCK_M) + m
-        if start < total:  # splits past the written slots do nothing (the combine reads none of them)
+        if start < total:  # splits past the written slots (a few, when they are short) do nothing
             q = tl.load(q_ptr + b * sq_b + (kvh * GROUP + g)[:, None] * sq_h + i[:, None] * sq_q + d[None, :],
                         mask=real[:, None], other=0.0)  # [BM, D]
             mine = pos + i  # each query's own slot
@@ -61,7 +69,7 @@ def _kernels():
             m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
             l_i = tl.zeros((BLOCK_M,), tl.float32)
             acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
-            stop = tl.minimum(start + SPLIT, total)
+            stop = tl.minimum(start + length, total)
             n0 = start
             while n0 < stop:  # a while loop: Triton's interpreter cannot run range() over loaded bounds
                 cols = n0 + tl.arange(0, BLOCK_N)
@@ -93,9 +101,9 @@ def _kernels():
             tl.store(ml_ptr + 2 * out + 1, l_i)
 
     @triton.jit
-    def combine_kernel(acc_ptr, ml_ptr, o_ptr, pos_ptr, so_b, so_q, so_h, n_splits, Q_LEN, GROUP, KV_HEADS, SPLIT,
-                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                       CHUNK_S: tl.constexpr):
+    def combine_kernel(acc_ptr, ml_ptr, o_ptr, pos_ptr, so_b, so_q, so_h, n_splits, Q_LEN, GROUP, KV_HEADS,
+                       BASIS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                       BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr):
         # out[b, i, kvh * GROUP + g, d] = sum over splits of acc * exp(m - max) / sum of l * exp(m - max), for the
         # BLOCK_D columns d of this program. Every split's (max, sum) is read in one [BLOCK_S, BLOCK_M] tile and
         # the partial outputs CHUNK_S splits at a time: a few dependent loads, not two per split.
@@ -106,7 +114,10 @@ def _kernels():
         real = m < GROUP * Q_LEN
         g, i = m // Q_LEN, m % Q_LEN
         d = db * BLOCK_D + tl.arange(0, BLOCK_D)
-        used = (tl.load(pos_ptr) + Q_LEN + SPLIT - 1) // SPLIT
+        written = tl.load(pos_ptr) + Q_LEN
+        shared = tl.maximum(written, BASIS)
+        length = ((shared + n_splits - 1) // n_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # as split_length()
+        used = (written + length - 1) // length
         s = tl.arange(0, BLOCK_S)
         at = ((b * KV_HEADS + kvh) * n_splits + s)[:, None] * rows_padded + m[None, :]  # [S, BM]
         ok = (s < used)[:, None]
@@ -140,16 +151,19 @@ def supported(query: torch.Tensor, key: torch.Tensor) -> bool:
 
 
 def _plan(batch: int, kv_heads: int, rows: int, slots: int, sms: int) -> tuple[int, int, int]:
-    """(BLOCK_M, row blocks, split size): enough programs to fill ``sms`` :data:`FILL` times over, splits
-    of whole ``BLOCK_N`` steps, no more than 64 splits."""
+    """(BLOCK_M, row blocks, splits): enough programs to fill ``sms`` :data:`FILL` times over, no more than
+    64 splits nor more than the cache's ``slots`` fill with ``BLOCK_N`` each. The kernels share the slots
+    written so far among the splits (:func:`split_length`), so every split works at any sequence length
+    once it holds ``BLOCK_N`` slots a split."""
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     row_blocks = -(-rows // block_m)
     want = max(1, -(-FILL * sms // (batch * kv_heads * row_blocks)))
-    split = -(-slots // want)
-    split = max(BLOCK_N, -(-split // BLOCK_N) * BLOCK_N)
-    while -(-slots // split) > 64:
-        split *= 2
-    return block_m, row_blocks, split
+    return block_m, row_blocks, max(1, min(64, want, -(-slots // BLOCK_N)))
+
+
+def split_length(total: int, n_splits: int, block_n: int) -> int:
+    """Slots per split when ``total`` are written (the kernels compute the same on the device)."""
+    return -(-(-(-total // n_splits)) // block_n) * block_n
 
 
 @functools.lru_cache(maxsize=8)
@@ -163,24 +177,28 @@ def decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     batch, heads, q_len, dim = query.shape
     kv_heads, slots = key.shape[1], key.shape[2]
     group = heads // kv_heads
-    block_m, row_blocks, split = _plan(batch, kv_heads, group * q_len, slots, _sm_count(query.device))
-    n_splits = -(-slots // split)
+    block_m, row_blocks, n_splits = _plan(batch, kv_heads, group * q_len, slots, _sm_count(query.device))
     rows_padded = row_blocks * block_m
     acc = torch.empty(batch * kv_heads * n_splits * rows_padded, dim, dtype=torch.float32, device=query.device)
     ml = torch.empty(batch * kv_heads * n_splits * rows_padded * 2, dtype=torch.float32, device=query.device)
     out = torch.empty(batch, q_len, heads, dim, dtype=query.dtype, device=query.device)  # [b, q, H, D]
     split_kernel, combine_kernel = _kernels()
+    if SPLIT_BASIS not in ("written", "capacity"):
+        raise ValueError(f"decode_attention.SPLIT_BASIS must be 'written' or 'capacity', got {SPLIT_BASIS!r}")
+    basis = 0 if SPLIT_BASIS == "written" else slots
     ieee = query.dtype == torch.float32
     split_kernel[(n_splits, kv_heads * row_blocks, batch)](
         query, key, value, acc, ml, pad, pos, scale,
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
-        value.stride(0), value.stride(1), value.stride(2), n_splits, q_len, group, kv_heads, split,
-        HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, IEEE=ieee or interpreted(), num_warps=WARPS, num_stages=STAGES,
+        value.stride(0), value.stride(1), value.stride(2), n_splits, q_len, group, kv_heads,
+        basis, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, IEEE=ieee or interpreted(), num_warps=WARPS,
+        num_stages=STAGES,
     )
     block_d = min(dim, 32)
     combine_kernel[(kv_heads * row_blocks, batch, dim // block_d)](
-        acc, ml, out, pos, out.stride(0), out.stride(1), out.stride(2), n_splits, q_len, group, kv_heads, split,
-        HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=max(16, next_pow2(n_splits)), CHUNK_S=128 // block_m,
+        acc, ml, out, pos, out.stride(0), out.stride(1), out.stride(2), n_splits, q_len, group, kv_heads,
+        basis, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=max(16, next_pow2(n_splits)),
+        CHUNK_S=128 // block_m,
         num_warps=4,
     )
     return out

@@ -72,12 +72,25 @@ def test_unsupported_shapes_take_the_fallback(device):
 
 
 def test_plan_fills_the_device_and_caps_the_splits():
-    block_m, row_blocks, split = da._plan(batch=1, kv_heads=4, rows=7, slots=3072, sms=132)
-    assert (block_m, row_blocks) == (16, 1) and split % da.BLOCK_N == 0
-    assert -(-3072 // split) * 4 >= 132  # programs: splits x KV heads >= the multiprocessors
-    block_m, row_blocks, split = da._plan(batch=64, kv_heads=4, rows=56, slots=3072, sms=132)
-    assert (block_m, row_blocks) == (64, 1) and split == 640  # 5 splits x 256 = 1280 programs reach FILL x 132
-    assert -(-100000 // da._plan(1, 1, 1, 100000, 132)[2]) <= 64
+    block_m, row_blocks, splits = da._plan(batch=1, kv_heads=4, rows=7, slots=3072, sms=132)
+    assert (block_m, row_blocks, splits) == (16, 1, 48)  # 3072 slots hold 48 splits of BLOCK_N
+    block_m, row_blocks, splits = da._plan(batch=64, kv_heads=4, rows=56, slots=3072, sms=132)
+    assert (block_m, row_blocks, splits) == (64, 1, 5)  # 5 splits x 256 = 1280 programs reach FILL x 132
+    assert da._plan(1, 1, 1, 100000, 132)[2] == 64
+    assert da._plan(8, 4, 7, 40, 132)[2] == 1  # a cache shorter than BLOCK_N: one split
+
+
+def test_splits_share_the_written_slots():
+    """The split length follows the written length, not the capacity: at 300 written slots and 5 splits
+    (B = 64 on an H200) each split reads 64 slots, so all five work; whole BLOCK_N steps, every slot
+    covered, no split past the written ones but the last's remainder."""
+    assert da.split_length(300, 5, 64) == 64
+    assert da.split_length(3000, 5, 64) == 640
+    assert da.split_length(1, 48, 64) == 64
+    for total in (1, 63, 64, 65, 300, 1400, 2881, 4096):
+        for n in (1, 5, 24, 48, 64):
+            length = da.split_length(total, n, 64)
+            assert length % 64 == 0 and length * n >= total and length - 64 < -(-total // n)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -87,7 +100,8 @@ def test_many_splits_combine_in_chunks(device, batch, q, pos, monkeypatch):
     chunk at a time (more than one chunk here)."""
     monkeypatch.setattr(da, "_sm_count", lambda device: 132)
     heads, kv_heads, dim, slots = 4, 2, 16, 4096
-    block_m, _, split = da._plan(batch, kv_heads, heads // kv_heads * q, slots, 132)
+    block_m, _, splits = da._plan(batch, kv_heads, heads // kv_heads * q, slots, 132)
+    split = da.split_length(pos + q, splits, da.BLOCK_N)
     assert -(-(pos + q) // split) > 128 // block_m  # more written splits than one chunk holds
     torch.manual_seed(pos)
     query = torch.randn(batch, q, heads, dim, device=device).transpose(1, 2)
@@ -96,6 +110,31 @@ def test_many_splits_combine_in_chunks(device, batch, q, pos, monkeypatch):
     key[:, :, pos + q:] = float("nan")
     value[:, :, pos + q:] = float("nan")
     pads = [0, 40][:batch]
+    out, _ = da.decode_attention(None, query, key, value, None, scaling=0.3, pos=torch.tensor(pos, device=device),
+                                 pad=torch.tensor(pads, device=device), fallback=None)
+    torch.testing.assert_close(out.double(), reference(query, key, value, pos, pads, 0.3), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("basis", ["written", "capacity"])
+@pytest.mark.parametrize("q,pos", [(1, 200), (4, 61), (1, 0)])
+def test_short_sequence_in_a_long_cache_works_in_every_split(device, q, pos, basis, monkeypatch):
+    """A few hundred written slots in a cache of thousands (early in a long generation): the written slots
+    are shared among all the planned splits, the rest of the cache (NaN here) is never read. The earlier
+    plan (splits share the capacity), kept to measure against, gives the same output."""
+    monkeypatch.setattr(da, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(da, "SPLIT_BASIS", basis)
+    batch, heads, kv_heads, dim, slots = 8, 4, 2, 16, 3072
+    splits = da._plan(batch, kv_heads, heads // kv_heads * q, slots, 132)[2]
+    written = da.split_length(pos + q, splits, da.BLOCK_N)
+    assert splits > 1 and -(-(pos + q) // written) == min(splits, -(-(pos + q) // 64))
+    torch.manual_seed(pos + q)
+    query = torch.randn(batch, q, heads, dim, device=device).transpose(1, 2)
+    key = torch.randn(batch, kv_heads, slots, dim, device=device)
+    value = torch.randn(batch, kv_heads, slots, dim, device=device)
+    key[:, :, pos + q:] = float("nan")
+    value[:, :, pos + q:] = float("nan")
+    pads = [0, 3, 0, 0, 5, 0, 0, 1] if pos > 8 else [0] * batch
     out, _ = da.decode_attention(None, query, key, value, None, scaling=0.3, pos=torch.tensor(pos, device=device),
                                  pad=torch.tensor(pads, device=device), fallback=None)
     torch.testing.assert_close(out.double(), reference(query, key, value, pos, pads, 0.3), atol=2e-5, rtol=2e-5)
