@@ -172,6 +172,7 @@ class _HostFlags:
 
     def __init__(self, batch: int):
         self.buffer: torch.Tensor | None = None  # [2 * batch] bool, pinned, made at the first CUDA step
+        self.event: torch.cuda.Event | None = None  # marks the copy's end; recorded again each step
         self.batch = batch
         self.pending = None
 
@@ -184,11 +185,11 @@ class _HostFlags:
             return
         if self.buffer is None:
             self.buffer = torch.empty(2 * self.batch, dtype=torch.bool, pin_memory=True)
+            self.event = torch.cuda.Event()
         host = self.buffer[: len(both)]
         host.copy_(both, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(both.device))  # the flags' device, not the current one
-        self.pending = (host, event, rows, back is not None and apart is None, apart)
+        self.event.record(torch.cuda.current_stream(both.device))  # the flags' device, not the current one
+        self.pending = (host, self.event, rows, back is not None and apart is None, apart)
 
     def wait(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         host, event, rows, with_back, apart = self.pending

@@ -113,7 +113,8 @@ def run_step(
                 seq, mask, slm_rows & accounted, resumed=routing.last_llm, want_hidden=policy.needs_hidden)
         else:
             slm_logits, hidden, got = slm_ahead
-            got = {r: c for r, c in got.items() if accounted[r]}
+            counted = accounted.tolist()  # one conversion, not a tensor read per row
+            got = {r: c for r, c in got.items() if counted[r]}
         calls += got.items()
         slm_h = normalized_entropy(slm_logits)
         handed = policy.hand_to_llm(StepView(index, slm_h, hidden, rows)).cpu() & slm_rows
