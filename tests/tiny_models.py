@@ -93,3 +93,26 @@ def left_pad(prompts: list[torch.Tensor], pad: int = 2) -> tuple[torch.Tensor, t
         ids[i, width - p.shape[1]:] = p[0]
         mask[i, width - p.shape[1]:] = 1
     return ids, mask
+
+
+def kernel_model(device, arch: str = "llama"):
+    """A float32 Llama (no projection biases) or Qwen2 (q/k/v biases) for the fast engine's kernel tests:
+    default initialisation, 64 wide, two layers, 97 ids (a size no kernel block divides)."""
+    torch.manual_seed(0)
+    config, model = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    cfg = config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)
+    return model(cfg).to(device).eval()
+
+
+def assert_compiles_like_eager(model, patches, device) -> None:
+    """A one-token forward with ``patches`` installed, through ``torch.compile(fullgraph=True)``, equals
+    the model's own eager forward (the kernels' custom ops trace)."""
+    from hf_rstitch.fast import gemv
+
+    one = torch.randint(0, 97, (1, 1), device=device)
+    step = torch.compile(lambda ids: model(ids).logits, fullgraph=True)
+    with torch.no_grad(), gemv.gemv_linears_on(patches):
+        got = step(one)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(one).logits, atol=1e-4, rtol=1e-4)

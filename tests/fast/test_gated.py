@@ -6,7 +6,7 @@ these tests skip when it is not there. On CUDA they run the compiled kernel.
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from tiny_models import assert_compiles_like_eager, kernel_model
 
 from hf_rstitch.fast import gated, gemv
 
@@ -60,18 +60,10 @@ def test_refuses_wrong_shapes(device):
         gated.launch(torch.randn(2, 16, device=device), g, u, gemv.GemvConfig())
 
 
-def _tiny(device, arch):
-    torch.manual_seed(0)
-    config, model = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
-    cfg = config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2)
-    return model(cfg).to(device).eval()
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_mlps_on_model_equal_and_restored(device, arch):
-    model = _tiny(device, arch)
+    model = kernel_model(device, arch)
     table = {}
     patches = gated.plan(model, table)
     mlps = [layer.mlp for layer in model.model.layers]
@@ -90,19 +82,13 @@ def test_mlps_on_model_equal_and_restored(device, arch):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_compiles_through_custom_op(device):
-    model = _tiny(device, "qwen2")
-    patches = gated.plan(model, {})
-    one = torch.randint(0, 97, (1, 1), device=device)
-    step = torch.compile(lambda ids: model(ids).logits, fullgraph=True)
-    with torch.no_grad(), gemv.gemv_linears_on(patches):
-        got = step(one)
-    with torch.no_grad():
-        torch.testing.assert_close(got, model(one).logits, atol=1e-4, rtol=1e-4)
+    model = kernel_model(device, "qwen2")
+    assert_compiles_like_eager(model, gated.plan(model, {}), device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_plan_skips_what_the_kernel_cannot_fuse(device):
-    model = _tiny(device, "llama")
+    model = kernel_model(device, "llama")
     first, second = model.model.layers[0].mlp, model.model.layers[1].mlp
     first.gate_proj.bias = torch.nn.Parameter(torch.zeros(first.gate_proj.out_features, device=device))
     second.act_fn = torch.nn.GELU()
@@ -112,7 +98,7 @@ def test_plan_skips_what_the_kernel_cannot_fuse(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_wide_inputs_use_the_given_activation_product(device):
     """Past MAX_ROWS rows the two products run apart and ``act_mul`` (compile="parts": its compiled one) joins them."""
-    model = _tiny(device, "qwen2")
+    model = kernel_model(device, "qwen2")
     seen = []
 
     def act_mul(gate, up):

@@ -6,7 +6,7 @@ installed); these tests skip when it is not there. On CUDA they run the compiled
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from tiny_models import assert_compiles_like_eager, kernel_model
 
 from hf_rstitch.fast import gemv
 
@@ -55,15 +55,6 @@ def test_gemv_refuses_too_many_rows(device):
                     gemv.GemvConfig(block_m=16))
 
 
-def _tiny(device, arch="llama"):
-    """Llama (no projection biases) or Qwen2 (q/k/v biases): both fused-group layouts."""
-    torch.manual_seed(0)
-    config, model = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
-    cfg = config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2)
-    return model(cfg).to(device).eval()
-
-
 def _each_model(test):
     """Every device, both architectures, q/k/v fused and not."""
     for mark in (pytest.mark.parametrize("device", DEVICES), pytest.mark.parametrize("fuse", [False, True]),
@@ -74,7 +65,7 @@ def _each_model(test):
 
 @_each_model
 def test_linears_on_model_equal_and_restored(device, fuse, arch):
-    model = _tiny(device, arch)
+    model = kernel_model(device, arch)
     table = gemv.tune_model(model)
     assert len(table) == 2 * len({gemv.shape_key(m.weight, m.bias) for m in gemv.linear_modules(model)})  # 1, few rows
     patches = gemv.plan(model, table, fuse=fuse)
@@ -95,19 +86,13 @@ def test_linears_on_model_equal_and_restored(device, fuse, arch):
 
 @_each_model
 def test_linears_compile_through_custom_op(device, fuse, arch):
-    model = _tiny(device, arch)
-    patches = gemv.plan(model, {}, fuse=fuse)
-    one = torch.randint(0, 97, (1, 1), device=device)
-    step = torch.compile(lambda ids: model(ids).logits, fullgraph=True)
-    with torch.no_grad(), gemv.gemv_linears_on(patches):
-        got = step(one)
-    with torch.no_grad():
-        torch.testing.assert_close(got, model(one).logits, atol=1e-4, rtol=1e-4)
+    model = kernel_model(device, arch)
+    assert_compiles_like_eager(model, gemv.plan(model, {}, fuse=fuse), device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_plan_skips_what_the_kernel_cannot_read(device):
-    model = _tiny(device, "llama")
+    model = kernel_model(device, "llama")
     layer = model.model.layers[0].mlp.down_proj
     layer.weight = torch.nn.Parameter(layer.weight.detach().t().contiguous().t())  # columns contiguous
     model.model.layers[1].mlp.up_proj.double()  # float64: the kernel accumulates in float32
