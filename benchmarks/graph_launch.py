@@ -27,6 +27,7 @@ import lab
 from engine_profile_batched import Rows
 from hf_rstitch.core.roles import Role
 from hf_rstitch.fast import FastConfig, FastLane
+from hf_rstitch.fast.graphs import GraphRunner
 
 SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}  # Qwen2 7B
 
@@ -64,7 +65,7 @@ def host_and_device(replay, reps: int) -> dict:
 
 
 def products_graph(m: int, layers: int) -> tuple:
-    """A graph of ``layers`` x the 7B's four linear products, ``m`` rows each, and the tensors it reads."""
+    """A graph of ``layers`` x the 7B's four linear products, ``m`` rows each, and what it reads (kept alive)."""
     w = {k: torch.randn(n, k_, device="cuda", dtype=torch.bfloat16) * 0.01 for k, (n, k_) in SHAPES.items()}
     x = torch.randn(m, 3584, device="cuda", dtype=torch.bfloat16)
 
@@ -77,15 +78,9 @@ def products_graph(m: int, layers: int) -> tuple:
             h = g[:, :18944] @ w["down"].T
         return h
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph, (w, x)
+    runner = GraphRunner(torch.device("cuda"))  # as a lane captures: a warm-up run, then the recording
+    runner.run("products", step)
+    return runner.graphs["products"][0], (w, x, runner)
 
 
 def lane_replay(model, batch: int, context: int) -> dict:
