@@ -16,12 +16,15 @@ instead of logits, and their token is the pad token either way. Otherwise they k
 routed by the policy as before, so their scores equal plain ``generate``'s; they are left out
 of the traces either way.
 
-Run-ahead: when the SLM wrote every row's token (no hand-over, no LLM call), the next step is the
-SLM's for every row whatever the stopping check says, so a lane that allows it (``run_ahead``: the
-fast engine's graphs) is advanced before that check and its host wait: the device decodes the next
-token while the host records this one (:func:`run_slm_ahead`). If rows finished meanwhile, their
-part of the early call is dropped; if every row finished, the whole call is (the lane has read one
-column more, which the next generation's reset forgets). Outputs and traces do not change.
+Run-ahead: when the next step's first lane call is known before this step's stopping check -- the
+SLM's, if any row's token was the SLM's (that row stays with the SLM) or the policy sent a row back
+on the host; the LLM's, if it wrote every row's token and the policy kept every row with it on the
+host -- a lane that allows it (``run_ahead``: the fast engine's graphs) is advanced before that
+check and its host wait (:func:`run_ahead`): the device decodes the next token while the host
+records this one. A lane runs every row either way, so the early call serves the next step whoever
+takes part; its records are made then (``account``). If rows finished meanwhile, their part of the
+early call is dropped; if every row finished, the whole call is (the lane has read one column more,
+which the next generation's reset forgets). Outputs and traces do not change.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from ..core.policies import RoutingPolicy
 from ..core.roles import Role
 from ..core.sampling import pick_tokens
 from ..core.trace import StitchTrace
-from .step import Routing, StepOut, run_step
+from .step import Ahead, Routing, StepOut, run_step
 
 # (sequence [B, T], raw logits [B, V]) -> processed scores [B, V]
 Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -91,12 +94,12 @@ def stitch_loop(
     book = _TraceBook(batch, repr(policy))
     scores_kept, logits_kept = [], []
     policy.reset()
-    ahead = None  # the SLM lane's next advance, run early (run_slm_ahead)
+    ahead = None  # the next step's first lane call, run early (run_ahead)
     flags = _HostFlags(batch)
     for index in itertools.count():
         accounted = unfinished[in_lanes]
         out = run_step(lanes, seq if at is None else seq[at], mask if at is None else mask[at], routing, policy,
-                       index, in_lanes, accounted, slm_ahead=ahead)
+                       index, in_lanes, accounted, ahead=ahead)
         logits = out.logits if at is None else out.logits.new_zeros(batch, out.logits.shape[-1]).index_copy_(0, at, out.logits)
         scores = process(seq, logits)
         tokens = pick_tokens(scores, do_sample)  # [B]
@@ -108,8 +111,8 @@ def stitch_loop(
             on_token(tokens)
         stop = should_stop(seq, scores)
         flags.start(stop, out.back)  # to the host, queued before any early call: waiting for it waits for no more
-        ahead = run_slm_ahead(lanes, out, seq if at is None else seq[at], mask if at is None else mask[at],
-                              accounted, policy.needs_hidden)
+        ahead = run_ahead(lanes, out, seq if at is None else seq[at], mask if at is None else mask[at],
+                          policy.needs_hidden)
         book.record(in_lanes, accounted, out)
         if keep_scores:
             scores_kept.append(scores)
@@ -138,28 +141,38 @@ def _drop_finished(lanes: dict, routing: Routing, unfinished: torch.Tensor, in_l
     return in_lanes[keep], keep_ahead(ahead, keep)
 
 
-def run_slm_ahead(lanes: dict, out: StepOut, seq: torch.Tensor, mask: torch.Tensor, accounted: torch.Tensor,
-                  want_hidden: bool):
-    """The SLM lane's next ``advance`` over ``seq`` (this step's tokens appended), run now, when the SLM
-    wrote every row's token and the lane allows it; else None. The next step then decides as before."""
-    lane = lanes[Role.SLM]
-    if not getattr(lane, "run_ahead", False) or out.back is not None or bool(out.writer_llm.any()):
+def next_lane(out: StepOut) -> Role | None:
+    """The lane the step after ``out`` calls first, if the host knows it now: the SLM's when some row will
+    be the SLM's (it wrote the row's token, or the LLM hands the row back and the policy said so on the
+    host); the LLM's when it keeps every row and the host knows it; else None (the LLM's decision to hand
+    back is still on the device)."""
+    back = out.back
+    if back is None or back.device.type != "cpu":
+        return Role.SLM if not bool(out.writer_llm.all()) else None
+    llm_next = out.writer_llm & ~back
+    return Role.LLM if bool(llm_next.all()) else Role.SLM
+
+
+def run_ahead(lanes: dict, out: StepOut, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool) -> Ahead | None:
+    """The next step's first lane call over ``seq`` (this step's tokens appended), run now, when the host
+    knows which lane it is (:func:`next_lane`) and that lane allows it; else None."""
+    role = next_lane(out)
+    lane = lanes[role] if role is not None else None
+    if lane is None or not getattr(lane, "run_ahead", False):
         return None
     if seq.shape[1] > getattr(lane, "capacity", seq.shape[1]):  # a last step past the cache: never needed
         return None
-    resumed = torch.zeros(len(out.writer_llm), dtype=torch.bool)  # the SLM wrote the latest token of every row
-    return lane.advance(seq, mask, accounted, resumed, want_hidden=want_hidden)
+    nobody = torch.zeros(seq.shape[0], dtype=torch.bool)  # records wait for the next step (Lane.account)
+    logits, hidden, _ = lane.advance(seq, mask, nobody, nobody, want_hidden=want_hidden and role is Role.SLM)
+    return Ahead(role, logits, hidden)
 
 
-def keep_ahead(ahead, keep: torch.Tensor):
-    """A run-ahead ``advance`` output cut to the lane rows ``keep`` (CPU long), renumbered."""
+def keep_ahead(ahead: Ahead | None, keep: torch.Tensor) -> Ahead | None:
+    """A run-ahead output cut to the lane rows ``keep`` (CPU long)."""
     if ahead is None:
         return None
-    logits, hidden, calls = ahead
-    new = {old: i for i, old in enumerate(keep.tolist())}
-    if hidden is not None:
-        hidden = hidden.index_select(0, keep.to(hidden.device))
-    return logits.index_select(0, keep.to(logits.device)), hidden, {new[r]: c for r, c in calls.items() if r in new}
+    hidden = ahead.hidden.index_select(0, keep.to(ahead.hidden.device)) if ahead.hidden is not None else None
+    return Ahead(ahead.role, ahead.logits.index_select(0, keep.to(ahead.logits.device)), hidden)
 
 
 class _HostFlags:

@@ -79,10 +79,20 @@ class StepOut:
     held: torch.Tensor | None = None  # [b] bool, host: rows that gain no token this step (waiting for the LLM)
 
 
+@dataclass
+class Ahead:
+    """A lane's ``advance`` run a step early (the loop's run-ahead, :func:`hf_rstitch.engine.loop.run_ahead`)
+    with no rows taking part: its records are made when the step that uses it knows its rows."""
+
+    role: Role
+    logits: torch.Tensor  # [b, V]
+    hidden: torch.Tensor | None
+
+
 def run_step(
     lanes: dict, seq: torch.Tensor, mask: torch.Tensor, routing: Routing, policy: RoutingPolicy,
     index: int, rows: torch.Tensor, accounted: torch.Tensor | None = None, schedule: LLMSchedule | None = None,
-    slm_ahead: tuple | None = None,
+    ahead: Ahead | None = None,
 ) -> StepOut:
     """Advance the lanes by one token for every row of ``seq [b, T]`` and choose each row's writer.
 
@@ -99,29 +109,27 @@ def run_step(
         schedule: whether the LLM runs now for the rows that need it (default: always); when it
             does not, those rows are ``held`` and the caller moves them one column right
             (``hold_rows`` of each lane) instead of appending a token.
-        slm_ahead: the SLM lane's ``advance`` output for these rows, already run (the loop's run-ahead,
-            :func:`hf_rstitch.engine.loop.run_slm_ahead`): used instead of advancing the SLM lane; its calls
-            count for accounted rows only.
+        ahead: one lane's ``advance`` for these rows, already run (the loop's run-ahead): used instead
+            of advancing that lane. Unused when the rows that needed it finished meanwhile: the lane
+            has read the column early, which its next call skips; no records were made.
     """
     accounted = torch.ones(len(rows), dtype=torch.bool) if accounted is None else accounted
     slm_rows = ~routing.llm_on
     llm_on, calls = routing.llm_on, []
     slm_h = handed = slm_logits = None
     if slm_rows.any():
-        if slm_ahead is None:
-            slm_logits, hidden, got = lanes[Role.SLM].advance(
-                seq, mask, slm_rows & accounted, resumed=routing.last_llm, want_hidden=policy.needs_hidden)
-        else:
-            slm_logits, hidden, got = slm_ahead
-            counted = accounted.tolist()  # one conversion, not a tensor read per row
-            got = {r: c for r, c in got.items() if counted[r]}
+        slm_logits, hidden, got = _advance(lanes[Role.SLM], ahead, seq, mask, slm_rows & accounted,
+                                           routing.last_llm, policy.needs_hidden)
         calls += got.items()
         slm_h = normalized_entropy(slm_logits)
-        handed = policy.hand_to_llm(StepView(index, slm_h, hidden, rows)).cpu() & slm_rows
+        decision = policy.hand_to_llm(StepView(index, slm_h, hidden, rows))
+        if ahead is None or ahead.role is not Role.LLM:
+            ahead = _llm_before_decision(lanes[Role.LLM], decision, llm_on, schedule, seq, mask)
+        handed = _to_host(decision) & slm_rows
         llm_on = llm_on | handed  # discard these proposals: the LLM decodes the same position
     llm_h = back = llm_logits = held = None
     if llm_on.any() and _llm_now(schedule, llm_on, routing.waited):
-        llm_logits, _, got = lanes[Role.LLM].advance(seq, mask, llm_on & accounted, resumed=~routing.last_llm)
+        llm_logits, _, got = _advance(lanes[Role.LLM], ahead, seq, mask, llm_on & accounted, ~routing.last_llm, False)
         calls += got.items()
         llm_h = normalized_entropy(llm_logits)
         back = policy.hand_to_slm(StepView(index, llm_h, rows=rows))  # host copy deferred to the caller's sync
@@ -129,6 +137,38 @@ def run_step(
         held = llm_on.clone()  # no LLM call: these rows wait; their logits below are the SLM's, unused
     return StepOut(_by_writer(llm_on, llm_logits, slm_logits), _by_writer(llm_on, llm_h, slm_h), llm_on, handed,
                    slm_h, back, calls, held)
+
+
+def _llm_before_decision(lane, decision: torch.Tensor, llm_on: torch.Tensor, schedule, seq, mask) -> Ahead | None:
+    """The LLM's call, queued before the host reads the SLM's hand-over decisions from the device, when the
+    step calls the LLM whatever they say (some row is the LLM's already) and its lane runs every row anyway
+    (``run_ahead``): the device goes on from the SLM to the LLM instead of waiting for the host."""
+    if decision.device.type == "cpu" or schedule is not None or not bool(llm_on.any()):
+        return None
+    if not getattr(lane, "run_ahead", False):
+        return None
+    nobody = torch.zeros(len(llm_on), dtype=torch.bool)  # records made by the step (Lane.account)
+    logits, hidden, _ = lane.advance(seq, mask, nobody, nobody)
+    return Ahead(Role.LLM, logits, hidden)
+
+
+def _to_host(decision: torch.Tensor) -> torch.Tensor:
+    """``decision`` on the host, waiting only for the kernels queued before this call (not for an LLM call
+    queued after it): a copy to page-locked memory and an event."""
+    if decision.device.type != "cuda":
+        return decision.cpu()
+    host = decision.to("cpu", non_blocking=True)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(decision.device))
+    done.synchronize()
+    return host
+
+
+def _advance(lane, ahead: Ahead | None, seq, mask, rows: torch.Tensor, resumed: torch.Tensor, want_hidden: bool):
+    """``lane.advance(...)``, or the lane's early call when ``ahead`` is it (then only its records are made)."""
+    if ahead is None or ahead.role is not lane.role:
+        return lane.advance(seq, mask, rows, resumed, want_hidden=want_hidden)
+    return ahead.logits, ahead.hidden, lane.account(seq.shape[1], rows, resumed)
 
 
 def _llm_now(schedule: LLMSchedule | None, llm_on: torch.Tensor, waited: torch.Tensor) -> bool:

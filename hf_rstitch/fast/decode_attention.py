@@ -102,8 +102,8 @@ def _kernels():
 
     @triton.jit
     def combine_kernel(acc_ptr, ml_ptr, o_ptr, pos_ptr, so_b, so_q, so_h, n_splits, Q_LEN, GROUP, KV_HEADS,
-                       BASIS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                       BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr):
+                       BASIS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr):
         # out[b, i, kvh * GROUP + g, d] = sum over splits of acc * exp(m - max) / sum of l * exp(m - max), for the
         # BLOCK_D columns d of this program. Every split's (max, sum) is read in one [BLOCK_S, BLOCK_M] tile and
         # the partial outputs CHUNK_S splits at a time: a few dependent loads, not two per split.
@@ -197,7 +197,7 @@ def decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     block_d = min(dim, 32)
     combine_kernel[(kv_heads * row_blocks, batch, dim // block_d)](
         acc, ml, out, pos, out.stride(0), out.stride(1), out.stride(2), n_splits, q_len, group, kv_heads,
-        basis, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=max(16, next_pow2(n_splits)),
+        basis, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, BLOCK_S=max(16, next_pow2(n_splits)),
         CHUNK_S=128 // block_m,
         num_warps=4,
     )

@@ -103,7 +103,7 @@ class FastLane(RowOps):
                           "CUDA): same outputs, no speed-up. Pass FastConfig(graphs=False) to silence this.",
                           stacklevel=2)
         self.graphs = GraphRunner(dev) if graphs else None  # raises off CUDA
-        self.run_ahead = graphs if config.run_ahead is None else config.run_ahead  # see engine.protocol
+        self._run_ahead = graphs if config.run_ahead is None else config.run_ahead  # see engine.protocol
         self.capacity = capacity
         self.buckets = bucket_sizes(config.max_bucket)
         self.rows = RowSlots(max_rows)  # live row -> cache row, per-row trace bookkeeping
@@ -144,6 +144,12 @@ class FastLane(RowOps):
     def max_rows(self) -> int:
         return self.rows.max_rows
 
+    @property
+    def run_ahead(self) -> bool:
+        """The loop may call :meth:`advance` a step early (see :mod:`hf_rstitch.engine.protocol`); never while
+        timing, whose calls wait for the device anyway."""
+        return self._run_ahead and not self.timing
+
     # ---- the Lane interface -------------------------------------------------------------------
     def advance(self, seq: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, resumed: torch.Tensor,
                 want_hidden: bool = False):
@@ -178,6 +184,11 @@ class FastLane(RowOps):
         calls = self.rows.records(self.role, total, rows.tolist(), resumed.tolist(), seconds)
         self.seen = total
         return logits, hidden, calls
+
+    def account(self, total: int, rows: torch.Tensor, resumed: torch.Tensor) -> dict:
+        """The records an :meth:`advance` to ``total`` columns would have made for ``rows`` (``[B]`` bool CPU),
+        for a call made early with no rows taking part (a run-ahead, whose rows were not known yet)."""
+        return self.rows.records(self.role, total, rows.tolist(), resumed.tolist(), None)
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Keep only the live rows ``index`` (CPU long tensor), in that order. No buffer is reallocated:

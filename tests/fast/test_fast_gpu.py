@@ -255,8 +255,8 @@ def test_fp32_run_ahead_on_cuda_equals_default(logits, monkeypatch):
     from tiny_models import left_pad, make_pair, prompt
 
     runs = []
-    original = loop.run_slm_ahead
-    monkeypatch.setattr(loop, "run_slm_ahead", lambda *a, **k: runs.append(original(*a, **k)) or runs[-1])
+    original = loop.run_ahead
+    monkeypatch.setattr(loop, "run_ahead", lambda *a, **k: runs.append(original(*a, **k)) or runs[-1])
     llm, slm = (m.to("cuda", torch.float32) for m in make_pair("llama"))
     ids, mask = (t.cuda() for t in left_pad([prompt(k, seed=40 + i) for i, k in enumerate([6, 9, 4])]))
     routes = [["slm"] * 3 + ["llm"] * 3 + ["slm"] * 4 + ["llm"] * 3 + ["slm"] * 5,
@@ -277,3 +277,31 @@ def test_fp32_run_ahead_on_cuda_equals_default(logits, monkeypatch):
            [[(c.role, c.n_inf, c.n_kv) for c in t.calls] for t in want.stitch]
     for a, b in zip(got.logits or (), want.logits or ()):
         assert float((a - b).abs().nan_to_num(posinf=0, neginf=0).max()) < 1e-3
+
+
+@pytest.mark.gpu
+@gpu
+def test_fp32_entropy_routing_on_cuda_equals_default(monkeypatch):
+    """An entropy policy decides on the device: the loop runs the SLM ahead where some row wrote its token, and
+    a step whose SLM decisions are still on the device queues the LLM first where a row is the LLM's already.
+    Four rows, three thresholds: tokens, roles and per-row records equal the eager engine's."""
+    from hf_rstitch.core.policies import EntropyPolicy
+    from hf_rstitch.engine import step
+    from tiny_models import left_pad, make_pair, prompt
+
+    early = []
+    original = step._llm_before_decision
+    monkeypatch.setattr(step, "_llm_before_decision", lambda *a, **k: early.append(original(*a, **k)) or early[-1])
+    llm, slm = (m.to("cuda", torch.float32) for m in make_pair("llama"))
+    ids, mask = (t.cuda() for t in left_pad([prompt(k, seed=60 + i) for i, k in enumerate([7, 4, 9, 5])]))
+    engine = FastEngine(FastConfig(max_bucket=8))
+    for tau in (0.6, 0.75, 0.9):
+        kw = dict(attention_mask=mask, assistant_model=slm, max_new_tokens=14, min_new_tokens=14, do_sample=False,
+                  return_dict_in_generate=True, pad_token_id=2, stitch_policy=EntropyPolicy(tau))
+        want = llm.generate(ids, stitch_engine="default", **kw)
+        got = llm.generate(ids, stitch_engine=engine, **kw)
+        assert torch.equal(got.sequences, want.sequences)
+        assert [t.roles for t in got.stitch] == [t.roles for t in want.stitch]
+        assert [[(c.role, c.n_inf, c.n_kv) for c in t.calls] for t in got.stitch] == \
+               [[(c.role, c.n_inf, c.n_kv) for c in t.calls] for t in want.stitch]
+    assert any(e is not None for e in early)

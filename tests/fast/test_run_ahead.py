@@ -1,5 +1,6 @@
-"""The generate loop's run-ahead (hf_rstitch.engine.loop.run_slm_ahead): the SLM lane advanced before
-the stopping check when the SLM wrote every row's token. On CUDA the fast engine does it by default;
+"""The generate loop's run-ahead (hf_rstitch.engine.loop.run_ahead): the next step's first lane advanced
+before the stopping check when the host knows which lane that is -- the SLM when some row's token was the
+SLM's (or a host-deciding policy sends a row back), the LLM when it keeps every row on the host's word. On CUDA the fast engine does it by default;
 here CPU FastLanes are told to (``FastConfig(run_ahead=True)``) and every output must equal the eager
 engine's: tokens, logits, roles and per-row forward-call records, with rows finishing at different
 steps (dropped from the lanes, or kept running when logits are returned), end tokens, a router policy
@@ -28,15 +29,30 @@ ROUTES = [["slm"] * 3 + ["llm"] * 3 + ["slm"] * 4 + ["llm"] * 3 + ["slm"] * 5,
 def counted(monkeypatch):
     """How many steps ran the SLM ahead."""
     runs = []
-    original = loop.run_slm_ahead
+    original = loop.run_ahead
 
     def spy(*args, **kwargs):
         got = original(*args, **kwargs)
         runs.append(got is not None)
         return got
 
-    monkeypatch.setattr(loop, "run_slm_ahead", spy)
+    monkeypatch.setattr(loop, "run_ahead", spy)
     return runs
+
+
+@pytest.fixture
+def lanes_ahead(monkeypatch):
+    """Which lane each run-ahead advanced (None where none ran)."""
+    roles = []
+    original = loop.run_ahead
+
+    def spy(*args, **kwargs):
+        got = original(*args, **kwargs)
+        roles.append(got.role if got is not None else None)
+        return got
+
+    monkeypatch.setattr(loop, "run_ahead", spy)
+    return roles
 
 
 def _calls(trace):
@@ -168,3 +184,52 @@ def test_run_ahead_stops_at_the_lane_capacity():
     ref = _generate(llm, slm, ids, "default", stitch_policy=ReplayPolicy(["slm"] * 8), max_new_tokens=8)
     _same(out, ref)
     assert engine._lanes[Role.SLM].capacity == out.sequences.shape[1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-full"])
+def test_llm_runs_ahead_when_the_policy_keeps_it_on_the_host(arch, lanes_ahead):
+    """A replayed route decides on the host: inside an LLM stretch the LLM's next call runs early, and a
+    stretch's last LLM token (handed back) runs the SLM early. Three rows whose stretches differ."""
+    llm, slm = make_pair(arch)
+    ids, mask = left_pad([prompt(k, seed=50 + i) for i, k in enumerate([5, 8, 3])])
+    routes = [["llm"] * 6 + ["slm"] * 3 + ["llm"] * 4, ["llm"] * 4 + ["slm"] * 5 + ["llm"] * 4, ["llm"] * 13]
+    kw = dict(stitch_policy=ReplayPolicy(routes), max_new_tokens=13, min_new_tokens=13, output_logits=True)
+    ref = _generate(llm, slm, ids, "default", mask, **kw)
+    _same(_generate(llm, slm, ids, FastEngine(AHEAD), mask, **kw), ref)
+    assert lanes_ahead.count(Role.LLM) >= 4 and lanes_ahead.count(Role.SLM) >= 4, lanes_ahead
+
+
+def test_entropy_routing_runs_the_next_steps_first_lane_ahead(lanes_ahead):
+    """An entropy policy on CPU decides on the host: each step runs early the lane the next step calls first
+    -- the SLM when some row is the SLM's then (it kept its token or hands it over), else the LLM."""
+    from hf_rstitch.core.policies import EntropyPolicy
+
+    llm, slm = make_pair("llama")
+    ids, mask = left_pad([prompt(k, seed=60 + i) for i, k in enumerate([7, 4, 9, 5])])
+    mixed = 0
+    for tau in (0.6, 0.75, 0.9):
+        kw = dict(stitch_policy=EntropyPolicy(tau), max_new_tokens=14, min_new_tokens=14, output_logits=True)
+        ref = _generate(llm, slm, ids, "default", mask, **kw)
+        lanes_ahead.clear()
+        _same(_generate(llm, slm, ids, FastEngine(AHEAD), mask, **kw), ref)
+        slm_at = [[r is Role.SLM or h for r, h in zip(t.roles, t.handovers)] for t in ref.stitch]
+        for i, early in enumerate(lanes_ahead[:-1]):
+            assert early is (Role.SLM if any(row[i + 1] for row in slm_at) else Role.LLM), (i, slm_at, lanes_ahead)
+        mixed += sum(len({row[i] for row in slm_at}) == 2 for i in range(14))
+    assert mixed  # some step had rows of both models
+
+
+def test_next_lane_waits_for_a_hand_back_decided_on_the_device():
+    """Where the LLM's hand-back is still on the device (a GPU policy), only an SLM row makes the next lane known."""
+    from hf_rstitch.engine.step import StepOut
+
+    def out(writer, back):
+        w = torch.tensor(writer)
+        return StepOut(None, None, w, None, None, back, [])
+
+    on_device = torch.zeros(3, dtype=torch.bool, device="meta")
+    assert loop.next_lane(out([True, False, True], on_device)) is Role.SLM
+    assert loop.next_lane(out([True, True, True], on_device)) is None
+    assert loop.next_lane(out([False, False, False], None)) is Role.SLM
+    assert loop.next_lane(out([True, True, True], torch.tensor([False, False, False]))) is Role.LLM
+    assert loop.next_lane(out([True, True, True], torch.tensor([False, True, False]))) is Role.SLM
