@@ -29,7 +29,7 @@ import engine_bench as eb
 import lab
 from engine_profile import summarize
 from hf_rstitch.core.roles import Role
-from hf_rstitch.fast import FastConfig, FastLane, decode_attention
+from hf_rstitch.fast import FastConfig, FastLane, decode_attention, gemv
 
 
 class Rows:
@@ -87,18 +87,21 @@ def one_batch(model, batch: int, args, device: str, bw: float) -> dict:
 
 def markdown(result: dict) -> str:
     env = result["environment"]
-    lines = [f"# Batched decode step of the fast engine: random Qwen2 7B, bf16, {env['devices'][0]}", "",
+    lines = [f"# Decode step of the fast engine: random Qwen2 ({', '.join(result['args']['models'])}), bf16, "
+             f"{env['devices'][0]}", "",
              f"torch {env['torch']}, transformers {env['transformers']}, {env['date']}; `compile=\"parts\"` with the "
              f"fused kernels; every row prefilled with {result['args']['context']} tokens, then one-token graph "
              "replays in a bare loop (no policy, no host wait per step). Floor: weights plus the KV the step reads, "
              f"over the measured copy bandwidth. Cache: {result['args']['capacity'] or 'just what the steps need'} "
              "slots a row.", "",
-             "| splits share | attention FILL:STAGES:BLOCK_N:WARPS | B | ms/step | floor (ms) | x floor | "
-             "kernel ms/step | kernels/step | top kernels (ms/step) |", "|---|---|---|---|---|---|---|---|---|"]
+             "PDL: programmatic dependent launch of the Triton kernels.", "",
+             "| model | PDL | splits share | attention FILL:STAGES:BLOCK_N:WARPS | B | ms/step | floor (ms) | x floor | "
+             "kernel ms/step | kernels/step | top kernels (ms/step) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         p = r["profile"] or {"top_kernels_ms": {}, "kernel_ms_per_token": 0.0, "kernels_per_token": 0}
         top = "; ".join(f"{k[:40]} {v:.2f}" for k, v in list(p["top_kernels_ms"].items())[:5])
-        lines.append(f"| {r.get('split_basis', 'capacity')} | {r['attention_plan']} | {r['batch']} | "
+        lines.append(f"| {r.get('model', '7b')} | {r.get('pdl', 'off')} | {r.get('split_basis', 'capacity')} | "
+                     f"{r['attention_plan']} | {r['batch']} | "
                      f"{r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | {r['x_floor']:.2f} | "
                      f"{p['kernel_ms_per_token']:.2f} | {p['kernels_per_token']:.0f} | {top} |")
     return "\n".join(lines)
@@ -119,16 +122,23 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=0,
                     help="cache slots of each lane (default: just what the steps need); a long cache with a short "
                          "context is where the split bases differ")
+    ap.add_argument("--models", nargs="+", default=["7b"], choices=["7b", "1.5b"],
+                    help="random Qwen2 shapes to time, each a run (the workload's LLM and SLM)")
+    ap.add_argument("--pdl", nargs="+", default=["on"], choices=["on", "off"],
+                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.gemv.PDL), each a run")
     ap.add_argument("--dry-run-cpu", action="store_true", help="a tiny model on CPU: checks the script, times nothing")
     args = ap.parse_args()
     device = "cpu" if args.dry_run_cpu else "cuda"
     if args.dry_run_cpu:
         args.context, args.steps, args.batches = 12, 3, [2, 3]
     eb.DEVICE = device
-    llm, _ = lab.random_pair("tiny" if args.dry_run_cpu else "qwen2", device)
+    llm, slm = lab.random_pair("tiny" if args.dry_run_cpu else "qwen2", device)
     bw = eb.copy_bandwidth(2 << 30 if device == "cuda" else 1 << 24)
     rows = []
-    for basis, plan in [(b, p) for b in args.split_bases for p in args.attention_plans]:
+    runs = [(m, d, b, p) for m in args.models for d in args.pdl for b in args.split_bases for p in args.attention_plans]
+    for name, launch, basis, plan in runs:
+        model = llm if name == "7b" else slm
+        gemv.PDL = launch == "on"
         decode_attention.SPLIT_BASIS = basis
         if plan is not None:
             names = ("FILL", "STAGES", "BLOCK_N", "WARPS")
@@ -136,8 +146,8 @@ def main() -> None:
                 setattr(decode_attention, name, int(value))
         for b in args.batches:
             da = decode_attention
-            rows.append({"attention_plan": f"{da.FILL}:{da.STAGES}:{da.BLOCK_N}:{da.WARPS}", "split_basis": basis,
-                         **one_batch(llm, b, args, device, bw)})
+            rows.append({"model": name, "pdl": launch, "attention_plan": f"{da.FILL}:{da.STAGES}:{da.BLOCK_N}:{da.WARPS}",
+                         "split_basis": basis, **one_batch(model, b, args, device, bw)})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "profile"}), flush=True)
             if device == "cuda":
                 torch.cuda.empty_cache()

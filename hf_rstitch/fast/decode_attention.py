@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-from .gemv import _triton, available, interpreted, next_pow2
+from .gemv import _triton, available, interpreted, next_pow2, pdl
 
 BLOCK_N = 64  # slots per inner step
 FILL = 8  # programs per SM the split plan aims for (at most 64 splits): more splits, more loads in flight
@@ -44,7 +44,10 @@ def _kernels():
     def split_kernel(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, pad_ptr, pos_ptr, scale,
                      sq_b, sq_h, sq_q, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, n_splits, Q_LEN, GROUP, KV_HEADS,
                      BASIS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     IEEE: tl.constexpr):
+                     IEEE: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         # one program: rows [mb * BLOCK_M, +BLOCK_M) of (group head, query) for one KV head of one batch row,
         # slots [split * length, +length) -> partial (acc [BLOCK_M, D], max, sum), all float32, where length is the
         # written slots' share per split (split_length). Only the head size and block sizes are compile-time
@@ -103,7 +106,10 @@ def _kernels():
     @triton.jit
     def combine_kernel(acc_ptr, ml_ptr, o_ptr, pos_ptr, so_b, so_q, so_h, n_splits, Q_LEN, GROUP, KV_HEADS,
                        BASIS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr):
+                       BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         # out[b, i, kvh * GROUP + g, d] = sum over splits of acc * exp(m - max) / sum of l * exp(m - max), for the
         # BLOCK_D columns d of this program. Every split's (max, sum) is read in one [BLOCK_S, BLOCK_M] tile and
         # the partial outputs CHUNK_S splits at a time: a few dependent loads, not two per split.
@@ -187,19 +193,19 @@ def decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         raise ValueError(f"decode_attention.SPLIT_BASIS must be 'written' or 'capacity', got {SPLIT_BASIS!r}")
     basis = 0 if SPLIT_BASIS == "written" else slots
     ieee = query.dtype == torch.float32
+    on = pdl(query.device)
     split_kernel[(n_splits, kv_heads * row_blocks, batch)](
         query, key, value, acc, ml, pad, pos, scale,
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), n_splits, q_len, group, kv_heads,
         basis, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, IEEE=ieee or interpreted(), num_warps=WARPS,
-        num_stages=STAGES,
+        num_stages=STAGES, PDL=on, launch_pdl=on,
     )
     block_d = min(dim, 32)
     combine_kernel[(kv_heads * row_blocks, batch, dim // block_d)](
         acc, ml, out, pos, out.stride(0), out.stride(1), out.stride(2), n_splits, q_len, group, kv_heads,
         basis, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, BLOCK_S=max(16, next_pow2(n_splits)),
-        CHUNK_S=128 // block_m,
-        num_warps=4,
+        CHUNK_S=128 // block_m, num_warps=4, PDL=on, launch_pdl=on,
     )
     return out
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from . import gemv
-from .gemv import GemvConfig, MAX_ROWS, _triton, available, interpreted
+from .gemv import GemvConfig, MAX_ROWS, _triton, available, interpreted, pdl
 
 # two [BLOCK_N, BLOCK_K] float32 accumulators a program: the one-row candidates that fit registers twice
 CANDIDATES = tuple(c for c in gemv.CANDIDATES if c.block_n * c.block_k <= 4096)
@@ -35,7 +35,10 @@ def _kernel():
 
     @triton.jit
     def gated_kernel(x_ptr, g_ptr, u_ptr, y_ptr, N, K, stride_g, stride_u,
-                     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         # y[n] = silu(sum_k g[n, k] x[k]) * sum_k u[n, k] x[k] for the BLOCK_N rows of this program
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
@@ -71,7 +74,10 @@ def _few_rows_kernel():
     @triton.jit
     def gated_few_rows_kernel(x_ptr, g_ptr, u_ptr, y_ptr, M, N, K, stride_xm, stride_g, stride_u, stride_ym,
                               IEEE: tl.constexpr, UPCAST: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         m = tl.arange(0, BLOCK_M)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
@@ -115,16 +121,18 @@ def launch(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, cfg: GemvConfi
         raise ValueError("gated gemv needs weights whose rows are contiguous (stride 1 along K)")
     y = torch.empty(x.shape[:-1] + (n,), dtype=x.dtype, device=x.device)
     grid = ((n + cfg.block_n - 1) // cfg.block_n,)
+    on = pdl(x.device)
     if cfg.block_m == 1:
         _kernel()[grid](x.contiguous(), gate, up, y, n, k, gate.stride(0), up.stride(0),
                         EVEN_N=n % cfg.block_n == 0, EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n,
-                        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=on,
+                        launch_pdl=on)
         return y
     x2 = x.reshape(rows, k).contiguous()
     _few_rows_kernel()[grid](x2, gate, up, y, rows, n, k, x2.stride(0), gate.stride(0), up.stride(0), n,
                              IEEE=gate.dtype == torch.float32, UPCAST=interpreted(), BLOCK_M=cfg.block_m,
                              BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
-                             num_stages=cfg.num_stages)
+                             num_stages=cfg.num_stages, PDL=on, launch_pdl=on)
     return y
 
 

@@ -55,6 +55,7 @@ def _triton():
     try:
         import triton
         import triton.language as tl
+        import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*: programmatic dependent launch)
     except ImportError:
         return None
     return triton, tl
@@ -75,6 +76,23 @@ def available(device: torch.device | str) -> bool:
     return _triton() is not None and (device.type == "cuda" or interpreted())
 
 
+# Programmatic dependent launch (compute capability 9+): each of the fast engine's Triton kernels is
+# launched while the kernel before it still runs, waits for that kernel's results before reading anything
+# (griddepcontrol.wait), then lets the next kernel launch. The launch and ramp-up of each small kernel of a
+# decode step overlap its predecessor instead of following it. False: plain launches (to measure against).
+PDL = True
+
+
+@functools.lru_cache(maxsize=8)
+def _capability(device: torch.device) -> int:
+    return torch.cuda.get_device_capability(device)[0]
+
+
+def pdl(device: torch.device) -> bool:
+    """Whether a kernel launched now on ``device`` uses programmatic dependent launch (:data:`PDL`)."""
+    return PDL and device.type == "cuda" and not interpreted() and _capability(device) >= 9
+
+
 @functools.lru_cache(maxsize=1)
 def _kernel():
     triton, tl = _triton()
@@ -82,7 +100,10 @@ def _kernel():
     @triton.jit
     def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_n,
                     HAS_BIAS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         # y[n] = sum_k w[n, k] * x[k] (+ b[n]) for the BLOCK_N rows of this program, fp32 accumulator
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         cols = tl.arange(0, BLOCK_K)  # [BK]
@@ -112,7 +133,10 @@ def _few_rows_kernel():
     @triton.jit
     def few_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_n, stride_ym,
                         HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         # y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for M <= BLOCK_M rows: each weight tile is read once
         m = tl.arange(0, BLOCK_M)  # [BM]
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
@@ -151,11 +175,13 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
     y = torch.empty(x.shape[:-1] + (n,), dtype=x.dtype, device=x.device)
     grid = ((n + cfg.block_n - 1) // cfg.block_n,)
     b = bias if bias is not None else weight
+    on = pdl(x.device)
     if cfg.block_m == 1:
         _kernel()[grid](
             x.contiguous(), weight, b, y, n, k, weight.stride(0),
             HAS_BIAS=bias is not None, EVEN_N=n % cfg.block_n == 0, EVEN_K=k % cfg.block_k == 0,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            PDL=on, launch_pdl=on,
         )
         return y
     x2 = x.reshape(rows, k).contiguous()
@@ -163,6 +189,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
         x2, weight, b, y, rows, n, k, x2.stride(0), weight.stride(0), n,
         HAS_BIAS=bias is not None, IEEE=weight.dtype == torch.float32, UPCAST=interpreted(), BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=on, launch_pdl=on,
     )
     return y
 

@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from .gemv import DTYPES, _triton, available, next_pow2
+from .gemv import DTYPES, _triton, available, next_pow2, pdl
 
 
 @functools.lru_cache(maxsize=1)
@@ -33,7 +33,10 @@ def _rotate_kernel():
     @triton.jit
     def rotate_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, S, HQ,
                       sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sc_b, sc_s, ss_b, ss_s,
-                      HALF: tl.constexpr, BLOCK: tl.constexpr):
+                      HALF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         # one program: one head of one token; out = x * cos + rotate_half(x) * sin, rounded as eager code rounds
         bs, h = tl.program_id(0), tl.program_id(1)
         b, i = bs // S, bs % S
@@ -67,7 +70,10 @@ def _store_kernel():
 
     @triton.jit
     def store_kernel(k_ptr, v_ptr, slots_ptr, keys_ptr, values_ptr, H, S,
-                     sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, c_b, c_h, c_s, D: tl.constexpr, BLOCK: tl.constexpr):
+                     sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, c_b, c_h, c_s, D: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         # one program: token i of head h of row b -> slot slots[i] of the layer's keys and values
         p = tl.program_id(0)
         i, h, b = p % S, (p // S) % H, p // (S * H)
@@ -89,7 +95,8 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     qo, ko = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     _rotate_kernel()[(b * s, hq + k.shape[1])](
         q, k, cos, sin, qo, ko, s, hq, *q.stride()[:3], *k.stride()[:3], cos.stride(0), cos.stride(1),
-        sin.stride(0), sin.stride(1), HALF=dim // 2, BLOCK=next_pow2(dim // 2), num_warps=1)
+        sin.stride(0), sin.stride(1), HALF=dim // 2, BLOCK=next_pow2(dim // 2), num_warps=1, PDL=pdl(q.device),
+        launch_pdl=pdl(q.device))
     return qo, ko
 
 
@@ -104,7 +111,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, keys: torch.
     b, h, q, dim = k.shape
     _store_kernel()[(b * h * q,)](
         k, v, slots, keys, values, h, q, *k.stride()[:3], *v.stride()[:3], *keys.stride()[:3],
-        D=dim, BLOCK=next_pow2(dim), num_warps=1)
+        D=dim, BLOCK=next_pow2(dim), num_warps=1, PDL=pdl(k.device), launch_pdl=pdl(k.device))
 
 
 def rotate_takes(q, k, cos, sin, unsqueeze_dim=1) -> bool:
