@@ -1,19 +1,23 @@
-"""Where a batched decode step of the fast engine spends its time (one GPU, B = 8, 32, 64).
+"""Where a decode step of the fast engine spends its time (one GPU, any batch size, the 7B or the 1.5B).
 
     PYTHONPATH=.:benchmarks python benchmarks/engine_profile_batched.py --out-dir $OUT      # CUDA, ~2 min
     PYTHONPATH=.:benchmarks python benchmarks/engine_profile_batched.py --dry-run-cpu --out-dir /tmp/p
     # the split attention's two plans where they differ: a short context in a long cache
     PYTHONPATH=.:benchmarks python benchmarks/engine_profile_batched.py --out-dir $OUT --context 256 \
-        --capacity 3072 --batches 8 32 64 --split-bases written capacity
+        --capacity 3072 --batches 8 32 64 --split-bases written capacity --name engine_split_basis
+    # programmatic dependent launch of the Triton kernels, off and on, both models
+    PYTHONPATH=.:benchmarks python benchmarks/engine_profile_batched.py --out-dir $OUT --models 1.5b 7b \
+        --pdl off all --batches 1 8 64 --name engine_pdl
 
-The MATH-shaped batched workload (benchmarks/engine_batched.py) runs the 7B alone at 1.47-1.64x its
-floor at B >= 8, against 1.21x for the bare lane at B = 1. This script says where the difference
-goes: for each batch size it builds a 7B lane (``FastConfig(compile="parts")``, the CUDA default) for
-that many rows, prefills every row with ``--context`` tokens (the middle of the workload's
-2753-token generations), then times ``--steps`` one-token graph replays through a bare loop (no
-policy, no host wait per step) and profiles as many more, grouping device kernels by family and
-naming the costliest. Floor per step: weight bytes plus the KV bytes the step reads, over the
-measured copy bandwidth. Writes ``engine_profile_batched_<gpu>.json`` and ``.md``.
+The MATH-shaped batched workload (benchmarks/engine_batched.py) runs the 7B alone at 1.4-1.6x its
+floor at B >= 8, against ~1.2x for the bare lane at B = 1. This script says where the difference
+goes: for each model (``--models``) and batch size it builds a lane (``FastConfig(compile="parts")``,
+the CUDA default) for that many rows, prefills every row with ``--context`` tokens (the middle of
+the workload's 2753-token generations), then times ``--steps`` one-token graph replays through a
+bare loop (no policy, no host wait per step) and profiles as many more, grouping device kernels by
+family and naming the costliest. Each combination of ``--pdl``, ``--split-bases`` and
+``--attention-plans`` is a run. Floor per step: weight bytes plus the KV bytes the step reads, over
+the measured copy bandwidth. Writes ``<name>_<gpu>.json`` and ``.md`` (``--name``).
 """
 
 from __future__ import annotations
@@ -92,8 +96,9 @@ def markdown(result: dict) -> str:
              f"torch {env['torch']}, transformers {env['transformers']}, {env['date']}; `compile=\"parts\"` with the "
              f"fused kernels; every row prefilled with {result['args']['context']} tokens, then one-token graph "
              "replays in a bare loop (no policy, no host wait per step). Floor: weights plus the KV the step reads, "
-             f"over the measured copy bandwidth. Cache: {result['args']['capacity'] or 'just what the steps need'} "
-             "slots a row.", "",
+             "over the measured copy bandwidth. Cache: "
+             f"{str(result['args']['capacity']) + ' slots a row' if result['args']['capacity'] else 'the slots the steps need'}.",
+             "",
              "PDL: programmatic dependent launch of the Triton kernels.", "",
              "| model | PDL | splits share | attention FILL:STAGES:BLOCK_N:WARPS | B | ms/step | floor (ms) | x floor | "
              "kernel ms/step | kernels/step | top kernels (ms/step) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -124,8 +129,9 @@ def main() -> None:
                          "context is where the split bases differ")
     ap.add_argument("--models", nargs="+", default=["7b"], choices=["7b", "1.5b"],
                     help="random Qwen2 shapes to time, each a run (the workload's LLM and SLM)")
-    ap.add_argument("--pdl", nargs="+", default=["on"], choices=["on", "off"],
+    ap.add_argument("--pdl", nargs="+", default=["one-row"], choices=["off", "one-row", "all"],
                     help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.gemv.PDL), each a run")
+    ap.add_argument("--name", default="engine_profile_batched", help="result files: <name>_<gpu>.json and .md")
     ap.add_argument("--dry-run-cpu", action="store_true", help="a tiny model on CPU: checks the script, times nothing")
     args = ap.parse_args()
     device = "cpu" if args.dry_run_cpu else "cuda"
@@ -138,7 +144,7 @@ def main() -> None:
     runs = [(m, d, b, p) for m in args.models for d in args.pdl for b in args.split_bases for p in args.attention_plans]
     for name, launch, basis, plan in runs:
         model = llm if name == "7b" else slm
-        gemv.PDL = launch == "on"
+        gemv.PDL = launch
         decode_attention.SPLIT_BASIS = basis
         if plan is not None:
             names = ("FILL", "STAGES", "BLOCK_N", "WARPS")
@@ -156,7 +162,7 @@ def main() -> None:
     if not result["environment"]["devices"]:
         result["environment"]["devices"] = ["cpu dry run"]
     tag = result["environment"]["devices"][0].lower().replace(" ", "_")
-    lab.write_result(Path(args.out_dir) / f"engine_profile_batched_{tag}", result, markdown(result))
+    lab.write_result(Path(args.out_dir) / f"{args.name}_{tag}", result, markdown(result))
     print(markdown(result))
 
 

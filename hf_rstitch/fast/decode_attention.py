@@ -45,8 +45,9 @@ def _kernels():
                      sq_b, sq_h, sq_q, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, n_splits, Q_LEN, GROUP, KV_HEADS,
                      BASIS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      IEEE: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
             tl.extra.cuda.gdc_wait()
+        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
             tl.extra.cuda.gdc_launch_dependents()
         # one program: rows [mb * BLOCK_M, +BLOCK_M) of (group head, query) for one KV head of one batch row,
         # slots [split * length, +length) -> partial (acc [BLOCK_M, D], max, sum), all float32, where length is the
@@ -107,8 +108,9 @@ def _kernels():
     def combine_kernel(acc_ptr, ml_ptr, o_ptr, pos_ptr, so_b, so_q, so_h, n_splits, Q_LEN, GROUP, KV_HEADS,
                        BASIS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
             tl.extra.cuda.gdc_wait()
+        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
             tl.extra.cuda.gdc_launch_dependents()
         # out[b, i, kvh * GROUP + g, d] = sum over splits of acc * exp(m - max) / sum of l * exp(m - max), for the
         # BLOCK_D columns d of this program. Every split's (max, sum) is read in one [BLOCK_S, BLOCK_M] tile and
@@ -193,7 +195,7 @@ def decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         raise ValueError(f"decode_attention.SPLIT_BASIS must be 'written' or 'capacity', got {SPLIT_BASIS!r}")
     basis = 0 if SPLIT_BASIS == "written" else slots
     ieee = query.dtype == torch.float32
-    on = pdl(query.device)
+    on = pdl(query.device, batch * q_len)
     split_kernel[(n_splits, kv_heads * row_blocks, batch)](
         query, key, value, acc, ml, pad, pos, scale,
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),

@@ -36,15 +36,25 @@ def _kernel():
     @triton.jit
     def gated_kernel(x_ptr, g_ptr, u_ptr, y_ptr, N, K, stride_g, stride_u,
                      EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         # y[n] = silu(sum_k g[n, k] x[k]) * sum_k u[n, k] x[k] for the BLOCK_N rows of this program
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
         acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        start = 0
+        if PDL and EVEN_N and EVEN_K:  # the first weight tiles are read while the kernel before finishes
+            wg0 = tl.load(g_ptr + rows[:, None] * stride_g + cols[None, :])
+            wu0 = tl.load(u_ptr + rows[:, None] * stride_u + cols[None, :])
+            tl.extra.cuda.gdc_wait()
+            x0 = tl.load(x_ptr + cols)[None, :].to(tl.float32)
+            acc_g += wg0.to(tl.float32) * x0
+            acc_u += wu0.to(tl.float32) * x0
+            start = BLOCK_K
+        elif PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
+            tl.extra.cuda.gdc_wait()
+        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
+            tl.extra.cuda.gdc_launch_dependents()
+        for k0 in range(start, K, BLOCK_K):
             k = k0 + cols
             if EVEN_N and EVEN_K:
                 x = tl.load(x_ptr + k)
@@ -75,8 +85,9 @@ def _few_rows_kernel():
     def gated_few_rows_kernel(x_ptr, g_ptr, u_ptr, y_ptr, M, N, K, stride_xm, stride_g, stride_u, stride_ym,
                               IEEE: tl.constexpr, UPCAST: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
             tl.extra.cuda.gdc_wait()
+        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
             tl.extra.cuda.gdc_launch_dependents()
         m = tl.arange(0, BLOCK_M)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -121,7 +132,7 @@ def launch(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, cfg: GemvConfi
         raise ValueError("gated gemv needs weights whose rows are contiguous (stride 1 along K)")
     y = torch.empty(x.shape[:-1] + (n,), dtype=x.dtype, device=x.device)
     grid = ((n + cfg.block_n - 1) // cfg.block_n,)
-    on = pdl(x.device)
+    on = pdl(x.device, rows)
     if cfg.block_m == 1:
         _kernel()[grid](x.contiguous(), gate, up, y, n, k, gate.stride(0), up.stride(0),
                         EVEN_N=n % cfg.block_n == 0, EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n,

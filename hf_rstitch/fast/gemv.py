@@ -76,11 +76,15 @@ def available(device: torch.device | str) -> bool:
     return _triton() is not None and (device.type == "cuda" or interpreted())
 
 
-# Programmatic dependent launch (compute capability 9+): each of the fast engine's Triton kernels is
-# launched while the kernel before it still runs, waits for that kernel's results before reading anything
-# (griddepcontrol.wait), then lets the next kernel launch. The launch and ramp-up of each small kernel of a
-# decode step overlap its predecessor instead of following it. False: plain launches (to measure against).
-PDL = True
+# Programmatic dependent launch (compute capability 9+): a kernel launched with it starts while the kernel
+# before it still runs, waits for that kernel's results before reading anything (griddepcontrol.wait; the
+# one-row products read their first weight tiles before that wait), then lets the next kernel launch. The
+# launch and ramp-up of each small kernel overlap its predecessor. Measured on an H200 (decode steps,
+# benchmarks/results/engine_pdl_nvidia_h200.md): one-row steps gain (Qwen2-1.5B 1.61 -> 1.49 ms), batches of
+# 8 lose (2.01 -> 2.11 ms), batches of 64 do not change. "one-row": launches over one row of activations
+# only; "all": every launch; "off": none.
+PDL = "one-row"
+_PDL_MODES = ("off", "one-row", "all")
 
 
 @functools.lru_cache(maxsize=8)
@@ -88,9 +92,14 @@ def _capability(device: torch.device) -> int:
     return torch.cuda.get_device_capability(device)[0]
 
 
-def pdl(device: torch.device) -> bool:
-    """Whether a kernel launched now on ``device`` uses programmatic dependent launch (:data:`PDL`)."""
-    return PDL and device.type == "cuda" and not interpreted() and _capability(device) >= 9
+def pdl(device: torch.device, rows: int) -> bool:
+    """Whether a kernel launched now on ``device`` over ``rows`` rows of activations uses programmatic
+    dependent launch (:data:`PDL`)."""
+    if PDL not in _PDL_MODES:
+        raise ValueError(f"gemv.PDL must be one of {list(_PDL_MODES)}, got {PDL!r}")
+    if PDL == "off" or (PDL == "one-row" and rows != 1):
+        return False
+    return device.type == "cuda" and not interpreted() and _capability(device) >= 9
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,14 +110,21 @@ def _kernel():
     def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_n,
                     HAS_BIAS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         # y[n] = sum_k w[n, k] * x[k] (+ b[n]) for the BLOCK_N rows of this program, fp32 accumulator
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         cols = tl.arange(0, BLOCK_K)  # [BK]
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        start = 0
+        if PDL and EVEN_N and EVEN_K:  # the first weight tile is read while the kernel before finishes
+            w0 = tl.load(w_ptr + rows[:, None] * stride_n + cols[None, :])
+            tl.extra.cuda.gdc_wait()
+            acc += w0.to(tl.float32) * tl.load(x_ptr + cols)[None, :].to(tl.float32)
+            start = BLOCK_K
+        elif PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
+            tl.extra.cuda.gdc_wait()
+        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
+            tl.extra.cuda.gdc_launch_dependents()
+        for k0 in range(start, K, BLOCK_K):
             k = k0 + cols
             w_at = w_ptr + rows[:, None] * stride_n + k[None, :]
             if EVEN_N and EVEN_K:
@@ -134,8 +150,9 @@ def _few_rows_kernel():
     def few_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_n, stride_ym,
                         HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
             tl.extra.cuda.gdc_wait()
+        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
             tl.extra.cuda.gdc_launch_dependents()
         # y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for M <= BLOCK_M rows: each weight tile is read once
         m = tl.arange(0, BLOCK_M)  # [BM]
@@ -175,7 +192,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
     y = torch.empty(x.shape[:-1] + (n,), dtype=x.dtype, device=x.device)
     grid = ((n + cfg.block_n - 1) // cfg.block_n,)
     b = bias if bias is not None else weight
-    on = pdl(x.device)
+    on = pdl(x.device, rows)
     if cfg.block_m == 1:
         _kernel()[grid](
             x.contiguous(), weight, b, y, n, k, weight.stride(0),

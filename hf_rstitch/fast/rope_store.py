@@ -34,8 +34,9 @@ def _rotate_kernel():
     def rotate_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, S, HQ,
                       sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sc_b, sc_s, ss_b, ss_s,
                       HALF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
             tl.extra.cuda.gdc_wait()
+        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
             tl.extra.cuda.gdc_launch_dependents()
         # one program: one head of one token; out = x * cos + rotate_half(x) * sin, rounded as eager code rounds
         bs, h = tl.program_id(0), tl.program_id(1)
@@ -71,8 +72,9 @@ def _store_kernel():
     @triton.jit
     def store_kernel(k_ptr, v_ptr, slots_ptr, keys_ptr, values_ptr, H, S,
                      sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, c_b, c_h, c_s, D: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one launch
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
             tl.extra.cuda.gdc_wait()
+        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
             tl.extra.cuda.gdc_launch_dependents()
         # one program: token i of head h of row b -> slot slots[i] of the layer's keys and values
         p = tl.program_id(0)
@@ -93,10 +95,10 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     """``q, k`` ``[b, H, s, D]`` (last dim contiguous), ``cos, sin`` ``[b, s, D]`` -> rotated (contiguous)."""
     b, hq, s, dim = q.shape
     qo, ko = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    on = pdl(q.device, b * s)
     _rotate_kernel()[(b * s, hq + k.shape[1])](
         q, k, cos, sin, qo, ko, s, hq, *q.stride()[:3], *k.stride()[:3], cos.stride(0), cos.stride(1),
-        sin.stride(0), sin.stride(1), HALF=dim // 2, BLOCK=next_pow2(dim // 2), num_warps=1, PDL=pdl(q.device),
-        launch_pdl=pdl(q.device))
+        sin.stride(0), sin.stride(1), HALF=dim // 2, BLOCK=next_pow2(dim // 2), num_warps=1, PDL=on, launch_pdl=on)
     return qo, ko
 
 
@@ -109,9 +111,10 @@ def _(q, k, cos, sin):
 def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
     """``keys[:b, :, slots] = k`` and ``values[:b, :, slots] = v`` for ``k, v`` ``[b, H, q, D]`` (one launch)."""
     b, h, q, dim = k.shape
+    on = pdl(k.device, b * q)
     _store_kernel()[(b * h * q,)](
         k, v, slots, keys, values, h, q, *k.stride()[:3], *v.stride()[:3], *keys.stride()[:3],
-        D=dim, BLOCK=next_pow2(dim), num_warps=1, PDL=pdl(k.device), launch_pdl=pdl(k.device))
+        D=dim, BLOCK=next_pow2(dim), num_warps=1, PDL=on, launch_pdl=on)
 
 
 def rotate_takes(q, k, cos, sin, unsqueeze_dim=1) -> bool:

@@ -99,3 +99,4 @@ def test_plan_skips_what_the_kernel_cannot_read(device):
     kept = {id(m) for m, _ in gemv.plan(model, {})}
     assert id(layer) not in kept and id(model.model.layers[1].mlp.up_proj) not in kept
     assert len(kept) == 2 * 7 + 1 - 2  # 7 linear layers a block, 2 blocks, the LM head; 2 left alone
+
