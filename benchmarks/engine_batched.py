@@ -35,7 +35,7 @@ import transformers
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy
 from hf_rstitch.core.roles import Role
-from hf_rstitch.fast import FastConfig, FastEngine, decode_attention
+from hf_rstitch.fast import FastConfig, FastEngine, decode_attention, gemv
 from hf_rstitch.fast.buckets import bucket_for
 from hf_rstitch.fast.routes import route, switches
 
@@ -86,7 +86,8 @@ def generate(llm, slm, ids, routes, engine, new):
 def fast_section(llm, slm, args, res, budget):
     engine = FastEngine(VARIANTS[args.variant], capacity=args.prompt + MATH["llm_only_tokens"] + 8,
                         max_batch=max(args.batches))
-    res["variant"] = {"name": args.variant, "config": repr(engine.config), "split_basis": args.split_basis}
+    res["variant"] = {"name": args.variant, "config": repr(engine.config), "split_basis": args.split_basis,
+                      "pdl": args.pdl}
     facts = res["models"]
     for batch in args.batches:
         if not budget.allows(30):
@@ -196,12 +197,15 @@ def main() -> None:
     ap.add_argument("--split-basis", default="written", choices=["written", "capacity"],
                     help="what the split attention's splits share (hf_rstitch.fast.decode_attention.SPLIT_BASIS): "
                          "the written slots (the default) or the capacity (the earlier plan, to compare)")
+    ap.add_argument("--pdl", default="off", choices=["off", "one-row", "all"],
+                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.gemv.PDL, experimental)")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--tag", default="")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
     args = ap.parse_args()
     decode_attention.SPLIT_BASIS = args.split_basis
+    gemv.PDL = args.pdl
     if args.dry_run_cpu:
         eb.DEVICE = "cpu"
         for cfg in VARIANTS.values():
