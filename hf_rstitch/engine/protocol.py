@@ -22,9 +22,12 @@ every row) and ``hold_rows(index)`` (rows that gain no token this step move one 
 schedule made them wait for the LLM, :mod:`hf_rstitch.core.scheduling`).
 
 Run-ahead: a lane whose ``run_ahead`` attribute is True (the fast engine with CUDA graphs: its
-``advance`` only queues work on the device) is advanced by the ``generate`` loop one step early when
-the SLM wrote every row's token, so the device decodes the next token while the host picks this
-one's successors' bookkeeping (see :mod:`hf_rstitch.engine.loop`). Lanes without it are never run ahead.
+``advance`` only queues work on the device, and it runs every row of its batch whichever take part)
+may be advanced one step early by the ``generate`` loop, when the host already knows the next step
+calls it first, with no rows taking part; the step that uses the call then asks it for the records
+with ``account(total, rows, resumed) -> {row: ForwardCall}``. A step may likewise queue the LLM's call
+before it reads the SLM's hand-over decisions from the device. See :mod:`hf_rstitch.engine.loop`.
+Lanes without it are never run ahead.
 
 Accounting: every lane reports its calls as ``ForwardCall(role, kind, n_inf, n_kv, seconds)``
 -- the quantities of the latency model (paper Eq. 4) -- so traces, the profiler and the
