@@ -14,6 +14,10 @@ rows that need it, per step), over the measured device-to-device copy bandwidth.
 decoding a step needs the SLM if any row consults it (its token, or a proposal it hands over) and
 the LLM if any row's token is the LLM's.
 
+The routes are replayed (``ReplayPolicy``), so the hand-over decisions are on the host and the loop
+never reads them from the device. ``--decisions device`` returns the same decisions on the GPU, as an
+entropy policy's are: the loop then pays the reads R-Stitch pays in use (and cannot run the LLM ahead).
+
 Writes ``engine_batched_<gpu>.json`` (``rows``: ``{"batch", "method", "seconds", "floor_seconds"}``
 plus details, device, versions, date) and ``.md``; prints one compact JSON document last.
 """
@@ -77,9 +81,13 @@ def _needs(roles: list[str], i: int, model: str) -> bool:
     return roles[i] == "slm" or (i == 0 or roles[i - 1] == "slm")  # its token, or a proposal it hands over
 
 
+DECISIONS = "host"  # where the replayed routes' decisions come back (--decisions)
+
+
 def generate(llm, slm, ids, routes, engine, new):
+    device = ids.device if DECISIONS == "device" else None  # as an entropy policy's on a GPU
     return llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm,
-                        stitch_policy=ReplayPolicy(routes), stitch_engine=engine, max_new_tokens=new,
+                        stitch_policy=ReplayPolicy(routes, device=device), stitch_engine=engine, max_new_tokens=new,
                         do_sample=False, return_dict_in_generate=True)
 
 
@@ -87,7 +95,7 @@ def fast_section(llm, slm, args, res, budget):
     engine = FastEngine(VARIANTS[args.variant], capacity=args.prompt + MATH["llm_only_tokens"] + 8,
                         max_batch=max(args.batches))
     res["variant"] = {"name": args.variant, "config": repr(engine.config), "split_basis": args.split_basis,
-                      "pdl": args.pdl}
+                      "pdl": args.pdl, "decisions": args.decisions}
     facts = res["models"]
     for batch in args.batches:
         if not budget.allows(30):
@@ -199,6 +207,9 @@ def main() -> None:
                          "the written slots (the default) or the capacity (the earlier plan, to compare)")
     ap.add_argument("--pdl", default="off", choices=["off", "one-row", "all"],
                     help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.gemv.PDL, experimental)")
+    ap.add_argument("--decisions", default="host", choices=["host", "device"],
+                    help="where the replayed routes' hand-over decisions come back: the host (no device read to "
+                         "decide) or the GPU, as an entropy policy's do (the loop pays the reads it would)")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--tag", default="")
@@ -206,6 +217,8 @@ def main() -> None:
     args = ap.parse_args()
     decode_attention.SPLIT_BASIS = args.split_basis
     gemv.PDL = args.pdl
+    global DECISIONS
+    DECISIONS = args.decisions
     if args.dry_run_cpu:
         eb.DEVICE = "cpu"
         for cfg in VARIANTS.values():

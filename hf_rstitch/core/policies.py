@@ -137,11 +137,15 @@ class ReplayPolicy:
     Give one route for every row, or a list of routes (one per row of the batch). Used to
     measure speed on random-weight models, whose entropies are meaningless. Past the end of a
     route its last entry repeats.
+
+    Decisions come back on the host, so a loop never waits for the device to read them. With
+    ``device`` they come back on that device instead, as an entropy policy's do on a GPU: the same
+    routes at the cost of the real thing's device-to-host reads.
     """
 
     needs_hidden = False
 
-    def __init__(self, route: Sequence[Role | str] | Sequence[Sequence[Role | str]]):
+    def __init__(self, route: Sequence[Role | str] | Sequence[Sequence[Role | str]], device=None):
         routes = [route] if len(route) == 0 or isinstance(route[0], (str, Role)) else list(route)
         if not routes or any(len(r) == 0 for r in routes):
             raise ValueError("ReplayPolicy needs non-empty routes (lists of 'slm'/'llm', one entry per new token).")
@@ -153,6 +157,7 @@ class ReplayPolicy:
         width = max(len(r) for r in self.routes)
         table = torch.tensor([[x is Role.LLM for x in r] + [r[-1] is Role.LLM] * (width - len(r)) for r in self.routes])
         self._llm = table  # [R, N] bool: row r's token i is the LLM's
+        self._on_device = table.to(device) if device is not None else None
 
     def reset(self) -> None:
         pass
@@ -161,7 +166,15 @@ class ReplayPolicy:
         rows = step.row_ids() if len(self.routes) > 1 else torch.zeros(step.entropy.shape[0], dtype=torch.long)
         if int(rows.max()) >= len(self.routes):
             raise ValueError(f"ReplayPolicy has {len(self.routes)} routes but the batch has row {int(rows.max())}.")
-        return self._llm[rows, min(index, self._llm.shape[1] - 1)]  # on the host: no device round trip
+        col = min(index, self._llm.shape[1] - 1)
+        if self._on_device is None:
+            return self._llm[rows, col]  # on the host: no device round trip
+        n = len(rows)
+        if len(self.routes) == 1:
+            return self._on_device[0, col].expand(n)
+        if rows.tolist() == list(range(n)):  # rows in order: no copy of the row ids to the device
+            return self._on_device[:n, col]
+        return self._on_device[rows.to(self._on_device.device), col]
 
     def hand_to_llm(self, step: StepView) -> torch.Tensor:
         return self._llm_at(step, step.index)

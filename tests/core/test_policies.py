@@ -68,3 +68,19 @@ def test_replay_policy_per_row_routes_follow_row_ids():
     assert p.hand_to_slm(step).tolist() == [False, False]
     with pytest.raises(ValueError, match="3 routes"):
         p.hand_to_llm(StepView(index=0, entropy=torch.zeros(1), rows=torch.tensor([3])))
+
+
+@pytest.mark.parametrize("routes", [["slm", "llm", "llm", "slm"],
+                                    [["slm", "llm", "slm"], ["llm", "llm", "slm", "slm"], ["slm"]]])
+def test_replay_decisions_on_a_device_equal_those_on_the_host(routes):
+    """ReplayPolicy(device=...) gives the same decisions as a tensor on that device (as a GPU policy's),
+    for rows in order, a subset in another order, and past the routes' ends."""
+    host, dev = ReplayPolicy(routes), ReplayPolicy(routes, device="meta")
+    on_cpu = ReplayPolicy(routes, device="cpu")
+    n = 3
+    for rows in (torch.arange(n), torch.tensor([2, 0]), torch.tensor([1])):
+        for index in range(6):
+            view = StepView(index, torch.zeros(len(rows)), rows=rows)
+            assert dev.hand_to_llm(view).device.type == "meta"
+            assert torch.equal(on_cpu.hand_to_llm(view), host.hand_to_llm(view))
+            assert torch.equal(on_cpu.hand_to_slm(view), host.hand_to_slm(view))
