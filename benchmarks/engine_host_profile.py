@@ -163,7 +163,9 @@ class Timeline:
 def lane_loops(engine, ids: torch.Tensor, route: str, n: int, sync) -> dict:
     """The generation's own lane (same engine, graphs, capacity and contexts) driven by bare loops, ms a step:
     ``bare`` graph replays and argmax, ``entropy`` adding the loop's entropy of each step's logits, ``synced``
-    adding a wait for the device every step (what the stitch loop's stopping check costs at least)."""
+    adding a wait for the device every step (what the stitch loop's stopping check costs at least). On CUDA
+    also ``<loop>_device_graph``: the median graph time in that loop (events around the replays), to set
+    against the generation's own ``device_graph``."""
     from engine_profile_batched import Rows
 
     from hf_rstitch.core.roles import Role
@@ -172,9 +174,13 @@ def lane_loops(engine, ids: torch.Tensor, route: str, n: int, sync) -> dict:
     out = {}
     for name in ("bare", "entropy", "synced"):
         lane.reset()
-        rows = Rows(lane, ids, n + 8)  # the prompt's prefill, then one-token steps
+        rows = Rows(lane, ids, n + n // 4 + 8)  # the prompt's prefill, then one-token steps
         rows._advance = functools.partial(_lane_step, rows, name, sync)
         out[name] = 1e3 * rows.steps(n, sync)
+        if torch.cuda.is_available() and lane.device.type == "cuda":  # the graph's own time in this loop
+            tl = Timeline()
+            rows.steps(n // 4, sync)
+            out[f"{name}_device_graph"] = tl.close()["device_graph"]
     lane.reset()
     return out
 
