@@ -31,7 +31,7 @@ import transformers
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy
-from hf_rstitch.fast import FastConfig, FastEngine
+from hf_rstitch.fast import FastConfig, FastEngine, gemv
 from engine_profile import family
 from lab import sync
 
@@ -207,8 +207,11 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=1, help="rows decoding together (each its own prompt)")
     ap.add_argument("--kernel-tokens", type=int, default=64,
                     help="device kernels per step from generations of this many tokens and twice as many (0: none)")
+    ap.add_argument("--pdl", default="off", choices=["off", "one-row", "all"],
+                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.gemv.PDL, experimental)")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args(argv)
+    gemv.PDL = args.pdl
     llm, slm = build(args.cpu_smoke)
     for m in (llm, slm):
         m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0
@@ -249,7 +252,7 @@ def main(argv=None) -> None:
                      "cum_ms_per_token": 1e3 * ct / args.new})
     rows.sort(key=lambda r: -r["own_ms_per_token"])
     res = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu smoke", "torch": torch.__version__,
-           "transformers": transformers.__version__, "compile": args.compile, "route": args.route,
+           "transformers": transformers.__version__, "compile": args.compile, "route": args.route, "pdl": args.pdl,
            "batch": args.batch,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "new_tokens": args.new, "ms_per_token": 1e3 * plain / args.new,
