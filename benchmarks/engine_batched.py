@@ -39,7 +39,7 @@ import transformers
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy
 from hf_rstitch.core.roles import Role
-from hf_rstitch.fast import FastConfig, FastEngine, decode_attention, gemv
+from hf_rstitch.fast import FastConfig, FastEngine, decode_attention, triton_support
 from hf_rstitch.fast.buckets import bucket_for
 from hf_rstitch.fast.routes import route, switches
 
@@ -206,7 +206,7 @@ def main() -> None:
                     help="what the split attention's splits share (hf_rstitch.fast.decode_attention.SPLIT_BASIS): "
                          "the written slots (the default) or the capacity (the earlier plan, to compare)")
     ap.add_argument("--pdl", default="off", choices=["off", "one-row", "all"],
-                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.gemv.PDL, experimental)")
+                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.triton_support.PDL, experimental)")
     ap.add_argument("--decisions", default="host", choices=["host", "device"],
                     help="where the replayed routes' hand-over decisions come back: the host (no device read to "
                          "decide) or the GPU, as an entropy policy's do (the loop pays the reads it would)")
@@ -216,7 +216,7 @@ def main() -> None:
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
     args = ap.parse_args()
     decode_attention.SPLIT_BASIS = args.split_basis
-    gemv.PDL = args.pdl
+    triton_support.PDL = args.pdl
     global DECISIONS
     DECISIONS = args.decisions
     if args.dry_run_cpu:

@@ -31,7 +31,7 @@ import transformers
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy
-from hf_rstitch.fast import FastConfig, FastEngine, gemv
+from hf_rstitch.fast import FastConfig, FastEngine, triton_support
 from engine_profile import family
 from lab import sync
 
@@ -208,10 +208,10 @@ def main(argv=None) -> None:
     ap.add_argument("--kernel-tokens", type=int, default=64,
                     help="device kernels per step from generations of this many tokens and twice as many (0: none)")
     ap.add_argument("--pdl", default="off", choices=["off", "one-row", "all"],
-                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.gemv.PDL, experimental)")
+                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.triton_support.PDL, experimental)")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args(argv)
-    gemv.PDL = args.pdl
+    triton_support.PDL = args.pdl
     llm, slm = build(args.cpu_smoke)
     for m in (llm, slm):
         m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0

@@ -33,7 +33,7 @@ import engine_bench as eb
 import lab
 from engine_profile import summarize
 from hf_rstitch.core.roles import Role
-from hf_rstitch.fast import FastConfig, FastLane, decode_attention, gemv
+from hf_rstitch.fast import FastConfig, FastLane, decode_attention, triton_support
 
 
 class Rows:
@@ -130,7 +130,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["7b"], choices=["7b", "1.5b"],
                     help="random Qwen2 shapes to time, each a run (the workload's LLM and SLM)")
     ap.add_argument("--pdl", nargs="+", default=["one-row"], choices=["off", "one-row", "all"],
-                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.gemv.PDL), each a run")
+                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.triton_support.PDL), each a run")
     ap.add_argument("--name", default="engine_profile_batched", help="result files: <name>_<gpu>.json and .md")
     ap.add_argument("--dry-run-cpu", action="store_true", help="a tiny model on CPU: checks the script, times nothing")
     args = ap.parse_args()
@@ -144,7 +144,7 @@ def main() -> None:
     runs = [(m, d, b, p) for m in args.models for d in args.pdl for b in args.split_bases for p in args.attention_plans]
     for name, launch, basis, plan in runs:
         model = llm if name == "7b" else slm
-        gemv.PDL = launch
+        triton_support.PDL = launch
         decode_attention.SPLIT_BASIS = basis
         if plan is not None:
             names = ("FILL", "STAGES", "BLOCK_N", "WARPS")

@@ -39,7 +39,7 @@ from ..core.policies import RoutingPolicy
 from ..core.roles import Role
 from ..core.sampling import pick_tokens
 from ..core.trace import StitchTrace
-from .step import Ahead, Routing, StepOut, run_step
+from .step import Ahead, Routing, StepOut, call_early, run_step
 
 # (sequence [B, T], raw logits [B, V]) -> processed scores [B, V]
 Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -157,14 +157,12 @@ def run_ahead(lanes: dict, out: StepOut, seq: torch.Tensor, mask: torch.Tensor, 
     """The next step's first lane call over ``seq`` (this step's tokens appended), run now, when the host
     knows which lane it is (:func:`next_lane`) and that lane allows it; else None."""
     role = next_lane(out)
-    lane = lanes[role] if role is not None else None
-    if lane is None or not getattr(lane, "run_ahead", False):
+    if role is None:
         return None
+    lane = lanes[role]
     if seq.shape[1] > getattr(lane, "capacity", seq.shape[1]):  # a last step past the cache: never needed
         return None
-    nobody = torch.zeros(seq.shape[0], dtype=torch.bool)  # records wait for the next step (Lane.account)
-    logits, hidden, _ = lane.advance(seq, mask, nobody, nobody, want_hidden=want_hidden and role is Role.SLM)
-    return Ahead(role, logits, hidden)
+    return call_early(lane, seq, mask, want_hidden and role is Role.SLM)
 
 
 def keep_ahead(ahead: Ahead | None, keep: torch.Tensor) -> Ahead | None:

@@ -146,11 +146,18 @@ def _llm_before_decision(lane, decision: torch.Tensor, llm_on: torch.Tensor, sch
     (``run_ahead``): the device goes on from the SLM to the LLM instead of waiting for the host."""
     if decision.device.type == "cpu" or schedule is not None or not bool(llm_on.any()):
         return None
+    return call_early(lane, seq, mask)
+
+
+def call_early(lane, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool = False) -> Ahead | None:
+    """``lane``'s next ``advance`` over ``seq``, queued before the host knows which rows take part, where the
+    lane allows it (``run_ahead``: it runs every row anyway); else None. No rows take part in the call: the
+    step that uses it makes their records (``Lane.account``)."""
     if not getattr(lane, "run_ahead", False):
         return None
-    nobody = torch.zeros(len(llm_on), dtype=torch.bool)  # records made by the step (Lane.account)
-    logits, hidden, _ = lane.advance(seq, mask, nobody, nobody)
-    return Ahead(Role.LLM, logits, hidden)
+    nobody = torch.zeros(seq.shape[0], dtype=torch.bool)
+    logits, hidden, _ = lane.advance(seq, mask, nobody, nobody, want_hidden=want_hidden)
+    return Ahead(lane.role, logits, hidden)
 
 
 def _send_to_host(decision: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:

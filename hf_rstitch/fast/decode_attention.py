@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-from .gemv import _triton, available, interpreted, next_pow2, pdl
+from .triton_support import _triton, available, interpreted, next_pow2, pdl
 
 BLOCK_N = 64  # slots per inner step
 FILL = 8  # programs per SM the split plan aims for (at most 64 splits): more splits, more loads in flight
@@ -45,9 +45,8 @@ def _kernels():
                      sq_b, sq_h, sq_q, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, n_splits, Q_LEN, GROUP, KV_HEADS,
                      BASIS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      IEEE: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
-            tl.extra.cuda.gdc_wait()
-        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
+            tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
             tl.extra.cuda.gdc_launch_dependents()
         # one program: rows [mb * BLOCK_M, +BLOCK_M) of (group head, query) for one KV head of one batch row,
         # slots [split * length, +length) -> partial (acc [BLOCK_M, D], max, sum), all float32, where length is the
@@ -108,9 +107,8 @@ def _kernels():
     def combine_kernel(acc_ptr, ml_ptr, o_ptr, pos_ptr, so_b, so_q, so_h, n_splits, Q_LEN, GROUP, KV_HEADS,
                        BASIS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
-            tl.extra.cuda.gdc_wait()
-        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
+            tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
             tl.extra.cuda.gdc_launch_dependents()
         # out[b, i, kvh * GROUP + g, d] = sum over splits of acc * exp(m - max) / sum of l * exp(m - max), for the
         # BLOCK_D columns d of this program. Every split's (max, sum) is read in one [BLOCK_S, BLOCK_M] tile and
@@ -171,7 +169,8 @@ def _plan(batch: int, kv_heads: int, rows: int, slots: int, sms: int) -> tuple[i
 
 def split_length(total: int, n_splits: int, block_n: int) -> int:
     """Slots per split when ``total`` are written (the kernels compute the same on the device)."""
-    return -(-(-(-total // n_splits)) // block_n) * block_n
+    share = -(-total // n_splits)
+    return -(-share // block_n) * block_n
 
 
 @functools.lru_cache(maxsize=8)

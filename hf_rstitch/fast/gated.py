@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from . import gemv
-from .gemv import GemvConfig, MAX_ROWS, _triton, available, interpreted, pdl
+from .gemv import GemvConfig, MAX_ROWS
+from .triton_support import _triton, available, interpreted, pdl
 
 # two [BLOCK_N, BLOCK_K] float32 accumulators a program: the one-row candidates that fit registers twice
 CANDIDATES = tuple(c for c in gemv.CANDIDATES if c.block_n * c.block_k <= 4096)
@@ -85,9 +86,8 @@ def _few_rows_kernel():
     def gated_few_rows_kernel(x_ptr, g_ptr, u_ptr, y_ptr, M, N, K, stride_xm, stride_g, stride_u, stride_ym,
                               IEEE: tl.constexpr, UPCAST: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
-            tl.extra.cuda.gdc_wait()
-        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
+            tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
             tl.extra.cuda.gdc_launch_dependents()
         m = tl.arange(0, BLOCK_M)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -23,7 +23,8 @@ import sys
 
 import torch
 
-from .gemv import DTYPES, _triton, available, next_pow2, pdl
+from .gemv import DTYPES
+from .triton_support import _triton, available, next_pow2, pdl
 
 
 @functools.lru_cache(maxsize=1)
@@ -34,9 +35,8 @@ def _rotate_kernel():
     def rotate_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, S, HQ,
                       sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sc_b, sc_s, ss_b, ss_s,
                       HALF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
-            tl.extra.cuda.gdc_wait()
-        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
+            tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
             tl.extra.cuda.gdc_launch_dependents()
         # one program: one head of one token; out = x * cos + rotate_half(x) * sin, rounded as eager code rounds
         bs, h = tl.program_id(0), tl.program_id(1)
@@ -72,9 +72,8 @@ def _store_kernel():
     @triton.jit
     def store_kernel(k_ptr, v_ptr, slots_ptr, keys_ptr, values_ptr, H, S,
                      sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, c_b, c_h, c_s, D: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
-            tl.extra.cuda.gdc_wait()
-        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
+            tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
             tl.extra.cuda.gdc_launch_dependents()
         # one program: token i of head h of row b -> slot slots[i] of the layer's keys and values
         p = tl.program_id(0)

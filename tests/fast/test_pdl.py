@@ -1,4 +1,4 @@
-"""The switch for programmatic dependent launch of the fast engine's Triton kernels (hf_rstitch.fast.gemv.PDL).
+"""The switch for programmatic dependent launch of the fast engine's Triton kernels (hf_rstitch.fast.triton_support.PDL).
 On a GPU the kernel tests check the kernels with it when it is switched on."""
 
 import pytest
@@ -6,9 +6,9 @@ import torch
 
 
 def test_programmatic_dependent_launch_switch(monkeypatch):
-    """gemv.PDL: 'off' by default (experimental); 'one-row' launches only one-row kernels with it; never off
+    """triton_support.PDL: 'off' by default (experimental); 'one-row' launches only one-row kernels with it; never off
     CUDA or under the interpreter; a wrong value says which values exist."""
-    from hf_rstitch.fast import gemv as g
+    from hf_rstitch.fast import triton_support as g
 
     assert g.PDL == "off"
     cpu = torch.device("cpu")

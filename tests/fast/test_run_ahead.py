@@ -25,34 +25,30 @@ ROUTES = [["slm"] * 3 + ["llm"] * 3 + ["slm"] * 4 + ["llm"] * 3 + ["slm"] * 5,
           ["slm"] * 3 + ["llm", "slm", "llm"] + ["slm"] * 4 + ["llm", "slm", "slm"] + ["slm"] * 5]
 
 
-@pytest.fixture
-def counted(monkeypatch):
-    """How many steps ran the SLM ahead."""
-    runs = []
+def _spy(monkeypatch, note) -> list:
+    """What ``note`` makes of each step's run-ahead output (None where none ran), in order."""
+    seen = []
     original = loop.run_ahead
 
     def spy(*args, **kwargs):
         got = original(*args, **kwargs)
-        runs.append(got is not None)
+        seen.append(note(got))
         return got
 
     monkeypatch.setattr(loop, "run_ahead", spy)
-    return runs
+    return seen
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Per step, whether a lane ran ahead."""
+    return _spy(monkeypatch, lambda got: got is not None)
 
 
 @pytest.fixture
 def lanes_ahead(monkeypatch):
     """Which lane each run-ahead advanced (None where none ran)."""
-    roles = []
-    original = loop.run_ahead
-
-    def spy(*args, **kwargs):
-        got = original(*args, **kwargs)
-        roles.append(got.role if got is not None else None)
-        return got
-
-    monkeypatch.setattr(loop, "run_ahead", spy)
-    return roles
+    return _spy(monkeypatch, lambda got: got.role if got is not None else None)
 
 
 def _calls(trace):
