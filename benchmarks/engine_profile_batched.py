@@ -31,6 +31,7 @@ import torch
 
 import engine_bench as eb
 import lab
+from attention_sweep import set_plan
 from engine_profile import summarize
 from hf_rstitch.core.roles import Role
 from hf_rstitch.fast import FastConfig, FastLane, decode_attention, triton_support
@@ -62,12 +63,18 @@ class Rows:
         return (time.perf_counter() - start) / n
 
 
+SEQUENCE = 64  # kernels of the first profiled step listed in order (its first layers), with their times
+
+
 def profile_steps(rows: Rows, n: int, sync) -> dict:
-    """Device kernels of ``n`` steps, per step, grouped by family, with the costliest kernels."""
+    """Device kernels of ``n`` steps, per step, grouped by family, with the costliest kernels, and the first
+    :data:`SEQUENCE` kernels in order."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         rows.steps(n, sync)
-    return summarize([e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA], n)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    first = sorted(kernels, key=lambda e: e.time_range.start)[:SEQUENCE]
+    return {**summarize(kernels, n), "sequence": [f"{e.name[:60]} {e.device_time:.1f}us" for e in first]}
 
 
 def one_batch(model, batch: int, args, device: str, bw: float) -> dict:
@@ -100,7 +107,7 @@ def markdown(result: dict) -> str:
              f"{str(result['args']['capacity']) + ' slots a row' if result['args']['capacity'] else 'the slots the steps need'}.",
              "",
              "PDL: programmatic dependent launch of the Triton kernels.", "",
-             "| model | PDL | splits share | attention FILL:STAGES:BLOCK_N:WARPS | B | ms/step | floor (ms) | x floor | "
+             "| model | PDL | splits share | attention plan | B | ms/step | floor (ms) | x floor | "
              "kernel ms/step | kernels/step | top kernels (ms/step) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         p = r["profile"] or {"top_kernels_ms": {}, "kernel_ms_per_token": 0.0, "kernels_per_token": 0}
@@ -119,7 +126,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1400, help="tokens in each row's cache before the timed steps")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--attention-plans", nargs="+", default=[None],
-                    help="FILL:STAGES[:BLOCK_N[:WARPS]] of the split attention (hf_rstitch.fast.decode_attention), "
+                    help="plans of the split attention ('default' or 'NAME=value,...', see benchmarks/attention_sweep.py) (hf_rstitch.fast.decode_attention), "
                          "each a run")
     ap.add_argument("--split-bases", nargs="+", default=["written"], choices=["written", "capacity"],
                     help="what the splits share (decode_attention.SPLIT_BASIS), each a run: the written slots or "
@@ -129,7 +136,7 @@ def main() -> None:
                          "context is where the split bases differ")
     ap.add_argument("--models", nargs="+", default=["7b"], choices=["7b", "1.5b"],
                     help="random Qwen2 shapes to time, each a run (the workload's LLM and SLM)")
-    ap.add_argument("--pdl", nargs="+", default=["one-row"], choices=["off", "one-row", "all"],
+    ap.add_argument("--pdl", nargs="+", default=["off"], choices=["off", "one-row", "all"],
                     help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.triton_support.PDL), each a run")
     ap.add_argument("--name", default="engine_profile_batched", help="result files: <name>_<gpu>.json and .md")
     ap.add_argument("--dry-run-cpu", action="store_true", help="a tiny model on CPU: checks the script, times nothing")
@@ -146,13 +153,9 @@ def main() -> None:
         model = llm if name == "7b" else slm
         triton_support.PDL = launch
         decode_attention.SPLIT_BASIS = basis
-        if plan is not None:
-            names = ("FILL", "STAGES", "BLOCK_N", "WARPS")
-            for name, value in zip(names, plan.split(":")):
-                setattr(decode_attention, name, int(value))
+        set_plan(plan or "default")
         for b in args.batches:
-            da = decode_attention
-            rows.append({"model": name, "pdl": launch, "attention_plan": f"{da.FILL}:{da.STAGES}:{da.BLOCK_N}:{da.WARPS}",
+            rows.append({"model": name, "pdl": launch, "attention_plan": plan or "default",
                          "split_basis": basis, **one_batch(model, b, args, device, bw)})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "profile"}), flush=True)
             if device == "cuda":

@@ -8,8 +8,15 @@ kernel reads the slots ``[0, pos + q)`` (``pos`` is the cache's write offset, a 
 captured graph reads the right length on every replay) in independent chunks ("splits", as in
 flash-decoding), each split an equal share of the slots written so far (the grid is fixed when a graph
 is captured, the split length is not: a short sequence runs as many programs as a long one, each over
-fewer slots); a second kernel combines the splits. Per row, slots left of the row's padding count
-(``pad[b]``) are masked, as is everything right of each query's own slot.
+fewer slots); a second kernel combines the splits. Where the rows alone give the device a wave of
+programs (large batches) there is one split: the kernel walks every written slot in a pipelined loop
+and writes the output itself, with no partial results and no combine. Per row, slots left of the
+row's padding count (``pad[b]``) are masked, as is everything right of each query's own slot.
+
+The plan (:func:`_plan`) was chosen on an H200 at 1400 written slots
+(``benchmarks/results/attention_sweep_*_nvidia_h200.md``): one split from ~one wave of programs
+(Qwen2-7B at B = 64: 1.09x its KV floor against 1.44x with five splits); below that, splits of
+128-slot blocks.
 
 Same arithmetic as the eager attention where it matters: scores and softmax in float32 (eager
 attention rounds the scores to the model's dtype first), probabilities rounded to the values'
@@ -22,14 +29,19 @@ the caller keeps the matmul attention), dropout, sliding windows, soft-capping.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
 from .triton_support import _triton, available, interpreted, next_pow2, pdl
 
-BLOCK_N = 64  # slots per inner step
-FILL = 8  # programs per SM the split plan aims for (at most 64 splits): more splits, more loads in flight
-STAGES = 2  # software-pipeline stages of the split kernel
+FILL = 2  # programs per SM the plan aims for with several splits
+MAX_SPLITS = 64  # splits a (row, KV head) at most
+SPLIT_BLOCK_N, SPLIT_STAGES = 128, 2  # several splits: slots per inner step, software-pipeline stages
+# from this many waves of programs (batch x KV heads x row blocks over the SMs) one split: the split kernel
+# writes the output itself and no combine runs
+ONE_SPLIT = 0.9
+ONE_BLOCK_N, ONE_STAGES = 64, 3  # one split: a long loop, a deeper pipeline
 WARPS = 4  # warps a split-kernel program
 # what the splits share: "written" (the slots written so far) or "capacity" (every slot of the cache, the
 # earlier plan, kept to measure against: early in a long generation most of its splits have nothing to read)
@@ -41,10 +53,10 @@ def _kernels():
     triton, tl = _triton()
 
     @triton.jit
-    def split_kernel(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, pad_ptr, pos_ptr, scale,
-                     sq_b, sq_h, sq_q, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, n_splits, Q_LEN, GROUP, KV_HEADS,
-                     BASIS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     IEEE: tl.constexpr, PDL: tl.constexpr):
+    def split_kernel(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, o_ptr, pad_ptr, pos_ptr, scale,
+                     sq_b, sq_h, sq_q, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_q, so_h, n_splits, Q_LEN, GROUP,
+                     KV_HEADS, BASIS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     IEEE: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
             tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
             tl.extra.cuda.gdc_launch_dependents()
@@ -63,7 +75,8 @@ def _kernels():
         real = m < GROUP * Q_LEN
         g, i = m // Q_LEN, m % Q_LEN
         d = tl.arange(0, HEAD_DIM)
-        out = ((b * KV_HEADS + kvh) * n_splits + split) * (tl.num_programs(1) // KV_HEADS * BLOCK_M) + m
+        rows_padded = tl.num_programs(1) // KV_HEADS * BLOCK_M
+        out = ((b * KV_HEADS + kvh) * n_splits + split) * rows_padded + m
         if start < total:  # splits past the written slots (a few, when they are short) do nothing
             q = tl.load(q_ptr + b * sq_b + (kvh * GROUP + g)[:, None] * sq_h + i[:, None] * sq_q + d[None, :],
                         mask=real[:, None], other=0.0)  # [BM, D]
@@ -73,8 +86,7 @@ def _kernels():
             l_i = tl.zeros((BLOCK_M,), tl.float32)
             acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
             stop = tl.minimum(start + length, total)
-            n0 = start
-            while n0 < stop:  # a while loop: Triton's interpreter cannot run range() over loaded bounds
+            for n0 in range(start, stop, BLOCK_N):  # a for loop, so Triton pipelines its loads (num_stages)
                 cols = n0 + tl.arange(0, BLOCK_N)
                 inside = cols < stop
                 k = tl.load(k_ptr + b * sk_b + kvh * sk_h + cols[:, None] * sk_s + d[None, :], mask=inside[:, None],
@@ -98,10 +110,14 @@ def _kernels():
                 else:
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
                 m_i = m_new
-                n0 += BLOCK_N
-            tl.store(acc_ptr + out[:, None] * HEAD_DIM + d[None, :], acc)
-            tl.store(ml_ptr + 2 * out, m_i)
-            tl.store(ml_ptr + 2 * out + 1, l_i)
+            if DIRECT:  # one split: the output itself (each real row sees at least its own slot, so l_i > 0)
+                y = acc / tl.where(real, l_i, 1.0)[:, None]
+                tl.store(o_ptr + b * so_b + i[:, None] * so_q + (kvh * GROUP + g)[:, None] * so_h + d[None, :],
+                         y.to(o_ptr.dtype.element_ty), mask=real[:, None])
+            else:  # only the real rows: with a group of 7 query heads a block of 16 is more than half padding
+                tl.store(acc_ptr + out[:, None] * HEAD_DIM + d[None, :], acc, mask=real[:, None])
+                tl.store(ml_ptr + 2 * out, m_i, mask=real)
+                tl.store(ml_ptr + 2 * out + 1, l_i, mask=real)
 
     @triton.jit
     def combine_kernel(acc_ptr, ml_ptr, o_ptr, pos_ptr, so_b, so_q, so_h, n_splits, Q_LEN, GROUP, KV_HEADS,
@@ -124,25 +140,24 @@ def _kernels():
         shared = tl.maximum(written, BASIS)
         length = ((shared + n_splits - 1) // n_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # as split_length()
         used = (written + length - 1) // length
+        first = (b * KV_HEADS + kvh) * n_splits
         s = tl.arange(0, BLOCK_S)
-        at = ((b * KV_HEADS + kvh) * n_splits + s)[:, None] * rows_padded + m[None, :]  # [S, BM]
-        ok = (s < used)[:, None]
+        at = (first + s)[:, None] * rows_padded + m[None, :]  # [S, BM]
+        ok = (s < used)[:, None] & real[None, :]  # padding rows were never written
         maxes = tl.load(ml_ptr + 2 * at, mask=ok, other=float("-inf"))
         m_all = tl.max(maxes, 0)
         m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
         total = tl.sum(tl.exp(maxes - m_safe[None, :]) * tl.load(ml_ptr + 2 * at + 1, mask=ok, other=0.0), 0)
         acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-        c = used * 0
-        while c < used:
+        for c in range(0, used, CHUNK_S):
             sc = c + tl.arange(0, CHUNK_S)
-            at_c = ((b * KV_HEADS + kvh) * n_splits + sc)[:, None] * rows_padded + m[None, :]  # [C, BM]
-            ok_c = (sc < used)[:, None]
+            at_c = (first + sc)[:, None] * rows_padded + m[None, :]  # [C, BM]
+            ok_c = (sc < used)[:, None] & real[None, :]
             w = tl.exp(tl.load(ml_ptr + 2 * at_c, mask=ok_c, other=float("-inf")) - m_safe[None, :])
             part = tl.load(acc_ptr + at_c[:, :, None] * HEAD_DIM + d[None, None, :], mask=ok_c[:, :, None],
                            other=0.0)  # [C, BM, BD]
             acc += tl.sum(w[:, :, None] * part, 0)
-            c += CHUNK_S
-        y = acc / total[:, None]
+        y = acc / tl.where(real, total, 1.0)[:, None]  # padding rows: nothing to divide (and not stored)
         tl.store(o_ptr + b * so_b + i[:, None] * so_q + (kvh * GROUP + g)[:, None] * so_h + d[None, :],
                  y.to(o_ptr.dtype.element_ty), mask=real[:, None])
 
@@ -156,15 +171,28 @@ def supported(query: torch.Tensor, key: torch.Tensor) -> bool:
             and key.stride(-1) == 1 and query.stride(-1) == 1)
 
 
-def _plan(batch: int, kv_heads: int, rows: int, slots: int, sms: int) -> tuple[int, int, int]:
-    """(BLOCK_M, row blocks, splits): enough programs to fill ``sms`` :data:`FILL` times over, no more than
-    64 splits nor more than the cache's ``slots`` fill with ``BLOCK_N`` each. The kernels share the slots
-    written so far among the splits (:func:`split_length`), so every split works at any sequence length
-    once it holds ``BLOCK_N`` slots a split."""
+class Plan(NamedTuple):
+    block_m: int  # query rows (group heads x queries) a program
+    row_blocks: int
+    splits: int
+    block_n: int  # slots an inner step
+    stages: int
+
+
+def _plan(batch: int, kv_heads: int, rows: int, slots: int, sms: int) -> Plan:
+    """One split (:data:`ONE_BLOCK_N`, :data:`ONE_STAGES`) where the rows alone make :data:`ONE_SPLIT`
+    waves of programs over ``sms``; else enough splits of :data:`SPLIT_BLOCK_N` slots to fill ``sms``
+    :data:`FILL` times over, no more than :data:`MAX_SPLITS` nor more than the cache's ``slots`` fill.
+    The kernels share the slots written so far among the splits (:func:`split_length`), so every split
+    works at any sequence length once it holds a block a split."""
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     row_blocks = -(-rows // block_m)
-    want = max(1, -(-FILL * sms // (batch * kv_heads * row_blocks)))
-    return block_m, row_blocks, max(1, min(64, want, -(-slots // BLOCK_N)))
+    programs = batch * kv_heads * row_blocks
+    if programs >= ONE_SPLIT * sms:
+        return Plan(block_m, row_blocks, 1, ONE_BLOCK_N, ONE_STAGES)
+    want = max(1, -(-FILL * sms // programs))
+    splits = max(1, min(MAX_SPLITS, want, -(-slots // SPLIT_BLOCK_N)))
+    return Plan(block_m, row_blocks, splits, SPLIT_BLOCK_N, SPLIT_STAGES)
 
 
 def split_length(total: int, n_splits: int, block_n: int) -> int:
@@ -184,10 +212,12 @@ def decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     batch, heads, q_len, dim = query.shape
     kv_heads, slots = key.shape[1], key.shape[2]
     group = heads // kv_heads
-    block_m, row_blocks, n_splits = _plan(batch, kv_heads, group * q_len, slots, _sm_count(query.device))
+    block_m, row_blocks, n_splits, block_n, stages = _plan(batch, kv_heads, group * q_len, slots,
+                                                          _sm_count(query.device))
     rows_padded = row_blocks * block_m
-    acc = torch.empty(batch * kv_heads * n_splits * rows_padded, dim, dtype=torch.float32, device=query.device)
-    ml = torch.empty(batch * kv_heads * n_splits * rows_padded * 2, dtype=torch.float32, device=query.device)
+    partials = batch * kv_heads * n_splits * rows_padded if n_splits > 1 else 1  # one split: none kept
+    acc = torch.empty(partials, dim, dtype=torch.float32, device=query.device)
+    ml = torch.empty(partials * 2, dtype=torch.float32, device=query.device)
     out = torch.empty(batch, q_len, heads, dim, dtype=query.dtype, device=query.device)  # [b, q, H, D]
     split_kernel, combine_kernel = _kernels()
     if SPLIT_BASIS not in ("written", "capacity"):
@@ -196,16 +226,18 @@ def decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     ieee = query.dtype == torch.float32
     on = pdl(query.device, batch * q_len)
     split_kernel[(n_splits, kv_heads * row_blocks, batch)](
-        query, key, value, acc, ml, pad, pos, scale,
+        query, key, value, acc, ml, out, pad, pos, scale,
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
-        value.stride(0), value.stride(1), value.stride(2), n_splits, q_len, group, kv_heads,
-        basis, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, IEEE=ieee or interpreted(), num_warps=WARPS,
-        num_stages=STAGES, PDL=on, launch_pdl=on,
+        value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(1), out.stride(2), n_splits,
+        q_len, group, kv_heads, basis, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, IEEE=ieee or interpreted(),
+        DIRECT=n_splits == 1, num_warps=WARPS, num_stages=stages, PDL=on, launch_pdl=on,
     )
+    if n_splits == 1:
+        return out
     block_d = min(dim, 32)
     combine_kernel[(kv_heads * row_blocks, batch, dim // block_d)](
         acc, ml, out, pos, out.stride(0), out.stride(1), out.stride(2), n_splits, q_len, group, kv_heads,
-        basis, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, BLOCK_S=max(16, next_pow2(n_splits)),
+        basis, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_S=max(16, next_pow2(n_splits)),
         CHUNK_S=128 // block_m, num_warps=4, PDL=on, launch_pdl=on,
     )
     return out

@@ -72,12 +72,14 @@ def test_unsupported_shapes_take_the_fallback(device):
 
 
 def test_plan_fills_the_device_and_caps_the_splits():
-    block_m, row_blocks, splits = da._plan(batch=1, kv_heads=4, rows=7, slots=3072, sms=132)
-    assert (block_m, row_blocks, splits) == (16, 1, 48)  # 3072 slots hold 48 splits of BLOCK_N
-    block_m, row_blocks, splits = da._plan(batch=64, kv_heads=4, rows=56, slots=3072, sms=132)
-    assert (block_m, row_blocks, splits) == (64, 1, 5)  # 5 splits x 256 = 1280 programs reach FILL x 132
-    assert da._plan(1, 1, 1, 100000, 132)[2] == 64
-    assert da._plan(8, 4, 7, 40, 132)[2] == 1  # a cache shorter than BLOCK_N: one split
+    # 4 programs a split: FILL x 132 would want 66 splits, 3072 slots hold 24 of SPLIT_BLOCK_N
+    assert da._plan(batch=1, kv_heads=4, rows=7, slots=3072, sms=132) == (16, 1, 24, da.SPLIT_BLOCK_N,
+                                                                          da.SPLIT_STAGES)
+    assert da._plan(batch=8, kv_heads=4, rows=7, slots=3072, sms=132).splits == 9  # 32 programs, 9 x 32 >= 264
+    # 256 programs are ~2 waves on 132 SMs: one split, its own block and pipeline depth
+    assert da._plan(batch=64, kv_heads=4, rows=56, slots=3072, sms=132) == (64, 1, 1, da.ONE_BLOCK_N, da.ONE_STAGES)
+    assert da._plan(1, 1, 1, 100000, 132).splits == da.MAX_SPLITS
+    assert da._plan(8, 4, 7, 40, 132).splits == 1  # a cache shorter than a block: one split
 
 
 def test_splits_share_the_written_slots():
@@ -100,8 +102,8 @@ def test_many_splits_combine_in_chunks(device, batch, q, pos, monkeypatch):
     chunk at a time (more than one chunk here)."""
     monkeypatch.setattr(da, "_sm_count", lambda device: 132)
     heads, kv_heads, dim, slots = 4, 2, 16, 4096
-    block_m, _, splits = da._plan(batch, kv_heads, heads // kv_heads * q, slots, 132)
-    split = da.split_length(pos + q, splits, da.BLOCK_N)
+    block_m, _, splits, block_n, _ = da._plan(batch, kv_heads, heads // kv_heads * q, slots, 132)
+    split = da.split_length(pos + q, splits, block_n)
     assert -(-(pos + q) // split) > 128 // block_m  # more written splits than one chunk holds
     torch.manual_seed(pos)
     query = torch.randn(batch, q, heads, dim, device=device).transpose(1, 2)
@@ -125,9 +127,9 @@ def test_short_sequence_in_a_long_cache_works_in_every_split(device, q, pos, bas
     monkeypatch.setattr(da, "_sm_count", lambda device: 132)
     monkeypatch.setattr(da, "SPLIT_BASIS", basis)
     batch, heads, kv_heads, dim, slots = 8, 4, 2, 16, 3072
-    splits = da._plan(batch, kv_heads, heads // kv_heads * q, slots, 132)[2]
-    written = da.split_length(pos + q, splits, da.BLOCK_N)
-    assert splits > 1 and -(-(pos + q) // written) == min(splits, -(-(pos + q) // 64))
+    _, _, splits, block_n, _ = da._plan(batch, kv_heads, heads // kv_heads * q, slots, 132)
+    written = da.split_length(pos + q, splits, block_n)
+    assert splits > 1 and -(-(pos + q) // written) == min(splits, -(-(pos + q) // block_n))
     torch.manual_seed(pos + q)
     query = torch.randn(batch, q, heads, dim, device=device).transpose(1, 2)
     key = torch.randn(batch, kv_heads, slots, dim, device=device)
@@ -138,3 +140,28 @@ def test_short_sequence_in_a_long_cache_works_in_every_split(device, q, pos, bas
     out, _ = da.decode_attention(None, query, key, value, None, scaling=0.3, pos=torch.tensor(pos, device=device),
                                  pad=torch.tensor(pads, device=device), fallback=None)
     torch.testing.assert_close(out.double(), reference(query, key, value, pos, pads, 0.3), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch,q,pos", [(3, 1, 150), (2, 4, 70)])
+def test_one_split_writes_the_output_itself(device, batch, q, pos, monkeypatch):
+    """Where the rows alone fill the device (ONE_SPLIT waves), one split per row and KV head: the split
+    kernel normalizes and writes the output, no combine runs; same output as the reference."""
+    monkeypatch.setattr(da, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(da, "ONE_SPLIT", 1.0)
+    heads, kv_heads, dim, slots = 6, 2, 16, 256
+    assert da._plan(batch, kv_heads, heads // kv_heads * q, slots, 4).splits == 1
+    monkeypatch.setattr(da, "ONE_SPLIT", 99.0)
+    assert da._plan(batch, kv_heads, heads // kv_heads * q, slots, 4).splits > 1
+    monkeypatch.setattr(da, "ONE_SPLIT", 1.0)
+    torch.manual_seed(pos)
+    query = torch.randn(batch, q, heads, dim, device=device).transpose(1, 2)
+    key = torch.randn(batch, kv_heads, slots, dim, device=device)
+    value = torch.randn(batch, kv_heads, slots, dim, device=device)
+    key[:, :, pos + q:] = float("nan")
+    value[:, :, pos + q:] = float("nan")
+    pads = [0, 7, 2][:batch]
+    out, _ = da.decode_attention(None, query, key, value, None, scaling=0.3, pos=torch.tensor(pos, device=device),
+                                 pad=torch.tensor(pads, device=device), fallback=None)
+    torch.testing.assert_close(out.double(), reference(query, key, value, pos, pads, 0.3), atol=2e-5, rtol=2e-5)
+
