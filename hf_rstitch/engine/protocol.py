@@ -29,6 +29,10 @@ with ``account(total, rows, resumed) -> {row: ForwardCall}``. A step may likewis
 before it reads the SLM's hand-over decisions from the device. See :mod:`hf_rstitch.engine.loop`.
 Lanes without it are never run ahead.
 
+Entropy: a lane may have ``entropy(logits) -> [B]`` float32, the normalized entropy of its own logits
+(the fast lane's fused kernels); the step uses :func:`hf_rstitch.core.entropy.normalized_entropy` for
+lanes without it.
+
 Accounting: every lane reports its calls as ``ForwardCall(role, kind, n_inf, n_kv, seconds)``
 -- the quantities of the latency model (paper Eq. 4) -- so traces, the profiler and the
 benchmarks count the same way whichever engine ran.

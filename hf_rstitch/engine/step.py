@@ -121,7 +121,7 @@ def run_step(
         slm_logits, hidden, got = _advance(lanes[Role.SLM], ahead, seq, mask, slm_rows & accounted,
                                            routing.last_llm, policy.needs_hidden)
         calls += got.items()
-        slm_h = normalized_entropy(slm_logits)
+        slm_h = _entropy(lanes[Role.SLM], slm_logits)
         decision = policy.hand_to_llm(StepView(index, slm_h, hidden, rows))
         pending = _send_to_host(decision)  # queued before an early LLM call: waiting for it waits for no more
         if ahead is None or ahead.role is not Role.LLM:
@@ -132,12 +132,18 @@ def run_step(
     if llm_on.any() and _llm_now(schedule, llm_on, routing.waited):
         llm_logits, _, got = _advance(lanes[Role.LLM], ahead, seq, mask, llm_on & accounted, ~routing.last_llm, False)
         calls += got.items()
-        llm_h = normalized_entropy(llm_logits)
+        llm_h = _entropy(lanes[Role.LLM], llm_logits)
         back = policy.hand_to_slm(StepView(index, llm_h, rows=rows))  # host copy deferred to the caller's sync
     elif llm_on.any():
         held = llm_on.clone()  # no LLM call: these rows wait; their logits below are the SLM's, unused
     return StepOut(_by_writer(llm_on, llm_logits, slm_logits), _by_writer(llm_on, llm_h, slm_h), llm_on, handed,
                    slm_h, back, calls, held)
+
+
+def _entropy(lane, logits: torch.Tensor) -> torch.Tensor:
+    """The lane's own entropy where it has one (the fast lane's fused kernels), else the eager function."""
+    own = getattr(lane, "entropy", None)
+    return own(logits) if own is not None else normalized_entropy(logits)
 
 
 def _llm_before_decision(lane, decision: torch.Tensor, llm_on: torch.Tensor, schedule, seq, mask) -> Ahead | None:

@@ -9,7 +9,10 @@ activated product, so the MLP is two kernels: this one and the down projection.
 Same arithmetic as the module's eager forward: each product accumulates in float32 and is rounded
 to the model's dtype, the SiLU is rounded, then the product is rounded.
 
-What it does not do: biases, activations other than SiLU, more than :data:`~hf_rstitch.fast.gemv.MAX_ROWS`
+Inputs of several rows take the tiers of :mod:`.gemv` (up to 16 rows; 17..64 for lanes built for them),
+each tuned against cuBLAS plus the eager activation.
+
+What it does not do: biases, activations other than SiLU, more than :data:`~hf_rstitch.fast.gemv.WIDE_ROWS`
 rows (the module's own forward runs), CPU execution outside Triton's interpreter.
 """
 
@@ -22,12 +25,15 @@ import torch
 import torch.nn.functional as F
 
 from . import gemv
-from .gemv import GemvConfig, MAX_ROWS
+from .gemv import MAX_ROWS, WIDE_ROWS, GemvConfig
 from .triton_support import _triton, available, interpreted, pdl
 
 # two [BLOCK_N, BLOCK_K] float32 accumulators a program: the one-row candidates that fit registers twice
 CANDIDATES = tuple(c for c in gemv.CANDIDATES if c.block_n * c.block_k <= 4096)
 FEW_ROWS = tuple(GemvConfig(n, k, 4, 2, MAX_ROWS) for n in (16, 32, 64) for k in (64, 128))
+# two [64, BLOCK_N] float32 accumulators a program
+WIDE = tuple(GemvConfig(n, k, w, s, WIDE_ROWS) for n, k, w, s in (
+    (32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (64, 64, 8, 4), (64, 128, 8, 3), (128, 64, 8, 3)))
 
 
 @functools.lru_cache(maxsize=1)
@@ -178,10 +184,14 @@ def tune(gate: torch.Tensor, up: torch.Tensor, candidates, calls: int = 20) -> O
     return best
 
 
-def configs_for(table: dict, gate: torch.Tensor, up: torch.Tensor) -> tuple:
-    """(one-row, few-rows) configurations for this shape from ``table``, tuned on first sight."""
+def configs_for(table: dict, gate: torch.Tensor, up: torch.Tensor, rows: int = MAX_ROWS) -> tuple:
+    """A configuration per tier of :data:`~hf_rstitch.fast.gemv.TIERS` for this shape from ``table``, tuned on
+    first sight (None: cuBLAS; the wide tier only for ``rows`` above :data:`~hf_rstitch.fast.gemv.MAX_ROWS`)."""
     out = []
-    for candidates in (CANDIDATES, FEW_ROWS):
+    for i, candidates in enumerate((CANDIDATES, FEW_ROWS, WIDE)):
+        if i >= 2 and gemv.TIERS[i - 1] >= rows:
+            out.append(None)
+            continue
         key = ("gated",) + gemv.shape_key(gate, None, candidates[0].block_m)
         if key not in table:
             table[key] = tune(gate, up, candidates)
@@ -207,9 +217,9 @@ def fusable(m: torch.nn.Module) -> bool:
 
 
 def _forward(mlp: torch.nn.Module, cfgs: tuple, act_mul, x: torch.Tensor) -> torch.Tensor:
-    rows = x.numel() // x.shape[-1]
-    c = None if rows > MAX_ROWS else cfgs[0] if rows == 1 else cfgs[1]
-    if c is None:  # a wide batch or long catch-up, or cuBLAS measured faster: two products, then the activation
+    t = gemv.tier(x.numel() // x.shape[-1])
+    c = cfgs[t] if t is not None else None
+    if c is None:  # a long catch-up, a tier not tuned, or cuBLAS measured faster: two products, then the activation
         gate, up = mlp.gate_proj(x), mlp.up_proj(x)
         return mlp.down_proj(mlp.act_fn(gate) * up if act_mul is None else act_mul(gate, up))
     h = torch.ops.hf_rstitch.gated_gemv(x, mlp.gate_proj.weight, mlp.up_proj.weight, c.block_n, c.block_k,
@@ -217,9 +227,11 @@ def _forward(mlp: torch.nn.Module, cfgs: tuple, act_mul, x: torch.Tensor) -> tor
     return mlp.down_proj(h)
 
 
-def plan(model: torch.nn.Module, table: dict, act_mul=None) -> list[tuple[torch.nn.Module, functools.partial]]:
-    """The MLP forwards to install (as :func:`hf_rstitch.fast.gemv.gemv_linears_on` installs them).
-    ``act_mul(gate, up)``: the activation product where the kernel does not run (None: the module's
-    ``act_fn(gate) * up``; ``compile="parts"`` passes its compiled one)."""
-    return [(m, functools.partial(_forward, m, configs_for(table, m.gate_proj.weight, m.up_proj.weight), act_mul))
+def plan(model: torch.nn.Module, table: dict, act_mul=None,
+         rows: int = MAX_ROWS) -> list[tuple[torch.nn.Module, functools.partial]]:
+    """The MLP forwards to install (as :func:`hf_rstitch.fast.gemv.gemv_linears_on` installs them), tuned
+    for inputs of up to ``rows`` rows. ``act_mul(gate, up)``: the activation product where the kernel does
+    not run (None: the module's ``act_fn(gate) * up``; ``compile="parts"`` passes its compiled one)."""
+    return [(m, functools.partial(_forward, m, configs_for(table, m.gate_proj.weight, m.up_proj.weight, rows),
+                                  act_mul))
             for m in model.modules() if fusable(m)]

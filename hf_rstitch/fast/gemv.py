@@ -8,8 +8,10 @@ its split-K variants add a reduction kernel per product (benchmarks/results/engi
 This module gives every weight shape its own launch configuration, measured on the device
 (:func:`tune`), and routes a model's linear layers through it inside :func:`gemv_linears_on`.
 
-Catch-up prefills of 2..16 tokens (:data:`MAX_ROWS`) run a second kernel that reads each weight
-tile once for all rows (tensor-core products); longer ones keep ``F.linear``.
+Catch-up prefills of 2..16 tokens and batches of up to 16 rows (:data:`MAX_ROWS`) run a second
+kernel that reads each weight tile once for all rows (tensor-core products). Batches of 17..64 rows
+(:data:`WIDE_ROWS`, lanes built for them: ``plan(rows=...)``) run it with 64-row blocks. Each tier
+is tuned against cuBLAS per shape and keeps ``F.linear`` where cuBLAS wins; longer inputs keep it always.
 
 What it does not do: quantized weights, float64, CPU execution (off CUDA the op falls back to ``F.linear``; the kernel itself
 runs on CPU only under ``TRITON_INTERPRET=1``, which is how the CPU tests check it). Triton is
@@ -49,6 +51,16 @@ CANDIDATES = tuple(  # the tuner's search space; each fits a program's accumulat
 # (pipeline stages 2 and 4 timed the same on an H200 for every Qwen2 shape: results/gemv_nvidia_h200.json)
 MAX_ROWS = 16  # catch-up prefills of 2..16 tokens run the few-rows kernel; longer ones keep cuBLAS
 FEW_ROWS = tuple(GemvConfig(n, k, 4, 2, MAX_ROWS) for n in (16, 32, 64) for k in (64, 128, 256))
+WIDE_ROWS = 64  # one-token steps of 17..64 rows: the few-rows kernel with 64-row blocks, where it beats cuBLAS
+WIDE = tuple(GemvConfig(n, k, w, s, WIDE_ROWS) for n, k, w, s in (
+    (32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (64, 64, 8, 4), (64, 128, 8, 3),
+    (128, 64, 8, 3), (128, 128, 8, 3)))
+TIERS = (1, MAX_ROWS, WIDE_ROWS)  # rows of each tier's block; a shape has one configuration a tier
+
+
+def tier(rows: int) -> int | None:
+    """Index in :data:`TIERS` of the configuration for an input of ``rows`` rows; None past the last."""
+    return next((i for i, top in enumerate(TIERS) if rows <= top), None)
 
 
 @functools.lru_cache(maxsize=1)
@@ -250,33 +262,35 @@ def linear_modules(model: torch.nn.Module) -> list[torch.nn.Linear]:
 
 
 def config_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None, block_m: int = 1) -> GemvConfig | None:
-    """``table``'s configuration for this shape (one row, or up to :data:`MAX_ROWS`; None: cuBLAS),
+    """``table``'s configuration for this shape and tier (``block_m`` in :data:`TIERS`; None: cuBLAS),
     tuned on first sight."""
     key = shape_key(weight, bias, block_m)
     if key not in table:
-        table[key] = tune(weight, bias, CANDIDATES if block_m == 1 else FEW_ROWS)
+        table[key] = tune(weight, bias, {1: CANDIDATES, MAX_ROWS: FEW_ROWS, WIDE_ROWS: WIDE}[block_m])
     return table[key]
 
 
-def configs_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[GemvConfig, GemvConfig | None]:
-    return config_for(table, weight, bias, 1), config_for(table, weight, bias, MAX_ROWS)
+def configs_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None, rows: int = MAX_ROWS) -> tuple:
+    """One configuration per tier of :data:`TIERS` (None: cuBLAS). The first two are always tuned (one-token
+    steps, catch-ups of a few tokens); the wide one only for ``rows`` above :data:`MAX_ROWS`."""
+    return tuple(config_for(table, weight, bias, top) if i < 2 or TIERS[i - 1] < rows else None
+                 for i, top in enumerate(TIERS))
 
 
-def tune_model(model: torch.nn.Module, table: dict | None = None) -> dict:
-    """A configuration per distinct linear shape of ``model`` (entries already in ``table`` are kept)."""
+def tune_model(model: torch.nn.Module, table: dict | None = None, rows: int = MAX_ROWS) -> dict:
+    """A configuration per distinct linear shape of ``model`` and tier up to ``rows`` (entries already in
+    ``table`` are kept)."""
     table = {} if table is None else table
     for m in linear_modules(model):
-        configs_for(table, m.weight, m.bias)
+        configs_for(table, m.weight, m.bias, rows)
     return table
 
 
 def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfgs) -> torch.Tensor:
-    """The tuned kernel for one row or a few (``cfgs``: one-row and few-rows configurations), else cuBLAS."""
-    rows = x.numel() // weight.shape[1]
-    if rows > MAX_ROWS:  # a long catch-up prefill: cuBLAS
-        return F.linear(x, weight, bias)
-    c = cfgs[0] if rows == 1 else cfgs[1]
-    if c is None:  # cuBLAS measured faster for this shape
+    """The tuned kernel for the input's rows (``cfgs``: a configuration per tier), else cuBLAS."""
+    t = tier(x.numel() // weight.shape[1])
+    c = cfgs[t] if t is not None else None
+    if c is None:  # a long catch-up prefill, a tier not tuned, or cuBLAS measured faster for this shape
         return F.linear(x, weight, bias)
     return torch.ops.hf_rstitch.gemv(x, weight, bias, c.block_n, c.block_k, c.num_warps, c.num_stages, c.block_m)
 
@@ -298,14 +312,14 @@ class FusedGroup:
     (results/gemv_nvidia_h200.md).
     """
 
-    def __init__(self, members: list[torch.nn.Linear], table: dict):
+    def __init__(self, members: list[torch.nn.Linear], table: dict, rows: int = MAX_ROWS):
         self.members = members
         with torch.no_grad():
             self.weight = torch.cat([m.weight for m in members]).contiguous()
             self.bias = None
             if members[0].bias is not None:
                 self.bias = torch.cat([m.bias for m in members]).contiguous()
-        self.cfgs = configs_for(table, self.weight, self.bias)
+        self.cfgs = configs_for(table, self.weight, self.bias, rows)
         self.bounds = [0]
         for m in members:
             self.bounds.append(self.bounds[-1] + m.out_features)
@@ -329,27 +343,29 @@ class FusedGroup:
         return part
 
 
-def plan(model: torch.nn.Module, table: dict, fuse: bool = True) -> list[tuple[torch.nn.Linear, functools.partial]]:
+def plan(model: torch.nn.Module, table: dict, fuse: bool = True,
+         rows: int = MAX_ROWS) -> list[tuple[torch.nn.Linear, functools.partial]]:
     """The forwards to install for ``model``'s linear layers: fused q/k/v groups (``fuse``) and the
-    tuned kernel for every other layer; tunes shapes missing from ``table``."""
+    tuned kernel for every other layer; tunes shapes missing from ``table`` for inputs of up to ``rows``
+    rows (a lane's batch; catch-ups of up to :data:`MAX_ROWS` tokens always)."""
     patches, grouped = [], set()
     if fuse:
         for parent in model.modules():
             members = [getattr(parent, name, None) for name in FUSED]
             if all(m is not None for m in members) and FusedGroup.fits(members):
-                group = FusedGroup(members, table)
+                group = FusedGroup(members, table, rows)
                 patches += [(m, functools.partial(group.forward, i)) for i, m in enumerate(members)]
                 grouped.update(id(m) for m in members)
     for m in linear_modules(model):
         if id(m) not in grouped:
-            patches.append((m, functools.partial(_forward, m, configs_for(table, m.weight, m.bias))))
+            patches.append((m, functools.partial(_forward, m, configs_for(table, m.weight, m.bias, rows))))
     return patches
 
 
 @contextlib.contextmanager
 def gemv_linears_on(patches: list[tuple[torch.nn.Linear, functools.partial]]):
     """Inside the block, the linear layers of ``patches`` (from :func:`plan`) run the tuned kernels
-    for inputs of up to :data:`MAX_ROWS` rows and ``F.linear`` for longer ones.
+    for inputs of the tiers they were tuned for and ``F.linear`` for longer ones.
 
     The plan is computed once: walking a model's modules on every call costs more host time
     than a decode step's launch. Only Python dispatch changes (an instance ``forward``); a CUDA

@@ -50,9 +50,10 @@ import weakref
 import torch
 from transformers import AttentionInterface, PreTrainedModel
 
+from ..core.entropy import normalized_entropy
 from ..core.roles import Role
 from ..engine.lane import left_padding
-from . import compile_cache, gated, gemv, regions, rope_store
+from . import compile_cache, fused_entropy, gated, gemv, regions, rope_store
 from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
 from .decode_attention import decode_attention
@@ -185,6 +186,14 @@ class FastLane(RowOps):
         self.seen = total
         return logits, hidden, calls
 
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        """The normalized entropy of ``logits`` (this lane's, ``[B, vocab]``): on CUDA the fused kernels of
+        :mod:`.fused_entropy` (one read of the logits, not a float32 copy and half a dozen passes), elsewhere
+        the eager function (CPU tests compare engines' entropies to 1e-9, the same arithmetic)."""
+        if logits.device.type == "cuda" and fused_entropy.supported(logits):
+            return fused_entropy.normalized_entropy(logits)
+        return normalized_entropy(logits)
+
     def account(self, total: int, rows: torch.Tensor, resumed: torch.Tensor) -> dict:
         """The records an :meth:`advance` to ``total`` columns would have made for ``rows`` (``[B]`` bool CPU),
         for a call made early with no rows taking part (a run-ahead, whose rows were not known yet)."""
@@ -276,9 +285,11 @@ class FastLane(RowOps):
                                  "install triton or leave gemv=None.")
             return []
         start = time.perf_counter()
-        layers = gemv.plan(self.model, _GEMV_TABLE, fuse=config.fuse_qkv)
+        rows = self.rows.max_rows  # one-token steps of the whole batch; the wide tier only for lanes that need it
+        layers = gemv.plan(self.model, _GEMV_TABLE, fuse=config.fuse_qkv, rows=rows)
         if config.fuse_mlp:  # MLP forwards: installed with the linears' (gemv_linears_on), before the regions'
-            layers += gated.plan(self.model, _GEMV_TABLE, regions.silu_mul() if config.compile == "parts" else None)
+            act_mul = regions.silu_mul() if config.compile == "parts" else None
+            layers += gated.plan(self.model, _GEMV_TABLE, act_mul, rows=rows)
         self.gemv_tune_seconds = time.perf_counter() - start
         return layers
 

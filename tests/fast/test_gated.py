@@ -30,12 +30,13 @@ def test_one_row_equals_module_arithmetic(device, n, k, cfg):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("rows", [2, 5, gemv.MAX_ROWS])
+@pytest.mark.parametrize("rows,cfg", [(2, gated.FEW_ROWS[0]), (5, gated.FEW_ROWS[0]), (gemv.MAX_ROWS, gated.FEW_ROWS[0]),
+                                      (gemv.MAX_ROWS + 1, gated.WIDE[0]), (gemv.WIDE_ROWS, gated.WIDE[-1])])
 @pytest.mark.parametrize("n,k", [(64, 96), (37, 130)])
-def test_few_rows_equal_module_arithmetic(device, rows, n, k):
+def test_few_rows_equal_module_arithmetic(device, rows, cfg, n, k):
     g, u = _weights(n, k, torch.float32, device)
     x = torch.randn(1, rows, k, device=device)
-    got = gated.launch(x, g, u, gated.FEW_ROWS[0])
+    got = gated.launch(x, g, u, cfg)
     torch.testing.assert_close(got, gated.reference(x, g, u), atol=1e-5, rtol=1e-4)
 
 
@@ -112,3 +113,20 @@ def test_wide_inputs_use_the_given_activation_product(device):
             got = model(many).logits
     assert seen == [gemv.MAX_ROWS + 3] * 2  # both layers
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_lane_of_64_rows_runs_the_wide_tier(device):
+    """Tuned for 64 rows (a lane built for a batch of 64), inputs of 17..64 rows run the kernel's wide tier;
+    more rows keep the module's own forward. Tuned for the default 16, the wide tier is never tuned."""
+    model = kernel_model(device, "qwen2")
+    assert all(cfgs[2] is None for _, fn in gated.plan(model, {}) for cfgs in [fn.args[1]])
+    patches = gated.plan(model, {}, rows=gemv.WIDE_ROWS)
+    assert all(fn.args[1][2] is not None or device == "cuda" for _, fn in patches)  # on CUDA cuBLAS may win
+    wide, past = (torch.randint(0, 97, (1, n), device=device) for n in (gemv.MAX_ROWS + 3, gemv.WIDE_ROWS + 3))
+    with torch.no_grad():
+        want = [model(ids).logits for ids in (wide, past)]
+        with gemv.gemv_linears_on(patches):
+            got = [model(ids).logits for ids in (wide, past)]
+    torch.testing.assert_close(got[0], want[0], atol=1e-4, rtol=1e-4)
+    assert torch.equal(got[1], want[1])

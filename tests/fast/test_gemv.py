@@ -29,9 +29,10 @@ def test_gemv_equals_linear(device, n, k, bias, cfg):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("rows", [2, 7, 16])
+@pytest.mark.parametrize("rows,cfg", [(2, gemv.GemvConfig(16, 64, 4, 2, 16)), (7, gemv.GemvConfig(32, 128, 4, 2, 16)),
+                                      (16, gemv.GemvConfig(16, 64, 4, 2, 16)), (16, gemv.GemvConfig(32, 128, 4, 2, 16)),
+                                      (17, gemv.WIDE[0]), (64, gemv.WIDE[-1])])
 @pytest.mark.parametrize("n,k,bias", [(64, 96, True), (37, 130, False), (300, 520, True)])
-@pytest.mark.parametrize("cfg", [gemv.GemvConfig(16, 64, 4, 2, 16), gemv.GemvConfig(32, 128, 4, 2, 16)])
 def test_few_rows_kernel_equals_linear(device, rows, n, k, bias, cfg):
     torch.manual_seed(rows + n)
     w = torch.randn(n, k, device=device)
@@ -82,6 +83,29 @@ def test_linears_on_model_equal_and_restored(device, fuse, arch):
     torch.testing.assert_close(got[0], want[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=1e-4)
     assert torch.equal(got[2], want[2])  # more than MAX_ROWS rows keep F.linear
+
+
+def test_tiers_by_rows():
+    assert [gemv.tier(n) for n in (1, 2, gemv.MAX_ROWS, gemv.MAX_ROWS + 1, gemv.WIDE_ROWS, gemv.WIDE_ROWS + 1)] == \
+        [0, 1, 1, 2, 2, None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fuse", [False, True])
+def test_a_lane_of_64_rows_runs_the_wide_tier(device, fuse):
+    """Tuned for 64 rows, inputs of 17..64 rows run the wide tier (its own configuration per shape); more rows
+    keep F.linear."""
+    model = kernel_model(device, "llama")
+    table = gemv.tune_model(model, rows=gemv.WIDE_ROWS)
+    assert len(table) == 3 * len({gemv.shape_key(m.weight, m.bias) for m in gemv.linear_modules(model)})
+    patches = gemv.plan(model, table, fuse=fuse, rows=gemv.WIDE_ROWS)
+    wide, past = (torch.randint(0, 97, (1, n), device=device) for n in (gemv.MAX_ROWS + 3, gemv.WIDE_ROWS + 3))
+    with torch.no_grad():
+        want = [model(ids).logits for ids in (wide, past)]
+        with gemv.gemv_linears_on(patches):
+            got = [model(ids).logits for ids in (wide, past)]
+    torch.testing.assert_close(got[0], want[0], atol=1e-4, rtol=1e-4)
+    assert torch.equal(got[1], want[1])
 
 
 @_each_model
