@@ -19,7 +19,8 @@ never reads them from the device. ``--decisions device`` returns the same decisi
 entropy policy's are: the loop then pays the reads R-Stitch pays in use (and cannot run the LLM ahead).
 
 Writes ``engine_batched_<gpu>.json`` (``rows``: ``{"batch", "method", "seconds", "floor_seconds"}``
-plus details, device, versions, date) and ``.md``; prints one compact JSON document last.
+plus details, device, versions, date), ``.md`` and ``.png`` (``--replot JSON`` redraws a figure
+without a GPU); prints one compact JSON document last.
 """
 
 from __future__ import annotations
@@ -192,9 +193,48 @@ def markdown(res) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(path: Path) -> Path:
+    """``path``'s results (an engine_batched JSON) as a figure next to it: each method's time over its floor,
+    and stitched decoding's speed-up over the LLM alone, per batch size, with the issue's targets."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = json.loads(path.read_text())
+    rows = {(r["batch"], r["method"]): r for r in res["rows"] if r["method"] in ("llm_only", "stitched")}
+    batches = sorted({b for b, _ in rows})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8.4, 3.4))
+    for method, label in (("llm_only", "LLM alone"), ("stitched", "stitched")):
+        got = [(b, rows[b, method]["seconds"] / rows[b, method]["floor_seconds"]) for b in batches if (b, method) in rows]
+        left.plot([str(b) for b, _ in got], [x for _, x in got], "o-", label=label)
+    left.axhline(1.3, color="k", ls="--", lw=0.8, label="target, LLM alone (1.3x)")
+    left.set_xlabel("batch size")
+    left.set_ylabel("wall time / floor")
+    left.set_ylim(1.0, None)
+    left.legend(fontsize=8)
+    both = [b for b in batches if (b, "llm_only") in rows and (b, "stitched") in rows]
+    speed = [rows[b, "llm_only"]["seconds"] / rows[b, "stitched"]["seconds"] for b in both]
+    right.bar([str(b) for b in both], speed, color="tab:green")
+    right.plot([str(b) for b in both], [3.5 if b == 1 else 1.5 for b in both], "k_", ms=28, mew=1.5, label="target")
+    for i, v in enumerate(speed):
+        right.annotate(f"{v:.2f}x", (i, v), ha="center", va="bottom", fontsize=8)
+    right.set_xlabel("batch size")
+    right.set_ylabel("stitched speed-up over the LLM alone")
+    right.legend(fontsize=8)
+    fig.suptitle(f"Batched fast engine, MATH-shaped workload, Qwen2 7B / 1.5B shapes ({res['device']['name']})",
+                 fontsize=10)
+    out = path.with_suffix(".png")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default="benchmarks/results")
+    ap.add_argument("--replot", metavar="JSON", help="only draw the figure of an earlier run's JSON (no GPU)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--static-batches", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--slm-only-batches", type=int, nargs="*", default=[1], help="also time the SLM alone here")
@@ -215,6 +255,9 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
     args = ap.parse_args()
+    if args.replot:
+        print(plot(Path(args.replot)))
+        return
     decode_attention.SPLIT_BASIS = args.split_basis
     triton_support.PDL = args.pdl
     global DECISIONS
@@ -260,6 +303,7 @@ def main() -> None:
         if not args.skip_baselines:
             baseline_section(llm, args, res, budget)
     save()
+    plot(stem.with_suffix(".json"))
     print(markdown(res))
     print(json.dumps({"device": name, "rows": [{k: r[k] for k in ("batch", "method", "seconds", "floor_seconds")}
                                                for r in res["rows"]]}))
