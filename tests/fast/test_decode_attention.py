@@ -32,6 +32,19 @@ def reference(query, key, value, pos, pads, scale):
     return (scores.softmax(-1) @ v).transpose(1, 2)  # [b, q, H, D]
 
 
+def _check(device, batch, heads, kv_heads, q, dim, slots, pos, pads):
+    """The kernels' output for random queries and cache (NaN past the written slots: never read) equals the
+    float64 reference."""
+    query = torch.randn(batch, q, heads, dim, device=device).transpose(1, 2)
+    key = torch.randn(batch, kv_heads, slots, dim, device=device)
+    value = torch.randn(batch, kv_heads, slots, dim, device=device)
+    key[:, :, pos + q:] = float("nan")
+    value[:, :, pos + q:] = float("nan")
+    out, _ = da.decode_attention(None, query, key, value, None, scaling=0.3, pos=torch.tensor(pos, device=device),
+                                 pad=torch.tensor(pads, device=device), fallback=None)
+    torch.testing.assert_close(out.double(), reference(query, key, value, pos, pads, 0.3), atol=2e-5, rtol=2e-5)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("batch,heads,kv_heads,q,dim,slots,pos,pads", [
     (1, 8, 2, 1, 32, 512, 37, [0]),  # B = 1 decode step
@@ -106,15 +119,8 @@ def test_many_splits_combine_in_chunks(device, batch, q, pos, monkeypatch):
     split = da.split_length(pos + q, splits, block_n)
     assert -(-(pos + q) // split) > 128 // block_m  # more written splits than one chunk holds
     torch.manual_seed(pos)
-    query = torch.randn(batch, q, heads, dim, device=device).transpose(1, 2)
-    key = torch.randn(batch, kv_heads, slots, dim, device=device)
-    value = torch.randn(batch, kv_heads, slots, dim, device=device)
-    key[:, :, pos + q:] = float("nan")
-    value[:, :, pos + q:] = float("nan")
     pads = [0, 40][:batch]
-    out, _ = da.decode_attention(None, query, key, value, None, scaling=0.3, pos=torch.tensor(pos, device=device),
-                                 pad=torch.tensor(pads, device=device), fallback=None)
-    torch.testing.assert_close(out.double(), reference(query, key, value, pos, pads, 0.3), atol=2e-5, rtol=2e-5)
+    _check(device, batch, heads, kv_heads, q, dim, slots, pos, pads)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -131,15 +137,8 @@ def test_short_sequence_in_a_long_cache_works_in_every_split(device, q, pos, bas
     written = da.split_length(pos + q, splits, block_n)
     assert splits > 1 and -(-(pos + q) // written) == min(splits, -(-(pos + q) // block_n))
     torch.manual_seed(pos + q)
-    query = torch.randn(batch, q, heads, dim, device=device).transpose(1, 2)
-    key = torch.randn(batch, kv_heads, slots, dim, device=device)
-    value = torch.randn(batch, kv_heads, slots, dim, device=device)
-    key[:, :, pos + q:] = float("nan")
-    value[:, :, pos + q:] = float("nan")
     pads = [0, 3, 0, 0, 5, 0, 0, 1] if pos > 8 else [0] * batch
-    out, _ = da.decode_attention(None, query, key, value, None, scaling=0.3, pos=torch.tensor(pos, device=device),
-                                 pad=torch.tensor(pads, device=device), fallback=None)
-    torch.testing.assert_close(out.double(), reference(query, key, value, pos, pads, 0.3), atol=2e-5, rtol=2e-5)
+    _check(device, batch, heads, kv_heads, q, dim, slots, pos, pads)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -155,13 +154,6 @@ def test_one_split_writes_the_output_itself(device, batch, q, pos, monkeypatch):
     assert da._plan(batch, kv_heads, heads // kv_heads * q, slots, 4).splits > 1
     monkeypatch.setattr(da, "ONE_SPLIT", 1.0)
     torch.manual_seed(pos)
-    query = torch.randn(batch, q, heads, dim, device=device).transpose(1, 2)
-    key = torch.randn(batch, kv_heads, slots, dim, device=device)
-    value = torch.randn(batch, kv_heads, slots, dim, device=device)
-    key[:, :, pos + q:] = float("nan")
-    value[:, :, pos + q:] = float("nan")
     pads = [0, 7, 2][:batch]
-    out, _ = da.decode_attention(None, query, key, value, None, scaling=0.3, pos=torch.tensor(pos, device=device),
-                                 pad=torch.tensor(pads, device=device), fallback=None)
-    torch.testing.assert_close(out.double(), reference(query, key, value, pos, pads, 0.3), atol=2e-5, rtol=2e-5)
+    _check(device, batch, heads, kv_heads, q, dim, slots, pos, pads)
 
