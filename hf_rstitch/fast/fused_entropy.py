@@ -14,6 +14,7 @@ Ids whose logit is ``-inf`` count 0, as there; a row that is ``-inf`` everywhere
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -109,6 +110,8 @@ def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
     part = torch.empty(rows * splits * 3, dtype=torch.float32, device=logits.device)
     out = torch.empty(rows, dtype=torch.float32, device=logits.device)
     chunk_kernel, merge_kernel = _kernels()
-    chunk_kernel[(rows, splits)](x, part, vocab, x.stride(0), chunk, BLOCK=BLOCK, num_warps=8)
-    merge_kernel[(rows,)](part, out, splits, math.log(vocab), BLOCK_S=max(16, next_pow2(splits)), num_warps=1)
+    # Triton launches on the current device: make it the logits' (a pair split over GPUs)
+    with torch.cuda.device(logits.device) if logits.device.type == "cuda" else contextlib.nullcontext():
+        chunk_kernel[(rows, splits)](x, part, vocab, x.stride(0), chunk, BLOCK=BLOCK, num_warps=8)
+        merge_kernel[(rows,)](part, out, splits, math.log(vocab), BLOCK_S=max(16, next_pow2(splits)), num_warps=1)
     return out.reshape(logits.shape[:-1])
