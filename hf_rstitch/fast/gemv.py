@@ -12,6 +12,9 @@ Catch-up prefills of 2..16 tokens and batches of up to 16 rows (:data:`MAX_ROWS`
 kernel that reads each weight tile once for all rows (tensor-core products). Batches of 17..64 rows
 (:data:`WIDE_ROWS`, lanes built for them: ``plan(rows=...)``) run it with 64-row blocks. Each tier
 is tuned against cuBLAS per shape and keeps ``F.linear`` where cuBLAS wins; longer inputs keep it always.
+Its candidates include reductions split in 2-4 (float32 partials, then a kernel that sums them), for
+products with few output columns and a long reduction (Qwen2-7B's down projection: 3584 x 18944),
+where cuBLAS splits too.
 
 What it does not do: quantized weights, float64, CPU execution (off CUDA the op falls back to ``F.linear``; the kernel itself
 runs on CPU only under ``TRITON_INTERPRET=1``, which is how the CPU tests check it). Triton is
@@ -34,13 +37,16 @@ from .triton_support import _triton, available, interpreted, next_pow2, pdl  # n
 @dataclass(frozen=True)
 class GemvConfig:
     """Launch configuration: output columns per program, reduction chunk, warps, pipeline stages,
-    input rows per program (1: the one-row kernel; 16: the few-rows kernel on tensor cores)."""
+    input rows per program (1: the one-row kernel; 16 or 64: the few-rows kernel on tensor cores), and
+    for the few-rows kernel the splits of the reduction (``split_k`` > 1: each split's float32 partial
+    sums, then a second kernel adds them: more programs for products with few output columns)."""
 
     block_n: int = 8
     block_k: int = 512
     num_warps: int = 4
     num_stages: int = 3
     block_m: int = 1
+    split_k: int = 1
 
 
 CANDIDATES = tuple(  # the tuner's search space; each fits a program's accumulator in registers
@@ -50,11 +56,14 @@ CANDIDATES = tuple(  # the tuner's search space; each fits a program's accumulat
 )
 # (pipeline stages 2 and 4 timed the same on an H200 for every Qwen2 shape: results/gemv_nvidia_h200.json)
 MAX_ROWS = 16  # catch-up prefills of 2..16 tokens run the few-rows kernel; longer ones keep cuBLAS
-FEW_ROWS = tuple(GemvConfig(n, k, 4, 2, MAX_ROWS) for n in (16, 32, 64) for k in (64, 128, 256))
+FEW_ROWS = (tuple(GemvConfig(n, k, 4, 2, MAX_ROWS) for n in (16, 32, 64) for k in (64, 128, 256))
+            + tuple(GemvConfig(n, k, 4, 2, MAX_ROWS, s) for n in (32, 64) for k in (64, 128) for s in (2, 4)))
 WIDE_ROWS = 64  # one-token steps of 17..64 rows: the few-rows kernel with 64-row blocks, where it beats cuBLAS
 WIDE = tuple(GemvConfig(n, k, w, s, WIDE_ROWS) for n, k, w, s in (
     (32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (64, 64, 8, 4), (64, 128, 8, 3),
-    (128, 64, 8, 3), (128, 128, 8, 3)))
+    (128, 64, 8, 3), (128, 128, 8, 3))) + tuple(GemvConfig(n, k, w, st, WIDE_ROWS, s) for n, k, w, st, s in (
+        (64, 64, 4, 3, 2), (64, 128, 8, 3, 2), (128, 64, 8, 3, 2), (64, 64, 4, 3, 4)))
+SUM_BLOCK_N = 64  # output columns a program of the split-sum kernel (split_k > 1)
 TIERS = (1, MAX_ROWS, WIDE_ROWS)  # rows of each tier's block; a shape has one configuration a tier
 
 
@@ -108,22 +117,25 @@ def _few_rows_kernel():
     triton, tl = _triton()
 
     @triton.jit
-    def few_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_n, stride_ym,
-                        HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    def few_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, M, N, K, k_chunk, stride_xm, stride_n, stride_ym,
+                        HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
             tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
             tl.extra.cuda.gdc_launch_dependents()
-        # y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for M <= BLOCK_M rows: each weight tile is read once
+        # y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for M <= BLOCK_M rows: each weight tile is read once. With
+        # SPLIT, program (nb, s) sums k in [s * k_chunk, +k_chunk) into its float32 partial part[s, m, n]
         m = tl.arange(0, BLOCK_M)  # [BM]
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         cols = tl.arange(0, BLOCK_K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        k_start = tl.program_id(1) * k_chunk
+        k_stop = tl.minimum(k_start + k_chunk, K)
+        for k0 in range(k_start, k_stop, BLOCK_K):
             k = k0 + cols
-            x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K),
+            x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m[:, None] < M) & (k[None, :] < k_stop),
                         other=0.0)  # [BM, BK]
-            w = tl.load(w_ptr + n[:, None] * stride_n + k[None, :], mask=(n[:, None] < N) & (k[None, :] < K),
+            w = tl.load(w_ptr + n[:, None] * stride_n + k[None, :], mask=(n[:, None] < N) & (k[None, :] < k_stop),
                         other=0.0)  # [BN, BK]
             if UPCAST:  # Triton's CPU interpreter gets bf16/fp16 dot products wrong: exact fp32 instead
                 acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
@@ -131,12 +143,32 @@ def _few_rows_kernel():
                 acc += tl.dot(x, tl.trans(w), input_precision="ieee")
             else:
                 acc += tl.dot(x, tl.trans(w))
+        inside = (m[:, None] < M) & (n[None, :] < N)
+        if SPLIT:
+            tl.store(part_ptr + (tl.program_id(1) * BLOCK_M + m[:, None]) * N + n[None, :], acc, mask=inside)
+        else:
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=inside)
+
+    @triton.jit
+    def sum_splits_kernel(part_ptr, b_ptr, y_ptr, M, N, n_splits, stride_ym, HAS_BIAS: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
+            tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
+            tl.extra.cuda.gdc_launch_dependents()
+        # y[m, n] = sum over splits of part[s, m, n] (+ b[n]), in split order
+        m = tl.arange(0, BLOCK_M)
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        inside = (m[:, None] < M) & (n[None, :] < N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in range(0, n_splits):
+            acc += tl.load(part_ptr + (s * BLOCK_M + m[:, None]) * N + n[None, :], mask=inside, other=0.0)
         if HAS_BIAS:
             acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=(m[:, None] < M) & (n[None, :] < N))
+        tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=inside)
 
-    return few_rows_kernel
+    return few_rows_kernel, sum_splits_kernel
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: GemvConfig) -> torch.Tensor:
@@ -162,26 +194,34 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
         )
         return y
     x2 = x.reshape(rows, k).contiguous()
-    _few_rows_kernel()[grid](
-        x2, weight, b, y, rows, n, k, x2.stride(0), weight.stride(0), n,
-        HAS_BIAS=bias is not None, IEEE=weight.dtype == torch.float32, UPCAST=interpreted(), BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        PDL=on, launch_pdl=on,
+    chunk = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k  # whole blocks a split
+    splits = -(-k // chunk)
+    part = torch.empty(splits * cfg.block_m * n if splits > 1 else 1, dtype=torch.float32, device=x.device)
+    few_rows, sum_splits = _few_rows_kernel()
+    few_rows[(grid[0], splits)](
+        x2, weight, b, y, part, rows, n, k, chunk, x2.stride(0), weight.stride(0), n,
+        HAS_BIAS=bias is not None, IEEE=weight.dtype == torch.float32, UPCAST=interpreted(), SPLIT=splits > 1,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, PDL=on, launch_pdl=on,
     )
+    if splits > 1:
+        sum_splits[(-(-n // SUM_BLOCK_N),)](part, b, y, rows, n, splits, n, HAS_BIAS=bias is not None,
+                                            BLOCK_M=cfg.block_m, BLOCK_N=SUM_BLOCK_N, num_warps=4, PDL=on,
+                                            launch_pdl=on)
     return y
 
 
 # A custom op: torch.compile sees one opaque call (no tracing into Triton), CUDA graphs record the launch.
 @torch.library.custom_op("hf_rstitch::gemv", mutates_args=())
 def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], block_n: int, block_k: int,
-            num_warps: int, num_stages: int, block_m: int) -> torch.Tensor:
+            num_warps: int, num_stages: int, block_m: int, split_k: int = 1) -> torch.Tensor:
     if not available(x.device):
         return F.linear(x, weight, bias)
-    return launch(x, weight, bias, GemvConfig(block_n, block_k, num_warps, num_stages, block_m))
+    return launch(x, weight, bias, GemvConfig(block_n, block_k, num_warps, num_stages, block_m, split_k))
 
 
 @gemv_op.register_fake
-def _(x, weight, bias, block_n, block_k, num_warps, num_stages, block_m):
+def _(x, weight, bias, block_n, block_k, num_warps, num_stages, block_m, split_k=1):
     return x.new_empty(x.shape[:-1] + (weight.shape[0],))
 
 
@@ -292,7 +332,8 @@ def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfgs
     c = cfgs[t] if t is not None else None
     if c is None:  # a long catch-up prefill, a tier not tuned, or cuBLAS measured faster for this shape
         return F.linear(x, weight, bias)
-    return torch.ops.hf_rstitch.gemv(x, weight, bias, c.block_n, c.block_k, c.num_warps, c.num_stages, c.block_m)
+    return torch.ops.hf_rstitch.gemv(x, weight, bias, c.block_n, c.block_k, c.num_warps, c.num_stages, c.block_m,
+                                     c.split_k)
 
 
 def _forward(module: torch.nn.Linear, cfgs, x: torch.Tensor) -> torch.Tensor:

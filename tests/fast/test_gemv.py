@@ -31,7 +31,10 @@ def test_gemv_equals_linear(device, n, k, bias, cfg):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows,cfg", [(2, gemv.GemvConfig(16, 64, 4, 2, 16)), (7, gemv.GemvConfig(32, 128, 4, 2, 16)),
                                       (16, gemv.GemvConfig(16, 64, 4, 2, 16)), (16, gemv.GemvConfig(32, 128, 4, 2, 16)),
-                                      (17, gemv.WIDE[0]), (64, gemv.WIDE[-1])])
+                                      (17, gemv.WIDE[0]), (64, gemv.WIDE[7]),
+                                      # the reduction in splits (the last one shorter), then their sum (+ bias)
+                                      (5, gemv.GemvConfig(32, 64, 4, 2, 16, 2)), (16, gemv.GemvConfig(16, 32, 4, 2, 16, 4)),
+                                      (40, gemv.GemvConfig(64, 64, 4, 3, 64, 3))])
 @pytest.mark.parametrize("n,k,bias", [(64, 96, True), (37, 130, False), (300, 520, True)])
 def test_few_rows_kernel_equals_linear(device, rows, n, k, bias, cfg):
     torch.manual_seed(rows + n)
