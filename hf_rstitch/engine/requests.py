@@ -18,6 +18,13 @@ whose next token is the LLM's may wait a step or two (no token, no event) so tha
 serves several of them, while the SLM's rows go on. A waiting row moves one column to the right
 (``hold_rows`` of each lane); its tokens, route and trace are those of its solo run all the same.
 
+Run-ahead (lanes that allow it: the fast engine's graphs), as in ``generate``
+(:mod:`hf_rstitch.engine.loop`): once a step's tokens are appended on the device, the next step's
+first lane call is queued before the host reads the tokens, so the GPU decodes while the host
+makes this step's events. Not on steps with held rows or a schedule, nor when a waiting request
+could take a free row at the next step: a request arriving meanwhile, or freed rows, wait one step
+more for admission. Rows that finish or are cancelled are cut from the early call's output.
+
 The engine knows no tokenizer and no HTTP: token ids in, events out. ``submit`` and ``cancel``
 are thread-safe; one thread calls ``step`` (a server's engine loop, or :meth:`run`).
 """
@@ -40,7 +47,9 @@ from ..core.trace import StitchTrace
 from .lane import check_holdable, left_padding
 from .protocol import EagerEngine, pick_engine
 from .request_types import FINISH_REASONS, Completion, Event, QueueFull, Request  # noqa: F401  (the public names)
+from .loop import keep_ahead, run_ahead
 from .step import Routing, run_step
+from .step_values import on_host, send_to_host
 
 HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
 
@@ -119,7 +128,8 @@ class RequestEngine:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._step_index = 0
-        self.stats = {"steps": 0, "slm_calls": 0, "llm_calls": 0, "held": 0}  # held: row-steps spent waiting
+        self._ahead = None  # the next step's first lane call, run early (run_ahead); admission waits for it
+        self.stats = {"steps": 0, "slm_calls": 0, "llm_calls": 0, "held": 0, "ahead": 0}  # held: row-steps waiting
 
     # ---- public API ---------------------------------------------------------------------------
     @property
@@ -157,18 +167,24 @@ class RequestEngine:
     def step(self) -> list[Event]:
         """Admit waiting requests into free rows, then decode one token for every running row."""
         events = self._take_cancelled()
-        self._admit()
+        if self._ahead is None:  # the lanes have read the next column for the running rows only
+            self._admit()
         if not self._rows:
             return events
+        ahead, self._ahead = self._ahead, None
         out = run_step(self.lanes, self._seq, self._mask, self._routing, self.policy, self._step_index, self._slots,
-                       schedule=self.schedule)
+                       schedule=self.schedule, ahead=ahead)
         self._step_index += 1
         held = set(out.held.nonzero().flatten().tolist()) if out.held is not None else set()  # rows without a token
         self._count(out, held)
         picked = self._pick(out.logits, held)  # [b] on the device
-        tokens, entropy, slm_h, back = _one_copy(picked, out.entropy, out.slm_entropy, out.back)
-        self._routing.after(out.writer_llm, back, out.held)
         self._append(picked, held)
+        pending = send_to_host(picked, out.entropy, out.slm_entropy, out.back)  # before an early call: see its wait
+        if not held and self.schedule is None and not self._admissible():
+            self._ahead = run_ahead(self.lanes, out, self._seq, self._mask, self.policy.needs_hidden)
+            self.stats["ahead"] += self._ahead is not None
+        tokens, entropy, slm_h, back = on_host(pending)
+        self._routing.after(out.writer_llm, back, out.held)
         for i, call in out.calls:
             self._rows[i].trace.calls.append(call)
         b = len(self._rows)  # per-row values as Python lists: one conversion each, not b tensor reads
@@ -293,6 +309,11 @@ class RequestEngine:
             mask[i, width - len(r.input_ids):] = 1
         return seq.to(self.device), mask.to(self.device)
 
+    def _admissible(self) -> bool:
+        """Whether a waiting request would take a free row at the next step."""
+        with self._lock:
+            return bool(self._waiting) and len(self._rows) < self.max_batch
+
     def _free_slot(self, taken: list[int]) -> int:
         used = set(self._slots.tolist()) | set(taken)
         return next(i for i in itertools.count() if i not in used)
@@ -359,6 +380,7 @@ class RequestEngine:
             if self.thresholds is not None:
                 self.thresholds.thresholds.pop(slot, None)
         self._rows = [row for i, row in enumerate(self._rows) if i not in gone]
+        self._ahead = keep_ahead(self._ahead, keep) if self._rows else None  # no rows: the lanes start afresh
         self._slots = self._slots[keep]
         self._routing.keep(keep)
         at = keep.to(self.device)
@@ -375,22 +397,6 @@ class RequestEngine:
                 self._seq, self._mask = self._seq[:, n:], self._mask[:, n:]
                 for lane in self.lanes.values():
                     lane.trim_left(n)
-
-
-def _one_copy(tokens, entropy, slm_h, back):
-    """Tokens, entropies and the hand-back decisions on the host in one device-to-host copy."""
-    n = len(tokens)
-    parts = [tokens.double(), entropy.double()]
-    if slm_h is not None:
-        parts.append(slm_h.double().to(tokens.device))
-    if back is not None:
-        parts.append(back.double().to(tokens.device))
-    flat = torch.cat(parts).cpu()
-    tok, ent = flat[:n].long(), flat[n: 2 * n]
-    rest = flat[2 * n:]
-    sh = rest[:n] if slm_h is not None else None
-    bk = (rest[n:] if slm_h is not None else rest[:n]).bool() if back is not None else None
-    return tok, ent, sh, bk
 
 
 def _schedule(spec, llm, slm) -> LLMSchedule | None:

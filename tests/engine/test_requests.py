@@ -152,3 +152,58 @@ def test_requests_through_the_fast_engine_equal_solo_runs(arch):
         assert calls(done[r.request_id].trace) == calls(alone.stitch)
     with pytest.raises(ValueError, match="max_length 64"):
         engine.submit(Request([5] * 60, max_new_tokens=10))
+
+
+def _through_fast(llm, slm, requests, ahead: bool, cancel_at: dict | None = None, late: list | None = None):
+    """Requests through a request engine on CPU FastLanes told to run ahead or not; completions by id, and
+    the engine. ``cancel_at`` {step: request id} cancels there; ``late`` [(step, request)] submits there."""
+    from hf_rstitch.fast import FastConfig
+
+    engine = RequestEngine(llm, slm, max_batch=3, max_length=64,
+                           engine=FastConfig(graphs=False, max_bucket=4, run_ahead=ahead))
+    for r in requests:
+        engine.submit(r)
+    tokens, done, k = {}, {}, 0
+    while engine.has_work() or late:
+        for step, r in [x for x in (late or []) if x[0] == k]:
+            engine.submit(r)
+            late.remove((step, r))
+        if cancel_at and k in cancel_at:
+            engine.cancel(cancel_at[k])
+        for e in engine.step():
+            if e.token is not None:
+                tokens.setdefault(e.request_id, []).append(e.token)
+            if e.finished:
+                done[e.request_id] = (tokens.pop(e.request_id, []), e.finish_reason, e.trace)
+        k += 1
+    return done, engine
+
+
+def test_run_ahead_leaves_every_request_as_it_was():
+    """Run-ahead in the request engine (CPU FastLanes told to): rows join, finish at different steps, one
+    is cancelled mid-way, one arrives late; every request's tokens, finish reason, roles, per-call
+    records and entropies equal those without run-ahead, which equal the solo runs; steps did run ahead."""
+    llm, slm = make_pair("llama")
+    prompts = [prompt(n, seed=70 + i) for i, n in enumerate([5, 12, 3, 8, 9, 6])]
+    taus, news = [0.3, 0.5, 0.6, 0.4, 0.55, 0.45], [14, 6, 18, 9, 11, 30]
+
+    def requests():
+        rs = [Request(p[0].tolist(), max_new_tokens=m, stitch_threshold=t, request_id=f"r{i}")
+              for i, (p, t, m) in enumerate(zip(prompts, taus, news))]
+        return rs[:5], [(7, rs[5])]
+
+    first, late = requests()
+    plain, _ = _through_fast(llm, slm, first, False, {9: "r2"}, late)
+    first, late = requests()
+    ahead, engine = _through_fast(llm, slm, first, True, {9: "r2"}, late)
+    assert engine.stats["ahead"] > 5
+    assert plain.keys() == ahead.keys() == {f"r{i}" for i in range(6)}
+    assert plain["r2"][1] == "cancelled"
+    for rid, (toks, reason, trace) in plain.items():
+        got_toks, got_reason, got = ahead[rid]
+        assert (got_toks, got_reason) == (toks, reason), rid
+        assert got.roles == trace.roles and calls(got) == calls(trace), rid
+        assert got.entropies == pytest.approx(trace.entropies, abs=1e-9)
+    for i in (0, 1, 3, 4, 5):  # the solo runs
+        alone = solo(llm, slm, prompts[i], taus[i], news[i])
+        assert ahead[f"r{i}"][0] == alone.sequences[0, prompts[i].shape[1]:].tolist()
