@@ -10,7 +10,8 @@ Same arithmetic as the module's eager forward: each product accumulates in float
 to the model's dtype, the SiLU is rounded, then the product is rounded.
 
 Inputs of several rows take the tiers of :mod:`.gemv` (up to 16 rows; 17..64 for lanes built for them),
-each tuned against cuBLAS plus the eager activation.
+each tuned against cuBLAS plus the eager activation; the 64-row candidates include reductions in two
+splits (float32 partials of both products, summed by a second kernel that then applies the activation).
 
 What it does not do: biases, activations other than SiLU, more than :data:`~hf_rstitch.fast.gemv.WIDE_ROWS`
 rows (the module's own forward runs), CPU execution outside Triton's interpreter.
@@ -33,7 +34,8 @@ CANDIDATES = tuple(c for c in gemv.CANDIDATES if c.block_n * c.block_k <= 4096)
 FEW_ROWS = tuple(GemvConfig(n, k, 4, 2, MAX_ROWS) for n in (16, 32, 64) for k in (64, 128))
 # two [64, BLOCK_N] float32 accumulators a program
 WIDE = tuple(GemvConfig(n, k, w, s, WIDE_ROWS) for n, k, w, s in (
-    (32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (64, 64, 8, 4), (64, 128, 8, 3), (128, 64, 8, 3)))
+    (32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (64, 64, 8, 4), (64, 128, 8, 3), (128, 64, 8, 3))) + (
+    GemvConfig(64, 64, 4, 3, WIDE_ROWS, 2), GemvConfig(64, 128, 8, 3, WIDE_ROWS, 2))  # reductions in 2 splits
 
 
 @functools.lru_cache(maxsize=1)
@@ -89,8 +91,20 @@ def _few_rows_kernel():
     triton, tl = _triton()
 
     @triton.jit
-    def gated_few_rows_kernel(x_ptr, g_ptr, u_ptr, y_ptr, M, N, K, stride_xm, stride_g, stride_u, stride_ym,
-                              IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    def _activate(acc_g, acc_u, y_ptr):
+        # as the eager module rounds: each product to the model's dtype (y's), the SiLU, then the product
+        dtype = y_ptr.dtype.element_ty
+        g = acc_g.to(dtype).to(tl.float32)
+        u = acc_u.to(dtype).to(tl.float32)
+        act = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
+        return (act * u).to(dtype)
+
+    # Triton resolves the names a kernel calls in its module's globals (the interpreter too), not in this closure
+    globals()["_activate"] = _activate
+
+    @triton.jit
+    def gated_few_rows_kernel(x_ptr, g_ptr, u_ptr, y_ptr, part_ptr, M, N, K, k_chunk, stride_xm, stride_g, stride_u,
+                              stride_ym, IEEE: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
             tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
@@ -100,11 +114,13 @@ def _few_rows_kernel():
         cols = tl.arange(0, BLOCK_K)
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        k_start = tl.program_id(1) * k_chunk  # SPLIT: this program's share of the reduction (else all of it)
+        k_stop = tl.minimum(k_start + k_chunk, K)
+        for k0 in range(k_start, k_stop, BLOCK_K):
             k = k0 + cols
-            x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K),
+            x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m[:, None] < M) & (k[None, :] < k_stop),
                         other=0.0)
-            inside = (n[:, None] < N) & (k[None, :] < K)
+            inside = (n[:, None] < N) & (k[None, :] < k_stop)
             wg = tl.load(g_ptr + n[:, None] * stride_g + k[None, :], mask=inside, other=0.0)
             wu = tl.load(u_ptr + n[:, None] * stride_u + k[None, :], mask=inside, other=0.0)
             if UPCAST:  # Triton's CPU interpreter gets bf16/fp16 dot products wrong: exact fp32 instead
@@ -117,14 +133,34 @@ def _few_rows_kernel():
             else:
                 acc_g += tl.dot(x, tl.trans(wg))
                 acc_u += tl.dot(x, tl.trans(wu))
-        dtype = y_ptr.dtype.element_ty
-        g = acc_g.to(dtype).to(tl.float32)
-        u = acc_u.to(dtype).to(tl.float32)
-        act = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
-        tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], (act * u).to(dtype),
-                 mask=(m[:, None] < M) & (n[None, :] < N))
+        out = (m[:, None] < M) & (n[None, :] < N)
+        if SPLIT:  # float32 partials of both products: part[s, m, n] (gate) and part[s, m, N + n] (up)
+            at = part_ptr + (tl.program_id(1) * BLOCK_M + m[:, None]) * (2 * N) + n[None, :]
+            tl.store(at, acc_g, mask=out)
+            tl.store(at + N, acc_u, mask=out)
+        else:
+            tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], _activate(acc_g, acc_u, y_ptr),
+                     mask=out)
 
-    return gated_few_rows_kernel
+    @triton.jit
+    def sum_splits_kernel(part_ptr, y_ptr, M, N, n_splits, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          PDL: tl.constexpr):
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
+            tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
+            tl.extra.cuda.gdc_launch_dependents()
+        # both products summed over the splits in split order, then the activation
+        m = tl.arange(0, BLOCK_M)
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        out = (m[:, None] < M) & (n[None, :] < N)
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in range(0, n_splits):
+            at = part_ptr + (s * BLOCK_M + m[:, None]) * (2 * N) + n[None, :]
+            acc_g += tl.load(at, mask=out, other=0.0)
+            acc_u += tl.load(at + N, mask=out, other=0.0)
+        tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], _activate(acc_g, acc_u, y_ptr), mask=out)
+
+    return gated_few_rows_kernel, sum_splits_kernel
 
 
 def launch(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
@@ -146,10 +182,17 @@ def launch(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, cfg: GemvConfi
                         launch_pdl=on)
         return y
     x2 = x.reshape(rows, k).contiguous()
-    _few_rows_kernel()[grid](x2, gate, up, y, rows, n, k, x2.stride(0), gate.stride(0), up.stride(0), n,
-                             IEEE=gate.dtype == torch.float32, UPCAST=interpreted(), BLOCK_M=cfg.block_m,
-                             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
-                             num_stages=cfg.num_stages, PDL=on, launch_pdl=on)
+    chunk = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k  # whole blocks a split
+    splits = -(-k // chunk)
+    part = torch.empty(splits * cfg.block_m * 2 * n if splits > 1 else 1, dtype=torch.float32, device=x.device)
+    few_rows, sum_splits = _few_rows_kernel()
+    few_rows[(grid[0], splits)](x2, gate, up, y, part, rows, n, k, chunk, x2.stride(0), gate.stride(0), up.stride(0),
+                                n, IEEE=gate.dtype == torch.float32, UPCAST=interpreted(), SPLIT=splits > 1,
+                                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                                num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=on, launch_pdl=on)
+    if splits > 1:
+        sum_splits[(-(-n // gemv.SUM_BLOCK_N),)](part, y, rows, n, splits, n, BLOCK_M=cfg.block_m,
+                                                 BLOCK_N=gemv.SUM_BLOCK_N, num_warps=4, PDL=on, launch_pdl=on)
     return y
 
 
@@ -160,14 +203,14 @@ def reference(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Te
 
 @torch.library.custom_op("hf_rstitch::gated_gemv", mutates_args=())
 def gated_op(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, block_n: int, block_k: int, num_warps: int,
-             num_stages: int, block_m: int) -> torch.Tensor:
+             num_stages: int, block_m: int, split_k: int = 1) -> torch.Tensor:
     if not available(x.device):
         return reference(x, gate, up)
-    return launch(x, gate, up, GemvConfig(block_n, block_k, num_warps, num_stages, block_m))
+    return launch(x, gate, up, GemvConfig(block_n, block_k, num_warps, num_stages, block_m, split_k))
 
 
 @gated_op.register_fake
-def _(x, gate, up, block_n, block_k, num_warps, num_stages, block_m):
+def _(x, gate, up, block_n, block_k, num_warps, num_stages, block_m, split_k=1):
     return x.new_empty(x.shape[:-1] + (gate.shape[0],))
 
 
@@ -223,7 +266,7 @@ def _forward(mlp: torch.nn.Module, cfgs: tuple, act_mul, x: torch.Tensor) -> tor
         gate, up = mlp.gate_proj(x), mlp.up_proj(x)
         return mlp.down_proj(mlp.act_fn(gate) * up if act_mul is None else act_mul(gate, up))
     h = torch.ops.hf_rstitch.gated_gemv(x, mlp.gate_proj.weight, mlp.up_proj.weight, c.block_n, c.block_k,
-                                        c.num_warps, c.num_stages, c.block_m)
+                                        c.num_warps, c.num_stages, c.block_m, c.split_k)
     return mlp.down_proj(h)
 
 

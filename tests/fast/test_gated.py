@@ -31,7 +31,9 @@ def test_one_row_equals_module_arithmetic(device, n, k, cfg):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows,cfg", [(2, gated.FEW_ROWS[0]), (5, gated.FEW_ROWS[0]), (gemv.MAX_ROWS, gated.FEW_ROWS[0]),
-                                      (gemv.MAX_ROWS + 1, gated.WIDE[0]), (gemv.WIDE_ROWS, gated.WIDE[-1])])
+                                      (gemv.MAX_ROWS + 1, gated.WIDE[0]), (gemv.WIDE_ROWS, gated.WIDE[5]),
+                                      # the reduction in splits (the last one shorter), summed, then the activation
+                                      (3, gemv.GemvConfig(16, 32, 4, 2, 16, 3)), (40, gemv.GemvConfig(32, 64, 4, 3, 64, 2))])
 @pytest.mark.parametrize("n,k", [(64, 96), (37, 130)])
 def test_few_rows_equal_module_arithmetic(device, rows, cfg, n, k):
     g, u = _weights(n, k, torch.float32, device)
