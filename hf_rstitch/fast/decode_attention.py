@@ -15,7 +15,7 @@ row's padding count (``pad[b]``) are masked, as is everything right of each quer
 
 The plan (:func:`_plan`) was chosen on an H200 at 1400 written slots
 (``benchmarks/results/attention_sweep_*_nvidia_h200.md``): one split from ~one wave of programs
-(Qwen2-7B at B = 64: 1.09x its KV floor against 1.44x with five splits); below that, splits of
+(Qwen2-7B at B = 64: 1.09x its KV floor against 1.45x with five splits); below that, splits of
 128-slot blocks.
 
 Same arithmetic as the eager attention where it matters: scores and softmax in float32 (eager
