@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from hf_rstitch.fast import gemv
+from hf_rstitch.fast import gemv, triton_support
 
 SHAPES = {  # name -> (N, K, bias); Qwen2 configs: hidden 1536/3584, MLP 8960/18944, KV heads 2/4 of 128
     "1.5b q": (1536, 1536, True), "1.5b k/v": (256, 1536, True), "1.5b qkv fused": (2048, 1536, True),
@@ -33,7 +33,7 @@ SHAPES = {  # name -> (N, K, bias); Qwen2 configs: hidden 1536/3584, MLP 8960/18
 
 def graph_us(fn, calls: int) -> float:
     """Median microseconds per call of ``fn`` replayed ``calls`` times inside one CUDA graph."""
-    return 1000 * gemv.graph_ms(fn, calls, repeats=5)
+    return 1000 * triton_support.graph_ms(fn, calls, repeats=5)
 
 
 def copy_bandwidth(gb: float = 2.0) -> float:

@@ -49,7 +49,7 @@ from .protocol import EagerEngine, pick_engine
 from .request_types import FINISH_REASONS, Completion, Event, QueueFull, Request  # noqa: F401  (the public names)
 from .loop import keep_ahead, run_ahead
 from .step import Routing, run_step
-from .step_values import on_host, send_to_host
+from .step_values import receive_values, send_values
 
 HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
 
@@ -179,11 +179,11 @@ class RequestEngine:
         self._count(out, held)
         picked = self._pick(out.logits, held)  # [b] on the device
         self._append(picked, held)
-        pending = send_to_host(picked, out.entropy, out.slm_entropy, out.back)  # before an early call: see its wait
+        pending = send_values(picked, out.entropy, out.slm_entropy, out.back)  # before an early call: see its wait
         if not held and self.schedule is None and not self._admissible():
             self._ahead = run_ahead(self.lanes, out, self._seq, self._mask, self.policy.needs_hidden)
             self.stats["ahead"] += self._ahead is not None
-        tokens, entropy, slm_h, back = on_host(pending)
+        tokens, entropy, slm_h, back = receive_values(pending)
         self._routing.after(out.writer_llm, back, out.held)
         for i, call in out.calls:
             self._rows[i].trace.calls.append(call)

@@ -123,10 +123,10 @@ def run_step(
         calls += got.items()
         slm_h = _entropy(lanes[Role.SLM], slm_logits)
         decision = policy.hand_to_llm(StepView(index, slm_h, hidden, rows))
-        pending = _send_to_host(decision)  # queued before an early LLM call: waiting for it waits for no more
+        pending = send_to_host(decision)  # queued before an early LLM call: waiting for it waits for no more
         if ahead is None or ahead.role is not Role.LLM:
             ahead = _llm_before_decision(lanes[Role.LLM], decision, llm_on, schedule, seq, mask)
-        handed = _on_host(pending) & slm_rows
+        handed = on_host(pending) & slm_rows
         llm_on = llm_on | handed  # discard these proposals: the LLM decodes the same position
     llm_h = back = llm_logits = held = None
     if llm_on.any() and _llm_now(schedule, llm_on, routing.waited):
@@ -166,19 +166,19 @@ def call_early(lane, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool = 
     return Ahead(lane.role, logits, hidden)
 
 
-def _send_to_host(decision: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """``decision``'s copy to the host, queued now: on CUDA into page-locked memory, with an event after it."""
-    if decision.device.type != "cuda":
-        return decision, None
-    host = decision.to("cpu", non_blocking=True)
+def send_to_host(values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """``values``' copy to the host, queued now: on CUDA into page-locked memory, with an event after it."""
+    if values.device.type != "cuda":
+        return values, None
+    host = values.to("cpu", non_blocking=True)
     done = torch.cuda.Event()
-    done.record(torch.cuda.current_stream(decision.device))
+    done.record(torch.cuda.current_stream(values.device))
     return host, done
 
 
-def _on_host(pending: tuple[torch.Tensor, torch.cuda.Event | None]) -> torch.Tensor:
-    """The copy :func:`_send_to_host` queued, once there: waits for the kernels queued before it, not for an
-    LLM call queued after it."""
+def on_host(pending: tuple[torch.Tensor, torch.cuda.Event | None]) -> torch.Tensor:
+    """The copy :func:`send_to_host` queued, once there: waits for the kernels queued before it, not for a
+    lane call queued after it."""
     host, done = pending
     if done is None:
         return host.cpu()

@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 
 from .triton_support import _triton, available, interpreted, next_pow2, pdl
+from .triton_support import sm_count as _sm_count  # a module name the tests can patch
 
 FILL = 2  # programs per SM the plan aims for with several splits
 MAX_SPLITS = 64  # splits a (row, KV head) at most
@@ -199,11 +200,6 @@ def split_length(total: int, n_splits: int, block_n: int) -> int:
     """Slots per split when ``total`` are written (the kernels compute the same on the device)."""
     share = -(-total // n_splits)
     return -(-share // block_n) * block_n
-
-
-@functools.lru_cache(maxsize=8)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
 @torch.library.custom_op("hf_rstitch::decode_attention", mutates_args=())

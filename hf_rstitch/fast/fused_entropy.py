@@ -21,6 +21,7 @@ import math
 import torch
 
 from .triton_support import _triton, available, next_pow2
+from .triton_support import sm_count as _sm_count  # a module name the tests can patch
 
 BLOCK = 2048  # logits a program reads per inner step
 FILL = 2  # programs per SM the chunking aims for
@@ -84,11 +85,6 @@ def supported(logits: torch.Tensor) -> bool:
     """The kernels run here: a Triton device, contiguous ids, a float dtype other than float64."""
     return (available(logits.device) and logits.dim() >= 1 and logits.shape[-1] >= 2 and logits.numel() > 0
             and logits.stride(-1) == 1 and logits.dtype in (torch.float32, torch.bfloat16, torch.float16))
-
-
-@functools.lru_cache(maxsize=8)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
 def _chunks(rows: int, vocab: int, sms: int) -> tuple[int, int]:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from . import gemv
 from .gemv import MAX_ROWS, WIDE_ROWS, GemvConfig
-from .triton_support import _triton, available, interpreted, pdl
+from .triton_support import _triton, available, fastest, interpreted, pdl
 
 # two [BLOCK_N, BLOCK_K] float32 accumulators a program: the one-row candidates that fit registers twice
 CANDIDATES = tuple(c for c in gemv.CANDIDATES if c.block_n * c.block_k <= 4096)
@@ -182,9 +182,7 @@ def launch(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, cfg: GemvConfi
                         launch_pdl=on)
         return y
     x2 = x.reshape(rows, k).contiguous()
-    chunk = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k  # whole blocks a split
-    splits = -(-k // chunk)
-    part = torch.empty(splits * cfg.block_m * 2 * n if splits > 1 else 1, dtype=torch.float32, device=x.device)
+    chunk, splits, part = gemv.split_reduction(k, 2 * n, cfg, x.device)  # partials of both products
     few_rows, sum_splits = _few_rows_kernel()
     few_rows[(grid[0], splits)](x2, gate, up, y, part, rows, n, k, chunk, x2.stride(0), gate.stride(0), up.stride(0),
                                 n, IEEE=gate.dtype == torch.float32, UPCAST=interpreted(), SPLIT=splits > 1,
@@ -221,7 +219,7 @@ def tune(gate: torch.Tensor, up: torch.Tensor, candidates, calls: int = 20) -> O
         return candidates[0]
     x = torch.randn(rows, gate.shape[1], dtype=gate.dtype, device=gate.device)
     baseline = (lambda: reference(x, gate, up)) if rows > 1 else None
-    best = gemv.fastest(candidates, lambda cfg: launch(x, gate, up, cfg), baseline, calls)
+    best = fastest(candidates, lambda cfg: launch(x, gate, up, cfg), baseline, calls)
     if best is None and rows == 1:
         raise RuntimeError(f"no gated gemv configuration runs for weights of shape {tuple(gate.shape)}")
     return best

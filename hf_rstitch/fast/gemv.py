@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .triton_support import _triton, available, interpreted, next_pow2, pdl  # noqa: F401  (shared by the kernels)
+from .triton_support import _triton, available, fastest, interpreted, next_pow2, pdl  # noqa: F401  (shared by the kernels)
 
 
 @dataclass(frozen=True)
@@ -194,9 +194,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
         )
         return y
     x2 = x.reshape(rows, k).contiguous()
-    chunk = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k  # whole blocks a split
-    splits = -(-k // chunk)
-    part = torch.empty(splits * cfg.block_m * n if splits > 1 else 1, dtype=torch.float32, device=x.device)
+    chunk, splits, part = split_reduction(k, n, cfg, x.device)
     few_rows, sum_splits = _few_rows_kernel()
     few_rows[(grid[0], splits)](
         x2, weight, b, y, part, rows, n, k, chunk, x2.stride(0), weight.stride(0), n,
@@ -209,6 +207,16 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
                                             BLOCK_M=cfg.block_m, BLOCK_N=SUM_BLOCK_N, num_warps=4, PDL=on,
                                             launch_pdl=on)
     return y
+
+
+def split_reduction(k: int, width: int, cfg: GemvConfig, device) -> tuple[int, int, torch.Tensor]:
+    """``(chunk, splits, partials)`` for a few-rows kernel whose reduction over ``k`` runs in ``cfg.split_k``
+    splits of whole ``block_k`` blocks (the last may be shorter): float32 room for ``splits`` partial
+    ``[block_m, width]`` results, or a placeholder when there is one split (the kernel writes its output)."""
+    chunk = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
+    splits = -(-k // chunk)
+    part = torch.empty(splits * cfg.block_m * width if splits > 1 else 1, dtype=torch.float32, device=device)
+    return chunk, splits, part
 
 
 # A custom op: torch.compile sees one opaque call (no tracing into Triton), CUDA graphs record the launch.
@@ -247,44 +255,6 @@ def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES,
     if best is None and rows == 1:
         raise RuntimeError(f"no gemv configuration runs for a weight of shape {tuple(weight.shape)}")
     return best
-
-
-def fastest(candidates, run, baseline=None, calls: int = 20):
-    """The candidate whose ``run(cfg)`` takes least time in a CUDA graph, or None when ``baseline()`` (if
-    given) beats every one; candidates the device cannot run are skipped."""
-    best, best_ms = None, graph_ms(baseline, calls) if baseline is not None else float("inf")
-    for cfg in candidates:
-        try:
-            ms = graph_ms(lambda: run(cfg), calls)
-        except Exception:  # noqa: BLE001 - a configuration the device cannot run (registers, shared memory)
-            continue
-        if ms < best_ms:
-            best, best_ms = cfg, ms
-    return best
-
-
-def graph_ms(fn, calls: int, repeats: int = 1) -> float:
-    """Milliseconds per call of ``fn`` recorded ``calls`` times in one CUDA graph (median of
-    ``repeats`` replays): no launch overhead in the number."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # compiles the kernel and warms up, outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()  # warm
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return sorted(times)[len(times) // 2]
 
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the kernel accumulates in float32: no float64

@@ -1,5 +1,6 @@
-"""What the fast engine's Triton kernels share: Triton itself (optional), where it runs, block sizes, and
-the switch for programmatic dependent launch (:data:`PDL`)."""
+"""What the fast engine's Triton kernels share: Triton itself (optional), where it runs, block sizes, the
+device's multiprocessors, the timers that tune launch configurations (:func:`fastest`), and the switch for
+programmatic dependent launch (:data:`PDL`)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ def available(device: torch.device | str) -> bool:
     return _triton() is not None and (device.type == "cuda" or interpreted())
 
 
+@functools.lru_cache(maxsize=8)
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device`` (launch plans size their grids by it); 8 off CUDA (the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+
+
 # Programmatic dependent launch (compute capability 9+), experimental: a kernel launched with it starts while
 # the kernel before it still runs, waits for that kernel's results before reading anything
 # (griddepcontrol.wait; the one-row products read their first weight tiles before that wait), then lets the
@@ -61,3 +68,41 @@ def pdl(device: torch.device, rows: int) -> bool:
     if PDL == "off" or (PDL == "one-row" and rows != 1):
         return False
     return device.type == "cuda" and not interpreted() and _capability(device) >= 9
+
+
+def fastest(candidates, run, baseline=None, calls: int = 20):
+    """The candidate whose ``run(cfg)`` takes least time in a CUDA graph, or None when ``baseline()`` (if
+    given) beats every one; candidates the device cannot run are skipped."""
+    best, best_ms = None, graph_ms(baseline, calls) if baseline is not None else float("inf")
+    for cfg in candidates:
+        try:
+            ms = graph_ms(lambda: run(cfg), calls)
+        except Exception:  # noqa: BLE001 - a configuration the device cannot run (registers, shared memory)
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    return best
+
+
+def graph_ms(fn, calls: int, repeats: int = 1) -> float:
+    """Milliseconds per call of ``fn`` recorded ``calls`` times in one CUDA graph (median of
+    ``repeats`` replays): no launch overhead in the number."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compiles the kernel and warms up, outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()  # warm
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return sorted(times)[len(times) // 2]
