@@ -57,12 +57,17 @@ CANDIDATES = tuple(  # the tuner's search space; each fits a program's accumulat
 # (pipeline stages 2 and 4 timed the same on an H200 for every Qwen2 shape: results/gemv_nvidia_h200.json)
 MAX_ROWS = 16  # catch-up prefills of 2..16 tokens run the few-rows kernel; longer ones keep cuBLAS
 FEW_ROWS = (tuple(GemvConfig(n, k, 4, 2, MAX_ROWS) for n in (16, 32, 64) for k in (64, 128, 256))
-            + tuple(GemvConfig(n, k, 4, 2, MAX_ROWS, s) for n in (32, 64) for k in (64, 128) for s in (2, 4)))
+            + tuple(GemvConfig(n, k, 4, 2, MAX_ROWS, s) for n in (32, 64) for k in (64, 128) for s in (2, 4))
+            # deeper pipelines: more weight bytes in flight. On an H200 (results/gemv_rows_sweep_nvidia_h200.md) the
+            # first beat cuBLAS for Qwen2-7B's o at 8 rows, the second tied it for down; of 9 such tried, the 3 kept
+            + tuple(GemvConfig(n, k, 4, st, MAX_ROWS, s) for n, k, st, s in (
+                (32, 256, 4, 1), (32, 128, 4, 4), (32, 256, 3, 2))))
 WIDE_ROWS = 64  # one-token steps of 17..64 rows: the few-rows kernel with 64-row blocks, where it beats cuBLAS
 WIDE = tuple(GemvConfig(n, k, w, s, WIDE_ROWS) for n, k, w, s in (
     (32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (64, 64, 8, 4), (64, 128, 8, 3),
-    (128, 64, 8, 3), (128, 128, 8, 3))) + tuple(GemvConfig(n, k, w, st, WIDE_ROWS, s) for n, k, w, st, s in (
-        (64, 64, 4, 3, 2), (64, 128, 8, 3, 2), (128, 64, 8, 3, 2), (64, 64, 4, 3, 4)))
+    (128, 64, 8, 3), (128, 128, 8, 3), (32, 128, 4, 4))) + tuple(  # the last: 7B's o at 32 rows (sweep)
+        GemvConfig(n, k, w, st, WIDE_ROWS, s) for n, k, w, st, s in (
+            (64, 64, 4, 3, 2), (64, 128, 8, 3, 2), (128, 64, 8, 3, 2), (64, 64, 4, 3, 4)))
 SUM_BLOCK_N = 64  # output columns a program of the split-sum kernel (split_k > 1)
 TIERS = (1, MAX_ROWS, WIDE_ROWS)  # rows of each tier's block; a shape has one configuration a tier
 

@@ -119,6 +119,7 @@ class FastLane(RowOps):
         self.long_calls = 0  # calls of this generation longer than max_bucket (run as several bucket calls)
         self.row_moves = 0  # cache rows moved down when finished rows let the batch bucket shrink
         self._slot_index: torch.Tensor | None = None  # [B] cache row of each live row (device), None: in order
+        self._join_lane = None  # a one-row lane of the same model that prefills joining rows (lane_rows)
         self.gemv_tune_seconds = 0.0
         self.gemv_layers = self._gemv_plan(config)  # [] keeps cuBLAS everywhere
         self._attention = self._register_attention(config.attention)

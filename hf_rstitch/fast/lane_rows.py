@@ -30,7 +30,7 @@ class RowOps:
         if len(free) < k:
             raise ValueError(f"{self.role} FastLane holds {self.max_rows} rows, {self.rows.n_live} are live: no room "
                              f"for {k} more. Build the engine with FastEngine(max_batch=...) >= the largest batch.")
-        self._prefill_rows(free, seq[:, : self.seen], mask[:, : self.seen])
+        self._prefill_rows(free, seq[:, : self.seen], host[:, : self.seen])
         dst = torch.tensor(free, device=self.device)
         self.valid[dst] = True
         self.valid[dst, : host.shape[1]] = host.to(self.device)
@@ -82,21 +82,39 @@ class RowOps:
 
 
     # ---- internals ----------------------------------------------------------------------------
-    def _prefill_rows(self, dst: list[int], ids: torch.Tensor, mask: torch.Tensor) -> None:
-        """Fill cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (an eager forward with the
-        model's own attention over a DynamicCache, as the eager lane prefills added rows)."""
-        from transformers import DynamicCache
+    def _prefill_rows(self, dst: list[int], ids: torch.Tensor, host: torch.Tensor) -> None:
+        """Fill cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (``host``: their mask, bool, on
+        the CPU): each row alone through this lane's one-row twin (:meth:`_joiner`: the same model in the same
+        kernels and graphs, a catch-up over the row's real columns only, its left padding skipped), then one
+        copy of its slots into this cache.
 
-        fresh = DynamicCache(config=self.model.config)
-        mask = mask.to(self.device)
-        positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)
-        with torch.no_grad():
-            self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions, use_cache=True,
-                       logits_to_keep=1, **{self._cache_arg: fresh})
-        rows = torch.tensor(dst, device=self.device)
-        for layer, new in enumerate(fresh.layers):
-            self.cache.keys[layer][rows, :, : self.seen] = new.keys.to(self.cache.keys[layer].dtype)
-            self.cache.values[layer][rows, :, : self.seen] = new.values.to(self.cache.values[layer].dtype)
+        Why not an eager forward: on a GPU that one forward per lane was host-bound, ~120 ms a joining row
+        for the Qwen2 7B / 1.5B pair at B = 32 against ~10 ms a decode step
+        (``benchmarks/results/request_engine_nvidia_h200.md``)."""
+        joiner = self._joiner()
+        pads = left_padding(host).tolist()
+        for i, (row, pad) in enumerate(zip(dst, pads)):
+            joiner.reset()
+            joiner._start(host[i:i + 1])  # its padding mask: the slots left of `pad` stay masked
+            joiner.seen = pad  # the padding counts as read: only the real columns run
+            joiner.cache.pos.fill_(pad)
+            with torch.no_grad():
+                joiner._run(ids[i:i + 1, pad:].to(self.device), False)
+            self.cache.copy_row(joiner.cache, 0, row, self.seen)
+        joiner.reset()
+
+    def _joiner(self):
+        """A one-row lane of the same model and configuration (built on first use, kept): it prefills joining
+        rows. It shares this lane's product plan (no second copy of the fused q/k/v weights) and the
+        process's compiled pieces; its static cache holds one row."""
+        if self._join_lane is None:
+            import dataclasses
+
+            lane = type(self)(self.model, self.role, self.vocab, self.capacity,
+                              dataclasses.replace(self.config, gemv=False), max_rows=1)
+            lane.gemv_layers = self.gemv_layers
+            self._join_lane = lane
+        return self._join_lane
 
     def _shift(self, n: int, cut: int) -> None:
         """The shared columns move ``n`` to the right (``n > 0``: new masked columns in front) or ``-n`` to the

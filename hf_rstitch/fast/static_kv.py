@@ -75,6 +75,11 @@ class StaticKV:
         """Copy cache rows ``src`` to ``dst`` (device long tensors), slots ``[0, n_slots)`` of every layer."""
         self.states[:, :, dst, :, :n_slots] = self.states[:, :, src, :, :n_slots]
 
+    def copy_row(self, other: "StaticKV", src: int, dst: int, n_slots: int) -> None:
+        """Slots ``[0, n_slots)`` of ``other``'s cache row ``src`` into row ``dst`` of this cache, every layer
+        (one copy; the caches must share model, dtype and device)."""
+        self.states[:, :, dst, :, :n_slots].copy_(other.states[:, :, src, :, :n_slots])
+
     def shift_row(self, row: int, by: int, n_slots: int) -> None:
         """Move the written slots of cache row ``row`` by ``by`` in every layer: ``by = 1`` moves slots
         ``[0, n_slots - 1)`` one right (slot 0 zeroed, slot ``n_slots - 1`` overwritten); a negative ``by``
