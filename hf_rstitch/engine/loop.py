@@ -39,7 +39,7 @@ from ..core.policies import RoutingPolicy
 from ..core.roles import Role
 from ..core.sampling import pick_tokens
 from ..core.trace import StitchTrace
-from .step import Ahead, Routing, StepOut, call_early, run_step
+from .step import Ahead, Routing, StepOut, call_early, run_step, to_device
 
 # (sequence [B, T], raw logits [B, V]) -> processed scores [B, V]
 Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -169,8 +169,8 @@ def keep_ahead(ahead: Ahead | None, keep: torch.Tensor) -> Ahead | None:
     """A run-ahead output cut to the lane rows ``keep`` (CPU long)."""
     if ahead is None:
         return None
-    hidden = ahead.hidden.index_select(0, keep.to(ahead.hidden.device)) if ahead.hidden is not None else None
-    return Ahead(ahead.role, ahead.logits.index_select(0, keep.to(ahead.logits.device)), hidden)
+    hidden = ahead.hidden.index_select(0, to_device(keep, ahead.hidden.device)) if ahead.hidden is not None else None
+    return Ahead(ahead.role, ahead.logits.index_select(0, to_device(keep, ahead.logits.device)), hidden)
 
 
 class _HostFlags:

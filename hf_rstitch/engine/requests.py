@@ -44,11 +44,11 @@ from ..core.roles import Role
 from ..core.sampling import sample_one
 from ..core.scheduling import Immediate, LLMSchedule, parse_schedule
 from ..core.trace import StitchTrace
-from .lane import check_holdable, left_padding
+from .lane import check_holdable
 from .protocol import EagerEngine, pick_engine
 from .request_types import FINISH_REASONS, Completion, Event, QueueFull, Request  # noqa: F401  (the public names)
 from .loop import keep_ahead, run_ahead
-from .step import Routing, run_step
+from .step import Routing, run_step, to_device
 from .step_values import receive_values, send_values
 
 HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
@@ -61,6 +61,7 @@ class _Row:
     trace: StitchTrace
     generator: torch.Generator | None = None
     held: tuple[bool, float | None] | None = None  # waiting for the LLM: (handed over?, the SLM's entropy)
+    pad: int = 0  # its left-padding columns in the shared sequence (the mask's, kept on the host: no device read)
 
 
 class RequestEngine:
@@ -279,7 +280,10 @@ class RequestEngine:
             self._mask = torch.nn.functional.pad(self._mask, (grow, 0), value=0)
             for lane in self.lanes.values():
                 lane.pad_left(grow)
-        seq, mask = self._layout(new, self._seq.shape[1])
+            for row in self._rows:
+                row.pad += grow
+        width = self._seq.shape[1]
+        seq, mask = self._layout(new, width)
         for lane in self.lanes.values():
             lane.add_rows(seq, mask)
         self._seq, self._mask = torch.cat([self._seq, seq]), torch.cat([self._mask, mask])
@@ -297,7 +301,8 @@ class RequestEngine:
             eos = frozenset(r.eos_token_id) if r.eos_token_id is not None else self.default_eos
             gen = torch.Generator().manual_seed(r.seed) if (r.do_sample and r.seed is not None) else None
             name = repr(self.policy.base) if tau is None else f"EntropyPolicy(threshold={tau})"
-            self._rows.append(_Row(r, eos, StitchTrace(policy=name, threshold=tau), generator=gen))
+            self._rows.append(_Row(r, eos, StitchTrace(policy=name, threshold=tau), generator=gen,
+                                   pad=width - len(r.input_ids)))
         self._slots = torch.cat([self._slots, torch.tensor(slots, dtype=torch.long)])
 
     def _layout(self, new: list[Request], width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -307,7 +312,7 @@ class RequestEngine:
         for i, r in enumerate(new):
             seq[i, width - len(r.input_ids):] = torch.tensor(r.input_ids)
             mask[i, width - len(r.input_ids):] = 1
-        return seq.to(self.device), mask.to(self.device)
+        return to_device(seq, self.device), to_device(mask, self.device)
 
     def _admissible(self) -> bool:
         """Whether a waiting request would take a free row at the next step."""
@@ -342,11 +347,13 @@ class RequestEngine:
         if not held:
             return
         index = sorted(held)
-        at = torch.tensor(index, device=self.device)
+        at = to_device(index, self.device)
         self._seq[at] = torch.nn.functional.pad(self._seq[at, :-1], (1, 0), value=self.pad_id)
         self._mask[at] = torch.nn.functional.pad(self._mask[at, :-1], (1, 0), value=0)
         for lane in self.lanes.values():
             lane.hold_rows(index)
+        for i in index:
+            self._rows[i].pad += 1
         self._trim(HOLD_TRIM)
 
     def _advance_row(self, row: _Row, token: int, llm: bool, handed: bool, entropy: float,
@@ -383,7 +390,7 @@ class RequestEngine:
         self._ahead = keep_ahead(self._ahead, keep) if self._rows else None  # no rows: the lanes start afresh
         self._slots = self._slots[keep]
         self._routing.keep(keep)
-        at = keep.to(self.device)
+        at = to_device(keep, self.device)
         self._seq, self._mask = self._seq[at], self._mask[at]
         for lane in self.lanes.values():
             lane.keep_rows(keep)
@@ -392,11 +399,13 @@ class RequestEngine:
     def _trim(self, at_least: int = 1) -> None:
         """Drop leading columns that are padding in every row (when there are ``at_least`` of them)."""
         if self._rows:
-            n = int(left_padding(self._mask).min())
+            n = min(row.pad for row in self._rows)
             if n >= at_least:
                 self._seq, self._mask = self._seq[:, n:], self._mask[:, n:]
                 for lane in self.lanes.values():
                     lane.trim_left(n)
+                for row in self._rows:
+                    row.pad -= n
 
 
 def _schedule(spec, llm, slm) -> LLMSchedule | None:

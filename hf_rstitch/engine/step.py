@@ -176,6 +176,14 @@ def send_to_host(values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event |
     return host, done
 
 
+def to_device(values, device: torch.device) -> torch.Tensor:
+    """A CPU tensor (or a list of ints) on ``device`` without waiting for the kernels queued there: a blocking
+    copy from the host waits for the device's stream, which holds a step run ahead (tens of ms); a
+    non-blocking one from pageable memory is staged and queued at once."""
+    values = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
+    return values.to(device, non_blocking=True)
+
+
 def on_host(pending: tuple[torch.Tensor, torch.cuda.Event | None]) -> torch.Tensor:
     """The copy :func:`send_to_host` queued, once there: waits for the kernels queued before it, not for a
     lane call queued after it."""

@@ -53,6 +53,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from ..core.entropy import normalized_entropy
 from ..core.roles import Role
 from ..engine.lane import left_padding
+from ..engine.step import to_device
 from . import compile_cache, fused_entropy, gated, gemv, regions, rope_store
 from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
@@ -209,14 +210,14 @@ class FastLane(RowOps):
             return
         moves = self.rows.keep([int(i) for i in index])
         if moves:
-            src = torch.tensor([m[0] for m in moves], device=self.device)
-            dst = torch.tensor([m[1] for m in moves], device=self.device)
+            src = to_device([m[0] for m in moves], self.device)
+            dst = to_device([m[1] for m in moves], self.device)
             self.cache.move_rows(src, dst, self.seen)
             self.valid[dst] = self.valid[src]
             self.n_pad[dst] = self.n_pad[src]
             self.row_moves += len(moves)
         in_order = self.rows.in_order
-        self._slot_index = None if in_order else torch.tensor(self.rows.slot, device=self.device)
+        self._slot_index = None if in_order else to_device(self.rows.slot, self.device)
 
     def reset(self) -> None:
         """Forget the sequence (keeps buffers and graphs): ready for the next generation."""
@@ -253,9 +254,9 @@ class FastLane(RowOps):
                 raise ValueError(f"FastLane supports left padding only; row {r} of the attention mask has holes.")
         self.rows.start(pads)
         b, t = host.shape
-        self.n_pad[:b].copy_(torch.tensor(pads))
+        self.n_pad[:b].copy_(to_device(pads, self.device))
         self.valid[:b].fill_(True)
-        self.valid[:b, :t].copy_(host)
+        self.valid[:b, :t].copy_(to_device(host, self.device))
         self._slot_index = None
 
     def _live(self, out: torch.Tensor) -> torch.Tensor:

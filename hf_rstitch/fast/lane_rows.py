@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..engine.lane import left_padding
+from ..engine.step import to_device
 
 
 class RowOps:
@@ -31,14 +32,14 @@ class RowOps:
             raise ValueError(f"{self.role} FastLane holds {self.max_rows} rows, {self.rows.n_live} are live: no room "
                              f"for {k} more. Build the engine with FastEngine(max_batch=...) >= the largest batch.")
         self._prefill_rows(free, seq[:, : self.seen], host[:, : self.seen])
-        dst = torch.tensor(free, device=self.device)
+        dst = to_device(free, self.device)
         self.valid[dst] = True
-        self.valid[dst, : host.shape[1]] = host.to(self.device)
-        self.n_pad[dst] = torch.tensor(pads, device=self.device)
+        self.valid[dst, : host.shape[1]] = to_device(host, self.device)
+        self.n_pad[dst] = to_device(pads, self.device)
         self.rows.slot += free
         self.rows.solo_seen += [0] * k
         self.rows.pad += pads
-        self._slot_index = None if self.rows.in_order else torch.tensor(self.rows.slot, device=self.device)
+        self._slot_index = None if self.rows.in_order else to_device(self.rows.slot, self.device)
 
     def pad_left(self, n: int) -> None:
         """Prepend ``n`` masked columns to every row (the shared sequence grew on the left): the written
@@ -99,7 +100,7 @@ class RowOps:
             joiner.seen = pad  # the padding counts as read: only the real columns run
             joiner.cache.pos.fill_(pad)
             with torch.no_grad():
-                joiner._run(ids[i:i + 1, pad:].to(self.device), False)
+                joiner._run(to_device(ids[i:i + 1, pad:], self.device), False)
             self.cache.copy_row(joiner.cache, 0, row, self.seen)
         joiner.reset()
 

@@ -175,8 +175,32 @@ def _through_fast(llm, slm, requests, ahead: bool, cancel_at: dict | None = None
                 tokens.setdefault(e.request_id, []).append(e.token)
             if e.finished:
                 done[e.request_id] = (tokens.pop(e.request_id, []), e.finish_reason, e.trace)
+        assert_pads_mirror_the_mask(engine)
         k += 1
     return done, engine
+
+
+def assert_pads_mirror_the_mask(engine):
+    """The rows' left padding the engine keeps on the host (its trims read no device value) is the mask's."""
+    from hf_rstitch.engine.lane import left_padding
+
+    assert [row.pad for row in engine._rows] == left_padding(engine._mask.cpu()).tolist()
+
+
+@pytest.mark.parametrize("schedule", [None, "gather:2:8"])
+def test_host_padding_follows_joins_holds_trims_and_leaves(schedule):
+    """Requests of different prompt lengths join a running batch (one pads it on the left), rows wait for
+    the LLM (a schedule) and leave: after every step the host's padding counts equal the mask's."""
+    llm, slm = make_pair("llama")
+    engine = RequestEngine(llm, slm, threshold=0.45, max_batch=3, schedule=schedule)
+    for i, (n, m) in enumerate(zip([5, 9, 3, 14, 6, 2], [6, 12, 4, 9, 15, 5])):
+        engine.submit(Request(prompt(n, seed=90 + i)[0].tolist(), max_new_tokens=m))
+    steps = 0
+    while engine.has_work():
+        engine.step()
+        assert_pads_mirror_the_mask(engine)
+        steps += 1
+    assert steps > 10 and (schedule is None or engine.stats["held"] > 0)
 
 
 def test_run_ahead_leaves_every_request_as_it_was():
