@@ -334,8 +334,14 @@ class FastLane(RowOps):
     def _model_code(self):
         """Dispatch for the model's Python code: static-cache attention, tuned GEMV for one-row products."""
         with static_attention_on(self.model, self._attention), gemv.gemv_linears_on(self.gemv_layers), \
-                regions.regions_on(self._regions), regions.regions_on(([], self._rotary)):
+                regions.regions_on(self._regions), regions.regions_on(([], self._rotary)), \
+                rope_store.deferring(self.cache if self._rotary else None):
             yield
+        if self.cache.pending is not None:  # a rotation no update() completed: its q_out was never filled
+            self.cache.pending = None
+            raise RuntimeError(f"{self.role} FastLane: a layer rotated q and k but stored no keys; this model's "
+                               "attention code is not the one the deferred rotation supports. Build the lane with "
+                               "FastConfig(fuse_rope_store=False).")
 
     def _forward(self, ids: torch.Tensor, n_real, want_hidden: bool):
         """One forward over ``ids`` ``[b, q]`` (cache rows ``[0, b)``) whose first ``n_real`` tokens are real.

@@ -1,4 +1,4 @@
-"""Two kernels where a decode step's attention ran four: rotate q and k together, store k and v together.
+"""One kernel where a decode step's attention ran four: rotate q and k, store k and v.
 
 Why: each layer of a step rotated its queries and keys (two kernels even when ``compile="parts"``
 fuses each, an unfused dozen otherwise) and wrote its keys and values into the static cache (two
@@ -11,6 +11,10 @@ fuses each, an unfused dozen otherwise) and wrote its keys and values into the s
   and each call falls back to the model's function for shapes the kernel does not take.
 * :func:`store_kv`: keys and values of a forward into their cache slots in one launch
   (:meth:`hf_rstitch.fast.static_kv.StaticKV.update` uses it when the lane says so).
+* :func:`rope_store`: both in one launch. Inside :func:`deferring` (a lane's forward) the installed
+  rotary function returns an empty q and the unrotated k, and the cache's ``update`` -- the next thing
+  a Llama-family attention layer does with them -- runs this kernel, which fills q, writes the rotated
+  keys and the values into their slots. A layer that stores other keys than it rotated is refused.
 
 Both are custom ops (a CUDA graph records the launch); the lane uses them where Triton runs and the
 step is not compiled whole (``compile="decode"``/``"all"`` fuse these themselves).
@@ -18,6 +22,7 @@ step is not compiled whole (``compile="decode"``/``"all"`` fuse these themselves
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 
@@ -88,6 +93,85 @@ def _store_kernel():
     return store_kernel
 
 
+@functools.lru_cache(maxsize=1)
+def _rope_store_kernel():
+    triton, tl = _triton()
+
+    @triton.jit
+    def rope_store_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qo_ptr, slots_ptr, keys_ptr, values_ptr, S, HQ,
+                          sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sc_b, sc_s, ss_b, ss_s, c_b, c_h, c_s,
+                          HALF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
+            tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
+            tl.extra.cuda.gdc_launch_dependents()
+        # one program: one head of one token. q heads: rotated into qo; k heads: rotated into their cache slot,
+        # the token's v head copied into its slot. Same arithmetic as rotate_kernel, same bytes as store_kernel
+        bs, h = tl.program_id(0), tl.program_id(1)
+        b, i = bs // S, bs % S
+        d = tl.arange(0, BLOCK)
+        ok = d < HALF
+        c1 = tl.load(cos_ptr + b * sc_b + i * sc_s + d, mask=ok, other=0.0).to(tl.float32)
+        c2 = tl.load(cos_ptr + b * sc_b + i * sc_s + HALF + d, mask=ok, other=0.0).to(tl.float32)
+        s1 = tl.load(sin_ptr + b * ss_b + i * ss_s + d, mask=ok, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_ptr + b * ss_b + i * ss_s + HALF + d, mask=ok, other=0.0).to(tl.float32)
+        if h < HQ:
+            src = q_ptr + b * sq_b + h * sq_h + i * sq_s
+            dst = qo_ptr + ((b * HQ + h) * S + i) * 2 * HALF
+        else:
+            hk = h - HQ
+            src = k_ptr + b * sk_b + hk * sk_h + i * sk_s
+            at = b * c_b + hk * c_h + tl.load(slots_ptr + i) * c_s
+            dst = keys_ptr + at
+            v_src = v_ptr + b * sv_b + hk * sv_h + i * sv_s
+            tl.store(values_ptr + at + d, tl.load(v_src + d, mask=ok), mask=ok)
+            tl.store(values_ptr + at + HALF + d, tl.load(v_src + HALF + d, mask=ok), mask=ok)
+        dtype = qo_ptr.dtype.element_ty
+        x1 = tl.load(src + d, mask=ok, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF + d, mask=ok, other=0.0).to(tl.float32)
+        y1 = (x1 * c1).to(dtype).to(tl.float32) + (-x2 * s1).to(dtype).to(tl.float32)
+        y2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
+        tl.store(dst + d, y1.to(dtype), mask=ok)
+        tl.store(dst + HALF + d, y2.to(dtype), mask=ok)
+
+    return rope_store_kernel
+
+
+@torch.library.custom_op("hf_rstitch::rope_store", mutates_args=("q_out", "keys", "values"))
+def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               slots: torch.Tensor, q_out: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """In one launch: ``q_out = rotate(q)`` (contiguous ``[b, Hq, s, D]``), ``keys[:b, :, slots] = rotate(k)`` and
+    ``values[:b, :, slots] = v``; what :func:`rotate_qk` then :func:`store_kv` compute."""
+    b, hq, s, dim = q.shape
+    on = pdl(q.device, b * s)
+    _rope_store_kernel()[(b * s, hq + k.shape[1])](
+        q, k, v, cos, sin, q_out, slots, keys, values, s, hq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), *keys.stride()[:3],
+        HALF=dim // 2, BLOCK=next_pow2(dim // 2), num_warps=1, PDL=on, launch_pdl=on)
+
+
+class Pending:
+    """A rotation :func:`_rotary` put off until the cache stores the keys (:meth:`StaticKV.update`): the
+    layer got ``q_out`` (filled by then) and the unrotated ``k`` it will hand to the cache."""
+
+    def __init__(self, q, k, cos, sin, q_out):
+        self.q, self.k, self.cos, self.sin, self.q_out = q, k, cos, sin, q_out
+
+
+_DEFER_TO = None  # the StaticKV whose update() completes the rotations, inside a lane's forward (deferring())
+
+
+@contextlib.contextmanager
+def deferring(cache):
+    """Inside the block the installed rotary functions leave q and k to ``cache.update`` (one kernel for the
+    rotation and the cache writes, :func:`rope_store`) where the shapes allow; ``cache`` None: no change."""
+    global _DEFER_TO
+    before, _DEFER_TO = _DEFER_TO, cache
+    try:
+        yield
+    finally:
+        _DEFER_TO = before
+
+
 @torch.library.custom_op("hf_rstitch::rotate_qk", mutates_args=())
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,6 +213,11 @@ def _rotary(original):
     @functools.wraps(original)
     def rotary(q, k, cos, sin, *args, **kwargs):
         if not args and not (set(kwargs) - {"unsqueeze_dim"}) and rotate_takes(q, k, cos, sin, **kwargs):
+            cache = _DEFER_TO
+            if cache is not None and cache.pending is None:  # the cache's update() rotates and stores at once
+                q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+                cache.pending = Pending(q, k, cos, sin, q_out)
+                return q_out, k
             return torch.ops.hf_rstitch.rotate_qk(q, k, cos, sin)
         return original(q, k, cos, sin, *args, **kwargs)
 

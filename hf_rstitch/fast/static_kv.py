@@ -48,6 +48,7 @@ class StaticKV:
         self.slots: torch.Tensor | None = None  # [q] slots the current forward writes
         self._scratch: torch.Tensor | None = None  # one row of every layer, for moving a row's slots
         self.fused_store = False  # update() writes keys and values with one Triton kernel (set by the lane)
+        self.pending = None  # a rotation put off until update() (rope_store.Pending), inside rope_store.deferring
 
     @property
     def n_slots(self) -> int:
@@ -64,7 +65,15 @@ class StaticKV:
         # key_states: [b, H_kv, q, D] -> slots[0..q) of rows [0, b) of layer `layer_idx`; returns all their slots
         b = key_states.shape[0]
         keys, values = self.keys[layer_idx][:b], self.values[layer_idx][:b]
-        if self.fused_store:  # one kernel for both (hf_rstitch.fast.rope_store)
+        pending, self.pending = self.pending, None
+        if pending is not None:  # q and k rotated, k and v stored: one kernel (hf_rstitch.fast.rope_store)
+            if pending.k is not key_states:
+                raise RuntimeError(f"layer {layer_idx} stored other keys than it rotated; this model's attention "
+                                   "code is not the one the fast engine's deferred rotation supports. Build the lane "
+                                   "with FastConfig(fuse_rope_store=False).")
+            torch.ops.hf_rstitch.rope_store(pending.q, key_states, value_states, pending.cos, pending.sin, self.slots,
+                                            pending.q_out, keys, values)
+        elif self.fused_store:  # one kernel for both (hf_rstitch.fast.rope_store)
             torch.ops.hf_rstitch.store_kv(key_states, value_states, self.slots, keys, values)
         else:
             keys.index_copy_(2, self.slots, key_states)

@@ -56,6 +56,50 @@ def test_store_kv_equals_index_copy(device, b, s, rows):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("b,s,rows", [(1, 1, 1), (2, 3, 4)])
+def test_rope_store_equals_rotate_then_store(device, b, s, rows):
+    """The one-launch kernel writes the same bytes as the rotation kernel followed by the store kernel."""
+    q, k, v = _heads(b, s, device)
+    cos, sin = _tables(b, s, device)
+    keys, values = (torch.randn(rows, 2, 12, 16, device=device) for _ in range(2))
+    slots = torch.tensor([5, 6, 7][:s], device=device)
+    want_k, want_v = keys.clone(), values.clone()
+    want_q, k_rot = rope_store.rotate_qk(q, k, cos, sin)
+    rope_store.store_kv(k_rot, v, slots, want_k[:b], want_v[:b])
+    q_out = torch.empty(q.shape, device=device)
+    rope_store.rope_store(q, k, v, cos, sin, slots, q_out, keys[:b], values[:b])
+    assert torch.equal(q_out, want_q) and torch.equal(keys, want_k) and torch.equal(values, want_v)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deferred_rotation_is_completed_by_the_cache_or_refused(device):
+    """Inside deferring(cache) the rotary function hands q and k to the cache's update (one kernel); a layer
+    that stores other keys than it rotated is refused, not computed wrong."""
+    from hf_rstitch.fast.static_kv import StaticKV
+
+    config = Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2)
+    cache = StaticKV(config, 12, torch.float32, torch.device(device), rows=2)
+    cache.slots = torch.tensor([5, 6, 7], device=device)
+    q, k, v = _heads(2, 3, device)
+    cos, sin = _tables(2, 3, device)
+    rotary = rope_store._rotary(modeling_qwen2.apply_rotary_pos_emb)
+    want_q, want_k = modeling_qwen2.apply_rotary_pos_emb(q, k, cos, sin)
+    with rope_store.deferring(cache):
+        q_out, k_same = rotary(q, k, cos, sin)
+        assert k_same is k and cache.pending is not None
+        keys, values = cache.update(k, v, 0)
+    assert cache.pending is None
+    torch.testing.assert_close(q_out, want_q, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(keys[:, :, 5:8], want_k, atol=1e-6, rtol=1e-6)
+    assert torch.equal(values[:, :, 5:8], v)
+    with rope_store.deferring(cache):
+        rotary(q, k, cos, sin)
+        with pytest.raises(RuntimeError, match="fuse_rope_store=False"):
+            cache.update(k.clone(), v, 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_rotary_falls_back_for_shapes_it_does_not_take(device):
     calls = []
 
