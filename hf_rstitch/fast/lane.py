@@ -335,7 +335,7 @@ class FastLane(RowOps):
         """Dispatch for the model's Python code: static-cache attention, tuned GEMV for one-row products."""
         with static_attention_on(self.model, self._attention), gemv.gemv_linears_on(self.gemv_layers), \
                 regions.regions_on(self._regions), regions.regions_on(([], self._rotary)), \
-                rope_store.deferring(self.cache if self._rotary else None):
+                rope_store.deferring(self.cache if self._rotary and rope_store.DEFER else None):
             yield
         if self.cache.pending is not None:  # a rotation no update() completed: its q_out was never filled
             self.cache.pending = None

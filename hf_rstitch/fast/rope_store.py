@@ -11,7 +11,8 @@ fuses each, an unfused dozen otherwise) and wrote its keys and values into the s
   and each call falls back to the model's function for shapes the kernel does not take.
 * :func:`store_kv`: keys and values of a forward into their cache slots in one launch
   (:meth:`hf_rstitch.fast.static_kv.StaticKV.update` uses it when the lane says so).
-* :func:`rope_store`: both in one launch. Inside :func:`deferring` (a lane's forward) the installed
+* :func:`rope_store`: both in one launch (lanes use it when :data:`DEFER` is set; experimental, off by
+  default until timed on a GPU). Inside :func:`deferring` (a lane's forward) the installed
   rotary function returns an empty q and the unrotated k, and the cache's ``update`` -- the next thing
   a Llama-family attention layer does with them -- runs this kernel, which fills q, writes the rotated
   keys and the values into their slots. A layer that stores other keys than it rotated is refused.
@@ -157,6 +158,9 @@ class Pending:
         self.q, self.k, self.cos, self.sin, self.q_out = q, k, cos, sin, q_out
 
 
+# Lanes put rotations off to the cache's update (one kernel, rope_store) when True. Off until the kernel has been
+# compiled and timed on a GPU: it is checked under Triton's interpreter only (tests/fast/test_rope_store.py).
+DEFER = False
 _DEFER_TO = None  # the StaticKV whose update() completes the rotations, inside a lane's forward (deferring())
 
 

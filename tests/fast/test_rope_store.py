@@ -138,9 +138,16 @@ def test_plan_swaps_standard_rotary_only(device, arch, monkeypatch):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ["llama", "qwen2-full"])
-def test_fast_engine_with_fused_kernels_equals_without(device, arch):
-    """float32 pair through generate: the fused kernels (rotary, cache store, gated MLP) on and off give the
-    same tokens and logits to float32 rounding (the float64 lane tests do not run these kernels)."""
+@pytest.mark.parametrize("defer", [False, True])
+def test_fast_engine_with_fused_kernels_equals_without(device, arch, defer, monkeypatch):
+    """float32 pair through generate: the fused kernels (rotary, cache store, gated MLP; with ``defer`` the
+    rotation and the store as one kernel) on and off give the same tokens and logits to float32 rounding
+    (the float64 lane tests do not run these kernels)."""
+    monkeypatch.setattr(rope_store, "DEFER", defer)
+    launched = []
+    original = rope_store.rope_store
+    monkeypatch.setattr(torch.ops.hf_rstitch, "rope_store",
+                        lambda *a: launched.append(1) or original(*a), raising=False)
     from hf_rstitch import ReplayPolicy
     from hf_rstitch.fast import FastConfig, FastEngine
     from tiny_models import make_pair, prompt
@@ -159,5 +166,6 @@ def test_fast_engine_with_fused_kernels_equals_without(device, arch):
         assert bool(lane._rotary) == fused and lane.cache.fused_store == fused
         assert any(type(m).__name__.endswith("MLP") for m, _ in lane.gemv_layers) == fused
     assert torch.equal(outs[0].sequences, outs[1].sequences)
+    assert bool(launched) == defer
     for a, b in zip(outs[0].logits, outs[1].logits):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
