@@ -34,39 +34,62 @@ from .triton_support import _triton, available, next_pow2, pdl
 
 
 @functools.lru_cache(maxsize=1)
-def _rotate_kernel():
+def _rotate_one_fn():
     triton, tl = _triton()
 
     @triton.jit
-    def rotate_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, S, HQ,
-                      sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sc_b, sc_s, ss_b, ss_s,
-                      HALF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
-            tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
-            tl.extra.cuda.gdc_launch_dependents()
-        # one program: one head of one token; out = x * cos + rotate_half(x) * sin, rounded as eager code rounds
-        bs, h = tl.program_id(0), tl.program_id(1)
-        b, i = bs // S, bs % S
+    def _rotate_one(src, dst, cos_at, sin_at, HALF: tl.constexpr, BLOCK: tl.constexpr):
+        # one head of one token: dst = src * cos + rotate_half(src) * sin, rounded as eager code rounds
         d = tl.arange(0, BLOCK)
         ok = d < HALF
-        c1 = tl.load(cos_ptr + b * sc_b + i * sc_s + d, mask=ok, other=0.0).to(tl.float32)
-        c2 = tl.load(cos_ptr + b * sc_b + i * sc_s + HALF + d, mask=ok, other=0.0).to(tl.float32)
-        s1 = tl.load(sin_ptr + b * ss_b + i * ss_s + d, mask=ok, other=0.0).to(tl.float32)
-        s2 = tl.load(sin_ptr + b * ss_b + i * ss_s + HALF + d, mask=ok, other=0.0).to(tl.float32)
-        if h < HQ:
-            src = q_ptr + b * sq_b + h * sq_h + i * sq_s
-            dst = qo_ptr + ((b * HQ + h) * S + i) * 2 * HALF
-        else:
-            hk = h - HQ
-            src = k_ptr + b * sk_b + hk * sk_h + i * sk_s
-            dst = ko_ptr + ((b * (tl.num_programs(1) - HQ) + hk) * S + i) * 2 * HALF
-        dtype = qo_ptr.dtype.element_ty
+        c1 = tl.load(cos_at + d, mask=ok, other=0.0).to(tl.float32)
+        c2 = tl.load(cos_at + HALF + d, mask=ok, other=0.0).to(tl.float32)
+        s1 = tl.load(sin_at + d, mask=ok, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_at + HALF + d, mask=ok, other=0.0).to(tl.float32)
+        dtype = dst.dtype.element_ty
         x1 = tl.load(src + d, mask=ok, other=0.0).to(tl.float32)
         x2 = tl.load(src + HALF + d, mask=ok, other=0.0).to(tl.float32)
         y1 = (x1 * c1).to(dtype).to(tl.float32) + (-x2 * s1).to(dtype).to(tl.float32)
         y2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
         tl.store(dst + d, y1.to(dtype), mask=ok)
         tl.store(dst + HALF + d, y2.to(dtype), mask=ok)
+
+    # Triton resolves the names a kernel calls in its module's globals (the interpreter too), not in a closure
+    globals()["_rotate_one"] = _rotate_one
+    return _rotate_one
+
+
+@functools.lru_cache(maxsize=1)
+def _rotate_kernel():
+    triton, tl = _triton()
+    _rotate_one_fn()
+
+    @triton.jit
+    def rotate_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, slots_ptr, values_ptr, S, HQ,
+                      sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sc_b, sc_s, ss_b, ss_s, c_b, c_h, c_s,
+                      HALF: tl.constexpr, BLOCK: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
+            tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
+            tl.extra.cuda.gdc_launch_dependents()
+        # one program: one head of one token. q heads: rotated into qo. k heads: rotated into ko ([b, Hk, s, D]),
+        # or with STORE into their cache slots (ko: the layer's keys), the token's v head copied into its slot
+        bs, h = tl.program_id(0), tl.program_id(1)
+        b, i = bs // S, bs % S
+        if h < HQ:
+            src = q_ptr + b * sq_b + h * sq_h + i * sq_s
+            dst = qo_ptr + ((b * HQ + h) * S + i) * 2 * HALF
+        else:
+            hk = h - HQ
+            src = k_ptr + b * sk_b + hk * sk_h + i * sk_s
+            if STORE:
+                at = b * c_b + hk * c_h + tl.load(slots_ptr + i) * c_s
+                dst = ko_ptr + at
+                d = tl.arange(0, 2 * BLOCK)
+                ok = d < 2 * HALF
+                tl.store(values_ptr + at + d, tl.load(v_ptr + b * sv_b + hk * sv_h + i * sv_s + d, mask=ok), mask=ok)
+            else:
+                dst = ko_ptr + ((b * (tl.num_programs(1) - HQ) + hk) * S + i) * 2 * HALF
+        _rotate_one(src, dst, cos_ptr + b * sc_b + i * sc_s, sin_ptr + b * ss_b + i * ss_s, HALF, BLOCK)
 
     return rotate_kernel
 
@@ -94,49 +117,6 @@ def _store_kernel():
     return store_kernel
 
 
-@functools.lru_cache(maxsize=1)
-def _rope_store_kernel():
-    triton, tl = _triton()
-
-    @triton.jit
-    def rope_store_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qo_ptr, slots_ptr, keys_ptr, values_ptr, S, HQ,
-                          sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sc_b, sc_s, ss_b, ss_s, c_b, c_h, c_s,
-                          HALF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
-            tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
-            tl.extra.cuda.gdc_launch_dependents()
-        # one program: one head of one token. q heads: rotated into qo; k heads: rotated into their cache slot,
-        # the token's v head copied into its slot. Same arithmetic as rotate_kernel, same bytes as store_kernel
-        bs, h = tl.program_id(0), tl.program_id(1)
-        b, i = bs // S, bs % S
-        d = tl.arange(0, BLOCK)
-        ok = d < HALF
-        c1 = tl.load(cos_ptr + b * sc_b + i * sc_s + d, mask=ok, other=0.0).to(tl.float32)
-        c2 = tl.load(cos_ptr + b * sc_b + i * sc_s + HALF + d, mask=ok, other=0.0).to(tl.float32)
-        s1 = tl.load(sin_ptr + b * ss_b + i * ss_s + d, mask=ok, other=0.0).to(tl.float32)
-        s2 = tl.load(sin_ptr + b * ss_b + i * ss_s + HALF + d, mask=ok, other=0.0).to(tl.float32)
-        if h < HQ:
-            src = q_ptr + b * sq_b + h * sq_h + i * sq_s
-            dst = qo_ptr + ((b * HQ + h) * S + i) * 2 * HALF
-        else:
-            hk = h - HQ
-            src = k_ptr + b * sk_b + hk * sk_h + i * sk_s
-            at = b * c_b + hk * c_h + tl.load(slots_ptr + i) * c_s
-            dst = keys_ptr + at
-            v_src = v_ptr + b * sv_b + hk * sv_h + i * sv_s
-            tl.store(values_ptr + at + d, tl.load(v_src + d, mask=ok), mask=ok)
-            tl.store(values_ptr + at + HALF + d, tl.load(v_src + HALF + d, mask=ok), mask=ok)
-        dtype = qo_ptr.dtype.element_ty
-        x1 = tl.load(src + d, mask=ok, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF + d, mask=ok, other=0.0).to(tl.float32)
-        y1 = (x1 * c1).to(dtype).to(tl.float32) + (-x2 * s1).to(dtype).to(tl.float32)
-        y2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
-        tl.store(dst + d, y1.to(dtype), mask=ok)
-        tl.store(dst + HALF + d, y2.to(dtype), mask=ok)
-
-    return rope_store_kernel
-
-
 @torch.library.custom_op("hf_rstitch::rope_store", mutates_args=("q_out", "keys", "values"))
 def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                slots: torch.Tensor, q_out: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
@@ -144,10 +124,10 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
     ``values[:b, :, slots] = v``; what :func:`rotate_qk` then :func:`store_kv` compute."""
     b, hq, s, dim = q.shape
     on = pdl(q.device, b * s)
-    _rope_store_kernel()[(b * s, hq + k.shape[1])](
-        q, k, v, cos, sin, q_out, slots, keys, values, s, hq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+    _rotate_kernel()[(b * s, hq + k.shape[1])](
+        q, k, v, cos, sin, q_out, keys, slots, values, s, hq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), *keys.stride()[:3],
-        HALF=dim // 2, BLOCK=next_pow2(dim // 2), num_warps=1, PDL=on, launch_pdl=on)
+        HALF=dim // 2, BLOCK=next_pow2(dim // 2), STORE=True, num_warps=1, PDL=on, launch_pdl=on)
 
 
 class Pending:
@@ -184,8 +164,9 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     qo, ko = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     on = pdl(q.device, b * s)
     _rotate_kernel()[(b * s, hq + k.shape[1])](
-        q, k, cos, sin, qo, ko, s, hq, *q.stride()[:3], *k.stride()[:3], cos.stride(0), cos.stride(1),
-        sin.stride(0), sin.stride(1), HALF=dim // 2, BLOCK=next_pow2(dim // 2), num_warps=1, PDL=on, launch_pdl=on)
+        q, k, k, cos, sin, qo, ko, cos, ko, s, hq, *q.stride()[:3], *k.stride()[:3], *k.stride()[:3],
+        cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), 0, 0, 0,
+        HALF=dim // 2, BLOCK=next_pow2(dim // 2), STORE=False, num_warps=1, PDL=on, launch_pdl=on)
     return qo, ko
 
 
