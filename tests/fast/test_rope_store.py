@@ -169,3 +169,16 @@ def test_fast_engine_with_fused_kernels_equals_without(device, arch, defer, monk
     assert bool(launched) == defer
     for a, b in zip(outs[0].logits, outs[1].logits):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_plan_keeps_the_model_rotary_where_the_kernel_fails(device, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel here")
+
+    monkeypatch.setattr(rope_store, "rotate_qk", broken)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2)).to(device).eval()
+    with pytest.warns(UserWarning, match="fused rotary kernel failed"):
+        assert rope_store.plan(model) == []
+
