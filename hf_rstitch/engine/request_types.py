@@ -1,8 +1,11 @@
-"""What goes in and out of :class:`~hf_rstitch.engine.requests.RequestEngine`: requests, events, completions."""
+"""What goes in and out of :class:`~hf_rstitch.engine.requests.RequestEngine`: requests, events, completions;
+and the engine's record of a running request (:class:`RunningRow`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from ..core.roles import Role
 from ..core.trace import StitchTrace
@@ -51,3 +54,15 @@ class Completion:
 
 class QueueFull(RuntimeError):
     """The engine's waiting queue is full (``max_waiting``); retry later."""
+
+
+@dataclass
+class RunningRow:
+    """A request while it has a row in the engine's batch (internal to the engine)."""
+
+    request: Request
+    eos: frozenset[int]
+    trace: StitchTrace
+    generator: torch.Generator | None = None
+    held: tuple[bool, float | None] | None = None  # waiting for the LLM: (handed over?, the SLM's entropy)
+    pad: int = 0  # its left-padding columns in the shared sequence (the mask's, kept on the host: no device read)

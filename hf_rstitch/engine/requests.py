@@ -34,7 +34,6 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import torch
@@ -46,22 +45,12 @@ from ..core.scheduling import Immediate, LLMSchedule, parse_schedule
 from ..core.trace import StitchTrace
 from .lane import check_holdable
 from .protocol import EagerEngine, pick_engine
-from .request_types import FINISH_REASONS, Completion, Event, QueueFull, Request  # noqa: F401  (the public names)
+from .request_types import FINISH_REASONS, Completion, Event, QueueFull, Request, RunningRow  # noqa: F401
 from .loop import keep_ahead, run_ahead
 from .step import Routing, run_step, to_device
 from .step_values import receive_values, send_values
 
 HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
-
-
-@dataclass
-class _Row:
-    request: Request
-    eos: frozenset[int]
-    trace: StitchTrace
-    generator: torch.Generator | None = None
-    held: tuple[bool, float | None] | None = None  # waiting for the LLM: (handed over?, the SLM's entropy)
-    pad: int = 0  # its left-padding columns in the shared sequence (the mask's, kept on the host: no device read)
 
 
 class RequestEngine:
@@ -118,7 +107,7 @@ class RequestEngine:
         self.thresholds = RowEntropyPolicy() if policy is None else None
         self.policy = PinnedRoles(self.thresholds if policy is None else checked(policy))
         self.policy.reset()
-        self._rows: list[_Row] = []
+        self._rows: list[RunningRow] = []
         self._slots = torch.zeros(0, dtype=torch.long)  # [b] row id of each running row (StepView.rows)
         self._seq = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [b, T] shared columns
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
@@ -301,7 +290,7 @@ class RequestEngine:
             eos = frozenset(r.eos_token_id) if r.eos_token_id is not None else self.default_eos
             gen = torch.Generator().manual_seed(r.seed) if (r.do_sample and r.seed is not None) else None
             name = repr(self.policy.base) if tau is None else f"EntropyPolicy(threshold={tau})"
-            self._rows.append(_Row(r, eos, StitchTrace(policy=name, threshold=tau), generator=gen,
+            self._rows.append(RunningRow(r, eos, StitchTrace(policy=name, threshold=tau), generator=gen,
                                    pad=width - len(r.input_ids)))
         self._slots = torch.cat([self._slots, torch.tensor(slots, dtype=torch.long)])
 
@@ -356,7 +345,7 @@ class RequestEngine:
             self._rows[i].pad += 1
         self._trim(HOLD_TRIM)
 
-    def _advance_row(self, row: _Row, token: int, llm: bool, handed: bool, entropy: float,
+    def _advance_row(self, row: RunningRow, token: int, llm: bool, handed: bool, entropy: float,
                      slm_h: float | None) -> Event:
         if row.held is not None:  # the LLM's token after waiting: the hand-over happened when it began to wait
             (handed, slm_h), row.held = row.held, None
