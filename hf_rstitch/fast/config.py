@@ -30,6 +30,9 @@ class FastConfig:
     fuse_mlp: bool = True  # with gemv: a SiLU MLP's gate and up products and activation in one kernel (.gated)
     # where Triton runs and the step is not compiled whole: q/k rotation in one kernel, k/v cache writes in one
     fuse_rope_store: bool = True
+    # where the step is not compiled whole: the rotary cos/sin of each call read from a table of every slot's
+    # position (.rotary_table; one gather instead of ~8 kernels), for modules whose values it reproduces
+    rotary_table: bool = True
     # the generate loop may advance a lane one step early (hf_rstitch.engine.loop); None: with graphs
     run_ahead: bool | None = None
     # with compile="parts": each residual add of a pre-norm layer and the norm after it as one compiled piece

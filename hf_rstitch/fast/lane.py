@@ -54,7 +54,7 @@ from ..core.entropy import normalized_entropy
 from ..core.roles import Role
 from ..engine.lane import left_padding
 from ..engine.step import to_device
-from . import compile_cache, fused_entropy, gated, gemv, regions, rope_store
+from . import compile_cache, fused_entropy, gated, gemv, regions, rope_store, rotary_table
 from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
 from .decode_attention import decode_attention
@@ -131,6 +131,8 @@ class FastLane(RowOps):
         fused = config.fuse_rope_store and config.compile in (None, "parts") and gemv.available(dev)
         self._rotary = rope_store.plan(model) if fused else []  # module globals to swap, as regions do
         self.cache.fused_store = fused
+        tables = config.rotary_table and config.compile in (None, "parts")
+        self._rotary_tables = rotary_table.plan(model, n_slots) if tables else []  # instance forwards
         if config.compile is not None:
             compile_cache.use_persistent_cache()  # a later process reuses the kernels compiled here
         if config.compile == "parts":
@@ -334,7 +336,7 @@ class FastLane(RowOps):
     def _model_code(self):
         """Dispatch for the model's Python code: static-cache attention, tuned GEMV for one-row products."""
         with static_attention_on(self.model, self._attention), gemv.gemv_linears_on(self.gemv_layers), \
-                regions.regions_on(self._regions), regions.regions_on(([], self._rotary)), \
+                regions.regions_on(self._regions), regions.regions_on((self._rotary_tables, self._rotary)), \
                 rope_store.deferring(self.cache if self._rotary and rope_store.DEFER else None):
             yield
         if self.cache.pending is not None:  # a rotation no update() completed: its q_out was never filled
