@@ -64,6 +64,11 @@ from .rows import RowSlots
 from .static_kv import KV_CHUNK, StaticKV, static_attention, static_attention_on
 
 
+def _refuse_fallback(*args, **kwargs):
+    raise RuntimeError("the fast engine's split attention could not run a call its lane planned for it (its steps "
+                       "build no mask for the fallback). Please report it; FastConfig(attention='matmul') avoids it.")
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -124,6 +129,8 @@ class FastLane(RowOps):
         self.gemv_tune_seconds = 0.0
         self.gemv_layers = self._gemv_plan(config)  # [] keeps cuBLAS everywhere
         self._attention = self._register_attention(config.attention)
+        # the split kernel masks by the write offset and padding counts: no step builds a mask it would not read
+        self._no_mask = torch.ones(1, 1, n_slots, dtype=torch.bool, device=dev) if self._mask_free else None
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
         self._decode_step = self._compiled_bucket = self._forward  # eager kernels (recorded in graphs on CUDA)
@@ -267,6 +274,17 @@ class FastLane(RowOps):
             return out[: self.rows.n_live]
         return out.index_select(0, self._slot_index)
 
+    @property
+    def _mask_free(self) -> bool:
+        """Every attention call of this lane runs the split kernel, which reads no mask (see
+        :func:`~hf_rstitch.fast.decode_attention.supported`: Triton here, a power-of-two head size >= 16, no
+        float64): the steps pass a mask they do not compute."""
+        if self.config.attention != "split" or not gemv.available(self.device) or self.model.dtype == torch.float64:
+            return False
+        text = self.model.config.get_text_config()
+        dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        return dim >= 16 and dim & (dim - 1) == 0
+
     def _register_attention(self, kind: str) -> str:
         """The attention this lane runs, by registered name. ``"split"`` registers a per-lane function
         bound to this lane's write offset and padding counts (unregistered when the lane goes)."""
@@ -275,8 +293,9 @@ class FastLane(RowOps):
         if not gemv.available(self.device):  # no Triton here: every call would take the fallback
             return "matmul"
         name = f"rstitch_split_{id(self)}"
+        fallback = _refuse_fallback if self._mask_free else static_attention
         AttentionInterface.register(name, functools.partial(decode_attention, pos=self.cache.pos, pad=self.n_pad,
-                                                            fallback=static_attention))
+                                                            fallback=fallback))
         weakref.finalize(self, AttentionInterface._global_mapping.pop, name, None)
         return name
 
@@ -355,9 +374,12 @@ class FastLane(RowOps):
         kv = self.cache
         slots = kv.pos + self.slot_ids[:q]  # [q] slot = column of each token (the same in every row)
         kv.slots = slots
-        causal = self.slot_ids[None, :] <= slots[:, None]  # [q, S]
-        own = self.slot_ids[None, :] == slots[:, None]  # a padding query sees itself: no empty rows
-        allowed = causal[None] & (self.valid[:b, None, :] | own[None])  # [b, q, S]
+        if self._no_mask is not None:  # the split kernel masks by pos and pad itself: a view, no kernel
+            allowed = self._no_mask.expand(b, q, -1)
+        else:
+            causal = self.slot_ids[None, :] <= slots[:, None]  # [q, S]
+            own = self.slot_ids[None, :] == slots[:, None]  # a padding query sees itself: no empty rows
+            allowed = causal[None] & (self.valid[:b, None, :] | own[None])  # [b, q, S]
         positions = (slots[None, :] - self.n_pad[:b, None]).clamp(min=0)  # [b, q]
         fixed = isinstance(n_real, int)  # then n_real == q: keep the last position
         keep = 1 if fixed else (n_real - 1).reshape(1)  # tensor: index of the last real token

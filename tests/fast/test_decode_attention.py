@@ -157,3 +157,37 @@ def test_one_split_writes_the_output_itself(device, batch, q, pos, monkeypatch):
     pads = [0, 7, 2][:batch]
     _check(device, batch, heads, kv_heads, q, dim, slots, pos, pads)
 
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_steps_that_build_no_mask_equal_those_that_do(device):
+    """A float32 pair, a left-padded batch through generate: the split attention's lanes pass a mask they do
+    not compute (the kernel masks by write offset and padding); the matmul attention builds and reads it."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from hf_rstitch import ReplayPolicy
+    from hf_rstitch.fast import FastConfig, FastEngine
+    from tiny_models import prompt
+
+    def qwen2(hidden, heads, layers, seed):  # head size 16: the kernel's smallest
+        torch.manual_seed(seed)
+        config = Qwen2Config(vocab_size=96, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                             num_attention_heads=heads, num_key_value_heads=heads // 2, max_position_embeddings=128)
+        return Qwen2ForCausalLM(config).float().to(device).eval()
+
+    llm, slm = qwen2(64, 4, 2, 0), qwen2(32, 2, 1, 1)
+    ids = torch.cat([prompt(9, seed=1), prompt(9, seed=2)]).to(device)
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # the second row is a 5-token prompt, left-padded
+    route = ["slm"] * 3 + ["llm"] * 2 + ["slm"] * 3
+    outs = []
+    for attention in ("split", "matmul"):
+        engine = FastEngine(FastConfig(max_bucket=4, graphs=device == "cuda", attention=attention), max_batch=2)
+        outs.append(llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_policy=ReplayPolicy(route),
+                                 stitch_engine=engine, max_new_tokens=len(route), min_new_tokens=len(route),
+                                 return_dict_in_generate=True, output_logits=True))
+        lane = engine._lanes[next(iter(engine._lanes))]
+        assert (lane._no_mask is not None) == (attention == "split")
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+    for a, b in zip(outs[0].logits, outs[1].logits):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
