@@ -6,7 +6,7 @@ installed); these tests skip when it is not there. On CUDA they run the compiled
 
 import pytest
 import torch
-from tiny_models import assert_compiles_like_eager, kernel_model
+from tiny_models import assert_compiles_like_eager, assert_wide_tier_runs, kernel_model
 
 from hf_rstitch.fast import gemv
 
@@ -102,13 +102,7 @@ def test_a_lane_of_64_rows_runs_the_wide_tier(device, fuse):
     table = gemv.tune_model(model, rows=gemv.WIDE_ROWS)
     assert len(table) == 3 * len({gemv.shape_key(m.weight, m.bias) for m in gemv.linear_modules(model)})
     patches = gemv.plan(model, table, fuse=fuse, rows=gemv.WIDE_ROWS)
-    wide, past = (torch.randint(0, 97, (1, n), device=device) for n in (gemv.MAX_ROWS + 3, gemv.WIDE_ROWS + 3))
-    with torch.no_grad():
-        want = [model(ids).logits for ids in (wide, past)]
-        with gemv.gemv_linears_on(patches):
-            got = [model(ids).logits for ids in (wide, past)]
-    torch.testing.assert_close(got[0], want[0], atol=1e-4, rtol=1e-4)
-    assert torch.equal(got[1], want[1])
+    assert_wide_tier_runs(model, patches, device)
 
 
 @_each_model
