@@ -81,7 +81,7 @@ def watched(prof: cProfile.Profile, steps: int) -> dict:
     for (path, line, name), (_, calls, _, cum, _) in stats.stats.items():
         key = f"{Path(path).name}:{name}"
         for w in WATCH:
-            if key == w or (w.startswith("Event") and w in name):
+            if key == w or (w == "Event.synchronize" and "synchronize" in name and "Event" in name):
                 got = out.setdefault(w, {"calls": 0, "cum_ms_per_step": 0.0})
                 got["calls"] += calls
                 got["cum_ms_per_step"] += 1e3 * cum / max(steps, 1)

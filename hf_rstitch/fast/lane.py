@@ -57,16 +57,11 @@ from ..engine.step import to_device
 from . import compile_cache, fused_entropy, gated, gemv, regions, rope_store, rotary_table
 from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
-from .decode_attention import decode_attention
+from .decode_attention import decode_attention, refuse_fallback, runs_for
 from .graphs import GraphRunner
 from .lane_rows import RowOps
 from .rows import RowSlots
 from .static_kv import KV_CHUNK, StaticKV, static_attention, static_attention_on
-
-
-def _refuse_fallback(*args, **kwargs):
-    raise RuntimeError("the fast engine's split attention could not run a call its lane planned for it (its steps "
-                       "build no mask for the fallback). Please report it; FastConfig(attention='matmul') avoids it.")
 
 
 def _sync(device: torch.device) -> None:
@@ -279,11 +274,7 @@ class FastLane(RowOps):
         """Every attention call of this lane runs the split kernel, which reads no mask (see
         :func:`~hf_rstitch.fast.decode_attention.supported`: Triton here, a power-of-two head size >= 16, no
         float64): the steps pass a mask they do not compute."""
-        if self.config.attention != "split" or not gemv.available(self.device) or self.model.dtype == torch.float64:
-            return False
-        text = self.model.config.get_text_config()
-        dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        return dim >= 16 and dim & (dim - 1) == 0
+        return self.config.attention == "split" and runs_for(self.cache.head_dim, self.model.dtype, self.device)
 
     def _register_attention(self, kind: str) -> str:
         """The attention this lane runs, by registered name. ``"split"`` registers a per-lane function
@@ -293,7 +284,7 @@ class FastLane(RowOps):
         if not gemv.available(self.device):  # no Triton here: every call would take the fallback
             return "matmul"
         name = f"rstitch_split_{id(self)}"
-        fallback = _refuse_fallback if self._mask_free else static_attention
+        fallback = refuse_fallback if self._mask_free else static_attention
         AttentionInterface.register(name, functools.partial(decode_attention, pos=self.cache.pos, pad=self.n_pad,
                                                             fallback=fallback))
         weakref.finalize(self, AttentionInterface._global_mapping.pop, name, None)

@@ -8,6 +8,8 @@ on the device (``_slot_index``).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..engine.lane import left_padding
@@ -102,15 +104,12 @@ class RowOps:
             with torch.no_grad():
                 joiner._run(to_device(ids[i:i + 1, pad:], self.device), False)
             self.cache.copy_row(joiner.cache, 0, row, self.seen)
-        joiner.reset()
 
     def _joiner(self):
         """A one-row lane of the same model and configuration (built on first use, kept): it prefills joining
         rows. It shares this lane's product plan (no second copy of the fused q/k/v weights) and the
         process's compiled pieces; its static cache holds one row."""
         if self._join_lane is None:
-            import dataclasses
-
             lane = type(self)(self.model, self.role, self.vocab, self.capacity,
                               dataclasses.replace(self.config, gemv=False), max_rows=1)
             lane.gemv_layers = self.gemv_layers

@@ -58,6 +58,10 @@ class StaticKV:
         return self.states.numel() * self.states.element_size()
 
     @property
+    def head_dim(self) -> int:
+        return self.keys[0].shape[3]
+
+    @property
     def n_rows(self) -> int:
         return self.keys[0].shape[0]
 
