@@ -34,7 +34,7 @@ import lab
 from attention_sweep import set_plan
 from engine_profile import summarize
 from hf_rstitch.core.roles import Role
-from hf_rstitch.fast import FastConfig, FastLane, decode_attention, triton_support
+from hf_rstitch.fast import FastConfig, FastLane, decode_attention, rope_store, triton_support
 
 
 class Rows:
@@ -106,13 +106,14 @@ def markdown(result: dict) -> str:
              "over the measured copy bandwidth. Cache: "
              f"{str(result['args']['capacity']) + ' slots a row' if result['args']['capacity'] else 'the slots the steps need'}.",
              "",
-             "PDL: programmatic dependent launch of the Triton kernels.", "",
-             "| model | PDL | splits share | attention plan | B | ms/step | floor (ms) | x floor | "
-             "kernel ms/step | kernels/step | top kernels (ms/step) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "PDL: programmatic dependent launch of the Triton kernels. Defer: q and k rotated inside the cache's "
+             "store kernel (`rope_store.DEFER`).", "",
+             "| model | PDL | defer | splits share | attention plan | B | ms/step | floor (ms) | x floor | "
+             "kernel ms/step | kernels/step | top kernels (ms/step) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         p = r["profile"] or {"top_kernels_ms": {}, "kernel_ms_per_token": 0.0, "kernels_per_token": 0}
         top = "; ".join(f"{k[:40]} {v:.2f}" for k, v in list(p["top_kernels_ms"].items())[:5])
-        lines.append(f"| {r.get('model', '7b')} | {r.get('pdl', 'off')} | {r.get('split_basis', 'capacity')} | "
+        lines.append(f"| {r.get('model', '7b')} | {r.get('pdl', 'off')} | {r.get('defer', 'off')} | {r.get('split_basis', 'capacity')} | "
                      f"{r['attention_plan']} | {r['batch']} | "
                      f"{r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | {r['x_floor']:.2f} | "
                      f"{p['kernel_ms_per_token']:.2f} | {p['kernels_per_token']:.0f} | {top} |")
@@ -138,6 +139,8 @@ def main() -> None:
                     help="random Qwen2 shapes to time, each a run (the workload's LLM and SLM)")
     ap.add_argument("--pdl", nargs="+", default=["off"], choices=["off", "one-row", "all"],
                     help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.triton_support.PDL), each a run")
+    ap.add_argument("--defer", nargs="+", default=["off"], choices=["off", "on"],
+                    help="rotate q and k inside the cache's store kernel (hf_rstitch.fast.rope_store.DEFER), each a run")
     ap.add_argument("--name", default="engine_profile_batched", help="result files: <name>_<gpu>.json and .md")
     ap.add_argument("--dry-run-cpu", action="store_true", help="a tiny model on CPU: checks the script, times nothing")
     args = ap.parse_args()
@@ -148,14 +151,16 @@ def main() -> None:
     llm, slm = lab.random_pair("tiny" if args.dry_run_cpu else "qwen2", device)
     bw = eb.copy_bandwidth(2 << 30 if device == "cuda" else 1 << 24)
     rows = []
-    runs = [(m, d, b, p) for m in args.models for d in args.pdl for b in args.split_bases for p in args.attention_plans]
-    for name, launch, basis, plan in runs:
+    runs = [(m, d, f, b, p) for m in args.models for d in args.pdl for f in args.defer for b in args.split_bases
+            for p in args.attention_plans]
+    for name, launch, defer, basis, plan in runs:
         model = llm if name == "7b" else slm
         triton_support.PDL = launch
+        rope_store.DEFER = defer == "on"
         decode_attention.SPLIT_BASIS = basis
         set_plan(plan or "default")
         for b in args.batches:
-            rows.append({"model": name, "pdl": launch, "attention_plan": plan or "default",
+            rows.append({"model": name, "pdl": launch, "defer": defer, "attention_plan": plan or "default",
                          "split_basis": basis, **one_batch(model, b, args, device, bw)})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "profile"}), flush=True)
             if device == "cuda":

@@ -146,6 +146,8 @@ class FastLane(RowOps):
             self._decode_step = torch.compile(self._forward, fullgraph=True, dynamic=False)
         if config.compile == "all":
             self._compiled_bucket = torch.compile(self._forward, fullgraph=True, dynamic=False)
+        # rotation and cache store as one kernel a layer, for models whose layers allow it (rope_store)
+        self._defer = bool(self._rotary) and rope_store.DEFER and rope_store.defers_exactly(model, self._probe)
 
     @property
     def max_rows(self) -> int:
@@ -343,17 +345,29 @@ class FastLane(RowOps):
             return step() if self.graphs is None else self.graphs.run(key, step)
 
     @contextlib.contextmanager
-    def _model_code(self):
-        """Dispatch for the model's Python code: static-cache attention, tuned GEMV for one-row products."""
-        with static_attention_on(self.model, self._attention), gemv.gemv_linears_on(self.gemv_layers), \
-                regions.regions_on(self._regions), regions.regions_on((self._rotary_tables, self._rotary)), \
-                rope_store.deferring(self.cache if self._rotary and rope_store.DEFER else None):
-            yield
-        if self.cache.pending is not None:  # a rotation no update() completed: its q_out was never filled
-            self.cache.pending = None
+    def _model_code(self, defer: bool | None = None, poison: bool = False):
+        """Dispatch for the model's Python code: static-cache attention, tuned GEMV for one-row products, the
+        rotation put off to the cache's store (``defer``, default: this lane's choice)."""
+        defer = self._defer if defer is None else defer
+        try:
+            with static_attention_on(self.model, self._attention), gemv.gemv_linears_on(self.gemv_layers), \
+                    regions.regions_on(self._regions), regions.regions_on((self._rotary_tables, self._rotary)), \
+                    rope_store.deferring(self.cache if defer else None, poison):
+                yield
+        finally:
+            pending, self.cache.pending = self.cache.pending, None
+        if pending is not None:  # a rotation no update() completed: its q_out was never filled
             raise RuntimeError(f"{self.role} FastLane: a layer rotated q and k but stored no keys; this model's "
                                "attention code is not the one the deferred rotation supports. Build the lane with "
                                "FastConfig(fuse_rope_store=False).")
+
+    def _probe(self, defer: bool, poison: bool) -> torch.Tensor:
+        """Logits of one eager one-token forward in cache row 0 (for rope_store.defers_exactly); forgets it."""
+        try:
+            with torch.no_grad(), self._model_code(defer, poison):
+                return self._forward(self.ids[:1, :1], 1, False)[0].float()
+        finally:
+            self.cache.pos.zero_()
 
     def _forward(self, ids: torch.Tensor, n_real, want_hidden: bool):
         """One forward over ``ids`` ``[b, q]`` (cache rows ``[0, b)``) whose first ``n_real`` tokens are real.

@@ -11,11 +11,14 @@ fuses each, an unfused dozen otherwise) and wrote its keys and values into the s
   and each call falls back to the model's function for shapes the kernel does not take.
 * :func:`store_kv`: keys and values of a forward into their cache slots in one launch
   (:meth:`hf_rstitch.fast.static_kv.StaticKV.update` uses it when the lane says so).
-* :func:`rope_store`: both in one launch (lanes use it when :data:`DEFER` is set; experimental, off by
-  default until timed on a GPU). Inside :func:`deferring` (a lane's forward) the installed
-  rotary function returns an empty q and the unrotated k, and the cache's ``update`` -- the next thing
-  a Llama-family attention layer does with them -- runs this kernel, which fills q, writes the rotated
-  keys and the values into their slots. A layer that stores other keys than it rotated is refused.
+* :func:`rope_store`: both in one launch (lanes use it while :data:`DEFER` is set, the default). Inside
+  :func:`deferring` (a lane's forward) the installed rotary function returns an empty q and the
+  unrotated k, and the cache's ``update`` -- the next thing a Llama-family attention layer does with
+  them -- runs this kernel, which fills q, writes the rotated keys and the values into their slots. A
+  layer that stores other keys than it rotated is refused; one that reads q before storing its keys
+  would read it empty, so a lane first checks the model (:func:`defers_exactly`): a one-token forward
+  with q left as NaN until the store must give the logits of one without deferral, or the model keeps
+  the two kernels.
 
 Both are custom ops (a CUDA graph records the launch); the lane uses them where Triton runs and the
 step is not compiled whole (``compile="decode"``/``"all"`` fuse these themselves).
@@ -27,6 +30,7 @@ import contextlib
 import functools
 import sys
 import warnings
+import weakref
 
 import torch
 
@@ -139,22 +143,47 @@ class Pending:
         self.q, self.k, self.cos, self.sin, self.q_out = q, k, cos, sin, q_out
 
 
-# Lanes put rotations off to the cache's update (one kernel, rope_store) when True. Off until the kernel has been
-# compiled and timed on a GPU: it is checked under Triton's interpreter only (tests/fast/test_rope_store.py).
-DEFER = False
+# Lanes put rotations off to the cache's update (one kernel, rope_store) when True, for models that pass
+# defers_exactly. On an H200 it took 28 kernels off a Qwen2 step: 4.59 -> 4.56 ms (7B, B = 8), 5.77 -> 5.71 ms
+# (B = 64), 1.52 -> 1.49 ms (1.5B, B = 1) (benchmarks/results/engine_rope_store_nvidia_h200.md).
+DEFER = True
 _DEFER_TO = None  # the StaticKV whose update() completes the rotations, inside a lane's forward (deferring())
+_POISON = False  # deferring(..., poison=True): q starts as NaN until the store fills it
+_VERDICTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> defers_exactly's answer
 
 
 @contextlib.contextmanager
-def deferring(cache):
+def deferring(cache, poison: bool = False):
     """Inside the block the installed rotary functions leave q and k to ``cache.update`` (one kernel for the
-    rotation and the cache writes, :func:`rope_store`) where the shapes allow; ``cache`` None: no change."""
-    global _DEFER_TO
-    before, _DEFER_TO = _DEFER_TO, cache
+    rotation and the cache writes, :func:`rope_store`) where the shapes allow; ``cache`` None: no change.
+    ``poison``: the q handed to the layer holds NaN until the store, so code that reads it early shows."""
+    global _DEFER_TO, _POISON
+    before = _DEFER_TO, _POISON
+    _DEFER_TO, _POISON = cache, poison
     try:
         yield
     finally:
-        _DEFER_TO = before
+        _DEFER_TO, _POISON = before
+
+
+def defers_exactly(model: torch.nn.Module, forward) -> bool:
+    """Whether ``model``'s attention layers may put their rotation off to the cache (asked once a model).
+
+    ``forward(defer, poison)`` runs one forward of the model and returns its logits, with the rotation put off
+    (q left as NaN until the store) or not. The model passes when the two agree: its layers hand the keys
+    they rotated to the cache and read q only after. Otherwise (e.g. a layer that scales q or normalises k
+    after the rotation) it keeps the two kernels, and the lane says nothing: same tokens, one launch more.
+    """
+    if model not in _VERDICTS:
+        want = forward(False, False)
+        try:
+            got = forward(True, True)
+        except RuntimeError:  # stored other keys than it rotated, or none
+            got = None
+        scale = float(want.abs().max()) if want.numel() else 0.0
+        _VERDICTS[model] = got is not None and bool(torch.isfinite(got).all()) and torch.allclose(
+            got, want, rtol=1e-3, atol=1e-3 * max(scale, 1.0))
+    return _VERDICTS[model]
 
 
 @torch.library.custom_op("hf_rstitch::rotate_qk", mutates_args=())
@@ -201,7 +230,10 @@ def _rotary(original):
         if not args and not (set(kwargs) - {"unsqueeze_dim"}) and rotate_takes(q, k, cos, sin, **kwargs):
             cache = _DEFER_TO
             if cache is not None and cache.pending is None:  # the cache's update() rotates and stores at once
-                q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+                if _POISON:
+                    q_out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
+                else:
+                    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
                 cache.pending = Pending(q, k, cos, sin, q_out)
                 return q_out, k
             return torch.ops.hf_rstitch.rotate_qk(q, k, cos, sin)

@@ -182,3 +182,46 @@ def test_plan_keeps_the_model_rotary_where_the_kernel_fails(device, monkeypatch)
     with pytest.warns(UserWarning, match="fused rotary kernel failed"):
         assert rope_store.plan(model) == []
 
+
+
+def _scales_q(rotary):  # like Ministral 3's attention: q is read (scaled) between the rotation and the store
+    def scaled(*args, **kwargs):
+        q, k = rotary(*args, **kwargs)
+        return q * 1.5, k
+    return scaled
+
+
+def _renorms_k(rotary):  # like HunYuan's: k changed after the rotation, so the cache stores other keys
+    def renormed(*args, **kwargs):
+        q, k = rotary(*args, **kwargs)
+        return q, k * 1.5
+    return renormed
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("change", [None, _scales_q, _renorms_k])
+def test_lane_defers_only_where_the_model_allows(device, change, monkeypatch):
+    """A lane puts the rotation off to the store only for a model whose layers read q after the store and
+    store the keys they rotated (checked once a model, on a forward with q left as NaN); the others keep
+    the two kernels: the same tokens and logits as with the deferral switched off."""
+    from hf_rstitch import ReplayPolicy
+    from hf_rstitch.fast import FastConfig, FastEngine
+    from tiny_models import make_pair, prompt
+
+    if change is not None:
+        original = rope_store._rotary
+        monkeypatch.setattr(rope_store, "_rotary", lambda fn: change(original(fn)))
+    llm, slm = (m.float().to(device) for m in make_pair("qwen2-full"))
+    route = ["slm"] * 2 + ["llm"] * 2 + ["slm"] * 3
+    outs, defers = [], []
+    for defer in (True, False):
+        monkeypatch.setattr(rope_store, "DEFER", defer)
+        engine = FastEngine(FastConfig(max_bucket=4, graphs=device == "cuda"))
+        outs.append(llm.generate(prompt(10).to(device), assistant_model=slm, stitch_policy=ReplayPolicy(route),
+                                 stitch_engine=engine, max_new_tokens=len(route), min_new_tokens=len(route),
+                                 return_dict_in_generate=True, output_logits=True))
+        defers.append({lane._defer for lane in engine._lanes.values()})
+    assert defers == [{change is None}, {False}]
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+    for a, b in zip(outs[0].logits, outs[1].logits):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
