@@ -63,10 +63,12 @@ class Step:
             da.decode_attention_op(q, k, v, self.pos, self.pad, HEAD_DIM ** -0.5)
 
     def capture(self) -> None:
-        self.run()  # compiles this plan's kernels
+        stream = torch.cuda.Stream()  # warm-up and capture on one side stream, as the lanes' GraphRunner does
+        with torch.cuda.stream(stream):
+            self.run()  # compiles this plan's kernels
         torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, stream=stream):
             self.run()
 
     def time_ms(self, repeats: int) -> float:

@@ -139,7 +139,7 @@ def main() -> None:
                     help="random Qwen2 shapes to time, each a run (the workload's LLM and SLM)")
     ap.add_argument("--pdl", nargs="+", default=["off"], choices=["off", "one-row", "all"],
                     help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.triton_support.PDL), each a run")
-    ap.add_argument("--defer", nargs="+", default=["off"], choices=["off", "on"],
+    ap.add_argument("--defer", nargs="+", default=["on"], choices=["off", "on"],
                     help="rotate q and k inside the cache's store kernel (hf_rstitch.fast.rope_store.DEFER), each a run")
     ap.add_argument("--name", default="engine_profile_batched", help="result files: <name>_<gpu>.json and .md")
     ap.add_argument("--dry-run-cpu", action="store_true", help="a tiny model on CPU: checks the script, times nothing")
