@@ -245,8 +245,8 @@ def main() -> None:
     ap.add_argument("--split-basis", default="written", choices=["written", "capacity"],
                     help="what the split attention's splits share (hf_rstitch.fast.decode_attention.SPLIT_BASIS): "
                          "the written slots (the default) or the capacity (the earlier plan, to compare)")
-    ap.add_argument("--pdl", default="off", choices=["off", "one-row", "all"],
-                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.triton_support.PDL, experimental)")
+    ap.add_argument("--pdl", default=triton_support.PDL, choices=["off", "one-row", "all"],
+                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.triton_support.PDL; default: its default)")
     ap.add_argument("--decisions", default="host", choices=["host", "device"],
                     help="where the replayed routes' hand-over decisions come back: the host (no device read to "
                          "decide) or the GPU, as an entropy policy's do (the loop pays the reads it would)")

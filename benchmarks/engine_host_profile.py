@@ -207,8 +207,8 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=1, help="rows decoding together (each its own prompt)")
     ap.add_argument("--kernel-tokens", type=int, default=64,
                     help="device kernels per step from generations of this many tokens and twice as many (0: none)")
-    ap.add_argument("--pdl", default="off", choices=["off", "one-row", "all"],
-                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.triton_support.PDL, experimental)")
+    ap.add_argument("--pdl", default=triton_support.PDL, choices=["off", "one-row", "all"],
+                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.triton_support.PDL; default: its default)")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args(argv)
     triton_support.PDL = args.pdl

@@ -137,7 +137,7 @@ def main() -> None:
                          "context is where the split bases differ")
     ap.add_argument("--models", nargs="+", default=["7b"], choices=["7b", "1.5b"],
                     help="random Qwen2 shapes to time, each a run (the workload's LLM and SLM)")
-    ap.add_argument("--pdl", nargs="+", default=["off"], choices=["off", "one-row", "all"],
+    ap.add_argument("--pdl", nargs="+", default=[triton_support.PDL], choices=["off", "one-row", "all"],
                     help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.triton_support.PDL), each a run")
     ap.add_argument("--defer", nargs="+", default=["on"], choices=["off", "on"],
                     help="rotate q and k inside the cache's store kernel (hf_rstitch.fast.rope_store.DEFER), each a run")

@@ -10,10 +10,29 @@ graph's outputs before the next replay (the outputs are overwritten in place).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 from typing import Any, Callable, Hashable
 
 import torch
+
+
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, **kwargs):
+    """``torch.cuda.graph(graph, **kwargs)`` with no garbage collection inside. A collection during a capture
+    can free another engine's CUDA graph, whose destructor (a graph reset) is not permitted while a stream
+    captures and invalidates the capture (seen on an H200 in a long GPU test run; torch 2.11 no longer
+    collects before capturing). ``thread_local``: CUDA calls other threads make meanwhile (a compiler's
+    worker loading its kernels) do not invalidate it either; this thread's own calls are still checked."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode="thread_local", **kwargs):
+            yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class GraphRunner:
@@ -49,7 +68,7 @@ class GraphRunner:
             out = fn()  # the real call, doubling as the warm-up
         current.wait_stream(self.stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+        with capturing(graph, pool=self.pool, stream=self.stream):
             static_out = fn()  # recorded, not executed
         self.graphs[key] = (graph, static_out)
         self.capture_seconds += time.perf_counter() - start

@@ -9,6 +9,8 @@ import os
 
 import torch
 
+from .graphs import capturing
+
 
 @functools.lru_cache(maxsize=1)
 def _triton():
@@ -42,16 +44,16 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
-# Programmatic dependent launch (compute capability 9+), experimental: a kernel launched with it starts while
-# the kernel before it still runs, waits for that kernel's results before reading anything
-# (griddepcontrol.wait; the one-row products read their first weight tiles before that wait), then lets the
-# next kernel launch, so the launch and ramp-up of each small kernel overlap its predecessor. Measured on
-# an H200 (benchmarks/results/engine_pdl_nvidia_h200.md): one-row steps gain (Qwen2-1.5B 1.61 -> 1.49 ms),
-# batches of 8 lose (2.01 -> 2.11 ms), batches of 64 do not change. "one-row": launches over one row of
-# activations only; "all": every launch; "off" (the default): none. Off by default because one GPU test
-# (test_rope_store's fused-kernels equality, after 117 other GPU tests in the same process) had a CUDA
-# graph capture invalidated with "one-row" on; it passed alone, and the cause is not found yet.
-PDL = "off"
+# Programmatic dependent launch (compute capability 9+): a kernel launched with it starts while the kernel
+# before it still runs, waits for that kernel's results before reading anything (griddepcontrol.wait; the
+# one-row products read their first weight tiles before that wait), then lets the next kernel launch, so the
+# launch and ramp-up of each small kernel overlap its predecessor. Measured on an H200: one-row steps gain
+# (Qwen2-1.5B through generate 1.52 -> 1.39 ms a token, engine_host_profile; bare loop 1.61 -> 1.49 ms,
+# engine_pdl_nvidia_h200.md), batches of 8 lose (2.01 -> 2.11 ms), batches of 64 do not change. "one-row"
+# (the default): launches over one row of activations only; "all": every launch; "off": none. (A GPU test
+# run once had a graph capture invalidated with it on: a garbage collection inside the capture freed an
+# old engine's graph; graphs.capturing now keeps collections out of captures.)
+PDL = "one-row"
 _PDL_MODES = ("off", "one-row", "all")
 
 
@@ -93,7 +95,7 @@ def graph_ms(fn, calls: int, repeats: int = 1) -> float:
         fn()  # compiles the kernel and warms up, outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capturing(graph):
         for _ in range(calls):
             fn()
     graph.replay()  # warm
