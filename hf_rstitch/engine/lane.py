@@ -46,6 +46,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..core.roles import Role
+from ..core.scheduling import Immediate, LLMSchedule, parse_schedule
 from ..core.trace import ForwardCall, solo_calls
 
 
@@ -303,6 +304,19 @@ def check_holdable(model: PreTrainedModel) -> None:
         raise ValueError(f"waiting for the LLM (schedule='gather') needs full-attention models; {type(model).__name__} has "
                          f"layer types {sorted(kinds)} (sliding_window={getattr(config, 'sliding_window', None)}): a "
                          "sliding layer keeps too few columns to move a waiting row. Use the default schedule.")
+
+
+def checked_schedule(spec, llm, slm) -> LLMSchedule | None:
+    """The engine's schedule (None: the LLM runs at once); waiting needs full-attention models."""
+    schedule = parse_schedule(spec) if spec is None or isinstance(spec, str) else spec
+    if not hasattr(schedule, "run_now"):
+        raise TypeError(f"schedule must be None, a string such as 'gather:2:8' or an object with run_now(demand), "
+                        f"got {type(spec).__name__}")
+    if isinstance(schedule, Immediate):
+        return None
+    check_holdable(llm)
+    check_holdable(slm)
+    return schedule
 
 
 def _prepend_zeros(states: torch.Tensor, n: int) -> torch.Tensor:

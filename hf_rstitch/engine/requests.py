@@ -41,9 +41,9 @@ import torch
 from ..core.policies import PinnedRoles, RowEntropyPolicy, check_threshold, checked
 from ..core.roles import Role
 from ..core.sampling import sample_one
-from ..core.scheduling import Immediate, LLMSchedule, parse_schedule
+from ..core.scheduling import LLMSchedule
 from ..core.trace import StitchTrace
-from .lane import check_holdable
+from .lane import checked_schedule
 from .protocol import EagerEngine, pick_engine
 from .request_types import FINISH_REASONS, Completion, Event, QueueFull, Request, RunningRow  # noqa: F401
 from .loop import keep_ahead, run_ahead
@@ -92,7 +92,7 @@ class RequestEngine:
         pad = llm.generation_config.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.default_eos, default=0))
         self.device = llm.device
-        self.schedule = _schedule(schedule, llm, slm)
+        self.schedule = checked_schedule(schedule, llm, slm)
         self.max_length = None
         engine = pick_engine(llm, slm, engine, max_batch)
         if isinstance(engine, str) and engine == "default" or isinstance(engine, EagerEngine):
@@ -396,15 +396,3 @@ class RequestEngine:
                 for row in self._rows:
                     row.pad -= n
 
-
-def _schedule(spec, llm, slm) -> LLMSchedule | None:
-    """The engine's schedule (None: the LLM runs at once); waiting needs full-attention models."""
-    schedule = parse_schedule(spec) if spec is None or isinstance(spec, str) else spec
-    if not hasattr(schedule, "run_now"):
-        raise TypeError(f"schedule must be None, a string such as 'gather:2:8' or an object with run_now(demand), "
-                        f"got {type(spec).__name__}")
-    if isinstance(schedule, Immediate):
-        return None
-    check_holdable(llm)
-    check_holdable(slm)
-    return schedule

@@ -54,12 +54,13 @@ from ..core.entropy import normalized_entropy
 from ..core.roles import Role
 from ..engine.lane import left_padding
 from ..engine.step import to_device
-from . import compile_cache, fused_entropy, gated, gemv, regions, rope_store, rotary_table
+from . import compile_cache, fused_entropy, gemv, regions, rope_store, rotary_table
 from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
 from .decode_attention import decode_attention, refuse_fallback, runs_for
 from .graphs import GraphRunner
 from .lane_rows import RowOps
+from .products import product_layers
 from .rows import RowSlots
 from .static_kv import KV_CHUNK, StaticKV, static_attention, static_attention_on
 
@@ -75,9 +76,6 @@ def _allow_recompiles(limit: int) -> None:
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), limit))
-
-
-_GEMV_TABLE: dict = {}  # tuned configurations, shared by every lane of the process (keyed by shape and device)
 
 
 class FastLane(RowOps):
@@ -121,8 +119,9 @@ class FastLane(RowOps):
         self.row_moves = 0  # cache rows moved down when finished rows let the batch bucket shrink
         self._slot_index: torch.Tensor | None = None  # [B] cache row of each live row (device), None: in order
         self._join_lane = None  # a one-row lane of the same model that prefills joining rows (lane_rows)
-        self.gemv_tune_seconds = 0.0
-        self.gemv_layers = self._gemv_plan(config)  # [] keeps cuBLAS everywhere
+        start = time.perf_counter()
+        self.gemv_layers = product_layers(model, config, max_rows)  # [] keeps cuBLAS everywhere
+        self.gemv_tune_seconds = time.perf_counter() - start
         self._attention = self._register_attention(config.attention)
         # the split kernel masks by the write offset and padding counts: no step builds a mask it would not read
         self._no_mask = torch.ones(1, 1, n_slots, dtype=torch.bool, device=dev) if self._mask_free else None
@@ -291,23 +290,6 @@ class FastLane(RowOps):
                                                             fallback=fallback))
         weakref.finalize(self, AttentionInterface._global_mapping.pop, name, None)
         return name
-
-    def _gemv_plan(self, config: FastConfig) -> list:
-        if config.gemv is False:
-            return []
-        if not gemv.available(self.device):
-            if config.gemv:
-                raise ValueError(f"FastConfig(gemv=True) needs Triton and a CUDA device (got {self.device}); "
-                                 "install triton or leave gemv=None.")
-            return []
-        start = time.perf_counter()
-        rows = self.rows.max_rows  # one-token steps of the whole batch; the wide tier only for lanes that need it
-        layers = gemv.plan(self.model, _GEMV_TABLE, fuse=config.fuse_qkv, rows=rows)
-        if config.fuse_mlp:  # MLP forwards: installed with the linears' (gemv_linears_on), before the regions'
-            act_mul = regions.silu_mul() if config.compile == "parts" else None
-            layers += gated.plan(self.model, _GEMV_TABLE, act_mul, rows=rows)
-        self.gemv_tune_seconds = time.perf_counter() - start
-        return layers
 
     def _run(self, new_ids: torch.Tensor, want_hidden: bool):
         width, top = new_ids.shape[1], self.config.max_bucket

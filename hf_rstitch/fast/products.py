@@ -1,0 +1,37 @@
+"""Which kernels a lane's linear layers and MLPs run: the tuned Triton GEMV and gated-MLP kernels, or cuBLAS.
+
+A lane asks once, when it is built (:func:`product_layers`); the answer is a list of (module, forward)
+pairs that :func:`hf_rstitch.fast.gemv.gemv_linears_on` installs around each of the lane's forwards.
+Tuning results are shared by every lane of the process (:data:`TABLE`, keyed by shape and device), so
+a second lane of the same shapes -- the other model's, a one-row twin, a new batch size -- tunes only
+what it has not seen.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import gated, gemv, regions
+from .config import FastConfig
+
+TABLE: dict = {}  # tuned configurations, shared by every lane of the process (keyed by shape and device)
+
+
+def product_layers(model: torch.nn.Module, config: FastConfig, rows: int) -> list:
+    """(module, forward) pairs for ``model``'s one-token and catch-up products in a lane of ``rows`` rows:
+    the fused q/k/v and other linears (``config.gemv``, ``fuse_qkv``) and the gated MLPs (``fuse_mlp``).
+    Empty where Triton does not run on the model's device (cuBLAS everywhere); ``gemv=True`` there is an
+    error."""
+    device = model.device
+    if config.gemv is False:
+        return []
+    if not gemv.available(device):
+        if config.gemv:
+            raise ValueError(f"FastConfig(gemv=True) needs Triton and a CUDA device (got {device}); "
+                             "install triton or leave gemv=None.")
+        return []
+    layers = gemv.plan(model, TABLE, fuse=config.fuse_qkv, rows=rows)  # the wide tier only for lanes that need it
+    if config.fuse_mlp:  # MLP forwards: installed with the linears' (gemv_linears_on), before the regions'
+        act_mul = regions.silu_mul() if config.compile == "parts" else None
+        layers += gated.plan(model, TABLE, act_mul, rows=rows)
+    return layers
