@@ -11,9 +11,15 @@ prompts, all submitted at once, ``--batch`` rows:
 * ``stream``: ``--waves`` x ``--batch`` requests of 0.5x-1.5x ``--tokens`` tokens (seeded): rows finish at
   different steps and waiting requests take their places, as in serving.
 
-For each it reports wall seconds, tokens, engine steps, ms per step, and where the host's time goes
-(cProfile, cumulative ms per step of the engine's verbs: joins and their prefill, trims, the step).
-Writes ``request_engine_<gpu>.json`` and ``.md``.
+For each it reports wall seconds, tokens, engine steps, ms per step, and where the time goes: by
+default the host's (cProfile, cumulative ms per step of the engine's verbs: joins and their prefill,
+trims, the step); with ``--phases`` the host's and the device's per phase of a step, no profiler:
+
+    PYTHONPATH=.:benchmarks python benchmarks/request_engine_bench.py --out-dir $OUT --phases
+
+A phase's device time is read from CUDA events recorded when it starts and ends on the host: the device's
+work queued meanwhile, from when the device reached it (so also time it waited for the host). Writes
+``request_engine_<gpu>.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import torch
 
 import hf_rstitch  # noqa: F401
 from hf_rstitch.core.policies import RandomPolicy
+from hf_rstitch.engine import requests as requests_mod
 from hf_rstitch.engine.requests import Request, RequestEngine
 
 WATCH = ("requests.py:step", "requests.py:_admit", "lane_rows.py:add_rows", "lane_rows.py:_prefill_rows",
@@ -88,11 +95,72 @@ def watched(prof: cProfile.Profile, steps: int) -> dict:
     return out
 
 
-def run_load(name, engine, reqs, profile: bool) -> dict:
-    prof = cProfile.Profile() if profile else None
+# phases of a step (--phases): RequestEngine methods and the functions requests.py calls, by name
+PHASES = {"step": (RequestEngine, "step"), "admit (joins, their prefill)": (RequestEngine, "_admit"),
+          "drop (leaves, trims)": (RequestEngine, "_drop"), "run_step": (requests_mod, "run_step"),
+          "run_ahead": (requests_mod, "run_ahead")}
+
+
+class Phases:
+    """Host seconds and device events around each call of the :data:`PHASES` while installed."""
+
+    def __init__(self):
+        self.calls = {name: [] for name in PHASES}  # name -> [(host s, start event, end event)]
+        self.saved = []
+
+    def install(self) -> None:
+        for name, (owner, attr) in PHASES.items():
+            original = getattr(owner, attr)
+            self.saved.append((owner, attr, original))
+            setattr(owner, attr, self._timed(name, original))
+
+    def remove(self) -> None:
+        for owner, attr, original in reversed(self.saved):
+            setattr(owner, attr, original)
+        self.saved.clear()
+
+    def _timed(self, name, fn):
+        cuda = torch.cuda.is_available()
+
+        def timed(*args, **kwargs):
+            start = torch.cuda.Event(enable_timing=True) if cuda else None
+            if start is not None:
+                start.record()
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                host = time.perf_counter() - t0
+                end = torch.cuda.Event(enable_timing=True) if cuda else None
+                if end is not None:
+                    end.record()
+                self.calls[name].append((host, start, end))
+        return timed
+
+    def summary(self, steps: int) -> dict:
+        """Per phase: calls, host ms a step, device ms a step (events; device synchronised first)."""
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        out = {}
+        for name, calls in self.calls.items():
+            device = sum(s.elapsed_time(e) for _, s, e in calls) if calls and calls[0][1] is not None else 0.0
+            out[name] = {"calls": len(calls), "host_ms_per_step": 1e3 * sum(h for h, _, _ in calls) / max(steps, 1),
+                         "device_ms_per_step": device / max(steps, 1)}
+        return out
+
+
+def run_load(name, engine, reqs, profile: bool, phases: bool = False) -> dict:
+    prof = cProfile.Profile() if profile and not phases else None
+    timer = Phases() if phases else None
     if prof:
         prof.enable()
-    wall, tokens, steps = drive(engine, reqs)
+    if timer:
+        timer.install()
+    try:
+        wall, tokens, steps = drive(engine, reqs)
+    finally:
+        if timer:
+            timer.remove()
     if prof:
         prof.disable()
     row = {"load": name, "requests": len(reqs), "wall_s": wall, "tokens": tokens, "steps": steps,
@@ -100,6 +168,8 @@ def run_load(name, engine, reqs, profile: bool) -> dict:
            "mean_rows_per_step": tokens / max(steps, 1), "stats": dict(engine.stats)}
     if prof:
         row["host_ms_per_step"] = watched(prof, steps)
+    if timer:
+        row["phases"] = timer.summary(steps)
     print(f"[{name}] {json.dumps({k: v for k, v in row.items() if k != 'host_ms_per_step'})}", flush=True)
     return row
 
@@ -114,6 +184,8 @@ def main(argv=None) -> None:
     ap.add_argument("--random-p", type=float, default=0.25)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-profile", action="store_true", help="time without cProfile (it adds host time)")
+    ap.add_argument("--phases", action="store_true",
+                    help="instead of cProfile, host and device ms a step per phase (joins, leaves, the step's calls)")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script")
     args = ap.parse_args(argv)
     if not args.dry_run_cpu and not torch.cuda.is_available():
@@ -132,8 +204,8 @@ def main(argv=None) -> None:
     n = args.waves * args.batch
     lengths = (args.tokens * (0.5 + torch.rand(n, generator=gen))).round().long().tolist()
     rows = [run_load("steady", engine, requests(args.batch, [args.tokens] * args.batch, args.prompt, vocab, 1),
-                     not args.no_profile),
-            run_load("stream", engine, requests(n, lengths, args.prompt, vocab, 2), not args.no_profile)]
+                     not args.no_profile, args.phases),
+            run_load("stream", engine, requests(n, lengths, args.prompt, vocab, 2), not args.no_profile, args.phases)]
     name = "cpu" if args.dry_run_cpu else torch.cuda.get_device_name()
     import transformers
 
@@ -147,12 +219,20 @@ def main(argv=None) -> None:
     lines = [f"# Request engine, rows joining and leaving: random Qwen2 7B / 1.5B, {args.dtype}, {name}", "",
              f"torch {meta['torch']}, transformers {meta['transformers']}, {meta['date']}; max batch {args.batch}, "
              f"{args.prompt}-token prompts, random routing p = {args.random_p}; "
-             f"{'under cProfile' if not args.no_profile else 'no profiler'}.", "",
+             f"{'phases timed' if args.phases else 'under cProfile' if not args.no_profile else 'no profiler'}.", "",
              "| load | requests | steps | rows a step | wall (s) | ms/step | tokens/s |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['load']} | {r['requests']} | {r['steps']} | {r['mean_rows_per_step']:.1f} | "
                      f"{r['wall_s']:.2f} | {r['ms_per_step']:.2f} | {r['tokens_per_s']:.0f} |")
-    if not args.no_profile:
+    if args.phases:
+        lines += ["", "Per phase, ms a step, host / device (device: CUDA events around each call; the step's "
+                  "total includes the others):", "",
+                  "| phase | " + " | ".join(r["load"] for r in rows) + " |", "|---|" + "---|" * len(rows)]
+        for ph in PHASES:
+            cells = [f"{r['phases'][ph]['host_ms_per_step']:.2f} / {r['phases'][ph]['device_ms_per_step']:.2f}"
+                     for r in rows]
+            lines.append(f"| {ph} | " + " | ".join(cells) + " |")
+    elif not args.no_profile:
         lines += ["", "Host time, cumulative ms a step (cProfile):", "",
                   "| function | " + " | ".join(r["load"] for r in rows) + " |", "|---|" + "---|" * len(rows)]
         for w in WATCH:
