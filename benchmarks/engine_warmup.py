@@ -5,7 +5,8 @@
 
 The question (issue 18, item 5): does a process whose torch.compile caches were filled by an earlier
 process reach compiled-class speed after a short first call? For each variant, fresh Python processes
-run one after another on one GPU, each with its own ``TORCHINDUCTOR_CACHE_DIR``:
+run one after another on one GPU, each with its own ``TORCHINDUCTOR_CACHE_DIR`` (and the GEMV tuner's
+table of choices in it, ``HF_RSTITCH_TUNING_CACHE``; Triton's kernel cache is the machine's):
 
 * ``cold``: an empty cache directory -- the first-ever cost on a machine;
 * ``warm``: the same directory again -- what every later process on that machine pays (inductor's
@@ -131,7 +132,8 @@ def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: 
     cmd += ["--save-artifacts", str(artifacts)] if mode == "cold" else []
     cmd += ["--load-artifacts", str(artifacts)] if mode == "mega" else []
     cmd += ["--profile"] if args.profile and mode == "warm" else []
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache),  # and the GEMV tuner's choices beside it
+           "HF_RSTITCH_TUNING_CACHE": str(cache / "gemv_tuning.json")}
     t0 = time.perf_counter()
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

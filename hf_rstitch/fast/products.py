@@ -4,7 +4,8 @@ A lane asks once, when it is built (:func:`product_layers`); the answer is a lis
 pairs that :func:`hf_rstitch.fast.gemv.gemv_linears_on` installs around each of the lane's forwards.
 Tuning results are shared by every lane of the process (:data:`TABLE`, keyed by shape and device), so
 a second lane of the same shapes -- the other model's, a one-row twin, a new batch size -- tunes only
-what it has not seen.
+what it has not seen; and kept on disk for later processes on the same machine
+(:mod:`hf_rstitch.fast.tuning_cache`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import torch
 
 from . import gated, gemv, regions
 from .config import FastConfig
+from .tuning_cache import TuningTable
 
-TABLE: dict = {}  # tuned configurations, shared by every lane of the process (keyed by shape and device)
+TABLE = TuningTable()  # tuned configurations, shared by every lane of the process and kept on disk
 
 
 def product_layers(model: torch.nn.Module, config: FastConfig, rows: int) -> list:

@@ -1,0 +1,187 @@
+"""The GEMV tuner's choices kept on disk, so that a later process on the same machine does not tune again.
+
+Why: a lane times every candidate launch configuration of its products when it is built
+(:func:`hf_rstitch.fast.gemv.tune`, :func:`hf_rstitch.fast.gated.tune`). With Triton's kernel cache warm that
+took 3.9 s for the 7B + 1.5B pair on an H200 (``benchmarks/results/engine_warmup_nvidia_h200.md``), in
+every process. :class:`TuningTable` is the process's table of choices (a dict, keyed by shape, dtype and
+tier) that also reads and writes ``$XDG_CACHE_HOME/hf_rstitch/gemv_tuning.json``
+(``~/.cache/hf_rstitch/...``, or ``$HF_RSTITCH_TUNING_CACHE``; ``off`` keeps it in memory).
+
+An entry counts only for the machine and code that chose it: the GPU (name, multiprocessors,
+memory), torch and Triton versions, and a hash of the kernels' source files and candidate lists
+(:func:`identity`). Anything else -- another GPU, a MIG slice, new candidates -- tunes afresh and adds
+its own entries. Unreadable or foreign files are ignored (with a warning), never fatal: the table then
+lives in memory as before. Several processes may write at once (each merges, then replaces the file);
+one may lose another's new entries, which are tuned again next time.
+
+What it does not do: carry Triton's compiled kernels (Triton's own cache does), or choose across
+machines: delete the file (or set ``HF_RSTITCH_TUNING_CACHE=off``) to time everything again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+ENV = "HF_RSTITCH_TUNING_CACHE"  # a file path, or "off" / "0" / "" for memory only
+FORMAT = 1
+
+log = logging.getLogger("hf_rstitch.fast")
+
+
+def default_path() -> Path | None:
+    """The file the choices live in (None: memory only, ``HF_RSTITCH_TUNING_CACHE=off``)."""
+    setting = os.environ.get(ENV)
+    if setting is not None:
+        return None if setting.strip().lower() in ("", "0", "off", "false", "no") else Path(setting).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hf_rstitch" / "gemv_tuning.json"
+
+
+@functools.lru_cache(maxsize=1)
+def _code_hash() -> str:
+    """The kernels' source files and candidate lists: a change to either is a new tuning."""
+    from . import gated, gemv, triton_support
+
+    digest = hashlib.sha256()
+    for module in (gemv, gated, triton_support):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=16)
+def identity(device: str) -> str:
+    """What an entry chosen on ``device`` holds for: the GPU, torch, Triton and the kernels' code."""
+    import triton
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        p = torch.cuda.get_device_properties(dev)
+        gpu = f"{p.name}|sm{p.major}{p.minor}|{p.multi_processor_count}sm|{p.total_memory >> 20}MiB"
+    else:
+        gpu = dev.type
+    return f"{gpu}|torch {torch.__version__}|triton {triton.__version__}|code {_code_hash()}"
+
+
+def _encode_key(key: tuple, kept: tuple) -> str | None:
+    """A table key ``([name,] shape, dtype, has_bias, device, rows)`` as text, its device as its identity;
+    None for a device whose type is not in ``kept`` (off CUDA nothing is timed: nothing worth keeping)."""
+    *head, shape, dtype, bias, device, rows = key
+    if torch.device(device).type not in kept:
+        return None
+    return json.dumps([*head, list(shape), str(dtype), bool(bias), identity(device), rows])
+
+
+def _encode_value(value) -> dict | None:
+    return None if value is None else {"type": type(value).__name__, **dataclasses.asdict(value)}
+
+
+def _decode_value(value):
+    from .gemv import GemvConfig
+
+    if value is None:
+        return None
+    fields = {k: v for k, v in value.items() if k != "type"}
+    if value.get("type") != GemvConfig.__name__:
+        raise ValueError(f"unknown configuration type {value.get('type')!r}")
+    return GemvConfig(**fields)
+
+
+class TuningTable(dict):
+    """The tuner's table (``key -> GemvConfig | None``), backed by a JSON file (see the module docstring).
+
+    ``key in table`` also finds choices an earlier process wrote for this machine and code; setting a key
+    writes it to the file. Only keys of the device types in :attr:`kept` go to the file."""
+
+    kept = ("cuda",)
+
+    def __init__(self, path: Path | None | str = "default"):
+        super().__init__()
+        self.path = default_path() if path == "default" else (Path(path) if path is not None else None)
+        self._disk: dict[str, dict | None] | None = None  # encoded key -> encoded value, read on first use
+        self._warned: set[str] = set()
+
+    def __contains__(self, key) -> bool:
+        return super().__contains__(key) or self._load(key) is not None
+
+    def __getitem__(self, key):
+        if not super().__contains__(key) and self._load(key) is None:
+            raise KeyError(key)
+        return super().__getitem__(key)
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        encoded = _encode_key(key, self.kept) if self.path is not None else None
+        if encoded is not None:
+            self._entries()[encoded] = _encode_value(value)
+            self._save(encoded)
+
+    # ---- the file -------------------------------------------------------------------------------
+    def _load(self, key) -> tuple | None:
+        """Put the file's choice for ``key`` in memory: ``(value,)``, or None when the file has none."""
+        encoded = _encode_key(key, self.kept) if self.path is not None else None
+        if encoded is None:
+            return None
+        entries = self._entries()
+        if encoded not in entries:
+            return None
+        try:
+            value = _decode_value(entries[encoded])
+        except (TypeError, ValueError) as err:
+            self._warn("entry", f"an entry of {self.path} is not a configuration ({err}); tuning that shape again")
+            return None
+        super().__setitem__(key, value)
+        return (value,)
+
+    def _entries(self) -> dict:
+        if self._disk is None:
+            self._disk = self._read()
+        return self._disk
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+        except (FileNotFoundError, NotADirectoryError):  # none yet (the write says if it cannot be made)
+            return {}
+        except (OSError, ValueError) as err:
+            self._warn("read", f"cannot read {self.path} ({err}); tuning again and writing a new one")
+            return {}
+        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
+            self._warn("read", f"{self.path} is not a tuning table of format {FORMAT}; tuning again and replacing it")
+            return {}
+        return dict(data["entries"])
+
+    def _save(self, encoded: str) -> None:
+        """Merge this process's new entry into the file as it is now, then replace it in one step."""
+        try:
+            current = self._read_quietly()
+            current[encoded] = self._disk[encoded]
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"format": FORMAT, "entries": current}, f, indent=0)
+            os.replace(tmp, self.path)
+        except OSError as err:
+            self._warn("write", f"cannot write {self.path} ({err}); the choices stay in this process. Set {ENV} to a "
+                       "writable file, or to 'off'.")
+
+    def _read_quietly(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+            return dict(data["entries"]) if data.get("format") == FORMAT else {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return {}
+
+    def _warn(self, kind: str, message: str) -> None:
+        """One warning of each kind a table (a file that cannot be written would warn on every tuned shape)."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning("hf_rstitch: %s", message)

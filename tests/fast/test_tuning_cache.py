@@ -1,0 +1,103 @@
+"""The tuner's choices on disk (hf_rstitch.fast.tuning_cache): a later process finds them, for the same
+machine and code only; bad files and unwritable places cost a warning, never a failure."""
+
+import json
+
+import pytest
+import torch
+
+from hf_rstitch.fast import gemv, tuning_cache
+from hf_rstitch.fast.gemv import GemvConfig
+from hf_rstitch.fast.tuning_cache import TuningTable
+
+pytest.importorskip("triton")
+
+KEY = ((64, 32), torch.bfloat16, False, "cpu", 1)
+GATED = ("gated", (96, 32), torch.float16, False, "cpu", 16)
+
+
+@pytest.fixture
+def warned(monkeypatch) -> list:
+    """The module's warnings (read from its logger directly: other tests may stop "hf_rstitch" propagating)."""
+    seen = []
+    monkeypatch.setattr(tuning_cache.log, "warning", lambda fmt, *args: seen.append(fmt % args))
+    return seen
+
+
+def _table(path) -> TuningTable:
+    table = TuningTable(path)
+    table.kept = ("cpu",)  # CUDA only in use (nothing is timed elsewhere); the tests keep CPU keys too
+    return table
+
+
+def test_a_later_table_finds_what_an_earlier_one_chose(tmp_path):
+    path = tmp_path / "t.json"
+    first = _table(path)
+    first[KEY] = GemvConfig(8, 512, 4, 3, 1)
+    first[GATED] = None  # cuBLAS won: kept as a choice too
+    second = _table(path)
+    assert KEY in second and GATED in second
+    assert second[KEY] == GemvConfig(8, 512, 4, 3, 1) and second[GATED] is None
+    assert ((1, 1), torch.bfloat16, False, "cpu", 1) not in second
+    assert json.loads(path.read_text())["format"] == tuning_cache.FORMAT
+
+
+def test_choices_hold_only_for_the_machine_and_code_that_made_them(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    _table(path)[KEY] = GemvConfig()
+    monkeypatch.setattr(tuning_cache, "identity", lambda device: "another GPU")
+    other = _table(path)
+    assert KEY not in other
+    other[KEY] = GemvConfig(16, 256, 4, 2, 1)  # both kept, each for its own machine
+    assert len(json.loads(path.read_text())["entries"]) == 2
+
+
+def test_keys_off_cuda_stay_in_memory_by_default(tmp_path):
+    path = tmp_path / "t.json"
+    table = TuningTable(path)
+    table[KEY] = GemvConfig()
+    assert KEY in table and not path.exists()
+
+
+def test_off_keeps_everything_in_memory(tmp_path, monkeypatch):
+    monkeypatch.setenv(tuning_cache.ENV, "off")
+    assert tuning_cache.default_path() is None
+    monkeypatch.setenv(tuning_cache.ENV, str(tmp_path / "mine.json"))
+    assert tuning_cache.default_path() == tmp_path / "mine.json"
+    monkeypatch.delenv(tuning_cache.ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert tuning_cache.default_path() == tmp_path / "hf_rstitch" / "gemv_tuning.json"
+    table = _table(None)
+    table[KEY] = GemvConfig()
+    assert KEY in table and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": 99, "entries": {}}), json.dumps([1, 2])])
+def test_a_bad_file_is_replaced_with_a_warning(tmp_path, content, warned):
+    path = tmp_path / "t.json"
+    path.write_text(content)
+    table = _table(path)
+    assert KEY not in table
+    assert len(warned) == 1 and "tuning again" in warned[0]
+    table[KEY] = GemvConfig()
+    assert KEY in _table(path)
+
+
+def test_an_unwritable_place_costs_a_warning_not_a_failure(tmp_path, warned):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    table = _table(blocked / "t.json")  # its parent is a file: nothing can be written there
+    table[KEY] = GemvConfig()
+    table[GATED] = None
+    assert table[KEY] == GemvConfig() and table[GATED] is None
+    assert len(warned) == 1 and "cannot write" in warned[0]  # once a table, not once a shape
+
+
+def test_the_tuner_times_a_shape_once_across_processes(tmp_path, monkeypatch):
+    timed = []
+    monkeypatch.setattr(gemv, "tune", lambda w, b, candidates: timed.append(w.shape) or GemvConfig(4, 256, 2, 2, 1))
+    weight = torch.zeros(64, 32, dtype=torch.bfloat16)
+    path = tmp_path / "t.json"
+    for _ in range(2):  # two "processes": each its own table over the same file
+        assert gemv.config_for(_table(path), weight, None, 1) == GemvConfig(4, 256, 2, 2, 1)
+    assert timed == [torch.Size([64, 32])]
