@@ -62,14 +62,22 @@ def _capability(device: torch.device) -> int:
     return torch.cuda.get_device_capability(device)[0]
 
 
+@functools.lru_cache(maxsize=1)
+def _has_gdc() -> bool:
+    """Triton has the grid-dependency intrinsics (``tl.extra.cuda.gdc_wait``; Triton 3.5 and later)."""
+    found = _triton()
+    return found is not None and hasattr(getattr(found[1].extra, "cuda", None), "gdc_wait")
+
+
 def pdl(device: torch.device, rows: int) -> bool:
     """Whether a kernel launched now on ``device`` over ``rows`` rows of activations uses programmatic
-    dependent launch (:data:`PDL`)."""
+    dependent launch (:data:`PDL`): never off CUDA, under the interpreter, before compute capability 9, or
+    with a Triton that lacks the intrinsics (the kernels then build without them)."""
     if PDL not in _PDL_MODES:
         raise ValueError(f"triton_support.PDL must be one of {list(_PDL_MODES)}, got {PDL!r}")
     if PDL == "off" or (PDL == "one-row" and rows != 1):
         return False
-    return device.type == "cuda" and not interpreted() and _capability(device) >= 9
+    return device.type == "cuda" and not interpreted() and _has_gdc() and _capability(device) >= 9
 
 
 def fastest(candidates, run, baseline=None, calls: int = 20):
