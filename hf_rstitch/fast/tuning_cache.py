@@ -110,10 +110,10 @@ class TuningTable(dict):
         self._warned: set[str] = set()
 
     def __contains__(self, key) -> bool:
-        return super().__contains__(key) or self._load(key) is not None
+        return super().__contains__(key) or self._load(key)
 
     def __getitem__(self, key):
-        if not super().__contains__(key) and self._load(key) is None:
+        if not super().__contains__(key) and not self._load(key):
             raise KeyError(key)
         return super().__getitem__(key)
 
@@ -125,44 +125,45 @@ class TuningTable(dict):
             self._save(encoded)
 
     # ---- the file -------------------------------------------------------------------------------
-    def _load(self, key) -> tuple | None:
-        """Put the file's choice for ``key`` in memory: ``(value,)``, or None when the file has none."""
+    def _load(self, key) -> bool:
+        """Put the file's choice for ``key`` in memory; False when the file has none."""
         encoded = _encode_key(key, self.kept) if self.path is not None else None
-        if encoded is None:
-            return None
-        entries = self._entries()
-        if encoded not in entries:
-            return None
+        if encoded is None or encoded not in self._entries():
+            return False
         try:
-            value = _decode_value(entries[encoded])
+            value = _decode_value(self._entries()[encoded])
         except (TypeError, ValueError) as err:
             self._warn("entry", f"an entry of {self.path} is not a configuration ({err}); tuning that shape again")
-            return None
+            return False
         super().__setitem__(key, value)
-        return (value,)
+        return True
 
     def _entries(self) -> dict:
         if self._disk is None:
-            self._disk = self._read()
+            self._disk = self._read(warn=True)
         return self._disk
 
-    def _read(self) -> dict:
+    def _read(self, warn: bool) -> dict:
+        """The file's entries ({} when there is none, or it is unreadable or foreign: a warning if ``warn``)."""
         try:
             data = json.loads(self.path.read_text())
         except (FileNotFoundError, NotADirectoryError):  # none yet (the write says if it cannot be made)
             return {}
         except (OSError, ValueError) as err:
-            self._warn("read", f"cannot read {self.path} ({err}); tuning again and writing a new one")
+            if warn:
+                self._warn("read", f"cannot read {self.path} ({err}); tuning again and writing a new one")
             return {}
         if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
-            self._warn("read", f"{self.path} is not a tuning table of format {FORMAT}; tuning again and replacing it")
+            if warn:
+                self._warn("read", f"{self.path} is not a tuning table of format {FORMAT}; tuning again and "
+                           "replacing it")
             return {}
         return dict(data["entries"])
 
     def _save(self, encoded: str) -> None:
         """Merge this process's new entry into the file as it is now, then replace it in one step."""
         try:
-            current = self._read_quietly()
+            current = self._read(warn=False)  # as another process may have left it
             current[encoded] = self._disk[encoded]
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
@@ -172,13 +173,6 @@ class TuningTable(dict):
         except OSError as err:
             self._warn("write", f"cannot write {self.path} ({err}); the choices stay in this process. Set {ENV} to a "
                        "writable file, or to 'off'.")
-
-    def _read_quietly(self) -> dict:
-        try:
-            data = json.loads(self.path.read_text())
-            return dict(data["entries"]) if data.get("format") == FORMAT else {}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return {}
 
     def _warn(self, kind: str, message: str) -> None:
         """One warning of each kind a table (a file that cannot be written would warn on every tuned shape)."""
