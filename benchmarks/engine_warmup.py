@@ -6,7 +6,9 @@
 The question (issue 18, item 5): does a process whose torch.compile caches were filled by an earlier
 process reach compiled-class speed after a short first call? For each variant, fresh Python processes
 run one after another on one GPU, each with its own ``TORCHINDUCTOR_CACHE_DIR`` (and the GEMV tuner's
-table of choices in it, ``HF_RSTITCH_TUNING_CACHE``; Triton's kernel cache is the machine's):
+table of choices in it, ``HF_RSTITCH_TUNING_CACHE``; Triton's kernel cache is the machine's, or with
+``--own-triton-cache`` one per sweep, empty for its cold process). ``--compile-threads 16 1`` runs the sweep
+once per value of ``HF_RSTITCH_COMPILE_THREADS`` (kernels built ahead in parallel, or one after another):
 
 * ``cold``: an empty cache directory -- the first-ever cost on a machine;
 * ``warm``: the same directory again -- what every later process on that machine pays (inductor's
@@ -58,8 +60,9 @@ def child(args) -> dict:
     from engine_profile import decode_steps
     from hf_rstitch import ReplayPolicy
     from hf_rstitch.core.roles import Role
-    from hf_rstitch.fast import FastConfig, FastEngine
+    from hf_rstitch.fast import FastConfig, FastEngine, triton_support
 
+    triton_compiles = listen_to_triton()
     start = time.perf_counter()
     if args.load_artifacts:
         torch.compiler.load_cache_artifacts(Path(args.load_artifacts).read_bytes())
@@ -85,6 +88,8 @@ def child(args) -> dict:
     res["warm_up_every_bucket_s"] = sum(lane.warm_up() for lane in engine._lanes.values())
     res["gemv_tune_s"] = sum(lane.gemv_tune_seconds for lane in engine._lanes.values())
     res["graphs"] = engine.graph_count()
+    res["triton_compiles"] = dict(triton_compiles)  # this process's, up to here (inductor's run in its workers)
+    res["compile_threads"] = triton_support.COMPILE_THREADS
     if args.save_artifacts:
         saved = torch.compiler.save_cache_artifacts()
         if saved is not None:
@@ -113,6 +118,28 @@ def child(args) -> dict:
     return res
 
 
+def listen_to_triton() -> dict:
+    """Tallies of the Triton compiles this process runs: kernels built, loaded from Triton's disk cache, and the
+    seconds each took (summed: parallel compiles overlap), per kernel name."""
+    tally = {"built": 0, "from_disk": 0, "build_s": 0.0, "by_kernel": {}}
+    try:
+        from triton import knobs
+    except ImportError:
+        return tally
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit):
+        name = getattr(getattr(src, "fn", None), "__name__", "?")
+        tally["from_disk" if cache_hit else "built"] += 1
+        if not cache_hit:
+            tally["build_s"] += times.total / 1e6
+            built = tally["by_kernel"].setdefault(name, [0, 0.0])
+            built[0] += 1
+            built[1] += times.total / 1e6
+
+    knobs.compilation.listener = listener
+    return tally
+
+
 def profile_replays(lane, ids, steps: int, device: str, decode_steps) -> dict:
     """Device kernels of ``steps`` one-token graph replays, per token, grouped by family."""
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -125,7 +152,7 @@ def profile_replays(lane, ids, steps: int, device: str, decode_steps) -> dict:
 
 
 # ---- the parent: fresh processes one after another -------------------------------------------------------
-def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: float) -> dict:
+def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: float, threads: int) -> dict:
     cmd = [sys.executable, __file__, "--child", "--variant", variant, "--mode", mode, "--prompt", str(args.prompt),
            "--new", str(args.new), "--profile-steps", str(args.profile_steps), "--then-batch", str(args.then_batch)]
     cmd += ["--dry-run-cpu"] if args.dry_run_cpu else []
@@ -134,15 +161,19 @@ def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: 
     cmd += ["--profile"] if args.profile and mode == "warm" else []
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache),  # and the GEMV tuner's choices beside it
            "HF_RSTITCH_TUNING_CACHE": str(cache / "gemv_tuning.json")}
+    if threads:
+        env["HF_RSTITCH_COMPILE_THREADS"] = str(threads)
+    if args.own_triton_cache:  # cold: Triton's kernels built from nothing, even on a used machine
+        env["TRITON_CACHE_DIR"] = str(cache / "triton")
     t0 = time.perf_counter()
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"variant": variant, "mode": mode, "error": f"timed out after {timeout:.0f} s"}
+        return {"variant": variant, "mode": mode, "threads": threads, "error": f"timed out after {timeout:.0f} s"}
     lines = [l for l in done.stdout.splitlines() if l.startswith(RESULT)]
     if done.returncode or not lines:
-        return {"variant": variant, "mode": mode, "error": (done.stderr or done.stdout)[-2000:]}
-    return {**json.loads(lines[-1][len(RESULT):]), "process_s": time.perf_counter() - t0}
+        return {"variant": variant, "mode": mode, "threads": threads, "error": (done.stderr or done.stdout)[-2000:]}
+    return {**json.loads(lines[-1][len(RESULT):]), "threads": threads, "process_s": time.perf_counter() - t0}
 
 
 def markdown(doc: dict) -> str:
@@ -153,17 +184,26 @@ def markdown(doc: dict) -> str:
              f"{doc['args']['prompt']} tokens, {doc['args']['new']} new tokens timed. cold: empty compile cache; "
              "warm: the cache the cold process filled; mega: empty cache plus the cold process's "
              "`save_cache_artifacts` loaded first. ms/token through `generate` (bare lane loop in brackets).", "",
-             "| variant | cache | first call (s) | every bucket (s) | 7B ms/token | x floor | 1.5B ms/token | "
+             "compile threads: the GEMV tuner's parallel Triton compiles (`HF_RSTITCH_COMPILE_THREADS`; 1: one "
+             "after another). Tuning: seconds of the first call spent building kernels ahead (the tuner's "
+             "candidates, the split attention's buckets) and timing the candidates. Triton kernels: built in this "
+             "process (their build seconds summed, overlapping when parallel) / loaded from Triton's disk cache.", "",
+             "| variant | compile threads | cache | first call (s) | tuning (s) | Triton kernels built (s) / "
+             "loaded | every bucket (s) | 7B ms/token | x floor | 1.5B ms/token | "
              f"x floor | first call at B = {doc['args']['then_batch']} (s) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
+        threads = r.get("compile_threads", r.get("threads"))
         if "error" in r:
             last = r["error"].strip().splitlines()[-1][:80] if r["error"].strip() else ""
-            lines.append(f"| {r['variant']} | {r['mode']} | error: {last} | | | | | | |")
+            lines.append(f"| {r['variant']} | {threads} | {r['mode']} | error: {last} | | | | | | | | |")
             continue
         cell = lambda t: f"{r[t]['generate_ms_per_token']:.2f} ({r[t]['bare_lane_ms_per_token']:.2f})"  # noqa: E731
         batch = f"{r['first_batch_call_s']:.1f}" if "first_batch_call_s" in r else "-"
-        lines.append(f"| {r['variant']} | {r['mode']} | {r['first_call_s']:.1f} | {r['warm_up_every_bucket_s']:.1f} | "
+        tc = r.get("triton_compiles", {})
+        kernels = f"{tc.get('built', 0)} ({tc.get('build_s', 0):.1f}) / {tc.get('from_disk', 0)}"
+        lines.append(f"| {r['variant']} | {threads} | {r['mode']} | {r['first_call_s']:.1f} | {r['gemv_tune_s']:.1f} | "
+                     f"{kernels} | {r['warm_up_every_bucket_s']:.1f} | "
                      f"{cell('llm')} | {r['llm']['x_floor']:.2f} | {cell('slm')} | {r['slm']['x_floor']:.2f} | "
                      f"{batch} |")
     for r in doc["runs"]:
@@ -189,6 +229,13 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="profile decode replays in the warm process")
     ap.add_argument("--profile-steps", type=int, default=16)
     ap.add_argument("--then-batch", type=int, default=8, help="then time a first call at this batch size (0: none)")
+    ap.add_argument("--compile-threads", nargs="+", type=int, default=[0],
+                    help="HF_RSTITCH_COMPILE_THREADS of the child processes, one sweep of --modes each (0: the "
+                         "library's default; 1: kernels compiled one after another)")
+    ap.add_argument("--own-triton-cache", action="store_true",
+                    help="each sweep its own Triton kernel cache (TRITON_CACHE_DIR), empty for its cold process; "
+                         "default: the machine's")
+    ap.add_argument("--tag", default="", help="results go to engine_warmup_<tag>_<gpu>.{json,md} (default: no tag)")
     ap.add_argument("--budget-s", type=float, default=540, help="no process starts past this many seconds")
     ap.add_argument("--cache-root", default=None, help="parent of the per-variant cache dirs (default: a temp dir)")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
@@ -207,22 +254,24 @@ def main() -> None:
     device = "cpu" if args.dry_run_cpu else "cuda"
     doc = {"environment": lab.environment([device]), "args": vars(args), "runs": [], "skipped": []}
     name = doc["environment"]["devices"][0] if device == "cuda" else "cpu dry run"
-    stem = Path(args.out_dir) / ("engine_warmup_" + re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_"))
+    gpu = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    stem = Path(args.out_dir) / ("engine_warmup_" + (f"{args.tag}_" if args.tag else "") + gpu)
     start = time.perf_counter()
-    for variant in args.variants:
-        cache, artifacts = root / variant, root / f"{variant}.artifacts"
+    for variant, threads in ((v, t) for v in args.variants for t in args.compile_threads):
+        sweep = f"{variant}-t{threads}"
+        cache, artifacts = root / sweep, root / f"{sweep}.artifacts"
         for mode in args.modes:
             left = args.budget_s - (time.perf_counter() - start)
             if left < 30:
-                doc["skipped"].append(f"{variant} {mode}: time budget")
+                doc["skipped"].append(f"{variant} {mode} threads {threads}: time budget")
                 continue
-            run_cache = root / f"{variant}-mega" if mode == "mega" else cache  # mega: an empty directory
-            doc["runs"].append(spawn(args, variant, mode, run_cache, artifacts, timeout=left))
+            run_cache = root / f"{sweep}-mega" if mode == "mega" else cache  # mega: an empty directory
+            doc["runs"].append(spawn(args, variant, mode, run_cache, artifacts, timeout=left, threads=threads))
             print(json.dumps(doc["runs"][-1], default=str)[:2000], flush=True)
             lab.write_result(stem, doc, markdown(doc))
     lab.write_result(stem, doc, markdown(doc))
     print(markdown(doc))
-    print(json.dumps({"device": name, "runs": [{k: r.get(k) for k in ("variant", "mode", "first_call_s")} |
+    print(json.dumps({"device": name, "runs": [{k: r.get(k) for k in ("variant", "threads", "mode", "first_call_s")} |
                                                {t: r.get(t, {}).get("generate_ms_per_token") for t in ("llm", "slm")}
                                                for r in doc["runs"]]}))
 

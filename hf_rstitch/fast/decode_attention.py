@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import torch
 
-from .triton_support import _triton, available, interpreted, next_pow2, pdl
+from .triton_support import _triton, available, interpreted, next_pow2, pdl, start
 from .triton_support import sm_count as _sm_count  # a module name the tests can patch
 
 FILL = 2  # programs per SM the plan aims for with several splits
@@ -215,6 +215,11 @@ def split_length(total: int, n_splits: int, block_n: int) -> int:
 @torch.library.custom_op("hf_rstitch::decode_attention", mutates_args=())
 def decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: torch.Tensor,
                         pad: torch.Tensor, scale: float) -> torch.Tensor:
+    return _launch(query, key, value, pos, pad, scale)
+
+
+def _launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor,
+            scale: float) -> torch.Tensor:
     batch, heads, q_len, dim = query.shape
     kv_heads, slots = key.shape[1], key.shape[2]
     group = heads // kv_heads
@@ -231,7 +236,7 @@ def decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     basis = 0 if SPLIT_BASIS == "written" else slots
     ieee = query.dtype == torch.float32
     on = pdl(query.device, batch * q_len)
-    split_kernel[(n_splits, kv_heads * row_blocks, batch)](
+    start(split_kernel, (n_splits, kv_heads * row_blocks, batch))(
         query, key, value, acc, ml, out, pad, pos, scale,
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(1), out.stride(2), n_splits,
@@ -241,12 +246,31 @@ def decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     if n_splits == 1:
         return out
     block_d = min(dim, 32)
-    combine_kernel[(kv_heads * row_blocks, batch, dim // block_d)](
+    start(combine_kernel, (kv_heads * row_blocks, batch, dim // block_d))(
         acc, ml, out, pos, out.stride(0), out.stride(1), out.stride(2), n_splits, q_len, group, kv_heads,
         basis, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_S=max(16, next_pow2(n_splits)),
         CHUNK_S=128 // block_m, num_warps=4, PDL=on, launch_pdl=on,
     )
     return out
+
+
+def pending(keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor, heads: int,
+            batches, q_lens) -> list[tuple]:
+    """``(calls, run)`` for :func:`~hf_rstitch.fast.triton_support.precompile`: the kernels a lane with this
+    cache layer (``keys``/``values`` ``[rows, kv_heads, slots, dim]``), ``heads`` query heads, batch buckets
+    ``batches`` and length buckets ``q_lens`` launches, built at once rather than one at a time at the first
+    capture of each bucket. Empty where the kernel does not run for these heads. A query stands in as an empty
+    contiguous tensor (the layout of the rotary functions' outputs)."""
+    dim = keys.shape[-1]
+    if not runs_for(dim, keys.dtype, keys.device):
+        return []
+
+    def run(call):
+        b, q = call
+        query = keys.new_empty(b, heads, q, dim)
+        return _launch(query, keys[:b], values[:b], pos, pad[:b], dim ** -0.5)
+
+    return [(tuple((b, q) for b in batches for q in q_lens), run)]
 
 
 @decode_attention_op.register_fake

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from . import gemv
 from .gemv import MAX_ROWS, WIDE_ROWS, GemvConfig
-from .triton_support import _triton, available, fastest, interpreted, pdl
+from .triton_support import _triton, available, fastest, interpreted, pdl, start
 
 # two [BLOCK_N, BLOCK_K] float32 accumulators a program: the one-row candidates that fit registers twice
 CANDIDATES = tuple(c for c in gemv.CANDIDATES if c.block_n * c.block_k <= 4096)
@@ -176,21 +176,23 @@ def launch(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, cfg: GemvConfi
     grid = ((n + cfg.block_n - 1) // cfg.block_n,)
     on = pdl(x.device, rows)
     if cfg.block_m == 1:
-        _kernel()[grid](x.contiguous(), gate, up, y, n, k, gate.stride(0), up.stride(0),
-                        EVEN_N=n % cfg.block_n == 0, EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n,
-                        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=on,
-                        launch_pdl=on)
+        start(_kernel(), grid)(
+            x.contiguous(), gate, up, y, n, k, gate.stride(0), up.stride(0),
+            EVEN_N=n % cfg.block_n == 0, EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=on, launch_pdl=on)
         return y
     x2 = x.reshape(rows, k).contiguous()
     chunk, splits, part = gemv.split_reduction(k, 2 * n, cfg, x.device)  # partials of both products
     few_rows, sum_splits = _few_rows_kernel()
-    few_rows[(grid[0], splits)](x2, gate, up, y, part, rows, n, k, chunk, x2.stride(0), gate.stride(0), up.stride(0),
-                                n, IEEE=gate.dtype == torch.float32, UPCAST=interpreted(), SPLIT=splits > 1,
-                                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=on, launch_pdl=on)
+    start(few_rows, (grid[0], splits))(
+        x2, gate, up, y, part, rows, n, k, chunk, x2.stride(0), gate.stride(0), up.stride(0), n,
+        IEEE=gate.dtype == torch.float32, UPCAST=interpreted(), SPLIT=splits > 1, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=on,
+        launch_pdl=on)
     if splits > 1:
-        sum_splits[(-(-n // gemv.SUM_BLOCK_N),)](part, y, rows, n, splits, n, BLOCK_M=cfg.block_m,
-                                                 BLOCK_N=gemv.SUM_BLOCK_N, num_warps=4, PDL=on, launch_pdl=on)
+        start(sum_splits, (-(-n // gemv.SUM_BLOCK_N),))(
+            part, y, rows, n, splits, n, BLOCK_M=cfg.block_m, BLOCK_N=gemv.SUM_BLOCK_N, num_warps=4, PDL=on,
+            launch_pdl=on)
     return y
 
 
@@ -219,25 +221,46 @@ def tune(gate: torch.Tensor, up: torch.Tensor, candidates, calls: int = 20) -> O
         return candidates[0]
     x = torch.randn(rows, gate.shape[1], dtype=gate.dtype, device=gate.device)
     baseline = (lambda: reference(x, gate, up)) if rows > 1 else None
-    best = fastest(candidates, lambda cfg: launch(x, gate, up, cfg), baseline, calls)
+    best = fastest(candidates, lambda cfg: launch(x, gate, up, cfg), baseline, calls, x.device)
     if best is None and rows == 1:
         raise RuntimeError(f"no gated gemv configuration runs for weights of shape {tuple(gate.shape)}")
     return best
 
 
+TIER_CANDIDATES = {1: CANDIDATES, MAX_ROWS: FEW_ROWS, WIDE_ROWS: WIDE}
+
+
+def _key(gate: torch.Tensor, top: int) -> tuple:
+    return ("gated",) + gemv.shape_key(gate, None, top)
+
+
 def configs_for(table: dict, gate: torch.Tensor, up: torch.Tensor, rows: int = MAX_ROWS) -> tuple:
     """A configuration per tier of :data:`~hf_rstitch.fast.gemv.TIERS` for this shape from ``table``, tuned on
-    first sight (None: cuBLAS; the wide tier only for ``rows`` above :data:`~hf_rstitch.fast.gemv.MAX_ROWS`)."""
+    first sight (None: cuBLAS), for the tiers :func:`~hf_rstitch.fast.gemv.tiers_for` tunes."""
     out = []
-    for i, candidates in enumerate((CANDIDATES, FEW_ROWS, WIDE)):
-        if i >= 2 and gemv.TIERS[i - 1] >= rows:
-            out.append(None)
-            continue
-        key = ("gated",) + gemv.shape_key(gate, None, candidates[0].block_m)
-        if key not in table:
-            table[key] = tune(gate, up, candidates)
-        out.append(table[key])
+    for top, tuned in zip(gemv.TIERS, gemv.tiers_for(rows)):
+        key = _key(gate, top)
+        if tuned and key not in table:
+            table[key] = tune(gate, up, TIER_CANDIDATES[top])
+        out.append(table[key] if tuned else None)
     return tuple(out)
+
+
+def pending(model: torch.nn.Module, table: dict, rows: int = MAX_ROWS) -> list[tuple]:
+    """``(candidates, run)`` for each MLP shape and tier that :func:`plan` would tune (not in ``table``); see
+    :func:`hf_rstitch.fast.gemv.pending`."""
+    jobs, seen = [], set()
+    for m in model.modules():
+        if not fusable(m):
+            continue
+        gate, up = m.gate_proj.weight, m.up_proj.weight
+        for top, tuned in zip(gemv.TIERS, gemv.tiers_for(rows)):
+            key = _key(gate, top)
+            if tuned and key not in seen and key not in table:
+                seen.add(key)
+                jobs.append((TIER_CANDIDATES[top], functools.partial(launch, gate.new_empty(top, gate.shape[1]),
+                                                                     gate, up)))
+    return jobs
 
 
 def silu_mlp(m: torch.nn.Module) -> bool:

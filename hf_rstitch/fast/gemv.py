@@ -31,7 +31,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .triton_support import _triton, available, fastest, interpreted, next_pow2, pdl  # noqa: F401  (shared by the kernels)
+from .triton_support import (_triton, available, fastest, interpreted, next_pow2, pdl,  # noqa: F401  (shared by
+                             start)  # the kernels)
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
     b = bias if bias is not None else weight
     on = pdl(x.device, rows)
     if cfg.block_m == 1:
-        _kernel()[grid](
+        start(_kernel(), grid)(
             x.contiguous(), weight, b, y, n, k, weight.stride(0),
             HAS_BIAS=bias is not None, EVEN_N=n % cfg.block_n == 0, EVEN_K=k % cfg.block_k == 0,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -201,16 +202,16 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
     x2 = x.reshape(rows, k).contiguous()
     chunk, splits, part = split_reduction(k, n, cfg, x.device)
     few_rows, sum_splits = _few_rows_kernel()
-    few_rows[(grid[0], splits)](
+    start(few_rows, (grid[0], splits))(
         x2, weight, b, y, part, rows, n, k, chunk, x2.stride(0), weight.stride(0), n,
         HAS_BIAS=bias is not None, IEEE=weight.dtype == torch.float32, UPCAST=interpreted(), SPLIT=splits > 1,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, PDL=on, launch_pdl=on,
     )
     if splits > 1:
-        sum_splits[(-(-n // SUM_BLOCK_N),)](part, b, y, rows, n, splits, n, HAS_BIAS=bias is not None,
-                                            BLOCK_M=cfg.block_m, BLOCK_N=SUM_BLOCK_N, num_warps=4, PDL=on,
-                                            launch_pdl=on)
+        start(sum_splits, (-(-n // SUM_BLOCK_N),))(
+            part, b, y, rows, n, splits, n, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=SUM_BLOCK_N,
+            num_warps=4, PDL=on, launch_pdl=on)
     return y
 
 
@@ -256,7 +257,7 @@ def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES,
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
     # few rows: on an H100, cuBLAS won for most Qwen2 shapes at 8 rows (results/gemv_*.md)
     baseline = (lambda: F.linear(x, weight, bias)) if rows > 1 else None
-    best = fastest(candidates, lambda cfg: launch(x, weight, bias, cfg), baseline, calls)
+    best = fastest(candidates, lambda cfg: launch(x, weight, bias, cfg), baseline, calls, x.device)
     if best is None and rows == 1:
         raise RuntimeError(f"no gemv configuration runs for a weight of shape {tuple(weight.shape)}")
     return best
@@ -281,15 +282,23 @@ def config_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None, blo
     tuned on first sight."""
     key = shape_key(weight, bias, block_m)
     if key not in table:
-        table[key] = tune(weight, bias, {1: CANDIDATES, MAX_ROWS: FEW_ROWS, WIDE_ROWS: WIDE}[block_m])
+        table[key] = tune(weight, bias, TIER_CANDIDATES[block_m])
     return table[key]
 
 
+def tiers_for(rows: int) -> tuple[bool, ...]:
+    """Which tiers of :data:`TIERS` a lane of ``rows`` rows tunes: the first two always (one-token steps,
+    catch-ups of a few tokens), the wide one only for ``rows`` above :data:`MAX_ROWS`."""
+    return tuple(i < 2 or TIERS[i - 1] < rows for i in range(len(TIERS)))
+
+
+TIER_CANDIDATES = {1: CANDIDATES, MAX_ROWS: FEW_ROWS, WIDE_ROWS: WIDE}
+
+
 def configs_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None, rows: int = MAX_ROWS) -> tuple:
-    """One configuration per tier of :data:`TIERS` (None: cuBLAS). The first two are always tuned (one-token
-    steps, catch-ups of a few tokens); the wide one only for ``rows`` above :data:`MAX_ROWS`."""
-    return tuple(config_for(table, weight, bias, top) if i < 2 or TIERS[i - 1] < rows else None
-                 for i, top in enumerate(TIERS))
+    """One configuration per tier of :data:`TIERS` (None: cuBLAS) for the tiers :func:`tiers_for` tunes."""
+    return tuple(config_for(table, weight, bias, top) if tuned else None
+                 for top, tuned in zip(TIERS, tiers_for(rows)))
 
 
 def tune_model(model: torch.nn.Module, table: dict | None = None, rows: int = MAX_ROWS) -> dict:
@@ -359,23 +368,54 @@ class FusedGroup:
         return part
 
 
+def fused_groups(model: torch.nn.Module) -> list[list[torch.nn.Linear]]:
+    """The q/k/v projections (:data:`FUSED`) of each attention module that run as one product."""
+    groups = []
+    for parent in model.modules():
+        members = [getattr(parent, name, None) for name in FUSED]
+        if all(m is not None for m in members) and FusedGroup.fits(members):
+            groups.append(members)
+    return groups
+
+
 def plan(model: torch.nn.Module, table: dict, fuse: bool = True,
          rows: int = MAX_ROWS) -> list[tuple[torch.nn.Linear, functools.partial]]:
     """The forwards to install for ``model``'s linear layers: fused q/k/v groups (``fuse``) and the
     tuned kernel for every other layer; tunes shapes missing from ``table`` for inputs of up to ``rows``
     rows (a lane's batch; catch-ups of up to :data:`MAX_ROWS` tokens always)."""
     patches, grouped = [], set()
-    if fuse:
-        for parent in model.modules():
-            members = [getattr(parent, name, None) for name in FUSED]
-            if all(m is not None for m in members) and FusedGroup.fits(members):
-                group = FusedGroup(members, table, rows)
-                patches += [(m, functools.partial(group.forward, i)) for i, m in enumerate(members)]
-                grouped.update(id(m) for m in members)
+    for members in fused_groups(model) if fuse else []:
+        group = FusedGroup(members, table, rows)
+        patches += [(m, functools.partial(group.forward, i)) for i, m in enumerate(members)]
+        grouped.update(id(m) for m in members)
     for m in linear_modules(model):
         if id(m) not in grouped:
             patches.append((m, functools.partial(_forward, m, configs_for(table, m.weight, m.bias, rows))))
     return patches
+
+
+def pending(model: torch.nn.Module, table: dict, fuse: bool = True, rows: int = MAX_ROWS) -> list[tuple]:
+    """``(candidates, run)`` for each shape and tier that :func:`plan` would tune (not in ``table``), for
+    :func:`~hf_rstitch.fast.triton_support.precompile` to build every candidate's kernels at once. A fused
+    group's weight stands in as one empty tensor of its shape (kernels compile for shapes, not values)."""
+    groups = fused_groups(model) if fuse else []
+    grouped = {id(m) for members in groups for m in members}
+    products = [(m.weight, m.bias) for m in linear_modules(model) if id(m) not in grouped]
+    shapes = {}
+    for members in groups:  # one stand-in per distinct shape
+        w, b = members[0].weight, members[0].bias
+        n = sum(m.out_features for m in members)
+        shapes.setdefault((n, w.shape[1], w.dtype, w.device, b is not None),
+                          (w.new_empty(n, w.shape[1]), None if b is None else b.new_empty(n)))
+    jobs, seen = [], set()
+    for weight, bias in list(shapes.values()) + products:
+        for top, tuned in zip(TIERS, tiers_for(rows)):
+            key = shape_key(weight, bias, top)
+            if tuned and key not in seen and key not in table:
+                seen.add(key)
+                x = weight.new_empty(top, weight.shape[1])
+                jobs.append((TIER_CANDIDATES[top], functools.partial(launch, x, weight, bias)))
+    return jobs
 
 
 @contextlib.contextmanager

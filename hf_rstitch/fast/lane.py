@@ -54,10 +54,11 @@ from ..core.entropy import normalized_entropy
 from ..core.roles import Role
 from ..engine.lane import left_padding
 from ..engine.step import to_device
-from . import compile_cache, fused_entropy, gemv, regions, rope_store, rotary_table
+from . import compile_cache, fused_entropy, gemv, products, regions, rope_store, rotary_table, triton_support
 from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
 from .decode_attention import decode_attention, refuse_fallback, runs_for
+from .decode_attention import pending as attention_pending
 from .graphs import GraphRunner
 from .lane_rows import RowOps
 from .products import product_layers
@@ -120,6 +121,7 @@ class FastLane(RowOps):
         self._slot_index: torch.Tensor | None = None  # [B] cache row of each live row (device), None: in order
         self._join_lane = None  # a one-row lane of the same model that prefills joining rows (lane_rows)
         start = time.perf_counter()
+        self._precompile(config)
         self.gemv_layers = product_layers(model, config, max_rows)  # [] keeps cuBLAS everywhere
         self.gemv_tune_seconds = time.perf_counter() - start
         self._attention = self._register_attention(config.attention)
@@ -276,6 +278,16 @@ class FastLane(RowOps):
         :func:`~hf_rstitch.fast.decode_attention.supported`: Triton here, a power-of-two head size >= 16, no
         float64): the steps pass a mask they do not compute."""
         return self.config.attention == "split" and runs_for(self.cache.head_dim, self.model.dtype, self.device)
+
+    def _precompile(self, config: FastConfig) -> None:
+        """Build at once, in parallel threads, the Triton kernels this lane would build one by one: the tuner's
+        candidates and the split attention of every batch and length bucket (results/engine_warmup_*.md)."""
+        jobs = products.pending(self.model, config, self.max_rows)
+        if config.attention == "split" and gemv.available(self.device):
+            heads = self.model.config.get_text_config().num_attention_heads
+            jobs += attention_pending(self.cache.keys[0], self.cache.values[0], self.cache.pos, self.n_pad,
+                                      heads, self.rows.sizes, sorted(set(self.buckets) | {1}))
+        triton_support.precompile(jobs, self.device)
 
     def _register_attention(self, kind: str) -> str:
         """The attention this lane runs, by registered name. ``"split"`` registers a per-lane function

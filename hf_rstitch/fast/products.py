@@ -19,6 +19,15 @@ from .tuning_cache import TuningTable
 TABLE = TuningTable()  # tuned configurations, shared by every lane of the process and kept on disk
 
 
+def pending(model: torch.nn.Module, config: FastConfig, rows: int) -> list:
+    """The tuning jobs :func:`product_layers` will time (shapes not in :data:`TABLE`), as ``(candidates, run)``
+    for :func:`~hf_rstitch.fast.triton_support.precompile` to build all their kernels at once beforehand."""
+    if config.gemv is False or not gemv.available(model.device):
+        return []
+    jobs = gemv.pending(model, TABLE, config.fuse_qkv, rows)
+    return jobs + (gated.pending(model, TABLE, rows) if config.fuse_mlp else [])
+
+
 def product_layers(model: torch.nn.Module, config: FastConfig, rows: int) -> list:
     """(module, forward) pairs for ``model``'s one-token and catch-up products in a lane of ``rows`` rows:
     the fused q/k/v and other linears (``config.gemv``, ``fuse_qkv``) and the gated MLPs (``fuse_mlp``).

@@ -1,11 +1,15 @@
 """What the fast engine's Triton kernels share: Triton itself (optional), where it runs, block sizes, the
-device's multiprocessors, the timers that tune launch configurations (:func:`fastest`), and the switch for
-programmatic dependent launch (:data:`PDL`)."""
+device's multiprocessors, the timers that tune launch configurations (:func:`fastest`), the parallel
+compiles of the candidates they time (:func:`compile_ahead`), and the switch for programmatic dependent
+launch (:data:`PDL`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -80,9 +84,74 @@ def pdl(device: torch.device, rows: int) -> bool:
     return device.type == "cuda" and not interpreted() and _has_gdc() and _capability(device) >= 9
 
 
-def fastest(candidates, run, baseline=None, calls: int = 20):
+# Compiles of the tuner's candidates run in this many threads (Triton releases the interpreter lock while it
+# lowers and assembles a kernel); 1: one after another, at first launch. HF_RSTITCH_COMPILE_THREADS sets it.
+def _threads_from_env() -> int:
+    value = os.environ.get("HF_RSTITCH_COMPILE_THREADS", "").strip()
+    if value and not (value.isdigit() and int(value) > 0):
+        raise ValueError(f"HF_RSTITCH_COMPILE_THREADS must be a positive whole number of threads (1: compile one "
+                         f"kernel after another), got {value!r}")
+    return int(value) if value else min(16, os.cpu_count() or 1)
+
+
+COMPILE_THREADS = _threads_from_env()
+_ahead = threading.local()
+
+
+def start(kernel, grid):
+    """``kernel[grid]``: what the kernels' launch functions call. Inside :func:`compile_ahead` it compiles the
+    launch's specialization instead (``kernel.warmup``) and runs nothing."""
+    if getattr(_ahead, "on", False):
+        return functools.partial(kernel.warmup, grid=grid)
+    return kernel[grid]
+
+
+def _async_mode():
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode  # Triton 3.4 and later
+    except ImportError:
+        return None
+    return AsyncCompileMode
+
+
+@contextlib.contextmanager
+def compile_ahead(jobs: int):
+    """Within the block, kernel launches made through :func:`start` are compiled in :data:`COMPILE_THREADS`
+    threads (at most ``jobs``) and not run; leaving it waits for every compile. Compiles that fail are left
+    for the real launch to raise. Off CUDA, under the interpreter, with one thread or an older Triton the
+    block is skipped by the caller (:func:`precompile`)."""
+    mode = _async_mode()
+    with ThreadPoolExecutor(max(1, min(COMPILE_THREADS, jobs))) as pool, mode(pool, ignore_errors=True):
+        _ahead.on = True
+        try:
+            yield
+        finally:
+            _ahead.on = False
+
+
+def precompile(jobs, device) -> None:
+    """Compile the kernels of every candidate of every ``(candidates, run)`` job in one parallel batch, before
+    :func:`fastest` times them one by one: a fresh machine otherwise builds dozens of kernels in a row (~0.2 s
+    each) while tuning. Kernels already built (this process) or on Triton's disk cache cost a lookup."""
+    device = torch.device(device)
+    count = sum(len(candidates) for candidates, _ in jobs)
+    if device.type != "cuda" or interpreted() or COMPILE_THREADS <= 1 or _async_mode() is None or count < 2:
+        return
+    with compile_ahead(count):
+        for candidates, run in jobs:
+            for cfg in candidates:
+                try:
+                    run(cfg)
+                except Exception:  # noqa: BLE001 - the timing loop meets it again and skips the candidate
+                    continue
+
+
+def fastest(candidates, run, baseline=None, calls: int = 20, device=None):
     """The candidate whose ``run(cfg)`` takes least time in a CUDA graph, or None when ``baseline()`` (if
-    given) beats every one; candidates the device cannot run are skipped."""
+    given) beats every one; candidates the device cannot run are skipped. With ``device``, the candidates'
+    kernels are compiled in parallel first (:func:`precompile`)."""
+    if device is not None:
+        precompile([(candidates, run)], device)
     best, best_ms = None, graph_ms(baseline, calls) if baseline is not None else float("inf")
     for cfg in candidates:
         try:

@@ -1,0 +1,156 @@
+"""The tuner's candidates compiled in parallel threads before they are timed (triton_support.precompile)."""
+
+import functools
+
+import pytest
+import torch
+
+from hf_rstitch.fast import triton_support as ts
+
+CUDA = torch.cuda.is_available()
+
+
+class FakeKernel:
+    def __getitem__(self, grid):
+        return ("launch", grid)
+
+    def warmup(self, *args, grid, **kwargs):
+        return ("compile", grid, args, kwargs)
+
+
+def test_start_launches_outside_and_compiles_inside(monkeypatch):
+    """start(kernel, grid) is kernel[grid]; inside compile_ahead it compiles the same launch and runs nothing."""
+    kernel = FakeKernel()
+    assert ts.start(kernel, (4,)) == ("launch", (4,))
+    monkeypatch.setattr(ts._ahead, "on", True, raising=False)
+    compile_only = ts.start(kernel, (4, 2))
+    assert isinstance(compile_only, functools.partial)
+    assert compile_only(1, 2, BLOCK=8) == ("compile", (4, 2), (1, 2), {"BLOCK": 8})
+
+
+@pytest.mark.parametrize("why", ["cpu", "one thread", "one candidate"])
+def test_precompile_skips_where_it_cannot_help(monkeypatch, why):
+    """Off CUDA (the interpreter compiles nothing), with one thread, or for one candidate nothing runs ahead."""
+    calls = []
+    device, candidates = "cpu", ["a", "b"]
+    if why != "cpu":
+        device = "cuda"
+        monkeypatch.setattr(ts, "interpreted", lambda: False)
+    if why == "one thread":
+        monkeypatch.setattr(ts, "COMPILE_THREADS", 1)
+    if why == "one candidate":
+        candidates = ["a"]
+    ts.precompile([(candidates, calls.append)], device)
+    assert calls == []
+
+
+def test_compile_threads_default_and_override(monkeypatch):
+    """HF_RSTITCH_COMPILE_THREADS sets the threads; by default one per core, at most 16; a bad value says what
+    it takes."""
+    import os
+
+    monkeypatch.setenv("HF_RSTITCH_COMPILE_THREADS", "3")
+    assert ts._threads_from_env() == 3
+    monkeypatch.delenv("HF_RSTITCH_COMPILE_THREADS")
+    assert ts._threads_from_env() == min(16, os.cpu_count() or 1)
+    for bad in ("0", "-2", "many"):
+        monkeypatch.setenv("HF_RSTITCH_COMPILE_THREADS", bad)
+        with pytest.raises(ValueError, match="positive whole number"):
+            ts._threads_from_env()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("rows", [8, 64])
+def test_pending_lists_what_the_plans_tune(arch, fuse, rows):
+    """gemv.pending / gated.pending name each shape and tier the plans then tune, once each, with the
+    candidates of its tier; and nothing once the table holds them."""
+    from tiny_models import kernel_model
+
+    from hf_rstitch.fast import gated, gemv
+
+    model = kernel_model("cpu", arch)
+    jobs = gemv.pending(model, {}, fuse, rows)
+    keys = [gemv.shape_key(run.args[1], run.args[2], run.args[0].shape[0]) for _, run in jobs]
+    assert all(candidates == gemv.TIER_CANDIDATES[key[-1]] for (candidates, _), key in zip(jobs, keys))
+    mlp_jobs = gated.pending(model, {}, rows)
+    keys += [gated._key(run.args[1], run.args[0].shape[0]) for _, run in mlp_jobs]
+    table = {}
+    gemv.plan(model, table, fuse=fuse, rows=rows)  # off CUDA the tuner picks a default without timing
+    gated.plan(model, table, rows=rows)
+    assert len(keys) == len(set(keys)) and set(keys) == set(table)
+    assert gemv.pending(model, table, fuse, rows) == [] and gated.pending(model, table, rows) == []
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA (Triton compiles for a GPU)")
+@pytest.mark.parametrize("kind", ["gemv", "gated"])
+def test_tuning_after_precompile_builds_nothing(monkeypatch, kind):
+    """With fresh kernel objects, precompile builds every candidate's kernels (in threads), and the timing loop
+    that follows builds none: each launch finds its kernel compiled."""
+    pytest.importorskip("triton")
+    from triton import knobs
+
+    from hf_rstitch.fast import gated, gemv
+
+    monkeypatch.setattr(ts, "COMPILE_THREADS", 4)
+    for module in (gemv, gated):  # fresh JIT objects: no kernel compiled in this process yet
+        module._kernel.cache_clear()
+        module._few_rows_kernel.cache_clear()
+    built = []
+    monkeypatch.setattr(knobs.compilation, "listener",
+                        lambda *, src, metadata, metadata_group, times, cache_hit: built.append(src.fn.__name__))
+    w = torch.randn(192, 320, dtype=torch.bfloat16, device="cuda")
+    u = torch.randn_like(w)
+    x1, x16 = (torch.randn(r, 320, dtype=torch.bfloat16, device="cuda") for r in (1, 16))
+    if kind == "gemv":
+        jobs = [(gemv.CANDIDATES, lambda c: gemv.launch(x1, w, None, c)),
+                (gemv.FEW_ROWS, lambda c: gemv.launch(x16, w, None, c))]
+    else:
+        jobs = [(gated.CANDIDATES, lambda c: gated.launch(x1, w, u, c)),
+                (gated.FEW_ROWS, lambda c: gated.launch(x16, w, u, c))]
+    try:
+        ts.precompile(jobs, "cuda")
+        ahead = len(built)
+        assert ahead >= len(jobs[0][0])  # at least one kernel a one-row candidate
+        for candidates, run in jobs:
+            assert ts.fastest(candidates, run, calls=2) is not None
+        assert len(built) == ahead  # nothing more to build
+    finally:
+        for module in (gemv, gated):
+            module._kernel.cache_clear()
+            module._few_rows_kernel.cache_clear()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA (Triton compiles for a GPU)")
+def test_attention_launches_after_precompile_build_nothing(monkeypatch):
+    """decode_attention.pending covers every batch and length bucket: after its precompile the real launches of
+    those shapes (the layout the rotary functions give the query) build no kernel."""
+    pytest.importorskip("triton")
+    from tiny_models import kernel_model
+    from triton import knobs
+
+    from hf_rstitch.fast import decode_attention as da
+    from hf_rstitch.fast.static_kv import StaticKV
+
+    monkeypatch.setattr(ts, "COMPILE_THREADS", 4)
+    da._kernels.cache_clear()
+    built = []
+    monkeypatch.setattr(knobs.compilation, "listener",
+                        lambda *, src, metadata, metadata_group, times, cache_hit: built.append(src.fn.__name__))
+    model = kernel_model("cuda", "qwen2").to(torch.bfloat16)
+    cache = StaticKV(model.config, 256, torch.bfloat16, torch.device("cuda"), rows=4)
+    pad = torch.zeros(4, dtype=torch.long, device="cuda")
+    cache.pos.fill_(40)
+    jobs = da.pending(cache.keys[0], cache.values[0], cache.pos, pad, 4, (1, 2, 4), (1, 2, 4, 8))
+    try:
+        ts.precompile(jobs, "cuda")
+        ahead = len(built)
+        assert ahead >= 2
+        for b, q in jobs[0][0]:
+            query = torch.randn(b, q, 4, 16, dtype=torch.bfloat16, device="cuda").transpose(1, 2).contiguous()
+            torch.ops.hf_rstitch.decode_attention(query, cache.keys[0][:b], cache.values[0][:b], cache.pos, pad[:b],
+                                                  0.25)
+        torch.cuda.synchronize()
+        assert len(built) == ahead
+    finally:
+        da._kernels.cache_clear()
