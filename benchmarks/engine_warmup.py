@@ -49,7 +49,9 @@ VARIANTS = {"parts": dict(compile="parts"), "compiled-decode": dict(compile="dec
             # without the fused rotary / cache-store / gated-MLP kernels: what they buy
             "parts-unfused": dict(compile="parts", fuse_mlp=False, fuse_rope_store=False, fuse_add_norm=False),
             # without the residual adds fused with the norms after them (hf_rstitch.fast.add_norm)
-            "parts-add-norm-apart": dict(compile="parts", fuse_add_norm=False)}
+            "parts-add-norm-apart": dict(compile="parts", fuse_add_norm=False),
+            # the adds and norms as compiled pieces at one row too, not folded into the products (fast.folds)
+            "parts-no-folds": dict(compile="parts", folds=False)}
 RESULT = "RESULT "  # prefix of the child's result line
 
 
@@ -60,7 +62,7 @@ def child(args) -> dict:
     from engine_profile import decode_steps
     from hf_rstitch import ReplayPolicy
     from hf_rstitch.core.roles import Role
-    from hf_rstitch.fast import FastConfig, FastEngine, triton_support
+    from hf_rstitch.fast import FastConfig, FastEngine, folds, triton_support
 
     triton_compiles = listen_to_triton()
     start = time.perf_counter()
@@ -69,7 +71,9 @@ def child(args) -> dict:
     loaded_s = time.perf_counter() - start
     device = "cpu" if args.dry_run_cpu else "cuda"
     eb.DEVICE = device
-    cfg = FastConfig(**VARIANTS[args.variant], **({"graphs": False, "max_bucket": 8} if args.dry_run_cpu else {}))
+    settings = dict(VARIANTS[args.variant])
+    folds.ENABLED = settings.pop("folds", folds.ENABLED)
+    cfg = FastConfig(**settings, **({"graphs": False, "max_bucket": 8} if args.dry_run_cpu else {}))
     llm, slm = lab.random_pair("tiny" if args.dry_run_cpu else "qwen2", device)
     for m in (llm, slm):
         m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0
@@ -82,7 +86,7 @@ def child(args) -> dict:
         return llm.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=slm,
                             stitch_policy=ReplayPolicy(roles), stitch_engine=engine, max_new_tokens=n, do_sample=False)
 
-    res = {"variant": args.variant, "mode": args.mode, "config": repr(cfg), "load_artifacts_s": loaded_s,
+    res = {"variant": args.variant, "mode": args.mode, "config": repr(cfg), "folds": folds.ENABLED, "load_artifacts_s": loaded_s,
            "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "bandwidth_gbps": bw}
     res["first_call_s"], _ = lab.timed(lambda: generate(["slm", "llm", "slm", "llm"], 4), device)
     res["warm_up_every_bucket_s"] = sum(lane.warm_up() for lane in engine._lanes.values())

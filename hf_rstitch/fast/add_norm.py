@@ -24,6 +24,8 @@ import inspect
 
 import torch
 
+from . import folds
+
 
 def _add_norm(norm: torch.nn.Module, residual: torch.Tensor, h: torch.Tensor):
     """``residual + h`` and its norm."""
@@ -62,17 +64,20 @@ class _Carry:
         return found
 
 
-def _layer_forward(layer, add_norm, next_norm, carry: _Carry, hidden_states: torch.Tensor, *args,
+def _layer_forward(layer, add_norm, next_norm, carry: _Carry, fold: bool, hidden_states: torch.Tensor, *args,
                    **kwargs) -> torch.Tensor:
     if args:  # called positionally: the layer's own forward (which these keywords would not match)
         return type(layer).forward(layer, hidden_states, *args, **kwargs)
     bound = inspect.signature(type(layer).forward).bind(layer, hidden_states, **kwargs)
     bound.apply_defaults()
     named = {k: v for k, v in bound.arguments.items() if k not in ("self", "hidden_states", "kwargs")}
+    named.update(bound.arguments.get("kwargs", {}))
+    if fold and hidden_states.numel() == hidden_states.shape[-1]:  # one row: adds and norms in the products
+        return _folded(layer, hidden_states, named)
     normed = carry.take(hidden_states, layer.input_layernorm)
     if normed is None:
         normed = layer.input_layernorm(hidden_states)
-    h, _ = layer.self_attn(hidden_states=normed, **named, **bound.arguments.get("kwargs", {}))
+    h, _ = layer.self_attn(hidden_states=normed, **named)
     residual, h = add_norm(layer.post_attention_layernorm, hidden_states, h)
     out = layer.mlp(h)
     if next_norm is None:
@@ -82,9 +87,21 @@ def _layer_forward(layer, add_norm, next_norm, carry: _Carry, hidden_states: tor
     return total
 
 
-def plan(model: torch.nn.Module, compiled) -> list[tuple[torch.nn.Module, functools.partial]]:
-    """The layer forwards to install; ``compiled(key, fn)`` compiles a piece (:mod:`.regions`)."""
+def _folded(layer, hidden_states: torch.Tensor, named: dict) -> torch.Tensor:
+    """The layer at one row with its adds and norms folded into its products (:mod:`.folds`)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    with folds.folding((hidden_states, layer.input_layernorm), (attn.o_proj, hidden_states)):
+        residual, _ = attn(hidden_states=hidden_states, **named)  # o's output plus the layer's input
+    with folds.folding((residual, layer.post_attention_layernorm), (mlp.down_proj, residual)):
+        return mlp(residual)  # down's output plus the residual: the layer's output
+
+
+def plan(model: torch.nn.Module, compiled, products=()) -> list[tuple[torch.nn.Module, functools.partial]]:
+    """The layer forwards to install; ``compiled(key, fn)`` compiles a piece (:mod:`.regions`). Layers whose
+    products (``products``: the lane's installed (module, forward) pairs) take folds run one-row calls folded
+    (:func:`.folds.foldable`)."""
     layers = [m for m in model.modules() if pre_norm_layer(m)]
+    installed = dict(products)
     carry = _Carry()
     forwards = []
     for i, layer in enumerate(layers):
@@ -92,5 +109,6 @@ def plan(model: torch.nn.Module, compiled) -> list[tuple[torch.nn.Module, functo
         following = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
         following = following if type(following) is norm_cls else None
         piece = compiled(("add_norm", norm_cls), _add_norm)
-        forwards.append((layer, functools.partial(_layer_forward, layer, piece, following, carry)))
+        fold = folds.foldable(layer, installed)
+        forwards.append((layer, functools.partial(_layer_forward, layer, piece, following, carry, fold)))
     return forwards

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import gemv
+from . import folds, gemv
 from .gemv import MAX_ROWS, WIDE_ROWS, GemvConfig
 from .triton_support import _triton, available, fastest, interpreted, pdl, start
 
@@ -41,11 +41,14 @@ WIDE = tuple(GemvConfig(n, k, w, s, WIDE_ROWS) for n, k, w, s in (
 @functools.lru_cache(maxsize=1)
 def _kernel():
     triton, tl = _triton()
+    globals()["_rstd"], globals()["_input"] = gemv._norm_parts()  # names the kernel calls, in this module's globals
 
     @triton.jit
-    def gated_kernel(x_ptr, g_ptr, u_ptr, y_ptr, N, K, stride_g, stride_u,
-                     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        # y[n] = silu(sum_k g[n, k] x[k]) * sum_k u[n, k] x[k] for the BLOCK_N rows of this program
+    def gated_kernel(x_ptr, g_ptr, u_ptr, y_ptr, nw_ptr, eps, N, K, stride_g, stride_u, EVEN_N: tl.constexpr,
+                     EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                     NORM: tl.constexpr):
+        # y[n] = silu(sum_k g[n, k] x[k]) * sum_k u[n, k] x[k] for the BLOCK_N rows of this program; NORM: x is
+        # RMS-normalized with weight nw first, as in gemv's one-row kernel
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
         acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -55,26 +58,27 @@ def _kernel():
             wg0 = tl.load(g_ptr + rows[:, None] * stride_g + cols[None, :])
             wu0 = tl.load(u_ptr + rows[:, None] * stride_u + cols[None, :])
             tl.extra.cuda.gdc_wait()
-            x0 = tl.load(x_ptr + cols)[None, :].to(tl.float32)
+            rstd = _rstd(x_ptr, eps, K, BLOCK_K, NORM)
+            x0 = _input(x_ptr, nw_ptr, cols, cols < K, rstd, NORM)[None, :]
             acc_g += wg0.to(tl.float32) * x0
             acc_u += wu0.to(tl.float32) * x0
             start = BLOCK_K
-        elif PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
-            tl.extra.cuda.gdc_wait()
+        else:
+            if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
+                tl.extra.cuda.gdc_wait()
+            rstd = _rstd(x_ptr, eps, K, BLOCK_K, NORM)
         if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
             tl.extra.cuda.gdc_launch_dependents()
         for k0 in range(start, K, BLOCK_K):
             k = k0 + cols
             if EVEN_N and EVEN_K:
-                x = tl.load(x_ptr + k)
                 wg = tl.load(g_ptr + rows[:, None] * stride_g + k[None, :])
                 wu = tl.load(u_ptr + rows[:, None] * stride_u + k[None, :])
             else:
                 inside = (rows[:, None] < N) & (k[None, :] < K)
-                x = tl.load(x_ptr + k, mask=k < K, other=0.0)
                 wg = tl.load(g_ptr + rows[:, None] * stride_g + k[None, :], mask=inside, other=0.0)
                 wu = tl.load(u_ptr + rows[:, None] * stride_u + k[None, :], mask=inside, other=0.0)
-            xf = x[None, :].to(tl.float32)
+            xf = _input(x_ptr, nw_ptr, k, k < K, rstd, NORM)[None, :]
             acc_g += wg.to(tl.float32) * xf
             acc_u += wu.to(tl.float32) * xf
         dtype = y_ptr.dtype.element_ty
@@ -163,8 +167,10 @@ def _few_rows_kernel():
     return gated_few_rows_kernel, sum_splits_kernel
 
 
-def launch(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
-    """``silu(F.linear(x, gate)) * F.linear(x, up)`` for ``x`` ``[..., K]`` of 1..``cfg.block_m`` rows."""
+def launch(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, cfg: GemvConfig, norm: torch.Tensor | None = None,
+           eps: float = 0.0) -> torch.Tensor:
+    """``silu(F.linear(x, gate)) * F.linear(x, up)`` for ``x`` ``[..., K]`` of 1..``cfg.block_m`` rows. One row
+    only: ``norm`` (an RMSNorm's weight and ``eps``) normalizes ``x`` first (:mod:`.folds`)."""
     n, k = gate.shape
     rows = x.numel() // k if x.shape[-1] == k else -1
     if rows < 1 or rows > cfg.block_m or up.shape != gate.shape:
@@ -172,14 +178,17 @@ def launch(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, cfg: GemvConfi
                          f"x {tuple(x.shape)}, gate {tuple(gate.shape)}, up {tuple(up.shape)}")
     if gate.stride(1) != 1 or up.stride(1) != 1:
         raise ValueError("gated gemv needs weights whose rows are contiguous (stride 1 along K)")
+    if norm is not None and (cfg.block_m != 1 or rows != 1):
+        raise ValueError("a norm before the gated product runs in the one-row kernel only")
     y = torch.empty(x.shape[:-1] + (n,), dtype=x.dtype, device=x.device)
     grid = ((n + cfg.block_n - 1) // cfg.block_n,)
     on = pdl(x.device, rows)
     if cfg.block_m == 1:
         start(_kernel(), grid)(
-            x.contiguous(), gate, up, y, n, k, gate.stride(0), up.stride(0),
-            EVEN_N=n % cfg.block_n == 0, EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=on, launch_pdl=on)
+            x.contiguous(), gate, up, y, norm if norm is not None else gate, float(eps), n, k, gate.stride(0),
+            up.stride(0), EVEN_N=n % cfg.block_n == 0, EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=on, NORM=norm is not None,
+            launch_pdl=on)
         return y
     x2 = x.reshape(rows, k).contiguous()
     chunk, splits, part = gemv.split_reduction(k, 2 * n, cfg, x.device)  # partials of both products
@@ -203,14 +212,15 @@ def reference(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Te
 
 @torch.library.custom_op("hf_rstitch::gated_gemv", mutates_args=())
 def gated_op(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, block_n: int, block_k: int, num_warps: int,
-             num_stages: int, block_m: int, split_k: int = 1) -> torch.Tensor:
+             num_stages: int, block_m: int, split_k: int = 1, norm: Optional[torch.Tensor] = None,
+             eps: float = 0.0) -> torch.Tensor:
     if not available(x.device):
-        return reference(x, gate, up)
-    return launch(x, gate, up, GemvConfig(block_n, block_k, num_warps, num_stages, block_m, split_k))
+        return reference(x if norm is None else gemv.rms_norm(x, norm, eps), gate, up)
+    return launch(x, gate, up, GemvConfig(block_n, block_k, num_warps, num_stages, block_m, split_k), norm, eps)
 
 
 @gated_op.register_fake
-def _(x, gate, up, block_n, block_k, num_warps, num_stages, block_m, split_k=1):
+def _(x, gate, up, block_n, block_k, num_warps, num_stages, block_m, split_k=1, norm=None, eps=0.0):
     return x.new_empty(x.shape[:-1] + (gate.shape[0],))
 
 
@@ -286,8 +296,9 @@ def _forward(mlp: torch.nn.Module, cfgs: tuple, act_mul, x: torch.Tensor) -> tor
     if c is None:  # a long catch-up, a tier not tuned, or cuBLAS measured faster: two products, then the activation
         gate, up = mlp.gate_proj(x), mlp.up_proj(x)
         return mlp.down_proj(mlp.act_fn(gate) * up if act_mul is None else act_mul(gate, up))
+    norm, eps = folds.norm_for(x) or (None, 0.0)  # one row: the layer may have folded its norm in (.folds)
     h = torch.ops.hf_rstitch.gated_gemv(x, mlp.gate_proj.weight, mlp.up_proj.weight, c.block_n, c.block_k,
-                                        c.num_warps, c.num_stages, c.block_m, c.split_k)
+                                        c.num_warps, c.num_stages, c.block_m, c.split_k, norm, eps)
     return mlp.down_proj(h)
 
 

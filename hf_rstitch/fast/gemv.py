@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from . import folds
 from .triton_support import (_triton, available, fastest, interpreted, next_pow2, pdl,  # noqa: F401  (shared by
                              start)  # the kernels)
 
@@ -79,25 +80,67 @@ def tier(rows: int) -> int | None:
 
 
 @functools.lru_cache(maxsize=1)
-def _kernel():
+def _norm_parts():
+    """The RMSNorm prologue the one-row kernels share: :func:`_rstd` of the whole input, then each chunk of the
+    input normalized (:func:`_input`) as the eager RMSNorm rounds it."""
     triton, tl = _triton()
 
     @triton.jit
-    def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_n,
+    def _rstd(x_ptr, eps, K, BLOCK_K: tl.constexpr, NORM: tl.constexpr):
+        # 1 / sqrt(mean(x^2) + eps) in float32 (1.0 without NORM)
+        rstd = 1.0
+        if NORM:
+            cols = tl.arange(0, BLOCK_K)
+            sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                xk = tl.load(x_ptr + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
+                sq += xk * xk
+            rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
+        return rstd
+
+    @triton.jit
+    def _input(x_ptr, nw_ptr, k, inside, rstd, NORM: tl.constexpr):
+        # x[k] in float32; with NORM as the eager RMSNorm gives it: (nw * (x * rstd).to(dtype)).to(dtype)
+        x = tl.load(x_ptr + k, mask=inside, other=0.0)
+        dtype = x_ptr.dtype.element_ty
+        if NORM:
+            xn = (x.to(tl.float32) * rstd).to(dtype).to(tl.float32)
+            x = (tl.load(nw_ptr + k, mask=inside, other=0.0).to(tl.float32) * xn).to(dtype)
+        return x.to(tl.float32)
+
+    # Triton resolves the names a kernel calls in its module's globals (the interpreter too), not in a closure
+    globals()["_rstd"], globals()["_input"] = _rstd, _input
+    return _rstd, _input
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel():
+    triton, tl = _triton()
+    _norm_parts()
+
+    @triton.jit
+    def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, nw_ptr, r_ptr, eps, N, K, stride_n,
                     HAS_BIAS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        # y[n] = sum_k w[n, k] * x[k] (+ b[n]) for the BLOCK_N rows of this program, fp32 accumulator
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr,
+                    ADD: tl.constexpr):
+        # y[n] = sum_k w[n, k] * x[k] (+ b[n]) for the BLOCK_N rows of this program, fp32 accumulator. NORM: x is
+        # first RMS-normalized with weight nw (as the eager RMSNorm rounds: x * rstd to x's dtype, times nw to
+        # x's dtype). ADD: r is added to the rounded product (a residual add after the layer)
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         cols = tl.arange(0, BLOCK_K)  # [BK]
+        dtype = y_ptr.dtype.element_ty
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         start = 0
         if PDL and EVEN_N and EVEN_K:  # the first weight tile is read while the kernel before finishes
             w0 = tl.load(w_ptr + rows[:, None] * stride_n + cols[None, :])
             tl.extra.cuda.gdc_wait()
-            acc += w0.to(tl.float32) * tl.load(x_ptr + cols)[None, :].to(tl.float32)
+            rstd = _rstd(x_ptr, eps, K, BLOCK_K, NORM)
+            acc += w0.to(tl.float32) * _input(x_ptr, nw_ptr, cols, cols < K, rstd, NORM)[None, :]
             start = BLOCK_K
-        elif PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
-            tl.extra.cuda.gdc_wait()
+        else:
+            if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
+                tl.extra.cuda.gdc_wait()
+            rstd = _rstd(x_ptr, eps, K, BLOCK_K, NORM)
         if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
             tl.extra.cuda.gdc_launch_dependents()
         for k0 in range(start, K, BLOCK_K):
@@ -105,15 +148,15 @@ def _kernel():
             w_at = w_ptr + rows[:, None] * stride_n + k[None, :]
             if EVEN_N and EVEN_K:
                 w = tl.load(w_at)
-                x = tl.load(x_ptr + k)
             else:
                 w = tl.load(w_at, mask=(rows[:, None] < N) & (k[None, :] < K), other=0.0)
-                x = tl.load(x_ptr + k, mask=k < K, other=0.0)
-            acc += w.to(tl.float32) * x[None, :].to(tl.float32)
+            acc += w.to(tl.float32) * _input(x_ptr, nw_ptr, k, k < K, rstd, NORM)[None, :]
         y = tl.sum(acc, axis=1)  # [BN]
         if HAS_BIAS:
             y += tl.load(b_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)
+        if ADD:
+            y = y.to(dtype).to(tl.float32) + tl.load(r_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+        tl.store(y_ptr + rows, y.to(dtype), mask=rows < N)
 
     return gemv_kernel
 
@@ -177,14 +220,18 @@ def _few_rows_kernel():
     return few_rows_kernel, sum_splits_kernel
 
 
-def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: GemvConfig) -> torch.Tensor:
+def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: GemvConfig,
+           norm: torch.Tensor | None = None, eps: float = 0.0, residual: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for ``x`` ``[..., K]`` with one row (``cfg.block_m == 1``) or up
-    to ``cfg.block_m`` rows (the few-rows kernel)."""
+    to ``cfg.block_m`` rows (the few-rows kernel). One row only: ``norm`` (an RMSNorm's weight, ``[K]``, and its
+    ``eps``) normalizes ``x`` first, and ``residual`` (``[..., N]``) is added to the product (:mod:`.folds`)."""
     n, k = weight.shape
     rows = x.numel() // k if x.shape[-1] == k else -1
     if rows < 1 or rows > cfg.block_m:
         raise ValueError(f"this gemv configuration takes 1..{cfg.block_m} row(s) of {k} values, got a tensor of "
                          f"shape {tuple(x.shape)}")
+    if (norm is not None or residual is not None) and (cfg.block_m != 1 or rows != 1):
+        raise ValueError("a norm before or a residual after the product runs in the one-row kernel only")
     if weight.stride(1) != 1:
         raise ValueError("gemv needs a weight whose rows are contiguous (stride 1 along K)")
     y = torch.empty(x.shape[:-1] + (n,), dtype=x.dtype, device=x.device)
@@ -193,10 +240,11 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
     on = pdl(x.device, rows)
     if cfg.block_m == 1:
         start(_kernel(), grid)(
-            x.contiguous(), weight, b, y, n, k, weight.stride(0),
+            x.contiguous(), weight, b, y, norm if norm is not None else weight,
+            residual.contiguous() if residual is not None else y, float(eps), n, k, weight.stride(0),
             HAS_BIAS=bias is not None, EVEN_N=n % cfg.block_n == 0, EVEN_K=k % cfg.block_k == 0,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            PDL=on, launch_pdl=on,
+            PDL=on, NORM=norm is not None, ADD=residual is not None, launch_pdl=on,
         )
         return y
     x2 = x.reshape(rows, k).contiguous()
@@ -228,15 +276,29 @@ def split_reduction(k: int, width: int, cfg: GemvConfig, device) -> tuple[int, i
 # A custom op: torch.compile sees one opaque call (no tracing into Triton), CUDA graphs record the launch.
 @torch.library.custom_op("hf_rstitch::gemv", mutates_args=())
 def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], block_n: int, block_k: int,
-            num_warps: int, num_stages: int, block_m: int, split_k: int = 1) -> torch.Tensor:
+            num_warps: int, num_stages: int, block_m: int, split_k: int = 1, norm: Optional[torch.Tensor] = None,
+            eps: float = 0.0, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     if not available(x.device):
-        return F.linear(x, weight, bias)
-    return launch(x, weight, bias, GemvConfig(block_n, block_k, num_warps, num_stages, block_m, split_k))
+        return _reference(x, weight, bias, norm, eps, residual)
+    return launch(x, weight, bias, GemvConfig(block_n, block_k, num_warps, num_stages, block_m, split_k), norm, eps,
+                  residual)
 
 
 @gemv_op.register_fake
-def _(x, weight, bias, block_n, block_k, num_warps, num_stages, block_m, split_k=1):
+def _(x, weight, bias, block_n, block_k, num_warps, num_stages, block_m, split_k=1, norm=None, eps=0.0,
+      residual=None):
     return x.new_empty(x.shape[:-1] + (weight.shape[0],))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm, as the folded kernels compute it (:mod:`.folds`)."""
+    h = x.float()
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _reference(x, weight, bias, norm=None, eps=0.0, residual=None) -> torch.Tensor:
+    y = F.linear(x if norm is None else rms_norm(x, norm, eps), weight, bias)
+    return y if residual is None else y + residual
 
 
 def shape_key(weight: torch.Tensor, bias: torch.Tensor | None, block_m: int = 1) -> tuple:
@@ -310,18 +372,21 @@ def tune_model(model: torch.nn.Module, table: dict | None = None, rows: int = MA
     return table
 
 
-def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfgs) -> torch.Tensor:
-    """The tuned kernel for the input's rows (``cfgs``: a configuration per tier), else cuBLAS."""
+def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfgs, norm=None,
+          residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The tuned kernel for the input's rows (``cfgs``: a configuration per tier), else cuBLAS. One row may come
+    with a fold (:mod:`.folds`): ``norm`` (weight, eps) before the product, ``residual`` added after."""
     t = tier(x.numel() // weight.shape[1])
     c = cfgs[t] if t is not None else None
     if c is None:  # a long catch-up prefill, a tier not tuned, or cuBLAS measured faster for this shape
-        return F.linear(x, weight, bias)
+        return _reference(x, weight, bias, *(norm or (None, 0.0)), residual)
+    w, e = norm or (None, 0.0)
     return torch.ops.hf_rstitch.gemv(x, weight, bias, c.block_n, c.block_k, c.num_warps, c.num_stages, c.block_m,
-                                     c.split_k)
+                                     c.split_k, w, e, residual)
 
 
 def _forward(module: torch.nn.Linear, cfgs, x: torch.Tensor) -> torch.Tensor:
-    return _gemv(x, module.weight, module.bias, cfgs)
+    return _gemv(x, module.weight, module.bias, cfgs, residual=folds.residual_for(module))
 
 
 FUSED = ("q_proj", "k_proj", "v_proj")  # children of one attention module that read the same input
@@ -360,7 +425,7 @@ class FusedGroup:
 
     def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
         if self.out is None or self.x is not x:
-            self.x, self.out, self.taken = x, _gemv(x, self.weight, self.bias, self.cfgs), 0
+            self.x, self.out, self.taken = x, _gemv(x, self.weight, self.bias, self.cfgs, folds.norm_for(x)), 0
         part = self.out[..., self.bounds[index]:self.bounds[index + 1]]
         self.taken += 1
         if self.taken == len(self.members):  # every member served: drop the references

@@ -141,7 +141,7 @@ class FastLane(RowOps):
         if config.compile == "parts":
             _allow_recompiles(64)  # a new model class or norm class is a new compile
             self._regions = regions.plan(model, keep_rotary=[m for m, _, _ in self._rotary],
-                                         add_norm=config.adds_with_norms)
+                                         add_norm=config.adds_with_norms, products=self.gemv_layers)
         elif config.compile is not None:  # static compiles: 1-token steps, and with "all" each bucket size
             _allow_recompiles(64)  # (a symbolic length took minutes on 7B)
             self._decode_step = torch.compile(self._forward, fullgraph=True, dynamic=False)

@@ -57,7 +57,8 @@ def _compare(out, ref, prompt_len):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("compile,attention,gemv", [(None, "matmul", None), (None, "matmul", False),
-                                                    (None, "sdpa", None), ("all", "matmul", None)])
+                                                    (None, "sdpa", None), ("all", "matmul", None),
+                                                    ("parts", "split", None)])  # the default: folds at one row
 def test_fp32_fast_engine_equals_default(compile, attention, gemv):
     llm, slm = _pair(torch.float32)
     ids = torch.randint(0, 1024, (1, 37), device="cuda")
@@ -102,6 +103,7 @@ def _forced_logits(llm, slm, ids, engine, tokens) -> torch.Tensor:
     pytest.param("cuda", None, "matmul", marks=[pytest.mark.gpu, gpu]),
     pytest.param("cuda", None, "sdpa", marks=[pytest.mark.gpu, gpu]),
     pytest.param("cuda", "all", "matmul", marks=[pytest.mark.gpu, gpu]),
+    pytest.param("cuda", "parts", "split", marks=[pytest.mark.gpu, gpu]),  # the default: folds at one row
     ("cpu", None, "matmul"),  # the same static-cache steps, eagerly (no graphs on CPU)
     ("cpu", None, "sdpa"),
 ])

@@ -30,6 +30,26 @@ def test_one_row_equals_module_arithmetic(device, n, k, cfg):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k", [(64, 96), (37, 130), (256, 1024)])
+@pytest.mark.parametrize("cfg", [gemv.GemvConfig(), gemv.GemvConfig(4, 128, 4, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_before_the_one_row_product(device, n, k, cfg, dtype):
+    """An RMSNorm folded in front of the one-row kernel (hf_rstitch.fast.folds): the module on norm(x)."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    g, u = _weights(n, k, dtype, device)
+    norm = Qwen2RMSNorm(k, eps=1e-6).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(k) + 0.5)
+        x = torch.randn(1, 1, k, device=device).to(dtype)
+        tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.07, rtol=0.02)
+        torch.testing.assert_close(gated.launch(x, g, u, cfg, norm.weight, norm.variance_epsilon),
+                                   gated.reference(norm(x), g, u), **tol)
+    with pytest.raises(ValueError, match="one-row kernel only"):
+        gated.launch(x.expand(1, 2, k), g, u, gated.FEW_ROWS[0], norm.weight, 1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows,cfg", [(2, gated.FEW_ROWS[0]), (5, gated.FEW_ROWS[0]), (gemv.MAX_ROWS, gated.FEW_ROWS[0]),
                                       (gemv.MAX_ROWS + 1, gated.WIDE[0]), (gemv.WIDE_ROWS, gated.WIDE[5]),
                                       # the reduction in splits (the last one shorter), summed, then the activation

@@ -28,6 +28,39 @@ def test_gemv_equals_linear(device, n, k, bias, cfg):
     torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-4)
 
 
+def _rms_norm(k, dtype, device):
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    norm = Qwen2RMSNorm(k, eps=1e-6).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(k) + 0.5)
+    return norm
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k,bias", [(64, 96, True), (37, 130, False), (512, 1024, False)])
+@pytest.mark.parametrize("cfg", [gemv.GemvConfig(), gemv.GemvConfig(4, 128, 4, 2), gemv.GemvConfig(32, 256, 8, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_before_and_residual_after_the_one_row_product(device, n, k, bias, cfg, dtype):
+    """The one-row kernel with an RMSNorm folded in front and a residual add behind (hf_rstitch.fast.folds):
+    F.linear(norm(x)) + residual, as the eager modules round it; each part alone too."""
+    torch.manual_seed(n + k)
+    norm = _rms_norm(k, dtype, device)
+    w = (torch.randn(n, k, device=device) / k ** 0.5).to(dtype)
+    b = torch.randn(n, device=device).to(dtype) if bias else None
+    x, r = torch.randn(1, 1, k, device=device).to(dtype), torch.randn(1, 1, n, device=device).to(dtype)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.07, rtol=0.02)  # a bf16 ulp or two
+    with torch.no_grad():
+        linear = torch.nn.functional.linear
+        torch.testing.assert_close(gemv.launch(x, w, b, cfg, norm.weight, norm.variance_epsilon, r),
+                                   linear(norm(x), w, b) + r, **tol)
+        torch.testing.assert_close(gemv.launch(x, w, b, cfg, norm.weight, norm.variance_epsilon),
+                                   linear(norm(x), w, b), **tol)
+        torch.testing.assert_close(gemv.launch(x, w, b, cfg, residual=r), linear(x, w, b) + r, **tol)
+    with pytest.raises(ValueError, match="one-row kernel only"):
+        gemv.launch(x.expand(1, 2, k), w, b, gemv.FEW_ROWS[0], residual=r)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows,cfg", [(2, gemv.GemvConfig(16, 64, 4, 2, 16)), (7, gemv.GemvConfig(32, 128, 4, 2, 16)),
                                       (16, gemv.GemvConfig(16, 64, 4, 2, 16)), (16, gemv.GemvConfig(32, 128, 4, 2, 16)),

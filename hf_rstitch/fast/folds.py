@@ -1,0 +1,119 @@
+"""A layer's residual adds and RMSNorms folded into the one-row products around them.
+
+Why: at one row a pre-norm decoder layer (Llama, Qwen2, Mistral) runs six kernels around its attention with
+``compile="parts"`` -- add+norm, q/k/v, (attention), o, add+norm, gated MLP, down -- and each costs a few
+microseconds of launch and ramp while reading a few kilobytes. Here the norms run in the prologue of the
+products that read them (each program of the q/k/v and gated kernels reduces the whole row, 3-7 KB from
+L2, then normalizes the chunks it multiplies) and the adds in the epilogue of the products before them (o
+and down add the residual to their rounded output): four kernels. On an H200 that saved 4.5 us a layer of
+Qwen2-1.5B shapes and 5.6 us of 7B (``benchmarks/results/fold_bench_*_nvidia_h200.md``).
+
+How: the layer forward of :mod:`.add_norm` decides, for a one-row call of a layer that :func:`foldable`
+approved when the lane was built, what the next products must do, and says so through :func:`folding`:
+"normalize this tensor with this norm before multiplying it" and "add this residual to that module's
+output". The installed forwards of :mod:`.gemv` and :mod:`.gated` take their part (:func:`norm_for`,
+:func:`residual_for`); anything not taken by the end of the block is an error, never a silent skip.
+Same arithmetic as the modules': the norm rounds ``x * rstd`` and the product with its weight to the model's
+dtype, the add rounds the product before adding.
+
+What it does not do: several rows (catch-ups and batches keep the add+norm pieces), norms other than
+Llama's RMSNorm to the letter, attention or MLP forwards that do more than project, attend and project.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+
+import torch
+
+ENABLED = True  # fold where foldable() allows; False keeps the add+norm pieces at one row too
+
+
+class _Pending:
+    norm: tuple | None = None  # (x, norm weight, eps): the next product reading x normalizes it first
+    add: tuple | None = None  # (module, residual): that module's output gets the residual added
+
+
+_PENDING = _Pending()
+
+
+def norm_for(x: torch.Tensor) -> tuple | None:
+    """``(weight, eps)`` of the norm the layer asked for ``x``, taken (once), or None."""
+    found = _PENDING.norm
+    if found is None or found[0] is not x:
+        return None
+    _PENDING.norm = None
+    return found[1], found[2]
+
+
+def residual_for(module: torch.nn.Module) -> torch.Tensor | None:
+    """The residual the layer asked to add to ``module``'s output, taken (once), or None."""
+    found = _PENDING.add
+    if found is None or found[0] is not module:
+        return None
+    _PENDING.add = None
+    return found[1]
+
+
+@contextlib.contextmanager
+def folding(norm: tuple, add: tuple):
+    """Within the block, the product that reads ``norm[0]`` normalizes it with ``norm[1]`` (an RMSNorm) and
+    ``add[0]``'s output gets ``add[1]`` added. Both must be taken."""
+    x, module = norm
+    _PENDING.norm, _PENDING.add = (x, module.weight, module.variance_epsilon), add
+    try:
+        yield
+        left = [what for what, pending in (("norm", _PENDING.norm), ("residual add", _PENDING.add)) if pending]
+        if left:
+            raise RuntimeError(f"the fast engine folded a {' and a '.join(left)} into products that did not run "
+                               "it. Please report it; hf_rstitch.fast.folds.ENABLED = False avoids it.")
+    finally:
+        _PENDING.norm = _PENDING.add = None
+
+
+@functools.lru_cache(maxsize=1)
+def _llama_norm_source() -> str:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    return inspect.getsource(LlamaRMSNorm.forward)
+
+
+def _rms_norm(m) -> bool:
+    """Llama's RMSNorm to the letter (``weight * (x * rsqrt(mean(x^2) + eps)).to(dtype)``), in any model."""
+    try:
+        same = m is not None and inspect.getsource(type(m).forward) == _llama_norm_source()
+    except (OSError, TypeError):
+        return False
+    return (same and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 1
+            and isinstance(getattr(m, "variance_epsilon", None), float))
+
+
+def _projects_plainly(attn) -> bool:
+    """The attention forward feeds its input straight to the q/k/v projections and returns o's output as is."""
+    try:
+        src = inspect.getsource(type(attn).forward)
+    except (OSError, TypeError):
+        return False
+    return ("self.q_proj(hidden_states)" in src and "attn_output = self.o_proj(attn_output)\n        return "
+            "attn_output, attn_weights" in src)
+
+
+def foldable(layer, products: dict) -> bool:
+    """Whether a pre-norm ``layer`` (``add_norm.pre_norm_layer``) may fold at one row: both norms Llama's
+    RMSNorm, a plain attention whose q/k/v run as one product of :mod:`.gemv`, and o, the gated MLP and down
+    installed as the kernels that take a fold (``products``: the lane's module -> installed forward)."""
+    from . import gated, gemv
+
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if not (ENABLED and attn is not None and mlp is not None and _projects_plainly(attn)
+            and _rms_norm(getattr(layer, "input_layernorm", None))
+            and _rms_norm(getattr(layer, "post_attention_layernorm", None))):
+        return False
+    q, o, down = (products.get(getattr(m, name, None)) for m, name in
+                  ((attn, "q_proj"), (attn, "o_proj"), (mlp, "down_proj")))
+    fn = products.get(mlp)
+    return (isinstance(getattr(getattr(q, "func", None), "__self__", None), gemv.FusedGroup)
+            and all(getattr(p, "func", None) is gemv._forward for p in (o, down))
+            and getattr(fn, "func", None) is gated._forward)

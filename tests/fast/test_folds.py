@@ -1,0 +1,91 @@
+"""A layer's residual adds and RMSNorms folded into its one-row products (hf_rstitch.fast.folds).
+
+The kernels run on CUDA, or on CPU under Triton's interpreter (TRITON_INTERPRET=1); those tests skip otherwise.
+"""
+
+import pytest
+import torch
+from tiny_models import kernel_model
+
+from hf_rstitch.fast import add_norm, folds, gated, gemv
+
+CUDA = torch.cuda.is_available()
+DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")), ("cuda", CUDA and gemv.available("cuda"))) if ok]
+needs_kernels = pytest.mark.skipif(not DEVICES, reason="needs triton (CUDA, or TRITON_INTERPRET=1 on CPU)")
+
+
+def _plan(model, table=None):
+    """The lane's products and layer forwards (the add+norm pieces uncompiled)."""
+    table = {} if table is None else table
+    products = gemv.plan(model, table, fuse=True) + gated.plan(model, table)
+    return products, add_norm.plan(model, lambda key, fn: fn, products)
+
+
+@needs_kernels
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_folded_layers_equal_the_model(device, arch, monkeypatch):
+    """One row: every layer folds (two folds a layer, each taken) and the logits are the model's own; several
+    rows keep the add+norm pieces."""
+    model = kernel_model(device, arch)
+    products, layers = _plan(model)
+    assert all(folds.foldable(layer, dict(products)) for layer in model.model.layers)
+    seen = []
+    real = folds.folding
+
+    def counting(norm, add):
+        seen.append(norm[1])
+        return real(norm, add)
+
+    monkeypatch.setattr(folds, "folding", counting)
+    with torch.no_grad():
+        for width in (1, 3):
+            ids = torch.randint(0, 97, (1, width), device=device)
+            want = model(ids).logits
+            with gemv.gemv_linears_on(products + layers):
+                got = model(ids).logits
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+            assert len(seen) == (2 * len(model.model.layers) if width == 1 else 0)
+            seen.clear()
+
+
+def test_fold_only_where_every_part_takes_it(monkeypatch):
+    """foldable: off with ENABLED False, a norm that is not Llama's RMSNorm, an attention that does more than
+    project, or products that are not the kernels taking folds (q/k/v apart, an MLP not fused)."""
+    model = kernel_model("cpu", "qwen2")
+    table = {}
+    products = dict(gemv.plan(model, table, fuse=True) + gated.plan(model, table))
+    layer = model.model.layers[0]
+    assert folds.foldable(layer, products)  # off CUDA the plans install the forwards all the same
+    monkeypatch.setattr(folds, "ENABLED", False)
+    assert not folds.foldable(layer, products)
+    monkeypatch.setattr(folds, "ENABLED", True)
+    assert not folds.foldable(layer, dict(gemv.plan(model, table, fuse=False) + gated.plan(model, table)))
+    assert not folds.foldable(layer, dict(gemv.plan(model, table, fuse=True)))  # the MLP keeps its forward
+    original = layer.post_attention_layernorm
+    layer.post_attention_layernorm = torch.nn.LayerNorm(64)
+    assert not folds.foldable(layer, products)
+    layer.post_attention_layernorm = original
+
+    class GatedAttention(type(layer.self_attn)):
+        def forward(self, hidden_states, **kwargs):
+            out, weights = super().forward(hidden_states, **kwargs)
+            return out * 0.5, weights
+
+    layer.self_attn.__class__ = GatedAttention
+    assert not folds.foldable(layer, products)
+
+
+def test_a_fold_nobody_takes_is_an_error():
+    model = kernel_model("cpu", "llama")
+    layer = model.model.layers[0]
+    x = torch.randn(1, 1, 64)
+    with pytest.raises(RuntimeError, match="did not run it"):
+        with folds.folding((x, layer.input_layernorm), (layer.self_attn.o_proj, x)):
+            pass
+    with folds.folding((x, layer.input_layernorm), (layer.self_attn.o_proj, x)):
+        assert folds.norm_for(torch.randn(1, 1, 64)) is None  # another tensor: not its norm
+        assert folds.norm_for(x)[0] is layer.input_layernorm.weight
+        assert folds.residual_for(layer.mlp.down_proj) is None
+        assert folds.residual_for(layer.self_attn.o_proj) is x
+    assert folds.norm_for(x) is None  # nothing pending after the block
