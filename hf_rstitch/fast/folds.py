@@ -117,3 +117,36 @@ def foldable(layer, products: dict) -> bool:
     return (isinstance(getattr(getattr(q, "func", None), "__self__", None), gemv.FusedGroup)
             and all(getattr(p, "func", None) is gemv._forward for p in (o, down))
             and getattr(fn, "func", None) is gated._forward)
+
+
+def pending(model: torch.nn.Module, products) -> list[tuple]:
+    """``(candidates, run)`` for :func:`~hf_rstitch.fast.triton_support.precompile`: the folded one-row products
+    (a norm before, an add after: kernels of their own) of each foldable layer shape, with the configurations
+    the tuner chose (``products``: the lane's installed (module, forward) pairs), built at once rather than one
+    by one at the first capture. Inputs stand in as empty tensors."""
+    from . import add_norm, gated, gemv
+
+    installed, jobs, seen = dict(products), [], set()
+    for layer in model.modules():
+        if not (add_norm.pre_norm_layer(layer) and foldable(layer, installed)):
+            continue
+        attn, mlp, n1, n2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
+        group = installed[attn.q_proj].func.__self__
+        o, down = attn.o_proj, mlp.down_proj
+        shapes = (tuple(group.weight.shape), tuple(o.weight.shape), tuple(mlp.gate_proj.weight.shape), group.cfgs[0],
+                  installed[o].args[1][0], installed[mlp].args[1][0], installed[down].args[1][0])
+        if shapes in seen:
+            continue
+        seen.add(shapes)
+        x = group.weight.new_empty(1, group.weight.shape[1])
+        stream = o.weight.new_empty(1, o.out_features)  # the residual the adds read
+        jobs += [((group.cfgs[0],), functools.partial(gemv.launch, x, group.weight, group.bias, norm=n1.weight,
+                                                      eps=n1.variance_epsilon)),
+                 ((installed[o].args[1][0],), functools.partial(gemv.launch, o.weight.new_empty(1, o.in_features),
+                                                                o.weight, o.bias, residual=stream)),
+                 ((installed[mlp].args[1][0],), functools.partial(gated.launch, x, mlp.gate_proj.weight,
+                                                                  mlp.up_proj.weight, norm=n2.weight,
+                                                                  eps=n2.variance_epsilon)),
+                 ((installed[down].args[1][0],), functools.partial(
+                     gemv.launch, down.weight.new_empty(1, down.in_features), down.weight, down.bias, residual=stream))]
+    return jobs

@@ -108,8 +108,9 @@ def _norm_parts():
             x = (tl.load(nw_ptr + k, mask=inside, other=0.0).to(tl.float32) * xn).to(dtype)
         return x.to(tl.float32)
 
-    # Triton resolves the names a kernel calls in its module's globals (the interpreter too), not in a closure
-    globals()["_rstd"], globals()["_input"] = _rstd, _input
+    # Triton resolves the names a kernel calls in its module's globals (the interpreter too), not in a closure;
+    # the interpreter also looks for triton.language there when another module's kernel calls these
+    globals()["_rstd"], globals()["_input"], globals()["tl"] = _rstd, _input, tl
     return _rstd, _input
 
 

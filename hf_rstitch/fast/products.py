@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import gated, gemv, regions
+from . import folds, gated, gemv, regions, triton_support
 from .config import FastConfig
 from .tuning_cache import TuningTable
 
@@ -45,4 +45,6 @@ def product_layers(model: torch.nn.Module, config: FastConfig, rows: int) -> lis
     if config.fuse_mlp:  # MLP forwards: installed with the linears' (gemv_linears_on), before the regions'
         act_mul = regions.silu_mul() if config.compile == "parts" else None
         layers += gated.plan(model, TABLE, act_mul, rows=rows)
+    if config.compile == "parts" and config.adds_with_norms:  # the layers fold at one row: their own kernels
+        triton_support.precompile(folds.pending(model, layers), device)
     return layers

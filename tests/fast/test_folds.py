@@ -89,3 +89,64 @@ def test_a_fold_nobody_takes_is_an_error():
         assert folds.residual_for(layer.mlp.down_proj) is None
         assert folds.residual_for(layer.self_attn.o_proj) is x
     assert folds.norm_for(x) is None  # nothing pending after the block
+
+
+def test_pending_lists_the_folded_products_once_a_shape():
+    """folds.pending: the four folded products (q/k/v with its norm, o with its add, the gated MLP with its
+    norm, down with its add) once for layers of one shape, with the tuner's one-row configurations; none where
+    no layer folds."""
+    model = kernel_model("cpu", "qwen2")
+    products, _ = _plan(model)
+    jobs = folds.pending(model, products)
+    assert len(jobs) == 4
+    layer, installed = model.model.layers[0], dict(products)
+    attn, mlp = layer.self_attn, layer.mlp
+    runs = [run for _, run in jobs]
+    assert runs[0].keywords["norm"] is layer.input_layernorm.weight and runs[0].args[1].shape == (64 + 2 * 32, 64)
+    assert runs[1].args[1] is attn.o_proj.weight and "residual" in runs[1].keywords
+    assert runs[2].func is gated.launch and runs[2].keywords["norm"] is layer.post_attention_layernorm.weight
+    assert runs[3].args[1] is mlp.down_proj.weight and "residual" in runs[3].keywords
+    assert jobs[1][0] == (installed[attn.o_proj].args[1][0],)
+    assert folds.pending(model, gemv.plan(model, {}, fuse=True)) == []  # the MLP not fused: no layer folds
+
+
+@needs_kernels
+@pytest.mark.parametrize("device", DEVICES)
+def test_pending_folded_products_run(device):
+    """Each listed job runs as listed (the partials are whole launches)."""
+    model = kernel_model(device, "llama")
+    products, _ = _plan(model)
+    jobs = folds.pending(model, products)
+    assert len(jobs) == 4
+    for candidates, run in jobs:  # stand-in inputs: the values are whatever empty memory held
+        assert run(candidates[0]).shape[-2:] == (1, run.args[1].shape[0])
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA (Triton compiles for a GPU)")
+def test_folded_forward_after_precompile_builds_nothing(monkeypatch):
+    """After precompiling folds.pending, a folded one-row forward builds no GEMV or gated kernel."""
+    pytest.importorskip("triton")
+    from triton import knobs
+
+    from hf_rstitch.fast import triton_support
+
+    model = kernel_model("cuda", "qwen2")
+    products, layers = _plan(model)
+    ids = torch.randint(0, 97, (1, 1), device="cuda")
+    for module in (gemv, gated):
+        module._kernel.cache_clear()
+    monkeypatch.setattr(triton_support, "COMPILE_THREADS", 4)
+    built = []
+    monkeypatch.setattr(knobs.compilation, "listener",
+                        lambda *, src, metadata, metadata_group, times, cache_hit: built.append(src.fn.__name__))
+    try:
+        triton_support.precompile(folds.pending(model, products), "cuda")
+        ahead = len(built)
+        assert ahead >= 4
+        with torch.no_grad(), gemv.gemv_linears_on(products + layers):
+            model(ids)
+        torch.cuda.synchronize()
+        assert [name for name in built[ahead:] if name in ("gemv_kernel", "gated_kernel")] == []
+    finally:
+        for module in (gemv, gated):
+            module._kernel.cache_clear()
