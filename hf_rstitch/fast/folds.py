@@ -107,10 +107,13 @@ def foldable(layer, products: dict) -> bool:
     from . import gated, gemv
 
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
     if not (ENABLED and attn is not None and mlp is not None and _projects_plainly(attn)
-            and _rms_norm(getattr(layer, "input_layernorm", None))
-            and _rms_norm(getattr(layer, "post_attention_layernorm", None))):
+            and all(_rms_norm(n) for n in norms)):
         return False
+    q_proj = getattr(attn, "q_proj", None)
+    if not isinstance(q_proj, torch.nn.Linear) or any(n.weight.dtype != q_proj.weight.dtype for n in norms):
+        return False  # a norm kept in another dtype gives its product another input dtype: not what we round to
     q, o, down = (products.get(getattr(m, name, None)) for m, name in
                   ((attn, "q_proj"), (attn, "o_proj"), (mlp, "down_proj")))
     fn = products.get(mlp)

@@ -66,6 +66,10 @@ def test_fold_only_where_every_part_takes_it(monkeypatch):
     layer.post_attention_layernorm = torch.nn.LayerNorm(64)
     assert not folds.foldable(layer, products)
     layer.post_attention_layernorm = original
+    layer.input_layernorm.double()  # a norm in another dtype than the products
+    assert not folds.foldable(layer, products)
+    layer.input_layernorm.float()
+    assert folds.foldable(layer, products)
 
     class GatedAttention(type(layer.self_attn)):
         def forward(self, hidden_states, **kwargs):
