@@ -108,11 +108,11 @@ def kernel_model(device, arch: str = "llama"):
 def assert_compiles_like_eager(model, patches, device) -> None:
     """A one-token forward with ``patches`` installed, through ``torch.compile(fullgraph=True)``, equals
     the model's own eager forward (the kernels' custom ops trace)."""
-    from hf_rstitch.fast import gemv
+    from hf_rstitch.fast import linears
 
     one = torch.randint(0, 97, (1, 1), device=device)
     step = torch.compile(lambda ids: model(ids).logits, fullgraph=True)
-    with torch.no_grad(), gemv.gemv_linears_on(patches):
+    with torch.no_grad(), linears.gemv_linears_on(patches):
         got = step(one)
     with torch.no_grad():
         torch.testing.assert_close(got, model(one).logits, atol=1e-4, rtol=1e-4)
@@ -121,12 +121,12 @@ def assert_compiles_like_eager(model, patches, device) -> None:
 def assert_wide_tier_runs(model, patches, device) -> None:
     """With ``patches`` (tuned for 64 rows) installed, an input of 17..64 rows gives the model's own logits
     to float32 rounding (the wide tier), and one of more rows exactly its own (the module's forward)."""
-    from hf_rstitch.fast import gemv
+    from hf_rstitch.fast import gemv, linears
 
     wide, past = (torch.randint(0, 97, (1, n), device=device) for n in (gemv.MAX_ROWS + 3, gemv.WIDE_ROWS + 3))
     with torch.no_grad():
         want = [model(ids).logits for ids in (wide, past)]
-        with gemv.gemv_linears_on(patches):
+        with linears.gemv_linears_on(patches):
             got = [model(ids).logits for ids in (wide, past)]
     torch.testing.assert_close(got[0], want[0], atol=1e-4, rtol=1e-4)
     assert torch.equal(got[1], want[1])

@@ -104,7 +104,7 @@ def foldable(layer, products: dict) -> bool:
     """Whether a pre-norm ``layer`` (``add_norm.pre_norm_layer``) may fold at one row: both norms Llama's
     RMSNorm, a plain attention whose q/k/v run as one product of :mod:`.gemv`, and o, the gated MLP and down
     installed as the kernels that take a fold (``products``: the lane's module -> installed forward)."""
-    from . import gated, gemv
+    from . import gated, linears
 
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
@@ -117,8 +117,8 @@ def foldable(layer, products: dict) -> bool:
     q, o, down = (products.get(getattr(m, name, None)) for m, name in
                   ((attn, "q_proj"), (attn, "o_proj"), (mlp, "down_proj")))
     fn = products.get(mlp)
-    return (isinstance(getattr(getattr(q, "func", None), "__self__", None), gemv.FusedGroup)
-            and all(getattr(p, "func", None) is gemv._forward for p in (o, down))
+    return (isinstance(getattr(getattr(q, "func", None), "__self__", None), linears.FusedGroup)
+            and all(getattr(p, "func", None) is linears._forward for p in (o, down))
             and getattr(fn, "func", None) is gated._forward)
 
 

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import folds, gemv
+from . import folds, gemv, linears
 from .gemv import MAX_ROWS, WIDE_ROWS, GemvConfig
 from .triton_support import _triton, available, fastest, interpreted, pdl, start
 
@@ -258,7 +258,7 @@ def configs_for(table: dict, gate: torch.Tensor, up: torch.Tensor, rows: int = M
 
 def pending(model: torch.nn.Module, table: dict, rows: int = MAX_ROWS) -> list[tuple]:
     """``(candidates, run)`` for each MLP shape and tier that :func:`plan` would tune (not in ``table``); see
-    :func:`hf_rstitch.fast.gemv.pending`."""
+    :func:`hf_rstitch.fast.linears.pending`."""
     jobs, seen = [], set()
     for m in model.modules():
         if not fusable(m):
@@ -285,7 +285,7 @@ def fusable(m: torch.nn.Module) -> bool:
     if not silu_mlp(m):
         return False
     g, u = m.gate_proj, m.up_proj
-    return (gemv.readable(g) and gemv.readable(u) and g.bias is None and u.bias is None
+    return (linears.readable(g) and linears.readable(u) and g.bias is None and u.bias is None
             and g.weight.shape == u.weight.shape and g.weight.dtype == u.weight.dtype
             and g.weight.device == u.weight.device)
 
@@ -304,7 +304,7 @@ def _forward(mlp: torch.nn.Module, cfgs: tuple, act_mul, x: torch.Tensor) -> tor
 
 def plan(model: torch.nn.Module, table: dict, act_mul=None,
          rows: int = MAX_ROWS) -> list[tuple[torch.nn.Module, functools.partial]]:
-    """The MLP forwards to install (as :func:`hf_rstitch.fast.gemv.gemv_linears_on` installs them), tuned
+    """The MLP forwards to install (as :func:`hf_rstitch.fast.linears.gemv_linears_on` installs them), tuned
     for inputs of up to ``rows`` rows. ``act_mul(gate, up)``: the activation product where the kernel does
     not run (None: the module's ``act_fn(gate) * up``; ``compile="parts"`` passes its compiled one)."""
     return [(m, functools.partial(_forward, m, configs_for(table, m.gate_proj.weight, m.up_proj.weight, rows),

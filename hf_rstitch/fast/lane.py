@@ -54,7 +54,7 @@ from ..core.entropy import normalized_entropy
 from ..core.roles import Role
 from ..engine.lane import left_padding
 from ..engine.step import to_device
-from . import compile_cache, fused_entropy, gemv, products, regions, rope_store, rotary_table, triton_support
+from . import compile_cache, fused_entropy, linears, products, regions, rope_store, rotary_table, triton_support
 from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
 from .decode_attention import decode_attention, refuse_fallback, runs_for
@@ -131,7 +131,7 @@ class FastLane(RowOps):
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
         self._decode_step = self._compiled_bucket = self._forward  # eager kernels (recorded in graphs on CUDA)
         self._regions = None
-        fused = config.fuse_rope_store and config.compile in (None, "parts") and gemv.available(dev)
+        fused = config.fuse_rope_store and config.compile in (None, "parts") and triton_support.available(dev)
         self._rotary = rope_store.plan(model) if fused else []  # module globals to swap, as regions do
         self.cache.fused_store = fused
         tables = config.rotary_table and config.compile in (None, "parts")
@@ -283,7 +283,7 @@ class FastLane(RowOps):
         """Build at once, in parallel threads, the Triton kernels this lane would build one by one: the tuner's
         candidates and the split attention of every batch and length bucket (results/engine_warmup_*.md)."""
         jobs = products.pending(self.model, config, self.max_rows)
-        if config.attention == "split" and gemv.available(self.device):
+        if config.attention == "split" and triton_support.available(self.device):
             heads = self.model.config.get_text_config().num_attention_heads
             jobs += attention_pending(self.cache.keys[0], self.cache.values[0], self.cache.pos, self.n_pad,
                                       heads, self.rows.sizes, sorted(set(self.buckets) | {1}))
@@ -294,7 +294,7 @@ class FastLane(RowOps):
         bound to this lane's write offset and padding counts (unregistered when the lane goes)."""
         if kind != "split":
             return kind
-        if not gemv.available(self.device):  # no Triton here: every call would take the fallback
+        if not triton_support.available(self.device):  # no Triton here: every call would take the fallback
             return "matmul"
         name = f"rstitch_split_{id(self)}"
         fallback = refuse_fallback if self._mask_free else static_attention
@@ -344,7 +344,7 @@ class FastLane(RowOps):
         rotation put off to the cache's store (``defer``, default: this lane's choice)."""
         defer = self._defer if defer is None else defer
         try:
-            with static_attention_on(self.model, self._attention), gemv.gemv_linears_on(self.gemv_layers), \
+            with static_attention_on(self.model, self._attention), linears.gemv_linears_on(self.gemv_layers), \
                     regions.regions_on(self._regions), regions.regions_on((self._rotary_tables, self._rotary)), \
                     rope_store.deferring(self.cache if defer else None, poison):
                 yield

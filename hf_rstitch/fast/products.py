@@ -1,7 +1,7 @@
 """Which kernels a lane's linear layers and MLPs run: the tuned Triton GEMV and gated-MLP kernels, or cuBLAS.
 
 A lane asks once, when it is built (:func:`product_layers`); the answer is a list of (module, forward)
-pairs that :func:`hf_rstitch.fast.gemv.gemv_linears_on` installs around each of the lane's forwards.
+pairs that :func:`hf_rstitch.fast.linears.gemv_linears_on` installs around each of the lane's forwards.
 Tuning results are shared by every lane of the process (:data:`TABLE`, keyed by shape and device), so
 a second lane of the same shapes -- the other model's, a one-row twin, a new batch size -- tunes only
 what it has not seen; and kept on disk for later processes on the same machine
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import folds, gated, gemv, regions, triton_support
+from . import folds, gated, gemv, linears, regions, triton_support
 from .config import FastConfig
 from .tuning_cache import TuningTable
 
@@ -24,7 +24,7 @@ def pending(model: torch.nn.Module, config: FastConfig, rows: int) -> list:
     for :func:`~hf_rstitch.fast.triton_support.precompile` to build all their kernels at once beforehand."""
     if config.gemv is False or not gemv.available(model.device):
         return []
-    jobs = gemv.pending(model, TABLE, config.fuse_qkv, rows)
+    jobs = linears.pending(model, TABLE, config.fuse_qkv, rows)
     return jobs + (gated.pending(model, TABLE, rows) if config.fuse_mlp else [])
 
 
@@ -41,7 +41,7 @@ def product_layers(model: torch.nn.Module, config: FastConfig, rows: int) -> lis
             raise ValueError(f"FastConfig(gemv=True) needs Triton and a CUDA device (got {device}); "
                              "install triton or leave gemv=None.")
         return []
-    layers = gemv.plan(model, TABLE, fuse=config.fuse_qkv, rows=rows)  # the wide tier only for lanes that need it
+    layers = linears.plan(model, TABLE, fuse=config.fuse_qkv, rows=rows)  # the wide tier only for lanes that need it
     if config.fuse_mlp:  # MLP forwards: installed with the linears' (gemv_linears_on), before the regions'
         act_mul = regions.silu_mul() if config.compile == "parts" else None
         layers += gated.plan(model, TABLE, act_mul, rows=rows)

@@ -63,23 +63,23 @@ def test_compile_threads_default_and_override(monkeypatch):
 @pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("rows", [8, 64])
 def test_pending_lists_what_the_plans_tune(arch, fuse, rows):
-    """gemv.pending / gated.pending name each shape and tier the plans then tune, once each, with the
+    """linears.pending / gated.pending name each shape and tier the plans then tune, once each, with the
     candidates of its tier; and nothing once the table holds them."""
     from tiny_models import kernel_model
 
-    from hf_rstitch.fast import gated, gemv
+    from hf_rstitch.fast import gated, gemv, linears
 
     model = kernel_model("cpu", arch)
-    jobs = gemv.pending(model, {}, fuse, rows)
+    jobs = linears.pending(model, {}, fuse, rows)
     keys = [gemv.shape_key(run.args[1], run.args[2], run.args[0].shape[0]) for _, run in jobs]
     assert all(candidates == gemv.TIER_CANDIDATES[key[-1]] for (candidates, _), key in zip(jobs, keys))
     mlp_jobs = gated.pending(model, {}, rows)
     keys += [gated._key(run.args[1], run.args[0].shape[0]) for _, run in mlp_jobs]
     table = {}
-    gemv.plan(model, table, fuse=fuse, rows=rows)  # off CUDA the tuner picks a default without timing
+    linears.plan(model, table, fuse=fuse, rows=rows)  # off CUDA the tuner picks a default without timing
     gated.plan(model, table, rows=rows)
     assert len(keys) == len(set(keys)) and set(keys) == set(table)
-    assert gemv.pending(model, table, fuse, rows) == [] and gated.pending(model, table, rows) == []
+    assert linears.pending(model, table, fuse, rows) == [] and gated.pending(model, table, rows) == []
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA (Triton compiles for a GPU)")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_models import kernel_model
 
-from hf_rstitch.fast import add_norm, folds, gated, gemv
+from hf_rstitch.fast import add_norm, folds, gated, gemv, linears
 
 CUDA = torch.cuda.is_available()
 DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")), ("cuda", CUDA and gemv.available("cuda"))) if ok]
@@ -17,7 +17,7 @@ needs_kernels = pytest.mark.skipif(not DEVICES, reason="needs triton (CUDA, or T
 def _plan(model, table=None):
     """The lane's products and layer forwards (the add+norm pieces uncompiled)."""
     table = {} if table is None else table
-    products = gemv.plan(model, table, fuse=True) + gated.plan(model, table)
+    products = linears.plan(model, table, fuse=True) + gated.plan(model, table)
     return products, add_norm.plan(model, lambda key, fn: fn, products)
 
 
@@ -42,7 +42,7 @@ def test_folded_layers_equal_the_model(device, arch, monkeypatch):
         for width in (1, 3):
             ids = torch.randint(0, 97, (1, width), device=device)
             want = model(ids).logits
-            with gemv.gemv_linears_on(products + layers):
+            with linears.gemv_linears_on(products + layers):
                 got = model(ids).logits
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
             assert len(seen) == (2 * len(model.model.layers) if width == 1 else 0)
@@ -54,14 +54,14 @@ def test_fold_only_where_every_part_takes_it(monkeypatch):
     project, or products that are not the kernels taking folds (q/k/v apart, an MLP not fused)."""
     model = kernel_model("cpu", "qwen2")
     table = {}
-    products = dict(gemv.plan(model, table, fuse=True) + gated.plan(model, table))
+    products = dict(linears.plan(model, table, fuse=True) + gated.plan(model, table))
     layer = model.model.layers[0]
     assert folds.foldable(layer, products)  # off CUDA the plans install the forwards all the same
     monkeypatch.setattr(folds, "ENABLED", False)
     assert not folds.foldable(layer, products)
     monkeypatch.setattr(folds, "ENABLED", True)
-    assert not folds.foldable(layer, dict(gemv.plan(model, table, fuse=False) + gated.plan(model, table)))
-    assert not folds.foldable(layer, dict(gemv.plan(model, table, fuse=True)))  # the MLP keeps its forward
+    assert not folds.foldable(layer, dict(linears.plan(model, table, fuse=False) + gated.plan(model, table)))
+    assert not folds.foldable(layer, dict(linears.plan(model, table, fuse=True)))  # the MLP keeps its forward
     original = layer.post_attention_layernorm
     layer.post_attention_layernorm = torch.nn.LayerNorm(64)
     assert not folds.foldable(layer, products)
@@ -111,7 +111,7 @@ def test_pending_lists_the_folded_products_once_a_shape():
     assert runs[2].func is gated.launch and runs[2].keywords["norm"] is layer.post_attention_layernorm.weight
     assert runs[3].args[1] is mlp.down_proj.weight and "residual" in runs[3].keywords
     assert jobs[1][0] == (installed[attn.o_proj].args[1][0],)
-    assert folds.pending(model, gemv.plan(model, {}, fuse=True)) == []  # the MLP not fused: no layer folds
+    assert folds.pending(model, linears.plan(model, {}, fuse=True)) == []  # the MLP not fused: no layer folds
 
 
 @needs_kernels
@@ -147,7 +147,7 @@ def test_folded_forward_after_precompile_builds_nothing(monkeypatch):
         triton_support.precompile(folds.pending(model, products), "cuda")
         ahead = len(built)
         assert ahead >= 4
-        with torch.no_grad(), gemv.gemv_linears_on(products + layers):
+        with torch.no_grad(), linears.gemv_linears_on(products + layers):
             model(ids)
         torch.cuda.synchronize()
         assert [name for name in built[ahead:] if name in ("gemv_kernel", "gated_kernel")] == []

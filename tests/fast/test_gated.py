@@ -8,7 +8,7 @@ import pytest
 import torch
 from tiny_models import assert_compiles_like_eager, assert_wide_tier_runs, kernel_model
 
-from hf_rstitch.fast import gated, gemv
+from hf_rstitch.fast import gated, gemv, linears
 
 CUDA = torch.cuda.is_available()
 DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")), ("cuda", CUDA and gemv.available("cuda"))) if ok]
@@ -94,7 +94,7 @@ def test_mlps_on_model_equal_and_restored(device, arch):
     one, several, many = (torch.randint(0, 97, (1, n), device=device) for n in (1, 5, gemv.MAX_ROWS + 3))
     with torch.no_grad():
         want = [model(ids).logits for ids in (one, several, many)]
-        with gemv.gemv_linears_on(patches):
+        with linears.gemv_linears_on(patches):
             assert all("forward" in m.__dict__ for m in mlps)
             got = [model(ids).logits for ids in (one, several, many)]
     assert not any("forward" in m.__dict__ for m in mlps)  # restored
@@ -131,7 +131,7 @@ def test_wide_inputs_use_the_given_activation_product(device):
     many = torch.randint(0, 97, (1, gemv.MAX_ROWS + 3), device=device)
     with torch.no_grad():
         want = model(many).logits
-        with gemv.gemv_linears_on(gated.plan(model, {}, act_mul)):
+        with linears.gemv_linears_on(gated.plan(model, {}, act_mul)):
             got = model(many).logits
     assert seen == [gemv.MAX_ROWS + 3] * 2  # both layers
     assert torch.equal(got, want)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tiny_models import assert_compiles_like_eager, assert_wide_tier_runs, kernel_model
 
-from hf_rstitch.fast import gemv
+from hf_rstitch.fast import gemv, linears
 
 CUDA = torch.cuda.is_available()
 DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")), ("cuda", CUDA and gemv.available("cuda"))) if ok]
@@ -103,19 +103,19 @@ def _each_model(test):
 @_each_model
 def test_linears_on_model_equal_and_restored(device, fuse, arch):
     model = kernel_model(device, arch)
-    table = gemv.tune_model(model)
-    assert len(table) == 2 * len({gemv.shape_key(m.weight, m.bias) for m in gemv.linear_modules(model)})  # 1, few rows
-    patches = gemv.plan(model, table, fuse=fuse)
-    assert len(patches) == len(gemv.linear_modules(model))  # every layer, fused or alone
+    table = linears.tune_model(model)
+    assert len(table) == 2 * len({gemv.shape_key(m.weight, m.bias) for m in linears.linear_modules(model)})  # 1, few rows
+    patches = linears.plan(model, table, fuse=fuse)
+    assert len(patches) == len(linears.linear_modules(model))  # every layer, fused or alone
     one = torch.randint(0, 97, (1, 1), device=device)
     several = torch.randint(0, 97, (1, 5), device=device)
     many = torch.randint(0, 97, (1, gemv.MAX_ROWS + 3), device=device)
     with torch.no_grad():
         want = [model(ids).logits for ids in (one, several, many)]
-        with gemv.gemv_linears_on(patches):
-            assert all("forward" in m.__dict__ for m in gemv.linear_modules(model))
+        with linears.gemv_linears_on(patches):
+            assert all("forward" in m.__dict__ for m in linears.linear_modules(model))
             got = [model(ids).logits for ids in (one, several, many)]
-    assert not any("forward" in m.__dict__ for m in gemv.linear_modules(model))  # restored
+    assert not any("forward" in m.__dict__ for m in linears.linear_modules(model))  # restored
     torch.testing.assert_close(got[0], want[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=1e-4)
     assert torch.equal(got[2], want[2])  # more than MAX_ROWS rows keep F.linear
@@ -132,16 +132,16 @@ def test_a_lane_of_64_rows_runs_the_wide_tier(device, fuse):
     """Tuned for 64 rows, inputs of 17..64 rows run the wide tier (its own configuration per shape); more rows
     keep F.linear."""
     model = kernel_model(device, "llama")
-    table = gemv.tune_model(model, rows=gemv.WIDE_ROWS)
-    assert len(table) == 3 * len({gemv.shape_key(m.weight, m.bias) for m in gemv.linear_modules(model)})
-    patches = gemv.plan(model, table, fuse=fuse, rows=gemv.WIDE_ROWS)
+    table = linears.tune_model(model, rows=gemv.WIDE_ROWS)
+    assert len(table) == 3 * len({gemv.shape_key(m.weight, m.bias) for m in linears.linear_modules(model)})
+    patches = linears.plan(model, table, fuse=fuse, rows=gemv.WIDE_ROWS)
     assert_wide_tier_runs(model, patches, device)
 
 
 @_each_model
 def test_linears_compile_through_custom_op(device, fuse, arch):
     model = kernel_model(device, arch)
-    assert_compiles_like_eager(model, gemv.plan(model, {}, fuse=fuse), device)
+    assert_compiles_like_eager(model, linears.plan(model, {}, fuse=fuse), device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -150,7 +150,7 @@ def test_plan_skips_what_the_kernel_cannot_read(device):
     layer = model.model.layers[0].mlp.down_proj
     layer.weight = torch.nn.Parameter(layer.weight.detach().t().contiguous().t())  # columns contiguous
     model.model.layers[1].mlp.up_proj.double()  # float64: the kernel accumulates in float32
-    kept = {id(m) for m, _ in gemv.plan(model, {})}
+    kept = {id(m) for m, _ in linears.plan(model, {})}
     assert id(layer) not in kept and id(model.model.layers[1].mlp.up_proj) not in kept
     assert len(kept) == 2 * 7 + 1 - 2  # 7 linear layers a block, 2 blocks, the LM head; 2 left alone
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from hf_rstitch.fast import gemv, tuning_cache
+from hf_rstitch.fast import gemv, linears, tuning_cache
 from hf_rstitch.fast.gemv import GemvConfig
 from hf_rstitch.fast.tuning_cache import TuningTable
 
@@ -99,5 +99,5 @@ def test_the_tuner_times_a_shape_once_across_processes(tmp_path, monkeypatch):
     weight = torch.zeros(64, 32, dtype=torch.bfloat16)
     path = tmp_path / "t.json"
     for _ in range(2):  # two "processes": each its own table over the same file
-        assert gemv.config_for(_table(path), weight, None, 1) == GemvConfig(4, 256, 2, 2, 1)
+        assert linears.config_for(_table(path), weight, None, 1) == GemvConfig(4, 256, 2, 2, 1)
     assert timed == [torch.Size([64, 32])]
