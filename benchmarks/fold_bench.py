@@ -62,11 +62,11 @@ def chains(layers: list, cfg, add_norm, eps: float = 1e-6):
 
 def compiled_add_norm(eps: float, device: str):
     """The add and RMSNorm as ``compile="parts"`` runs them: one compiled piece (eager on CPU)."""
+    from hf_rstitch.fast import gemv
+
     def add_norm(weight, residual, h):
         total = residual + h
-        x = total.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-        return total, weight * x.to(total.dtype)
+        return total, gemv.rms_norm(total, weight, eps)
 
     return torch.compile(add_norm, dynamic=True, fullgraph=True) if device == "cuda" else add_norm
 

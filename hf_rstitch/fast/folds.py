@@ -136,20 +136,19 @@ def pending(model: torch.nn.Module, products) -> list[tuple]:
         attn, mlp, n1, n2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
         group = installed[attn.q_proj].func.__self__
         o, down = attn.o_proj, mlp.down_proj
-        shapes = (tuple(group.weight.shape), tuple(o.weight.shape), tuple(mlp.gate_proj.weight.shape), group.cfgs[0],
-                  installed[o].args[1][0], installed[mlp].args[1][0], installed[down].args[1][0])
+        cfgs = (group.cfgs[0],) + tuple(installed[m].args[1][0] for m in (o, mlp, down))  # the one-row tier's
+        shapes = (tuple(group.weight.shape), tuple(o.weight.shape), tuple(mlp.gate_proj.weight.shape)) + cfgs
         if shapes in seen:
             continue
         seen.add(shapes)
         x = group.weight.new_empty(1, group.weight.shape[1])
         stream = o.weight.new_empty(1, o.out_features)  # the residual the adds read
-        jobs += [((group.cfgs[0],), functools.partial(gemv.launch, x, group.weight, group.bias, norm=n1.weight,
-                                                      eps=n1.variance_epsilon)),
-                 ((installed[o].args[1][0],), functools.partial(gemv.launch, o.weight.new_empty(1, o.in_features),
-                                                                o.weight, o.bias, residual=stream)),
-                 ((installed[mlp].args[1][0],), functools.partial(gated.launch, x, mlp.gate_proj.weight,
-                                                                  mlp.up_proj.weight, norm=n2.weight,
-                                                                  eps=n2.variance_epsilon)),
-                 ((installed[down].args[1][0],), functools.partial(
-                     gemv.launch, down.weight.new_empty(1, down.in_features), down.weight, down.bias, residual=stream))]
+        runs = (functools.partial(gemv.launch, x, group.weight, group.bias, norm=n1.weight, eps=n1.variance_epsilon),
+                functools.partial(gemv.launch, o.weight.new_empty(1, o.in_features), o.weight, o.bias,
+                                  residual=stream),
+                functools.partial(gated.launch, x, mlp.gate_proj.weight, mlp.up_proj.weight, norm=n2.weight,
+                                  eps=n2.variance_epsilon),
+                functools.partial(gemv.launch, down.weight.new_empty(1, down.in_features), down.weight, down.bias,
+                                  residual=stream))
+        jobs += [((cfg,), run) for cfg, run in zip(cfgs, runs)]
     return jobs

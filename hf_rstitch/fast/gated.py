@@ -231,7 +231,7 @@ def tune(gate: torch.Tensor, up: torch.Tensor, candidates, calls: int = 20) -> O
         return candidates[0]
     x = torch.randn(rows, gate.shape[1], dtype=gate.dtype, device=gate.device)
     baseline = (lambda: reference(x, gate, up)) if rows > 1 else None
-    best = fastest(candidates, lambda cfg: launch(x, gate, up, cfg), baseline, calls, x.device)
+    best = fastest(candidates, lambda cfg: launch(x, gate, up, cfg), baseline, calls)
     if best is None and rows == 1:
         raise RuntimeError(f"no gated gemv configuration runs for weights of shape {tuple(gate.shape)}")
     return best

@@ -320,7 +320,7 @@ def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES,
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
     # few rows: on an H100, cuBLAS won for most Qwen2 shapes at 8 rows (results/gemv_*.md)
     baseline = (lambda: F.linear(x, weight, bias)) if rows > 1 else None
-    best = fastest(candidates, lambda cfg: launch(x, weight, bias, cfg), baseline, calls, x.device)
+    best = fastest(candidates, lambda cfg: launch(x, weight, bias, cfg), baseline, calls)
     if best is None and rows == 1:
         raise RuntimeError(f"no gemv configuration runs for a weight of shape {tuple(weight.shape)}")
     return best

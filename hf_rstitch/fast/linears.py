@@ -60,9 +60,9 @@ def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfgs
     with a fold (:mod:`.folds`): ``norm`` (weight, eps) before the product, ``residual`` added after."""
     t = tier(x.numel() // weight.shape[1])
     c = cfgs[t] if t is not None else None
-    if c is None:  # a long catch-up prefill, a tier not tuned, or cuBLAS measured faster for this shape
-        return _reference(x, weight, bias, *(norm or (None, 0.0)), residual)
     w, e = norm or (None, 0.0)
+    if c is None:  # a long catch-up prefill, a tier not tuned, or cuBLAS measured faster for this shape
+        return _reference(x, weight, bias, w, e, residual)
     return torch.ops.hf_rstitch.gemv(x, weight, bias, c.block_n, c.block_k, c.num_warps, c.num_stages, c.block_m,
                                      c.split_k, w, e, residual)
 

@@ -19,10 +19,23 @@ from .tuning_cache import TuningTable
 TABLE = TuningTable()  # tuned configurations, shared by every lane of the process and kept on disk
 
 
+def _kernels_run(model: torch.nn.Module, config: FastConfig) -> bool:
+    """Whether the lane's products run the Triton kernels: ``config.gemv`` not False and Triton on the model's
+    device (``gemv=True`` without it is an error)."""
+    if config.gemv is False:
+        return False
+    if not gemv.available(model.device):
+        if config.gemv:
+            raise ValueError(f"FastConfig(gemv=True) needs Triton and a CUDA device (got {model.device}); "
+                             "install triton or leave gemv=None.")
+        return False
+    return True
+
+
 def pending(model: torch.nn.Module, config: FastConfig, rows: int) -> list:
     """The tuning jobs :func:`product_layers` will time (shapes not in :data:`TABLE`), as ``(candidates, run)``
     for :func:`~hf_rstitch.fast.triton_support.precompile` to build all their kernels at once beforehand."""
-    if config.gemv is False or not gemv.available(model.device):
+    if not _kernels_run(model, config):
         return []
     jobs = linears.pending(model, TABLE, config.fuse_qkv, rows)
     return jobs + (gated.pending(model, TABLE, rows) if config.fuse_mlp else [])
@@ -33,18 +46,12 @@ def product_layers(model: torch.nn.Module, config: FastConfig, rows: int) -> lis
     the fused q/k/v and other linears (``config.gemv``, ``fuse_qkv``) and the gated MLPs (``fuse_mlp``).
     Empty where Triton does not run on the model's device (cuBLAS everywhere); ``gemv=True`` there is an
     error."""
-    device = model.device
-    if config.gemv is False:
-        return []
-    if not gemv.available(device):
-        if config.gemv:
-            raise ValueError(f"FastConfig(gemv=True) needs Triton and a CUDA device (got {device}); "
-                             "install triton or leave gemv=None.")
+    if not _kernels_run(model, config):
         return []
     layers = linears.plan(model, TABLE, fuse=config.fuse_qkv, rows=rows)  # the wide tier only for lanes that need it
     if config.fuse_mlp:  # MLP forwards: installed with the linears' (gemv_linears_on), before the regions'
         act_mul = regions.silu_mul() if config.compile == "parts" else None
         layers += gated.plan(model, TABLE, act_mul, rows=rows)
     if config.compile == "parts" and config.adds_with_norms:  # the layers fold at one row: their own kernels
-        triton_support.precompile(folds.pending(model, layers), device)
+        triton_support.precompile(folds.pending(model, layers), model.device)
     return layers

@@ -146,12 +146,10 @@ def precompile(jobs, device) -> None:
                     continue
 
 
-def fastest(candidates, run, baseline=None, calls: int = 20, device=None):
+def fastest(candidates, run, baseline=None, calls: int = 20):
     """The candidate whose ``run(cfg)`` takes least time in a CUDA graph, or None when ``baseline()`` (if
-    given) beats every one; candidates the device cannot run are skipped. With ``device``, the candidates'
-    kernels are compiled in parallel first (:func:`precompile`)."""
-    if device is not None:
-        precompile([(candidates, run)], device)
+    given) beats every one; candidates the device cannot run are skipped. A lane builds their kernels
+    beforehand (:func:`precompile`); elsewhere the first run of each builds it."""
     best, best_ms = None, graph_ms(baseline, calls) if baseline is not None else float("inf")
     for cfg in candidates:
         try:
