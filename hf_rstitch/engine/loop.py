@@ -60,7 +60,7 @@ def stitch_loop(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     policy: RoutingPolicy,
-    process: Processor,
+    process: Processor | None,
     should_stop: Stopper,
     do_sample: bool = False,
     pad_token_id: int = 0,
@@ -76,7 +76,8 @@ def stitch_loop(
         input_ids: ``[B, T]`` prompt ids (left-padded when rows differ in length).
         attention_mask: ``[B, T]`` prompt mask.
         policy: decides the hand-overs (see :mod:`hf_rstitch.core.policies`).
-        process: logits processor, called on the whole batch each step.
+        process: logits processor, called on the whole batch each step; None: none (the scores are the
+            logits, and greedy tokens may come from the lanes, which found them reading the logits out).
         should_stop: stopping rule on (sequence, processed scores) -> ``[B]`` done, whole batch.
         do_sample: sample instead of argmax.
         pad_token_id: the token of rows that already finished.
@@ -86,6 +87,7 @@ def stitch_loop(
     """
     batch = input_ids.shape[0]
     seq, mask = input_ids, attention_mask  # [B, T]: the caller's rows, all of them, all along
+    room = _MaskRoom(attention_mask)
     unfinished = torch.ones(batch, dtype=torch.bool)  # [B] host
     in_lanes = torch.arange(batch)  # [b] caller row of each lane row
     at = None  # in_lanes on the device, once rows have left the lanes (copied once per change, not per step)
@@ -101,12 +103,13 @@ def stitch_loop(
         out = run_step(lanes, seq if at is None else seq[at], mask if at is None else mask[at], routing, policy,
                        index, in_lanes, accounted, ahead=ahead)
         logits = out.logits if at is None else out.logits.new_zeros(batch, out.logits.shape[-1]).index_copy_(0, at, out.logits)
-        scores = process(seq, logits)
-        tokens = pick_tokens(scores, do_sample)  # [B]
+        scores = logits if process is None else process(seq, logits)
+        found = out.greedy if process is None and not do_sample and at is None else None  # the lanes' argmax
+        tokens = found if found is not None else pick_tokens(scores, do_sample)  # [B]
         if live is not None:
             tokens = torch.where(live, tokens, torch.full_like(tokens, pad_token_id))
         seq = torch.cat([seq, tokens[:, None]], dim=-1)
-        mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=-1)
+        mask = room.take(seq.shape[1])
         if on_token is not None:
             on_token(tokens)
         stop = should_stop(seq, scores)
@@ -171,6 +174,23 @@ def keep_ahead(ahead: Ahead | None, keep: torch.Tensor) -> Ahead | None:
         return None
     hidden = ahead.hidden.index_select(0, to_device(keep, ahead.hidden.device)) if ahead.hidden is not None else None
     return Ahead(ahead.role, ahead.logits.index_select(0, to_device(keep, ahead.logits.device)), hidden)
+
+
+class _MaskRoom:
+    """The attention mask grown by a column of ones a step: views of a buffer with room for :data:`ROOM` more
+    columns at a time, so that most steps launch no kernel for it (lanes read the mask, never write it)."""
+
+    ROOM = 256
+
+    def __init__(self, mask: torch.Tensor):
+        self.buffer = mask
+
+    def take(self, width: int) -> torch.Tensor:
+        """The mask of a sequence ``width`` columns long: the prompt's, then ones."""
+        if width > self.buffer.shape[1]:
+            ones = self.buffer.new_ones(self.buffer.shape[0], max(self.ROOM, width - self.buffer.shape[1]))
+            self.buffer = torch.cat([self.buffer, ones], dim=-1)
+        return self.buffer[:, :width]
 
 
 class _HostFlags:

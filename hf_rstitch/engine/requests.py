@@ -167,7 +167,7 @@ class RequestEngine:
         self._step_index += 1
         held = set(out.held.nonzero().flatten().tolist()) if out.held is not None else set()  # rows without a token
         self._count(out, held)
-        picked = self._pick(out.logits, held)  # [b] on the device
+        picked = self._pick(out.logits, held, out.greedy)  # [b] on the device
         self._append(picked, held)
         pending = send_values(picked, out.entropy, out.slm_entropy, out.back)  # before an early call: see its wait
         if not held and self.schedule is None and not self._admissible():
@@ -320,9 +320,11 @@ class RequestEngine:
         st["llm_calls"] += out.back is not None
         st["held"] += len(held)
 
-    def _pick(self, logits: torch.Tensor, held: set[int]) -> torch.Tensor:
-        """Greedy argmax per row; rows that sample draw from their own generator (held rows draw nothing)."""
-        tokens = logits.argmax(dim=-1)
+    def _pick(self, logits: torch.Tensor, held: set[int], greedy: torch.Tensor | None = None) -> torch.Tensor:
+        """Greedy argmax per row (``greedy``: the lanes found it reading the logits out); rows that sample draw from
+        their own generator (held rows draw nothing)."""
+        sampled = any(row.request.do_sample for row in self._rows)
+        tokens = logits.argmax(dim=-1) if greedy is None else greedy.clone() if sampled else greedy
         for i, row in enumerate(self._rows):
             r = row.request
             if r.do_sample and i not in held:

@@ -77,6 +77,7 @@ class StepOut:
     back: torch.Tensor | None  # [b] bool (any device): after its token the LLM hands back (None: LLM did not run)
     calls: list[tuple[int, ForwardCall]]  # (lane row, call) for every accounted row
     held: torch.Tensor | None = None  # [b] bool, host: rows that gain no token this step (waiting for the LLM)
+    greedy: torch.Tensor | None = None  # [b] long: argmax of ``logits``, where the lanes found it (read-out)
 
 
 @dataclass
@@ -137,13 +138,25 @@ def run_step(
     elif llm_on.any():
         held = llm_on.clone()  # no LLM call: these rows wait; their logits below are the SLM's, unused
     return StepOut(_by_writer(llm_on, llm_logits, slm_logits), _by_writer(llm_on, llm_h, slm_h), llm_on, handed,
-                   slm_h, back, calls, held)
+                   slm_h, back, calls, held, _greedy(lanes, llm_on, llm_logits, slm_logits))
 
 
 def _entropy(lane, logits: torch.Tensor) -> torch.Tensor:
     """The lane's own entropy where it has one (the fast lane's fused kernels), else the eager function."""
     own = getattr(lane, "entropy", None)
     return own(logits) if own is not None else normalized_entropy(logits)
+
+
+def _greedy(lanes: dict, writer_llm: torch.Tensor, llm_logits, slm_logits) -> torch.Tensor | None:
+    """Each row's argmax of its writer's logits where the lanes that wrote found it reading them out (the fast
+    lane's ``greedy``), else None: the caller computes it."""
+    found = {}
+    for role, logits in ((Role.LLM, llm_logits), (Role.SLM, slm_logits)):
+        if logits is not None:
+            found[role] = getattr(lanes[role], "greedy", lambda _: None)(logits)
+            if found[role] is None:
+                return None
+    return _by_writer(writer_llm, found.get(Role.LLM), found.get(Role.SLM))
 
 
 def _llm_before_decision(lane, decision: torch.Tensor, llm_on: torch.Tensor, schedule, seq, mask) -> Ahead | None:

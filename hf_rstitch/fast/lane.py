@@ -21,16 +21,18 @@ the shared sequence it has not seen, return the last column's logits -- with the
   it is captured.
 
 Per call the host does: one device copy of the new token ids into the graph's input buffer,
-a ``fill_`` of the real-token count for padded buckets, one replay, one copy of the logits out
-of the graph's buffer (they are overwritten by the next replay, and the other model may run
-first). It never waits for the device except at the first call of a generation (the prompts'
+a ``fill_`` of the real-token count for padded buckets, one replay, one read-out of the logits
+from the graph's buffer (they are overwritten by the next replay, and the other model may run
+first): on CUDA two small kernels that write their float32 copy and find each row's entropy and
+greedy token on the way (:func:`~hf_rstitch.fast.fused_entropy.read_out`; :meth:`FastLane.entropy`,
+:meth:`FastLane.greedy`), so the loop runs neither again. It never waits for the device except at the first call of a generation (the prompts'
 padding) and when rows leave; the stitch loop's routing decision is the only other sync.
 
 Padding: padded tokens are written to the slots just past the real ones, are invisible to
 every real query (causal mask) and are overwritten by the next call before anything can
 attend to them. Prompts may be left-padded; those slots are masked out of their row for good.
 
-Rows joining, waiting and the shared columns moving (the request engine's verbs) are in
+Rows leaving, joining, waiting and the shared columns moving (the request engine's verbs) are in
 :mod:`hf_rstitch.fast.lane_rows`.
 
 Reuse: a lane keeps its graphs across generations (:meth:`reset`); graphs record the model's
@@ -120,6 +122,7 @@ class FastLane(RowOps):
         self.row_moves = 0  # cache rows moved down when finished rows let the batch bucket shrink
         self._slot_index: torch.Tensor | None = None  # [B] cache row of each live row (device), None: in order
         self._join_lane = None  # a one-row lane of the same model that prefills joining rows (lane_rows)
+        self._read = None  # (logits, entropy, greedy) of the last read-out (_read_out)
         start = time.perf_counter()
         self._precompile(config)
         self.gemv_layers = product_layers(model, config, max_rows)  # [] keeps cuBLAS everywhere
@@ -185,7 +188,7 @@ class FastLane(RowOps):
         with torch.no_grad():
             logits, hidden = self._run(seq[:, total - width:].to(self.device), want_hidden)
         # copy out of the graph's buffers: the next replay (of either lane) may overwrite them
-        logits = self._live(logits).to(device=seq.device, dtype=torch.float32, copy=True)
+        logits = self._read_out(logits, seq.device)
         hidden = self._live(hidden).clone() if hidden is not None else None
         seconds = None
         if self.timing:
@@ -196,35 +199,27 @@ class FastLane(RowOps):
         return logits, hidden, calls
 
     def entropy(self, logits: torch.Tensor) -> torch.Tensor:
-        """The normalized entropy of ``logits`` (this lane's, ``[B, vocab]``): on CUDA the fused kernels of
-        :mod:`.fused_entropy` (one read of the logits, not a float32 copy and half a dozen passes), elsewhere
-        the eager function (CPU tests compare engines' entropies to 1e-9, the same arithmetic)."""
+        """The normalized entropy of ``logits`` (this lane's, ``[B, vocab]``): found when the logits were read
+        out of the graph (the ones :meth:`advance` last returned), else on CUDA the fused kernels of
+        :mod:`.fused_entropy` (one read of the logits, not half a dozen passes), elsewhere the eager function
+        (CPU tests compare engines' entropies to 1e-9, the same arithmetic)."""
+        if self._read is not None and logits is self._read[0]:
+            return self._read[1]
         if logits.device.type == "cuda" and fused_entropy.supported(logits):
             return fused_entropy.normalized_entropy(logits)
         return normalized_entropy(logits)
+
+    def greedy(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """``torch.argmax(logits, -1)`` where it was found when the logits were read out of the graph (the ones
+        :meth:`advance` last returned, on CUDA); else None (the caller picks the tokens itself)."""
+        if self._read is not None and logits is self._read[0]:
+            return self._read[2]
+        return None
 
     def account(self, total: int, rows: torch.Tensor, resumed: torch.Tensor) -> dict:
         """The records an :meth:`advance` to ``total`` columns would have made for ``rows`` (``[B]`` bool CPU),
         for a call made early with no rows taking part (a run-ahead, whose rows were not known yet)."""
         return self.rows.records(self.role, total, rows.tolist(), resumed.tolist(), None)
-
-    def keep_rows(self, index: torch.Tensor) -> None:
-        """Keep only the live rows ``index`` (CPU long tensor), in that order. No buffer is reallocated:
-        finished rows stay in the batch bucket as dead weight until the live ones fit a smaller bucket,
-        then the live rows above it move down (a copy of their written slots). Before the lane's first
-        call there is nothing to keep: that call starts from the rows it is given."""
-        if self.seen == 0:
-            return
-        moves = self.rows.keep([int(i) for i in index])
-        if moves:
-            src = to_device([m[0] for m in moves], self.device)
-            dst = to_device([m[1] for m in moves], self.device)
-            self.cache.move_rows(src, dst, self.seen)
-            self.valid[dst] = self.valid[src]
-            self.n_pad[dst] = self.n_pad[src]
-            self.row_moves += len(moves)
-        in_order = self.rows.in_order
-        self._slot_index = None if in_order else to_device(self.rows.slot, self.device)
 
     def reset(self) -> None:
         """Forget the sequence (keeps buffers and graphs): ready for the next generation."""
@@ -234,6 +229,7 @@ class FastLane(RowOps):
         self.seen = self.long_calls = self.row_moves = 0
         self.rows.clear()
         self._slot_index = None
+        self._read = None
 
     def warm_up(self, want_hidden: bool = False, batch_sizes=None) -> float:
         """Capture (and compile) the one-token step and every length bucket, for each batch bucket in
@@ -265,6 +261,18 @@ class FastLane(RowOps):
         self.valid[:b].fill_(True)
         self.valid[:b, :t].copy_(to_device(host, self.device))
         self._slot_index = None
+
+    def _read_out(self, out: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The live rows of the graph's logits ``out`` as a new float32 tensor on ``device``. On CUDA one pass
+        (:func:`.fused_entropy.read_out`) also finds their entropy and greedy tokens (:meth:`entropy`,
+        :meth:`greedy`); elsewhere, or on another device than the lane's, a plain copy."""
+        self._read = None
+        if device != self.device or self.device.type != "cuda" or not fused_entropy.supported(out):
+            return self._live(out).to(device=device, dtype=torch.float32, copy=True)
+        index = self._slot_index
+        copy, entropy, greedy = fused_entropy.read_out(out[: self.rows.n_live] if index is None else out, index)
+        self._read = (copy, entropy, greedy)
+        return copy
 
     def _live(self, out: torch.Tensor) -> torch.Tensor:
         """Rows of a graph output ``[b, ...]`` that belong to live rows, in the caller's order."""

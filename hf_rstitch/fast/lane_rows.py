@@ -1,5 +1,5 @@
-"""Continuous batching for :class:`~hf_rstitch.fast.lane.FastLane`: rows join, wait, and the shared columns
-grow or shrink on the left (the request engine's verbs of the lane protocol, :mod:`hf_rstitch.engine.protocol`).
+"""Continuous batching for :class:`~hf_rstitch.fast.lane.FastLane`: rows join, wait, leave, and the shared columns
+grow or shrink on the left (the verbs of the lane protocol beyond ``advance``, :mod:`hf_rstitch.engine.protocol`).
 
 A mixin over the lane's state: its static cache (``cache``), per-cache-row padding mask and count
 (``valid``, ``n_pad``), row bookkeeping (``rows``), columns read so far (``seen``) and the live-row order
@@ -17,7 +17,25 @@ from ..engine.step import to_device
 
 
 class RowOps:
-    """``add_rows``, ``pad_left``, ``trim_left`` and ``hold_rows`` of a FastLane."""
+    """``keep_rows``, ``add_rows``, ``pad_left``, ``trim_left`` and ``hold_rows`` of a FastLane."""
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Keep only the live rows ``index`` (CPU long tensor), in that order. No buffer is reallocated:
+        finished rows stay in the batch bucket as dead weight until the live ones fit a smaller bucket,
+        then the live rows above it move down (a copy of their written slots). Before the lane's first
+        call there is nothing to keep: that call starts from the rows it is given."""
+        if self.seen == 0:
+            return
+        moves = self.rows.keep([int(i) for i in index])
+        if moves:
+            src = to_device([m[0] for m in moves], self.device)
+            dst = to_device([m[1] for m in moves], self.device)
+            self.cache.move_rows(src, dst, self.seen)
+            self.valid[dst] = self.valid[src]
+            self.n_pad[dst] = self.n_pad[src]
+            self.row_moves += len(moves)
+        in_order = self.rows.in_order
+        self._slot_index = None if in_order else to_device(self.rows.slot, self.device)
 
     def add_rows(self, seq: torch.Tensor, mask: torch.Tensor) -> None:
         """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free

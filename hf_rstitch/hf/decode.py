@@ -138,7 +138,7 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
         input_ids,
         mask,
         policy,
-        process=logits_processor,
+        process=logits_processor if logits_processor else None,  # none: the lanes may pick greedy tokens
         should_stop=stopping_criteria,
         do_sample=bool(generation_config.do_sample),
         pad_token_id=pad_id(generation_config),

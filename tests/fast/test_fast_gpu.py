@@ -307,3 +307,32 @@ def test_fp32_entropy_routing_on_cuda_equals_default(monkeypatch):
         assert [[(c.role, c.n_inf, c.n_kv) for c in t.calls] for t in got.stitch] == \
                [[(c.role, c.n_inf, c.n_kv) for c in t.calls] for t in want.stitch]
     assert any(e is not None for e in early)
+
+
+@pytest.mark.gpu
+@gpu
+def test_fp32_greedy_tokens_come_from_the_lanes_read_out(monkeypatch):
+    """Greedy, no logits processor: each step's tokens are the argmax the lanes found reading their logits out of
+    the graphs (no argmax in the loop) while every row is in the lanes, mixed writers included; once a row
+    has finished and left, the loop picks them itself. Tokens, roles and logits equal the eager engine's."""
+    from hf_rstitch.engine import loop
+    from tiny_models import left_pad, make_pair, prompt
+
+    picked = []
+    original = loop.pick_tokens
+    monkeypatch.setattr(loop, "pick_tokens", lambda *a, **k: picked.append(1) or original(*a, **k))
+    llm, slm = (m.to("cuda", torch.float32) for m in make_pair("qwen2"))
+    ids, mask = (t.cuda() for t in left_pad([prompt(k, seed=80 + i) for i, k in enumerate([5, 8, 6])]))
+    routes = [["slm", "llm", "llm", "slm"] * 4, ["llm", "slm"] * 8, ["slm"] * 6 + ["llm"] * 4 + ["slm"] * 6]
+    kw = dict(attention_mask=mask, assistant_model=slm, max_new_tokens=16, do_sample=False, pad_token_id=2,
+              return_dict_in_generate=True, stitch_policy=ReplayPolicy(routes))
+    free = llm.generate(ids, stitch_engine="default", **kw)
+    want = llm.generate(ids, stitch_engine="default", eos_token_id=int(free.sequences[1, ids.shape[1] + 9]), **kw)
+    picked.clear()
+    got = llm.generate(ids, stitch_engine=FastEngine(FastConfig(max_bucket=8)),
+                       eos_token_id=int(free.sequences[1, ids.shape[1] + 9]), **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    assert [t.roles for t in got.stitch] == [t.roles for t in want.stitch]
+    steps = got.sequences.shape[1] - ids.shape[1]
+    assert (got.sequences[:, -1] == 2).any()  # a row finished before the last step and left the lanes
+    assert 0 < len(picked) < steps - 1  # the loop picked tokens only after that

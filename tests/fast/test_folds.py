@@ -145,8 +145,8 @@ def test_folded_forward_after_precompile_builds_nothing(monkeypatch):
                         lambda *, src, metadata, metadata_group, times, cache_hit: built.append(src.fn.__name__))
     try:
         triton_support.precompile(folds.pending(model, products), "cuda")
-        ahead = len(built)
-        assert ahead >= 4
+        ahead = len(built)  # jobs of one specialization (o and down often are) share one build
+        assert {"gemv_kernel", "gated_kernel"} <= set(built)
         with torch.no_grad(), linears.gemv_linears_on(products + layers):
             model(ids)
         torch.cuda.synchronize()
