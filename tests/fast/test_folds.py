@@ -140,17 +140,20 @@ def test_folded_forward_after_precompile_builds_nothing(monkeypatch):
     for module in (gemv, gated):
         module._kernel.cache_clear()
     monkeypatch.setattr(triton_support, "COMPILE_THREADS", 4)
-    built = []
-    monkeypatch.setattr(knobs.compilation, "listener",
-                        lambda *, src, metadata, metadata_group, times, cache_hit: built.append(src.fn.__name__))
+    built = []  # (kernel, its specialization) of every build, in order
+    def listen(*, src, metadata, metadata_group, times, cache_hit):
+        built.append((src.fn.__name__, f"{getattr(src, 'constexprs', '')} {getattr(src, 'attrs', '')}"))
+
+    monkeypatch.setattr(knobs.compilation, "listener", listen)
     try:
         triton_support.precompile(folds.pending(model, products), "cuda")
         ahead = len(built)  # jobs of one specialization (o and down often are) share one build
-        assert {"gemv_kernel", "gated_kernel"} <= set(built)
+        assert {"gemv_kernel", "gated_kernel"} <= {name for name, _ in built}
         with torch.no_grad(), linears.gemv_linears_on(products + layers):
             model(ids)
         torch.cuda.synchronize()
-        assert [name for name in built[ahead:] if name in ("gemv_kernel", "gated_kernel")] == []
+        later = [b for b in built[ahead:] if b[0] in ("gemv_kernel", "gated_kernel")]
+        assert later == [], f"built at the forward: {later}; ahead: {built[:ahead]}"
     finally:
         for module in (gemv, gated):
             module._kernel.cache_clear()
