@@ -321,7 +321,7 @@ def test_fp32_greedy_tokens_come_from_the_lanes_read_out(monkeypatch):
     picked = []
     original = loop.pick_tokens
     monkeypatch.setattr(loop, "pick_tokens", lambda *a, **k: picked.append(1) or original(*a, **k))
-    llm, slm = (m.to("cuda", torch.float32) for m in make_pair("qwen2"))
+    llm, slm = (m.to("cuda", torch.float32) for m in make_pair("llama"))
     ids, mask = (t.cuda() for t in left_pad([prompt(k, seed=80 + i) for i, k in enumerate([5, 8, 6])]))
     routes = [["slm", "llm", "llm", "slm"] * 4, ["llm", "slm"] * 8, ["slm"] * 6 + ["llm"] * 4 + ["slm"] * 6]
     kw = dict(attention_mask=mask, assistant_model=slm, max_new_tokens=16, do_sample=False, pad_token_id=2,
