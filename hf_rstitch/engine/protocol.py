@@ -31,7 +31,9 @@ Lanes without it are never run ahead.
 
 Entropy: a lane may have ``entropy(logits) -> [B]`` float32, the normalized entropy of its own logits
 (the fast lane's fused kernels); the step uses :func:`hf_rstitch.core.entropy.normalized_entropy` for
-lanes without it.
+lanes without it. It may also have ``greedy(logits) -> [B] long | None``, each row's argmax, where it found
+it reading those logits (the fast lane's read-out); with no logits processor and greedy decoding the loop
+and the request engine take those tokens instead of computing them.
 
 Accounting: every lane reports its calls as ``ForwardCall(role, kind, n_inf, n_kv, seconds)``
 -- the quantities of the latency model (paper Eq. 4) -- so traces, the profiler and the
