@@ -168,7 +168,10 @@ def markdown(res) -> str:
              f"copy bandwidth {res['bandwidth_gbps']:.0f} GB/s (read + write). Per row: LLM alone "
              f"{round(MATH['llm_only_tokens'] * res['args']['scale'])} tokens; stitched "
              f"{round(MATH['llm_tokens'] * res['args']['scale'])} LLM + {round(MATH['slm_tokens'] * res['args']['scale'])} "
-             "SLM tokens, LLM runs of ~4, independent routes per row.", "",
+             "SLM tokens, LLM runs of ~4, independent routes per row. Hand-over decisions "
+             + ("on the device, as an entropy policy's (`--decisions device`): the loop reads them from the GPU and "
+                "cannot run the LLM ahead." if res.get("variant", {}).get("decisions") == "device" else
+                "replayed on the host (no device read for them)."), "",
              "| B | LLM alone (s) | x floor | stitched (s) | x floor | stitched speed-up | LLM ms/step | "
              "plain generate, LLM (s, extrap.) | static generate, LLM (s, extrap.) |",
              "|---|---|---|---|---|---|---|---|---|"]
