@@ -20,8 +20,10 @@ once per value of ``HF_RSTITCH_COMPILE_THREADS`` (kernels built ahead in paralle
 Each process builds the random Qwen2 7B / 1.5B bf16 pair (not timed), then times: the first
 ``generate`` (batch 1, 128-token prompt, a 4-token stitched route: lanes built, GEMV kernels tuned,
 steps compiled, decode and prompt graphs captured), ``FastLane.warm_up()`` of both lanes (every
-other length bucket), then the LLM alone and the SLM alone over ``--new`` tokens through
-``generate`` and through a bare lane loop (no policy, no per-token sync), then the first call at a
+other length bucket), then the LLM alone and the SLM alone through ``generate`` -- a decoded token as the
+difference of a ``--new`` and a ``--new // 2`` token call (the prompt's prefill and the call's set-up cancel;
+the floor ratio is of this), and the whole ``--new`` call per token -- and through a bare lane loop (no
+policy, no per-token sync), then the first call at a
 larger batch (``--then-batch``, 8: its graphs, and any compile a new batch size needs). Floor: the
 bytes a decode step reads (weights) over the measured copy bandwidth. With ``--profile``, the warm
 process also profiles ``--profile-steps`` decode graph replays of each model (kernels grouped by
