@@ -137,8 +137,9 @@ def run_step(
         back = policy.hand_to_slm(StepView(index, llm_h, rows=rows))  # host copy deferred to the caller's sync
     elif llm_on.any():
         held = llm_on.clone()  # no LLM call: these rows wait; their logits below are the SLM's, unused
-    return StepOut(_by_writer(llm_on, llm_logits, slm_logits), _by_writer(llm_on, llm_h, slm_h), llm_on, handed,
-                   slm_h, back, calls, held, _greedy(lanes, llm_on, llm_logits, slm_logits))
+    by_writer = _ByWriter(llm_on)
+    return StepOut(by_writer(llm_logits, slm_logits), by_writer(llm_h, slm_h), llm_on, handed, slm_h, back, calls,
+                   held, _greedy(lanes, by_writer, llm_logits, slm_logits))
 
 
 def _entropy(lane, logits: torch.Tensor) -> torch.Tensor:
@@ -147,7 +148,7 @@ def _entropy(lane, logits: torch.Tensor) -> torch.Tensor:
     return own(logits) if own is not None else normalized_entropy(logits)
 
 
-def _greedy(lanes: dict, writer_llm: torch.Tensor, llm_logits, slm_logits) -> torch.Tensor | None:
+def _greedy(lanes: dict, by_writer: "_ByWriter", llm_logits, slm_logits) -> torch.Tensor | None:
     """Each row's argmax of its writer's logits where the lanes that wrote found it reading them out (the fast
     lane's ``greedy``), else None: the caller computes it."""
     found = {}
@@ -156,7 +157,7 @@ def _greedy(lanes: dict, writer_llm: torch.Tensor, llm_logits, slm_logits) -> to
             found[role] = getattr(lanes[role], "greedy", lambda _: None)(logits)
             if found[role] is None:
                 return None
-    return _by_writer(writer_llm, found.get(Role.LLM), found.get(Role.SLM))
+    return by_writer(found.get(Role.LLM), found.get(Role.SLM))
 
 
 def _llm_before_decision(lane, decision: torch.Tensor, llm_on: torch.Tensor, schedule, seq, mask) -> Ahead | None:
@@ -223,17 +224,27 @@ def _llm_now(schedule: LLMSchedule | None, llm_on: torch.Tensor, waited: torch.T
     return schedule.run_now(LLMDemand(need=need, rows=len(llm_on), waited=int(waited[llm_on].max())))
 
 
-def _by_writer(writer_llm: torch.Tensor, llm_value: torch.Tensor | None, slm_value: torch.Tensor | None):
-    """Per row, the LLM's value where it writes and the SLM's elsewhere (either may be absent).
+class _ByWriter:
+    """Per row, the LLM's value where it writes and the SLM's elsewhere (either may be absent), for the step's
+    logits, entropies and greedy tokens alike.
 
-    ``writer_llm`` is ``[b]`` bool on the host; when every row has the same writer no mask goes to
-    the device (a host-to-device copy would wait for every queued kernel).
+    ``writer_llm`` is ``[b]`` bool on the host. When every row has the same writer no mask goes to the
+    device; otherwise it goes once per device, queued without waiting for the device's stream (``to_device``).
     """
-    if llm_value is None or slm_value is None:
-        return slm_value if llm_value is None else llm_value
-    if bool(writer_llm.all()):
-        return llm_value
-    if not bool(writer_llm.any()):
-        return slm_value
-    pick = writer_llm.to(llm_value.device)
-    return torch.where(pick.view(-1, *[1] * (llm_value.dim() - 1)), llm_value, slm_value)
+
+    def __init__(self, writer_llm: torch.Tensor):
+        self.writer_llm = writer_llm
+        self.all, self.none = bool(writer_llm.all()), not bool(writer_llm.any())
+        self._picks: dict[torch.device, torch.Tensor] = {}
+
+    def __call__(self, llm_value: torch.Tensor | None, slm_value: torch.Tensor | None):
+        if llm_value is None or slm_value is None:
+            return slm_value if llm_value is None else llm_value
+        if self.all:
+            return llm_value
+        if self.none:
+            return slm_value
+        pick = self._picks.get(llm_value.device)
+        if pick is None:
+            pick = self._picks[llm_value.device] = to_device(self.writer_llm, llm_value.device)
+        return torch.where(pick.view(-1, *[1] * (llm_value.dim() - 1)), llm_value, slm_value)
