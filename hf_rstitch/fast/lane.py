@@ -20,13 +20,12 @@ the shared sequence it has not seen, return the last column's logits -- with the
 * optionally the step is compiled with ``torch.compile`` (fused elementwise kernels) before
   it is captured.
 
-Per call the host does: one device copy of the new token ids into the graph's input buffer,
-a ``fill_`` of the real-token count for padded buckets, one replay, one read-out of the logits
-from the graph's buffer (they are overwritten by the next replay, and the other model may run
-first): on CUDA two small kernels that write their float32 copy and find each row's entropy and
-greedy token on the way (:func:`~hf_rstitch.fast.fused_entropy.read_out`; :meth:`FastLane.entropy`,
-:meth:`FastLane.greedy`), so the loop runs neither again. It never waits for the device except at the first call of a generation (the prompts'
-padding) and when rows leave; the stitch loop's routing decision is the only other sync.
+Per call the host does: one device copy of the new token ids into the graph's input buffer, a ``fill_`` of
+the real-token count for padded buckets, one replay, one read-out of the logits from the graph's buffer (the
+next replay of either lane overwrites it): on CUDA two small kernels that also find each row's entropy and
+greedy token (:func:`~hf_rstitch.fast.fused_entropy.read_out`; :mod:`hf_rstitch.fast.lane_outputs`).
+It never waits for the device except at the first call of a generation (the prompts' padding) and when rows
+leave; the stitch loop's routing decision is the only other sync.
 
 Padding: padded tokens are written to the slots just past the real ones, are invisible to
 every real query (causal mask) and are overwritten by the next call before anything can
@@ -52,16 +51,16 @@ import weakref
 import torch
 from transformers import AttentionInterface, PreTrainedModel
 
-from ..core.entropy import normalized_entropy
 from ..core.roles import Role
 from ..engine.lane import left_padding
 from ..engine.step import to_device
-from . import compile_cache, fused_entropy, linears, products, regions, rope_store, rotary_table, triton_support
+from . import compile_cache, linears, products, regions, rope_store, rotary_table, triton_support
 from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
 from .decode_attention import decode_attention, refuse_fallback, runs_for
 from .decode_attention import pending as attention_pending
 from .graphs import GraphRunner
+from .lane_outputs import Outputs
 from .lane_rows import RowOps
 from .products import product_layers
 from .rows import RowSlots
@@ -81,7 +80,7 @@ def _allow_recompiles(limit: int) -> None:
     setattr(config, name, max(getattr(config, name), limit))
 
 
-class FastLane(RowOps):
+class FastLane(Outputs, RowOps):
     """One model with a static cache and captured steps, advanced over a shared sequence.
 
     Args:
@@ -198,24 +197,6 @@ class FastLane(RowOps):
         self.seen = total
         return logits, hidden, calls
 
-    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
-        """The normalized entropy of ``logits`` (this lane's, ``[B, vocab]``): found when the logits were read
-        out of the graph (the ones :meth:`advance` last returned), else on CUDA the fused kernels of
-        :mod:`.fused_entropy` (one read of the logits, not half a dozen passes), elsewhere the eager function
-        (CPU tests compare engines' entropies to 1e-9, the same arithmetic)."""
-        if self._read is not None and logits is self._read[0]:
-            return self._read[1]
-        if logits.device.type == "cuda" and fused_entropy.supported(logits):
-            return fused_entropy.normalized_entropy(logits)
-        return normalized_entropy(logits)
-
-    def greedy(self, logits: torch.Tensor) -> torch.Tensor | None:
-        """``torch.argmax(logits, -1)`` where it was found when the logits were read out of the graph (the ones
-        :meth:`advance` last returned, on CUDA); else None (the caller picks the tokens itself)."""
-        if self._read is not None and logits is self._read[0]:
-            return self._read[2]
-        return None
-
     def account(self, total: int, rows: torch.Tensor, resumed: torch.Tensor) -> dict:
         """The records an :meth:`advance` to ``total`` columns would have made for ``rows`` (``[B]`` bool CPU),
         for a call made early with no rows taking part (a run-ahead, whose rows were not known yet)."""
@@ -261,24 +242,6 @@ class FastLane(RowOps):
         self.valid[:b].fill_(True)
         self.valid[:b, :t].copy_(to_device(host, self.device))
         self._slot_index = None
-
-    def _read_out(self, out: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """The live rows of the graph's logits ``out`` as a new float32 tensor on ``device``. On CUDA one pass
-        (:func:`.fused_entropy.read_out`) also finds their entropy and greedy tokens (:meth:`entropy`,
-        :meth:`greedy`); elsewhere, or on another device than the lane's, a plain copy."""
-        self._read = None
-        if device != self.device or self.device.type != "cuda" or not fused_entropy.supported(out):
-            return self._live(out).to(device=device, dtype=torch.float32, copy=True)
-        index = self._slot_index
-        copy, entropy, greedy = fused_entropy.read_out(out[: self.rows.n_live] if index is None else out, index)
-        self._read = (copy, entropy, greedy)
-        return copy
-
-    def _live(self, out: torch.Tensor) -> torch.Tensor:
-        """Rows of a graph output ``[b, ...]`` that belong to live rows, in the caller's order."""
-        if self._slot_index is None:
-            return out[: self.rows.n_live]
-        return out.index_select(0, self._slot_index)
 
     @property
     def _mask_free(self) -> bool:
