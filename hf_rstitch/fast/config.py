@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel
 
 from .buckets import bucket_sizes
+from . import experts, windows
 from .static_kv import ATTENTIONS
 
 
@@ -60,14 +61,10 @@ def check_supported(model: PreTrainedModel, batch_size: int = 1) -> None:
     """Raise a clear error if ``model`` cannot run in a FastLane (any batch size >= 1)."""
     if batch_size < 1:
         raise ValueError(f"the fast engine needs at least one row, got batch size {batch_size}.")
-    config = model.config.get_text_config()
     if getattr(model.config, "is_encoder_decoder", False):
         raise ValueError("the fast engine supports decoder-only causal LMs only.")
-    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"} or getattr(config, "use_sliding_window", False):
-        raise ValueError(
-            f"the fast engine supports full-attention models only; {type(model).__name__} has layer types "
-            f"{sorted(kinds)} (sliding_window={getattr(config, 'sliding_window', None)}). Use stitch_engine='default'."
-        )
+    reason = windows.why_not(model) or experts.why_not(model)
+    if reason is not None:
+        raise ValueError(f"{reason}. Use stitch_engine='default'.")
     if "attention_mask" not in inspect.signature(model.forward).parameters:
         raise ValueError(f"{type(model).__name__}.forward takes no attention_mask; the fast engine cannot drive it.")

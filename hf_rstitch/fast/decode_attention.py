@@ -13,6 +13,11 @@ programs (large batches) there is one split: the kernel walks every written slot
 and writes the output itself, with no partial results and no combine. Per row, slots left of the
 row's padding count (``pad[b]``) are masked, as is everything right of each query's own slot.
 
+Sliding windows, soft-capping and sinks (:mod:`.windows`): a layer with window ``W`` reads slots
+``[pos - W + 1, pos + q)`` only (the splits share that span) and masks, per query ``i``, the slots at or
+before ``pos + i - W``; ``softcap`` caps the scaled scores (``softcap * tanh(s / softcap)``); gpt-oss's sink
+logit of each head joins the softmax's denominator where the output is normalised.
+
 The plan (:func:`_plan`) was chosen on an H200 at 1400 written slots
 (``benchmarks/results/attention_sweep_*_nvidia_h200.md``): one split from ~one wave of programs
 (Qwen2-7B at B = 64: 1.09x its KV floor against 1.45x with five splits); below that, splits of
@@ -23,7 +28,7 @@ attention rounds the scores to the model's dtype first), probabilities rounded t
 dtype before the weighted sum. float32 models run the products in IEEE float32 (no TF32).
 
 What it does not do: head sizes that are not a power of two >= 16 (:func:`supported` says so and
-the caller keeps the matmul attention), dropout, sliding windows, soft-capping.
+the caller keeps the matmul attention), dropout.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import NamedTuple
 import torch
 
 from .triton_support import _triton, available, interpreted, next_pow2, pdl, start
+from .windows import NO_WINDOW, call_window
 from .triton_support import sm_count as _sm_count  # a module name the tests can patch
 
 FILL = 2  # programs per SM the plan aims for with several splits
@@ -54,24 +60,27 @@ def _kernels():
     triton, tl = _triton()
 
     @triton.jit
-    def split_kernel(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, o_ptr, pad_ptr, pos_ptr, scale,
+    def split_kernel(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, o_ptr, pad_ptr, pos_ptr, sink_ptr, scale, softcap,
                      sq_b, sq_h, sq_q, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_q, so_h, n_splits, Q_LEN, GROUP,
-                     KV_HEADS, BASIS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     IEEE: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr):
+                     KV_HEADS, BASIS, WINDOW, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     IEEE: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr,
+                     SINKS: tl.constexpr):
         if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
             tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
             tl.extra.cuda.gdc_launch_dependents()
         # one program: rows [mb * BLOCK_M, +BLOCK_M) of (group head, query) for one KV head of one batch row,
-        # slots [split * length, +length) -> partial (acc [BLOCK_M, D], max, sum), all float32, where length is the
-        # written slots' share per split (split_length). Only the head size and block sizes are compile-time
-        # constants: one compiled kernel serves every batch, catch-up length and sequence length.
+        # slots [lo + split * length, +length) -> partial (acc [BLOCK_M, D], max, sum), all float32, where lo is
+        # the first slot the layer's window lets any query of this call see (0 without a window) and length the
+        # share per split of the slots from there (split_length). Only the head size and block sizes are
+        # compile-time constants: one compiled kernel serves every batch, catch-up length and sequence length.
         split, hm, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         kvh, mb = hm % KV_HEADS, hm // KV_HEADS
         pos = tl.load(pos_ptr)
         total = pos + Q_LEN  # slots written, this call's included
-        shared = tl.maximum(total, BASIS)  # BASIS: 0, or the capacity (>= every written length)
+        lo = tl.maximum(pos - WINDOW + 1, 0)
+        shared = tl.maximum(total - lo, BASIS)  # BASIS: 0, or the capacity (>= every written length)
         length = ((shared + n_splits - 1) // n_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # as split_length()
-        start = split * length
+        start = lo + split * length
         m = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # row = g * Q_LEN + i
         real = m < GROUP * Q_LEN
         g, i = m // Q_LEN, m % Q_LEN
@@ -97,7 +106,11 @@ def _kernels():
                 else:
                     s = tl.dot(q, tl.trans(k))
                 s = s * scale  # [BM, BN]
+                if CAP:  # softcap * tanh(s / softcap), tanh from one exp of -2|x| (no overflow)
+                    t = tl.exp(-2.0 * tl.abs(s / softcap))
+                    s = tl.where(s < 0, -1.0, 1.0) * softcap * (1.0 - t) / (1.0 + t)
                 see = (cols[None, :] <= mine[:, None]) & ((cols[None, :] >= pad) | (cols[None, :] == mine[:, None]))
+                see = see & (cols[None, :] > mine[:, None] - WINDOW)
                 s = tl.where(see & inside[None, :], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -112,6 +125,12 @@ def _kernels():
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
                 m_i = m_new
             if DIRECT:  # one split: the output itself (each real row sees at least its own slot, so l_i > 0)
+                if SINKS:  # the head's sink logit joins the denominator
+                    sink = tl.load(sink_ptr + kvh * GROUP + g, mask=real, other=0.0).to(tl.float32)
+                    m_f = tl.maximum(m_i, sink)
+                    keep = tl.exp(m_i - m_f)
+                    acc = acc * keep[:, None]
+                    l_i = l_i * keep + tl.exp(sink - m_f)
                 y = acc / tl.where(real, l_i, 1.0)[:, None]
                 tl.store(o_ptr + b * so_b + i[:, None] * so_q + (kvh * GROUP + g)[:, None] * so_h + d[None, :],
                          y.to(o_ptr.dtype.element_ty), mask=real[:, None])
@@ -121,9 +140,10 @@ def _kernels():
                 tl.store(ml_ptr + 2 * out + 1, l_i, mask=real)
 
     @triton.jit
-    def combine_kernel(acc_ptr, ml_ptr, o_ptr, pos_ptr, so_b, so_q, so_h, n_splits, Q_LEN, GROUP, KV_HEADS,
-                       BASIS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr, PDL: tl.constexpr):
+    def combine_kernel(acc_ptr, ml_ptr, o_ptr, pos_ptr, sink_ptr, so_b, so_q, so_h, n_splits, Q_LEN, GROUP, KV_HEADS,
+                       BASIS, WINDOW, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr, PDL: tl.constexpr,
+                       SINKS: tl.constexpr):
         if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
             tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
             tl.extra.cuda.gdc_launch_dependents()
@@ -137,18 +157,24 @@ def _kernels():
         real = m < GROUP * Q_LEN
         g, i = m // Q_LEN, m % Q_LEN
         d = db * BLOCK_D + tl.arange(0, BLOCK_D)
-        written = tl.load(pos_ptr) + Q_LEN
-        shared = tl.maximum(written, BASIS)
+        pos = tl.load(pos_ptr)
+        span = pos + Q_LEN - tl.maximum(pos - WINDOW + 1, 0)  # the slots the splits shared (as split_kernel)
+        shared = tl.maximum(span, BASIS)
         length = ((shared + n_splits - 1) // n_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # as split_length()
-        used = (written + length - 1) // length
+        used = (span + length - 1) // length
         first = (b * KV_HEADS + kvh) * n_splits
         s = tl.arange(0, BLOCK_S)
         at = (first + s)[:, None] * rows_padded + m[None, :]  # [S, BM]
         ok = (s < used)[:, None] & real[None, :]  # padding rows were never written
         maxes = tl.load(ml_ptr + 2 * at, mask=ok, other=float("-inf"))
         m_all = tl.max(maxes, 0)
+        if SINKS:  # the head's sink logit joins the denominator
+            sink = tl.load(sink_ptr + kvh * GROUP + g, mask=real, other=0.0).to(tl.float32)
+            m_all = tl.maximum(m_all, sink)
         m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
         total = tl.sum(tl.exp(maxes - m_safe[None, :]) * tl.load(ml_ptr + 2 * at + 1, mask=ok, other=0.0), 0)
+        if SINKS:
+            total += tl.exp(sink - m_safe)
         acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
         for c in range(0, used, CHUNK_S):
             sc = c + tl.arange(0, CHUNK_S)
@@ -214,12 +240,16 @@ def split_length(total: int, n_splits: int, block_n: int) -> int:
 
 @torch.library.custom_op("hf_rstitch::decode_attention", mutates_args=())
 def decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: torch.Tensor,
-                        pad: torch.Tensor, scale: float) -> torch.Tensor:
-    return _launch(query, key, value, pos, pad, scale)
+                        pad: torch.Tensor, scale: float, window: int = NO_WINDOW, softcap: float = 0.0,
+                        sinks: torch.Tensor | None = None) -> torch.Tensor:
+    return _launch(query, key, value, pos, pad, scale, window, softcap, sinks)
 
 
 def _launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor,
-            scale: float) -> torch.Tensor:
+            scale: float, window: int = NO_WINDOW, softcap: float = 0.0,
+            sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch the kernels: ``window`` slots a query (:data:`NO_WINDOW`: all), ``softcap`` (0: none), ``sinks``
+    ``[H]`` (gpt-oss's sink logit of each head, or None)."""
     batch, heads, q_len, dim = query.shape
     kv_heads, slots = key.shape[1], key.shape[2]
     group = heads // kv_heads
@@ -236,26 +266,29 @@ def _launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: to
     basis = 0 if SPLIT_BASIS == "written" else slots
     ieee = query.dtype == torch.float32
     on = pdl(query.device, batch * q_len)
+    sink = ml if sinks is None else sinks  # a pointer the kernels never read without SINKS
     start(split_kernel, (n_splits, kv_heads * row_blocks, batch))(
-        query, key, value, acc, ml, out, pad, pos, scale,
+        query, key, value, acc, ml, out, pad, pos, sink, scale, float(softcap or 1.0),
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(1), out.stride(2), n_splits,
-        q_len, group, kv_heads, basis, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, IEEE=ieee or interpreted(),
-        DIRECT=n_splits == 1, num_warps=WARPS, num_stages=stages, PDL=on, launch_pdl=on,
+        q_len, group, kv_heads, basis, window, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
+        IEEE=ieee or interpreted(), DIRECT=n_splits == 1, num_warps=WARPS, num_stages=stages, PDL=on, launch_pdl=on,
+        CAP=bool(softcap), SINKS=sinks is not None,
     )
     if n_splits == 1:
         return out
     block_d = min(dim, 32)
     start(combine_kernel, (kv_heads * row_blocks, batch, dim // block_d))(
-        acc, ml, out, pos, out.stride(0), out.stride(1), out.stride(2), n_splits, q_len, group, kv_heads,
-        basis, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_S=max(16, next_pow2(n_splits)),
-        CHUNK_S=128 // block_m, num_warps=4, PDL=on, launch_pdl=on,
+        acc, ml, out, pos, sink, out.stride(0), out.stride(1), out.stride(2), n_splits, q_len, group, kv_heads,
+        basis, window, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_S=max(16, next_pow2(n_splits)), CHUNK_S=128 // block_m, num_warps=4, PDL=on, launch_pdl=on,
+        SINKS=sinks is not None,
     )
     return out
 
 
 def pending(keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor, heads: int,
-            batches, q_lens) -> list[tuple]:
+            batches, q_lens, windows=(None,)) -> list[tuple]:
     """``(calls, run)`` for :func:`~hf_rstitch.fast.triton_support.precompile`: the kernels a lane with this
     cache layer (``keys``/``values`` ``[rows, kv_heads, slots, dim]``), ``heads`` query heads, batch buckets
     ``batches`` and length buckets ``q_lens`` launches, built at once rather than one at a time at the first
@@ -266,29 +299,36 @@ def pending(keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor, pad: to
         return []
 
     def run(call):
-        b, q = call
+        b, q, window = call
         query = keys.new_empty(b, heads, q, dim)
-        return _launch(query, keys[:b], values[:b], pos, pad[:b], dim ** -0.5)
+        return _launch(query, keys[:b], values[:b], pos, pad[:b], dim ** -0.5, window)
 
-    return [(tuple((b, q) for b in batches for q in q_lens), run)]
+    # a window is a specialised integer argument: one per distinct window (and one without) is enough
+    kinds = sorted({NO_WINDOW if w is None else w for w in windows})
+    return [(tuple((b, q, w) for b in batches for q in q_lens for w in kinds), run)]
 
 
 @decode_attention_op.register_fake
-def _(query, key, value, pos, pad, scale):
+def _(query, key, value, pos, pad, scale, window=NO_WINDOW, softcap=0.0, sinks=None):
     batch, heads, q_len, dim = query.shape
     return query.new_empty(batch, q_len, heads, dim)
 
 
 def decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, *, pos, pad,
-                     fallback, **kwargs):
+                     fallback, windows=None, **kwargs):
     """transformers attention function: the split-K kernel where :func:`supported`, else ``fallback``
     (the matmul attention over the 4D mask). ``pos`` (write offset before this call) and ``pad``
-    (``[rows]`` left-padding count of each cache row) are the lane's device tensors, bound with
-    ``functools.partial`` when the lane registers it.
+    (``[rows]`` left-padding count of each cache row) are the lane's device tensors, ``windows`` the model's
+    per-layer windows (:func:`.windows.layer_windows`), bound with ``functools.partial`` when the lane
+    registers it. ``kwargs`` may carry ``sliding_window``, ``softcap`` and ``s_aux`` (sinks) as transformers
+    passes them.
 
     Returns ``([b, q, H, D], None)``.
     """
     if not supported(query, key):
         return fallback(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    window = call_window(module, kwargs, windows)
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    return torch.ops.hf_rstitch.decode_attention(query, key, value, pos, pad, scale), None
+    softcap = float(kwargs.get("softcap") or 0.0)
+    return torch.ops.hf_rstitch.decode_attention(query, key, value, pos, pad, scale, NO_WINDOW if window is None
+                                                 else window, softcap, kwargs.get("s_aux")), None

@@ -54,7 +54,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from ..core.roles import Role
 from ..engine.lane import left_padding
 from ..engine.step import to_device
-from . import compile_cache, linears, products, regions, rope_store, rotary_table, triton_support
+from . import compile_cache, experts, linears, products, regions, rope_store, rotary_table, triton_support
 from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
 from .decode_attention import decode_attention, refuse_fallback, runs_for
@@ -64,7 +64,8 @@ from .lane_outputs import Outputs
 from .lane_rows import RowOps
 from .products import product_layers
 from .rows import RowSlots
-from .static_kv import KV_CHUNK, StaticKV, static_attention, static_attention_on
+from .static_kv import KV_CHUNK, StaticKV, static_attention, static_attention_on, static_attention_sdpa
+from .windows import layer_windows
 
 
 def _sync(device: torch.device) -> None:
@@ -127,6 +128,7 @@ class FastLane(Outputs, RowOps):
         self.gemv_layers = product_layers(model, config, max_rows)  # [] keeps cuBLAS everywhere
         self.gemv_tune_seconds = time.perf_counter() - start
         self._attention = self._register_attention(config.attention)
+        self._experts = experts.plan(model)  # MoE: a dispatch that stays on the device (.experts)
         # the split kernel masks by the write offset and padding counts: no step builds a mask it would not read
         self._no_mask = torch.ones(1, 1, n_slots, dtype=torch.bool, device=dev) if self._mask_free else None
         params = inspect.signature(model.forward).parameters
@@ -257,20 +259,26 @@ class FastLane(Outputs, RowOps):
         if config.attention == "split" and triton_support.available(self.device):
             heads = self.model.config.get_text_config().num_attention_heads
             jobs += attention_pending(self.cache.keys[0], self.cache.values[0], self.cache.pos, self.n_pad,
-                                      heads, self.rows.sizes, sorted(set(self.buckets) | {1}))
+                                      heads, self.rows.sizes, sorted(set(self.buckets) | {1}),
+                                      layer_windows(self.model.config))
         triton_support.precompile(jobs, self.device)
 
     def _register_attention(self, kind: str) -> str:
-        """The attention this lane runs, by registered name. ``"split"`` registers a per-lane function
-        bound to this lane's write offset and padding counts (unregistered when the lane goes)."""
-        if kind != "split":
-            return kind
-        if not triton_support.available(self.device):  # no Triton here: every call would take the fallback
-            return "matmul"
-        name = f"rstitch_split_{id(self)}"
-        fallback = refuse_fallback if self._mask_free else static_attention
-        AttentionInterface.register(name, functools.partial(decode_attention, pos=self.cache.pos, pad=self.n_pad,
-                                                            fallback=fallback))
+        """The attention this lane runs, by registered name: a per-lane function bound to this lane's write
+        offset, padding counts (``"split"``) and the model's layer windows (unregistered when the lane goes)."""
+        if kind == "split" and not triton_support.available(self.device):  # every call would take the fallback
+            kind = "matmul"
+        windows = layer_windows(self.model.config)
+        if kind == "split":
+            fallback = refuse_fallback if self._mask_free else functools.partial(static_attention, pos=self.cache.pos,
+                                                                                 windows=windows)
+            function = functools.partial(decode_attention, pos=self.cache.pos, pad=self.n_pad, fallback=fallback,
+                                         windows=windows)
+        else:
+            base = static_attention_sdpa if kind == "sdpa" else static_attention
+            function = functools.partial(base, pos=self.cache.pos, windows=windows)
+        name = f"rstitch_{kind}_{id(self)}"
+        AttentionInterface.register(name, function)
         weakref.finalize(self, AttentionInterface._global_mapping.pop, name, None)
         return name
 
@@ -315,7 +323,8 @@ class FastLane(Outputs, RowOps):
         rotation put off to the cache's store (``defer``, default: this lane's choice)."""
         defer = self._defer if defer is None else defer
         try:
-            with static_attention_on(self.model, self._attention), linears.gemv_linears_on(self.gemv_layers), \
+            with static_attention_on(self.model, self._attention), experts.experts_on(self._experts), \
+                    linears.gemv_linears_on(self.gemv_layers), \
                     regions.regions_on(self._regions), regions.regions_on((self._rotary_tables, self._rotary)), \
                     rope_store.deferring(self.cache if defer else None, poison):
                 yield

@@ -14,7 +14,9 @@ Rows: the buffers hold ``rows`` cache rows; a forward over ``b <= rows`` rows (t
 bucket) reads and writes rows ``[0, b)``. Which live row sits in which cache row is the lane's
 business (:mod:`hf_rstitch.fast.rows`).
 
-What it does not do: sliding windows (the lane refuses such models), cropping.
+Sliding windows: every slot is kept; the attentions read a layer's window only (:mod:`.windows`).
+
+What it does not do: cropping, ring buffers.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import contextlib
 
 import torch
 from transformers import AttentionInterface, PretrainedConfig
+
+from .windows import call_window
 
 ATTENTIONS = {"matmul": "rstitch_static", "sdpa": "rstitch_static_sdpa"}  # FastConfig.attention -> registered name
 
@@ -114,7 +118,8 @@ class StaticKV:
 KV_CHUNK = 256  # slots per partial product in :func:`_weighted_values`; lanes size their caches in multiples
 
 
-def static_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def static_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, *, pos=None,
+                     windows=None, **kwargs):
     """Attention over every slot of a :class:`StaticKV` layer under a boolean mask, GQA without copies.
 
     The same arithmetic as transformers' eager attention (scores in the model's dtype, softmax in
@@ -125,19 +130,52 @@ def static_attention(module, query, key, value, attention_mask, scaling=None, dr
 
     Args:
         query: ``[b, H, q, D]``; key / value: ``[b, H_kv, S, D]`` (all slots);
-        attention_mask: ``[b, 1, q, S]`` bool, True where a query may attend.
+        attention_mask: ``[b, 1, q, S]`` bool, True where a query may attend (full attention).
+        pos: the write offset before this call (device scalar; query ``i`` sits at slot ``pos + i``), needed
+            for a sliding-window layer; windows: the model's per-layer windows (:func:`.windows.layer_windows`).
+        kwargs: ``sliding_window``, ``softcap`` (``softcap * tanh(scores / softcap)``) and ``s_aux`` (gpt-oss's
+            sink logit of each head, in the softmax's denominator only) as transformers passes them.
 
     Returns:
         ``([b, q, H, D], None)`` as transformers' attention functions do.
     """
     batch, heads, q, dim = query.shape
+    attention_mask = _windowed(attention_mask, call_window(module, kwargs, windows), pos)
     query, mask = _fold_groups(query, key.shape[1], attention_mask)
     scale = dim**-0.5 if scaling is None else scaling
     scores = torch.matmul(query, key.transpose(2, 3)) * scale  # [b, H_kv, group * q, S]
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))  # every row keeps its own slot: no empty rows
-    probs = scores.softmax(-1, dtype=_at_least_fp32(scores.dtype)).to(value.dtype)
+    probs = _softmax(scores, kwargs.get("s_aux"), q).to(value.dtype)
     out = _weighted_values(probs, value)  # [b, H_kv, group * q, D]
     return out.reshape(batch, heads, q, dim).transpose(1, 2).contiguous(), None  # [b, q, H, D]
+
+
+def _windowed(mask: torch.Tensor, window: int | None, pos: torch.Tensor | None) -> torch.Tensor:
+    """``mask`` ``[b, 1, q, S]`` cut to slots ``(pos + i - window, pos + i]`` for query ``i`` (None: as is)."""
+    if window is None:
+        return mask
+    if pos is None:
+        raise ValueError("a sliding-window layer needs the write offset: call the static attention through a lane "
+                         "(which binds pos=), or pass pos= yourself.")
+    q, slots = mask.shape[-2:]
+    mine = pos + torch.arange(q, device=mask.device)  # [q]
+    return mask & (torch.arange(slots, device=mask.device)[None, :] > (mine[:, None] - window))
+
+
+def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None, q: int) -> torch.Tensor:
+    """Softmax over the slots, in at least float32; with ``sinks`` (``[H]``, one logit a query head) each head's
+    sink joins the denominator as one more column (gpt-oss's eager attention), then is dropped."""
+    dtype = _at_least_fp32(scores.dtype)
+    if sinks is None:
+        return scores.softmax(-1, dtype=dtype)
+    batch, kv_heads, rows, slots = scores.shape  # rows = group * q: head kv * group + g, query i -> g * q + i
+    sink = sinks.to(scores.dtype).reshape(kv_heads, rows // q, 1).expand(kv_heads, rows // q, q)
+    both = torch.cat([scores, sink.reshape(1, kv_heads, rows, 1).expand(batch, -1, -1, -1)], dim=-1)
+    both = both - both.amax(-1, keepdim=True)
+    return both.softmax(-1, dtype=dtype)[..., :-1]
 
 
 def _fold_groups(query: torch.Tensor, kv_heads: int, attention_mask: torch.Tensor):
@@ -173,15 +211,21 @@ def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)  # bf16/fp16 -> fp32; fp64 stays
 
 
-def static_attention_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """As :func:`static_attention`, through one fused ``scaled_dot_product_attention`` call.
+def static_attention_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, *, pos=None,
+                          windows=None, **kwargs):
+    """As :func:`static_attention`, through one fused ``scaled_dot_product_attention`` call (layers with a
+    ``softcap`` or sinks take :func:`static_attention`: SDPA has neither).
 
     Fewer kernels per layer (about 3 instead of about 12), but with a boolean mask PyTorch runs
     the memory-efficient kernel, whose thread blocks each walk all slots of one KV head. Which
     costs less per token depends on the GPU and the cache size: ``FastConfig(attention=...)``
     picks one, ``benchmarks/engine_profile.py`` measures both.
     """
+    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        return static_attention(module, query, key, value, attention_mask, scaling, dropout, pos=pos, windows=windows,
+                                **kwargs)
     batch, heads, q, dim = query.shape
+    attention_mask = _windowed(attention_mask, call_window(module, kwargs, windows), pos)
     query, mask = _fold_groups(query, key.shape[1], attention_mask)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
     return out.reshape(batch, heads, q, dim).transpose(1, 2).contiguous(), None

@@ -60,8 +60,9 @@ def test_each_reason_is_said_at_info_once(monkeypatch):
 
 
 def test_unsupported_models_are_named_before_the_device():
-    llm, slm = make_pair("qwen2")  # sliding window on every layer
-    assert "full-attention models only" in why_not_fast(llm, slm)
+    llm, slm = make_pair("llama")
+    llm.config.layer_types = ["chunked_attention"] * llm.config.num_hidden_layers  # as Llama 4's chunked layers
+    assert "layer types ['chunked_attention']" in why_not_fast(llm, slm)
     assert why_not_fast(*make_pair("llama")).endswith("the fast engine's graphs need CUDA")
     llm, slm = make_pair("llama")
     llm.hf_quantizer = object()  # what transformers sets on a model loaded with a quantization_config

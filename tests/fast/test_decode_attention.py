@@ -15,9 +15,11 @@ DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")),
 pytestmark = pytest.mark.skipif(not DEVICES, reason="needs triton (CUDA, or TRITON_INTERPRET=1 on CPU)")
 
 
-def reference(query, key, value, pos, pads, scale):
+def reference(query, key, value, pos, pads, scale, window=None, softcap=None, sinks=None):
     """Eager attention in float64: query i of row b sits at slot pos + i and sees slots <= its own,
-    except the row's first pads[b] slots (left padding), its own slot always."""
+    except the row's first pads[b] slots (left padding), its own slot always; with a window, only slots
+    > pos + i - window (transformers' sliding_window_overlay); softcap caps the scaled scores; sinks (one
+    logit a head) join the softmax as an extra column that is then dropped (gpt-oss's eager attention)."""
     batch, heads, q, dim = query.shape
     group = heads // key.shape[1]
     k = key.double().repeat_interleave(group, dim=1)[:, :, : pos + q]
@@ -27,9 +29,18 @@ def reference(query, key, value, pos, pads, scale):
     pad = torch.tensor(pads, device=query.device)
     see = (slot[None, None, :] <= mine[None, :, None]) & (
         (slot[None, None, :] >= pad[:, None, None]) | (slot[None, None, :] == mine[None, :, None]))  # [b, q, S]
+    if window is not None:
+        see = see & (slot[None, None, :] > mine[None, :, None] - window)
     scores = (query.double() @ k.transpose(2, 3)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~see[:, None], float("-inf"))
-    return (scores.softmax(-1) @ v).transpose(1, 2)  # [b, q, H, D]
+    if sinks is not None:
+        sink = sinks.double().reshape(1, heads, 1, 1).expand(batch, heads, q, 1)
+        probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
+    else:
+        probs = scores.softmax(-1)
+    return (probs @ v).transpose(1, 2)  # [b, q, H, D]
 
 
 def _check(device, batch, heads, kv_heads, q, dim, slots, pos, pads):
@@ -191,3 +202,54 @@ def test_steps_that_build_no_mask_equal_those_that_do(device):
     assert torch.equal(outs[0].sequences, outs[1].sequences)
     for a, b in zip(outs[0].logits, outs[1].logits):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+class _Layer:
+    """Stands in for an attention layer: the window check reads its layer_idx."""
+
+    def __init__(self, layer_idx):
+        self.layer_idx = layer_idx
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("one_split", [False, True])
+@pytest.mark.parametrize("batch,q,pos,window,softcap,sinks", [
+    (1, 1, 300, 37, None, False),  # a decode step far past the window: the splits share its 37 slots
+    (3, 4, 150, 8, None, False),  # a catch-up of 4 whose queries see different slots; windows of 8 < BLOCK_N
+    (2, 1, 6, 100, None, False),  # a window longer than the sequence: as without one
+    (2, 3, 250, 70, 5.0, False),  # soft-capped scores (Gemma 2)
+    (2, 2, 200, 64, None, True),  # sinks (gpt-oss)
+    (1, 1, 90, None, 2.0, True),  # a full-attention layer with both
+])
+def test_windows_softcap_and_sinks_equal_the_reference(device, one_split, batch, q, pos, window, softcap, sinks,
+                                                        monkeypatch):
+    """The kernels honour what transformers passes a layer's attention: its sliding window (reads start at the
+    window; every query masks its own), softcap and sinks; with several splits (a combine) and with one."""
+    monkeypatch.setattr(da, "_sm_count", lambda device: 4 if one_split else 132)
+    monkeypatch.setattr(da, "ONE_SPLIT", 1e-9 if one_split else 99.0)
+    heads, kv_heads, dim, slots = 6, 2, 16, 512
+    torch.manual_seed(pos + q)
+    query = torch.randn(batch, q, heads, dim, device=device).transpose(1, 2)
+    key = torch.randn(batch, kv_heads, slots, dim, device=device)
+    value = torch.randn(batch, kv_heads, slots, dim, device=device)
+    key[:, :, pos + q:] = float("nan")
+    value[:, :, pos + q:] = float("nan")
+    if window is not None and pos > window + 2:  # slots left of every query's window: never read either
+        key[:, :, : pos - window - 1] = float("nan")
+        value[:, :, : pos - window - 1] = float("nan")
+    pads = [0, 3, pos + q - 1][:batch]  # the last row: all padding but its own slot
+    sink = torch.randn(heads, device=device) * 2 if sinks else None
+    windows = [None, window]  # layer 1 has the window under test
+    out, _ = da.decode_attention(_Layer(1), query, key, value, None, scaling=0.3, pos=torch.tensor(pos, device=device),
+                                 pad=torch.tensor(pads, device=device), fallback=None, windows=windows,
+                                 sliding_window=window, softcap=softcap, s_aux=sink)
+    want = reference(query, key.nan_to_num(), value.nan_to_num(), pos, pads, 0.3, window, softcap, sink)
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+
+
+def test_a_layer_passing_another_window_than_its_config_is_refused():
+    query = torch.randn(1, 4, 1, 16)
+    key = torch.randn(1, 2, 64, 16)
+    with pytest.raises(ValueError, match="passes sliding_window=8 but its config"):
+        da.decode_attention(_Layer(0), query, key, key, None, pos=torch.tensor(3), pad=torch.zeros(1, dtype=torch.long),
+                            fallback=None, windows=[4], sliding_window=8)

@@ -14,7 +14,8 @@ from hf_rstitch.fast import FastConfig, FastEngine
 from hf_rstitch.fast.rows import RowSlots, batch_sizes
 from tiny_models import left_pad, make_pair, prompt
 
-FULL_ATTENTION = ["llama", "qwen2-full"]  # the fast engine refuses sliding-window layers
+FULL_ATTENTION = ["llama", "qwen2-full"]
+WINDOWED = ["qwen2", "gemma3"]  # qwen2: a window of 6 on every layer; gemma3: hybrid (tests/fast/test_fast_windows.py)
 
 CPU = FastConfig(max_bucket=4, graphs=False)
 LENGTHS = [5, 11, 8, 3, 9]
@@ -49,7 +50,7 @@ def _same(out, ref, tol=1e-9):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)  # -inf on finished rows in both
 
 
-@pytest.mark.parametrize("arch", FULL_ATTENTION)
+@pytest.mark.parametrize("arch", FULL_ATTENTION + WINDOWED)
 def test_batched_fast_engine_equals_default_engine(arch):
     llm, slm = make_pair(arch)
     ids, mask = _batch()

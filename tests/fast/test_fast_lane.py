@@ -109,10 +109,11 @@ def test_fast_engine_on_cpu_warns_and_runs_eagerly():
     assert out.sequences.shape[1] == 5 + len(ROUTE)
 
 
-def test_sliding_window_models_are_refused():
-    llm, slm = make_pair("qwen2")  # sliding window on every layer
-    with pytest.raises(ValueError, match="full-attention models only"):
-        _generate(llm, slm, prompt(5), FastEngine(CPU))
+def test_layer_kinds_other_than_full_and_sliding_attention_are_refused():
+    llm, slm = make_pair("llama")
+    llm.config.layer_types = ["chunked_attention"] * llm.config.num_hidden_layers  # as Llama 4's chunked layers
+    with pytest.raises(ValueError, match=r"layer types \['chunked_attention'\]; the fast engine runs full and sliding"):
+        FastLane(llm, Role.LLM, 96, capacity=8, config=CPU)
 
 
 def test_capacity_overflow_is_a_clear_error():

@@ -1,0 +1,97 @@
+"""MoE feed-forwards on the fast path: an expert dispatch that stays on the device, so a step with
+experts in it can be captured in a CUDA graph.
+
+transformers' default dispatch (``"eager"``: a Python loop over ``nonzero()`` of the experts hit) reads
+the routing back to the host every layer -- no graph can hold it -- and its ``"grouped_mm"`` runs a host
+loop where the fused grouped GEMM does not exist (dtypes other than bfloat16, older GPUs). The lane runs
+its forwards with one of transformers' own experts implementations (``config._experts_implementation``,
+the ``use_experts_implementation`` decorator; both exist from transformers 5.17), picked by
+:func:`implementation`:
+
+* ``"grouped_mm"`` for bfloat16 on CUDA from compute capability 9.0: tokens sorted by expert on the device
+  (``sort``, ``histc``, ``cumsum``: no host round trip), one grouped GEMM a projection whose groups are the
+  experts hit; every selected expert's weights are read once a step, however many rows chose it;
+* ``"batched_mm"`` everywhere else (float32 / float64, CPU, older GPUs): each (token, expert) pair gathers
+  its expert's weights (``weight[expert_ids]``) and one batched product runs; on the device and exact, but an
+  expert chosen by several rows is read (and copied) once per row.
+
+The routers of Qwen3-MoE, Mixtral and gpt-oss (linear, top-k, softmax) already stay on the device.
+
+What it does not do: MoE blocks that do not dispatch through transformers' experts interface (their
+loops read the routing on the host): :func:`why_not` names them, and the engine refuses them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple
+
+import torch
+from transformers import PreTrainedModel
+
+# config attributes that give a model experts (Qwen-MoE: num_experts, Mixtral / gpt-oss: num_local_experts)
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def expert_modules(model: PreTrainedModel) -> list[torch.nn.Module]:
+    """The modules that dispatch through transformers' experts interface (``@use_experts_implementation``)."""
+    return [m for m in model.modules() if hasattr(m, "has_gate") and hasattr(m, "is_transposed")
+            and hasattr(getattr(m, "config", None), "_experts_implementation")]
+
+
+def has_experts(model: PreTrainedModel) -> bool:
+    text = model.config.get_text_config()
+    return any((getattr(text, name, None) or 0) > 1 for name in EXPERT_COUNTS)
+
+
+def why_not(model: PreTrainedModel) -> str | None:
+    """Why the fast engine cannot run ``model``'s feed-forwards, in one line; None when it can (no experts, or
+    experts that dispatch through transformers' experts interface)."""
+    if has_experts(model) and not expert_modules(model):
+        return (f"{type(model).__name__} has experts that do not dispatch through transformers' experts interface; "
+                "the fast engine's graphs cannot hold their host-side routing")
+    return None
+
+
+def supports_moe(model: PreTrainedModel) -> bool:
+    """The fast engine runs ``model``'s feed-forwards (dense, or experts it can keep on the device)."""
+    return why_not(model) is None
+
+
+def implementation(model: PreTrainedModel) -> str | None:
+    """The experts implementation a lane runs ``model`` with (None: no experts to dispatch)."""
+    if not expert_modules(model):
+        return None
+    device = model.device
+    fused = (device.type == "cuda" and model.dtype == torch.bfloat16
+             and torch.cuda.get_device_capability(device) >= (9, 0))
+    return "grouped_mm" if fused else "batched_mm"
+
+
+class Plan(NamedTuple):
+    kind: str | None  # the experts implementation (None: no experts)
+    configs: tuple  # the configs the experts modules read it from
+
+
+def plan(model: PreTrainedModel) -> Plan:
+    """What a lane sets while it runs ``model``: :func:`implementation` on its experts' configs."""
+    configs = {id(m.config): m.config for m in expert_modules(model)}
+    return Plan(implementation(model), tuple(configs.values()))
+
+
+@contextlib.contextmanager
+def experts_on(plan: Plan):
+    """Dispatch the experts through ``plan.kind`` inside the block (no experts: nothing changes).
+
+    Only Python-side dispatch changes; a CUDA graph captured inside keeps the kernels it recorded.
+    """
+    configs = dict(enumerate(plan.configs)) if plan.kind is not None else {}
+    kind = plan.kind
+    before = {key: config._experts_implementation for key, config in configs.items()}
+    try:
+        for config in configs.values():
+            config._experts_implementation = kind
+        yield
+    finally:
+        for key, config in configs.items():
+            config._experts_implementation = before[key]

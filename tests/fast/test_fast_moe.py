@@ -1,0 +1,110 @@
+"""MoE feed-forwards on the fast engine equal the eager engine: Qwen3-MoE, Mixtral and gpt-oss tiny pairs
+(an MoE LLM with a dense or MoE SLM), B = 1 and B = 3 left-padded, replayed routes and thresholds, with the
+experts dispatched on the device (``hf_rstitch.fast.experts``) while the eager engine runs transformers'
+default dispatch. On CUDA the lanes capture graphs (the eager dispatch's host loop could not be captured).
+"""
+
+import pytest
+import torch
+from transformers import (GptOssConfig, GptOssForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers.integrations import moe
+
+from hf_rstitch import ReplayPolicy
+from hf_rstitch.fast import FastConfig, FastEngine, check_supported
+from hf_rstitch.fast import experts as fast_experts
+from tiny_models import SPECIAL, left_pad, prompt
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+N_NEW = 16
+ROUTES = [["slm"] * 3 + ["llm"] * 6 + ["slm"] * 7, ["llm", "slm"] * 8, ["slm"] * 10 + ["llm"] * 6]
+
+
+def _shape(hidden, layers, heads):
+    return dict(vocab_size=96, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), head_dim=16,
+                max_position_embeddings=256, initializer_range=0.35, **SPECIAL)
+
+
+def _build(arch, hidden, layers, heads, seed, dtype, device):
+    torch.manual_seed(seed)
+    shape = _shape(hidden, layers, heads)
+    if arch == "qwen3_moe":
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**shape, num_experts=6, num_experts_per_tok=2,
+                                                   moe_intermediate_size=hidden, norm_topk_prob=True))
+    elif arch == "mixtral":
+        model = MixtralForCausalLM(MixtralConfig(**shape, num_local_experts=4, num_experts_per_tok=2))
+    elif arch == "gpt_oss":
+        config = GptOssConfig(**shape, num_local_experts=4, num_experts_per_tok=2, sliding_window=5)
+        config.layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        model = GptOssForCausalLM(config)
+    else:  # a dense SLM for an MoE LLM (Qwen3-30B-A3B with Qwen3-0.6B)
+        model = Qwen3ForCausalLM(Qwen3Config(**shape))
+    model = model.to(device=device, dtype=dtype).eval()
+    model.generation_config.update(**SPECIAL)
+    return model
+
+
+PAIRS = {"qwen3_moe": ("qwen3_moe", "qwen3"), "mixtral": ("mixtral", "mixtral"), "gpt_oss": ("gpt_oss", "gpt_oss")}
+
+
+def _generate(llm, slm, ids, mask, engine, **kw):
+    return llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_engine=engine, max_new_tokens=N_NEW,
+                        min_new_tokens=N_NEW, return_dict_in_generate=True, output_logits=True, **kw)
+
+
+def _same(out, ref, tol):
+    assert torch.equal(out.sequences, ref.sequences)
+    traces = lambda o: o.stitch if isinstance(o.stitch, list) else [o.stitch]  # noqa: E731
+    assert [t.roles for t in traces(out)] == [t.roles for t in traces(ref)]
+    for a, b in zip(out.logits, ref.logits):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch", list(PAIRS))
+def test_moe_pairs_equal_the_eager_engine(arch, device, monkeypatch):
+    dispatched = []
+    batched = moe.ALL_EXPERTS_FUNCTIONS["batched_mm"]
+    monkeypatch.setitem(moe.ALL_EXPERTS_FUNCTIONS._global_mapping, "batched_mm",
+                        lambda *a, **k: dispatched.append(1) or batched(*a, **k))
+    llm_arch, slm_arch = PAIRS[arch]
+    llm = _build(llm_arch, 64, 3, 4, 0, torch.float32, device)
+    slm = _build(slm_arch, 32, 2, 2, 1000, torch.float32, device)
+    before = llm.config._experts_implementation
+    check_supported(llm)
+    one = prompt(11).to(device)
+    ids, mask = (t.to(device) for t in left_pad([prompt(k, seed=20 + i) for i, k in enumerate([7, 13, 4])]))
+    engine = FastEngine(FastConfig(max_bucket=4, graphs=device == "cuda"), max_batch=3)
+    for batch_ids, batch_mask, routes in ((one, torch.ones_like(one), ROUTES[:1]), (ids, mask, ROUTES)):
+        ref = _generate(llm, slm, batch_ids, batch_mask, "default", stitch_policy=ReplayPolicy(routes))
+        _same(_generate(llm, slm, batch_ids, batch_mask, engine, stitch_policy=ReplayPolicy(routes)), ref, 2e-4)
+    seen = sorted(h for t in ref.stitch for h in t.slm_entropies if h is not None)
+    tau = seen[len(seen) // 2]  # the median SLM entropy: routes mix
+    ref = _generate(llm, slm, ids, mask, "default", stitch_threshold=tau)
+    _same(_generate(llm, slm, ids, mask, engine, stitch_threshold=tau), ref, 2e-4)
+    assert any(len(set(t.roles)) > 1 for t in ref.stitch)
+    if device == "cpu":
+        assert dispatched  # the lanes' forwards ran the on-device dispatch
+    assert llm.config._experts_implementation == before  # the lanes set their dispatch only while they run
+
+
+def test_the_dispatch_is_chosen_per_dtype_and_device():
+    llm = _build("qwen3_moe", 32, 1, 2, 0, torch.float32, "cpu")
+    assert fast_experts.implementation(llm) == "batched_mm"
+    assert fast_experts.implementation(_build("qwen3", 32, 1, 2, 0, torch.float32, "cpu")) is None
+    plan = fast_experts.plan(llm)
+    before = llm.config._experts_implementation
+    with fast_experts.experts_on(plan):
+        assert llm.config._experts_implementation == "batched_mm"
+    assert llm.config._experts_implementation == before
+
+
+def test_experts_outside_the_interface_are_refused():
+    model = _build("qwen3_moe", 32, 1, 2, 0, torch.float32, "cpu")
+    for m in model.modules():
+        if hasattr(m, "has_gate"):
+            del m.has_gate  # as a model whose experts loop on the host
+    assert "experts interface" in fast_experts.why_not(model)
+    with pytest.raises(ValueError, match="experts interface"):
+        check_supported(model)
