@@ -1,6 +1,12 @@
-"""Batched fast engine on the MATH-shaped workload (random-weight Qwen2 1.5B SLM / 7B LLM, bf16), one GPU.
+"""Batched fast engine on the MATH-shaped workload (random-weight pairs, bf16), one GPU.
 
     PYTHONPATH=. python benchmarks/engine_batched.py --out-dir $OUT [--batches 1 8 32 64] [--budget-s 540]
+        [--pair qwen2 | qwen3-moe | gemma3]
+
+Pairs (``--pair``, :data:`PAIRS`): Qwen2 7B / 1.5B (dense, the default); Qwen3-30B-A3B / Qwen3-0.6B (the LLM's
+feed-forwards are 128 experts, 8 a token: the experts a step reads depend on the rows, see below); Gemma 3
+12B / 1B (hybrid attention: five sliding-window layers to one full, windows of 1024 / 512). Weights are
+random and made directly on the GPU.
 
 Per row, the paper's MATH row (7B pair, 8k budget): the LLM alone writes 2753 tokens; stitched,
 344 LLM + 771 SLM tokens in LLM runs of ~4 (``hf_rstitch.fast.routes.route``, a different seed
@@ -10,7 +16,11 @@ transformers' plain and static-cache ``generate`` run the LLM alone for ``--base
 tokens (their seconds for 2753 tokens are extrapolated per step and marked so).
 
 Floor: bytes a method must read (weights once per forward call it needs, plus the KV cache of the
-rows that need it, per step), over the measured device-to-device copy bandwidth. For stitched
+rows that need it, per step), over the measured device-to-device copy bandwidth. An MoE model reads its
+dense weights and, per layer, the experts its rows select: the expected number of distinct experts for
+``n`` rows, ``sum_e 1 - (1 - q_e)^n``, with ``q_e`` each expert's share of tokens measured on the model's own
+router over 512 random tokens (:func:`expert_shares`). A sliding-window layer reads at most its window of
+KV slots a row. For stitched
 decoding a step needs the SLM if any row consults it (its token, or a proposal it hands over) and
 the LLM if any row's token is the LLM's.
 
@@ -48,14 +58,103 @@ sys.path.insert(0, str(Path(__file__).parent))
 import engine_bench as eb  # noqa: E402  (the lab's shared helpers: bandwidth, weight bytes, timing)
 
 MATH = eb.MATH
-VARIANTS = {"graphs": FastConfig(), "parts": FastConfig(compile="parts"), "compiled-decode": FastConfig(compile="decode"),
+QWEN3 = dict(vocab_size=151936, head_dim=128, max_position_embeddings=40960, rope_theta=1e6)
+PAIRS = {  # --pair -> (LLM config, SLM config), as (transformers config class name, fields)
+    "qwen3-moe": (("Qwen3MoeConfig", dict(QWEN3, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                          num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                                          num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                                          tie_word_embeddings=False)),
+                  ("Qwen3Config", dict(QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True))),
+    "gemma3": (("Gemma3TextConfig", dict(vocab_size=262208, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48,
+                                         num_attention_heads=16, num_key_value_heads=8, head_dim=256, sliding_window=1024,
+                                         query_pre_attn_scalar=256, max_position_embeddings=131072)),
+               ("Gemma3TextConfig", dict(vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                                         num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+                                         query_pre_attn_scalar=256, max_position_embeddings=32768))),
+}
+VARIANTS = {"graphs": FastConfig(), "graphs-batched-experts": FastConfig(experts="batched_mm"), "parts": FastConfig(compile="parts"), "compiled-decode": FastConfig(compile="decode"),
             "graphs-matmul": FastConfig(attention="matmul")}
+
+
+def random_model(spec, device="cuda", seed=0):
+    """A random-weight causal LM from a :data:`PAIRS` entry, made directly on ``device`` in bf16."""
+    from transformers import AutoModelForCausalLM
+
+    name, fields = spec
+    config = getattr(transformers, name)(**fields)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+
+
+def tiny(spec):
+    """A :data:`PAIRS` entry shrunk for ``--dry-run-cpu`` (same architecture, a few MB)."""
+    name, fields = spec
+    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=16, vocab_size=512, max_position_embeddings=4096)
+    small.update({k: v for k, v in (("moe_intermediate_size", 32), ("num_experts", 8), ("sliding_window", 8)) if k in fields})
+    return name, {**fields, **small}
 
 
 def kv_bytes_per_token(model) -> int:
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     return c.num_hidden_layers * c.num_key_value_heads * head_dim * 2 * model.dtype.itemsize
+
+
+def expert_shares(model, tokens: int = 512) -> list[list[float]] | None:
+    """Per MoE layer, each expert's share of tokens (the chance a token selects it) on ``tokens`` random ids, read
+    from the experts' routing arguments (None for a dense model)."""
+    from hf_rstitch.fast import experts
+
+    modules = experts.expert_modules(model)
+    if not modules:
+        return None
+    picks = []
+    hooks = [m.register_forward_pre_hook(lambda mod, args: picks.append(args[1].reshape(-1, args[1].shape[-1])))
+             for m in modules]
+    try:
+        ids = torch.randint(0, model.config.vocab_size, (1, tokens), device=model.device)
+        model(input_ids=ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    n = modules[0].num_experts
+    return [(torch.bincount(p.reshape(-1), minlength=n).float() / p.shape[0]).tolist() for p in picks]
+
+
+def model_facts(model) -> dict:
+    """Bytes a decode step reads: ``eb.weight_bytes``, the KV bytes of a token, and for an MoE model its dense
+    bytes, the bytes of one expert of one layer and the experts' shares (:func:`expert_shares`)."""
+    from hf_rstitch.fast import experts
+    from hf_rstitch.fast.windows import layer_windows
+
+    facts = {**eb.weight_bytes(model), "kv_bytes_per_token": kv_bytes_per_token(model),
+             "windows": layer_windows(model.config)}
+    modules = experts.expert_modules(model)
+    if modules:
+        total = sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+        facts["expert_bytes"] = total // (len(modules) * modules[0].num_experts)
+        facts["dense_read_bytes"] = facts["decode_read_bytes"] - total
+        facts["expert_shares"] = expert_shares(model)
+    return facts
+
+
+def step_read_bytes(f: dict, rows: int) -> float:
+    """Weight bytes one step over ``rows`` rows reads: all of a dense model; an MoE model's dense weights plus the
+    expected distinct experts of each layer."""
+    if "expert_shares" not in f:
+        return f["decode_read_bytes"]
+    distinct = sum(1 - (1 - q) ** rows for layer in f["expert_shares"] for q in layer)
+    return f["dense_read_bytes"] + distinct * f["expert_bytes"]
+
+
+def kv_read_bytes(f: dict, length: int) -> float:
+    """KV bytes one row at ``length`` columns reads: every written slot of a full layer, a window's of a sliding one."""
+    layers = f["windows"]
+    per_layer = f["kv_bytes_per_token"] / len(layers)
+    return per_layer * sum(length if w is None else min(length, w) for w in layers)
 
 
 def stitched_routes(batch: int, scale: float) -> list[list[str]]:
@@ -72,7 +171,7 @@ def floor_seconds(routes: list[list[str]], prompt: int, facts: dict, bw: float) 
             need = [r for r, one in zip(routes, alone) if (r[0] == role if one else _needs(r, i, role))]
             if need:
                 f = facts[role]
-                total += f["decode_read_bytes"] + len(need) * (prompt + i) * f["kv_bytes_per_token"]
+                total += step_read_bytes(f, len(need)) + len(need) * kv_read_bytes(f, prompt + i)
     return total / (bw * 1e9)
 
 
@@ -97,6 +196,8 @@ def fast_section(llm, slm, args, res, budget):
                         max_batch=max(args.batches))
     res["variant"] = {"name": args.variant, "config": repr(engine.config), "split_basis": args.split_basis,
                       "pdl": args.pdl, "decisions": args.decisions}
+    from hf_rstitch.fast import experts
+    res["experts"] = experts.plan(llm, engine.config.experts).kind
     facts = res["models"]
     for batch in args.batches:
         if not budget.allows(30):
@@ -162,7 +263,9 @@ def baseline_section(llm, args, res, budget):
 
 def markdown(res) -> str:
     d = res["device"]
-    lines = [f"# Batched fast engine, MATH-shaped workload: random Qwen2 7B (LLM) / 1.5B (SLM), bf16, {d['name']}", "",
+    shapes = {"qwen2": "Qwen2 7B (LLM) / 1.5B (SLM)", "qwen3-moe": "Qwen3-30B-A3B (LLM, MoE) / Qwen3-0.6B (SLM)",
+              "gemma3": "Gemma 3 12B (LLM) / 1B (SLM), hybrid attention"}[res["args"].get("pair", "qwen2")]
+    lines = [f"# Batched fast engine, MATH-shaped workload: random {shapes}, bf16, {d['name']}", "",
              f"torch {res['versions']['torch']}, transformers {res['versions']['transformers']}, {res['date']}; "
              f"variant `{res.get('variant', {}).get('name')}`; prompt {res['args']['prompt']} tokens per row; "
              f"copy bandwidth {res['bandwidth_gbps']:.0f} GB/s (read + write). Per row: LLM alone "
@@ -187,7 +290,13 @@ def markdown(res) -> str:
                      f"{cell(sc, 'seconds', '{:.1f}')} |")
     for r in res["rows"]:
         if r["method"] == "slm_only":
-            lines.append(f"\nSLM (1.5B) alone, B={r['batch']}: {r['ms_per_step']:.2f} ms/step, {r['x_floor']:.2f}x its floor.")
+            lines.append(f"\nSLM alone, B={r['batch']}: {r['ms_per_step']:.2f} ms/step, {r['x_floor']:.2f}x its floor.")
+    llm = res["models"]["llm"]
+    if "expert_shares" in llm:
+        lines.append(f"\nMoE floor: LLM dense weights {llm['dense_read_bytes'] / 1e9:.2f} GB a step, one expert of one layer "
+                     f"{llm['expert_bytes'] / 1e6:.2f} MB; experts read per step (expected distinct, all layers): "
+                     + ", ".join(f"B={b}: {(step_read_bytes(llm, b) - llm['dense_read_bytes']) / 1e9:.2f} GB"
+                                 for b in res["args"]["batches"]) + f"; dispatch `{res.get('experts')}`.")
     lines += ["", "Warm-up per batch size (graphs captured for the batch bucket, every length bucket, both lanes):", ""]
     lines += [f"- B={w['batch']}: {w['warm_up_every_bucket_s']:.1f} s (first call {w['first_call_s']:.1f} s), "
               f"{w['graphs']} graphs in all" for w in res["warm_up"]]
@@ -225,8 +334,9 @@ def plot(path: Path) -> Path:
     right.set_xlabel("batch size")
     right.set_ylabel("stitched speed-up over the LLM alone")
     right.legend(fontsize=8)
-    fig.suptitle(f"Batched fast engine, MATH-shaped workload, Qwen2 7B / 1.5B shapes ({res['device']['name']})",
-                 fontsize=10)
+    pair = {"qwen2": "Qwen2 7B / 1.5B", "qwen3-moe": "Qwen3-30B-A3B / 0.6B", "gemma3": "Gemma 3 12B / 1B"}
+    fig.suptitle(f"Batched fast engine, MATH-shaped workload, {pair[res['args'].get('pair', 'qwen2')]} shapes "
+                 f"({res['device']['name']})", fontsize=10)
     out = path.with_suffix(".png")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
@@ -245,6 +355,8 @@ def main() -> None:
     ap.add_argument("--baseline-new", type=int, default=128, help="new tokens for transformers' generate")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the MATH token counts (quick checks)")
     ap.add_argument("--variant", default="graphs", choices=list(VARIANTS))
+    ap.add_argument("--pair", default="qwen2", choices=["qwen2", *PAIRS],
+                    help="model shapes: Qwen2 7B / 1.5B, Qwen3-30B-A3B / 0.6B (MoE) or Gemma 3 12B / 1B (hybrid)")
     ap.add_argument("--split-basis", default="written", choices=["written", "capacity"],
                     help="what the split attention's splits share (hf_rstitch.fast.decode_attention.SPLIT_BASIS): "
                          "the written slots (the default) or the capacity (the earlier plan, to compare)")
@@ -277,20 +389,27 @@ def main() -> None:
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "args": vars(args),
            "rows": [], "transformers": [], "warm_up": [], "skipped": []}
     res["bandwidth_gbps"] = bw = eb.copy_bandwidth(2 << 30 if eb.DEVICE == "cuda" else 1 << 24)
-    if eb.DEVICE == "cuda":
+    if eb.DEVICE == "cuda" and args.pair == "qwen2":
         from hf_rstitch.latency.profiler import random_qwen2
         models = {"slm": random_qwen2("1.5b"), "llm": random_qwen2("7b")}
-    else:
+    elif eb.DEVICE == "cuda":
+        llm_spec, slm_spec = PAIRS[args.pair]
+        models = {"slm": random_model(slm_spec), "llm": random_model(llm_spec)}
+    elif args.pair == "qwen2":
         models = eb.tiny_pair()
+    else:
+        models = {role: random_model(tiny(spec), "cpu") for role, spec in zip(("llm", "slm"), PAIRS[args.pair])}
     res["models"] = {}
-    for tag, m in models.items():
-        m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0  # random weights: no early stop
-        res["models"][tag] = {**eb.weight_bytes(m), "kv_bytes_per_token": kv_bytes_per_token(m)}
+    with torch.no_grad():
+        for tag, m in models.items():
+            m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0  # random weights: no early stop
+            res["models"][tag] = model_facts(m)
     print(f"[setup] {res['device']} bw={bw:.0f} GB/s {res['models']}", flush=True)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
-    stem = out_dir / f"engine_batched_{gpu}{args.tag}"
+    pair = "" if args.pair == "qwen2" else f"_{args.pair.replace('-', '_')}"
+    stem = out_dir / f"engine_batched{pair}_{gpu}{args.tag}"
 
     def save():
         clean = {k: v for k, v in res.items() if k != "save"}

@@ -39,6 +39,9 @@ class FastConfig:
     # with compile="parts": each residual add of a pre-norm layer and the norm after it as one compiled piece
     # (.add_norm); None: on with compile="parts"
     fuse_add_norm: bool | None = None
+    # MoE: transformers' experts implementation the lane runs, "grouped_mm" or "batched_mm"; None: grouped_mm for
+    # bfloat16 on CUDA from capability 9.0, batched_mm elsewhere (.experts)
+    experts: str | None = None
 
     def __post_init__(self):
         bucket_sizes(self.max_bucket)  # validates
@@ -48,6 +51,8 @@ class FastConfig:
             raise ValueError(f"compile must be None, 'parts', 'decode' or 'all', got {self.compile!r}")
         if self.fuse_add_norm and self.compile != "parts":
             raise ValueError(f"fuse_add_norm=True fuses with compile='parts'; got compile={self.compile!r}")
+        if self.experts not in (None, *experts.DISPATCHES):
+            raise ValueError(f"experts must be None or one of {experts.DISPATCHES}, got {self.experts!r}")
         if self.attention not in (*ATTENTIONS, "split"):
             raise ValueError(f"attention must be one of {sorted((*ATTENTIONS, 'split'))}, got {self.attention!r}")
 

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 from transformers import PreTrainedModel
 
+DISPATCHES = ("grouped_mm", "batched_mm")  # transformers' experts implementations that stay on the device
 # config attributes that give a model experts (Qwen-MoE: num_experts, Mixtral / gpt-oss: num_local_experts)
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
@@ -73,10 +74,14 @@ class Plan(NamedTuple):
     configs: tuple  # the configs the experts modules read it from
 
 
-def plan(model: PreTrainedModel) -> Plan:
-    """What a lane sets while it runs ``model``: :func:`implementation` on its experts' configs."""
-    configs = {id(m.config): m.config for m in expert_modules(model)}
-    return Plan(implementation(model), tuple(configs.values()))
+def plan(model: PreTrainedModel, kind: str | None = None) -> Plan:
+    """What a lane sets while it runs ``model``: ``kind`` (default :func:`implementation`) on its experts'
+    configs."""
+    modules = expert_modules(model)
+    if kind is not None and kind not in DISPATCHES:
+        raise ValueError(f"FastConfig.experts must be None or one of {DISPATCHES}, got {kind!r}")
+    configs = {id(m.config): m.config for m in modules}
+    return Plan((kind or implementation(model)) if modules else None, tuple(configs.values()))
 
 
 @contextlib.contextmanager

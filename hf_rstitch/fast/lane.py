@@ -128,7 +128,7 @@ class FastLane(Outputs, RowOps):
         self.gemv_layers = product_layers(model, config, max_rows)  # [] keeps cuBLAS everywhere
         self.gemv_tune_seconds = time.perf_counter() - start
         self._attention = self._register_attention(config.attention)
-        self._experts = experts.plan(model)  # MoE: a dispatch that stays on the device (.experts)
+        self._experts = experts.plan(model, config.experts)  # MoE: a dispatch that stays on the device (.experts)
         # the split kernel masks by the write offset and padding counts: no step builds a mask it would not read
         self._no_mask = torch.ones(1, 1, n_slots, dtype=torch.bool, device=dev) if self._mask_free else None
         params = inspect.signature(model.forward).parameters
@@ -319,8 +319,8 @@ class FastLane(Outputs, RowOps):
 
     @contextlib.contextmanager
     def _model_code(self, defer: bool | None = None, poison: bool = False):
-        """Dispatch for the model's Python code: static-cache attention, tuned GEMV for one-row products, the
-        rotation put off to the cache's store (``defer``, default: this lane's choice)."""
+        """Dispatch for the model's Python code: static-cache attention, the experts' dispatch (.experts), tuned
+        GEMV for one-row products, the rotation put off to the cache's store (``defer``, default: this lane's choice)."""
         defer = self._defer if defer is None else defer
         try:
             with static_attention_on(self.model, self._attention), experts.experts_on(self._experts), \
