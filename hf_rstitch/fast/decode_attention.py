@@ -49,6 +49,7 @@ SPLIT_BLOCK_N, SPLIT_STAGES = 128, 2  # several splits: slots per inner step, so
 # writes the output itself and no combine runs
 ONE_SPLIT = 0.9
 ONE_BLOCK_N, ONE_STAGES = 64, 3  # one split: a long loop, a deeper pipeline
+WIDE_BLOCK_N = 64  # slots an inner step for heads wider than 128 (two stages of 64 x 256 bf16 keys and values)
 WARPS = 4  # warps a split-kernel program
 # what the splits share: "written" (the slots written so far) or "capacity" (every slot of the cache, the
 # earlier plan, kept to measure against: early in a long generation most of its splits have nothing to read)
@@ -216,12 +217,20 @@ class Plan(NamedTuple):
     stages: int
 
 
-def _plan(batch: int, kv_heads: int, rows: int, slots: int, sms: int) -> Plan:
+def _plan(batch: int, kv_heads: int, rows: int, slots: int, sms: int, dim: int = 128) -> Plan:
     """One split (:data:`ONE_BLOCK_N`, :data:`ONE_STAGES`) where the rows alone make :data:`ONE_SPLIT`
     waves of programs over ``sms``; else enough splits of :data:`SPLIT_BLOCK_N` slots to fill ``sms``
     :data:`FILL` times over, no more than :data:`MAX_SPLITS` nor more than the cache's ``slots`` fill.
     The kernels share the slots written so far among the splits (:func:`split_length`), so every split
-    works at any sequence length once it holds a block a split."""
+    works at any sequence length once it holds a block a split. Heads wider than 128 (Gemma's 256) take
+    :data:`WIDE_BLOCK_N`-slot blocks in two stages: a stage's key and value tiles must fit shared memory."""
+    plan = _plan_rows(batch, kv_heads, rows, slots, sms)
+    if dim > 128:
+        return plan._replace(block_n=WIDE_BLOCK_N, stages=2)
+    return plan
+
+
+def _plan_rows(batch: int, kv_heads: int, rows: int, slots: int, sms: int) -> Plan:
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     row_blocks = -(-rows // block_m)
     programs = batch * kv_heads * row_blocks
@@ -254,7 +263,7 @@ def _launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: to
     kv_heads, slots = key.shape[1], key.shape[2]
     group = heads // kv_heads
     block_m, row_blocks, n_splits, block_n, stages = _plan(batch, kv_heads, group * q_len, slots,
-                                                          _sm_count(query.device))
+                                                          _sm_count(query.device), dim)
     rows_padded = row_blocks * block_m
     partials = batch * kv_heads * n_splits * rows_padded if n_splits > 1 else 1  # one split: none kept
     acc = torch.empty(partials, dim, dtype=torch.float32, device=query.device)

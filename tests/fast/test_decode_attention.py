@@ -253,3 +253,13 @@ def test_a_layer_passing_another_window_than_its_config_is_refused():
     with pytest.raises(ValueError, match="passes sliding_window=8 but its config"):
         da.decode_attention(_Layer(0), query, key, key, None, pos=torch.tensor(3), pad=torch.zeros(1, dtype=torch.long),
                             fallback=None, windows=[4], sliding_window=8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sms", [132, 4])
+def test_wide_heads_take_smaller_blocks(device, sms, monkeypatch):
+    """Gemma's 256-wide heads: 64-slot blocks in two stages (a stage's tiles fit shared memory), same output."""
+    monkeypatch.setattr(da, "_sm_count", lambda device: sms)
+    plan = da._plan(2, 2, 4, 512, sms, dim=256)
+    assert (plan.block_n, plan.stages) == (da.WIDE_BLOCK_N, 2)
+    _check(device, 2, 4, 2, 2, 256, 512, 140, [0, 3])
