@@ -192,8 +192,7 @@ def generate(llm, slm, ids, routes, engine, new):
 
 
 def fast_section(llm, slm, args, res, budget):
-    engine = FastEngine(VARIANTS[args.variant], capacity=args.prompt + MATH["llm_only_tokens"] + 8,
-                        max_batch=max(args.batches))
+    engine = FastEngine(VARIANTS[args.variant], capacity=capacity(args), max_batch=max(args.batches))
     res["variant"] = {"name": args.variant, "config": repr(engine.config), "split_basis": args.split_basis,
                       "pdl": args.pdl, "decisions": args.decisions}
     from hf_rstitch.fast import experts
@@ -236,6 +235,42 @@ def fast_section(llm, slm, args, res, budget):
     res["lane_rows"] = {str(r): lane.max_rows for r, lane in engine._lanes.items()}
     del engine
     torch.cuda.empty_cache() if eb.DEVICE == "cuda" else None
+
+
+def capacity(args) -> int:
+    return args.prompt + round(MATH["llm_only_tokens"] * args.scale) + 8
+
+
+def experts_section(llm, slm, args, res, budget):
+    """An MoE LLM alone at B = 1 under each on-device dispatch of transformers (``FastConfig.experts``):
+    ``--experts-steps`` tokens after a warm-up, ms a step."""
+    from dataclasses import replace
+
+    from hf_rstitch.fast import experts
+
+    if not experts.expert_modules(llm):
+        return
+    ids = eb.prompt_ids(min(llm.config.vocab_size, slm.config.vocab_size), args.prompt)
+    n = args.experts_steps
+    for kind in experts.DISPATCHES:
+        if not budget.allows(40):
+            res["skipped"].append(f"experts {kind}: time budget")
+            continue
+        engine = FastEngine(replace(VARIANTS[args.variant], experts=kind), capacity=args.prompt + n + 8)
+        row = {"experts": kind, "batch": 1, "steps": n}
+        try:
+            row["first_call_s"], _ = eb.timed(lambda: generate(llm, slm, ids, [["llm"] * 8], engine, 8))
+            sec, _ = eb.timed(lambda: generate(llm, slm, ids, [["llm"] * n], engine, n))
+            row["ms_per_step"] = 1e3 * sec / n
+            row["floor_ms"] = 1e3 * (step_read_bytes(res["models"]["llm"], 1)
+                                     + kv_read_bytes(res["models"]["llm"], args.prompt + n // 2)) / (res["bandwidth_gbps"] * 1e9)
+        except Exception as err:  # a dispatch that cannot be captured here: say so, keep the run
+            row["error"] = f"{type(err).__name__}: {err}"[:500]
+        res["experts_dispatch"].append(row)
+        print(f"[experts {kind}] {row}", flush=True)
+        del engine
+        torch.cuda.empty_cache() if eb.DEVICE == "cuda" else None
+        res["save"]()
 
 
 def baseline_section(llm, args, res, budget):
@@ -297,6 +332,10 @@ def markdown(res) -> str:
                      f"{llm['expert_bytes'] / 1e6:.2f} MB; experts read per step (expected distinct, all layers): "
                      + ", ".join(f"B={b}: {(step_read_bytes(llm, b) - llm['dense_read_bytes']) / 1e9:.2f} GB"
                                  for b in res["args"]["batches"]) + f"; dispatch `{res.get('experts')}`.")
+    for r in res.get("experts_dispatch", []):
+        lines.append(f"\nLLM alone, B=1, experts dispatch `{r['experts']}`: " + (
+            f"{r['ms_per_step']:.2f} ms/step, {r['ms_per_step'] / r['floor_ms']:.2f}x its floor ({r['floor_ms']:.2f} ms)"
+            if "ms_per_step" in r else f"failed: {r.get('error')}"))
     lines += ["", "Warm-up per batch size (graphs captured for the batch bucket, every length bucket, both lanes):", ""]
     lines += [f"- B={w['batch']}: {w['warm_up_every_bucket_s']:.1f} s (first call {w['first_call_s']:.1f} s), "
               f"{w['graphs']} graphs in all" for w in res["warm_up"]]
@@ -366,6 +405,8 @@ def main() -> None:
                     help="where the replayed routes' hand-over decisions come back: the host (no device read to "
                          "decide) or the GPU, as an entropy policy's do (the loop pays the reads it would)")
     ap.add_argument("--skip-baselines", action="store_true")
+    ap.add_argument("--experts-steps", type=int, default=0,
+                    help="MoE LLM: also time this many B = 1 steps under each on-device experts dispatch")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--tag", default="")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
@@ -387,7 +428,7 @@ def main() -> None:
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                         "python": platform.python_version()},
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "args": vars(args),
-           "rows": [], "transformers": [], "warm_up": [], "skipped": []}
+           "rows": [], "transformers": [], "warm_up": [], "skipped": [], "experts_dispatch": []}
     res["bandwidth_gbps"] = bw = eb.copy_bandwidth(2 << 30 if eb.DEVICE == "cuda" else 1 << 24)
     if eb.DEVICE == "cuda" and args.pair == "qwen2":
         from hf_rstitch.latency.profiler import random_qwen2
@@ -422,6 +463,8 @@ def main() -> None:
         t0 = time.perf_counter()
         fast_section(llm, slm, args, res, budget)
         res["fast_section_s"] = time.perf_counter() - t0
+        if args.experts_steps:
+            experts_section(llm, slm, args, res, budget)
         if not args.skip_baselines:
             baseline_section(llm, args, res, budget)
     save()
