@@ -7,8 +7,8 @@ rotary base), OLMo 3 (hybrid) and gpt-oss (hybrid, attention sinks, MoE). Window
 of up to 19 and 20 new tokens, catch-ups of up to 4 (``max_bucket=4``): every layer's window is passed
 many times, by decode steps and catch-ups. B = 1 and B = 3 left-padded, replayed routes and thresholds.
 
-float64 runs the matmul attention (a mask a layer); float32 runs the split Triton kernel where Triton runs
-(CUDA, or ``TRITON_INTERPRET=1`` on CPU), else the matmul attention. On CUDA the lanes capture graphs.
+On CPU the matmul attention (a mask a layer); on CUDA the split Triton kernel (float32; its windows, softcap
+and sinks against a reference: test_decode_attention.py), in captured graphs.
 """
 
 import pytest
@@ -78,7 +78,10 @@ def _same(out, ref, tol):
 
 
 def _engine(device):
-    return FastEngine(FastConfig(max_bucket=4, graphs=device == "cuda"), max_batch=3)
+    """On CPU the matmul attention and PyTorch's products, even under Triton's interpreter (which would take tens
+    of minutes here; test_decode_attention.py runs the split kernel's windows there)."""
+    cpu = dict(attention="matmul", gemv=False, fuse_mlp=False, fuse_rope_store=False) if device == "cpu" else {}
+    return FastEngine(FastConfig(max_bucket=4, graphs=device == "cuda", **cpu), max_batch=3)
 
 
 def test_every_family_gets_the_windows_its_eager_masks_have():
@@ -119,3 +122,27 @@ def test_windowed_pairs_equal_the_eager_engine(arch, dtype, device):
     ref = _generate(llm, slm, ids, mask, "default", stitch_threshold=tau)
     _same(_generate(llm, slm, ids, mask, _engine(device), stitch_threshold=tau), ref, tol)
     assert any(len(set(t.roles)) > 1 for t in ref.stitch)  # some row switched models
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gpt_oss"])
+def test_split_kernel_lanes_equal_matmul_lanes(arch):
+    """The split kernel inside the lanes (its steps build no mask: windows, softcap and sinks are the kernel's) gives
+    the matmul attention's outputs; on CPU under Triton's interpreter (TRITON_INTERPRET=1), else on CUDA."""
+    from hf_rstitch.fast import triton_support
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not triton_support.available(device):
+        pytest.skip("needs triton (CUDA, or TRITON_INTERPRET=1 on CPU)")
+    llm, slm = _pair(arch, torch.float32, device)
+    ids, mask = (t.to(device) for t in left_pad([prompt(9, seed=1), prompt(4, seed=2)]))
+    route = [["slm"] * 2 + ["llm"] * 5 + ["slm"] * 3] * 2
+    outs = []
+    for attention in ("split", "matmul"):
+        config = FastConfig(max_bucket=4, graphs=device == "cuda", attention=attention, gemv=False, fuse_mlp=False,
+                            fuse_rope_store=False)
+        engine = FastEngine(config, max_batch=2)
+        outs.append(llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_policy=ReplayPolicy(route),
+                                 stitch_engine=engine, max_new_tokens=10, min_new_tokens=10,
+                                 return_dict_in_generate=True, output_logits=True))
+        assert (next(iter(engine._lanes.values()))._no_mask is not None) == (attention == "split")
+    _same(outs[0], outs[1], 1e-4)
