@@ -25,6 +25,7 @@ from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteri
 
 import lab
 from hf_rstitch import EntropyPolicy, ReplayPolicy
+from hf_rstitch.core.entropy import normalized_entropy
 from hf_rstitch.core.roles import Role
 from hf_rstitch.engine import loop
 from hf_rstitch.engine.loop import stitch_loop
@@ -56,6 +57,12 @@ class NullLane:
     def reset(self):
         self.seen = 0
         self.slots.clear()
+
+    def entropy(self, logits):
+        return normalized_entropy(logits)
+
+    def greedy(self, logits):
+        return None
 
 
 def lanes_for(route: str, batch: int) -> tuple[dict, object]:

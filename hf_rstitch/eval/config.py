@@ -16,6 +16,7 @@ from .data import DEFAULT_INSTRUCTION
 
 METHOD_KINDS = ("llm", "slm", "specdec", "rstitch", "random", "router")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+RECORDS, RUN_META = "records.jsonl", "run.json"  # an eval run's files under --out
 
 
 def _help(text: str, **extra: Any) -> Any:

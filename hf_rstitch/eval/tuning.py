@@ -33,11 +33,11 @@ def dev_set(cfg, toy: bool) -> tuple[list[tuple[str, str]], str, Callable[[str, 
     else:
         raise ValueError("--data is required (a dev split: JSONL file, local file or Hub dataset) unless the pair is "
                          "the shipped one.")
-    if toy:
-        from ..toyworld import grade as toy_grade
+    from .grading import TOYWORLD, grade
 
-        return rows, cfg.instruction if cfg.instruction is not None else "", toy_grade, name
-    from .grading import grade
+    if toy:
+        return (rows, cfg.instruction if cfg.instruction is not None else "",
+                lambda text, answer: grade(text, str(answer), TOYWORLD).correct, name)
 
     instruction = cfg.instruction if cfg.instruction is not None else DEFAULT_INSTRUCTION
     return rows, instruction, lambda text, answer: grade(text, answer).correct, name
@@ -51,7 +51,7 @@ def llm_alone_ms(latency, prompt_len: int, n_tokens: int) -> float:
 
 
 def _batches(tok, rows, instruction: str, batch_size: int, device) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
-    from ..router.rollout import left_pad
+    from .batched import left_pad
 
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     out = []

@@ -46,6 +46,8 @@ class FastEngine:
             split attention reads only the written slots, so the spare slots cost memory, not time.
     """
 
+    single_device = True  # static caches and CUDA graphs on one device (hf.placement refuses sharded models)
+
     def __init__(self, config: FastConfig | None = None, capacity: int = 0, max_batch: int = 1,
                  capacity_step: int = 1024):
         if capacity_step < 1:
@@ -101,16 +103,6 @@ def _weights(model: PreTrainedModel) -> tuple:
         return tuple(p.data_ptr() for p in model.parameters())
 
 
-class _EngineOnModel:
-    """``stitch_engine="fast"`` / a FastConfig: the LLM's own engine for that configuration, made on first use."""
-
-    def __init__(self, config: FastConfig):
-        self.config = config
-
-    def lanes(self, llm, slm, vocab, batch_size, capacity, timing=False) -> dict[Role, FastLane]:
-        return engine_for(llm, self.config).lanes(llm, slm, vocab, batch_size, capacity, timing)
-
-
 ATTRIBUTE = "_rstitch_fast_engines"  # on the LLM: {FastConfig: FastEngine}
 
 
@@ -130,21 +122,6 @@ def engine_for(llm: PreTrainedModel, config: FastConfig | None = None) -> FastEn
 def release(llm: PreTrainedModel) -> None:
     """Drop the engines kept on ``llm`` (their caches and graphs are freed with them)."""
     llm.__dict__.pop(ATTRIBUTE, None)
-
-
-def resolve_engine(spec):
-    """``"fast"`` / a FastConfig -> the LLM's kept engine for that configuration (made on first use);
-    a FastEngine -> itself."""
-    if isinstance(spec, FastEngine):
-        return spec
-    if isinstance(spec, FastConfig):
-        return _EngineOnModel(spec)
-    if isinstance(spec, str) and spec == "fast":
-        return _EngineOnModel(FastConfig())
-    raise ValueError(
-        f"stitch_engine must be None, 'auto', 'default', 'fast', a hf_rstitch.fast.FastConfig or a "
-        f"hf_rstitch.fast.FastEngine, got {spec!r}."
-    )
 
 
 def why_not_fast(llm: PreTrainedModel, slm: PreTrainedModel, batch: int = 1) -> str | None:

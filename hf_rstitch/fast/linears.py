@@ -71,6 +71,7 @@ def _forward(module: torch.nn.Linear, cfgs, x: torch.Tensor) -> torch.Tensor:
     return _gemv(x, module.weight, module.bias, cfgs, residual=folds.residual_for(module))
 
 
+folds.TAKES_ADD.add(_forward)
 FUSED = ("q_proj", "k_proj", "v_proj")  # children of one attention module that read the same input
 
 
@@ -113,6 +114,9 @@ class FusedGroup:
         if self.taken == len(self.members):  # every member served: drop the references
             self.x = self.out = None
         return part
+
+
+folds.TAKES_NORM.add(FusedGroup.forward)
 
 
 def fused_groups(model: torch.nn.Module) -> list[list[torch.nn.Linear]]:

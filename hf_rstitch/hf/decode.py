@@ -12,10 +12,9 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
 from ..core.policies import EntropyPolicy, RoutingPolicy, checked
-from ..core.roles import Role
 from ..core.sampling import pad_vocab
-from ..engine import EagerEngine, Lane, stitch_loop
-from ..engine.protocol import pick_engine
+from ..engine.loop import stitch_loop
+from ..engine.protocol import resolve_engine
 from .checks import check_pair, check_request, streamer_from_generate
 from .placement import check_placement
 from .output import StitchedGenerateOutput
@@ -125,14 +124,13 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     policy = resolve_policy(stitch_threshold, stitch_policy, generation_config, stitch_router, slm)
     vocab = min(logit_width(model), logit_width(slm))  # ids either model may emit
     check_request(input_ids, generation_config, model_kwargs, vocab)
-    stitch_engine = pick_engine(model, slm, stitch_engine, input_ids.shape[0])
-    check_placement(model, slm, input_ids, do_sample=bool(generation_config.do_sample), engine=stitch_engine)
+    engine = resolve_engine(model, slm, stitch_engine, input_ids.shape[0], fast=_fast_engine)
+    check_placement(model, slm, input_ids, do_sample=bool(generation_config.do_sample), engine=engine)
     mask = model_kwargs.get("attention_mask")
     if mask is None:
         mask = torch.ones_like(input_ids)
 
-    lanes = build_lanes(model, slm, stitch_engine, input_ids.shape[0], generation_config.max_length, stitch_timing,
-                        vocab)
+    lanes = engine.lanes(model, slm, vocab, input_ids.shape[0], generation_config.max_length, timing=stitch_timing)
     result = stitch_loop(
         lanes,
         input_ids,
@@ -165,21 +163,11 @@ def finished_rows_unseen(config: GenerationConfig, processors, criteria) -> bool
     return all(type(c).__module__.startswith("transformers.") for c in [*(processors or []), *(criteria or [])])
 
 
-def build_lanes(llm: PreTrainedModel, slm: PreTrainedModel, engine, batch: int, max_length: int,
-                timing: bool, vocab: int | None = None) -> dict[Role, Lane]:
-    """One lane per model: eager DynamicCache lanes, or the fast engine's.
+def _fast_engine(llm, slm, spec, batch: int, own: bool):
+    """:func:`hf_rstitch.fast.fast_engine`, imported when a call asks for the fast engine (or ``"auto"``)."""
+    from ..fast import fast_engine
 
-    ``engine`` is resolved here, once: ``"default"`` or an :class:`hf_rstitch.engine.EagerEngine`
-    (which keeps the lanes it built, for tests and tools), or a fast-engine spec.
-    """
-    vocab = vocab if vocab is not None else min(logit_width(llm), logit_width(slm))
-    if isinstance(engine, str) and engine == "default":
-        engine = EagerEngine()
-    if isinstance(engine, EagerEngine):
-        return engine.lanes(llm, slm, vocab, batch, max_length, timing=timing)
-    from ..fast import resolve_engine
-
-    return resolve_engine(engine).lanes(llm, slm, vocab, batch, max_length, timing=timing)
+    return fast_engine(llm, slm, spec, batch, own)
 
 
 def to_output(result, llm: PreTrainedModel, config: GenerationConfig) -> StitchedGenerateOutput | torch.LongTensor:
