@@ -5,8 +5,8 @@ Why: at one row a pre-norm decoder layer (Llama, Qwen2, Mistral) runs six kernel
 microseconds of launch and ramp while reading a few kilobytes. Here the norms run in the prologue of the
 products that read them (each program of the q/k/v and gated kernels reduces the whole row, 3-7 KB from
 L2, then normalizes the chunks it multiplies) and the adds in the epilogue of the products before them (o
-and down add the residual to their rounded output): four kernels. On an H200 that saved 4.5 us a layer of
-Qwen2-1.5B shapes and 5.6 us of 7B (``benchmarks/results/fold_bench_*_nvidia_h200.md``).
+and down add the residual to their rounded output): four kernels (measured:
+``benchmarks/results/fold_bench_*.md``).
 
 How: the layer forward of :mod:`.add_norm` decides, for a one-row call of a layer that :func:`foldable`
 approved when the lane was built, what the next products must do, and says so through :func:`folding`:

@@ -81,8 +81,7 @@ class FusedGroup:
     The first member called with a new input computes the product over the concatenated weight
     (a copy: it does not follow later changes of the model's weights) and keeps it until every
     member has taken its slice. For Qwen2-7B the q/k/v projections (3584, 512 and 512 outputs)
-    become one 4608-wide product: 6.2 us instead of 10.8 us per layer on an H200
-    (results/gemv_nvidia_h200.md).
+    become one 4608-wide product (timed: ``benchmarks/results/gemv_*.md``).
     """
 
     def __init__(self, members: list[torch.nn.Linear], table: dict, rows: int = MAX_ROWS):
