@@ -14,7 +14,7 @@ and writes the output itself, with no partial results and no combine. Per row, s
 row's padding count (``pad[b]``) are masked, as is everything right of each query's own slot.
 
 The plan (:func:`_plan`): one split from ~one wave of programs; below that, splits of 128-slot blocks
-(measured: ``benchmarks/results/attention_sweep_*.md``, docs/fast-engine.md).
+(measured: ``benchmarks/results/attention_sweep_*.md``).
 
 Same arithmetic as the eager attention where it matters: scores and softmax in float32 (eager
 attention rounds the scores to the model's dtype first), probabilities rounded to the values'
