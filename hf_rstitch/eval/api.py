@@ -40,19 +40,21 @@ def resolve_dtype(dtype: str, device: str) -> Any:
     return getattr(torch, dtype)
 
 
-def load_pair(cfg: EvalConfig, device: str) -> tuple[Any, Any, Any]:
-    """(llm, slm, tokenizer) from checkpoints; the two tokenizers must share a vocabulary."""
+def load_pair(llm: str, slm: str, dtype: str, device: str) -> tuple[Any, Any, Any]:
+    """(llm, slm, tokenizer) from two checkpoints (local folders or Hub ids) in ``dtype`` (:data:`~.config.DTYPES`)
+    on ``device``; the two tokenizers must share a vocabulary. ``rstitch eval``, ``rstitch tune`` and the router's
+    training load a pair through here."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(cfg.llm)
-    slm_tok = AutoTokenizer.from_pretrained(cfg.slm)
+    tok = AutoTokenizer.from_pretrained(llm)
+    slm_tok = AutoTokenizer.from_pretrained(slm)
     if tok.get_vocab() != slm_tok.get_vocab():
         raise ValueError(
-            f"the LLM ({cfg.llm}) and SLM ({cfg.slm}) tokenizers differ; stitching and speculative decoding "
+            f"the LLM ({llm}) and SLM ({slm}) tokenizers differ; stitching and speculative decoding "
             "pass token ids between the models, so pick a pair from one tokenizer family."
         )
-    dtype = resolve_dtype(cfg.dtype, device)
-    models = [AutoModelForCausalLM.from_pretrained(p, dtype=dtype).to(device).eval() for p in (cfg.llm, cfg.slm)]
+    torch_dtype = resolve_dtype(dtype, device)
+    models = [AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype).to(device).eval() for p in (llm, slm)]
     return models[0], models[1], tok
 
 
@@ -118,7 +120,7 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
         problems = cfg.shard_of([p for src in cfg.data for p in load_problems(src, limit=cfg.limit, columns=cfg.columns)])
         device = resolve_device(cfg.device)
         if llm is None or slm is None or tokenizer is None:
-            llm, slm, tokenizer = load_pair(cfg, device)
+            llm, slm, tokenizer = load_pair(cfg.llm, cfg.slm, cfg.dtype, device)
         else:
             device = str(next(llm.parameters()).device)
         clear_stitch_defaults(llm)

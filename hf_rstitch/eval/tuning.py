@@ -8,7 +8,6 @@ choice itself is :func:`hf_rstitch.eval.choose.choose`.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -115,10 +114,10 @@ def load(cfg, device: str):
     from ..hf.settings import clear_settings
     from .api import load_pair
 
-    refs = SimpleNamespace(llm=resolve(cfg.llm), slm=resolve(cfg.slm), dtype=cfg.dtype)
-    llm, slm, tok = load_pair(refs, device)
+    llm_ref, slm_ref = resolve(cfg.llm), resolve(cfg.slm)
+    llm, slm, tok = load_pair(llm_ref, slm_ref, cfg.dtype, device)
     clear_settings(llm.generation_config)
-    return llm, slm, tok, refs.llm == str(shipped("llm")) and refs.slm == str(shipped("slm"))
+    return llm, slm, tok, llm_ref == str(shipped("llm")) and slm_ref == str(shipped("slm"))
 
 
 @torch.no_grad()
