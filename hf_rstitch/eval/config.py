@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.engines import ENGINE_NAMES, requested_engine
+from ..core.engines import engine_option
 from .data import DEFAULT_INSTRUCTION
 
 METHOD_KINDS = ("llm", "slm", "specdec", "rstitch", "random", "router")
@@ -174,9 +174,7 @@ class EvalConfig:
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                                             or self.batch_size < 1):
             raise ValueError(f"--batch-size must be a positive integer, got {self.batch_size!r}.")
-        self.engine = requested_engine(self.engine)
-        if self.engine not in ENGINE_NAMES:
-            raise ValueError(f"--engine must be default, fast or auto, got {self.engine!r}.")
+        self.engine = engine_option(self.engine)
         from ..core.scheduling import parse_schedule
 
         try:
