@@ -58,17 +58,6 @@ class FastConfig:
         return self.compile == "parts" if self.fuse_add_norm is None else self.fuse_add_norm
 
 
-# architectures whose layers the static cache runs without an error but not as their eager forward does (other
-# tokens than the eager engine in tests/zoo, float32 on the CPU), or that fail mid-way: refused even by name
-_DIFFERS = "gives other tokens than the eager engine in the zoo suite (tests/zoo)"
-KNOWN_WRONG = {
-    "big_bird": _DIFFERS, "falcon": _DIFFERS, "gpt_neox_japanese": _DIFFERS, "megatron-bert": _DIFFERS,
-    "rembert": _DIFFERS, "roformer": _DIFFERS, "trocr": _DIFFERS, "xglm": _DIFFERS,
-    "doge": "fails in the zoo suite (its dynamic-mask attention sizes the mask for the keys it was given)",
-    "mpt": "fails in the zoo suite (its ALiBi bias is sized for the keys it was given, not the cache's slots)",
-}
-
-
 def check_supported(model: PreTrainedModel, batch_size: int = 1) -> None:
     """Raise a clear error if ``model`` cannot run in a FastLane (any batch size >= 1): an encoder-decoder,
     windowed or non-attention layers (:func:`windowed`), a forward without an attention mask, layers whose
@@ -86,10 +75,6 @@ def check_supported(model: PreTrainedModel, batch_size: int = 1) -> None:
             f"the fast engine supports full-attention models only; {type(model).__name__} has {layers} "
             f"(sliding_window={getattr(config, 'sliding_window', None)}). Use stitch_engine='default'."
         )
-    kind = getattr(config, "model_type", None)
-    if kind in KNOWN_WRONG:
-        raise ValueError(f"the fast engine's static cache {KNOWN_WRONG[kind]} for {kind!r} models "
-                         f"({type(model).__name__}); use stitch_engine='default'.")
     if "attention_mask" not in inspect.signature(model.forward).parameters:
         raise ValueError(f"{type(model).__name__}.forward takes no attention_mask; the fast engine cannot drive it.")
     reason = dtype_refusal(model)

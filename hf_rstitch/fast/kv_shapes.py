@@ -17,6 +17,9 @@ from __future__ import annotations
 import inspect
 
 import torch
+from transformers import AttentionInterface
+
+from .static_kv import static_attention, static_attention_on
 
 ATTRIBUTE = "_rstitch_kv_shape"  # on the model: (layers, kv_heads, head_dim) or the refusal's message
 
@@ -53,14 +56,27 @@ def kv_shape(model) -> tuple[int, int, int]:
     return known
 
 
+PROBE = "rstitch_probe"
+_ATTENDED = [0]  # calls of the probe's attention function during the current probe
+
+
+def _probe_attention(*args, **kwargs):
+    _ATTENDED[0] += 1
+    return static_attention(*args, **kwargs)
+
+
+AttentionInterface.register(PROBE, _probe_attention)
+
+
 def _probe(model) -> tuple[int, int, int] | str:
     name = type(model).__name__
     probe = ShapeProbe()
+    _ATTENDED[0] = 0
     params = inspect.signature(model.forward).parameters
     cache_arg = "cache" if "cache" in params else "past_key_values"
     device = model.device
     try:
-        with torch.no_grad():
+        with torch.no_grad(), static_attention_on(model, PROBE):
             model(input_ids=torch.full((1, 1), 3, device=device),
                   attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device),
                   position_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=True,
@@ -72,6 +88,10 @@ def _probe(model) -> tuple[int, int, int] | str:
     if not probe.stored:
         return (f"{name}'s layers store no keys and values in the cache (recurrent or state-space layers); the "
                 "fast engine's cache holds attention keys and values only")
+    if _ATTENDED[0] < len(probe.stored):
+        return (f"{name}'s layers attend with code of their own instead of through transformers' attention "
+                "interface (config._attn_implementation), so the fast engine's attention over its static cache "
+                "would not run; use stitch_engine='default'")
     shapes = {shape for calls in probe.stored.values() for shape in calls}
     calls = {len(c) for c in probe.stored.values()}
     if calls != {1}:
