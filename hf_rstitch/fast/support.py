@@ -62,7 +62,7 @@ def model_refusal(model: PreTrainedModel, batch: int = 1) -> str | None:
         return f": {err}"
     kind = getattr(model.config.get_text_config(), "model_type", None) or model.config.model_type
     if kind not in PROVEN and model.config.model_type not in PROVEN:
-        return (f" is a {kind!r} model, an architecture the fast engine has not been proven equal on (proven: "
+        return (f" is of architecture {kind!r}, which the fast engine has not been proven equal on (proven: "
                 "hf_rstitch.fast.support.PROVEN, docs/models.md); stitch_engine='fast' tries it anyway")
     if is_sharded(model):
         return f" is {describe(model)}; the fast engine runs single-device models only"

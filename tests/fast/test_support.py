@@ -97,7 +97,7 @@ def test_auto_runs_only_proven_architectures_and_capabilities(monkeypatch):
     llm, slm = _pair(_neox)
     kv_shape(llm), kv_shape(slm)  # probed on the CPU (then kept): the GPU below is pretend
     monkeypatch.setattr(support, "PROVEN", frozenset({"llama"}))
-    assert "'gpt_neox' model, an architecture the fast engine has not been proven" in support.why_not_fast(llm, slm)
+    assert "architecture 'gpt_neox', which the fast engine has not been proven" in support.why_not_fast(llm, slm)
     monkeypatch.setattr(support, "PROVEN", frozenset({"gpt_neox"}))
     for model in (llm, slm):
         monkeypatch.setattr(type(model), "device", property(lambda self: torch.device("cuda", 0)))
