@@ -142,7 +142,8 @@ def tiny_config(model_type: str, role: int = 0, **overrides):
     for names, sizes in SIZES.items():
         for name in names:
             value = base.get(name)
-            if isinstance(value, int) and not isinstance(value, bool) or value is None and name in DERIVED:
+            derived = value is None and name in DERIVED and not isinstance(getattr(cls, name, None), property)
+            if isinstance(value, int) and not isinstance(value, bool) or derived:
                 values[name] = sizes[role]
     for name in WINDOWS:
         if isinstance(base.get(name), int) and not isinstance(base.get(name), bool):
