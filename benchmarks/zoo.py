@@ -132,8 +132,9 @@ def serve(device: str) -> None:
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")
     torch.set_num_threads(int(os.environ.get("ZOO_THREADS", "1")))
-    out = sys.stdout
-    sys.stdout = sys.stderr  # stray prints from models stay off the result channel
+    out = os.fdopen(os.dup(1), "w")  # the result channel; anything else written to fd 1 (models, compilers)
+    os.dup2(2, 1)  # goes to stderr instead
+    sys.stdout = sys.stderr
     for line in sys.stdin:
         model_type = line.strip()
         start = time.perf_counter()
@@ -188,6 +189,8 @@ def run_all(types: list[str], device: str, workers: int, timeout: float, write, 
         for stream in ready:
             w = busy[stream]
             line = stream.readline()
+            if line and not line.startswith('{"model_type"'):
+                continue  # not a result (the worker writes results only; be safe anyway)
             if line:
                 done = json.loads(line)
                 rows[done["model_type"]] = done["row"]
