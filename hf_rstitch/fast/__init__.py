@@ -2,8 +2,9 @@
 
 What CUDA users get without asking: ``generate(..., assistant_model=slm, stitch_threshold=tau)`` names
 no engine, which means ``stitch_engine="auto"``: this engine with :data:`AUTO` where it can run the pair
-(kept on the LLM and reused by later calls; :func:`release` frees it), the eager engine otherwise, the
-reason logged (:func:`choose_engine`). ``stitch_engine="default"`` (or ``HF_RSTITCH_ENGINE=default``)
+and has been proven on its architecture and GPU (:mod:`.support`; kept on the LLM and reused by later calls;
+:func:`release` frees it), the eager engine otherwise, the reason logged (:func:`choose_engine`), and the
+eager engine again for a call whose fast run fails (:mod:`hf_rstitch.hf.fallback`). ``stitch_engine="default"`` (or ``HF_RSTITCH_ENGINE=default``)
 keeps the eager engine; ``"fast"``, a :class:`FastConfig` or a :class:`FastEngine` of your own asks
 for this one. It swaps the eager :class:`~hf_rstitch.engine.Lane` (forwards over a DynamicCache,
 host-bound at a few hundred kernel launches per token) for :class:`FastLane`: a static KV cache,
