@@ -51,11 +51,9 @@ class GenerateConfig:
             if source:
                 check_local_source(source, flag)
         check_device(self.device)
-        from ..core.engines import ENGINE_NAMES, requested_engine
+        from ..core.engines import engine_option
 
-        self.engine = requested_engine(self.engine)
-        if self.engine not in ENGINE_NAMES:
-            raise ValueError(f"--engine must be default, fast or auto, got {self.engine!r}.")
+        self.engine = engine_option(self.engine)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

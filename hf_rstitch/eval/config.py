@@ -11,11 +11,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.engines import ENGINE_NAMES, requested_engine
+from ..core.engines import engine_option
 from .data import DEFAULT_INSTRUCTION
 
 METHOD_KINDS = ("llm", "slm", "specdec", "rstitch", "random", "router")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+RECORDS, RUN_META = "records.jsonl", "run.json"  # an eval run's files under --out
 
 
 def _help(text: str, **extra: Any) -> Any:
@@ -173,9 +174,7 @@ class EvalConfig:
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                                             or self.batch_size < 1):
             raise ValueError(f"--batch-size must be a positive integer, got {self.batch_size!r}.")
-        self.engine = requested_engine(self.engine)
-        if self.engine not in ENGINE_NAMES:
-            raise ValueError(f"--engine must be default, fast or auto, got {self.engine!r}.")
+        self.engine = engine_option(self.engine)
         from ..core.scheduling import parse_schedule
 
         try:

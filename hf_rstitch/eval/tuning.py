@@ -8,7 +8,6 @@ choice itself is :func:`hf_rstitch.eval.choose.choose`.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -33,11 +32,11 @@ def dev_set(cfg, toy: bool) -> tuple[list[tuple[str, str]], str, Callable[[str, 
     else:
         raise ValueError("--data is required (a dev split: JSONL file, local file or Hub dataset) unless the pair is "
                          "the shipped one.")
-    if toy:
-        from ..toyworld import grade as toy_grade
+    from .grading import TOYWORLD, grade
 
-        return rows, cfg.instruction if cfg.instruction is not None else "", toy_grade, name
-    from .grading import grade
+    if toy:
+        return (rows, cfg.instruction if cfg.instruction is not None else "",
+                lambda text, answer: grade(text, str(answer), TOYWORLD).correct, name)
 
     instruction = cfg.instruction if cfg.instruction is not None else DEFAULT_INSTRUCTION
     return rows, instruction, lambda text, answer: grade(text, answer).correct, name
@@ -51,7 +50,7 @@ def llm_alone_ms(latency, prompt_len: int, n_tokens: int) -> float:
 
 
 def _batches(tok, rows, instruction: str, batch_size: int, device) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
-    from ..router.rollout import left_pad
+    from .batched import left_pad
 
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     out = []
@@ -115,10 +114,10 @@ def load(cfg, device: str):
     from ..hf.settings import clear_settings
     from .api import load_pair
 
-    refs = SimpleNamespace(llm=resolve(cfg.llm), slm=resolve(cfg.slm), dtype=cfg.dtype)
-    llm, slm, tok = load_pair(refs, device)
+    llm_ref, slm_ref = resolve(cfg.llm), resolve(cfg.slm)
+    llm, slm, tok = load_pair(llm_ref, slm_ref, cfg.dtype, device)
     clear_settings(llm.generation_config)
-    return llm, slm, tok, refs.llm == str(shipped("llm")) and refs.slm == str(shipped("slm"))
+    return llm, slm, tok, llm_ref == str(shipped("llm")) and slm_ref == str(shipped("slm"))
 
 
 @torch.no_grad()

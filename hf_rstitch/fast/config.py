@@ -5,10 +5,12 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
+import torch
 from transformers import PreTrainedModel
 
 from .buckets import bucket_sizes
 from . import experts, windows
+from .kv_shapes import kv_shape
 from .static_kv import ATTENTIONS
 
 
@@ -63,7 +65,11 @@ class FastConfig:
 
 
 def check_supported(model: PreTrainedModel, batch_size: int = 1) -> None:
-    """Raise a clear error if ``model`` cannot run in a FastLane (any batch size >= 1)."""
+    """Raise a clear error if ``model`` cannot run in a FastLane (any batch size >= 1): an encoder-decoder,
+    layers other than full and sliding-window attention (:func:`.windows.why_not`), experts that do not
+    dispatch through transformers' experts interface (:func:`.experts.why_not`), a forward without an
+    attention mask, layers whose keys and values one static cache cannot hold (:func:`~hf_rstitch.fast.kv_shapes.kv_shape`), or a dtype
+    its GPU lacks (:func:`dtype_refusal`)."""
     if batch_size < 1:
         raise ValueError(f"the fast engine needs at least one row, got batch size {batch_size}.")
     if getattr(model.config, "is_encoder_decoder", False):
@@ -73,3 +79,26 @@ def check_supported(model: PreTrainedModel, batch_size: int = 1) -> None:
         raise ValueError(f"{reason}. Use stitch_engine='default'.")
     if "attention_mask" not in inspect.signature(model.forward).parameters:
         raise ValueError(f"{type(model).__name__}.forward takes no attention_mask; the fast engine cannot drive it.")
+    reason = dtype_refusal(model)
+    if reason is not None:
+        raise ValueError(reason)
+    kv_shape(model)  # raises KVShapeError (a ValueError) with the reason
+
+
+def windowed(config) -> bool:
+    """Whether any layer of this (text) config attends through a window (:func:`.windows.layer_windows`: the
+    windows the eager engine's masks apply) or is not attention at all."""
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    return bool(kinds - {"full_attention"}) or any(w is not None for w in windows.layer_windows(config))
+
+
+def dtype_refusal(model: PreTrainedModel) -> str | None:
+    """Why ``model``'s dtype cannot run on its GPU (bfloat16 below compute capability 8.0); None when it can."""
+    if model.device.type != "cuda" or model.dtype != torch.bfloat16:
+        return None
+    major, minor = torch.cuda.get_device_capability(model.device)
+    if (major, minor) >= (8, 0):
+        return None
+    return (f"{type(model).__name__} is in bfloat16, which {torch.cuda.get_device_name(model.device)} (compute "
+            f"capability {major}.{minor}) has no kernels for (bfloat16 needs 8.0 or newer); load the models with "
+            "torch_dtype=torch.float16 (or float32)")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.engines import ENGINE_NAMES, requested_engine
+from ..core.engines import engine_option
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -61,9 +61,7 @@ class ServeConfig:
         from ..core.policies import check_threshold
 
         self.threshold = check_threshold(self.threshold, "--threshold")
-        self.engine = requested_engine(self.engine)
-        if self.engine not in ENGINE_NAMES:
-            raise ValueError(f"--engine must be default, fast or auto, got {self.engine!r}.")
+        self.engine = engine_option(self.engine)
         if bool(self.llm) != bool(self.slm):
             raise ValueError("pass both --llm and --slm, or neither (to serve the shipped pair)")
         for name in ("max_batch", "max_tokens", "replicas"):
