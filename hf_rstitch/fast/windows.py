@@ -13,8 +13,10 @@ Where the windows come from: the eager engine's masks. A config with ``layer_typ
 EXAONE 4, Qwen2 with ``use_sliding_window``); one without (Mistral, Phi-3, Starcoder2, Qwen3-MoE,
 Mixtral) gets ``sliding_window`` on every layer when it is set, as their models build the mask. Each
 attention call cross-checks this against the ``sliding_window`` its layer passes (the window
-transformers' flash-attention path applies) and raises on a disagreement rather than decode other
-tokens than the eager engine.
+transformers' flash-attention path applies) and raises on a disagreement, or where a windowed layer
+passes none (Moshi builds a full mask despite its config's window), rather than decode other tokens
+than the eager engine; the lane's shape probe (:mod:`.kv_shapes`) makes that a refusal before any lane
+is built.
 
 Besides the window, an attention call may carry ``softcap`` (Gemma 2: ``tanh`` capping of the scaled
 scores) and ``s_aux`` (gpt-oss: one sink logit a head, in the softmax's denominator only); both are
@@ -85,6 +87,10 @@ def call_window(module, kwargs: dict, windows) -> int | None:
                              "use stitch_engine='default' for this model.")
         return None
     want = windows[layer]
+    if want is not None and "sliding_window" not in kwargs:
+        raise ValueError(f"layer {layer} ({type(module).__name__}) passes no sliding_window to its attention function "
+                         f"while its config has a window of {want}; the fast engine cannot tell whether the eager mask "
+                         "applies it. Use stitch_engine='default' for this model.")
     if "sliding_window" in kwargs and passed != want:
         raise ValueError(f"layer {layer} ({type(module).__name__}) passes sliding_window={passed} but its config "
                          f"gives the eager mask a window of {want}; the fast engine cannot tell which applies. "

@@ -146,3 +146,18 @@ def test_split_kernel_lanes_equal_matmul_lanes(arch):
                                  return_dict_in_generate=True, output_logits=True))
         assert (next(iter(engine._lanes.values()))._no_mask is not None) == (attention == "split")
     _same(outs[0], outs[1], 1e-4)
+
+
+def test_a_windowed_layer_that_passes_no_window_is_refused():
+    """A config with a window whose layers pass no ``sliding_window`` to their attention (Moshi's: its model builds
+    a full mask anyway): the fast engine cannot tell which applies (the shape probe makes this a refusal before a
+    lane is built: tests/zoo)."""
+    from hf_rstitch.fast.windows import call_window
+
+    class Layer:
+        layer_idx = 0
+
+    with pytest.raises(ValueError, match="passes no sliding_window"):
+        call_window(Layer(), {}, [5])
+    assert call_window(Layer(), {}, [None]) is None
+    assert call_window(Layer(), {"sliding_window": 5}, [5]) == 5
