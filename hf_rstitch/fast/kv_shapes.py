@@ -20,6 +20,7 @@ import torch
 from transformers import AttentionInterface
 
 from .static_kv import static_attention, static_attention_on
+from .windows import layer_windows
 
 ATTRIBUTE = "_rstitch_kv_shape"  # on the model: (layers, kv_heads, head_dim) or the refusal's message
 
@@ -58,11 +59,13 @@ def kv_shape(model) -> tuple[int, int, int]:
 
 PROBE = "rstitch_probe"
 _ATTENDED = [0]  # calls of the probe's attention function during the current probe
+_WINDOWS = [None]  # the probed model's layer windows: each layer's call is checked against them (.windows)
 
 
-def _probe_attention(*args, **kwargs):
+def _probe_attention(module, query, *args, **kwargs):
     _ATTENDED[0] += 1
-    return static_attention(*args, **kwargs)
+    pos = torch.zeros((), dtype=torch.long, device=query.device)  # the probe's one token sits in slot 0
+    return static_attention(module, query, *args, pos=pos, windows=_WINDOWS[0], **kwargs)
 
 
 AttentionInterface.register(PROBE, _probe_attention)
@@ -72,6 +75,7 @@ def _probe(model) -> tuple[int, int, int] | str:
     name = type(model).__name__
     probe = ShapeProbe()
     _ATTENDED[0] = 0
+    _WINDOWS[0] = layer_windows(model.config)
     params = inspect.signature(model.forward).parameters
     cache_arg = "cache" if "cache" in params else "past_key_values"
     device = model.device
