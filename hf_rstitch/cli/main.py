@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(err: BaseException) -> str:
+    """An exception as one line (transformers' and the Hub's messages span several)."""
+    text = " ".join(part.strip() for part in str(err).splitlines() if part.strip())
+    return text or type(err).__name__
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -108,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except SystemExit as stop:  # config validation (cli/args.py) already printed its message
         return stop.code if isinstance(stop.code, int) else 1
-    except (ValueError, FileNotFoundError) as err:  # bad input found past the config: say what, not a traceback
-        print(f"rstitch {args.command}: error: {err}", file=sys.stderr)
+    except (ValueError, OSError, ImportError) as err:  # bad input, unreadable file, missing model or extra: one line
+        print(f"rstitch {args.command}: error: {one_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -120,7 +120,7 @@ def _problems(rows: Iterable[tuple[str, int, Any]], name: str, limit: int | None
 def _jsonl_rows(path: Path):
     with path.open(encoding="utf-8") as fh:
         index = 0
-        for lineno, line in enumerate(fh, start=1):
+        for lineno, line in _lines(fh, path):
             if not line.strip():
                 continue
             try:
@@ -131,12 +131,30 @@ def _jsonl_rows(path: Path):
             index += 1
 
 
+def _lines(fh, path: Path):
+    """``(line number, line)`` of a text file, with a message naming the file if it is not UTF-8 text."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(fh, start=1):
+            yield lineno, line
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}:{lineno + 1}: not UTF-8 text ({err.reason} at byte {err.start}); expected a JSONL "
+                         f"file with {list(FIELDS)} per line.") from None
+
+
+def check_readable(path: Path, what: str = "benchmark file") -> None:
+    """Raise ``FileNotFoundError`` / ``IsADirectoryError`` naming ``path`` unless it is a file."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {path} is a folder; pass the file itself.")
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} does not exist; pass a .jsonl file with {list(FIELDS)} per line.")
+
+
 def load_jsonl(path: str | Path, limit: int | None = None, dataset: str | None = None,
                columns: Mapping[str, str] | None = None) -> list[Problem]:
     """Read a benchmark JSONL file (blank lines skipped); ``limit`` keeps the first N rows."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"benchmark file {path} does not exist; pass a .jsonl file with {list(FIELDS)} per line.")
+    check_readable(path)
     return _problems(_jsonl_rows(path), dataset or path.stem, limit, columns)
 
 
@@ -154,8 +172,7 @@ def load_with_datasets(source: str, limit: int | None = None, columns: Mapping[s
     datasets = _import_datasets(source)
     path = Path(source)
     if path.suffix in DATASETS_FILES:
-        if not path.is_file():
-            raise FileNotFoundError(f"benchmark file {path} does not exist.")
+        check_readable(path)
         spec, loader = DataSpec({}), dict(path=DATASETS_FILES[path.suffix], data_files=str(path), split="train")
     else:
         parts = source.split(":")

@@ -110,6 +110,10 @@ def to_point(m: dict[str, Any], n: int, label: str, threshold, latency, baseline
                       tokens / n, speedup, label)
 
 
+def is_shipped_pair(cfg) -> bool:
+    return resolve(cfg.llm) == str(shipped("llm")) and resolve(cfg.slm) == str(shipped("slm"))
+
+
 def load(cfg, device: str):
     """(llm, slm, tokenizer, is the shipped pair) with any stored stitching settings cleared."""
     from ..hf.settings import clear_settings
@@ -118,7 +122,7 @@ def load(cfg, device: str):
     refs = SimpleNamespace(llm=resolve(cfg.llm), slm=resolve(cfg.slm), dtype=cfg.dtype)
     llm, slm, tok = load_pair(refs, device)
     clear_settings(llm.generation_config)
-    return llm, slm, tok, refs.llm == str(shipped("llm")) and refs.slm == str(shipped("slm"))
+    return llm, slm, tok, is_shipped_pair(cfg)
 
 
 @torch.no_grad()
@@ -132,10 +136,10 @@ def tune(cfg) -> dict[str, Any]:
 
     latency = LatencyModel.load(resolve(cfg.latency)) if cfg.latency else None
     device = resolve_device(cfg.device)
+    rows, instruction, grader, data_name = dev_set(cfg, is_shipped_pair(cfg))  # a bad file fails before loading
     llm, slm, tok, toy = load(cfg, device)
     if latency is not None:
         latency.check_models(slm=slm, llm=llm, check_name=False)
-    rows, instruction, grader, data_name = dev_set(cfg, toy)
     batches = _batches(tok, rows, instruction, cfg.batch_size, llm.device)
     settings = [("rstitch", tau, {"stitch_threshold": tau}) for tau in cfg.thresholds]
     if cfg.router:
