@@ -283,7 +283,10 @@ def save_llm(llm: str, out: Path) -> None:
 
     from .resources import resolve
 
+    from .sources import check_hub_source
+
     llm = resolve(llm)
+    check_hub_source(llm, "--llm")
     AutoModelForCausalLM.from_pretrained(llm, dtype="auto").save_pretrained(out)
     AutoTokenizer.from_pretrained(llm).save_pretrained(out)
 

@@ -15,7 +15,6 @@ import typing
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-MODEL_FIELDS = ("llm", "slm", "model")  # config fields that name a model to load
 
 
 def _base_type(tp: Any) -> tuple[Any, bool]:
@@ -61,21 +60,8 @@ def dataclass_from_args(cls: type[T], args: argparse.Namespace) -> T:
     """
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     try:
-        config = cls(**{k: v for k, v in vars(args).items() if k in names})
-        check_hub_models(config)
-    except (ValueError, TypeError, OSError) as err:
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
+    except (ValueError, TypeError) as err:
         command = getattr(args, "command", None) or ""
         print(f"rstitch {command}: error: {err}".replace("  ", " "), file=sys.stderr)
         raise SystemExit(2) from None
-    return config
-
-
-def check_hub_models(config) -> None:
-    """The models a valid config names by Hub id can load: a second and one line, not minutes of retries and
-    a traceback from ``from_pretrained`` (:func:`hf_rstitch.sources.check_hub_source`)."""
-    from ..sources import check_hub_source
-
-    for key in getattr(config, "hub_models", MODEL_FIELDS):
-        source = getattr(config, key, None)
-        if isinstance(source, str) and source and not source.startswith("shipped:"):
-            check_hub_source(source, f"--{key}")

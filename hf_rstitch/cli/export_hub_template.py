@@ -36,8 +36,6 @@ class ExportConfig:
         "help": "also save this LLM (Hub id, folder or shipped:llm) with its tokenizer into DIR: a model repo that "
                 "pipeline and `transformers serve --trust-remote-code` load"})
 
-    hub_models = ("llm",)  # loaded here; --slm / --router are references for the machine that loads the repo
-
     def __post_init__(self):
         if not self.dir:
             raise ValueError("give the output folder: rstitch export-hub-template DIR")

@@ -72,6 +72,10 @@ def _load(cfg: GenerateConfig):
 
         llm, slm, tok = load_pair(cfg.device)
         return llm.to(dtype), slm.to(dtype), tok
+    from ..sources import check_hub_source
+
+    check_hub_source(cfg.llm, "--llm")
+    check_hub_source(cfg.slm, "--slm")
     llm = AutoModelForCausalLM.from_pretrained(cfg.llm, dtype=dtype).to(cfg.device).eval()
     slm = AutoModelForCausalLM.from_pretrained(cfg.slm, dtype=dtype).to(cfg.device).eval()
     return llm, slm, AutoTokenizer.from_pretrained(cfg.llm)

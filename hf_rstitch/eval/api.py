@@ -45,6 +45,10 @@ def load_pair(cfg: EvalConfig, device: str) -> tuple[Any, Any, Any]:
     """(llm, slm, tokenizer) from checkpoints; the two tokenizers must share a vocabulary."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ..sources import check_hub_source
+
+    check_hub_source(cfg.llm, "--llm")  # a Hub id that cannot load fails in a second, not after minutes of retries
+    check_hub_source(cfg.slm, "--slm")
     tok = AutoTokenizer.from_pretrained(cfg.llm)
     slm_tok = AutoTokenizer.from_pretrained(cfg.slm)
     if tok.get_vocab() != slm_tok.get_vocab():

@@ -15,7 +15,7 @@ import torch
 
 from ..resources import resolve, shipped
 from .choose import SweepPoint, choose, table
-from .data import DEFAULT_INSTRUCTION, load_problems, prompt_ids
+from .data import default_instruction, load_problems, prompt_ids
 
 DEV_SEED = 0  # the shipped pair's valid split: rstitch toyworld data --split valid --seed 0
 
@@ -33,13 +33,13 @@ def dev_set(cfg, toy: bool) -> tuple[list[tuple[str, str]], str, Callable[[str, 
     else:
         raise ValueError("--data is required (a dev split: JSONL file, local file or Hub dataset) unless the pair is "
                          "the shipped one.")
+    instruction = cfg.instruction if cfg.instruction is not None else default_instruction(cfg.llm, cfg.slm)
     if toy:
         from ..toyworld import grade as toy_grade
 
-        return rows, cfg.instruction if cfg.instruction is not None else "", toy_grade, name
+        return rows, instruction, toy_grade, name
     from .grading import grade
 
-    instruction = cfg.instruction if cfg.instruction is not None else DEFAULT_INSTRUCTION
     return rows, instruction, lambda text, answer: grade(text, answer).correct, name
 
 

@@ -73,3 +73,78 @@ def test_unreadable_benchmark_files_are_one_line(tmp_path):
         one_line_error(done, str(data))
         done = run("tune", "--llm", "shipped:llm", "--slm", "shipped:slm", "--data", str(data), "--max-drop", "1")
         one_line_error(done, str(data))
+
+
+def _toy_rows(n: int) -> list[dict]:
+    from hf_rstitch import shipped
+
+    with open(shipped("test"), encoding="utf-8") as fh:
+        return [json.loads(line) for line, _ in zip(fh, range(n))]
+
+
+def gsm8k_shaped(path: Path, n: int = 2) -> Path:
+    """Toy-world problems in GSM8K's published layout: question / answer = reasoning + "#### N"."""
+    rows = [{"question": r["problem"], "answer": f"Some reasoning.\n#### {r['answer']}"} for r in _toy_rows(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def math500_shaped(path: Path, n: int = 2) -> Path:
+    """Toy-world problems in MATH-500's published layout (problem, solution, answer, subject, level, unique_id)."""
+    rows = [{"problem": r["problem"], "solution": "...", "answer": str(r["answer"]), "subject": "Algebra", "level": 1,
+             "unique_id": f"test/algebra/{i}.json"} for i, r in enumerate(_toy_rows(n))]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_published_layouts_are_recognised_by_their_columns(tmp_path):
+    from hf_rstitch.eval.data import load_problems
+
+    gsm = load_problems(str(gsm8k_shaped(tmp_path / "dev.jsonl")))
+    assert [p.answer for p in gsm] == [str(r["answer"]) for r in _toy_rows(2)] and gsm[0].id == "0"
+    assert load_problems(str(tmp_path / "dev.jsonl"), columns="problem=question")[0].answer == gsm[0].answer
+    math = load_problems(str(math500_shaped(tmp_path / "m.jsonl")))
+    assert [p.id for p in math] == ["test/algebra/0.json", "test/algebra/1.json"]
+
+
+def test_eval_and_tune_prompt_the_shipped_pair_alike():
+    from hf_rstitch.cli.tune import TuneConfig
+    from hf_rstitch.eval import EvalConfig
+    from hf_rstitch.eval.data import DEFAULT_INSTRUCTION
+    from hf_rstitch.eval.tuning import dev_set
+
+    shipped_eval = EvalConfig(llm="shipped:llm", slm="shipped:slm", data=["x.jsonl"])
+    tune = TuneConfig(llm="shipped:llm", slm="shipped:slm", max_drop=1, n=1)
+    assert shipped_eval.instruction == dev_set(tune, toy=True)[1] == ""
+    assert EvalConfig(llm="owner/llm", slm="owner/slm", data=["x.jsonl"]).instruction == DEFAULT_INSTRUCTION
+
+
+@pytest.mark.slow
+def test_eval_scores_the_shipped_llm_on_a_gsm8k_shaped_file(tmp_path):
+    data = gsm8k_shaped(tmp_path / "dev.jsonl")
+    done = run("eval", "--llm", "shipped:llm", "--slm", "shipped:slm", "--data", str(data), "--methods", "llm",
+               "--max-new-tokens", "300", "--out", str(tmp_path / "out"), "--no-plots", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout.strip().splitlines()[-1])["results"]
+    assert results["dev"]["llm"]["acc"] == 100.0, results
+
+
+def test_example_names_the_columns_it_needs(tmp_path):
+    data = tmp_path / "odd.jsonl"
+    data.write_text(json.dumps({"q": "What is 2 + 3?", "a": "5"}) + "\n")
+    done = run("--data", str(data), script="examples/evaluate_benchmark.py")
+    one_line_error(done, "--columns", "GSM8K")
+    assert "--columns" in run("--help", script="examples/evaluate_benchmark.py").stdout
+
+
+@pytest.mark.slow
+def test_example_runs_on_gsm8k_and_mapped_layouts(tmp_path):
+    for data, extra in ((gsm8k_shaped(tmp_path / "gsm8k.jsonl", 1), []),
+                        (tmp_path / "odd.jsonl", ["--columns", "problem=q,answer=a"])):
+        if not data.exists():
+            row = _toy_rows(1)[0]
+            data.write_text(json.dumps({"q": row["problem"], "a": str(row["answer"])}) + "\n")
+        done = run("--data", str(data), "--limit", "1", "--max-new-tokens", "300", "--out", str(tmp_path / "o"),
+                   *extra, script="examples/evaluate_benchmark.py")
+        assert done.returncode == 0, done.stderr
+        assert "R-Stitch" in done.stdout
