@@ -233,9 +233,9 @@ def _math_verify(pred: str, gold: str) -> bool:
     try:
         from math_verify import parse, verify
     except ImportError as err:  # pragma: no cover - dependency missing
-        raise ImportError(
-            "Grading needs math-verify: pip install 'hf-rstitch[eval]' (or pip install math-verify)."
-        ) from err
+        from ..extras import install_hint
+
+        raise ImportError(f"Grading needs math-verify: {install_hint('eval', ('math-verify',))}.") from err
     try:
         g, p = parse(f"${gold}$"), parse(f"${pred}$")
         return bool(g and p and verify(g, p))
