@@ -148,3 +148,18 @@ def test_example_runs_on_gsm8k_and_mapped_layouts(tmp_path):
                    *extra, script="examples/evaluate_benchmark.py")
         assert done.returncode == 0, done.stderr
         assert "R-Stitch" in done.stdout
+
+
+def test_examples_howto_names_the_models_each_example_uses():
+    """docs/howto/examples.md names the Hub pair of the scripts (examples/common.py) and of the notebooks."""
+    import re
+
+    page = (ROOT / "docs/howto/examples.md").read_text()
+    common = (ROOT / "examples/common.py").read_text()
+    for name in re.findall(r'HUB_(?:LLM|SLM) = "[^/]+/([^"]+)"', common):
+        assert name in page, name
+    for notebook in ROOT.joinpath("examples").glob("*.ipynb"):
+        cells = json.loads(notebook.read_text())["cells"]
+        source = "".join("".join(c["source"]) for c in cells)
+        for model in re.findall(r'^(?:LLM|SLM)_ID = "([^"]+)"', source, flags=re.M):
+            assert model in page, (notebook.name, model)
