@@ -14,7 +14,8 @@ from ..threads import TINY_PARAMS
 # Subcommand modules, in the order --help lists them.
 # Commands whose default models (no --llm / --slm / --model) are the shipped pair.
 USES_SHIPPED_PAIR = ("demo", "generate", "serve", "train-router", "toyworld")
-SUBCOMMANDS = ["demo", "generate", "eval", "tune", "serve", "profile", "train_router", "toyworld", "export_hub_template"]
+SUBCOMMANDS = ["demo", "generate", "eval", "tune", "serve", "profile", "train_router", "toyworld", "export_hub_template",
+               "env"]
 
 
 def _load_subcommands() -> list:
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
             "decodes while it is confident (normalized entropy <= tau), the LLM takes the uncertain steps."
         ),
     )
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"rstitch (hf-rstitch) {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--threads", type=_positive_int, default=None, metavar="N", help=(

@@ -163,3 +163,63 @@ def test_examples_howto_names_the_models_each_example_uses():
         source = "".join("".join(c["source"]) for c in cells)
         for model in re.findall(r'^(?:LLM|SLM)_ID = "([^"]+)"', source, flags=re.M):
             assert model in page, (notebook.name, model)
+
+
+def test_colour_only_on_a_terminal_and_never_with_no_color(monkeypatch):
+    from hf_rstitch.cli.demo import wants_colour
+
+    class Tty:
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert wants_colour(None, Tty()) and not wants_colour(None, object())
+    assert wants_colour(True, object()) and not wants_colour(False, Tty())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not wants_colour(None, Tty())
+
+
+@pytest.mark.slow
+def test_generate_writes_no_escape_codes_into_a_pipe():
+    done = run("generate", "--max-new-tokens", "4")
+    assert done.returncode == 0, done.stderr
+    assert "\033[" not in done.stdout
+    assert "\033[" in run("generate", "--max-new-tokens", "4", "--colour").stdout
+
+
+def test_help_has_no_docstring_markup_and_version_and_env_answer():
+    import re
+
+    assert not re.search(r":\w+:`", run("tune", "--help").stdout)
+    from hf_rstitch import __version__
+
+    assert run("--version").stdout.strip() == f"rstitch (hf-rstitch) {__version__}"
+    done = run("env", "--json")
+    info = json.loads(done.stdout)
+    assert done.returncode == 0 and info["hf-rstitch"].startswith(__version__)
+    assert {"torch", "transformers", "accelerate", "huggingface-hub", "OMP_NUM_THREADS"} <= set(info)
+
+
+def test_sweep_plot_puts_tau_zero_at_a_labelled_zero():
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from threshold_sweep import figure
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    rows = [{"threshold": t, "accuracy": 50.0, "llm_token_share": 0.5} for t in (0, 0.001, 0.01, 1)]
+    ax = figure(rows).axes[0]
+    assert list(ax.lines[0].get_xdata()) == [0, 0.001, 0.01, 1]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "0.001", "0.01", "1"]
+
+
+@pytest.mark.slow
+def test_tune_prints_only_results_and_writes_no_install_path(tmp_path):
+    done = run("tune", "--llm", "shipped:llm", "--slm", "shipped:slm", "--max-drop", "100", "--n", "2",
+               "--thresholds", "0.02", "--router", "shipped", "--max-new-tokens", "300", "--no-progress",
+               "--write-config", str(tmp_path / "cfg"))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("| point | tau"), lines[0]  # the table first, nothing before it
+    json.loads(lines[-1])
+    written = (tmp_path / "cfg" / "generation_config.json").read_text()
+    assert '"stitch_slm_name_or_path": "shipped:slm"' in written and os.sep + "assets" + os.sep not in written
