@@ -8,6 +8,7 @@ from __future__ import annotations
 
 EXTRAS = {
     "eval": ("math-verify>=0.7", "matplotlib>=3.7", "datasets>=2.19"),
+    "notebook": ("math-verify>=0.7", "matplotlib>=3.7", "datasets>=2.19", "ipywidgets>=8"),
     "serve": ("fastapi>=0.110", "uvicorn>=0.29"),
     "serve-ray": ("fastapi>=0.110", "uvicorn>=0.29", "ray[serve]>=2.40"),
 }

@@ -223,3 +223,14 @@ def test_tune_prints_only_results_and_writes_no_install_path(tmp_path):
     json.loads(lines[-1])
     written = (tmp_path / "cfg" / "generation_config.json").read_text()
     assert '"stitch_slm_name_or_path": "shipped:slm"' in written and os.sep + "assets" + os.sep not in written
+
+
+def test_notebooks_install_the_extra_that_draws_their_progress_bars():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(p.startswith("ipywidgets") for p in extras["notebook"])
+    assert set(extras["eval"]) <= set(extras["notebook"])
+    for notebook in ROOT.joinpath("examples").glob("*.ipynb"):
+        install = "".join(json.loads(notebook.read_text())["cells"][1]["source"])
+        assert "[notebook]" in install and "[eval]" not in install, notebook.name
