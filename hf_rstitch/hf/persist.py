@@ -17,6 +17,8 @@ the outermost wrappers: a hook another library installed later is left alone).
 
 from __future__ import annotations
 
+import functools
+
 from transformers import GenerationConfig
 
 from .settings import SETTING_KEYS, stitch_settings
@@ -25,17 +27,18 @@ _MARK = "__rstitch_original__"
 
 
 def _wrap_save(original):
+    @functools.wraps(original)  # name, docstring and (through __wrapped__) signature stay transformers'
     def save_pretrained(self, *args, **kwargs):
         if stitch_settings(self) and self._from_model_config:
             self._from_model_config = False  # it now holds more than the model config's values
         return original(self, *args, **kwargs)
 
-    save_pretrained.__doc__ = original.__doc__
     setattr(save_pretrained, _MARK, original)
     return save_pretrained
 
 
 def _wrap_from_dict(original):
+    @functools.wraps(original)
     def from_dict(cls, config_dict, **kwargs):
         kept = {k: config_dict[k] for k in SETTING_KEYS if config_dict.get(k) is not None}
         out = original(cls, config_dict, **kwargs)
@@ -45,7 +48,6 @@ def _wrap_from_dict(original):
                 setattr(config, key, value)
         return out
 
-    from_dict.__doc__ = original.__doc__
     setattr(from_dict, _MARK, original)
     return classmethod(from_dict)
 

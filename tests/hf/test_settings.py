@@ -152,3 +152,26 @@ def test_configure_takes_the_shipped_slm_as_a_path_and_stores_no_install_path(tm
 def test_configure_says_what_it_takes_for_an_unnamed_model(pair):
     with pytest.raises(ValueError, match=r"str or Path"):
         configure(_fresh(pair[0]), slm=object())
+
+
+def test_hooks_keep_transformers_signatures_and_docstrings():
+    import inspect
+
+    for name in ("save_pretrained", "from_dict"):
+        hooked = getattr(GenerationConfig, name)
+        original = hooked.__rstitch_original__ if name == "save_pretrained" else \
+            GenerationConfig.__dict__[name].__func__.__rstitch_original__
+        assert hooked.__name__ == name and hooked.__doc__ == original.__doc__
+        want = inspect.signature(original)
+        if name == "from_dict":  # a classmethod: bound, without cls
+            want = want.replace(parameters=list(want.parameters.values())[1:])
+        assert inspect.signature(hooked) == want
+
+
+def test_lazy_modules_list_their_names():
+    import hf_rstitch.eval
+    import hf_rstitch.router
+
+    assert {"Router", "RouterPolicy", "load_router"} <= set(dir(hf_rstitch.router))
+    assert {"evaluate", "sweep", "EvalConfig"} <= set(dir(hf_rstitch.eval))
+    assert "configure" in dir(hf_rstitch)
