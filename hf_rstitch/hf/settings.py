@@ -41,6 +41,20 @@ def check_settings(config) -> None:
             )
 
 
+def validate_settings(config) -> None:
+    """The checks ``GenerationConfig.validate`` runs on the stitching entries (hooked by :mod:`.persist`): tau in
+    [0, 1], references as strings, no entry that would swallow a ``generate`` argument."""
+    check_settings(config)
+    tau = getattr(config, THRESHOLD_KEY, None)
+    if tau is not None:
+        threshold_value(tau)
+    for key in (SLM_KEY, ROUTER_KEY):
+        ref = getattr(config, key, None)
+        if ref is not None and not isinstance(ref, str):
+            raise ValueError(f"generation_config.{key} must be a Hub id or folder (a string), got "
+                             f"{type(ref).__name__}; pass loaded objects to generate() instead.")
+
+
 def threshold_value(value) -> float:
     """``value`` as a float in [0, 1], or a ValueError that says so."""
     try:

@@ -175,3 +175,17 @@ def test_lazy_modules_list_their_names():
     assert {"Router", "RouterPolicy", "load_router"} <= set(dir(hf_rstitch.router))
     assert {"evaluate", "sweep", "EvalConfig"} <= set(dir(hf_rstitch.eval))
     assert "configure" in dir(hf_rstitch)
+
+
+def test_validate_checks_the_stitching_entries_where_transformers_checks_its_own():
+    config = GenerationConfig(max_new_tokens=4)
+    config.stitch_threshold = 5.0
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        config.validate(strict=True)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        GenerationConfig(stitch_threshold=-0.1)
+    config.stitch_threshold = 0.02
+    config.validate(strict=True)
+    config.stitch_slm_name_or_path = object()
+    with pytest.raises(ValueError, match="a string"):
+        config.validate()
