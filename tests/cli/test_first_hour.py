@@ -234,3 +234,19 @@ def test_notebooks_install_the_extra_that_draws_their_progress_bars():
     for notebook in ROOT.joinpath("examples").glob("*.ipynb"):
         install = "".join(json.loads(notebook.read_text())["cells"][1]["source"])
         assert "[notebook]" in install and "[eval]" not in install, notebook.name
+
+
+def test_transformers_verbosity_reaches_hf_rstitch_messages(tmp_path):
+    script = tmp_path / "verbosity.py"
+    script.write_text(
+        "import logging\nimport hf_rstitch\nimport transformers\n"
+        "from transformers.generation.utils import GenerationMixin\n"
+        "log = logging.getLogger('hf_rstitch.eval.api')\n"
+        "log.info('info-default')\n"
+        "transformers.logging.set_verbosity_info()\nlog.info('info-after-set-verbosity-info')\n"
+        "transformers.logging.set_verbosity_error()\nlog.warning('warning-after-set-verbosity-error')\n"
+        "log.error('error-shown')\n")
+    done = run(script=str(script))
+    assert done.returncode == 0, done.stderr
+    assert "info-default" not in done.stderr and "info-after-set-verbosity-info" in done.stderr
+    assert "warning-after-set-verbosity-error" not in done.stderr and "error-shown" in done.stderr
