@@ -257,14 +257,14 @@ def render(template: str, **values) -> str:
 def stitch_defaults(threshold: float | None = None, slm: str | None = None, router: str | None = None) -> dict:
     """The template's ``STITCH_DEFAULTS``: only the settings given, validated.
 
-    A shipped SLM (``shipped:slm``) is refused: the repo is loaded where hf-rstitch may not be installed, and
-    a path into this install exists on this machine only. The router needs hf-rstitch wherever it runs, so
-    ``shipped`` / ``shipped:router`` is kept as ``"shipped"``.
+    ``shipped:slm`` is refused: the repo is loaded where hf-rstitch may not be installed, so the reference
+    cannot resolve there (a folder given as a path is taken as given: the caller says it exists where the
+    repo is loaded). The router needs hf-rstitch wherever it runs, so ``shipped:router`` is kept as ``"shipped"``.
     """
     from .hf.settings import ROUTER_KEY, SLM_KEY, THRESHOLD_KEY, threshold_value
-    from .resources import PREFIX, reference
+    from .resources import PREFIX
 
-    if slm and reference(slm).startswith(PREFIX):
+    if slm and str(slm).startswith(PREFIX):
         raise ValueError(
             f"--slm {slm}: the shipped SLM lives inside this install of hf-rstitch, which the machine loading the "
             "repo may not have. Upload the folder hf_rstitch.shipped('slm') to the Hub (hf upload <org>/<slm> "
