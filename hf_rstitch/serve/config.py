@@ -50,7 +50,7 @@ class ServeConfig:
     drain_timeout: float = field(default=30.0, metadata={
         "help": "on SIGTERM, seconds that running requests get to finish before they are cancelled"})
     replicas: int = field(default=1, metadata={
-        "help": "server replicas; more than 1 runs them on Ray Serve (pip install 'hf-rstitch[serve-ray]')"})
+        "help": "server replicas; more than 1 runs them on Ray Serve (pip install fastapi uvicorn 'ray[serve]', or '.[serve-ray]' in a clone)"})
     ray_address: str = field(default="", metadata={
         "help": "Ray cluster to join for replicas (e.g. 'auto' on a cluster node; default: a local Ray instance)"})
     gpus_per_replica: float = field(default=0.0, metadata={
