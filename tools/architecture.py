@@ -1,6 +1,7 @@
 """The shape of hf_rstitch, measured: import cycles, layers, imports that run the wrong way, and size.
 
-    python3 tools/architecture.py            # everything below (runs the kernel tests: ~1 min)
+    python3 tools/architecture.py            # everything below (runs the kernel tests twice, as CI does:
+                                             # ~7 min of CPU under Triton's interpreter)
     python3 tools/architecture.py --quick    # without the kernel tests and `duplicates`
     python3 tools/architecture.py --root DIR # another checkout (git archive REV | tar -x -C DIR)
 
