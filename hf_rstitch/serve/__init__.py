@@ -11,6 +11,14 @@ Importing this package loads neither FastAPI nor torch; the web stack is the opt
 """
 
 from .config import ServeConfig
-from .driver import EngineDriver, QueueFull, ShuttingDown
+from .driver import EngineDriver, ShuttingDown
 
 __all__ = ["EngineDriver", "QueueFull", "ServeConfig", "ShuttingDown"]
+
+
+def __getattr__(name: str):
+    if name == "QueueFull":  # the engine's one admission limit (loads torch: not at import)
+        from ..engine.request_types import QueueFull
+
+        return QueueFull
+    raise AttributeError(name)
