@@ -1,0 +1,60 @@
+"""The shipped pair behind the server, fed the requests that used to break it: with --max-batch 2, two long
+requests running and one queued, a seed no torch.Generator takes is a clean 400, and temperatures / top_p so
+small they overflow decode (greedily, numerically); every innocent request equals its solo ``generate``, /health
+stays ok and the engine's bookkeeping holds."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from hf_rstitch.toyworld.pair import assets_present
+from serve.helpers import sse_events
+from serve.live import LiveServer
+from serve.pair_cases import SERVER_TAU, body, got, pair, solo
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not assets_present(), reason="shipped toy-world pair absent")]
+
+ODD = [{"temperature": 0.7, "seed": 2**64}, {"temperature": 1e-45}, {"top_p": 5e-324, "temperature": 0.7},
+       {"top_p": 1e-300}, {"temperature": 0.7, "seed": -2**63 - 1}]
+
+
+def _stream(url, b):
+    with httpx.stream("POST", url + "/v1/chat/completions", json={**b, "stream": True}, timeout=300) as r:
+        events = sse_events(r.iter_lines())
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if "choices" in e)
+    return events, text
+
+
+def test_the_wedge_scenario_and_overflowing_sampling_leave_innocents_alone(one_thread):
+    from hf_rstitch.serve.app import create_app
+    from hf_rstitch.serve.config import ServeConfig, build_engine, settings_for
+
+    llm, slm, tok = pair()
+    cfg = ServeConfig(threshold=SERVER_TAU, max_batch=2)
+    engine = build_engine(cfg, llm, slm)
+    app = create_app(engine, tok, settings_for(cfg, llm))
+    innocents = [(0, None, 120), (1, 0.0, 120), (2, None, 40)]  # two long rows, one queued
+    with LiveServer(app) as srv, ThreadPoolExecutor(len(innocents)) as pool:
+        streams = [pool.submit(_stream, srv.url, body(*case)) for case in innocents]
+        deadline = time.monotonic() + 60
+        while (engine.running, engine.waiting) != (2, 1) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert (engine.running, engine.waiting) == (2, 1)
+        answers = [httpx.post(srv.url + "/v1/chat/completions", json=body(3, None, 16, **odd), timeout=300)
+                   for odd in ODD]
+        results = [s.result(timeout=300) for s in streams]
+        health = httpx.get(srv.url + "/health").json()
+        later = httpx.post(srv.url + "/v1/chat/completions", json=body(4, None, 16), timeout=300)
+        engine.check_consistent()
+    assert [a.status_code for a in answers] == [400, 200, 200, 200, 400], [a.text for a in answers]
+    assert answers[0].json()["error"]["param"] == "seed"
+    greedy = solo(3, None, 16)["text"]  # tiny temperature / top_p: the most likely token each step
+    assert [a.json()["choices"][0]["message"]["content"] for a in answers[1:4]] == [greedy] * 3
+    for case, (events, text) in zip(innocents, results):
+        assert events[-1] == "[DONE]" and text == solo(*case)["text"], case
+    assert got(later.json()) == solo(4, None, 16)
+    assert health["status"] == "ok" and health["last_error"] is None and health["failed_steps_in_a_row"] == 0
