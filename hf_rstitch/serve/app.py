@@ -66,7 +66,7 @@ class UnknownModel(LookupError):
 
 _JSON_OR_SSE = {200: {"description": "the completion (JSON), or with stream: true server-sent events "
                                      "(data: chunk lines, then data: [DONE])",
-                      "content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}}}}
+                      "content": {"application/json": {}, "text/event-stream": {}}}}
 
 
 def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = None) -> FastAPI:
@@ -83,7 +83,7 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
 
     app = FastAPI(title="hf-rstitch", summary="R-Stitch stitched decoding behind the OpenAI API", lifespan=lifespan)
     app.state.driver, app.state.settings = driver, settings
-    install(app, settings.max_body_bytes)
+    install(app, settings.max_body_bytes, lambda schema: _publish_limits(schema, settings))
 
     @app.get("/health", responses={503: {"model": dict, "description": "draining, stopped or unhealthy"}})
     async def health() -> JSONResponse:
@@ -143,6 +143,24 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
     return app
 
 
+def _publish_limits(schema: dict[str, Any], settings: ServerSettings) -> None:
+    """The published schema's bounds that depend on the model: token ids below the vocabulary, max_tokens within
+    the context."""
+    props = {name: schema["components"]["schemas"][name]["properties"]
+             for name in ("ChatCompletionRequest", "CompletionRequest")}
+    if settings.max_context is not None:
+        for fields in props.values():
+            for name in ("max_tokens", "max_completion_tokens"):
+                if name in fields:
+                    fields[name]["anyOf"][0]["maximum"] = settings.max_context - 1
+    if settings.vocab_size is not None:
+        for member in props["CompletionRequest"]["prompt"]["anyOf"]:
+            ids = member.get("items", {})
+            ids = ids.get("items", ids) if ids.get("type") == "array" else ids
+            if ids.get("type") == "integer":
+                ids["maximum"] = settings.vocab_size - 1
+
+
 # ---- request -> engine -----------------------------------------------------------------------
 def check_model(name: str | None, settings: ServerSettings) -> None:
     if name is not None and name not in (settings.model_name, *settings.model_aliases):
@@ -156,8 +174,7 @@ def check_prompt_size(body, kind: str, settings: ServerSettings, chars_per_token
     if settings.max_context is None or not chars_per_token:
         return
     if kind == "chat":
-        chars = sum(len(m.content) if isinstance(m.content, str) else sum(len(str(p.get("text", ""))) for p in m.content)
-                    for m in body.messages if m.content)
+        chars = sum(len(m.text()) for m in body.messages)
     else:
         chars = len(body.prompt) if isinstance(body.prompt, str) else 0
     if chars > settings.max_context * chars_per_token:
@@ -220,5 +237,9 @@ def build_request(body, ids: list[int], request_id: str, settings: ServerSetting
                          "(rstitch serve --router); drop stitch_threshold", param="stitch_threshold")
     sampling = body.sampling(settings.do_sample, settings.temperature, settings.top_p)
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    for name in ("max_tokens", "max_completion_tokens"):  # both checked, though one decides
+        if getattr(body, name, None) is not None and name != body.budget_field:
+            token_budget(getattr(body, name), len(ids), settings, param)
     return EngineRequest(input_ids=ids, max_new_tokens=token_budget(body.token_budget(), len(ids), settings, param),
-                         stitch_threshold=body.stitch_threshold, seed=body.seed, request_id=request_id, **sampling)
+                         stitch_threshold=body.stitch_threshold, seed=body.engine_seed, request_id=request_id,
+                         **sampling)

@@ -86,8 +86,9 @@ class BodyLimit:
                 f"{self.max_bytes} (rstitch serve --max-body-bytes)")
 
 
-def install(app: FastAPI, max_body_bytes: int) -> None:
-    """The body limit, the error handlers and the published schema's error answers."""
+def install(app: FastAPI, max_body_bytes: int, adjust=None) -> None:
+    """The body limit, the error handlers and the published schema's error answers (``adjust(schema)`` adds the
+    app's own bounds)."""
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
@@ -123,6 +124,8 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
                     op.get("responses", {}).pop("422", None)  # validation errors are 400s (ERROR_RESPONSES)
             for name in ("HTTPValidationError", "ValidationError"):
                 schema.get("components", {}).get("schemas", {}).pop(name, None)
+            if adjust is not None:
+                adjust(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -40,7 +40,7 @@ def test_unknown_routes_and_methods_are_openai_errors(client):
 
 
 @pytest.mark.parametrize("field, value", [("max_tokens", True), ("stream", "yes"), ("stitch_threshold", True),
-                                          ("prompt", [True, False]), ("temperature", "0"), ("seed", 2**64),
+                                          ("prompt", [True, False]), ("temperature", "0"), ("seed", "1"),
                                           ("seed", 1.5), ("stop", 7)])
 def test_types_are_strict(client, field, value):
     r = client.post("/v1/completions", json={"prompt": "Tom", field: value})
@@ -59,6 +59,12 @@ def test_unknown_models_are_404_and_aliases_are_served(tokenizer):
             r = c.post("/v1/chat/completions", json={**CHAT, "model": name})
             assert r.status_code == 200 and r.json()["model"] == "toy"
         assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["toy", "toy-alias"]
+
+
+def test_any_integer_seed_is_taken_modulo_2_64(client):
+    for seed, engine_seed in ((2**64 + 5, 5), (-1, 2**64 - 1), (10**30, 10**30 % 2**64)):
+        assert client.post("/v1/completions", json={"prompt": "Tom", "seed": seed, "temperature": 0.5}).status_code == 200
+        assert client.engine.submitted[-1].seed == engine_seed
 
 
 def test_n_above_one_is_a_400_naming_it(client):
@@ -101,7 +107,7 @@ def test_a_stop_string_frees_the_row(tokenizer):
     from serve.fake_engine import FakeEngine
     from serve.helpers import EOS, SCRIPT
 
-    engine = FakeEngine(SCRIPT * 30, eos=EOS)
+    engine = FakeEngine(SCRIPT * 30, eos=EOS, step_s=0.02)  # 270 tokens: still decoding when the stop string shows
     app, _ = make_app(tokenizer, engine)
     with TestClient(app) as c:
         r = c.post("/v1/completions", json={"prompt": "Tom", "stop": "=", "max_tokens": 200})
