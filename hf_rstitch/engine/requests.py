@@ -40,6 +40,7 @@ are thread-safe; one thread calls ``step`` (a server's engine loop, or :meth:`ru
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections import deque
 from typing import Iterable, Iterator
@@ -59,6 +60,7 @@ from .loop import keep_ahead, run_ahead
 from .step import Routing, run_step, to_device
 from .step_values import receive_values, send_values
 
+log = logging.getLogger("hf_rstitch.engine")
 HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
 
 
@@ -313,6 +315,11 @@ class RequestEngine:
                 self.thresholds.thresholds.clear()
             self._rows, self._ahead, self._slots = [], None, torch.zeros(0, dtype=torch.long)
             self._seq, self._mask, self._routing = self._seq[:0, :0], self._mask[:0, :0], Routing.start(0)
+            for lane in self.lanes.values():  # no rows, so that the next admission's reset starts from none
+                try:
+                    lane.keep_rows(self._slots)
+                except Exception:  # noqa: BLE001
+                    log.exception("a lane could not drop its rows after a failed step")
         return events  # the lanes are reset when the next request is admitted into the empty batch
 
     def _admit(self) -> None:
