@@ -60,3 +60,56 @@ def test_the_wedge_scenario_and_overflowing_sampling_leave_innocents_alone(one_t
         assert events[-1] == "[DONE]" and text == solo(*case)["text"], case
     assert got(later.json()) == solo(4, None, 16)
     assert health["status"] == "ok" and health["last_error"] is None and health["failed_steps_in_a_row"] == 0
+
+
+def test_cli_sigterm_with_a_short_drain_answers_every_admitted_request():
+    """`rstitch serve --drain-timeout 0.5`, SIGTERM while 3 plain and 3 streaming requests of 300 LLM tokens
+    are admitted: the plain ones get a 503 JSON error, the streams an error event then [DONE]."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from serve.test_pair_e2e import ROOT, _free_port
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "hf_rstitch.cli.main", "serve", "--port", str(port), "--threshold",
+                             "0.0", "--max-batch", "4", "--drain-timeout", "0.5"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+
+        def ask(i, stream):
+            b = body(i, None, 300, stream=stream)
+            if not stream:
+                r = httpx.post(url + "/v1/chat/completions", json=b, timeout=120)
+                return r.status_code, r.headers.get("content-type"), r.json()
+            with httpx.stream("POST", url + "/v1/chat/completions", json=b, timeout=120) as r:
+                return r.status_code, r.headers.get("content-type"), sse_events(r.iter_lines())
+
+        with ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(ask, i, i % 2 == 1) for i in range(6)]
+            deadline = time.monotonic() + 30
+            while httpx.get(url + "/health", timeout=5).json()["in_flight"] < 6 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            threading.Timer(0.2, proc.send_signal, (signal.SIGTERM,)).start()
+            answers = [f.result(timeout=120) for f in futures]
+        assert proc.wait(60) in (0, -signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    for i, (status, kind, got_) in enumerate(answers):
+        if i % 2:
+            assert status == 200 and got_[-1] == "[DONE]" and got_[-2]["error"]["type"] == "server_shutting_down"
+        else:
+            assert status == 503 and kind == "application/json" and got_["error"]["type"] == "server_shutting_down"
