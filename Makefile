@@ -6,7 +6,13 @@ PIP = $(PYTHON) -m pip
 # resolving an unpinned torch to a multi-GB CUDA build. On your machine it is the ordinary release.
 TORCH ?= torch==2.13.0
 
-.PHONY: install install-dev demo test test-slow
+SHELL := /bin/bash
+KERNEL_TESTS = tests/fast/test_gemv.py tests/fast/test_gated.py tests/fast/test_folds.py \
+	tests/fast/test_decode_attention.py tests/fast/test_fused_entropy.py tests/fast/test_rope_store.py
+GPU_TESTS = tests/fast tests/multigpu/test_gpu.py
+GPU_RESULT ?= benchmarks/results/gpu_tests.txt
+
+.PHONY: install install-dev demo test test-slow test-kernels test-gpu
 
 install:
 	$(PIP) install -q "$(TORCH)"
@@ -27,3 +33,17 @@ test: install-dev
 # The slow tier: tests marked slow by measured duration (> ~3 s each). CI (.ci/run) runs both tiers.
 test-slow: install-dev
 	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -m slow || [ $$? -eq 5 ]
+
+# The Triton kernels on CPU, under Triton's interpreter (triton is in the dev extra): without it these files
+# skip all but 3 of their tests. Only these files: the interpreter's bf16 rounding is not a GPU's, so the
+# end-to-end bf16 accuracy bounds of test_fast_gpu.py hold on CUDA, not here (docs/fast-engine.md, "Tests").
+test-kernels: install-dev
+	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q $(KERNEL_TESTS)
+
+# The GPU tier, on a CUDA machine, in one go (no install: the machine may have no network); the result,
+# with the card, versions, date and commit, goes to $(GPU_RESULT) (the latest is kept in the repository).
+test-gpu:
+	set -o pipefail; { \
+	  $(PYTHON) -c 'import datetime, torch, transformers; print(f"# GPU tests on {torch.cuda.get_device_name()} (torch {torch.__version__}, transformers {transformers.__version__}), {datetime.date.today()}")'; \
+	  echo "# commit $$(git rev-parse --short HEAD 2>/dev/null || echo unknown): make test-gpu = $(PYTHON) -m pytest -q -rs --durations=10 $(GPU_TESTS)"; \
+	  HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -rs --durations=10 $(GPU_TESTS) 2>&1; } | tee $(GPU_RESULT)

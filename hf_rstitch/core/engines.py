@@ -28,3 +28,11 @@ def requested_engine(spec=None):
         raise ValueError(f"{ENGINE_ENV}={os.environ[ENGINE_ENV]!r} names no stitch engine; expected one of "
                          f"{', '.join(ENGINE_NAMES)} (or unset it, which means auto).")
     return value
+
+
+def engine_option(value, flag: str = "--engine") -> str:
+    """A CLI config's engine name: :func:`requested_engine` of ``value``, which must be one of :data:`ENGINE_NAMES`."""
+    name = requested_engine(value)
+    if name not in ENGINE_NAMES:
+        raise ValueError(f"{flag} must be default, fast or auto, got {name!r}.")
+    return name

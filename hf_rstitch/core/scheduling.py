@@ -15,8 +15,8 @@ A schedule answers one question per step, asked only when some row needs the LLM
 * :class:`GatherForLLM` -- once ``min_rows`` rows need it, or one of them has waited
   ``max_wait`` steps, or no row has a token to gain from the SLM this step.
 
-Measured (``benchmarks/engine_schedule.py``, docs/howto/batching.md): on an H200 with a 7B / 1.5B pair
-it makes fewer LLM calls but loses throughput at every batch size, so ``Immediate`` stays the default.
+Measured (``benchmarks/results/engine_schedule_*.md``, docs/howto/batching.md): with a 7B / 1.5B pair it
+makes fewer LLM calls but loses throughput at every batch size, so ``Immediate`` stays the default.
 """
 
 from __future__ import annotations

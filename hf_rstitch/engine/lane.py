@@ -45,6 +45,7 @@ import time
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from ..core.entropy import normalized_entropy
 from ..core.roles import Role
 from ..core.scheduling import Immediate, LLMSchedule, parse_schedule
 from ..core.trace import ForwardCall, solo_calls
@@ -70,6 +71,9 @@ class Lane:
         batch_size: rows of the batch.
         timing: record device-synchronised wall seconds of every forward call.
     """
+
+    run_ahead = False  # each call runs only the rows that take part (engine.protocol)
+    capacity = None  # a DynamicCache grows: no bound
 
     def __init__(self, model: PreTrainedModel, role: Role, vocab: int, batch_size: int = 1, timing: bool = False):
         self.model = model
@@ -185,6 +189,14 @@ class Lane:
         self.solo_seen = [self.solo_seen[i] for i in keep]
         if self.pad is not None:
             self.pad = [self.pad[i] for i in keep]
+
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[B]`` float32 normalized entropy of ``logits`` ``[B, vocab]``."""
+        return normalized_entropy(logits)
+
+    def greedy(self, logits: torch.Tensor) -> None:
+        """None: the eager lane finds no argmax on the way (the caller computes it)."""
+        return None
 
     def reset(self) -> None:
         """Forget everything seen: an empty cache for a new generation of ``batch_size`` rows."""

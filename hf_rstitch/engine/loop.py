@@ -163,7 +163,7 @@ def run_ahead(lanes: dict, out: StepOut, seq: torch.Tensor, mask: torch.Tensor, 
     if role is None:
         return None
     lane = lanes[role]
-    if seq.shape[1] > getattr(lane, "capacity", seq.shape[1]):  # a last step past the cache: never needed
+    if lane.capacity is not None and seq.shape[1] > lane.capacity:  # a last step past the cache: never needed
         return None
     return call_early(lane, seq, mask, want_hidden and role is Role.SLM)
 

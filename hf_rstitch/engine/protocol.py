@@ -21,19 +21,20 @@ For continuous batching (:mod:`hf_rstitch.engine.requests`) both lanes also have
 every row) and ``hold_rows(index)`` (rows that gain no token this step move one column right: a
 schedule made them wait for the LLM, :mod:`hf_rstitch.core.scheduling`).
 
-Run-ahead: a lane whose ``run_ahead`` attribute is True (the fast engine with CUDA graphs: its
-``advance`` only queues work on the device, and it runs every row of its batch whichever take part)
-may be advanced one step early by the ``generate`` loop, when the host already knows the next step
-calls it first, with no rows taking part; the step that uses the call then asks it for the records
-with ``account(total, rows, resumed) -> {row: ForwardCall}``. A step may likewise queue the LLM's call
-before it reads the SLM's hand-over decisions from the device. See :mod:`hf_rstitch.engine.loop`.
-Lanes without it are never run ahead.
+Optional verbs, declared on the protocol with what the eager lane answers (the fast lane overrides them):
 
-Entropy: a lane may have ``entropy(logits) -> [B]`` float32, the normalized entropy of its own logits
-(the fast lane's fused kernels); the step uses :func:`hf_rstitch.core.entropy.normalized_entropy` for
-lanes without it. It may also have ``greedy(logits) -> [B] long | None``, each row's argmax, where it found
-it reading those logits (the fast lane's read-out); with no logits processor and greedy decoding the loop
-and the request engine take those tokens instead of computing them.
+* ``run_ahead`` (eager: False) -- the lane's ``advance`` only queues work on the device and runs every row of
+  its batch whichever take part (the fast engine with CUDA graphs), so the ``generate`` loop may advance it
+  one step early, when the host already knows the next step calls it first, with no rows taking part; the
+  step that uses the call then asks it for the records with ``account(total, rows, resumed) -> {row:
+  ForwardCall}``. A step may likewise queue the LLM's call before it reads the SLM's hand-over decisions
+  from the device. See :mod:`hf_rstitch.engine.loop`.
+* ``capacity`` (eager: None, no bound) -- the longest sequence the lane's cache holds.
+* ``entropy(logits) -> [B]`` float32 -- the normalized entropy of its own logits (eager:
+  :func:`hf_rstitch.core.entropy.normalized_entropy`; the fast lane: its fused kernels).
+* ``greedy(logits) -> [B] long | None`` -- each row's argmax, where the lane found it reading those logits
+  (the fast lane's read-out; eager: None); with no logits processor and greedy decoding the loop and the
+  request engine take those tokens instead of computing them.
 
 Accounting: every lane reports its calls as ``ForwardCall(role, kind, n_inf, n_kv, seconds)``
 -- the quantities of the latency model (paper Eq. 4) -- so traces, the profiler and the
@@ -63,6 +64,23 @@ class LaneProtocol(Protocol):
 
     def reset(self) -> None: ...
 
+    run_ahead: bool
+    capacity: int | None
+
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor: ...
+
+    def greedy(self, logits: torch.Tensor) -> torch.Tensor | None: ...
+
+
+@runtime_checkable
+class LaneBuilder(Protocol):
+    """What an engine is to the loop: it builds a pair's lanes. :func:`resolve_engine` turns
+    any ``stitch_engine`` spec into one. ``single_device``: the lanes run only on a model on one device."""
+
+    single_device: bool
+
+    def lanes(self, llm, slm, vocab: int, batch: int, capacity: int = 0, timing: bool = False) -> dict: ...
+
 
 class EagerEngine:
     """Builds the eager lanes of a pair (``generate(..., stitch_engine=EagerEngine())``).
@@ -70,6 +88,8 @@ class EagerEngine:
     The default engine; an instance keeps the lanes it built last (``built``), which tests and
     tools read instead of patching constructors.
     """
+
+    single_device = False  # DynamicCache lanes follow any device_map or tensor-parallel plan
 
     def __init__(self, timing: bool = False):
         self.timing = timing
@@ -81,13 +101,25 @@ class EagerEngine:
         return self.built
 
 
-def pick_engine(llm, slm, spec, batch: int):
-    """The engine a call runs: ``spec`` as named, ``None`` as :func:`hf_rstitch.core.engines.requested_engine`
-    says, and ``"auto"`` resolved for this pair (:func:`hf_rstitch.fast.choose_engine`: a FastConfig, or
-    ``"default"`` with the reason logged)."""
-    spec = requested_engine(spec)
-    if isinstance(spec, str) and spec == "auto":
-        from ..fast import choose_engine  # imported only when asked: the fast engine pulls in Triton
+def is_eager(spec) -> bool:
+    """Whether an engine spec names the eager lanes: ``"default"`` or an :class:`EagerEngine`."""
+    return isinstance(spec, EagerEngine) or (isinstance(spec, str) and spec == "default")
 
-        return choose_engine(llm, slm, spec, batch)
-    return spec
+
+def resolve_engine(llm, slm, spec=None, batch: int = 1, own: bool = False, fast=None) -> LaneBuilder:
+    """The one place a ``stitch_engine`` spec becomes the object that builds a pair's lanes.
+
+    ``generate`` (:mod:`hf_rstitch.hf.decode`), the request engine and ``rstitch eval`` call it. ``None`` means
+    ``$HF_RSTITCH_ENGINE``, else ``"auto"`` (:func:`hf_rstitch.core.engines.requested_engine`); ``"default"`` or
+    an :class:`EagerEngine` is the eager lanes; any other spec (``"auto"``, ``"fast"``, a FastConfig or a
+    FastEngine) goes to ``fast(llm, slm, spec, batch, own)`` -- :func:`hf_rstitch.fast.fast_engine`, which the
+    caller passes in: this layer does not import the fast engine. ``own``: a fast engine of the caller's own
+    for ``batch`` rows, not the one kept on the LLM (the request engine's).
+    """
+    spec = requested_engine(spec)
+    if is_eager(spec):
+        return spec if isinstance(spec, EagerEngine) else EagerEngine()
+    if fast is None:
+        raise ValueError(f"stitch_engine={spec!r} asks for the fast engine, which this caller does not run; "
+                         "pass stitch_engine='default' (the eager lanes).")
+    return fast(llm, slm, spec, batch, own)

@@ -53,7 +53,7 @@ from ..core.sampling import sample_one
 from ..core.scheduling import LLMSchedule
 from ..core.trace import StitchTrace
 from .lane import checked_schedule
-from .protocol import EagerEngine, pick_engine
+from .protocol import EagerEngine, resolve_engine
 from .request_types import (FINISH_REASONS, Completion, Event, QueueFull, Request, RequestState,  # noqa: F401
                             RequestStatus, StepFailed, generator_for, prepare)
 from .loop import keep_ahead, run_ahead
@@ -107,16 +107,15 @@ class RequestEngine:
         self.device = llm.device
         self.schedule = checked_schedule(schedule, llm, slm)
         self.max_length = None
-        engine = pick_engine(llm, slm, engine, max_batch)
-        if isinstance(engine, str) and engine == "default" or isinstance(engine, EagerEngine):
+        from ..fast import fast_engine
+
+        engine = resolve_engine(llm, slm, engine, max_batch, own=True, fast=fast_engine)
+        if isinstance(engine, EagerEngine):
             self.lanes = EagerEngine().lanes(llm, slm, self.vocab, 0)
         else:
-            from ..fast import FastEngine, resolve_engine
-
-            fast = engine if isinstance(engine, FastEngine) else FastEngine(resolve_engine(engine).config, max_batch=max_batch)
             self.max_length = max_length
             slack = HOLD_TRIM if self.schedule is not None else 0  # untrimmed padding of held rows
-            self.lanes = fast.lanes(llm, slm, self.vocab, max_batch, max_length + slack)
+            self.lanes = engine.lanes(llm, slm, self.vocab, max_batch, max_length + slack)
         self.thresholds = RowEntropyPolicy() if policy is None else None
         self.policy = PinnedRoles(self.thresholds if policy is None else checked(policy))
         self.policy.reset()

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.entropy import normalized_entropy
 from ..core.policies import RoutingPolicy, StepView
 from ..core.roles import Role
 from ..core.scheduling import LLMDemand, LLMSchedule
@@ -122,7 +121,7 @@ def run_step(
         slm_logits, hidden, got = _advance(lanes[Role.SLM], ahead, seq, mask, slm_rows & accounted,
                                            routing.last_llm, policy.needs_hidden)
         calls += got.items()
-        slm_h = _entropy(lanes[Role.SLM], slm_logits)
+        slm_h = lanes[Role.SLM].entropy(slm_logits)
         decision = policy.hand_to_llm(StepView(index, slm_h, hidden, rows))
         pending = send_to_host(decision)  # queued before an early LLM call: waiting for it waits for no more
         if ahead is None or ahead.role is not Role.LLM:
@@ -133,7 +132,7 @@ def run_step(
     if llm_on.any() and _llm_now(schedule, llm_on, routing.waited):
         llm_logits, _, got = _advance(lanes[Role.LLM], ahead, seq, mask, llm_on & accounted, ~routing.last_llm, False)
         calls += got.items()
-        llm_h = _entropy(lanes[Role.LLM], llm_logits)
+        llm_h = lanes[Role.LLM].entropy(llm_logits)
         back = policy.hand_to_slm(StepView(index, llm_h, rows=rows))  # host copy deferred to the caller's sync
     elif llm_on.any():
         held = llm_on.clone()  # no LLM call: these rows wait; their logits below are the SLM's, unused
@@ -142,19 +141,13 @@ def run_step(
                    held, _greedy(lanes, by_writer, llm_logits, slm_logits))
 
 
-def _entropy(lane, logits: torch.Tensor) -> torch.Tensor:
-    """The lane's own entropy where it has one (the fast lane's fused kernels), else the eager function."""
-    own = getattr(lane, "entropy", None)
-    return own(logits) if own is not None else normalized_entropy(logits)
-
-
 def _greedy(lanes: dict, by_writer: "_ByWriter", llm_logits, slm_logits) -> torch.Tensor | None:
     """Each row's argmax of its writer's logits where the lanes that wrote found it reading them out (the fast
     lane's ``greedy``), else None: the caller computes it."""
     found = {}
     for role, logits in ((Role.LLM, llm_logits), (Role.SLM, slm_logits)):
         if logits is not None:
-            found[role] = getattr(lanes[role], "greedy", lambda _: None)(logits)
+            found[role] = lanes[role].greedy(logits)
             if found[role] is None:
                 return None
     return by_writer(found.get(Role.LLM), found.get(Role.SLM))
@@ -173,7 +166,7 @@ def call_early(lane, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool = 
     """``lane``'s next ``advance`` over ``seq``, queued before the host knows which rows take part, where the
     lane allows it (``run_ahead``: it runs every row anyway); else None. No rows take part in the call: the
     step that uses it makes their records (``Lane.account``)."""
-    if not getattr(lane, "run_ahead", False):
+    if not lane.run_ahead:
         return None
     nobody = torch.zeros(seq.shape[0], dtype=torch.bool)
     logits, hidden, _ = lane.advance(seq, mask, nobody, nobody, want_hidden=want_hidden)

@@ -15,13 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import EvalConfig
+from .config import RECORDS, RUN_META, EvalConfig  # noqa: F401  (RECORDS, RUN_META: the run's files)
 from .data import load_problems
 from .provenance import model_provenance
 from .report import environment, regrade, table1_markdown, aggregate, write_report
 from .runner import OutLock, RecordStore, run_eval
 
-RECORDS, RUN_META = "records.jsonl", "run.json"
 logger = logging.getLogger(__name__)
 
 
@@ -41,19 +40,25 @@ def resolve_dtype(dtype: str, device: str) -> Any:
     return getattr(torch, dtype)
 
 
-def load_pair(cfg: EvalConfig, device: str) -> tuple[Any, Any, Any]:
-    """(llm, slm, tokenizer) from checkpoints; the two tokenizers must share a vocabulary."""
+def load_pair(llm: str, slm: str, dtype: str, device: str) -> tuple[Any, Any, Any]:
+    """(llm, slm, tokenizer) from two checkpoints (local folders or Hub ids) in ``dtype`` (:data:`~.config.DTYPES`)
+    on ``device``; the two tokenizers must share a vocabulary. ``rstitch eval``, ``rstitch tune`` and the router's
+    training load a pair through here."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(cfg.llm)
-    slm_tok = AutoTokenizer.from_pretrained(cfg.slm)
+    from ..sources import check_hub_source
+
+    check_hub_source(llm, "--llm")  # a Hub id that cannot load fails in a second, not after minutes of retries
+    check_hub_source(slm, "--slm")
+    tok = AutoTokenizer.from_pretrained(llm)
+    slm_tok = AutoTokenizer.from_pretrained(slm)
     if tok.get_vocab() != slm_tok.get_vocab():
         raise ValueError(
-            f"the LLM ({cfg.llm}) and SLM ({cfg.slm}) tokenizers differ; stitching and speculative decoding "
+            f"the LLM ({llm}) and SLM ({slm}) tokenizers differ; stitching and speculative decoding "
             "pass token ids between the models, so pick a pair from one tokenizer family."
         )
-    dtype = resolve_dtype(cfg.dtype, device)
-    models = [AutoModelForCausalLM.from_pretrained(p, dtype=dtype).to(device).eval() for p in (cfg.llm, cfg.slm)]
+    torch_dtype = resolve_dtype(dtype, device)
+    models = [AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype).to(device).eval() for p in (llm, slm)]
     return models[0], models[1], tok
 
 
@@ -97,7 +102,7 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
     from .launched import evaluate_launched, launched
 
     if not cfg.report_only and cfg.shard == "0/1" and (where := launched()) is not None:
-        return evaluate_launched(cfg, *where, llm=llm, slm=slm, tokenizer=tokenizer)  # torchrun / accelerate launch
+        return evaluate_launched(cfg, *where, evaluate, llm=llm, slm=slm, tokenizer=tokenizer)  # torchrun / accelerate launch
     out = Path(cfg.out)
     store = RecordStore(out / RECORDS)
     if cfg.report_only:
@@ -109,6 +114,8 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
 
     import hf_rstitch  # noqa: F401  (patches generate with stitched decoding)
 
+    from ..engine.protocol import EagerEngine
+
     from .methods import GenSettings, build_methods
 
     out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +124,7 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
         problems = cfg.shard_of([p for src in cfg.data for p in load_problems(src, limit=cfg.limit, columns=cfg.columns)])
         device = resolve_device(cfg.device)
         if llm is None or slm is None or tokenizer is None:
-            llm, slm, tokenizer = load_pair(cfg, device)
+            llm, slm, tokenizer = load_pair(cfg.llm, cfg.slm, cfg.dtype, device)
         else:
             device = str(next(llm.parameters()).device)
         clear_stitch_defaults(llm)
@@ -125,13 +132,13 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
         engine = _engine(cfg.engine, llm, slm, batch_size)
         meta = {**environment(), "models": {"llm": model_provenance(cfg.llm), "slm": model_provenance(cfg.slm)},
                 "settings": cfg.run_settings(), "batch_size": batch_size, "schedule": cfg.schedule,
-                "engine": cfg.engine if engine != "default" else "default",
+                "engine": "default" if isinstance(engine, EagerEngine) else cfg.engine,
                 "datasets": list(dict.fromkeys(p.dataset for p in problems))}
         settings = GenSettings(cfg.max_new_tokens, cfg.do_sample, cfg.temperature, cfg.top_p, cfg.seed)
         methods = build_methods(cfg.methods, llm, slm, settings, thresholds=cfg.thresholds, random_p=cfg.random_p,
                                 router=cfg.router, router_threshold=cfg.router_threshold)
         (out / RUN_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        if batch_size > 1 or engine != "default":  # the request engine; speculative decoding stays at B = 1
+        if batch_size > 1 or not isinstance(engine, EagerEngine):  # the request engine; speculative decoding stays at B = 1
             from .continuous import engine_methods, run_continuous
 
             batched, methods = engine_methods(methods)
@@ -145,11 +152,15 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
 
 
 def _engine(name: str, llm: Any, slm: Any, batch_size: int):
-    """``"auto"`` -> ``"default"`` where the fast engine cannot run the pair (logged), else the FastConfig
-    that runs it; other names unchanged. Eager at batch size 1 keeps the per-sample ``generate`` path."""
-    from ..engine.protocol import pick_engine
+    """The engine every batched method shares (:func:`hf_rstitch.engine.protocol.resolve_engine`): an
+    EagerEngine, or one FastEngine for ``batch_size`` rows, so lanes and graphs are built once. ``--engine fast`` on CUDA is the
+    compiled variant (:data:`hf_rstitch.fast.AUTO`). Eager at batch size 1 keeps the per-sample ``generate``
+    path."""
+    from ..engine.protocol import resolve_engine
+    from ..fast import AUTO, fast_engine
 
-    return pick_engine(llm, slm, name, batch_size)
+    return resolve_engine(llm, slm, AUTO if name == "fast" and llm.device.type == "cuda" else name, batch_size,
+                          own=True, fast=fast_engine)
 
 
 def _report(cfg: EvalConfig, out: Path, records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:

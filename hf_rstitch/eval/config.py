@@ -11,11 +11,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.engines import ENGINE_NAMES, requested_engine
+from ..core.engines import engine_option
 from .data import DEFAULT_INSTRUCTION
 
 METHOD_KINDS = ("llm", "slm", "specdec", "rstitch", "random", "router")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+RECORDS, RUN_META = "records.jsonl", "run.json"  # an eval run's files under --out
 
 
 def _help(text: str, **extra: Any) -> Any:
@@ -58,8 +59,10 @@ class EvalConfig:
     device: str = field(default="auto", metadata=_help("Device for both models: auto (cuda if available), cuda, cuda:1, cpu."))
     dtype: str = field(default="auto", metadata=_help("Weights dtype; auto = bfloat16 on CUDA, float32 on CPU.",
                                                       choices=DTYPES))
-    instruction: str = field(default=DEFAULT_INSTRUCTION, metadata=_help(
-        "Instruction appended to every problem in the user turn."))
+    instruction: str | None = field(default=None, metadata=_help(
+        "Instruction appended to every problem in the user turn (default: \"" + DEFAULT_INSTRUCTION + "\", none "
+        "for the shipped pair, which was trained without it; rstitch tune prompts the same way). "
+        "--instruction '' for none."))
     chat_template: bool = field(default=True, metadata=_help("Prompt through the tokenizer's chat template."))
     resume: bool = field(default=True, metadata=_help(
         "Skip (method, problem) pairs already in records.jsonl; --no-resume moves old records aside."))
@@ -99,6 +102,10 @@ class EvalConfig:
         from ..resources import resolve
 
         self.llm, self.slm = resolve(self.llm), resolve(self.slm)  # shipped:llm -> its folder
+        if self.instruction is None:
+            from .data import default_instruction
+
+            self.instruction = default_instruction(self.llm, self.slm)
         if not self.report_only:
             self._check_sources()
         from .data import parse_columns
@@ -173,9 +180,7 @@ class EvalConfig:
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                                             or self.batch_size < 1):
             raise ValueError(f"--batch-size must be a positive integer, got {self.batch_size!r}.")
-        self.engine = requested_engine(self.engine)
-        if self.engine not in ENGINE_NAMES:
-            raise ValueError(f"--engine must be default, fast or auto, got {self.engine!r}.")
+        self.engine = engine_option(self.engine)
         from ..core.scheduling import parse_schedule
 
         try:

@@ -27,17 +27,18 @@ def engine_methods(methods: list[Method]) -> tuple[list[Method], list[Method]]:
 
 
 def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: Any, store: RecordStore, *,
-                   batch_size: int, schedule: str = "now", engine="default", warmup: bool = False,
+                   batch_size: int, schedule: str = "now", engine=None, warmup: bool = False,
                    instruction: str = "", chat_template: bool = True, progress: bool = True,
                    save_traces: bool = False) -> list[dict[str, Any]]:
     """Every engine-capable method on every problem not already in ``store``; the new records.
 
-    ``engine``: ``"default"`` (eager lanes), ``"fast"``, ``"auto"`` (:func:`hf_rstitch.fast.choose_engine`) or
-    the :class:`~hf_rstitch.fast.FastConfig` it chose;
-    one fast engine serves every method (the lanes and graphs are built once), and with ``warmup`` every
-    batch and length bucket is captured before the first timed request.
+    ``engine``: any ``stitch_engine`` spec (:func:`hf_rstitch.engine.protocol.resolve_engine`; None: eager);
+    ``rstitch eval`` passes the engine it resolved once, so one fast engine serves every method (the lanes and
+    graphs are built once), and with ``warmup`` every batch and length bucket is captured before the first
+    timed request.
     """
     from hf_rstitch.engine import Request, RequestEngine
+    from hf_rstitch.engine.protocol import is_eager
 
     done = store.done()
     todo = {m.name: [p for p in problems if (p.dataset, p.id, m.name) not in done] for m in methods}
@@ -47,44 +48,29 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
     prompts = {(p.dataset, p.id): prompt_ids(tokenizer, p.problem, instruction, chat_template) for p in problems}
     records: list[dict[str, Any]] = []
     longest = max(len(ids) for ids in prompts.values()) + max(m.settings.max_new_tokens for m in methods)
-    fast = _fast_engine(engine, methods, batch_size, longest)
-    warmed = fast is None or not warmup
+    engine = "default" if engine is None else engine
+    warmed = is_eager(engine) or not warmup
     with _progress(total, progress) as bar:
         for method in methods:
             if not todo[method.name]:
                 continue
             spec, s = method.engine_spec(), method.settings
             eos = eos_ids(method.llm, method.slm)
-            engine = RequestEngine(method.llm, method.slm, max_batch=batch_size, policy=spec.get("policy"),
-                                   schedule=schedule, engine=fast or "default", max_length=longest)
+            requests = RequestEngine(method.llm, method.slm, max_batch=batch_size, policy=spec.get("policy"),
+                                     schedule=schedule, engine=engine, max_length=longest)
             if not warmed:
-                for lane in fast._lanes.values():
+                for lane in requests.lanes.values():
                     lane.warm_up()  # every batch and length bucket now, not inside a timed request
                 warmed = True
             for i, p in enumerate(todo[method.name]):
-                engine.submit(Request(prompts[(p.dataset, p.id)], max_new_tokens=s.max_new_tokens, eos_token_id=sorted(eos),
-                                      do_sample=s.do_sample, temperature=s.temperature, top_p=s.top_p,
-                                      seed=s.seed if s.do_sample else None, request_id=str(i), role=spec.get("role")))
-            for rec in _drain(engine, method, todo[method.name], prompts, tokenizer, eos, batch_size, save_traces):
+                requests.submit(Request(prompts[(p.dataset, p.id)], max_new_tokens=s.max_new_tokens, eos_token_id=sorted(eos),
+                                        do_sample=s.do_sample, temperature=s.temperature, top_p=s.top_p,
+                                        seed=s.seed if s.do_sample else None, request_id=str(i), role=spec.get("role")))
+            for rec in _drain(requests, method, todo[method.name], prompts, tokenizer, eos, batch_size, save_traces):
                 store.append(rec)
                 records.append(rec)
                 tick(bar, rec, f"B={batch_size}")
     return records
-
-
-def _fast_engine(engine, methods: list[Method], batch_size: int, longest: int):
-    """The fast engine the methods share, or None for the eager lanes (``"auto"`` decides per pair)."""
-    if isinstance(engine, str) and engine == "default" or not methods:
-        return None
-    from hf_rstitch.fast import AUTO, FastConfig, FastEngine, choose_engine
-
-    llm, slm = methods[0].llm, methods[0].slm
-    config = choose_engine(llm, slm, engine, batch_size)  # "auto": "default" or the FastConfig that runs here
-    if isinstance(config, str) and config == "default":
-        return None
-    if not isinstance(config, FastConfig):  # "fast"; off CUDA nothing is compiled or captured
-        config = AUTO if llm.device.type == "cuda" else FastConfig()
-    return FastEngine(config, capacity=longest, max_batch=batch_size)
 
 
 def _drain(engine, method: Method, problems: list[Problem], prompts: dict, tokenizer: Any, eos: set[int], batch_size: int,

@@ -15,9 +15,9 @@ import os
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from .config import EvalConfig
+from .config import RECORDS, RUN_META, EvalConfig
 
 BARRIER_TIMEOUT = timedelta(days=7)  # a process may finish its shard days before the slowest one
 
@@ -41,11 +41,11 @@ def rank_device(device: str, local_rank: int) -> str:
     return device
 
 
-def evaluate_launched(cfg: EvalConfig, rank: int, world: int, local_rank: int, **models: Any) -> dict[str, Any]:
-    """Evaluate this process's shard, wait for all, and (rank 0) merge and report."""
+def evaluate_launched(cfg: EvalConfig, rank: int, world: int, local_rank: int, evaluate: Callable[..., dict],
+                      **models: Any) -> dict[str, Any]:
+    """Evaluate this process's shard with ``evaluate`` (:func:`hf_rstitch.eval.evaluate`), wait for all, and
+    (rank 0) merge and report."""
     import torch.distributed as dist
-
-    from .api import evaluate
 
     out = Path(cfg.out)
     mine = replace(cfg, shard=f"{rank}/{world}", out=str(out / f"rank{rank}"), device=rank_device(cfg.device, local_rank),
@@ -68,7 +68,6 @@ def evaluate_launched(cfg: EvalConfig, rank: int, world: int, local_rank: int, *
 
 def _merge(out: Path, world: int) -> None:
     """``out/rank*/records.jsonl`` -> ``out/records.jsonl`` and ``run.json`` (rank 0's, with the world size)."""
-    from .api import RECORDS, RUN_META
     from .runner import RecordStore, key
 
     seen, lines = set(), []

@@ -8,14 +8,13 @@ choice itself is :func:`hf_rstitch.eval.choose.choose`.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
 
 from ..resources import resolve, shipped
 from .choose import SweepPoint, choose, table
-from .data import DEFAULT_INSTRUCTION, load_problems, prompt_ids
+from .data import default_instruction, load_problems, prompt_ids
 
 DEV_SEED = 0  # the shipped pair's valid split: rstitch toyworld data --split valid --seed 0
 
@@ -33,13 +32,12 @@ def dev_set(cfg, toy: bool) -> tuple[list[tuple[str, str]], str, Callable[[str, 
     else:
         raise ValueError("--data is required (a dev split: JSONL file, local file or Hub dataset) unless the pair is "
                          "the shipped one.")
+    instruction = cfg.instruction if cfg.instruction is not None else default_instruction(cfg.llm, cfg.slm)
+    from .grading import TOYWORLD, grade
+
     if toy:
-        from ..toyworld import grade as toy_grade
+        return rows, instruction, lambda text, answer: grade(text, str(answer), TOYWORLD).correct, name
 
-        return rows, cfg.instruction if cfg.instruction is not None else "", toy_grade, name
-    from .grading import grade
-
-    instruction = cfg.instruction if cfg.instruction is not None else DEFAULT_INSTRUCTION
     return rows, instruction, lambda text, answer: grade(text, answer).correct, name
 
 
@@ -51,7 +49,7 @@ def llm_alone_ms(latency, prompt_len: int, n_tokens: int) -> float:
 
 
 def _batches(tok, rows, instruction: str, batch_size: int, device) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
-    from ..router.rollout import left_pad
+    from .batched import left_pad
 
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     out = []
@@ -110,15 +108,19 @@ def to_point(m: dict[str, Any], n: int, label: str, threshold, latency, baseline
                       tokens / n, speedup, label)
 
 
+def is_shipped_pair(cfg) -> bool:
+    return resolve(cfg.llm) == str(shipped("llm")) and resolve(cfg.slm) == str(shipped("slm"))
+
+
 def load(cfg, device: str):
     """(llm, slm, tokenizer, is the shipped pair) with any stored stitching settings cleared."""
     from ..hf.settings import clear_settings
     from .api import load_pair
 
-    refs = SimpleNamespace(llm=resolve(cfg.llm), slm=resolve(cfg.slm), dtype=cfg.dtype)
-    llm, slm, tok = load_pair(refs, device)
+    llm_ref, slm_ref = resolve(cfg.llm), resolve(cfg.slm)
+    llm, slm, tok = load_pair(llm_ref, slm_ref, cfg.dtype, device)
     clear_settings(llm.generation_config)
-    return llm, slm, tok, refs.llm == str(shipped("llm")) and refs.slm == str(shipped("slm"))
+    return llm, slm, tok, is_shipped_pair(cfg)
 
 
 @torch.no_grad()
@@ -132,10 +134,10 @@ def tune(cfg) -> dict[str, Any]:
 
     latency = LatencyModel.load(resolve(cfg.latency)) if cfg.latency else None
     device = resolve_device(cfg.device)
+    rows, instruction, grader, data_name = dev_set(cfg, is_shipped_pair(cfg))  # a bad file fails before loading
     llm, slm, tok, toy = load(cfg, device)
     if latency is not None:
         latency.check_models(slm=slm, llm=llm, check_name=False)
-    rows, instruction, grader, data_name = dev_set(cfg, toy)
     batches = _batches(tok, rows, instruction, cfg.batch_size, llm.device)
     settings = [("rstitch", tau, {"stitch_threshold": tau}) for tau in cfg.thresholds]
     if cfg.router:

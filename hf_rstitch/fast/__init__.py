@@ -2,8 +2,9 @@
 
 What CUDA users get without asking: ``generate(..., assistant_model=slm, stitch_threshold=tau)`` names
 no engine, which means ``stitch_engine="auto"``: this engine with :data:`AUTO` where it can run the pair
-(kept on the LLM and reused by later calls; :func:`release` frees it), the eager engine otherwise, the
-reason logged (:func:`choose_engine`). ``stitch_engine="default"`` (or ``HF_RSTITCH_ENGINE=default``)
+and has been proven on its architecture and GPU (:mod:`.support`; kept on the LLM and reused by later calls;
+:func:`release` frees it), the eager engine otherwise, the reason logged (:func:`choose_engine`), and the
+eager engine again for a call whose fast run fails (:mod:`hf_rstitch.hf.fallback`). ``stitch_engine="default"`` (or ``HF_RSTITCH_ENGINE=default``)
 keeps the eager engine; ``"fast"``, a :class:`FastConfig` or a :class:`FastEngine` of your own asks
 for this one. It swaps the eager :class:`~hf_rstitch.engine.Lane` (forwards over a DynamicCache,
 host-bound at a few hundred kernel launches per token) for :class:`FastLane`: a static KV cache,
@@ -19,11 +20,11 @@ how the CPU tests check it against the default engine. See docs/fast-engine.md.
 """
 
 from .buckets import bucket_for, bucket_sizes
-from .engine import (AUTO, NO_TRITON, FastEngine, choose_engine, engine_for, release, resolve_engine, why_not_fast,
-                     why_not_triton)
+from .engine import AUTO, NO_TRITON, FastEngine, choose_engine, engine_for, release, why_not_fast, why_not_triton
 from .lane import FastConfig, FastLane, check_supported
+from .resolve import fast_engine
 from .static_kv import StaticKV, static_attention, static_attention_sdpa
 
 __all__ = ["AUTO", "NO_TRITON", "FastConfig", "FastEngine", "FastLane", "StaticKV", "bucket_for", "bucket_sizes",
-           "check_supported", "choose_engine", "engine_for", "release", "resolve_engine", "static_attention",
+           "check_supported", "choose_engine", "engine_for", "fast_engine", "release", "static_attention",
            "static_attention_sdpa", "why_not_fast", "why_not_triton"]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
+import torch
 from transformers import PreTrainedModel
 
 from .buckets import bucket_sizes
+from .kv_shapes import kv_shape
 from .static_kv import ATTENTIONS
 
 
@@ -57,17 +59,52 @@ class FastConfig:
 
 
 def check_supported(model: PreTrainedModel, batch_size: int = 1) -> None:
-    """Raise a clear error if ``model`` cannot run in a FastLane (any batch size >= 1)."""
+    """Raise a clear error if ``model`` cannot run in a FastLane (any batch size >= 1): an encoder-decoder,
+    windowed or non-attention layers (:func:`windowed`), a forward without an attention mask, layers whose
+    keys and values one static cache cannot hold (:func:`~hf_rstitch.fast.kv_shapes.kv_shape`), or a dtype
+    its GPU lacks (:func:`dtype_refusal`)."""
     if batch_size < 1:
         raise ValueError(f"the fast engine needs at least one row, got batch size {batch_size}.")
     config = model.config.get_text_config()
     if getattr(model.config, "is_encoder_decoder", False):
         raise ValueError("the fast engine supports decoder-only causal LMs only.")
-    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"} or getattr(config, "use_sliding_window", False):
+    if windowed(config):
+        kinds = getattr(config, "layer_types", None)
+        layers = f"layer types {sorted(set(kinds))}" if kinds else "a sliding window on every layer"
         raise ValueError(
-            f"the fast engine supports full-attention models only; {type(model).__name__} has layer types "
-            f"{sorted(kinds)} (sliding_window={getattr(config, 'sliding_window', None)}). Use stitch_engine='default'."
+            f"the fast engine supports full-attention models only; {type(model).__name__} has {layers} "
+            f"(sliding_window={getattr(config, 'sliding_window', None)}). Use stitch_engine='default'."
         )
     if "attention_mask" not in inspect.signature(model.forward).parameters:
         raise ValueError(f"{type(model).__name__}.forward takes no attention_mask; the fast engine cannot drive it.")
+    reason = dtype_refusal(model)
+    if reason is not None:
+        raise ValueError(reason)
+    kv_shape(model)  # raises KVShapeError (a ValueError) with the reason
+
+
+def windowed(config) -> bool:
+    """Whether any layer of this (text) config attends through a window or is not attention at all.
+
+    ``layer_types`` says so per layer where the config has it; Qwen2-style configs switch the window on with
+    ``use_sliding_window``; Mistral-style configs have neither, and their layers use ``sliding_window``
+    whenever it is set (Mistral-7B-v0.1 ships 4096).
+    """
+    kinds = getattr(config, "layer_types", None)
+    if kinds:
+        return set(kinds) != {"full_attention"} or bool(getattr(config, "use_sliding_window", False))
+    if hasattr(config, "use_sliding_window"):
+        return bool(config.use_sliding_window)
+    return getattr(config, "sliding_window", None) is not None
+
+
+def dtype_refusal(model: PreTrainedModel) -> str | None:
+    """Why ``model``'s dtype cannot run on its GPU (bfloat16 below compute capability 8.0); None when it can."""
+    if model.device.type != "cuda" or model.dtype != torch.bfloat16:
+        return None
+    major, minor = torch.cuda.get_device_capability(model.device)
+    if (major, minor) >= (8, 0):
+        return None
+    return (f"{type(model).__name__} is in bfloat16, which {torch.cuda.get_device_name(model.device)} (compute "
+            f"capability {major}.{minor}) has no kernels for (bfloat16 needs 8.0 or newer); load the models with "
+            "torch_dtype=torch.float16 (or float32)")

@@ -13,10 +13,8 @@ programs (large batches) there is one split: the kernel walks every written slot
 and writes the output itself, with no partial results and no combine. Per row, slots left of the
 row's padding count (``pad[b]``) are masked, as is everything right of each query's own slot.
 
-The plan (:func:`_plan`) was chosen on an H200 at 1400 written slots
-(``benchmarks/results/attention_sweep_*_nvidia_h200.md``): one split from ~one wave of programs
-(Qwen2-7B at B = 64: 1.09x its KV floor against 1.45x with five splits); below that, splits of
-128-slot blocks.
+The plan (:func:`_plan`): one split from ~one wave of programs; below that, splits of 128-slot blocks
+(measured: ``benchmarks/results/attention_sweep_*.md``).
 
 Same arithmetic as the eager attention where it matters: scores and softmax in float32 (eager
 attention rounds the scores to the model's dtype first), probabilities rounded to the values'

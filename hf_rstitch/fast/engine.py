@@ -24,6 +24,7 @@ from transformers import PreTrainedModel
 
 from ..core.roles import Role
 from .lane import FastConfig, FastLane, check_supported
+from .support import why_not_fast
 
 log = logging.getLogger("hf_rstitch.fast")
 _SAID: set[str] = set()  # messages logged at INFO already: a loop of generate calls says each once
@@ -45,6 +46,8 @@ class FastEngine:
             instead of rebuilding (a rebuild recaptures every graph: seconds for a 7B pair). The
             split attention reads only the written slots, so the spare slots cost memory, not time.
     """
+
+    single_device = True  # static caches and CUDA graphs on one device (hf.placement refuses sharded models)
 
     def __init__(self, config: FastConfig | None = None, capacity: int = 0, max_batch: int = 1,
                  capacity_step: int = 1024):
@@ -101,16 +104,6 @@ def _weights(model: PreTrainedModel) -> tuple:
         return tuple(p.data_ptr() for p in model.parameters())
 
 
-class _EngineOnModel:
-    """``stitch_engine="fast"`` / a FastConfig: the LLM's own engine for that configuration, made on first use."""
-
-    def __init__(self, config: FastConfig):
-        self.config = config
-
-    def lanes(self, llm, slm, vocab, batch_size, capacity, timing=False) -> dict[Role, FastLane]:
-        return engine_for(llm, self.config).lanes(llm, slm, vocab, batch_size, capacity, timing)
-
-
 ATTRIBUTE = "_rstitch_fast_engines"  # on the LLM: {FastConfig: FastEngine}
 
 
@@ -132,39 +125,6 @@ def release(llm: PreTrainedModel) -> None:
     llm.__dict__.pop(ATTRIBUTE, None)
 
 
-def resolve_engine(spec):
-    """``"fast"`` / a FastConfig -> the LLM's kept engine for that configuration (made on first use);
-    a FastEngine -> itself."""
-    if isinstance(spec, FastEngine):
-        return spec
-    if isinstance(spec, FastConfig):
-        return _EngineOnModel(spec)
-    if isinstance(spec, str) and spec == "fast":
-        return _EngineOnModel(FastConfig())
-    raise ValueError(
-        f"stitch_engine must be None, 'auto', 'default', 'fast', a hf_rstitch.fast.FastConfig or a "
-        f"hf_rstitch.fast.FastEngine, got {spec!r}."
-    )
-
-
-def why_not_fast(llm: PreTrainedModel, slm: PreTrainedModel, batch: int = 1) -> str | None:
-    """Why the fast engine cannot run this pair, in one line; None when it can."""
-    from ..hf.placement import describe, is_sharded
-
-    for model, role in ((llm, Role.LLM), (slm, Role.SLM)):
-        try:
-            check_supported(model, batch)
-        except ValueError as err:
-            return f"the {role}: {err}"
-        if is_sharded(model):
-            return f"the {role} is {describe(model)}; the fast engine runs single-device models only"
-        if getattr(model, "hf_quantizer", None) is not None:
-            return f"the {role} is quantized; the fast engine is tested on unquantized weights only"
-        if model.device.type != "cuda":
-            return f"the {role} is on {model.device}; the fast engine's graphs need CUDA"
-    return None
-
-
 def why_not_triton() -> str | None:
     """Why Triton cannot run here (torch.compile's CUDA kernels, the GEMV and split-attention kernels);
     None when it can."""
@@ -178,7 +138,8 @@ def why_not_triton() -> str | None:
 
 
 def choose_engine(llm: PreTrainedModel, slm: PreTrainedModel, spec, batch: int = 1):
-    """``stitch_engine="auto"`` -> :data:`AUTO` where the fast engine runs the pair and Triton runs,
+    """``stitch_engine="auto"`` -> :data:`AUTO` where the fast engine runs the pair (proven there:
+    :func:`hf_rstitch.fast.support.why_not_fast`) and Triton runs,
     :data:`NO_TRITON` (graphs, no compile, no Triton kernels) where only Triton is missing, else
     ``"default"``; the reason for anything but :data:`AUTO` is logged at INFO (once per process, then at
     DEBUG). Any other spec is returned unchanged."""

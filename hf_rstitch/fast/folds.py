@@ -5,8 +5,8 @@ Why: at one row a pre-norm decoder layer (Llama, Qwen2, Mistral) runs six kernel
 microseconds of launch and ramp while reading a few kilobytes. Here the norms run in the prologue of the
 products that read them (each program of the q/k/v and gated kernels reduces the whole row, 3-7 KB from
 L2, then normalizes the chunks it multiplies) and the adds in the epilogue of the products before them (o
-and down add the residual to their rounded output): four kernels. On an H200 that saved 4.5 us a layer of
-Qwen2-1.5B shapes and 5.6 us of 7B (``benchmarks/results/fold_bench_*_nvidia_h200.md``).
+and down add the residual to their rounded output): four kernels (measured:
+``benchmarks/results/fold_bench_*.md``).
 
 How: the layer forward of :mod:`.add_norm` decides, for a one-row call of a layer that :func:`foldable`
 approved when the lane was built, what the next products must do, and says so through :func:`folding`:
@@ -29,6 +29,9 @@ import inspect
 import torch
 
 ENABLED = True  # fold where foldable() allows; False keeps the add+norm pieces at one row too
+# the installed forwards that take their part of a fold, declared by their modules (.linears, .gated):
+TAKES_NORM: set = set()  # normalize their input first where the layer asked (norm_for)
+TAKES_ADD: set = set()  # add the residual the layer asked for to their output (residual_for)
 
 
 class _Pending:
@@ -103,9 +106,8 @@ def _projects_plainly(attn) -> bool:
 def foldable(layer, products: dict) -> bool:
     """Whether a pre-norm ``layer`` (``add_norm.pre_norm_layer``) may fold at one row: both norms Llama's
     RMSNorm, a plain attention whose q/k/v run as one product of :mod:`.gemv`, and o, the gated MLP and down
-    installed as the kernels that take a fold (``products``: the lane's module -> installed forward)."""
-    from . import gated, linears
-
+    installed as the kernels that take a fold (:data:`TAKES_NORM`, :data:`TAKES_ADD`; ``products``: the lane's
+    module -> installed forward)."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
     if not (ENABLED and attn is not None and mlp is not None and _projects_plainly(attn)
@@ -117,38 +119,6 @@ def foldable(layer, products: dict) -> bool:
     q, o, down = (products.get(getattr(m, name, None)) for m, name in
                   ((attn, "q_proj"), (attn, "o_proj"), (mlp, "down_proj")))
     fn = products.get(mlp)
-    return (isinstance(getattr(getattr(q, "func", None), "__self__", None), linears.FusedGroup)
-            and all(getattr(p, "func", None) is linears._forward for p in (o, down))
-            and getattr(fn, "func", None) is gated._forward)
-
-
-def pending(model: torch.nn.Module, products) -> list[tuple]:
-    """``(candidates, run)`` for :func:`~hf_rstitch.fast.triton_support.precompile`: the folded one-row products
-    (a norm before, an add after: kernels of their own) of each foldable layer shape, with the configurations
-    the tuner chose (``products``: the lane's installed (module, forward) pairs), built at once rather than one
-    by one at the first capture. Inputs stand in as empty tensors."""
-    from . import add_norm, gated, gemv
-
-    installed, jobs, seen = dict(products), [], set()
-    for layer in model.modules():
-        if not (add_norm.pre_norm_layer(layer) and foldable(layer, installed)):
-            continue
-        attn, mlp, n1, n2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
-        group = installed[attn.q_proj].func.__self__
-        o, down = attn.o_proj, mlp.down_proj
-        cfgs = (group.cfgs[0],) + tuple(installed[m].args[1][0] for m in (o, mlp, down))  # the one-row tier's
-        shapes = (tuple(group.weight.shape), tuple(o.weight.shape), tuple(mlp.gate_proj.weight.shape)) + cfgs
-        if shapes in seen:
-            continue
-        seen.add(shapes)
-        x = group.weight.new_empty(1, group.weight.shape[1])
-        stream = o.weight.new_empty(1, o.out_features)  # the residual the adds read
-        runs = (functools.partial(gemv.launch, x, group.weight, group.bias, norm=n1.weight, eps=n1.variance_epsilon),
-                functools.partial(gemv.launch, o.weight.new_empty(1, o.in_features), o.weight, o.bias,
-                                  residual=stream),
-                functools.partial(gated.launch, x, mlp.gate_proj.weight, mlp.up_proj.weight, norm=n2.weight,
-                                  eps=n2.variance_epsilon),
-                functools.partial(gemv.launch, down.weight.new_empty(1, down.in_features), down.weight, down.bias,
-                                  residual=stream))
-        jobs += [((cfg,), run) for cfg, run in zip(cfgs, runs)]
-    return jobs
+    return (getattr(getattr(q, "func", None), "__func__", None) in TAKES_NORM  # a fused q/k/v group's method
+            and all(getattr(p, "func", None) in TAKES_ADD for p in (o, down))
+            and getattr(fn, "func", None) in TAKES_NORM)

@@ -302,6 +302,9 @@ def _forward(mlp: torch.nn.Module, cfgs: tuple, act_mul, x: torch.Tensor) -> tor
     return mlp.down_proj(h)
 
 
+folds.TAKES_NORM.add(_forward)
+
+
 def plan(model: torch.nn.Module, table: dict, act_mul=None,
          rows: int = MAX_ROWS) -> list[tuple[torch.nn.Module, functools.partial]]:
     """The MLP forwards to install (as :func:`hf_rstitch.fast.linears.gemv_linears_on` installs them), tuned

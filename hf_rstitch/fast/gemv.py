@@ -2,9 +2,9 @@
 
 Why: at batch size 1 every ``nn.Linear`` of a decode step is a matrix-vector product that reads
 its whole weight once, so a token costs (weight bytes) / (bandwidth) at best. cuBLAS's batch-1
-kernels reach that on very wide weights (the LM head) but not on the narrow ones: on an H200 the
-q/k/v and o projections of Qwen2-7B ran at 1.8-2.9 TB/s against 4.2 TB/s of copy bandwidth, and
-its split-K variants add a reduction kernel per product (benchmarks/results/engine_profile_*).
+kernels reach that on very wide weights (the LM head) but not on the narrow ones (the attention
+projections of a 7B run well below copy bandwidth), and its split-K variants add a reduction kernel per
+product (``benchmarks/results/gemv_*.md``).
 This module gives every weight shape its own launch configuration, measured on the device
 (:func:`tune`); :mod:`.linears` routes a model's linear layers through it. The one-row kernel can also
 normalize its input first (an RMSNorm) and add a residual to its output (:mod:`.folds`).
@@ -56,12 +56,11 @@ CANDIDATES = tuple(  # the tuner's search space; each fits a program's accumulat
     for n, k, w in ((1, 2048, 4), (2, 1024, 4), (2, 2048, 4), (2, 512, 2), (4, 256, 2), (4, 512, 4), (4, 1024, 4),
                     (4, 1024, 8), (8, 256, 4), (8, 512, 4), (8, 512, 8), (16, 256, 4), (16, 512, 8), (32, 256, 8))
 )
-# (pipeline stages 2 and 4 timed the same on an H200 for every Qwen2 shape: results/gemv_nvidia_h200.json)
+# (pipeline stages 2 and 4 time the same for every Qwen2 shape: results/gemv_*.json)
 MAX_ROWS = 16  # catch-up prefills of 2..16 tokens run the few-rows kernel; longer ones keep cuBLAS
 FEW_ROWS = (tuple(GemvConfig(n, k, 4, 2, MAX_ROWS) for n in (16, 32, 64) for k in (64, 128, 256))
             + tuple(GemvConfig(n, k, 4, 2, MAX_ROWS, s) for n in (32, 64) for k in (64, 128) for s in (2, 4))
-            # deeper pipelines: more weight bytes in flight. On an H200 (results/gemv_rows_sweep_nvidia_h200.md) the
-            # first beat cuBLAS for Qwen2-7B's o at 8 rows, the second tied it for down; of 9 such tried, the 3 kept
+            # deeper pipelines: more weight bytes in flight; the 3 kept of 9 tried (results/gemv_rows_sweep_*.md)
             + tuple(GemvConfig(n, k, 4, st, MAX_ROWS, s) for n, k, st, s in (
                 (32, 256, 4, 1), (32, 128, 4, 4), (32, 256, 3, 2))))
 WIDE_ROWS = 64  # one-token steps of 17..64 rows: the few-rows kernel with 64-row blocks, where it beats cuBLAS
@@ -318,7 +317,7 @@ def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES,
     if weight.device.type != "cuda":
         return GemvConfig(block_m=rows) if rows == 1 else GemvConfig(32, 128, 4, 2, rows)
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-    # few rows: on an H100, cuBLAS won for most Qwen2 shapes at 8 rows (results/gemv_*.md)
+    # few rows: cuBLAS is the baseline to beat, and often wins (results/gemv_*.md)
     baseline = (lambda: F.linear(x, weight, bias)) if rows > 1 else None
     best = fastest(candidates, lambda cfg: launch(x, weight, bias, cfg), baseline, calls)
     if best is None and rows == 1:

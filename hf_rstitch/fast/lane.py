@@ -60,6 +60,7 @@ from .config import FastConfig, check_supported
 from .decode_attention import decode_attention, refuse_fallback, runs_for
 from .decode_attention import pending as attention_pending
 from .graphs import GraphRunner
+from .kv_shapes import kv_shape
 from .lane_outputs import Outputs
 from .lane_rows import RowOps
 from .products import product_layers
@@ -110,7 +111,7 @@ class FastLane(Outputs, RowOps):
         self.buckets = bucket_sizes(config.max_bucket)
         self.rows = RowSlots(max_rows)  # live row -> cache row, per-row trace bookkeeping
         n_slots = round_up(capacity + config.max_bucket, KV_CHUNK)  # padded writes stay inside; whole chunks
-        self.cache = StaticKV(model.config, n_slots, model.dtype, dev, rows=max_rows)
+        self.cache = StaticKV(model.config, n_slots, model.dtype, dev, rows=max_rows, shape=kv_shape(model))
         self.slot_ids = torch.arange(n_slots, device=dev)  # [S]
         self.valid = torch.ones(max_rows, n_slots, dtype=torch.bool, device=dev)  # False on left-padding slots
         self.n_pad = torch.zeros(max_rows, dtype=torch.long, device=dev)  # left-padding columns of each cache row

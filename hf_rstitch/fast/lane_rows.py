@@ -109,9 +109,8 @@ class RowOps:
         kernels and graphs, a catch-up over the row's real columns only, its left padding skipped), then one
         copy of its slots into this cache.
 
-        Why not an eager forward: on a GPU that one forward per lane was host-bound, ~120 ms a joining row
-        for the Qwen2 7B / 1.5B pair at B = 32 against ~10 ms a decode step
-        (``benchmarks/results/request_engine_nvidia_h200.md``)."""
+        Why not an eager forward: on a GPU that one forward per lane is host-bound, about ten decode steps'
+        worth a joining row (``benchmarks/results/request_engine_*.md``)."""
         joiner = self._joiner()
         pads = left_padding(host).tolist()
         for i, (row, pad) in enumerate(zip(dst, pads)):

@@ -71,6 +71,7 @@ def _forward(module: torch.nn.Linear, cfgs, x: torch.Tensor) -> torch.Tensor:
     return _gemv(x, module.weight, module.bias, cfgs, residual=folds.residual_for(module))
 
 
+folds.TAKES_ADD.add(_forward)
 FUSED = ("q_proj", "k_proj", "v_proj")  # children of one attention module that read the same input
 
 
@@ -80,8 +81,7 @@ class FusedGroup:
     The first member called with a new input computes the product over the concatenated weight
     (a copy: it does not follow later changes of the model's weights) and keeps it until every
     member has taken its slice. For Qwen2-7B the q/k/v projections (3584, 512 and 512 outputs)
-    become one 4608-wide product: 6.2 us instead of 10.8 us per layer on an H200
-    (results/gemv_nvidia_h200.md).
+    become one 4608-wide product (timed: ``benchmarks/results/gemv_*.md``).
     """
 
     def __init__(self, members: list[torch.nn.Linear], table: dict, rows: int = MAX_ROWS):
@@ -113,6 +113,9 @@ class FusedGroup:
         if self.taken == len(self.members):  # every member served: drop the references
             self.x = self.out = None
         return part
+
+
+folds.TAKES_NORM.add(FusedGroup.forward)
 
 
 def fused_groups(model: torch.nn.Module) -> list[list[torch.nn.Linear]]:

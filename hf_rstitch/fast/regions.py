@@ -30,8 +30,8 @@ from .rope_store import rotary_functions
 _COMPILED: dict = {}  # one compiled function per piece (and norm class), shared by every lane of the process
 
 # Symbolic shapes still specialise a size seen as 1 (batch 1, one-token steps) and equate sizes that were
-# equal at the first call ("duck sizing"), so a lane compiled each piece again at its first batch > 1
-# (12.5 + 4 s for the 7B pair on an H100). Size-oblivious sizes without duck sizing: one compile per piece.
+# equal at the first call ("duck sizing"), so a lane would compile each piece again at its first batch > 1.
+# Size-oblivious sizes without duck sizing: one compile per piece.
 _ONE_COMPILE = {k: v for k, v in (("backed_size_oblivious", True), ("use_duck_shape", False))
                 if hasattr(fx_config, k)}
 

@@ -144,8 +144,7 @@ class Pending:
 
 
 # Lanes put rotations off to the cache's update (one kernel, rope_store) when True, for models that pass
-# defers_exactly. On an H200 it took 28 kernels off a Qwen2 step: 4.59 -> 4.56 ms (7B, B = 8), 5.77 -> 5.71 ms
-# (B = 64), 1.52 -> 1.49 ms (1.5B, B = 1) (benchmarks/results/engine_rope_store_nvidia_h200.md).
+# defers_exactly: 28 kernels fewer a Qwen2 step (timed: benchmarks/results/engine_rope_store_*.md).
 DEFER = True
 _DEFER_TO = None  # the StaticKV whose update() completes the rotations, inside a lane's forward (deferring())
 _POISON = False  # deferring(..., poison=True): q starts as NaN until the store fills it

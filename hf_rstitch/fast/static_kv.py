@@ -35,13 +35,15 @@ class StaticKV:
     :attr:`slots` before each forward and advances :attr:`pos` after it.
     """
 
-    def __init__(self, config: PretrainedConfig, slots: int, dtype: torch.dtype, device: torch.device, rows: int = 1):
+    def __init__(self, config: PretrainedConfig, slots: int, dtype: torch.dtype, device: torch.device, rows: int = 1,
+                 shape: tuple[int, int, int] | None = None):
+        # shape: (layers, kv_heads, head_dim) as the layers store them (.kv_shapes); None: read from the config
         text = config.get_text_config()
         kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        layers, kv_heads, head_dim = shape or (text.num_hidden_layers, kv_heads, head_dim)
         # one buffer [2, layers, rows, H_kv, slots, D]: a row operation over every layer is one kernel
-        self.states = torch.zeros((2, text.num_hidden_layers, rows, kv_heads, slots, head_dim), dtype=dtype,
-                                  device=device)
+        self.states = torch.zeros((2, layers, rows, kv_heads, slots, head_dim), dtype=dtype, device=device)
         self.keys = list(self.states[0].unbind(0))  # per layer [rows, H_kv, slots, D], views of ``states``
         self.values = list(self.states[1].unbind(0))
         self.pos = torch.zeros((), dtype=torch.long, device=device)  # slots written so far
@@ -64,6 +66,10 @@ class StaticKV:
     @property
     def n_rows(self) -> int:
         return self.keys[0].shape[0]
+
+    def get_seq_length(self, layer_idx: int = 0) -> torch.Tensor:
+        """Slots written so far: the device write offset (a 0-dim tensor, never read back to the host)."""
+        return self.pos
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         # key_states: [b, H_kv, q, D] -> slots[0..q) of rows [0, b) of layer `layer_idx`; returns all their slots

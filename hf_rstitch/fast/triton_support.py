@@ -51,9 +51,8 @@ def sm_count(device: torch.device) -> int:
 # Programmatic dependent launch (compute capability 9+): a kernel launched with it starts while the kernel
 # before it still runs, waits for that kernel's results before reading anything (griddepcontrol.wait; the
 # one-row products read their first weight tiles before that wait), then lets the next kernel launch, so the
-# launch and ramp-up of each small kernel overlap its predecessor. Measured on an H200: one-row steps gain
-# (Qwen2-1.5B through generate 1.52 -> 1.39 ms a token, engine_host_profile; bare loop 1.61 -> 1.49 ms,
-# engine_pdl_nvidia_h200.md), batches of 8 lose (2.01 -> 2.11 ms), batches of 64 do not change. "one-row"
+# launch and ramp-up of each small kernel overlap its predecessor. One-row steps gain, batches of 8 lose,
+# batches of 64 do not change (benchmarks/results/engine_pdl_*.md). "one-row"
 # (the default): launches over one row of activations only; "all": every launch; "off": none. (A GPU test
 # run once had a graph capture invalidated with it on: a garbage collection inside the capture freed an
 # old engine's graph; graphs.capturing now keeps collections out of captures.)

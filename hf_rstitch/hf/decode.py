@@ -12,11 +12,12 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
 from ..core.policies import EntropyPolicy, RoutingPolicy, checked
-from ..core.roles import Role
 from ..core.sampling import pad_vocab
-from ..engine import EagerEngine, Lane, stitch_loop
-from ..engine.protocol import pick_engine
+from ..core.engines import requested_engine
+from ..engine.loop import stitch_loop
+from ..engine.protocol import EagerEngine, resolve_engine
 from .checks import check_pair, check_request, streamer_from_generate
+from .fallback import run_with_fallback
 from .placement import check_placement
 from .output import StitchedGenerateOutput
 
@@ -101,7 +102,9 @@ def stitched_decode(
             for later calls (:func:`hf_rstitch.fast.release` frees it); the eager lanes otherwise, the
             reason logged at INFO on ``hf_rstitch.fast``. ``"default"``: the eager lanes (any device, any
             model). ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a reusable
-            :class:`hf_rstitch.fast.FastEngine`: the fast engine, an error where it cannot run.
+            :class:`hf_rstitch.fast.FastEngine`: the fast engine, an error where it cannot run. Where
+            ``"auto"`` picked the fast engine and it fails (building lanes, capturing, compiling), the call
+            reruns on the eager engine, the reason logged once (:mod:`hf_rstitch.hf.fallback`).
 
     Returns:
         The sequences ``[B, T]``, or with ``return_dict_in_generate=True`` a
@@ -125,28 +128,40 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     policy = resolve_policy(stitch_threshold, stitch_policy, generation_config, stitch_router, slm)
     vocab = min(logit_width(model), logit_width(slm))  # ids either model may emit
     check_request(input_ids, generation_config, model_kwargs, vocab)
-    stitch_engine = pick_engine(model, slm, stitch_engine, input_ids.shape[0])
-    check_placement(model, slm, input_ids, do_sample=bool(generation_config.do_sample), engine=stitch_engine)
+    auto = requested_engine(stitch_engine) == "auto"
+    engine = resolve_engine(model, slm, stitch_engine, input_ids.shape[0], fast=_fast_engine)
+    check_placement(model, slm, input_ids, do_sample=bool(generation_config.do_sample), engine=engine)
     mask = model_kwargs.get("attention_mask")
     if mask is None:
         mask = torch.ones_like(input_ids)
 
-    lanes = build_lanes(model, slm, stitch_engine, input_ids.shape[0], generation_config.max_length, stitch_timing,
-                        vocab)
-    result = stitch_loop(
-        lanes,
-        input_ids,
-        mask,
-        policy,
-        process=logits_processor if logits_processor else None,  # none: the lanes may pick greedy tokens
-        should_stop=stopping_criteria,
-        do_sample=bool(generation_config.do_sample),
-        pad_token_id=pad_id(generation_config),
-        on_token=(lambda tok: stitch_streamer.put(tok.cpu())) if stitch_streamer is not None else None,
-        keep_scores=bool(generation_config.output_scores),
-        keep_logits=bool(generation_config.output_logits),
-        drop_finished=finished_rows_unseen(generation_config, logits_processor, stopping_criteria),
-    )
+    def attempt(engine, skip: int, streamed: list[int]):
+        """The call on ``engine``; the first ``skip`` steps are not streamed (a rerun's), ``streamed[0]`` counts."""
+        def on_token(tok):
+            streamed[0] += 1
+            if streamed[0] > skip:
+                stitch_streamer.put(tok.cpu())
+
+        lanes = engine.lanes(model, slm, vocab, input_ids.shape[0], generation_config.max_length, timing=stitch_timing)
+        return stitch_loop(
+            lanes,
+            input_ids,
+            mask,
+            policy,
+            process=logits_processor if logits_processor else None,  # none: the lanes may pick greedy tokens
+            should_stop=stopping_criteria,
+            do_sample=bool(generation_config.do_sample),
+            pad_token_id=pad_id(generation_config),
+            on_token=on_token if stitch_streamer is not None else None,
+            keep_scores=bool(generation_config.output_scores),
+            keep_logits=bool(generation_config.output_logits),
+            drop_finished=finished_rows_unseen(generation_config, logits_processor, stopping_criteria),
+        )
+
+    if auto and not isinstance(engine, EagerEngine):
+        result = run_with_fallback(model, slm, engine, attempt)  # a fast-engine failure reruns eagerly
+    else:
+        result = attempt(engine, 0, [0])
     for trace in result.traces:
         trace.threshold = getattr(policy, "threshold", None)
     return to_output(result, model, generation_config)
@@ -165,21 +180,11 @@ def finished_rows_unseen(config: GenerationConfig, processors, criteria) -> bool
     return all(type(c).__module__.startswith("transformers.") for c in [*(processors or []), *(criteria or [])])
 
 
-def build_lanes(llm: PreTrainedModel, slm: PreTrainedModel, engine, batch: int, max_length: int,
-                timing: bool, vocab: int | None = None) -> dict[Role, Lane]:
-    """One lane per model: eager DynamicCache lanes, or the fast engine's.
+def _fast_engine(llm, slm, spec, batch: int, own: bool):
+    """:func:`hf_rstitch.fast.fast_engine`, imported when a call asks for the fast engine (or ``"auto"``)."""
+    from ..fast import fast_engine
 
-    ``engine`` is resolved here, once: ``"default"`` or an :class:`hf_rstitch.engine.EagerEngine`
-    (which keeps the lanes it built, for tests and tools), or a fast-engine spec.
-    """
-    vocab = vocab if vocab is not None else min(logit_width(llm), logit_width(slm))
-    if isinstance(engine, str) and engine == "default":
-        engine = EagerEngine()
-    if isinstance(engine, EagerEngine):
-        return engine.lanes(llm, slm, vocab, batch, max_length, timing=timing)
-    from ..fast import resolve_engine
-
-    return resolve_engine(engine).lanes(llm, slm, vocab, batch, max_length, timing=timing)
+    return fast_engine(llm, slm, spec, batch, own)
 
 
 def to_output(result, llm: PreTrainedModel, config: GenerationConfig) -> StitchedGenerateOutput | torch.LongTensor:

@@ -21,7 +21,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..core.roles import Role
-from ..engine.protocol import EagerEngine
+from ..engine.protocol import is_eager
 
 _OFFLOAD = ("cpu", "disk")
 
@@ -82,7 +82,9 @@ def check_placement(
         llm / slm: the pair as passed to ``generate``.
         input_ids: ``[B, T]`` the prompt; under tensor parallelism it must be the same on all ranks.
         do_sample: sampling is requested; under tensor parallelism every rank's RNG must agree.
-        engine: the ``stitch_engine`` argument; only the default lanes run sharded models.
+        engine: the ``stitch_engine`` argument or the engine
+            :func:`hf_rstitch.engine.protocol.resolve_engine` made of it;
+            only the eager lanes run sharded models.
 
     Under tensor parallelism this makes one small collective (a fingerprint of the prompt and the
     sampling RNG, all-reduced over the LLM's mesh), so every rank must call ``generate``.
@@ -90,7 +92,7 @@ def check_placement(
     for model, role in ((llm, Role.LLM), (slm, Role.SLM)):
         _check_loaded(model, role)
         _check_parallelism_kind(model, role)
-    if not ((isinstance(engine, str) and engine == "default") or isinstance(engine, EagerEngine)):
+    if not is_eager(engine) and getattr(engine, "single_device", True):  # a spec, or what resolve_engine made
         for model, role in ((llm, Role.LLM), (slm, Role.SLM)):
             if is_sharded(model):
                 raise ValueError(

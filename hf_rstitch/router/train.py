@@ -49,9 +49,8 @@ def load_models(cfg: RouterTrainConfig, device: str):
         llm, slm, tok = load_pair(device)
     else:
         from ..eval.api import load_pair
-        from ..eval.config import EvalConfig
 
-        llm, slm, tok = load_pair(EvalConfig(llm=cfg.llm, slm=cfg.slm, data=["-"], dtype="float32"), device)
+        llm, slm, tok = load_pair(cfg.llm, cfg.slm, "float32", device)
     for m in (llm, slm):
         m.requires_grad_(False)
         if getattr(m.generation_config, "stitch_threshold", None) is not None:

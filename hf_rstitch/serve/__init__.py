@@ -7,7 +7,7 @@
 * :mod:`.replicas` -- several replicas across GPUs and machines on Ray Serve.
 
 Importing this package loads neither FastAPI nor torch; the web stack is the optional extra
-``pip install 'hf-rstitch[serve]'``.
+``pip install fastapi uvicorn`` (or ``pip install '.[serve]'`` in a clone).
 """
 
 from .config import ServeConfig

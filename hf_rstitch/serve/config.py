@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.engines import ENGINE_NAMES, requested_engine
+from ..core.engines import engine_option
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -54,7 +54,7 @@ class ServeConfig:
     drain_timeout: float = field(default=30.0, metadata={
         "help": "on SIGTERM, seconds that running requests get to finish before they are cancelled"})
     replicas: int = field(default=1, metadata={
-        "help": "server replicas; more than 1 runs them on Ray Serve (pip install 'hf-rstitch[serve-ray]')"})
+        "help": "server replicas; more than 1 runs them on Ray Serve (pip install fastapi uvicorn 'ray[serve]', or '.[serve-ray]' in a clone)"})
     ray_address: str = field(default="", metadata={
         "help": "Ray cluster to join for replicas (e.g. 'auto' on a cluster node; default: a local Ray instance)"})
     gpus_per_replica: float = field(default=0.0, metadata={
@@ -65,9 +65,7 @@ class ServeConfig:
         from ..core.policies import check_threshold
 
         self.threshold = check_threshold(self.threshold, "--threshold")
-        self.engine = requested_engine(self.engine)
-        if self.engine not in ENGINE_NAMES:
-            raise ValueError(f"--engine must be default, fast or auto, got {self.engine!r}.")
+        self.engine = engine_option(self.engine)
         if bool(self.llm) != bool(self.slm):
             raise ValueError("pass both --llm and --slm, or neither (to serve the shipped pair)")
         for name in ("max_batch", "max_tokens", "replicas", "max_body_bytes"):

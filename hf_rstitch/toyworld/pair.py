@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hf_rstitch.eval.grading import TOYWORLD, grade as _grade, last_boxed
-
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "pair"
 
 
@@ -23,11 +21,15 @@ def assets_present(root: str | Path = ASSETS) -> bool:
 
 def extract_boxed(text: str) -> str | None:
     """Contents of the last ``\\boxed{...}`` in ``text``, stripped, or ``None``."""
+    from hf_rstitch.eval.grading import last_boxed
+
     return last_boxed(text)
 
 
 def grade(text: str, answer: str | int) -> bool:
     """True when the last ``\\boxed{}`` of ``text`` equals ``answer`` (the ``TOYWORLD`` profile)."""
+    from hf_rstitch.eval.grading import TOYWORLD, grade as _grade
+
     return _grade(text, str(answer), TOYWORLD).correct
 
 

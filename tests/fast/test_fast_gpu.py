@@ -9,6 +9,7 @@ same weights in float32 (see the bf16 test).
 """
 
 import copy
+import os
 
 import pytest
 import torch
@@ -20,6 +21,11 @@ from hf_rstitch.fast.routes import route
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+# Triton's interpreter (TRITON_INTERPRET=1, triton 3.9) casts float32 to bfloat16 by truncation, where a GPU rounds
+# to nearest: the fast engine's kernels then round bf16 about twice as coarsely as the eager engine's products, so
+# a bound between the two engines' bf16 errors says nothing there (make test-kernels tests the kernels instead).
+truncating_bf16 = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                                     reason="Triton's interpreter rounds float32 -> bfloat16 by truncation")
 
 ROUTE = route(60, 20, 3, seed=0) + ["slm"] * 11 + ["llm"] * 3 + route(40, 20, 1, seed=1)  # an 11-token run > bucket 8
 
@@ -104,8 +110,8 @@ def _forced_logits(llm, slm, ids, engine, tokens) -> torch.Tensor:
     pytest.param("cuda", None, "sdpa", marks=[pytest.mark.gpu, gpu]),
     pytest.param("cuda", "all", "matmul", marks=[pytest.mark.gpu, gpu]),
     pytest.param("cuda", "parts", "split", marks=[pytest.mark.gpu, gpu]),  # the default: folds at one row
-    ("cpu", None, "matmul"),  # the same static-cache steps, eagerly (no graphs on CPU)
-    ("cpu", None, "sdpa"),
+    pytest.param("cpu", None, "matmul", marks=truncating_bf16),  # the same static-cache steps, eagerly (no graphs)
+    pytest.param("cpu", None, "sdpa", marks=truncating_bf16),
 ])
 def test_bf16_fast_engine_as_accurate_as_default(device, compile, attention):
     """bf16: both engines round, each in its own way (other kernels, padded GEMM shapes, split-K sums), so

@@ -8,6 +8,7 @@ import torch
 from tiny_models import kernel_model
 
 from hf_rstitch.fast import add_norm, folds, gated, gemv, linears
+from hf_rstitch.fast.products import fold_jobs
 
 CUDA = torch.cuda.is_available()
 DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")), ("cuda", CUDA and gemv.available("cuda"))) if ok]
@@ -96,12 +97,12 @@ def test_a_fold_nobody_takes_is_an_error():
 
 
 def test_pending_lists_the_folded_products_once_a_shape():
-    """folds.pending: the four folded products (q/k/v with its norm, o with its add, the gated MLP with its
+    """fold_jobs: the four folded products (q/k/v with its norm, o with its add, the gated MLP with its
     norm, down with its add) once for layers of one shape, with the tuner's one-row configurations; none where
     no layer folds."""
     model = kernel_model("cpu", "qwen2")
     products, _ = _plan(model)
-    jobs = folds.pending(model, products)
+    jobs = fold_jobs(model, products)
     assert len(jobs) == 4
     layer, installed = model.model.layers[0], dict(products)
     attn, mlp = layer.self_attn, layer.mlp
@@ -111,7 +112,7 @@ def test_pending_lists_the_folded_products_once_a_shape():
     assert runs[2].func is gated.launch and runs[2].keywords["norm"] is layer.post_attention_layernorm.weight
     assert runs[3].args[1] is mlp.down_proj.weight and "residual" in runs[3].keywords
     assert jobs[1][0] == (installed[attn.o_proj].args[1][0],)
-    assert folds.pending(model, linears.plan(model, {}, fuse=True)) == []  # the MLP not fused: no layer folds
+    assert fold_jobs(model, linears.plan(model, {}, fuse=True)) == []  # the MLP not fused: no layer folds
 
 
 @needs_kernels
@@ -120,7 +121,7 @@ def test_pending_folded_products_run(device):
     """Each listed job runs as listed (the partials are whole launches)."""
     model = kernel_model(device, "llama")
     products, _ = _plan(model)
-    jobs = folds.pending(model, products)
+    jobs = fold_jobs(model, products)
     assert len(jobs) == 4
     for candidates, run in jobs:  # stand-in inputs: the values are whatever empty memory held
         assert run(candidates[0]).shape[-2:] == (1, run.args[1].shape[0])
@@ -128,7 +129,7 @@ def test_pending_folded_products_run(device):
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA (Triton compiles for a GPU)")
 def test_folded_forward_after_precompile_builds_nothing(monkeypatch):
-    """After precompiling folds.pending, a folded one-row forward builds no folded GEMV or gated kernel."""
+    """After precompiling fold_jobs, a folded one-row forward builds no folded GEMV or gated kernel."""
     pytest.importorskip("triton")
     from triton import knobs
 
@@ -148,7 +149,7 @@ def test_folded_forward_after_precompile_builds_nothing(monkeypatch):
 
     monkeypatch.setattr(knobs.compilation, "listener", listen)
     try:
-        triton_support.precompile(folds.pending(model, products), "cuda")
+        triton_support.precompile(fold_jobs(model, products), "cuda")
         ahead = len(built)  # jobs of one specialization (o and down often are) share one build
         assert {"gemv_kernel", "gated_kernel"} <= {name for name, folded, _ in built if folded}
         with torch.no_grad(), linears.gemv_linears_on(products + layers):

@@ -24,7 +24,8 @@ def test_step_ms_adds_per_token_and_round_trips(tmp_path):
     import json
     from pathlib import Path
 
-    src = next(Path("benchmarks/results").glob("latency_qwen2_1.5b.json"))
+    src = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "latency_qwen2_1.5b.json"
+    assert src.exists(), f"{src} is the measured profile this test reads; it is part of the repository"
     base = LatencyModel.from_profiles(slm=src)
     model = LatencyModel(base.profiles, step_ms=0.25)
     trace = StitchTrace(roles=[Role.SLM] * 4, calls=[ForwardCall(Role.SLM, CallKind.PREFILL, 8, 0)] +

@@ -1,0 +1,57 @@
+"""The zoo on CUDA: "auto" (graphs, compile="parts") runs every proven architecture fast and equal to the eager
+engine, and a real capture failure (MoE expert dispatch inside a CUDA graph) falls back to the eager engine with
+one warning instead of raising. Marked gpu (skipped without CUDA); benchmarks/zoo.py covers the whole zoo."""
+
+import logging
+
+import pytest
+import torch
+
+import hf_rstitch  # noqa: F401  (patches generate)
+from hf_rstitch.fast import engine as fast_engine
+from hf_rstitch.fast import support
+from zoo_models import CASES, build_pair, pick_threshold, stitched, zoo
+
+CUDA = torch.cuda.is_available()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs CUDA")]
+
+
+def _proven_here():
+    return sorted(support.PROVEN & set(zoo())) if CUDA else []
+
+
+@pytest.mark.parametrize("model_type", _proven_here())
+def test_auto_runs_the_proven_architectures_fast_and_equal(model_type):
+    overrides = {"sliding_window": None} if model_type == "mistral" else {}
+    llm, slm = (m.cuda() for m in build_pair(model_type, **overrides))
+    if support.why_not_fast(llm, slm, 3) is not None:
+        pytest.skip(support.why_not_fast(llm, slm, 3))  # e.g. a compute capability not proven
+    threshold = pick_threshold(slm)
+    for decoding, batch in CASES:
+        want = stitched(llm, slm, decoding, batch, threshold, "default")
+        got = stitched(llm, slm, decoding, batch, threshold, None)
+        assert torch.equal(got[0].cpu(), want[0].cpu()) and got[1] == want[1], (model_type, decoding, batch)
+    assert support.failure(llm, slm) is None
+    assert llm.__dict__.get(fast_engine.ATTRIBUTE), "auto kept its fast engine on the LLM"
+
+
+def test_a_failing_capture_falls_back_to_the_eager_engine(monkeypatch, caplog):
+    """Qwen3-MoE's expert dispatch copies to the host inside the graph capture (issue 36): were it proven,
+    "auto" would still return the eager engine's tokens, warn once, and send the pair's later calls there."""
+    llm, slm = (m.cuda() for m in build_pair("qwen3_moe"))
+    monkeypatch.setattr(support, "PROVEN", support.PROVEN | {"qwen3_moe"})
+    monkeypatch.setattr(support, "PROVEN_CAPABILITIES", {torch.cuda.get_device_capability()})
+    threshold = pick_threshold(slm)
+    want = stitched(llm, slm, "greedy", 3, threshold, "default")
+    log = logging.getLogger("hf_rstitch.fast")
+    log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="hf_rstitch.fast"):
+            got = stitched(llm, slm, "greedy", 3, threshold, None)
+    finally:
+        log.removeHandler(caplog.handler)
+    assert torch.equal(got[0].cpu(), want[0].cpu())
+    if support.failure(llm, slm) is None:
+        pytest.skip("the capture did not fail on this torch / transformers: nothing fell back")
+    assert any("reruns on the eager engine" in r.getMessage() for r in caplog.records)
+    assert "failed on the fast engine earlier" in support.why_not_fast(llm, slm, 3)

@@ -1,0 +1,270 @@
+"""Tiny random pairs of every causal LM that transformers ships: the zoo the fast engine is proven over.
+
+Every ``model_type`` of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (the installed transformers) is built
+from its own default configuration (``CONFIG_MAPPING[model_type]()``) with every size shrunk -- width,
+depth, heads, KV heads, head size, feed-forward, experts, windows, vocabulary -- into an LLM (64
+wide, 3 layers) and an SLM (32 wide, 2 layers) of the same vocabulary, float32, random weights.
+No per-architecture code except the few overrides in :data:`OVERRIDES`; what cannot be built as a
+text-only decoder pair is listed with its reason in :data:`EXCLUDED` (one place), and
+:func:`build_pair` raises :class:`NotBuildable` for anything else that fails.
+
+Used by the conformance suite (``tests/zoo``) and the GPU lab script (``benchmarks/zoo.py``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+VOCAB = 128
+SPECIAL = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
+
+# (LLM, SLM) values of every size attribute a default configuration may carry; absent ones are left alone
+SIZES = {
+    ("hidden_size", "n_embd", "d_model", "embed_dim", "dim"): (64, 32),
+    ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers"): (3, 2),
+    ("num_attention_heads", "n_head", "num_heads", "n_heads", "decoder_attention_heads", "attention_heads",
+     "swa_num_attention_heads"): (4, 2),
+    ("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "num_query_groups",
+     "swa_num_key_value_heads"): (2, 1),
+    ("head_dim", "swa_head_dim", "attention_head_dim", "kv_channels", "d_head", "dim_head", "attention_head_size",
+     "qk_head_dim", "v_head_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_head_dim",
+     "mamba_d_head", "mamba_head_dim", "mamba_headdim"): (16, 16),
+    ("intermediate_size", "n_inner", "ffn_dim", "decoder_ffn_dim", "ffn_hidden_size", "intermediate_size_mlp",
+     "dense_intermediate_size", "feed_forward_size", "dim_ff", "dff"): (128, 64),
+    ("moe_intermediate_size", "shared_expert_intermediate_size", "shared_intermediate_size",
+     "expert_ffn_hidden_size", "moe_shared_expert_intermediate_size", "shared_experts_intermediate_size"): (32, 16),
+    ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"): (4, 4),
+    ("num_experts_per_tok", "moe_topk", "top_k_experts"): (2, 2),
+    ("kv_lora_rank",): (16, 16),
+    ("q_lora_rank",): (32, 16),
+    ("qk_rope_head_dim", "qk_nope_head_dim"): (8, 8),
+    ("linear_num_key_heads", "linear_num_value_heads", "linear_num_heads", "mamba_n_heads", "mamba_num_heads",
+     "index_n_heads"): (2, 2),
+    ("mamba_d_state", "state_size", "ssm_state_size", "index_head_dim"): (16, 16),
+    ("hidden_size_per_layer_input", "laurel_rank", "lru_width", "attention_hidden_size"): (16, 16),
+    ("vocab_size", "vocab_size_per_layer_input"): (VOCAB, VOCAB),
+}
+DERIVED = ("head_dim", "num_key_value_heads")  # None in some defaults ("derive it"): set too, as some layers read them
+# shrunk only when the default sets them (a None window means none): windows shorter than a test's trace
+WINDOWS = ("sliding_window", "sliding_window_size", "attention_window_size", "local_attention_window_len")
+WINDOW = 4
+MAX_PARAMETERS = 4_000_000
+LONGEST = 256  # max_position_embeddings and the like, when larger
+POSITIONS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "context_length")
+# a few fields whose defaults assume the full-size model
+FIXED = {"is_decoder": True, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "initializer_range": 0.1,
+         "use_cache": True, "tie_word_embeddings": False}
+
+# per-architecture overrides, applied last (to both models of the pair)
+_ROPE_HEAD = {"head_dim": 8}  # latent attention: the rotary part of a head (qk_rope_head_dim) is head_dim
+OVERRIDES: dict[str, dict] = {
+    "codegen": {"rotary_dim": 8}, "gptj": {"rotary_dim": 8},
+    "deepseek_v3": _ROPE_HEAD, "deepseek_v32": _ROPE_HEAD, "longcat_flash": _ROPE_HEAD, "youtu": _ROPE_HEAD,
+    "axk1": _ROPE_HEAD, "axk2": _ROPE_HEAD,
+    "ernie4_5_moe": {"moe_k": 2},
+}
+
+# what cannot be built as a tiny text-only decoder pair, and why: the one list (transformers 5.24; tests/zoo skips them,
+# benchmarks/zoo.py reports them)
+_ENCODER_DECODER = "an encoder-decoder model, not a decoder-only causal LM"
+_LARGE = ("a multimodal or composite model: towers and tables the generic shrink does not reach leave it at "
+          "hundreds of millions of parameters (its text model, where transformers ships one, has its own row)")
+_STATE = ("recurrent or state-space layers with a cache of their own: the eager engine's DynamicCache lanes "
+          "do not run it either")
+_DEPENDENCY = "needs an optional dependency that is not installed (timm)"
+_SHRINK = "the generic shrink of its sizes does not validate or run (a per-type override is not written yet): "
+EXCLUDED: dict[str, str] = {
+    **dict.fromkeys(["bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "musicgen",
+                     "musicgen_melody", "mvp", "pegasus", "plbart", "prophetnet", "whisper"], _ENCODER_DECODER),
+    **dict.fromkeys(["blt", "dots3_note", "emu3", "fuyu", "gemma3", "gemma4", "gemma4_unified",
+                     "gemma4_unified_assistant",
+                     "git", "got_ocr2", "inkling2_loop_text", "inkling2_text", "llama4", "mllama",
+                     "moss_transcribe_diarize",
+                     "phi4_multimodal", "qwen3_5", "qwen3_5_moe", "roc_bert", "xlm"], _LARGE),
+    **dict.fromkeys(["falcon_mamba", "jamba", "mamba", "minimax", "recurrent_gemma"], _STATE),
+    **dict.fromkeys(["gemma3n"], _DEPENDENCY),
+    "bailing_hybrid": _SHRINK + "RuntimeError: shape '[-1, 8, 0]' is invalid for input of size 12",
+    "bamba": _SHRINK + "its config validator rejects the sizes (validate_architecture)",
+    "cohere_compass_text": _SHRINK + "KeyError: 'full_attention'",
+    "cpmant": "the eager engine itself fails on it (RuntimeError: The size of tensor a (41) must match ...)",
+    "dbrx": _SHRINK + "AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta'",
+    "deepseek_v2": _SHRINK + "TypeError: topk(): argument 'k' must be int, not NoneType",
+    "diffllama": _SHRINK + "ValueError: DiffLlama requires `num_key_value_heads` to be even (and at least 2): the two-",
+    "dory": _SHRINK + "its config validator rejects the layer types (validate_layer_type)",
+    "dots1": _SHRINK + "TypeError: empty() takes 1 positional argument but 3 were given",
+    "dots3_note_text": _SHRINK + "39M parameters left by sizes it does not shrink",
+    "falcon_h1": _SHRINK + "its config validator rejects the sizes (validate_architecture)",
+    "gemma3n_text": _SHRINK + "ValueError: KV-sharing layer types do not survive the cut to 3 layers",
+    "gemma4_assistant": _SHRINK + "its config validator rejects the sizes (validate_architecture)",
+    "gpt_neo": _SHRINK + "its config validator rejects the sizes (validate_architecture)",
+    "granitemoehybrid": _SHRINK + "its config validator rejects the sizes (validate_architecture)",
+    "kimi_linear": _SHRINK + "RuntimeError: selected index k out of range",
+    "lfm2_moe": _SHRINK + "TypeError: 'NoneType' object is not subscriptable",
+    "mamba2": _SHRINK + "its config validator rejects the sizes (validate_architecture)",
+    "nemotron_h": _SHRINK + "RuntimeError: repeat_interleave: Invalid output_size, expected 0 but got 2",
+    "qwen4_exp": _SHRINK + "TypeError: unsupported operand type(s) for //: 'NoneType' and 'NoneType'",
+    "qwen4_exp_text": _SHRINK + "TypeError: unsupported operand type(s) for //: 'NoneType' and 'NoneType'",
+    "reformer": _SHRINK + "ValueError: Make sure that config.axial_pos_embds factors: (64, 192) sum to config.hidden_",
+    "rwkv": _SHRINK + "RuntimeError: The size of tensor a (64) must match the size of tensor b (16) at non-single",
+    "xlstm": _SHRINK + "ValueError: matC_old has wrong shape, got torch.Size([1, 4, 16, 16])",
+    "xmod": _SHRINK + "ValueError: Input language unknown. Please call `XmodPreTrainedModel.set_default_language(",
+    "zamba": _SHRINK + "its config validator rejects the layer types (validate_layer_type)",
+    "zamba2": _SHRINK + "its config validator rejects the layer types (validate_layer_type)",
+    "zaya": _SHRINK + "its config validator rejects the sizes (validate_architecture)",
+}
+
+
+class NotBuildable(Exception):
+    """This model_type cannot be built as a tiny random decoder-only pair (the message says why)."""
+
+
+def zoo() -> list[str]:
+    """Every model_type of the installed transformers' causal-LM mapping, sorted."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def tiny_config(model_type: str, role: int = 0, **overrides):
+    """The default configuration of ``model_type`` with every size shrunk (``role`` 0: the LLM, 1: the SLM)."""
+    from transformers import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    try:
+        base = cls().to_dict()
+    except Exception as err:  # noqa: BLE001  (its defaults do not even validate)
+        raise NotBuildable(f"its default configuration does not build ({type(err).__name__}: {_first(err)})")
+    if base.get("is_encoder_decoder"):
+        raise NotBuildable("encoder-decoder model")
+    values = {}
+    for names, sizes in SIZES.items():
+        for name in names:
+            value = base.get(name)
+            derived = value is None and name in DERIVED and not isinstance(getattr(cls, name, None), property)
+            if isinstance(value, int) and not isinstance(value, bool) or derived:
+                values[name] = sizes[role]
+    for name in WINDOWS:
+        if isinstance(base.get(name), int) and not isinstance(base.get(name), bool):
+            values[name] = WINDOW
+    for name in POSITIONS:
+        if isinstance(base.get(name), int) and base[name] > LONGEST:
+            values[name] = LONGEST
+    values.update({k: v for k, v in FIXED.items() if k in base})
+    if "kv_lora_rank" in base and "num_attention_heads" in values:  # latent attention: one KV head per head
+        values["num_key_value_heads"] = values["num_attention_heads"]
+    if isinstance(base.get("layer_types"), list):
+        values["layer_types"] = _layer_types(base["layer_types"], values.get("num_hidden_layers", 3))
+    values.update(SPECIAL)
+    values.update(OVERRIDES.get(model_type, {}))
+    values.update(overrides)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return cls(**values)
+    except Exception as err:  # noqa: BLE001  (a validator rejects the shrunk sizes)
+        raise NotBuildable(f"its shrunk configuration does not validate ({type(err).__name__}: {_first(err)})")
+
+
+def _layer_types(kinds: list, layers: int) -> list:
+    """The default's layer kinds cut to ``layers``, every kind it has kept (the last layer takes the one
+    the cut lost: a hybrid stays hybrid)."""
+    out = list(kinds[:layers])
+    lost = [k for k in dict.fromkeys(kinds) if k not in out]
+    for i, kind in enumerate(lost[: layers - 1]):
+        out[layers - 1 - i] = kind
+    return out
+
+
+def tiny_model(model_type: str, role: int, seed: int, **overrides):
+    """One float32 model of the pair, in eval mode, its generation config's special ids set."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(model_type, role, **overrides)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.device("meta"):  # sized first: a size this builder does not shrink would build gigabytes
+                size = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+            if size > MAX_PARAMETERS:
+                raise NotBuildable(f"its shrunk model still has {size / 1e6:.0f}M parameters (a size attribute "
+                                   "this builder does not shrink)")
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    except NotBuildable:
+        raise
+    except ImportError as err:
+        raise NotBuildable(f"missing optional dependency ({_first(err)})")
+    except Exception as err:  # noqa: BLE001
+        raise NotBuildable(f"the model does not build from its shrunk configuration ({type(err).__name__}: "
+                           f"{_first(err)})")
+    model = model.float().eval()
+    model.generation_config.update(**SPECIAL)
+    return model
+
+
+def build_pair(model_type: str, seed: int = 0, **overrides):
+    """``(llm, slm)``: tiny random float32 models of ``model_type`` (the LLM wider and deeper), on the CPU.
+    ``overrides``: configuration fields set on both. Raises :class:`NotBuildable` (with the reason) when it cannot
+    be built or run as a text-only decoder."""
+    if model_type in EXCLUDED:
+        raise NotBuildable(EXCLUDED[model_type])
+    llm, slm = tiny_model(model_type, 0, seed, **overrides), tiny_model(model_type, 1, seed + 1000, **overrides)
+    for model in (llm, slm):
+        try:
+            with torch.no_grad():
+                model(input_ids=torch.tensor([[3, 4, 5]]))
+        except Exception as err:  # noqa: BLE001
+            raise NotBuildable(f"a text-only forward fails ({type(err).__name__}: {_first(err)})")
+    return llm, slm
+
+
+def _first(err: Exception) -> str:
+    return str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+
+
+# ---- the conformance cases: the same for the CPU suite and the GPU lab script ----------------------------
+NEW_TOKENS = 8
+CASES = (("greedy", 1), ("greedy", 3), ("sample", 1), ("sample", 3))  # (decoding, batch rows)
+LENGTHS = (9, 5, 7)  # prompt lengths of a batch's rows (left padded to the longest)
+
+
+def prompts(batch: int, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """``ids [B, T]`` and ``mask [B, T]``: ``batch`` seeded random prompts, left padded."""
+    g = torch.Generator().manual_seed(batch)
+    rows = [torch.randint(3, VOCAB, (n,), generator=g) for n in LENGTHS[:batch]]
+    width = max(len(r) for r in rows)
+    ids = torch.full((batch, width), SPECIAL["pad_token_id"])
+    mask = torch.zeros(batch, width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    return ids.to(device), mask.to(device)
+
+
+@torch.no_grad()
+def pick_threshold(slm, quantile: float = 0.5) -> float:
+    """A threshold at which routes mix: the ``quantile`` of the SLM's normalized entropies over its own greedy
+    continuations of the suite's prompts, moved to the middle of the gap to the next entropy (no near-ties)."""
+    from hf_rstitch.core.entropy import normalized_entropy
+
+    ids, mask = prompts(3, slm.device)
+    seq = slm.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                       do_sample=False, pad_token_id=SPECIAL["pad_token_id"])
+    full = torch.cat([mask, torch.ones(seq.shape[0], seq.shape[1] - ids.shape[1], dtype=mask.dtype,
+                                       device=mask.device)], dim=1)
+    logits = slm(input_ids=seq, attention_mask=full).logits[:, ids.shape[1] - 1:-1].float()
+    values = normalized_entropy(logits).flatten().double().sort().values
+    i = min(int(quantile * len(values)), len(values) - 2)
+    return float((values[i] + values[i + 1]) / 2)
+
+
+def stitched(llm, slm, decoding: str, batch: int, threshold: float, engine, seed: int = 0):
+    """One stitched ``generate`` of the suite: ``(sequences [B, T], roles per row)``."""
+    ids, mask = prompts(batch, llm.device)
+    torch.manual_seed(seed)
+    out = llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_threshold=threshold,
+                       stitch_engine=engine, max_new_tokens=NEW_TOKENS, do_sample=decoding == "sample",
+                       return_dict_in_generate=True)
+    traces = out.stitch if isinstance(out.stitch, list) else [out.stitch]
+    return out.sequences, [[str(r) for r in t.roles] for t in traces]
