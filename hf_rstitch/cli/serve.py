@@ -49,11 +49,8 @@ def run(args: argparse.Namespace) -> int:
         from ..serve.replicas import run_replicas
 
         return run_replicas(cfg)
-    import uvicorn
-
     from ..serve.config import build_server
+    from ..serve.server import run as serve_app
 
-    app = build_server(cfg)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, timeout_graceful_shutdown=int(cfg.drain_timeout) + 1,
-                log_level="info")
+    serve_app(build_server(cfg), cfg.host, cfg.port)  # drains the engine before uvicorn closes connections
     return 0
