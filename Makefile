@@ -44,6 +44,6 @@ test-kernels: install-dev
 # with the card, versions, date and commit, goes to $(GPU_RESULT) (the latest is kept in the repository).
 test-gpu:
 	set -o pipefail; { \
-	  $(PYTHON) -c 'import datetime, torch, transformers; print(f"# GPU tests on {torch.cuda.get_device_name()} (torch {torch.__version__}, transformers {transformers.__version__}), {datetime.date.today()}")'; \
+	  $(PYTHON) -c 'import datetime, torch, transformers; card = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"; print(f"# GPU tests on {card} (torch {torch.__version__}, transformers {transformers.__version__}), {datetime.date.today()}")'; \
 	  echo "# commit $$(git rev-parse --short HEAD 2>/dev/null || echo unknown): make test-gpu = $(PYTHON) -m pytest -q -rs --durations=10 $(GPU_TESTS)"; \
 	  HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -rs --durations=10 $(GPU_TESTS) 2>&1; } | tee $(GPU_RESULT)

@@ -77,9 +77,9 @@ def serve_random_qwen2(argv: list[str]) -> int:
 
     policy = RandomPolicy(a.random_p) if a.random_p > 0 else None
     engine = RequestEngine(llm, slm, threshold=a.threshold, max_batch=a.max_batch, policy=policy, engine=a.engine,
-                           max_length=4096)
+                           max_length=4096, max_waiting=a.max_queue)
     settings = ServerSettings(model_name="random-qwen2-7b+1.5b", max_context=4096, vocab_size=llm.config.vocab_size,
-                              max_pending=a.max_batch + a.max_queue, threshold=None if policy else a.threshold)
+                              threshold=None if policy else a.threshold)
     uvicorn.run(create_app(engine, IdTokenizer(), settings), host="127.0.0.1", port=a.port, log_level="warning")
     return 0
 

@@ -8,6 +8,7 @@ tokenizer; a GPU with ~20 GB for both in bfloat16).
 from __future__ import annotations
 
 import os
+import sys
 
 HUB_LLM = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 HUB_SLM = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
@@ -24,8 +25,13 @@ def load_models(hub: bool = False, device: str | None = None):
     import torch
 
     if not hub:
+        from hf_rstitch import shipped
+        from hf_rstitch.threads import apply_threads
         from hf_rstitch.toyworld import load_pair
 
+        said = apply_threads([shipped("llm"), shipped("slm")])  # 1 thread for this tiny pair unless OMP_NUM_THREADS is set
+        if said:
+            print(said, file=sys.stderr)
         return load_pair(device or "cpu")
     if not hub_available():
         raise SystemExit("--hub needs the Hugging Face Hub, but HF_HUB_OFFLINE is set; drop --hub for the shipped pair.")

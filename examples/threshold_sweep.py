@@ -44,16 +44,19 @@ def sweep(llm, slm, tok, rows: list, thresholds: list[float], max_new_tokens: in
     return results
 
 
-def plot(results: list[dict], path: Path) -> None:
+def figure(results: list[dict]):
+    """Accuracy and LLM-token share against tau: a symlog axis, so tau = 0 sits at 0 and every tau is a labelled tick."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    taus = [max(r["threshold"], 1e-5) for r in results]  # tau = 0 drawn at the left edge of the log axis
+    taus = [r["threshold"] for r in results]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(taus, [r["accuracy"] for r in results], "o-", color="tab:blue", label="accuracy (%)")
-    ax.set_xscale("log")
+    ax.set_xscale("symlog", linthresh=min([t for t in taus if t > 0], default=1e-3))  # linear up to the smallest tau
+    ax.set_xticks(taus, [f"{t:g}" for t in taus], rotation=45)
+    ax.minorticks_off()
     ax.set_xlabel("threshold tau (normalized entropy)")
     ax.set_ylabel("accuracy (%)", color="tab:blue")
     share = ax.twinx()
@@ -61,6 +64,13 @@ def plot(results: list[dict], path: Path) -> None:
     share.set_ylabel("LLM-token share", color="tab:red")
     share.set_ylim(0, 1)
     fig.tight_layout()
+    return fig
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(results)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -58,6 +58,7 @@ MODULES = (
 OPTIONAL_IMPORTS = {
     "router.policy": ("stitch_router", "the R-Stitch+ router"),
     "fast": ("stitch_engine", "the fast engine"),
+    "resources": ("stitch_slm_name_or_path='shipped:...'", "the files shipped with hf-rstitch"),
 }
 
 # Same bounds as pyproject.toml (a test checks). transformers reads only the first specifier of a
@@ -254,8 +255,22 @@ def render(template: str, **values) -> str:
 
 
 def stitch_defaults(threshold: float | None = None, slm: str | None = None, router: str | None = None) -> dict:
-    """The template's ``STITCH_DEFAULTS``: only the settings given, validated."""
+    """The template's ``STITCH_DEFAULTS``: only the settings given, validated.
+
+    ``shipped:slm`` is refused: the repo is loaded where hf-rstitch may not be installed, so the reference
+    cannot resolve there (a folder given as a path is taken as given: the caller says it exists where the
+    repo is loaded). The router needs hf-rstitch wherever it runs, so ``shipped:router`` is kept as ``"shipped"``.
+    """
     from .hf.settings import ROUTER_KEY, SLM_KEY, THRESHOLD_KEY, threshold_value
+    from .resources import PREFIX
+
+    if slm and str(slm).startswith(PREFIX):
+        raise ValueError(
+            f"--slm {slm}: the shipped SLM lives inside this install of hf-rstitch, which the machine loading the "
+            "repo may not have. Upload the folder hf_rstitch.shipped('slm') to the Hub (hf upload <org>/<slm> "
+            "FOLDER) and pass --slm <org>/<slm>, or leave --slm out and pass assistant_model=slm to generate().")
+    if router in ("shipped:router",):
+        router = "shipped"
 
     defaults = {THRESHOLD_KEY: None if threshold is None else threshold_value(threshold), SLM_KEY: slm,
                 ROUTER_KEY: router}
@@ -268,7 +283,10 @@ def save_llm(llm: str, out: Path) -> None:
 
     from .resources import resolve
 
+    from .sources import check_hub_source
+
     llm = resolve(llm)
+    check_hub_source(llm, "--llm")
     AutoModelForCausalLM.from_pretrained(llm, dtype="auto").save_pretrained(out)
     AutoTokenizer.from_pretrained(llm).save_pretrained(out)
 

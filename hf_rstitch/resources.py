@@ -40,6 +40,20 @@ def shipped(name: str) -> Path:
     return path
 
 
+def reference(source) -> str:
+    """A path (str or ``Path``) as the string to store in a saved config: ``"shipped:NAME"`` for a shipped
+    asset (an absolute path into this install would break in any other venv), else the path as given."""
+    text = str(source)
+    try:
+        here = Path(text).expanduser().resolve()
+    except (OSError, RuntimeError):
+        return text
+    for name, rel in SHIPPED.items():
+        if here == (ASSETS / rel).resolve():
+            return PREFIX + name
+    return text
+
+
 def resolve(ref):
     """``"shipped:NAME"`` -> the local path of that asset (a string); anything else is returned unchanged."""
     if isinstance(ref, str) and ref.startswith(PREFIX):

@@ -59,3 +59,46 @@ def check_device(device: str, flag: str = "--device") -> None:
             raise ValueError(f"{flag} {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}.")
     if dev.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"{flag} {device}: MPS is not available on this machine; use --device cpu.")
+
+
+def hub_offline() -> bool:
+    """Whether the Hub is switched off (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
+    return any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def check_hub_source(source: str, flag: str, timeout: float = 10.0) -> None:
+    """Raise ``OSError`` at once when ``source``, meant as a Hub id, cannot load.
+
+    A local path, or a Hub id already in the Hugging Face cache, passes without any network call.
+    Otherwise, offline (``HF_HUB_OFFLINE=1``) is an error at once; online, one metadata request
+    (no retries) tells a missing or private repository from an unreachable Hub -- where
+    ``from_pretrained`` would spend most of a minute retrying before failing with a long traceback.
+    """
+    source = str(source)
+    if Path(source).expanduser().exists() or looks_local(source):
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        if isinstance(try_to_load_from_cache(source, "config.json"), str):
+            return
+    except Exception:  # not a valid repo id: the request below, or from_pretrained, says so
+        pass
+    if hub_offline():
+        raise OSError(f"{flag} {source}: not a local folder, and not in the Hugging Face cache while the Hub is "
+                      "off (HF_HUB_OFFLINE=1). Give a local folder (save_pretrained), or download it first with "
+                      f"the Hub on (hf download {source}).")
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(source, timeout=timeout)
+    except RepositoryNotFoundError:
+        raise OSError(f"{flag} {source}: no such model on the Hugging Face Hub (or it is private: log in with "
+                      "`hf auth login`). Check the id, or give a local folder.") from None
+    except Exception as err:  # DNS, proxy, timeout, HTTP 5xx: the Hub cannot be asked
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise OSError(f"{flag} {source}: cannot reach the Hugging Face Hub ({first}), and the model is not in the "
+                      "local cache. Check the network, or give a local folder (HF_HUB_OFFLINE=1 skips the Hub)."
+                      ) from None

@@ -1,6 +1,7 @@
 """The shape of hf_rstitch, measured: import cycles, layers, imports that run the wrong way, and size.
 
-    python3 tools/architecture.py            # everything below (runs the kernel tests: ~1 min)
+    python3 tools/architecture.py            # everything below (runs the kernel tests twice, as CI does:
+                                             # ~7 min of CPU under Triton's interpreter)
     python3 tools/architecture.py --quick    # without the kernel tests and `duplicates`
     python3 tools/architecture.py --root DIR # another checkout (git archive REV | tar -x -C DIR)
 
@@ -42,7 +43,8 @@ PACKAGE = "hf_rstitch"
 LAYER_NAMES = ["core", "decode", "fast/hf", "eval/serving/training", "cli"]
 LAYERS = {
     "hf_rstitch": 4, "hf_rstitch.__main__": 4, "hf_rstitch.cli": 4, "hf_rstitch.hub_template": 4,
-    "hf_rstitch.core": 0, "hf_rstitch.resources": 0, "hf_rstitch.sources": 0,
+    "hf_rstitch.core": 0, "hf_rstitch.resources": 0, "hf_rstitch.sources": 0, "hf_rstitch.extras": 0,
+    "hf_rstitch.threads": 0,
     "hf_rstitch.engine": 2, "hf_rstitch.engine.requests": 2, "hf_rstitch.engine.lane": 1,
     "hf_rstitch.engine.loop": 1, "hf_rstitch.engine.protocol": 1, "hf_rstitch.engine.request_types": 1,
     "hf_rstitch.engine.step": 1, "hf_rstitch.engine.step_values": 1,

@@ -8,6 +8,7 @@ table, then one problem with every token coloured by the model that wrote it.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -28,7 +29,8 @@ SLM_COLOUR, LLM_COLOUR, RESET = "\033[36m", "\033[1;35m", "\033[0m"
 
 @dataclass
 class DemoConfig:
-    n: int = field(default=20, metadata={"help": "number of test problems to solve (1-600)"})
+    n: int = field(default=10, metadata={"help": "number of test problems to solve (1-600); each costs ~4 s of CPU "
+                                                 "(the LLM alone ~2.2 s of it), so --n 100 takes about 7 minutes"})
     thresholds: list[float] = field(default_factory=lambda: [0.001, 0.005, 0.02],
                                     metadata={"help": "R-Stitch entropy thresholds tau to compare (this pair is very "
                                                       "confident: from 0.001 up the SLM keeps its concise style and "
@@ -40,7 +42,8 @@ class DemoConfig:
     max_new_tokens: int = field(default=400, metadata={"help": "decoding budget per problem"})
     show: int = field(default=-1, metadata={"help": "index (among the N) of the problem to print coloured; -1 picks "
                                                     "the first one R-Stitch solves with both models writing"})
-    colour: bool = field(default=True, metadata={"help": "colour tokens by model (ANSI); --no-colour for plain"})
+    colour: bool | None = field(default=None, metadata={
+        "help": "colour tokens by model (ANSI); default: only on a terminal and without NO_COLOR"})
     router: bool = field(default=True, metadata={"help": "include R-Stitch+ when a trained router ships"})
 
     def __post_init__(self):
@@ -102,6 +105,14 @@ def _table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def wants_colour(flag: bool | None, stream=None) -> bool:
+    """``--colour`` / ``--no-colour`` if given; else colour only a terminal, and never with ``NO_COLOR`` set (no-color.org)."""
+    if flag is not None:
+        return flag
+    stream = sys.stdout if stream is None else stream
+    return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
+
+
 def coloured(tokenizer, new_ids: list[int], roles: list, colour: bool) -> str:
     """The completion with each token tagged by the model that wrote it."""
     from ..core.roles import Role
@@ -145,6 +156,7 @@ def _show(cfg: DemoConfig, llm, slm, tokenizer, problems, tau: float) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(DemoConfig, args)
+    cfg.colour = wants_colour(cfg.colour)
     import torch
 
     import hf_rstitch  # noqa: F401  (stitched generate)

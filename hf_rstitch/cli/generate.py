@@ -27,7 +27,8 @@ class GenerateConfig:
     device: str = field(default="cpu", metadata={"help": "torch device"})
     dtype: str = field(default="float32", metadata={"help": "model dtype", "choices": ["float32", "bfloat16", "float16"]})
     sample: bool = field(default=False, metadata={"help": "sample (temperature 0.6, top-p 0.95) instead of greedy"})
-    colour: bool = field(default=True, metadata={"help": "colour tokens by model (ANSI)"})
+    colour: bool | None = field(default=None, metadata={
+        "help": "colour tokens by model (ANSI); default: only on a terminal and without NO_COLOR"})
     engine: str | None = field(default=None, metadata={
         "help": "auto (the default, or $HF_RSTITCH_ENGINE): the fast engine where it runs the pair (CUDA; its first "
                 "call in a process compiles and captures graphs, 11-26 s for a 7B pair), else default: the eager "
@@ -70,6 +71,10 @@ def _load(cfg: GenerateConfig):
 
         llm, slm, tok = load_pair(cfg.device)
         return llm.to(dtype), slm.to(dtype), tok
+    from ..sources import check_hub_source
+
+    check_hub_source(cfg.llm, "--llm")
+    check_hub_source(cfg.slm, "--slm")
     llm = AutoModelForCausalLM.from_pretrained(cfg.llm, dtype=dtype).to(cfg.device).eval()
     slm = AutoModelForCausalLM.from_pretrained(cfg.slm, dtype=dtype).to(cfg.device).eval()
     return llm, slm, AutoTokenizer.from_pretrained(cfg.llm)
@@ -80,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     import hf_rstitch  # noqa: F401
 
     from ..eval.data import prompt_ids
-    from .demo import coloured
+    from .demo import coloured, wants_colour
 
     import torch
 
@@ -90,6 +95,6 @@ def run(args: argparse.Namespace) -> int:
     out = llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm, stitch_threshold=cfg.threshold,
                        max_new_tokens=cfg.max_new_tokens, return_dict_in_generate=True, stitch_engine=cfg.engine,
                        **sampling)
-    print(coloured(tok, out.sequences[0, ids.shape[1]:].tolist(), out.stitch.roles, cfg.colour))
+    print(coloured(tok, out.sequences[0, ids.shape[1]:].tolist(), out.stitch.roles, wants_colour(cfg.colour)))
     print(out.stitch.summary())
     return 0

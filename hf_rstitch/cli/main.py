@@ -9,8 +9,13 @@ import argparse
 import importlib
 import sys
 
+from ..threads import TINY_PARAMS
+
 # Subcommand modules, in the order --help lists them.
-SUBCOMMANDS = ["demo", "generate", "eval", "tune", "serve", "profile", "train_router", "toyworld", "export_hub_template"]
+# Commands whose default models (no --llm / --slm / --model) are the shipped pair.
+USES_SHIPPED_PAIR = ("demo", "generate", "serve", "train-router", "toyworld")
+SUBCOMMANDS = ["demo", "generate", "eval", "tune", "serve", "profile", "train_router", "toyworld", "export_hub_template",
+               "env"]
 
 
 def _load_subcommands() -> list:
@@ -32,13 +37,60 @@ def build_parser() -> argparse.ArgumentParser:
             "decodes while it is confident (normalized entropy <= tau), the LLM takes the uncertain steps."
         ),
     )
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"rstitch (hf-rstitch) {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--threads", type=_positive_int, default=None, metavar="N", help=(
+        "torch CPU threads. Default: 1 when every model is tiny (under "
+        f"{TINY_PARAMS // 1_000_000}M parameters, e.g. the shipped pair: more threads only add overhead there, "
+        "badly so on a busy machine), else torch's own choice; OMP_NUM_THREADS, if set, is respected"))
     for mod in _load_subcommands():
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter, parents=[common])
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser
+
+
+def one_line(err: BaseException) -> str:
+    """An exception as one line (transformers' and the Hub's messages span several)."""
+    text = " ".join(part.strip() for part in str(err).splitlines() if part.strip())
+    return text or type(err).__name__
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number of threads, got {text!r}")
+    return value
+
+
+def _model_sources(args: argparse.Namespace) -> list[str]:
+    """The model folders / Hub ids the command will load (the shipped pair where that is its default)."""
+    from ..resources import resolve, shipped
+
+    named = [resolve(s) for s in (getattr(args, k, None) for k in ("llm", "slm", "model")) if s]
+    if named or args.command not in USES_SHIPPED_PAIR:
+        return named
+    return [str(shipped("llm")), str(shipped("slm"))]
+
+
+def _choose_threads(args: argparse.Namespace) -> None:
+    """Pick torch's CPU threads for the models about to load (hf_rstitch.threads) and say so on stderr."""
+    from ..threads import apply_threads
+
+    try:
+        sources = _model_sources(args)
+    except (ValueError, FileNotFoundError):
+        return  # a bad shipped:NAME: the command reports it
+    line = apply_threads(sources, getattr(args, "threads", None))
+    if line:
+        print(f"rstitch {args.command}: {line}", file=sys.stderr)
 
 
 def _show_library_logs() -> None:
@@ -62,11 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        _choose_threads(args)
         return int(args._run(args) or 0)
     except SystemExit as stop:  # config validation (cli/args.py) already printed its message
         return stop.code if isinstance(stop.code, int) else 1
-    except (ValueError, FileNotFoundError) as err:  # bad input found past the config: say what, not a traceback
-        print(f"rstitch {args.command}: error: {err}", file=sys.stderr)
+    except (ValueError, OSError, ImportError) as err:  # bad input, unreadable file, missing model or extra: one line
+        print(f"rstitch {args.command}: error: {one_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -90,6 +90,9 @@ def _load(cfg: ProfileConfig):
         return random_qwen2(cfg.random_qwen2, dtype=dtype, device=device, seed=cfg.seed)
     from transformers import AutoModelForCausalLM
 
+    from ..sources import check_hub_source
+
+    check_hub_source(cfg.model, "--model")
     kwargs = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation

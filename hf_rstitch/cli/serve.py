@@ -15,7 +15,8 @@ DESCRIPTION = (
     "with FastAPI + uvicorn: GET /health, GET /v1/models, POST /v1/chat/completions and POST /v1/completions "
     "(OpenAI schema, stream=true as server-sent events, per-request `stitch_threshold`, usage with "
     "llm_tokens / slm_tokens / switches). Concurrent requests share one continuous batch of --max-batch rows. "
-    "--replicas N > 1 runs N copies behind Ray Serve. Needs: pip install 'hf-rstitch[serve]'."
+    "--replicas N > 1 runs N copies behind Ray Serve. Needs fastapi and uvicorn: pip install fastapi uvicorn, or "
+    "pip install '.[serve]' in a clone of hf-rstitch (it is on no package index)."
 )
 
 
@@ -27,8 +28,10 @@ def _need(module: str, extra: str) -> bool:
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
-        print(f"rstitch serve: error: needs the `{module}` package; install it with "
-              f"pip install 'hf-rstitch[{extra}]'", file=sys.stderr)
+        from ..extras import install_hint
+
+        print(f"rstitch serve: error: needs the `{module}` package; install it with {install_hint(extra)}",
+              file=sys.stderr)
         return False
     return True
 
@@ -46,11 +49,8 @@ def run(args: argparse.Namespace) -> int:
         from ..serve.replicas import run_replicas
 
         return run_replicas(cfg)
-    import uvicorn
-
     from ..serve.config import build_server
+    from ..serve.server import run as serve_app
 
-    app = build_server(cfg)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, timeout_graceful_shutdown=int(cfg.drain_timeout) + 1,
-                log_level="info")
+    serve_app(build_server(cfg), cfg.host, cfg.port)  # drains the engine before uvicorn closes connections
     return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ from .args import add_dataclass_args, dataclass_from_args
 
 NAME = "tune"
 HELP = "choose the threshold tau for an accuracy budget (--max-drop) or a speed target (--target-speedup)"
-DESCRIPTION = __doc__.split("\n\n", 2)[2].replace("``", "`")
+DESCRIPTION = re.sub(r":\w+:`~?([\w.]+\.)?(\w+)`", r"\2()", __doc__.split("\n\n", 2)[2]).replace("``", "`")
 DEFAULT_THRESHOLDS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1]
 
 

@@ -25,6 +25,14 @@ makes this step's events. Not on steps with held rows or a schedule, nor when a 
 could take a free row at the next step: a request arriving meanwhile, or freed rows, wait one step
 more for admission. Rows that finish or are cancelled are cut from the early call's output.
 
+Faults stay with their request: ``submit`` checks a request and builds all it needs (its generator,
+eos set, threshold: :func:`~.request_types.prepare`) before it may touch the rows, so a bad request is
+a ``ValueError`` there; a row whose own sampling fails inside a step ends alone with an ``error``
+event; a step that fails for the whole batch (a model call raised) ends the running requests with
+``error`` events, returns the engine to a consistent empty batch (waiting requests stay) and raises
+:class:`~.request_types.StepFailed`. Each request carries one :class:`~.request_types.RequestStatus`;
+:meth:`RequestEngine.check_consistent` asserts the bookkeeping.
+
 The engine knows no tokenizer and no HTTP: token ids in, events out. ``submit`` and ``cancel``
 are thread-safe; one thread calls ``step`` (a server's engine loop, or :meth:`run`).
 """
@@ -32,6 +40,7 @@ are thread-safe; one thread calls ``step`` (a server's engine loop, or :meth:`ru
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections import deque
 from typing import Iterable, Iterator
@@ -45,11 +54,13 @@ from ..core.scheduling import LLMSchedule
 from ..core.trace import StitchTrace
 from .lane import checked_schedule
 from .protocol import EagerEngine, resolve_engine
-from .request_types import FINISH_REASONS, Completion, Event, QueueFull, Request, RunningRow  # noqa: F401
+from .request_types import (FINISH_REASONS, Completion, Event, QueueFull, Request, RequestState,  # noqa: F401
+                            RequestStatus, StepFailed, generator_for, prepare)
 from .loop import keep_ahead, run_ahead
 from .step import Routing, run_step, to_device
 from .step_values import receive_values, send_values
 
+log = logging.getLogger("hf_rstitch.engine")
 HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
 
 
@@ -60,7 +71,9 @@ class RequestEngine:
         llm, slm: the pair (shared tokenizer), as for ``generate``.
         threshold: the default tau for requests that bring none.
         max_batch: rows decoded together at most; further requests wait in a queue.
-        max_waiting: queue length at which :meth:`submit` refuses (``QueueFull``); None: unbounded.
+        max_waiting: requests that may wait beyond the batch's rows: :meth:`submit` refuses (``QueueFull``)
+            once ``max_batch + max_waiting`` requests are running or waiting; None: unbounded. The one
+            admission limit (a server answers 429 on it).
         policy: one routing policy for every request (e.g. ``RandomPolicy``, a router's
             ``RouterPolicy``); then requests may not bring their own ``stitch_threshold``. Default:
             the entropy rule with each request's threshold.
@@ -106,14 +119,16 @@ class RequestEngine:
         self.thresholds = RowEntropyPolicy() if policy is None else None
         self.policy = PinnedRoles(self.thresholds if policy is None else checked(policy))
         self.policy.reset()
-        self._rows: list[RunningRow] = []
+        if max_waiting is not None and (not isinstance(max_waiting, int) or max_waiting < 0):
+            raise ValueError(f"max_waiting must be None or an integer >= 0, got {max_waiting!r}")
+        self._rows: list[RequestState] = []  # RUNNING, in batch order
         self._slots = torch.zeros(0, dtype=torch.long)  # [b] row id of each running row (StepView.rows)
         self._seq = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [b, T] shared columns
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self._routing = Routing.start(0)
-        self._waiting: deque[Request] = deque()
+        self._waiting: deque[RequestState] = deque()  # WAITING, in order of arrival
         self._cancel: set[str] = set()
-        self._known: set[str] = set()
+        self._states: dict[str, RequestState] = {}  # every request not finished yet, by id
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._step_index = 0
@@ -132,20 +147,45 @@ class RequestEngine:
     def has_work(self) -> bool:
         return bool(self._rows or self._waiting)
 
-    def submit(self, request: Request) -> str:
-        """Queue a request; returns its id. Bad input raises ValueError / TypeError now."""
-        self._validate(request)
+    @property
+    def capacity(self) -> int | None:
+        """Requests the engine holds at most (running + waiting); None: unbounded."""
+        return None if self.max_waiting is None else self.max_batch + self.max_waiting
+
+    def status(self, request_id: str) -> RequestStatus | None:
+        """The request's status while the engine holds it; None once it has finished (or if unknown)."""
         with self._lock:
-            if self.max_waiting is not None and len(self._waiting) >= self.max_waiting:
-                raise QueueFull(f"{len(self._waiting)} requests are already waiting (max_waiting={self.max_waiting}); "
-                                "retry later or raise max_waiting / max_batch.")
-            if request.request_id is None:
-                request.request_id = f"req-{next(self._ids)}"
-            if request.request_id in self._known:
-                raise ValueError(f"request_id {request.request_id!r} is already in use; give each request its own id.")
-            self._known.add(request.request_id)
-            self._waiting.append(request)
-        return request.request_id
+            state = self._states.get(request_id)
+            return state.status if state is not None else None
+
+    def submit(self, request: Request) -> str:
+        """Queue a request; returns its id. Bad input raises ValueError / TypeError now, a full engine
+        ``QueueFull``; ``request`` is not changed (but for its ``request_id`` when None)."""
+        r = prepare(request, vocab=self.vocab, max_length=self.max_length, default_eos=self.default_eos,
+                    routes_per_request=self.thresholds is not None)
+        try:
+            generator = generator_for(r)
+        except (RuntimeError, ValueError) as err:
+            raise ValueError(f"Request.seed {r.seed!r} does not seed a torch.Generator ({err}); "
+                             "use an integer in [-2**63, 2**64).") from None
+        tau = None
+        if self.thresholds is not None:
+            tau = r.stitch_threshold if r.stitch_threshold is not None else self.threshold
+        name = repr(self.policy.base) if tau is None else f"EntropyPolicy(threshold={tau})"
+        eos = frozenset(r.eos_token_id) if r.eos_token_id is not None else self.default_eos
+        state = RequestState(r, eos, StitchTrace(policy=name, threshold=tau), generator=generator)
+        with self._lock:
+            held = len(self._states) - len(self._cancel & self._states.keys())  # a cancelled request's place is free
+            if self.capacity is not None and held >= self.capacity:
+                raise QueueFull(f"{held} requests in flight (limit {self.capacity} = max_batch {self.max_batch} running "
+                                f"+ max_waiting {self.max_waiting} waiting); retry later or raise max_waiting / max_batch.")
+            if r.request_id is None:
+                r.request_id = request.request_id = f"req-{next(self._ids)}"
+            if r.request_id in self._states:
+                raise ValueError(f"request_id {r.request_id!r} is already in use; give each request its own id.")
+            self._states[r.request_id] = state
+            self._waiting.append(state)
+        return r.request_id
 
     def cancel(self, request_id: str) -> None:
         """Stop a waiting or running request; its row is freed at the next step (a "cancelled" event)."""
@@ -154,8 +194,18 @@ class RequestEngine:
 
     @torch.no_grad()
     def step(self) -> list[Event]:
-        """Admit waiting requests into free rows, then decode one token for every running row."""
+        """Admit waiting requests into free rows, then decode one token for every running row. Raises
+        :class:`StepFailed` (after ending the running requests) if the step fails for the whole batch."""
         events = self._take_cancelled()
+        try:
+            events += self._step()
+        except Exception as err:  # noqa: BLE001 -- a model call raised: every running row is lost with it
+            events += self._fail_batch(f"{type(err).__name__}: {err}")
+            raise StepFailed(err, events) from err
+        return events
+
+    def _step(self) -> list[Event]:
+        events = []
         if self._ahead is None:  # the lanes have read the next column for the running rows only
             self._admit()
         if not self._rows:
@@ -166,10 +216,10 @@ class RequestEngine:
         self._step_index += 1
         held = set(out.held.nonzero().flatten().tolist()) if out.held is not None else set()  # rows without a token
         self._count(out, held)
-        picked = self._pick(out.logits, held, out.greedy)  # [b] on the device
+        picked, failed = self._pick(out.logits, held, out.greedy)  # [b] on the device; rows whose sampling failed
         self._append(picked, held)
         pending = send_values(picked, out.entropy, out.slm_entropy, out.back)  # before an early call: see its wait
-        if not held and self.schedule is None and not self._admissible():
+        if not held and not failed and self.schedule is None and not self._admissible():
             self._ahead = run_ahead(self.lanes, out, self._seq, self._mask, self.policy.needs_hidden)
             self.stats["ahead"] += self._ahead is not None
         tokens, entropy, slm_h, back = receive_values(pending)
@@ -181,6 +231,10 @@ class RequestEngine:
         slm = slm_h.tolist() if slm_h is not None else [None] * b
         done = []
         for i, (row, token, h) in enumerate(zip(self._rows, tokens.tolist(), entropy.tolist())):
+            if i in failed:  # this row alone: it leaves with an error, the others go on
+                events.append(self._finish(row, "error", error=failed[i]))
+                done.append(i)
+                continue
             if i in held:  # no token: remember the hand-over for the token the LLM writes later
                 row.held = row.held or (handed[i], slm[i])
                 continue
@@ -208,48 +262,64 @@ class RequestEngine:
         while self.has_work():
             yield from self.step()
 
-    # ---- admission ------------------------------------------------------------------------------
-    def _validate(self, r: Request) -> None:
-        if not isinstance(r, Request):
-            raise TypeError(f"submit() takes a Request, got {type(r).__name__}")
-        ids = r.input_ids
-        if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise ValueError("Request.input_ids must be a non-empty list of token ids (ints); tokenize the prompt first.")
-        bad = [t for t in ids if not 0 <= t < self.vocab]
-        if bad:
-            raise ValueError(f"Request.input_ids holds id {bad[0]}, outside the vocabulary both models share "
-                             f"(0..{self.vocab - 1}); tokenize with the pair's tokenizer.")
-        if not isinstance(r.max_new_tokens, int) or r.max_new_tokens < 1:
-            raise ValueError(f"Request.max_new_tokens must be an integer >= 1, got {r.max_new_tokens!r}")
-        if self.max_length is not None and len(ids) + r.max_new_tokens > self.max_length:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({r.max_new_tokens}) exceeds the fast "
-                             f"engine's max_length {self.max_length}; shorten the request or build the engine with "
-                             "a larger max_length.")
-        if r.stitch_threshold is not None:
-            if self.thresholds is None:
-                raise ValueError("this engine routes every request with one policy; drop Request.stitch_threshold "
-                                 "or build the engine without `policy=`.")
-            r.stitch_threshold = check_threshold(r.stitch_threshold)
-        if r.role is not None and not isinstance(r.role, Role):
-            r.role = Role(r.role)
-        if r.do_sample and not (r.temperature > 0 and 0 < r.top_p <= 1):
-            raise ValueError(f"sampling needs temperature > 0 and 0 < top_p <= 1, got {r.temperature}, {r.top_p}")
+    def check_consistent(self) -> None:
+        """Assert the bookkeeping between steps: one row per running request in every per-row structure,
+        each request's status matching where it is, no slot or id used twice. Raises AssertionError."""
+        with self._lock:
+            waiting, states = list(self._waiting), dict(self._states)
+        b, slots = len(self._rows), self._slots.tolist()
+        shapes = {"slots": len(slots), "seq": self._seq.shape[0], "mask": self._mask.shape[0],
+                  "routing": self._routing.llm_on.shape[0]}
+        assert all(n == b for n in shapes.values()), f"{b} rows but per-row structures of {shapes}"
+        assert len(set(slots)) == b, f"a slot used twice: {slots}"
+        assert set(self.policy.pins) <= set(slots), f"pins {self.policy.pins} for slots not running {slots}"
+        if self.thresholds is not None:
+            assert set(self.thresholds.thresholds) == set(slots), f"thresholds {self.thresholds.thresholds} vs {slots}"
+        assert all(r.status is RequestStatus.RUNNING for r in self._rows), [r.status for r in self._rows]
+        assert all(w.status is RequestStatus.WAITING for w in waiting), [w.status for w in waiting]
+        held = [s.request_id for s in self._rows + waiting]
+        assert sorted(held) == sorted(states), f"requests held {held} vs known {sorted(states)}"
+        for i, row in enumerate(self._rows):
+            assert not self._mask[i, :row.pad].any(), f"row {i} has tokens in its {row.pad} padding columns"
 
+    # ---- admission ------------------------------------------------------------------------------
     def _take_cancelled(self) -> list[Event]:
         with self._lock:
             cancel, self._cancel = self._cancel, set()
-            waiting = [r for r in self._waiting if r.request_id in cancel]
-            self._waiting = deque(r for r in self._waiting if r.request_id not in cancel)
-        events = [Event(r.request_id, None, None, True, "cancelled", trace=StitchTrace()) for r in waiting]
-        for r in waiting:
-            self._forget(r.request_id)
-        gone = [i for i, row in enumerate(self._rows) if row.request.request_id in cancel]
-        for i in gone:
-            row = self._rows[i]
-            events.append(Event(row.request.request_id, None, None, True, "cancelled", trace=row.trace))
-            self._forget(row.request.request_id)
+            waiting = [s for s in self._waiting if s.request_id in cancel]
+            self._waiting = deque(s for s in self._waiting if s.request_id not in cancel)
+        events = [self._finish(s, "cancelled") for s in waiting]
+        gone = [i for i, row in enumerate(self._rows) if row.request_id in cancel]
+        events += [self._finish(self._rows[i], "cancelled") for i in gone]
         self._drop(gone)
         return events
+
+    def _finish(self, state: RequestState, reason: str, token: int | None = None, error: str | None = None) -> Event:
+        """End a request: its status, its finishing event; the engine forgets it."""
+        state.status = RequestStatus.of(reason)
+        with self._lock:
+            self._states.pop(state.request_id, None)
+        role = state.trace.roles[-1] if token is not None else None
+        return Event(state.request_id, token, role, True, reason, error=error, trace=state.trace)
+
+    def _fail_batch(self, message: str) -> list[Event]:
+        """Every running request ends with an error; the batch starts afresh (waiting requests stay)."""
+        events = [self._finish(row, "error", error=f"the engine failed while decoding this batch ({message})")
+                  for row in self._rows]
+        try:
+            self._drop(list(range(len(self._rows))))
+        except Exception:  # noqa: BLE001 -- the lanes themselves are broken: forget the rows on the host side
+            self.policy.pins.clear()
+            if self.thresholds is not None:
+                self.thresholds.thresholds.clear()
+            self._rows, self._ahead, self._slots = [], None, torch.zeros(0, dtype=torch.long)
+            self._seq, self._mask, self._routing = self._seq[:0, :0], self._mask[:0, :0], Routing.start(0)
+            for lane in self.lanes.values():  # no rows, so that the next admission's reset starts from none
+                try:
+                    lane.keep_rows(self._slots)
+                except Exception:  # noqa: BLE001
+                    log.exception("a lane could not drop its rows after a failed step")
+        return events  # the lanes are reset when the next request is admitted into the empty batch
 
     def _admit(self) -> None:
         with self._lock:
@@ -261,36 +331,33 @@ class RequestEngine:
             for lane in self.lanes.values():
                 lane.reset()
             self._seq, self._mask = self._seq[:, :0], self._mask[:, :0]
-        width = max(len(r.input_ids) for r in new)
+        slots = []
+        for state in new:  # the host's record first: a lane that fails below fails these rows with the batch
+            slots.append(self._free_slot(slots))
+            state.status = RequestStatus.RUNNING
+        self._rows += new
+        width = max(len(s.request.input_ids) for s in new)
         grow = width - self._seq.shape[1]
         if grow > 0:
             self._seq = torch.nn.functional.pad(self._seq, (grow, 0), value=self.pad_id)
             self._mask = torch.nn.functional.pad(self._mask, (grow, 0), value=0)
             for lane in self.lanes.values():
                 lane.pad_left(grow)
-            for row in self._rows:
+            for row in self._rows[:-len(new)]:
                 row.pad += grow
         width = self._seq.shape[1]
-        seq, mask = self._layout(new, width)
+        seq, mask = self._layout([s.request for s in new], width)
         for lane in self.lanes.values():
             lane.add_rows(seq, mask)
         self._seq, self._mask = torch.cat([self._seq, seq]), torch.cat([self._mask, mask])
-        self._routing.add([r.role is Role.LLM for r in new])
-        slots = []
-        for r in new:
-            slot = self._free_slot(slots)
-            slots.append(slot)
+        self._routing.add([s.request.role is Role.LLM for s in new])
+        for slot, state in zip(slots, new):
+            r = state.request
             if r.role is not None:
                 self.policy.pins[slot] = r.role
-            tau = None
             if self.thresholds is not None:
-                tau = r.stitch_threshold if r.stitch_threshold is not None else self.threshold
-                self.thresholds.thresholds[slot] = tau
-            eos = frozenset(r.eos_token_id) if r.eos_token_id is not None else self.default_eos
-            gen = torch.Generator().manual_seed(r.seed) if (r.do_sample and r.seed is not None) else None
-            name = repr(self.policy.base) if tau is None else f"EntropyPolicy(threshold={tau})"
-            self._rows.append(RunningRow(r, eos, StitchTrace(policy=name, threshold=tau), generator=gen,
-                                   pad=width - len(r.input_ids)))
+                self.thresholds.thresholds[slot] = state.trace.threshold
+            state.pad = width - len(r.input_ids)
         self._slots = torch.cat([self._slots, torch.tensor(slots, dtype=torch.long)])
 
     def _layout(self, new: list[Request], width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -319,16 +386,22 @@ class RequestEngine:
         st["llm_calls"] += out.back is not None
         st["held"] += len(held)
 
-    def _pick(self, logits: torch.Tensor, held: set[int], greedy: torch.Tensor | None = None) -> torch.Tensor:
+    def _pick(self, logits: torch.Tensor, held: set[int], greedy: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, dict[int, str]]:
         """Greedy argmax per row (``greedy``: the lanes found it reading the logits out); rows that sample draw from
-        their own generator (held rows draw nothing)."""
+        their own generator (held rows draw nothing). Also the rows whose sampling raised, with the reason: they
+        fail alone (their token is a placeholder)."""
         sampled = any(row.request.do_sample for row in self._rows)
         tokens = logits.argmax(dim=-1) if greedy is None else greedy.clone() if sampled else greedy
+        failed = {}
         for i, row in enumerate(self._rows):
             r = row.request
             if r.do_sample and i not in held:
-                tokens[i] = sample_one(logits[i], r.temperature, r.top_p, row.generator)
-        return tokens
+                try:
+                    tokens[i] = sample_one(logits[i], r.temperature, r.top_p, row.generator)
+                except Exception as err:  # noqa: BLE001 -- e.g. NaN logits in this row: this request alone fails
+                    failed[i] = f"sampling failed for this request ({type(err).__name__}: {err})"
+        return tokens, failed
 
     def _append(self, tokens: torch.Tensor, held: set[int]) -> None:
         """One new column: each row's token, or, for held rows, a masked column in front (they move right)."""
@@ -346,7 +419,7 @@ class RequestEngine:
             self._rows[i].pad += 1
         self._trim(HOLD_TRIM)
 
-    def _advance_row(self, row: RunningRow, token: int, llm: bool, handed: bool, entropy: float,
+    def _advance_row(self, row: RequestState, token: int, llm: bool, handed: bool, entropy: float,
                      slm_h: float | None) -> Event:
         if row.held is not None:  # the LLM's token after waiting: the hand-over happened when it began to wait
             (handed, slm_h), row.held = row.held, None
@@ -357,13 +430,8 @@ class RequestEngine:
         t.slm_entropies.append(slm_h if (not llm or handed) else None)
         reason = "stop" if token in row.eos else ("length" if t.n_tokens >= row.request.max_new_tokens else None)
         if reason is not None:
-            self._forget(row.request.request_id)
-        return Event(row.request.request_id, token, t.roles[-1], reason is not None, reason,
-                     trace=t if reason is not None else None)
-
-    def _forget(self, request_id: str) -> None:
-        with self._lock:
-            self._known.discard(request_id)
+            return self._finish(row, reason, token=token)
+        return Event(row.request_id, token, t.roles[-1])
 
     def _drop(self, index: list[int]) -> None:
         """Remove finished rows from the batch, then trim columns that are padding in every row."""

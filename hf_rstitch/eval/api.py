@@ -46,6 +46,10 @@ def load_pair(llm: str, slm: str, dtype: str, device: str) -> tuple[Any, Any, An
     training load a pair through here."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ..sources import check_hub_source
+
+    check_hub_source(llm, "--llm")  # a Hub id that cannot load fails in a second, not after minutes of retries
+    check_hub_source(slm, "--slm")
     tok = AutoTokenizer.from_pretrained(llm)
     slm_tok = AutoTokenizer.from_pretrained(slm)
     if tok.get_vocab() != slm_tok.get_vocab():

@@ -59,8 +59,10 @@ class EvalConfig:
     device: str = field(default="auto", metadata=_help("Device for both models: auto (cuda if available), cuda, cuda:1, cpu."))
     dtype: str = field(default="auto", metadata=_help("Weights dtype; auto = bfloat16 on CUDA, float32 on CPU.",
                                                       choices=DTYPES))
-    instruction: str = field(default=DEFAULT_INSTRUCTION, metadata=_help(
-        "Instruction appended to every problem in the user turn."))
+    instruction: str | None = field(default=None, metadata=_help(
+        "Instruction appended to every problem in the user turn (default: \"" + DEFAULT_INSTRUCTION + "\", none "
+        "for the shipped pair, which was trained without it; rstitch tune prompts the same way). "
+        "--instruction '' for none."))
     chat_template: bool = field(default=True, metadata=_help("Prompt through the tokenizer's chat template."))
     resume: bool = field(default=True, metadata=_help(
         "Skip (method, problem) pairs already in records.jsonl; --no-resume moves old records aside."))
@@ -100,6 +102,10 @@ class EvalConfig:
         from ..resources import resolve
 
         self.llm, self.slm = resolve(self.llm), resolve(self.slm)  # shipped:llm -> its folder
+        if self.instruction is None:
+            from .data import default_instruction
+
+            self.instruction = default_instruction(self.llm, self.slm)
         if not self.report_only:
             self._check_sources()
         from .data import parse_columns

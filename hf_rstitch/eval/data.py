@@ -9,9 +9,11 @@ pair's test split. Sources:
   ``owner/name[:split]`` or ``owner/name:config:split`` (default split ``test``), read through
   ``datasets`` (the ``eval`` extra), imported only then.
 
-Columns named otherwise are mapped with ``columns={"problem": "question", "answer": "final_answer"}``
-(``--columns problem=question,answer=final_answer``); :data:`KNOWN_SETS` holds the mapping of common
-math sets as published (GSM8K's answers are cut after ``####``). Prompts go through the tokenizer's
+Published layouts are recognised by their columns, wherever the rows come from (:data:`LAYOUTS`):
+GSM8K's ``question`` / ``answer`` (the answer cut after ``####``) and MATH-500's ``problem`` /
+``answer`` / ``unique_id`` (the id). Other columns are mapped with
+``columns={"problem": "question", "answer": "final_answer"}``
+(``--columns problem=question,answer=final_answer``), on top of a recognised layout. Prompts go through the tokenizer's
 chat template: one user turn holding the problem followed by the instruction. This module never
 grades or generates.
 """
@@ -38,11 +40,40 @@ class DataSpec:
     answer_after: str | None = None  # keep only the text after this marker (GSM8K: "####")
 
 
-KNOWN_SETS = {
-    "openai/gsm8k": DataSpec({"problem": "question"}, config="main", answer_after="####"),
-    "gsm8k": DataSpec({"problem": "question"}, config="main", answer_after="####"),
-    "HuggingFaceH4/MATH-500": DataSpec({"id": "unique_id"}),
-}
+@dataclass(frozen=True)
+class Layout:
+    """A published layout, recognised by its columns wherever the rows come from (Hub, JSONL, csv...)."""
+
+    name: str
+    has: frozenset  # columns every row of this layout has
+    lacks: frozenset  # columns it never has (so id/problem/answer files are left alone)
+    spec: DataSpec
+
+
+LAYOUTS = (
+    # openai/gsm8k: {"question", "answer": "<reasoning>\n#### 72"}
+    Layout("GSM8K", frozenset({"question", "answer"}), frozenset({"problem"}),
+           DataSpec({"problem": "question"}, answer_after="####")),
+    # HuggingFaceH4/MATH-500: {"problem", "solution", "answer", "subject", "level", "unique_id"}
+    Layout("MATH-500", frozenset({"problem", "answer", "unique_id"}), frozenset({"id"}),
+           DataSpec({"id": "unique_id"})),
+)
+
+# Hub datasets that need a `datasets` configuration name to load; their columns are recognised by LAYOUTS.
+HUB_CONFIGS = {"openai/gsm8k": "main", "gsm8k": "main"}
+
+
+def detect_layout(columns: Iterable[str]) -> Layout | None:
+    """The published layout whose columns these are, or None (then id/problem/answer, or --columns)."""
+    names = set(columns)
+    return next((lay for lay in LAYOUTS if lay.has <= names and not lay.lacks & names), None)
+
+
+def spec_for(columns: Iterable[str], user: Mapping[str, str] | None = None) -> DataSpec:
+    """The column mapping for rows with these ``columns``: a recognised layout's, then the user's on top."""
+    layout = detect_layout(columns)
+    base = layout.spec if layout is not None else DataSpec({})
+    return DataSpec({**base.columns, **(user or {})}, answer_after=base.answer_after)
 
 
 @dataclass(frozen=True)
@@ -88,9 +119,11 @@ def _row_to_problem(obj: Any, where: str, dataset: str, columns: Mapping[str, st
         raise ValueError(f"{where}: expected a JSON object with keys {list(REQUIRED_KEYS)}, got {type(obj).__name__}.")
     missing = [columns[k] for k in REQUIRED_KEYS if columns[k] not in obj]
     if missing:
+        known = "; ".join(f"{lay.name}: {sorted(lay.has)}" for lay in LAYOUTS)
         raise ValueError(
             f"{where}: missing key(s) {missing}; every row needs a problem and an answer (found {sorted(obj)}). "
-            "Map your columns with --columns, e.g. --columns problem=question,answer=final_answer."
+            "Map your columns with --columns, e.g. --columns problem=question,answer=final_answer "
+            f"(published layouts are recognised by their columns: {known})."
         )
     answer = str(obj[columns["answer"]])
     if answer_after and answer_after in answer:
@@ -99,13 +132,16 @@ def _row_to_problem(obj: Any, where: str, dataset: str, columns: Mapping[str, st
     return Problem(str(ident), str(obj[columns["problem"]]), answer, dataset)
 
 
-def _problems(rows: Iterable[tuple[str, int, Any]], name: str, limit: int | None, columns=None,
-              answer_after: str | None = None) -> list[Problem]:
-    """Rows ``(where, index, obj)`` -> problems with unique ids, the first ``limit`` only."""
+def _problems(rows: Iterable[tuple[str, int, Any]], name: str, limit: int | None, columns=None) -> list[Problem]:
+    """Rows ``(where, index, obj)`` -> problems with unique ids, the first ``limit`` only. The first row's
+    columns pick the layout (:func:`spec_for`); ``columns`` (the user's mapping) goes on top."""
     problems: list[Problem] = []
     seen: dict[str, str] = {}
+    spec = None
     for where, index, obj in rows:
-        prob = _row_to_problem(obj, where, name, columns, index, answer_after)
+        if spec is None:
+            spec = spec_for(obj if isinstance(obj, dict) else (), columns)
+        prob = _row_to_problem(obj, where, name, spec.columns, index, spec.answer_after)
         if prob.id in seen:
             raise ValueError(f"{where}: duplicate id {prob.id!r} (first at {seen[prob.id]}); ids must be unique.")
         seen[prob.id] = where
@@ -120,7 +156,7 @@ def _problems(rows: Iterable[tuple[str, int, Any]], name: str, limit: int | None
 def _jsonl_rows(path: Path):
     with path.open(encoding="utf-8") as fh:
         index = 0
-        for lineno, line in enumerate(fh, start=1):
+        for lineno, line in _lines(fh, path):
             if not line.strip():
                 continue
             try:
@@ -131,12 +167,30 @@ def _jsonl_rows(path: Path):
             index += 1
 
 
+def _lines(fh, path: Path):
+    """``(line number, line)`` of a text file, with a message naming the file if it is not UTF-8 text."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(fh, start=1):
+            yield lineno, line
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}:{lineno + 1}: not UTF-8 text ({err.reason} at byte {err.start}); expected a JSONL "
+                         f"file with {list(FIELDS)} per line.") from None
+
+
+def check_readable(path: Path, what: str = "benchmark file") -> None:
+    """Raise ``FileNotFoundError`` / ``IsADirectoryError`` naming ``path`` unless it is a file."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {path} is a folder; pass the file itself.")
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} does not exist; pass a .jsonl file with {list(FIELDS)} per line.")
+
+
 def load_jsonl(path: str | Path, limit: int | None = None, dataset: str | None = None,
                columns: Mapping[str, str] | None = None) -> list[Problem]:
     """Read a benchmark JSONL file (blank lines skipped); ``limit`` keeps the first N rows."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"benchmark file {path} does not exist; pass a .jsonl file with {list(FIELDS)} per line.")
+    check_readable(path)
     return _problems(_jsonl_rows(path), dataset or path.stem, limit, columns)
 
 
@@ -154,16 +208,14 @@ def load_with_datasets(source: str, limit: int | None = None, columns: Mapping[s
     datasets = _import_datasets(source)
     path = Path(source)
     if path.suffix in DATASETS_FILES:
-        if not path.is_file():
-            raise FileNotFoundError(f"benchmark file {path} does not exist.")
-        spec, loader = DataSpec({}), dict(path=DATASETS_FILES[path.suffix], data_files=str(path), split="train")
+        check_readable(path)
+        loader = dict(path=DATASETS_FILES[path.suffix], data_files=str(path), split="train")
     else:
         parts = source.split(":")
         if len(parts) > 3 or not parts[0]:
             raise ValueError(f"Hub dataset {source!r}: expected owner/name, owner/name:split or owner/name:config:split.")
         repo = parts[0]
-        spec = KNOWN_SETS.get(repo, DataSpec({}))
-        config = parts[1] if len(parts) == 3 else spec.config
+        config = parts[1] if len(parts) == 3 else HUB_CONFIGS.get(repo)
         loader = dict(path=repo, name=config, split=parts[-1] if len(parts) > 1 else "test")
     try:
         ds = datasets.load_dataset(**loader)
@@ -172,13 +224,13 @@ def load_with_datasets(source: str, limit: int | None = None, columns: Mapping[s
                          f"{err}. Check the id, split and config, and that the Hub is reachable (HF_HUB_OFFLINE).") from None
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
-    mapping = {**spec.columns, **(columns or {})}
+    mapping = spec_for(ds.column_names, columns).columns
     missing = [c for f, c in {f: mapping.get(f, f) for f in REQUIRED_KEYS}.items() if c not in ds.column_names]
     if missing:
         raise ValueError(f"{source}: no column(s) {missing}; it has {ds.column_names}. Map them with "
                          "--columns problem=COLUMN,answer=COLUMN (and id=COLUMN).")
     rows = ((f"{source} row {i}", i, row) for i, row in enumerate(ds))
-    return _problems(rows, dataset_name(source), limit, mapping, spec.answer_after)
+    return _problems(rows, dataset_name(source), limit, columns)
 
 
 def load_hub(source: str, limit: int | None = None, columns: Mapping[str, str] | None = None) -> list[Problem]:
@@ -192,6 +244,19 @@ def load_problems(source: str, limit: int | None = None, columns: str | Mapping[
     if Path(source).suffix == ".jsonl" or (Path(source).exists() and Path(source).suffix not in DATASETS_FILES):
         return load_jsonl(source, limit=limit, columns=columns)
     return load_with_datasets(source, limit=limit, columns=columns)
+
+
+def default_instruction(llm: str | None, slm: str | None) -> str:
+    """The instruction when none is given: none for the shipped pair (trained without one; it boxes its answer
+    anyway, and the instruction's words are unknown to it), else :data:`DEFAULT_INSTRUCTION`. ``rstitch eval`` and
+    ``rstitch tune`` both use this, so the two prompt the same pair the same way."""
+    from ..resources import resolve, shipped
+
+    try:
+        toy = (resolve(llm), resolve(slm)) == (str(shipped("llm")), str(shipped("slm")))
+    except (ValueError, FileNotFoundError):  # no package data in this install: not the shipped pair
+        toy = False
+    return "" if toy else DEFAULT_INSTRUCTION
 
 
 def user_message(problem: str, instruction: str = DEFAULT_INSTRUCTION) -> str:

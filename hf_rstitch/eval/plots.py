@@ -18,7 +18,10 @@ def _plt() -> Any:
     try:
         import matplotlib
     except ImportError as err:
-        raise ImportError("plots need matplotlib: pip install 'hf-rstitch[eval]' or pass --no-plots.") from err
+        from ..extras import install_hint
+
+        raise ImportError(f"plots need matplotlib: {install_hint('eval', ('matplotlib',))}, or pass --no-plots."
+                          ) from err
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -94,15 +94,23 @@ def _param(s: dict[str, Any]) -> str:
     return short if float(short) == s["param"] else repr(float(s["param"]))
 
 
+def md_cell(text: Any) -> str:
+    """Text from a records file as one Markdown table cell: no row or column breaks, no raw HTML."""
+    text = " ".join(str(text).split())
+    for raw, safe in (("\\", "\\\\"), ("|", "\\|"), ("<", "&lt;"), (">", "&gt;"), ("`", "\\`")):
+        text = text.replace(raw, safe)
+    return text
+
+
 def table1_markdown(agg: dict[str, dict[str, dict[str, Any]]]) -> str:
     """Paper Table 1: one row per method, Acc / Lat / Spd per dataset."""
     datasets = list(agg)
     names = sorted({m for ds in agg.values() for m in ds}, key=method_sort_key)
-    head = ["Method", "τ / p"] + [f"{ds} {c}" for ds in datasets for c in ("Acc ↑", "Lat (s) ↓", "Spd ↑")]
+    head = ["Method", "τ / p"] + [f"{md_cell(ds)} {c}" for ds in datasets for c in ("Acc ↑", "Lat (s) ↓", "Spd ↑")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in names:
         any_stats = next(agg[ds][name] for ds in datasets if name in agg[ds])
-        label = any_stats["label"].split(" ")[0]
+        label = md_cell(any_stats["label"].split(" ")[0])
         cells = [label, _param(any_stats)]
         for ds in datasets:
             s = agg[ds].get(name)
@@ -120,12 +128,12 @@ def table1_markdown(agg: dict[str, dict[str, dict[str, Any]]]) -> str:
 def token_table_markdown(stats: dict[str, dict[str, Any]], dataset: str) -> str:
     """Paper's per-dataset token table."""
     head = ["Method", "τ / p", "Acc", "Lat (s)", "Spd", "LLM Tok.", "SLM Tok.", "Total Tok.", "Reduction (%)", "Switches"]
-    lines = [f"### {dataset}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [f"### {md_cell(dataset)}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, s in stats.items():
         red = s["token_reduction_pct"]
         red_s = "--" if name == "llm" or red is None else f"{red:+.2f}%"
         lines.append("| " + " | ".join([
-            s["label"].split(" ")[0], _param(s), _f(s["acc"]), _f(s["latency_s"]), _f(s["speedup"], "{:.2f}×"),
+            md_cell(s["label"].split(" ")[0]), _param(s), _f(s["acc"]), _f(s["latency_s"]), _f(s["speedup"], "{:.2f}×"),
             _f(s["llm_tokens"]), _f(s["slm_tokens"]), _f(s["total_tokens"]), red_s, _f(s["switches"]),
         ]) + " |")
     return "\n".join(lines)

@@ -14,7 +14,7 @@ import torch
 
 from ..resources import resolve, shipped
 from .choose import SweepPoint, choose, table
-from .data import DEFAULT_INSTRUCTION, load_problems, prompt_ids
+from .data import default_instruction, load_problems, prompt_ids
 
 DEV_SEED = 0  # the shipped pair's valid split: rstitch toyworld data --split valid --seed 0
 
@@ -32,13 +32,12 @@ def dev_set(cfg, toy: bool) -> tuple[list[tuple[str, str]], str, Callable[[str, 
     else:
         raise ValueError("--data is required (a dev split: JSONL file, local file or Hub dataset) unless the pair is "
                          "the shipped one.")
+    instruction = cfg.instruction if cfg.instruction is not None else default_instruction(cfg.llm, cfg.slm)
     from .grading import TOYWORLD, grade
 
     if toy:
-        return (rows, cfg.instruction if cfg.instruction is not None else "",
-                lambda text, answer: grade(text, str(answer), TOYWORLD).correct, name)
+        return rows, instruction, lambda text, answer: grade(text, str(answer), TOYWORLD).correct, name
 
-    instruction = cfg.instruction if cfg.instruction is not None else DEFAULT_INSTRUCTION
     return rows, instruction, lambda text, answer: grade(text, answer).correct, name
 
 
@@ -109,6 +108,10 @@ def to_point(m: dict[str, Any], n: int, label: str, threshold, latency, baseline
                       tokens / n, speedup, label)
 
 
+def is_shipped_pair(cfg) -> bool:
+    return resolve(cfg.llm) == str(shipped("llm")) and resolve(cfg.slm) == str(shipped("slm"))
+
+
 def load(cfg, device: str):
     """(llm, slm, tokenizer, is the shipped pair) with any stored stitching settings cleared."""
     from ..hf.settings import clear_settings
@@ -117,7 +120,7 @@ def load(cfg, device: str):
     llm_ref, slm_ref = resolve(cfg.llm), resolve(cfg.slm)
     llm, slm, tok = load_pair(llm_ref, slm_ref, cfg.dtype, device)
     clear_settings(llm.generation_config)
-    return llm, slm, tok, llm_ref == str(shipped("llm")) and slm_ref == str(shipped("slm"))
+    return llm, slm, tok, is_shipped_pair(cfg)
 
 
 @torch.no_grad()
@@ -131,10 +134,10 @@ def tune(cfg) -> dict[str, Any]:
 
     latency = LatencyModel.load(resolve(cfg.latency)) if cfg.latency else None
     device = resolve_device(cfg.device)
+    rows, instruction, grader, data_name = dev_set(cfg, is_shipped_pair(cfg))  # a bad file fails before loading
     llm, slm, tok, toy = load(cfg, device)
     if latency is not None:
         latency.check_models(slm=slm, llm=llm, check_name=False)
-    rows, instruction, grader, data_name = dev_set(cfg, toy)
     batches = _batches(tok, rows, instruction, cfg.batch_size, llm.device)
     settings = [("rstitch", tau, {"stitch_threshold": tau}) for tau in cfg.thresholds]
     if cfg.router:

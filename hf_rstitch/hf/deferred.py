@@ -20,11 +20,13 @@ TARGET = "transformers.generation.utils"  # defines GenerationMixin
 
 def _patch_now() -> None:
     try:
+        from .logs import bridge
         from .patch import patch
         from .persist import hook
 
         patch()
         hook()  # stitching settings on a generation config survive save_pretrained / from_pretrained
+        bridge()  # transformers.logging.set_verbosity_* reaches hf_rstitch's messages
     except Exception as err:  # never break the user's transformers import
         warnings.warn(f"hf_rstitch could not patch GenerationMixin.generate ({type(err).__name__}: {err}); "
                       "call hf_rstitch.patch() to see the full error, or use "

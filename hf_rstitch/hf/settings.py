@@ -41,6 +41,20 @@ def check_settings(config) -> None:
             )
 
 
+def validate_settings(config) -> None:
+    """The checks ``GenerationConfig.validate`` runs on the stitching entries (hooked by :mod:`.persist`): tau in
+    [0, 1], references as strings, no entry that would swallow a ``generate`` argument."""
+    check_settings(config)
+    tau = getattr(config, THRESHOLD_KEY, None)
+    if tau is not None:
+        threshold_value(tau)
+    for key in (SLM_KEY, ROUTER_KEY):
+        ref = getattr(config, key, None)
+        if ref is not None and not isinstance(ref, str):
+            raise ValueError(f"generation_config.{key} must be a Hub id or folder (a string), got "
+                             f"{type(ref).__name__}; pass loaded objects to generate() instead.")
+
+
 def threshold_value(value) -> float:
     """``value`` as a float in [0, 1], or a ValueError that says so."""
     try:
@@ -61,8 +75,13 @@ def configured_slm(llm, config):
     if ref not in loaded:
         from transformers import AutoModelForCausalLM
 
+        source = str(ref)
+        if source.startswith("shipped:"):  # a file of the installed hf-rstitch (configure stores this, not its path)
+            from ..resources import resolve
+
+            source = resolve(source)
         try:
-            slm = AutoModelForCausalLM.from_pretrained(str(ref), dtype=llm.dtype)
+            slm = AutoModelForCausalLM.from_pretrained(source, dtype=llm.dtype)
         except OSError as err:
             raise OSError(
                 f"generation_config.{SLM_KEY} = {ref!r} names the SLM, but it could not be loaded ({err}). "
@@ -83,7 +102,9 @@ def configure(model, threshold: float | None = None, slm=None, router=None):
     Args:
         model: the LLM.
         threshold: tau in [0, 1]; with it set, plain ``model.generate(...)`` stitches.
-        slm: the SLM as a Hub id or local folder (or a loaded model: its ``name_or_path`` is stored).
+        slm: the SLM as a Hub id or local folder (``str`` or ``Path``; or a loaded model: its ``name_or_path``
+            is stored). A shipped asset (``hf_rstitch.shipped("slm")``) is stored as ``"shipped:slm"``, not as
+            a path into this install.
         router: an R-Stitch+ router as a Hub id, local folder or ``"shipped"``.
 
     Returns the generation config. Also marks it as not derived from the model config (its
@@ -93,11 +114,7 @@ def configure(model, threshold: float | None = None, slm=None, router=None):
     if threshold is not None:
         setattr(config, THRESHOLD_KEY, threshold_value(threshold))
     if slm is not None:
-        ref = slm if isinstance(slm, str) else getattr(slm, "name_or_path", "")
-        if not ref:
-            raise ValueError("`slm` needs a Hub id or folder to store; this model has no name_or_path. "
-                             "Save it (slm.save_pretrained(DIR)) and pass DIR.")
-        setattr(config, SLM_KEY, str(ref))
+        setattr(config, SLM_KEY, _slm_reference(slm))
     if router is not None:
         if not isinstance(router, str):
             raise TypeError(f"`router` must be a Hub id, folder or 'shipped' (a string), got {type(router).__name__}; "
@@ -105,6 +122,20 @@ def configure(model, threshold: float | None = None, slm=None, router=None):
         setattr(config, ROUTER_KEY, router)
     config._from_model_config = False
     return config
+
+
+def _slm_reference(slm) -> str:
+    """What ``configure`` stores for ``slm``: a Hub id or folder (``str`` or ``os.PathLike``, e.g.
+    ``hf_rstitch.shipped("slm")``) or a loaded model's ``name_or_path``; a shipped asset as ``shipped:NAME``."""
+    import os
+
+    ref = os.fspath(slm) if isinstance(slm, (str, os.PathLike)) else getattr(slm, "name_or_path", "")
+    if not ref:
+        raise ValueError(f"`slm` must be a Hub id, a folder (str or Path) or a loaded model with a name_or_path; "
+                         f"got {type(slm).__name__} without one. Save it (slm.save_pretrained(DIR)) and pass DIR.")
+    from ..resources import reference
+
+    return reference(ref)
 
 
 def clear_settings(config) -> dict:

@@ -104,7 +104,12 @@ def _router_from(source) -> Router:
     what = "a router saved with Router.save_pretrained (rstitch train-router writes OUT/router)"
     check_local_source(source, "router", needs=("config.json", "model.safetensors"), what=what)
     try:
-        return Router.from_pretrained(str(source))
+        import contextlib
+        import io
+
+        # huggingface_hub's mixin print()s "Loading weights from local directory"; stdout is for results
+        with contextlib.redirect_stdout(io.StringIO()):
+            return Router.from_pretrained(str(source))
     except (OSError, FileNotFoundError):
         raise
     except Exception as err:  # a corrupt or foreign file: safetensors / json / shape errors

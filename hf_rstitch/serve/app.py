@@ -3,31 +3,35 @@
 ``create_app(engine, tokenizer, settings)`` returns an ASGI app with ``GET /health``,
 ``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions``. Every request
 becomes one row of the engine's continuous batch (driven by :class:`~.driver.EngineDriver` on
-one background thread); handlers only tokenize, submit, and turn events into JSON or server-sent
-events. Faults stay with their request: a bad body is a 400, a full server a 429, a draining one
-a 503, and a client that disconnects has its row cancelled. Uvicorn, Ray Serve or any ASGI
-server can host the app; its lifespan starts the driver and drains it on shutdown.
+one background thread); handlers check the body, tokenize (on a worker thread, never on the event
+loop, and not at all when the prompt is too long to fit whatever it tokenizes to), submit, and
+turn events into JSON or server-sent events. Faults stay with their request: a bad body is a 400,
+an unknown model a 404, a body over the size limit a 413, a full server a 429, a draining one a
+503, every one in OpenAI's error shape (:mod:`.errors`); a client that disconnects has its row
+cancelled. Uvicorn, Ray Serve or any ASGI server can host the app; its lifespan starts the driver
+and drains it on shutdown (``rstitch serve`` drains before uvicorn closes connections:
+:mod:`.server`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from .driver import EngineDriver, QueueFull, ShuttingDown
+from ..engine.request_types import QueueFull
+from .driver import EngineDriver, ShuttingDown
+from .errors import ERROR_RESPONSES, error, install
 from .protocol import ChatCompletionRequest, CompletionRequest
-from .responses import (Transcript, chat_body, chat_chunk, completion_body, completion_chunk, error_body,
-                        usage_chunk)
+from .responses import Transcript
+from .streams import follow, stream_chat, stream_text, whole_response
 
 
 @dataclass
@@ -35,10 +39,11 @@ class ServerSettings:
     """What the endpoints need besides the engine and tokenizer."""
 
     model_name: str = "rstitch"  # the id /v1/models lists and responses echo
+    model_aliases: tuple[str, ...] = ()  # further names a request's `model` may use (others: 404)
     default_max_tokens: int = 256  # budget of a request that names none
     max_context: int | None = None  # prompt + completion tokens at most (the LLM's max_position_embeddings)
     vocab_size: int | None = None  # token ids a /v1/completions prompt may hold
-    max_pending: int = 64  # requests in flight at most (running rows + queue); more get 429
+    max_body_bytes: int = 4 * 2**20  # larger request bodies get 413
     drain_timeout_s: float = 30.0  # on shutdown, how long running requests may take to finish
     do_sample: bool = False  # sampling defaults (the LLM's generation config)
     temperature: float = 1.0
@@ -46,6 +51,7 @@ class ServerSettings:
     threshold: float | None = None  # the engine's default tau, reported by /health
     router: str | None = None  # the R-Stitch+ router every request routes with (then no per-request tau)
     disconnect_poll_s: float = 0.25  # how often a waiting handler checks that its client is still there
+    error_ttl_s: float = 300.0  # how long /health shows the last failed step's error
 
 
 class BadRequest(ValueError):
@@ -54,10 +60,20 @@ class BadRequest(ValueError):
         self.param = param
 
 
+class UnknownModel(LookupError):
+    pass
+
+
+_JSON_OR_SSE = {200: {"description": "the completion (JSON), or with stream: true server-sent events "
+                                     "(data: chunk lines, then data: [DONE])",
+                      "content": {"application/json": {}, "text/event-stream": {}}}}
+
+
 def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = None) -> FastAPI:
     """The ASGI app serving ``engine`` (a ``RequestEngine``) with ``tokenizer``'s chat template."""
     settings = settings or ServerSettings()
-    driver = EngineDriver(engine, settings.max_pending)
+    driver = EngineDriver(engine)
+    chars_per_token = max(map(len, tokenizer.get_vocab()), default=1) if hasattr(tokenizer, "get_vocab") else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -67,62 +83,110 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
 
     app = FastAPI(title="hf-rstitch", summary="R-Stitch stitched decoding behind the OpenAI API", lifespan=lifespan)
     app.state.driver, app.state.settings = driver, settings
+    install(app, settings.max_body_bytes, lambda schema: _publish_limits(schema, settings))
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:
-        return _error(400, _validation_message(err))
-
-    @app.get("/health")
+    @app.get("/health", responses={503: {"model": dict, "description": "draining, stopped or unhealthy"}})
     async def health() -> JSONResponse:
-        ok = driver.alive and driver.accepting
-        body = {"status": "ok" if ok else ("draining" if driver.alive else "stopped"), "model": settings.model_name,
-                "pid": os.getpid(), "threshold": settings.threshold, "router": settings.router, "running": engine.running, "waiting": engine.waiting,
-                "in_flight": driver.in_flight, "max_pending": driver.max_pending, "steps": driver.steps,
-                "completed": driver.completed, "last_error": driver.last_error}
+        ok = driver.alive and driver.accepting and driver.healthy
+        status = "ok" if ok else ("stopped" if not driver.alive else "draining" if not driver.accepting else "unhealthy")
+        recent = driver.last_error_at is not None and time.monotonic() - driver.last_error_at < settings.error_ttl_s
+        body = {"status": status, "model": settings.model_name, "pid": os.getpid(), "threshold": settings.threshold,
+                "router": settings.router, "running": engine.running, "waiting": engine.waiting,
+                "in_flight": driver.in_flight, "max_pending": driver.capacity, "steps": driver.steps,
+                "completed": driver.completed, "failed_steps_in_a_row": driver.failed_in_a_row,
+                "last_error": driver.last_error if recent else None}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": 0,
-                                            "owned_by": "hf-rstitch"}]}
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "hf-rstitch"}
+                                           for name in (settings.model_name, *settings.model_aliases)]}
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses={**_JSON_OR_SSE, **ERROR_RESPONSES})
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await _complete(request, body, "chat")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses={**_JSON_OR_SSE, **ERROR_RESPONSES})
     async def completions(body: CompletionRequest, request: Request):
         return await _complete(request, body, "text")
 
     async def _complete(request: Request, body, kind: str):
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         try:
-            ids = chat_prompt_ids(tokenizer, body) if kind == "chat" else text_prompt_ids(tokenizer, body, settings)
+            check_model(body.model, settings)
+            check_prompt_size(body, kind, settings, chars_per_token)
+            ids = await asyncio.to_thread(prompt_ids, tokenizer, body, kind, settings)
             engine_request = build_request(body, ids, rid, settings)
             queue: asyncio.Queue = asyncio.Queue()
             loop = asyncio.get_running_loop()
             driver.submit(engine_request, lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev))
+        except UnknownModel as err:
+            return error(404, str(err), kind="invalid_request_error", param="model", code="model_not_found")
         except BadRequest as err:
-            return _error(400, str(err), param=err.param)
+            return error(400, str(err), param=err.param)
         except QueueFull as err:
-            return _error(429, str(err), kind="rate_limit_exceeded", headers={"Retry-After": "1"})
+            return error(429, f"the server is at capacity: {err}", headers={"Retry-After": "1"})
         except ShuttingDown as err:
-            return _error(503, str(err), kind="server_shutting_down")
+            return error(503, str(err))
         except ValueError as err:  # the engine's own validation
-            return _error(400, f"the engine refused the request: {err}")
+            return error(400, f"the engine refused the request: {err}")
         events = follow(driver, rid, queue, request, settings.disconnect_poll_s)
-        transcript = Transcript(tokenizer, len(ids))
+        transcript = Transcript(tokenizer, len(ids), body.stop_strings)
+        model = settings.model_name
         if body.stream:
-            sse = stream_chat(rid, body, transcript, events, settings) if kind == "chat" else \
-                stream_text(rid, body, transcript, events, settings)
+            sse = (stream_chat if kind == "chat" else stream_text)(rid, model, body.include_usage_chunk, transcript,
+                                                                   events)
             return StreamingResponse(sse, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await whole_response(rid, kind, transcript, events, settings)
+        return await whole_response(rid, kind, model, transcript, events)
 
     return app
 
 
+def _publish_limits(schema: dict[str, Any], settings: ServerSettings) -> None:
+    """The published schema's bounds that depend on the model: token ids below the vocabulary, max_tokens within
+    the context."""
+    props = {name: schema["components"]["schemas"][name]["properties"]
+             for name in ("ChatCompletionRequest", "CompletionRequest")}
+    if settings.max_context is not None:
+        for fields in props.values():
+            for name in ("max_tokens", "max_completion_tokens"):
+                if name in fields:
+                    fields[name]["anyOf"][0]["maximum"] = settings.max_context - 1
+    if settings.vocab_size is not None:
+        for member in props["CompletionRequest"]["prompt"]["anyOf"]:
+            ids = member.get("items", {})
+            ids = ids.get("items", ids) if ids.get("type") == "array" else ids
+            if ids.get("type") == "integer":
+                ids["maximum"] = settings.vocab_size - 1
+
+
 # ---- request -> engine -----------------------------------------------------------------------
+def check_model(name: str | None, settings: ServerSettings) -> None:
+    if name is not None and name not in (settings.model_name, *settings.model_aliases):
+        served = ", ".join(repr(n) for n in (settings.model_name, *settings.model_aliases))
+        raise UnknownModel(f"the model {name!r} does not exist on this server; it serves {served} (GET /v1/models)")
+
+
+def check_prompt_size(body, kind: str, settings: ServerSettings, chars_per_token: int | None) -> None:
+    """Refuse a text prompt too long to fit the context whatever it tokenizes to, without tokenizing it: no token
+    covers more than ``chars_per_token`` characters (the longest in the vocabulary)."""
+    if settings.max_context is None or not chars_per_token:
+        return
+    if kind == "chat":
+        chars = sum(len(m.text()) for m in body.messages)
+    else:
+        chars = len(body.prompt) if isinstance(body.prompt, str) else 0
+    if chars > settings.max_context * chars_per_token:
+        raise BadRequest(f"the prompt has {chars} characters, at least {chars // chars_per_token} tokens, but the model "
+                         f"reads at most {settings.max_context} (its max_position_embeddings); shorten the prompt",
+                         param="messages" if kind == "chat" else "prompt")
+
+
+def prompt_ids(tokenizer: Any, body, kind: str, settings: ServerSettings) -> list[int]:
+    return chat_prompt_ids(tokenizer, body) if kind == "chat" else text_prompt_ids(tokenizer, body, settings)
+
+
 def chat_prompt_ids(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
     """The chat template applied to the messages, with the generation prompt."""
     if not getattr(tokenizer, "chat_template", None):
@@ -136,9 +200,12 @@ def chat_prompt_ids(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
 
 
 def text_prompt_ids(tokenizer: Any, body: CompletionRequest, settings: ServerSettings) -> list[int]:
-    """A string prompt tokenized as is; a token-id prompt checked against the vocabulary."""
+    """A string prompt tokenized as is (one that tokenizes to nothing: the BOS token, else EOS, as OpenAI starts
+    an empty prompt); a token-id prompt checked against the vocabulary."""
     if isinstance(body.prompt, str):
-        return list(tokenizer(body.prompt)["input_ids"])
+        ids = list(tokenizer(body.prompt)["input_ids"])
+        start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        return ids or ([start] if start is not None else [])
     bad = [t for t in body.prompt if settings.vocab_size is not None and not 0 <= t < settings.vocab_size]
     if bad:
         raise BadRequest(f"prompt token ids must lie in [0, {settings.vocab_size}), got {bad[:5]}", param="prompt")
@@ -170,97 +237,9 @@ def build_request(body, ids: list[int], request_id: str, settings: ServerSetting
                          "(rstitch serve --router); drop stitch_threshold", param="stitch_threshold")
     sampling = body.sampling(settings.do_sample, settings.temperature, settings.top_p)
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    for name in ("max_tokens", "max_completion_tokens"):  # both checked, though one decides
+        if getattr(body, name, None) is not None and name != body.budget_field:
+            token_budget(getattr(body, name), len(ids), settings, param)
     return EngineRequest(input_ids=ids, max_new_tokens=token_budget(body.token_budget(), len(ids), settings, param),
-                         stitch_threshold=body.stitch_threshold, seed=body.seed, request_id=request_id, **sampling)
-
-
-# ---- events -> responses ---------------------------------------------------------------------
-async def follow(driver: EngineDriver, rid: str, queue: asyncio.Queue, request: Request,
-                 poll_s: float) -> AsyncIterator[Any]:
-    """This request's events until the finishing one; cancels the row if the client leaves first
-    (noticed by polling, or by the server cancelling this generator)."""
-    loop = asyncio.get_running_loop()
-    finished, next_check = False, loop.time() + poll_s
-    try:
-        while True:
-            if loop.time() >= next_check:  # every poll_s, also while events keep coming
-                if await request.is_disconnected():
-                    return
-                next_check = loop.time() + poll_s
-            try:
-                event = await asyncio.wait_for(queue.get(), max(1e-3, next_check - loop.time()))
-            except asyncio.TimeoutError:
-                continue
-            finished = event.finished
-            yield event
-            if finished:
-                return
-    finally:
-        if not finished:
-            driver.cancel(rid)
-
-
-async def whole_response(rid: str, kind: str, tr: Transcript, events, settings: ServerSettings) -> JSONResponse:
-    """The non-streaming answer once the request has finished (or an error saying why it did not)."""
-    async for ev in events:
-        tr.add(ev)
-    if tr.finish_reason is None:  # the client left; nobody reads this
-        return _error(499, "client disconnected", kind="cancelled")
-    if tr.finish_reason == "error":
-        return _error(500, tr.error or "decoding failed", kind="server_error")
-    if tr.finish_reason == "cancelled":
-        return _error(503, "the server shut down before this request finished; retry", kind="server_shutting_down")
-    build = chat_body if kind == "chat" else completion_body
-    return JSONResponse(build(rid, settings.model_name, tr))
-
-
-def _sse(data: dict[str, Any] | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
-
-
-async def stream_chat(rid: str, body, tr: Transcript, events, settings: ServerSettings) -> AsyncIterator[str]:
-    created, model = int(time.time()), settings.model_name
-    yield _sse(chat_chunk(rid, model, created, {"role": "assistant", "content": ""}))
-    async for ev in events:
-        delta = tr.add(ev)
-        if ev.finished:
-            if ev.finish_reason in ("error", "cancelled"):
-                yield _sse(error_body(ev.error or "the server stopped this request", "server_error"))
-                return
-            if delta:
-                yield _sse(chat_chunk(rid, model, created, {"content": delta}))
-            yield _sse(chat_chunk(rid, model, created, {}, tr.finish_reason, tr.usage()))
-            if body.include_usage_chunk:
-                yield _sse(usage_chunk(rid, "chat.completion.chunk", model, created, tr.usage()))
-            yield _sse("[DONE]")
-        elif delta:
-            yield _sse(chat_chunk(rid, model, created, {"content": delta}))
-
-
-async def stream_text(rid: str, body, tr: Transcript, events, settings: ServerSettings) -> AsyncIterator[str]:
-    created, model = int(time.time()), settings.model_name
-    async for ev in events:
-        delta = tr.add(ev)
-        if ev.finished:
-            if ev.finish_reason in ("error", "cancelled"):
-                yield _sse(error_body(ev.error or "the server stopped this request", "server_error"))
-                return
-            yield _sse(completion_chunk(rid, model, created, delta, tr.finish_reason, tr.usage()))
-            if body.include_usage_chunk:
-                yield _sse(usage_chunk(rid, "text_completion", model, created, tr.usage()))
-            yield _sse("[DONE]")
-        elif delta:
-            yield _sse(completion_chunk(rid, model, created, delta))
-
-
-def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-           headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, kind, param), status_code=status, headers=headers)
-
-
-def _validation_message(err: RequestValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
-        parts.append(f"{where}: {e.get('msg')}" if where else str(e.get("msg")))
-    return "invalid request body: " + "; ".join(parts)
+                         stitch_threshold=body.stitch_threshold, seed=body.engine_seed, request_id=request_id,
+                         **sampling)

@@ -46,11 +46,15 @@ class ServeConfig:
         "help": "requests that may wait for a free row; beyond max-batch + max-queue the server answers 429"})
     max_tokens: int = field(default=256, metadata={"help": "completion budget of a request that sets no max_tokens"})
     model_name: str = field(default="", metadata={
-        "help": "model id that /v1/models lists and responses carry (default: the LLM folder's name)"})
+        "help": "model id that /v1/models lists and responses carry (default: the LLM folder's name); several "
+                "comma-separated names are aliases (the first is the one responses carry); requests naming any other "
+                "model get 404"})
+    max_body_bytes: int = field(default=4 * 2**20, metadata={
+        "help": "largest request body in bytes; larger ones get 413 before they are read in full"})
     drain_timeout: float = field(default=30.0, metadata={
         "help": "on SIGTERM, seconds that running requests get to finish before they are cancelled"})
     replicas: int = field(default=1, metadata={
-        "help": "server replicas; more than 1 runs them on Ray Serve (pip install 'hf-rstitch[serve-ray]')"})
+        "help": "server replicas; more than 1 runs them on Ray Serve (pip install fastapi uvicorn 'ray[serve]', or '.[serve-ray]' in a clone)"})
     ray_address: str = field(default="", metadata={
         "help": "Ray cluster to join for replicas (e.g. 'auto' on a cluster node; default: a local Ray instance)"})
     gpus_per_replica: float = field(default=0.0, metadata={
@@ -64,7 +68,7 @@ class ServeConfig:
         self.engine = engine_option(self.engine)
         if bool(self.llm) != bool(self.slm):
             raise ValueError("pass both --llm and --slm, or neither (to serve the shipped pair)")
-        for name in ("max_batch", "max_tokens", "replicas"):
+        for name in ("max_batch", "max_tokens", "replicas", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.max_queue < 0:
@@ -81,8 +85,14 @@ class ServeConfig:
             raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout}")
 
     @property
+    def served_names(self) -> tuple[str, ...]:
+        """The served model's name, then its aliases."""
+        names = tuple(n.strip() for n in self.model_name.split(",") if n.strip())
+        return names or ((Path(self.llm).name if self.llm else "rstitch-toyworld-pair"),)
+
+    @property
     def served_name(self) -> str:
-        return self.model_name or (Path(self.llm).name if self.llm else "rstitch-toyworld-pair")
+        return self.served_names[0]
 
 
 def load_models(cfg: ServeConfig):
@@ -117,8 +127,8 @@ def build_engine(cfg: ServeConfig, llm, slm):
         policy = policy_from_router(cfg.router, slm)
     context = getattr(llm.config.get_text_config(), "max_position_embeddings", None) or FAST_MAX_LENGTH
     max_length = min(context, FAST_MAX_LENGTH)  # static caches hold max_batch x this many tokens
-    return RequestEngine(llm, slm, threshold=cfg.threshold, max_batch=cfg.max_batch, policy=policy,
-                         engine=cfg.engine, max_length=max_length, schedule=cfg.schedule)
+    return RequestEngine(llm, slm, threshold=cfg.threshold, max_batch=cfg.max_batch, max_waiting=cfg.max_queue,
+                         policy=policy, engine=cfg.engine, max_length=max_length, schedule=cfg.schedule)
 
 
 def settings_for(cfg: ServeConfig, llm) -> Any:
@@ -127,9 +137,9 @@ def settings_for(cfg: ServeConfig, llm) -> Any:
 
     gen = llm.generation_config
     return ServerSettings(
-        model_name=cfg.served_name, default_max_tokens=cfg.max_tokens,
+        model_name=cfg.served_name, model_aliases=cfg.served_names[1:], default_max_tokens=cfg.max_tokens,
         max_context=getattr(llm.config.get_text_config(), "max_position_embeddings", None),
-        vocab_size=int(llm.config.get_text_config().vocab_size), max_pending=cfg.max_batch + cfg.max_queue,
+        vocab_size=int(llm.config.get_text_config().vocab_size), max_body_bytes=cfg.max_body_bytes,
         drain_timeout_s=cfg.drain_timeout, do_sample=bool(gen.do_sample),
         temperature=float(gen.temperature if gen.temperature is not None else 1.0),
         top_p=float(gen.top_p if gen.top_p is not None else 1.0), threshold=None if cfg.router else cfg.threshold,

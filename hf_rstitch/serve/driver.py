@@ -6,11 +6,14 @@ its ``submit / cancel / step / has_work`` API): web handlers ``submit`` a reques
 the thread calls ``step()`` while there is work, routing each event to its request's sink. All
 requests share the engine's continuous batch.
 
-It adds what a server needs and the engine does not know about: a limit on requests in flight
-(:class:`QueueFull`, answered 429), a draining mode that refuses new requests (:class:`ShuttingDown`,
-answered 503) while running ones finish, and isolation of a failed ``step()`` (every request then
-in flight gets an ``error`` event; the thread keeps serving later requests). It knows nothing about
-HTTP, tokenizers or asyncio.
+It adds what a server needs and the engine does not know about: a draining mode that refuses new
+requests (:class:`ShuttingDown`, answered 503) while running ones finish and ends the rest with a
+``cancelled`` event, and the handling of a failed ``step()``: the engine's ``StepFailed`` ends
+the requests of that batch only (another engine's exception ends every request in flight); the
+thread backs off before the next step (never a busy loop), logs a failure streak once, and after
+``UNHEALTHY_AFTER`` failed steps in a row reports itself unhealthy until a step succeeds. The one
+admission limit is the engine's (``max_batch + max_waiting``; its ``QueueFull`` is answered 429).
+It knows nothing about HTTP, tokenizers or asyncio.
 """
 
 from __future__ import annotations
@@ -22,13 +25,16 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 log = logging.getLogger("hf_rstitch.serve")
+UNHEALTHY_AFTER = 2  # failed steps in a row that make the driver unhealthy
+BACKOFF_S = (0.05, 2.0)  # pause after a failed step: doubles per failure in a row, from .. to
 
 Sink = Callable[[Any], None]  # receives the engine's Event objects, on the driver thread
 
 
 @dataclass(frozen=True)
 class StepFailure:
-    """The finishing event the driver sends, shaped like the engine's ``Event``, when ``step()`` raised."""
+    """A finishing event the driver sends itself, shaped like the engine's ``Event``: ``error`` when ``step()``
+    raised, ``cancelled`` when a drain ran out of time."""
 
     request_id: str
     error: str
@@ -37,10 +43,6 @@ class StepFailure:
     finished: bool = True
     finish_reason: str = "error"
     trace: None = None
-
-
-class QueueFull(RuntimeError):
-    """The server holds as many requests as it may (running rows + queue); retry later."""
 
 
 class ShuttingDown(RuntimeError):
@@ -52,25 +54,24 @@ class EngineDriver:
 
     Args:
         engine: a ``RequestEngine`` (``submit``, ``cancel``, ``step``, ``has_work``).
-        max_pending: requests in flight at most (running + waiting); more raise :class:`QueueFull`.
         idle_wait_s: how long the idle thread sleeps between checks (a submit wakes it at once).
     """
 
-    def __init__(self, engine: Any, max_pending: int, idle_wait_s: float = 0.5):
-        if max_pending < 1:
-            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+    def __init__(self, engine: Any, idle_wait_s: float = 0.5):
         self.engine = engine
-        self.max_pending = max_pending
         self._idle_wait_s = idle_wait_s
         self._sinks: dict[str, Sink] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._stopping = threading.Event()
         self._accepting = True
         self._stop = False
         self._thread: threading.Thread | None = None
         self.steps = 0
         self.completed = 0
+        self.failed_in_a_row = 0
         self.last_error: str | None = None
+        self.last_error_at: float | None = None  # time.monotonic() of last_error
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "EngineDriver":
@@ -84,23 +85,42 @@ class EngineDriver:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def drain(self, timeout_s: float) -> int:
-        """Refuse new requests, let running ones finish for up to ``timeout_s``, cancel the rest,
-        stop the thread. Returns how many requests had to be cancelled."""
+    @property
+    def healthy(self) -> bool:
+        return self.failed_in_a_row < UNHEALTHY_AFTER
+
+    @property
+    def capacity(self) -> int | None:
+        """Requests the engine holds at most (its one admission limit); None: unbounded."""
+        return getattr(self.engine, "capacity", None)
+
+    def finish(self, timeout_s: float) -> int:
+        """Refuse new requests, let those in flight finish for up to ``timeout_s``, then end the rest with a
+        ``cancelled`` event (their handlers answer 503). The thread keeps running. Returns how many were ended."""
         with self._lock:
             self._accepting = False
         deadline = time.monotonic() + timeout_s
         while self.in_flight and time.monotonic() < deadline and self.alive:
             time.sleep(0.02)
         with self._lock:
-            left = list(self._sinks)
-        for rid in left:
-            self.cancel(rid)
+            left, self._sinks = self._sinks, {}
+            for rid in left:
+                self.engine.cancel(rid)
+        self._wake.set()
+        for rid, sink in left.items():
+            _deliver(sink, StepFailure(rid, "the server shut down before this request finished; retry",
+                                       finish_reason="cancelled"))
+        return len(left)
+
+    def drain(self, timeout_s: float) -> int:
+        """:meth:`finish`, then stop the thread. Returns how many requests had to be cancelled."""
+        left = self.finish(timeout_s)
         self._stop = True
         self._wake.set()
+        self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout=max(5.0, timeout_s))
-        return len(left)
+        return left
 
     # ---- requests ----------------------------------------------------------------------------
     @property
@@ -112,15 +132,11 @@ class EngineDriver:
         return self._accepting
 
     def submit(self, request: Any, sink: Sink) -> str:
-        """Hand ``request`` to the engine; its events go to ``sink``. Raises :class:`ShuttingDown`,
-        :class:`QueueFull`, or the engine's ``ValueError`` for bad input."""
+        """Hand ``request`` to the engine; its events go to ``sink``. Raises :class:`ShuttingDown`, the
+        engine's ``QueueFull`` (at its limit), or its ``ValueError`` for bad input."""
         with self._lock:
             if not self._accepting:
                 raise ShuttingDown("the server is shutting down and accepts no new requests; retry on another replica")
-            if len(self._sinks) >= self.max_pending:
-                raise QueueFull(
-                    f"the server is at capacity: {len(self._sinks)} requests in flight (limit {self.max_pending} = "
-                    "--max-batch running + --max-queue waiting); retry later")
             rid = self.engine.submit(request)
             self._sinks[rid] = sink
         self._wake.set()
@@ -145,12 +161,31 @@ class EngineDriver:
                 continue
             try:
                 events = self.engine.step()
-            except Exception as err:  # noqa: BLE001 -- one bad step must not kill the server
-                log.exception("engine step failed; failing the requests in flight")
-                self._fail_all(f"{type(err).__name__}: {err}")
+            except Exception as err:  # noqa: BLE001 -- one bad step must not stop the server
+                ended = getattr(err, "events", None)  # the engine's StepFailed: it ended that batch's requests
+                self._failed(str(err) if ended is not None else f"{type(err).__name__}: {err}")
+                if ended is not None:
+                    self._dispatch(ended)
+                else:  # an engine that does not say which requests failed: all in flight
+                    self._fail_all(f"{type(err).__name__}: {err}")
                 continue
+            if self.failed_in_a_row:
+                log.warning("engine steps succeed again after %d failed in a row", self.failed_in_a_row)
+            self.failed_in_a_row = 0
             self.steps += 1
             self._dispatch(events)
+
+    def _failed(self, message: str) -> None:
+        """Count a failed step, log a streak once, and pause before the next step."""
+        self.last_error, self.last_error_at = message, time.monotonic()
+        self.failed_in_a_row += 1
+        n = self.failed_in_a_row
+        if n == 1:
+            log.exception("engine step failed; the requests of that batch end with an error")
+        elif n == UNHEALTHY_AFTER:
+            log.error("engine step failed %d times in a row (%s); /health reports unhealthy until a step succeeds; "
+                      "further failures are not logged", n, message)
+        self._stopping.wait(min(BACKOFF_S[0] * 2 ** (n - 1), BACKOFF_S[1]))
 
     def _dispatch(self, events: list) -> None:
         deliveries = []
@@ -164,7 +199,6 @@ class EngineDriver:
             _deliver(sink, ev)
 
     def _fail_all(self, message: str) -> None:
-        self.last_error = message
         with self._lock:
             sinks, self._sinks = self._sinks, {}
             for rid in sinks:

@@ -2,64 +2,85 @@
 
 ``ChatCompletionRequest`` and ``CompletionRequest`` follow the OpenAI schema for the fields that
 stitched decoding can honour, plus one extra field, ``stitch_threshold`` (this request's R-Stitch
-tau). Fields the server cannot honour (``n > 1``, ``stop``, penalties, ``logprobs``, tools, ...)
-are refused with a message rather than ignored; unknown fields are refused too, so a misspelt
-``stitch_treshold`` does not silently decode at the default. Sampling: no ``temperature`` and no
-``top_p`` means the LLM's generation config decides (greedy for the shipped pair);
-``temperature: 0`` is greedy; anything else samples.
+tau). Fields the server cannot honour (``n > 1``, penalties, ``logprobs``, tools, ...) are refused
+with a message rather than ignored, and the published schema says which values they may take;
+unknown fields are refused too, so a misspelt ``stitch_treshold`` does not silently decode at the
+default. Types are strict: ``true`` is no integer, ``"yes"`` no boolean. Sampling: no
+``temperature`` and no ``top_p`` means the LLM's generation config decides (greedy for the shipped
+pair); ``temperature: 0`` is greedy; anything else samples. ``stop``: up to 4 strings; the text
+ends before the first one (which is not returned), as OpenAI does.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 _UNSUPPORTED_HINT = ("this server decodes one choice per request with R-Stitch; drop the field or leave it at its "
                      "default")
 
 
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+def _json_integer(value):
+    """JSON Schema's integer: an int, or a float without a fraction (1.0); never a bool or a string."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_json_integer)]  # strict otherwise: true is no integer
+Budget = Annotated[int, Field(ge=1), BeforeValidator(_json_integer)]  # max_tokens and the like (bound first: in the schema)
+_Ids = Annotated[list[Annotated[int, Field(ge=0), BeforeValidator(_json_integer)]], Field(min_length=1)]  # token ids
+
+
+def _only(*values) -> dict[str, Any]:
+    """Schema extra of a field accepted only at OpenAI's default (the refusal names it; the schema says so)."""
+    return {"json_schema_extra": {"enum": [*values, None]}}
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     include_usage: bool = False
 
 
 class _Common(BaseModel):
     """Fields shared by both endpoints."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    model: str | None = Field(default=None, description="a name /v1/models lists (others: 404); none: the served model")
+    max_tokens: Budget | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: Int | None = Field(default=None, description="any integer (taken modulo 2**64): a reproducible draw")
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     stitch_threshold: float | None = Field(
         default=None, ge=0.0, le=1.0, description="R-Stitch normalized-entropy threshold tau for this request")
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = Field(default=None, description=(
+        "up to 4 strings; the completion ends before the first one, which is not returned"))
     # accepted only at their OpenAI defaults
-    n: int | None = None
-    stop: str | list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
+    n: Int | None = Field(default=None, **_only(1))
+    presence_penalty: float | None = Field(default=None, **_only(0))
+    frequency_penalty: float | None = Field(default=None, **_only(0))
+    logit_bias: dict[str, float] | None = Field(default=None, json_schema_extra={"maxProperties": 0})
+    logprobs: bool | None = Field(default=None, **_only(False))
 
     @model_validator(mode="after")
     def _refuse_unsupported(self):
         bad = []
         if self.n not in (None, 1):
             bad.append(f"n={self.n} (only n=1)")
-        if self.stop not in (None, [], ""):
-            bad.append("stop (stop sequences are not supported; the model's EOS ends a completion)")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
                 bad.append(f"{name}={getattr(self, name)}")
         if self.logit_bias:
             bad.append("logit_bias")
-        if self.logprobs not in (None, False, 0):
+        if self.logprobs:
             bad.append("logprobs")
         if bad:
             raise ValueError(f"unsupported: {', '.join(bad)}; {_UNSUPPORTED_HINT}")
@@ -75,70 +96,103 @@ class _Common(BaseModel):
         return dict(do_sample=True, temperature=temperature, top_p=default_top_p if self.top_p is None else self.top_p)
 
     @property
+    def engine_seed(self) -> int | None:
+        """The seed as a torch.Generator takes it: modulo 2**64 (OpenAI takes any integer)."""
+        return None if self.seed is None else self.seed % 2**64
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """The non-empty stop strings (an empty one stops nothing)."""
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return tuple(s for s in stop if s)
+
+    @property
     def include_usage_chunk(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+class TextPart(BaseModel):
+    """A content part; only text parts (images, audio, files are refused: the pair reads text)."""
+
+    model_config = _STRICT
+    type: Literal["text"]
+    text: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, part):
+        if isinstance(part, dict) and part.get("type") not in (None, "text"):
+            raise ValueError(f"only text content parts are supported, got {part.get('type')!r}")
+        return part
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # name, tool_call_id, ... pass through to the template
+    model_config = ConfigDict(extra="allow", strict=True)  # name, tool_call_id, ... pass through to the template
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[TextPart] | None = None
 
     def text(self) -> str:
-        """The message's text; a list of content parts keeps only (and needs only) ``text`` parts."""
+        """The message's text (its text parts joined)."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        kinds = {part.get("type") for part in self.content}
-        if kinds - {"text"}:
-            raise ValueError(f"only text content parts are supported, got {sorted(map(str, kinds - {'text'}))}")
-        return "".join(str(part.get("text", "")) for part in self.content)
+        return "".join(part.text for part in self.content)
 
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: Any = None
-    tool_choice: Any = None
-    response_format: Any = None
-    top_logprobs: int | None = None
+    max_completion_tokens: Budget | None = None
+    tools: list[Any] | None = Field(default=None, max_length=0)
+    tool_choice: str | None = Field(default=None, **_only("none"))
+    response_format: dict[str, Any] | None = Field(default=None, json_schema_extra={"maxProperties": 0})
+    top_logprobs: Int | None = Field(default=None, **_only(0))
 
     @model_validator(mode="after")
     def _refuse_chat_unsupported(self):
         for name in ("tools", "tool_choice", "response_format", "top_logprobs"):
-            if getattr(self, name) not in (None, [], "none"):
+            if getattr(self, name) not in (None, [], "none", {}, 0):
                 raise ValueError(f"unsupported: {name}; {_UNSUPPORTED_HINT}")
         return self
 
+    @property
+    def budget_field(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
     def token_budget(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return getattr(self, self.budget_field)
 
     def template_messages(self) -> list[dict[str, Any]]:
-        return [{**m.model_dump(exclude_none=True), "content": m.text()} for m in self.messages]
+        return [{**m.model_dump(exclude_none=True, exclude={"content"}), "content": m.text()} for m in self.messages]
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    prompt: str | _Ids | Annotated[list[str], Field(min_length=1, max_length=1)] | \
+        Annotated[list[_Ids], Field(min_length=1, max_length=1)] = Field(description=(
+        "one prompt: a string (tokenized as is; an empty one starts from the BOS token) or token ids; a list of "
+        "one of these is taken too"))
+    echo: bool = Field(default=False, json_schema_extra={"enum": [False]})
+    suffix: str | None = Field(default=None, json_schema_extra={"maxLength": 0})
+    best_of: Int | None = Field(default=None, **_only(1))
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt):
+        if isinstance(prompt, list) and len(prompt) > 1 and isinstance(prompt[0], (str, list)):
+            raise ValueError(f"send one prompt per request (got a list of {len(prompt)}); the server batches "
+                             "concurrent requests itself")
+        return prompt
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt):
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise ValueError(f"send one prompt per request (got a list of {len(prompt)}); the server batches "
-                                 "concurrent requests itself")
-            prompt = prompt[0]
-        if isinstance(prompt, (str, list)) and len(prompt) == 0:
-            raise ValueError("prompt is empty")
-        return prompt
+    def _unwrap(cls, prompt):
+        return prompt[0] if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) else prompt
 
     @model_validator(mode="after")
     def _refuse_completion_unsupported(self):
         if self.echo or self.suffix or self.best_of not in (None, 1):
             raise ValueError(f"unsupported: echo / suffix / best_of; {_UNSUPPORTED_HINT}")
         return self
+
+    budget_field: ClassVar[str] = "max_tokens"
 
     def token_budget(self) -> int | None:
         return self.max_tokens

@@ -1,7 +1,9 @@
 """OpenAI response bodies built from the engine's events.
 
 :class:`Transcript` accumulates one request's events (tokens, which model wrote each, the finishing
-trace) and turns tokens into text incrementally for streaming; the ``*_body`` / ``*_chunk``
+trace) and turns tokens into text incrementally for streaming, ending the text before the first
+``stop`` string (found in the decoded text, so a stop string split across tokens is found too; text
+that may begin a stop string is held back from the stream until it cannot); the ``*_body`` / ``*_chunk``
 functions shape the OpenAI JSON. ``usage`` carries the usual counts plus ``llm_tokens``,
 ``slm_tokens`` and ``switches`` (read from the finishing event's :class:`StitchTrace`).
 """
@@ -15,38 +17,65 @@ from ..core.roles import Role
 
 
 class Transcript:
-    """One request's output so far. ``add(event)`` returns the new text to stream (possibly "")."""
+    """One request's output so far. ``add(event)`` returns the new text to stream (possibly ""); once a stop
+    string appears, ``stopped`` is set, the text ends before it and ``finish_reason`` is ``stop``."""
 
-    def __init__(self, tokenizer: Any, prompt_tokens: int):
+    def __init__(self, tokenizer: Any, prompt_tokens: int, stop: tuple[str, ...] = ()):
         self.tokenizer = tokenizer
         self.prompt_tokens = prompt_tokens
+        self.stop = tuple(s for s in stop if s)
         self.tokens: list[int] = []
         self.roles: list[Role] = []
         self.sent = ""  # text streamed so far
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.trace = None
+        self.stopped = False
+        self._cut: int | None = None  # where the text ends (a stop string begins there)
 
     def add(self, event: Any) -> str:
+        if self.stopped:
+            return ""
         if event.token is not None:
             self.tokens.append(int(event.token))
             self.roles.append(event.role)
+        if self.stop and self._find_stop():
+            self.finish_reason, self.trace = "stop", getattr(event, "trace", None)
+            return self._delta(final=True)
         if event.finished:
             self.finish_reason, self.error, self.trace = event.finish_reason, event.error, event.trace
             return self._delta(final=True)
         return self._delta(final=False) if event.token is not None else ""
 
+    def _find_stop(self) -> bool:
+        text = self.text
+        start = max(0, len(self.sent) - max(map(len, self.stop)))  # a stop string may end in new text only
+        hits = [i for i in (text.find(s, start) for s in self.stop) if i >= 0]
+        if not hits:
+            return False
+        self._cut, self.stopped = min(hits), True
+        return True
+
     def _delta(self, final: bool) -> str:
         text = self.text
-        # hold back an incomplete multi-byte character, and text a later token rewrites
-        if not text.startswith(self.sent) or (not final and text.endswith("\ufffd")):
+        if not final:  # hold back an incomplete multi-byte character, and text that may begin a stop string
+            if text.endswith("\ufffd"):
+                return ""
+            text = text[:len(text) - self._stop_prefix(text)]
+        if not text.startswith(self.sent):  # a later token rewrote streamed text
             return ""
         delta, self.sent = text[len(self.sent):], text
         return delta
 
+    def _stop_prefix(self, text: str) -> int:
+        """Length of the longest end of ``text`` that begins some stop string."""
+        return max((n for s in self.stop for n in range(min(len(s) - 1, len(text)), 0, -1)
+                    if text.endswith(s[:n])), default=0)
+
     @property
     def text(self) -> str:
-        return self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        return text if self._cut is None else text[:self._cut]
 
     def usage(self) -> dict[str, int]:
         """OpenAI usage plus the stitch counts (from the trace; from the event roles without one)."""
@@ -91,8 +120,3 @@ def completion_chunk(request_id: str, model: str, created: int, text: str, finis
 def usage_chunk(request_id: str, obj: str, model: str, created: int, usage: dict[str, int]) -> dict[str, Any]:
     """The extra last chunk of ``stream_options.include_usage``: no choices, the usage."""
     return {**_head(request_id, obj, model, created), "choices": [], "usage": usage}
-
-
-def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -109,3 +109,5 @@ def test_notebook_executes_offline(name, tmp_path):
     finally:
         for k, v in old.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    printed = [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not any("IProgress" in text for text in printed), "tqdm found no ipywidgets (the notebook extra has it)"

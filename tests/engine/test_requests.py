@@ -76,16 +76,20 @@ def test_cancel_frees_the_row_and_reports_it():
 
 def test_queue_limit_and_bad_requests_fail_alone():
     llm, slm = make_pair("llama")
-    engine = RequestEngine(llm, slm, max_batch=1, max_waiting=1)
+    engine = RequestEngine(llm, slm, max_batch=1, max_waiting=1)  # one limit: 1 row + 1 waiting
     engine.submit(Request([5, 6, 7], max_new_tokens=2))
-    with pytest.raises(QueueFull, match="max_waiting"):
+    engine.submit(Request([5, 6, 7, 8], max_new_tokens=2))
+    with pytest.raises(QueueFull, match=r"2 requests in flight \(limit 2 = max_batch 1 running \+ max_waiting 1"):
         engine.submit(Request([5, 6], max_new_tokens=2))
     for bad, match in [(Request([]), "non-empty"), (Request([5, 999]), "outside the vocabulary"),
                        (Request([5], max_new_tokens=0), "max_new_tokens"), (Request([5], stitch_threshold=2.0), "in \\[0, 1\\]"),
-                       (Request([5], do_sample=True, temperature=0), "temperature")]:
+                       (Request([5], do_sample=True, temperature=0), "temperature"),
+                       (Request([5], do_sample=True, seed=2**64), r"seed must be an integer in \[-2\*\*63, 2\*\*64\)"),
+                       (Request([5], do_sample=True, temperature=float("nan")), "finite temperature"),
+                       (Request([5], max_new_tokens=True), "max_new_tokens")]:
         with pytest.raises((ValueError, TypeError), match=match):
             engine.submit(bad)
-    assert len(engine.run()) == 1
+    assert len(engine.run()) == 2
 
 
 def test_sampled_requests_depend_only_on_their_seed():
@@ -99,18 +103,37 @@ def test_sampled_requests_depend_only_on_their_seed():
 
 
 def test_submit_and_cancel_are_thread_safe():
+    """Threads submit and cancel while the main thread steps: each request ends exactly once, the cancelled ones
+    as cancelled unless they finished first, and the bookkeeping holds after every step."""
     llm, slm = make_pair("llama")
     engine = RequestEngine(llm, slm, threshold=0.5, max_batch=4)
-    ids = []
-    threads = [threading.Thread(target=lambda i=i: ids.append(engine.submit(Request([3 + i, 4, 5], max_new_tokens=3))))
-               for i in range(8)]
+    ids, cancelled, go = [], [], threading.Event()
+
+    def client(i):
+        go.wait()
+        rid = engine.submit(Request([3 + i, 4, 5], max_new_tokens=6))
+        ids.append(rid)
+        if i % 2:
+            engine.cancel(rid)
+            cancelled.append(rid)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
+    go.set()
+    ends = {}
+    while any(t.is_alive() for t in threads) or engine.has_work():
+        for e in engine.step():
+            if e.finished:
+                assert e.request_id not in ends
+                ends[e.request_id] = e.finish_reason
+        engine.check_consistent()
     for t in threads:
         t.join()
-    done = engine.run()
-    assert sorted(done) == sorted(ids) and all(len(c.tokens) <= 3 for c in done.values())
-    assert all(c.trace.roles and set(c.trace.roles) <= {Role.SLM, Role.LLM} for c in done.values())
+    assert sorted(ends) == sorted(ids) and len(cancelled) == 4
+    assert all(ends[r] in ("cancelled", "stop", "length") for r in cancelled)
+    assert all(ends[r] in ("stop", "length") for r in ids if r not in cancelled)
+    assert all(engine.status(r) is None for r in ids) and engine.running == engine.waiting == 0
 
 
 def test_pinned_requests_are_the_single_models_and_a_shared_policy_routes_all():

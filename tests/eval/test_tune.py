@@ -77,7 +77,7 @@ def test_cli_on_the_shipped_pair_writes_the_config(tmp_path, capsys):
     assert result["models"]["llm"]["name"] == "shipped:llm" and result["models"]["llm"]["fingerprint"]
     saved = json.loads((tmp_path / "cfg" / "generation_config.json").read_text())
     assert saved["stitch_threshold"] == 0.01 and saved["_from_model_config"] is False
-    assert saved["stitch_slm_name_or_path"].endswith("pair/slm")
+    assert saved["stitch_slm_name_or_path"] == "shipped:slm"  # not a path into this install (issue 35, item 9)
 
 
 def test_cli_refuses_a_speed_target_without_latency(capsys):

@@ -130,3 +130,62 @@ def test_configure_validates_and_refuses_colliding_entries(pair):
     model.generation_config.stitch_slm = "org/slm"
     with pytest.raises(ValueError, match="stitch_slm_name_or_path"):
         model.generate(prompt(), max_new_tokens=2)
+
+
+def test_configure_takes_the_shipped_slm_as_a_path_and_stores_no_install_path(tmp_path):
+    """hf_rstitch.shipped() returns a Path; configure stores it as "shipped:slm", never a path into this venv."""
+    from hf_rstitch.toyworld.pair import load_pair
+
+    llm, _, tok = load_pair()
+    configure(llm, threshold=0.005, slm=hf_rstitch.shipped("slm"))
+    assert llm.generation_config.stitch_slm_name_or_path == "shipped:slm"
+    llm.save_pretrained(tmp_path / "llm")
+    written = (tmp_path / "llm" / "generation_config.json").read_text()
+    assert "shipped:slm" in written and str(hf_rstitch.shipped("pair")) not in written
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "llm").eval()
+    ids = tok.apply_chat_template([{"role": "user", "content": "Zoe has 61 stickers. Then Zoe finds 23 more. How many stickers does Zoe have now?"}],
+                                  add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = loaded.generate(**ids, max_new_tokens=30, return_dict_in_generate=True)
+    assert out.stitch.slm_tokens > 0  # the stored reference loaded the shipped SLM
+
+
+def test_configure_says_what_it_takes_for_an_unnamed_model(pair):
+    with pytest.raises(ValueError, match=r"str or Path"):
+        configure(_fresh(pair[0]), slm=object())
+
+
+def test_hooks_keep_transformers_signatures_and_docstrings():
+    import inspect
+
+    for name in ("save_pretrained", "from_dict"):
+        hooked = getattr(GenerationConfig, name)
+        original = hooked.__rstitch_original__ if name == "save_pretrained" else \
+            GenerationConfig.__dict__[name].__func__.__rstitch_original__
+        assert hooked.__name__ == name and hooked.__doc__ == original.__doc__
+        want = inspect.signature(original)
+        if name == "from_dict":  # a classmethod: bound, without cls
+            want = want.replace(parameters=list(want.parameters.values())[1:])
+        assert inspect.signature(hooked) == want
+
+
+def test_lazy_modules_list_their_names():
+    import hf_rstitch.eval
+    import hf_rstitch.router
+
+    assert {"Router", "RouterPolicy", "load_router"} <= set(dir(hf_rstitch.router))
+    assert {"evaluate", "sweep", "EvalConfig"} <= set(dir(hf_rstitch.eval))
+    assert "configure" in dir(hf_rstitch)
+
+
+def test_validate_checks_the_stitching_entries_where_transformers_checks_its_own():
+    config = GenerationConfig(max_new_tokens=4)
+    config.stitch_threshold = 5.0
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        config.validate(strict=True)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        GenerationConfig(stitch_threshold=-0.1)
+    config.stitch_threshold = 0.02
+    config.validate(strict=True)
+    config.stitch_slm_name_or_path = object()
+    with pytest.raises(ValueError, match="a string"):
+        config.validate()

@@ -14,7 +14,7 @@ import time
 
 from hf_rstitch.core.roles import Role
 from hf_rstitch.core.trace import StitchTrace
-from hf_rstitch.engine.requests import Event
+from hf_rstitch.engine.requests import Event, QueueFull
 
 
 class FakeEngine:
@@ -22,11 +22,13 @@ class FakeEngine:
 
     ``step_s`` sleeps in each step (a slow model); a prompt holding ``poison`` makes ``step()``
     raise while that row runs (an engine-wide failure); ``submit`` refuses an empty prompt or a
-    negative id with ``ValueError`` like the real engine.
+    negative id with ``ValueError``, and more than ``max_batch + max_waiting`` requests with ``QueueFull``,
+    like the real engine.
     """
 
-    def __init__(self, script, eos=3, max_batch=4, step_s=0.0, poison=None):
+    def __init__(self, script, eos=3, max_batch=4, step_s=0.0, poison=None, max_waiting=60, vocab=None):
         self.script, self.eos, self.max_batch, self.step_s, self.poison = list(script), eos, max_batch, step_s, poison
+        self.max_waiting, self.vocab = max_waiting, vocab
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._waiting: list = []
@@ -39,12 +41,22 @@ class FakeEngine:
     def submit(self, request):
         if not request.input_ids or min(request.input_ids) < 0:
             raise ValueError("input_ids must be a non-empty list of non-negative token ids")
+        if self.vocab is not None and max(request.input_ids) >= self.vocab:
+            raise ValueError(f"input_ids must be token ids below {self.vocab}")
         with self._lock:
+            held = len(({r.request_id for r in self._waiting} | set(self._rows)) - self._cancel)
+            if held >= self.capacity:
+                raise QueueFull(f"{held} requests in flight (limit {self.capacity} = max_batch {self.max_batch} running "
+                                f"+ max_waiting {self.max_waiting} waiting); retry later")
             if request.request_id is None:
                 request.request_id = f"req-{next(self._ids)}"
             self._waiting.append(request)
             self.submitted.append(request)
         return request.request_id
+
+    @property
+    def capacity(self):
+        return self.max_batch + self.max_waiting
 
     def cancel(self, request_id):
         with self._lock:

@@ -1,19 +1,21 @@
-"""A real uvicorn server on 127.0.0.1 (an ephemeral port) in a thread, for tests that need real
-connections: client disconnects, graceful shutdown, concurrency."""
+"""A real server on 127.0.0.1 (an ephemeral port) in a thread, as ``rstitch serve`` runs it (uvicorn that
+drains the engine first), for tests that need real connections: client disconnects, graceful shutdown,
+concurrency."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-import uvicorn
+from hf_rstitch.serve.server import DrainingServer, config_for
 
 
 class LiveServer:
-    def __init__(self, app, graceful_s: float = 10.0):
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                timeout_graceful_shutdown=int(graceful_s))
-        self.server = uvicorn.Server(config)
+    def __init__(self, app, graceful_s: float | None = None):
+        config = config_for(app, "127.0.0.1", 0, log_level="warning")
+        if graceful_s is not None:
+            config.timeout_graceful_shutdown = int(graceful_s)
+        self.server = DrainingServer(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = ""
 
@@ -29,7 +31,7 @@ class LiveServer:
         return self
 
     def stop(self, wait_s: float = 15.0) -> None:
-        """What SIGTERM does: stop accepting, finish open responses, run the lifespan shutdown."""
+        """What SIGTERM does: drain the engine, stop accepting, finish open responses, run the lifespan shutdown."""
         self.server.should_exit = True
         self.thread.join(wait_s)
 

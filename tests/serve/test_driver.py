@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from hf_rstitch.engine.requests import Request
-from hf_rstitch.serve.driver import EngineDriver, QueueFull, ShuttingDown
+from hf_rstitch.engine.requests import QueueFull, Request
+from hf_rstitch.serve.driver import EngineDriver, ShuttingDown
 from serve.fake_engine import FakeEngine
 from serve.helpers import EOS, SCRIPT
 
@@ -23,7 +23,7 @@ class Collect:
 
 
 def test_events_reach_their_own_sinks_in_order():
-    driver = EngineDriver(FakeEngine(SCRIPT, eos=EOS, max_batch=2), max_pending=8).start()
+    driver = EngineDriver(FakeEngine(SCRIPT, eos=EOS, max_batch=2, max_waiting=6)).start()
     sinks = [Collect() for _ in range(3)]
     rids = [driver.submit(Request([5, 6], max_new_tokens=n), s) for n, s in zip((3, 10, 5), sinks)]
     assert all(s.done.wait(5) for s in sinks)
@@ -36,8 +36,8 @@ def test_events_reach_their_own_sinks_in_order():
 
 
 def test_limit_cancel_and_drain():
-    engine = FakeEngine(SCRIPT * 50, eos=EOS, max_batch=1, step_s=0.01)
-    driver = EngineDriver(engine, max_pending=2).start()
+    engine = FakeEngine(SCRIPT * 50, eos=EOS, max_batch=1, step_s=0.01, max_waiting=1)  # the one limit: 2
+    driver = EngineDriver(engine).start()
     a, b = Collect(), Collect()
     ra = driver.submit(Request([5]), a)
     driver.submit(Request([6]), b)
@@ -52,7 +52,7 @@ def test_limit_cancel_and_drain():
 
 
 def test_bad_input_raises_at_submit_and_counts_nothing():
-    driver = EngineDriver(FakeEngine(SCRIPT, eos=EOS), max_pending=1).start()
+    driver = EngineDriver(FakeEngine(SCRIPT, eos=EOS, max_batch=1, max_waiting=0)).start()
     with pytest.raises(ValueError, match="non-negative token ids"):
         driver.submit(Request([-1]), Collect())
     ok = Collect()
@@ -62,7 +62,7 @@ def test_bad_input_raises_at_submit_and_counts_nothing():
 
 
 def test_failed_step_fails_in_flight_requests_and_the_thread_goes_on():
-    driver = EngineDriver(FakeEngine(SCRIPT, eos=EOS, poison=99), max_pending=4).start()
+    driver = EngineDriver(FakeEngine(SCRIPT, eos=EOS, poison=99)).start()
     bad = Collect()
     driver.submit(Request([99]), bad)
     assert bad.done.wait(5)

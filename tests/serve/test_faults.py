@@ -28,7 +28,7 @@ def _wait(cond, timeout=5.0):
     ("/v1/chat/completions", {**CHAT, "stich_threshold": 0.1}, "stich_threshold: Extra inputs are not permitted"),
     ("/v1/chat/completions", {**CHAT, "stitch_threshold": 1.5}, "stitch_threshold: Input should be less than or"),
     ("/v1/chat/completions", {**CHAT, "n": 2}, "n=2 (only n=1)"),
-    ("/v1/chat/completions", {**CHAT, "stop": ["\n"]}, "stop sequences are not supported"),
+    ("/v1/chat/completions", {**CHAT, "stop": ["a", "b", "c", "d", "e"]}, "stop: List should have at most 4 items"),
     ("/v1/chat/completions", {"messages": []}, "messages: List should have at least 1 item"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "only text content parts are supported"),
@@ -49,9 +49,9 @@ def test_bad_requests_fail_alone_with_400(client, path, body, needle):
 def test_engine_refusal_is_400(tokenizer):
     from fastapi.testclient import TestClient
 
-    app, _ = make_app(tokenizer, vocab_size=None)  # the fake engine refuses negative ids itself
+    app, _ = make_app(tokenizer, FakeEngine(SCRIPT, eos=EOS, vocab=100), vocab_size=None)  # the engine checks ids
     with TestClient(app) as c:
-        r = c.post("/v1/completions", json={"prompt": [-1]})
+        r = c.post("/v1/completions", json={"prompt": [120]})
     assert r.status_code == 400 and "the engine refused the request: input_ids must be" in r.json()["error"]["message"]
 
 
@@ -68,8 +68,8 @@ def _stream_first_chunks(url, body, n, out, stop_after=True):
 
 
 def test_queue_limit_answers_429_then_recovers(tokenizer):
-    engine = FakeEngine(SCRIPT, eos=EOS, max_batch=1, step_s=0.05)
-    app, _ = make_app(tokenizer, engine, max_pending=1)
+    engine = FakeEngine(SCRIPT, eos=EOS, max_batch=1, step_s=0.05, max_waiting=0)  # the engine's one limit: 1
+    app, _ = make_app(tokenizer, engine)
     with LiveServer(app) as srv:
         first: list = []
         t = threading.Thread(target=_stream_first_chunks, args=(srv.url, {**CHAT, "stream": True}, 0, first, False))
