@@ -78,7 +78,10 @@ def test_moe_pairs_equal_the_eager_engine(arch, device, monkeypatch):
     cpu = dict(attention="matmul", gemv=False, fuse_mlp=False, fuse_rope_store=False) if device == "cpu" else {}
     engine = FastEngine(FastConfig(max_bucket=4, graphs=device == "cuda", **cpu), max_batch=3)
     for batch_ids, batch_mask, routes in ((one, torch.ones_like(one), ROUTES[:1]), (ids, mask, ROUTES)):
-        ref = _generate(llm, slm, batch_ids, batch_mask, "default", stitch_policy=ReplayPolicy(routes))
+        try:
+            ref = _generate(llm, slm, batch_ids, batch_mask, "default", stitch_policy=ReplayPolicy(routes))
+        except RuntimeError as err:  # e.g. transformers' own experts kernels in a dtype this GPU lacks
+            pytest.skip(f"the eager engine itself fails here, nothing to compare: {err}"[:300])
         _same(_generate(llm, slm, batch_ids, batch_mask, engine, stitch_policy=ReplayPolicy(routes)), ref, 2e-4)
     seen = sorted(h for t in ref.stitch for h in t.slm_entropies if h is not None)
     tau = seen[len(seen) // 2]  # the median SLM entropy: routes mix

