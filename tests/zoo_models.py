@@ -7,9 +7,9 @@ wide, 3 layers) and an SLM (32 wide, 2 layers) of the same vocabulary, float32, 
 configurations (``text_config``, ``vision_config``, ``audio_config``, ...) are shrunk the same way, so a
 multimodal model is built whole and decodes text-only prompts. No per-architecture code: what a type needs
 beyond the generic shrink is data in :data:`OVERRIDES` (configuration fields, :class:`PerRole` where the LLM
-and SLM need different values); what cannot be built as a
-text-only decoder pair is listed with its reason in :data:`EXCLUDED` (one place), and
-:func:`build_pair` raises :class:`NotBuildable` for anything else that fails.
+and SLM need different values); what cannot be built as a text-only decoder pair is listed with its
+reason in :data:`EXCLUDED` (one place), and :func:`build_pair` raises :class:`NotBuildable` for anything
+else that fails.
 
 Used by the conformance suite (``tests/zoo``) and the GPU lab script (``benchmarks/zoo.py``).
 """
