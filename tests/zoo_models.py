@@ -94,6 +94,8 @@ OVERRIDES: dict[str, dict] = {
     "gpt_neo": {"attention_types": PerRole(([[["global", "local"], 1], [["global"], 1]], [[["global", "local"], 1]]))},
     "gemma3n_text": {"num_kv_shared_layers": 0, "intermediate_size": PerRole(([128] * 3, [64] * 2)),
                      "activation_sparsity_pattern": PerRole(([0.95, 0.0, 0.0], [0.95, 0.0]))},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
     "lfm2_moe": {"num_dense_layers": 1, "layer_types": PerRole((["conv", "full_attention", "conv"],
                                                                 ["conv", "full_attention"]))},
     "mamba2": {"expand": 1, "n_groups": 1},
@@ -115,8 +117,8 @@ OVERRIDES: dict[str, dict] = {
 # what cannot be built as a tiny text-only decoder pair, and why: the one list (transformers 5.24; tests/zoo skips them,
 # benchmarks/zoo.py reports them)
 _ENCODER_DECODER = "an encoder-decoder model, not a decoder-only causal LM"
-_STATE = ("recurrent or state-space layers with a cache of their own: the eager engine's DynamicCache lanes "
-          "do not run it either")
+_STATE = ("state-space layers only: its cache holds no attention layer, and the eager engine's lanes, which ask "
+          "the cache for its length, fail on it (ValueError: `get_seq_length` can only be called on Attention layers)")
 _DEPENDENCY = "needs an optional dependency that is not installed (timm)"
 _DRAFTER = ("a drafter for a Gemma 4 backbone, not a standalone LM: every layer reads the backbone's KV cache "
             "(num_kv_shared_layers = num_hidden_layers); a model of its own fails with 'The set of layer types "
@@ -124,9 +126,12 @@ _DRAFTER = ("a drafter for a Gemma 4 backbone, not a standalone LM: every layer 
 EXCLUDED: dict[str, str] = {
     **dict.fromkeys(["bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "musicgen",
                      "musicgen_melody", "mvp", "pegasus", "plbart", "prophetnet", "whisper"], _ENCODER_DECODER),
-    **dict.fromkeys(["falcon_mamba", "jamba", "mamba", "mamba2", "minimax", "recurrent_gemma"], _STATE),
+    **dict.fromkeys(["falcon_mamba", "mamba", "mamba2"], _STATE),
+    "minimax": "the eager engine itself fails on it: MiniMax refuses any cache but its own (ValueError: MiniMax uses "
+               "cache of its own and is not compatible with `cache` of type DynamicCache)",
     **dict.fromkeys(["gemma3n"], _DEPENDENCY),
-    "cpmant": "the eager engine itself fails on it (RuntimeError: The size of tensor a (41) must match ...)",
+    "cpmant": "the eager engine itself fails on it (RuntimeError: The size of tensor a (41) must match the size of "
+              "tensor b (33) at non-singleton dimension 3)",
     "xlm": "the eager engine itself fails on it: XLM's attention builds its mask from the cache's length, empty over "
            "a DynamicCache lane (RuntimeError: The expanded size of the tensor (9) must match the existing size (0))",
     "gemma4_assistant": _DRAFTER + " (and its default configuration fails its own validator: "
