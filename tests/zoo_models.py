@@ -110,7 +110,8 @@ OVERRIDES: dict[str, dict] = {
                                          "depthwise_separable_out_channel": 64, "nemo_conv_channels": 64}},
     "qwen4_exp": {"text_config": _INDEXER}, "qwen4_exp_text": _INDEXER,
     "xmod": {"default_language": "en_XX"},
-    "zamba": _ZAMBA, "zamba2": {**_ZAMBA, "hybrid_layer_ids": [1], "n_mamba_heads": PerRole((8, 4))},
+    "zamba": _ZAMBA, "zamba2": {**_ZAMBA, "hybrid_layer_ids": PerRole(([2], [1])),  # where the cut puts its hybrid layer
+               "n_mamba_heads": PerRole((8, 4))},
     "zaya": {"num_experts_per_tok": 1},
 }
 
@@ -141,8 +142,6 @@ EXCLUDED: dict[str, str] = {
            "forward reads config.num_hidden_layers, which BltConfig does not have (AttributeError)",
     "xlstm": "recurrent layers with a state of their own; the shrunk model's forward fails in its mLSTM step (ValueError: "
              "matC_old has wrong shape, got [1, 4, 16, 16]): its kernels fix a head size the shrink does not reach",
-    "zamba2": "its shared attention blocks are placed by hybrid_layer_ids; cut to 3 layers the forward looks up a "
-              "block that is not there (KeyError: 2 in Zamba2Model.forward)",
 }
 
 
