@@ -332,9 +332,9 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
 
     Returns ``([b, q, H, D], None)``.
     """
+    window = call_window(module, kwargs, windows)  # a layer disagreeing with its config is refused on every path
     if not supported(query, key):
         return fallback(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    window = call_window(module, kwargs, windows)
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     softcap = float(kwargs.get("softcap") or 0.0)
     return torch.ops.hf_rstitch.decode_attention(query, key, value, pos, pad, scale, NO_WINDOW if window is None
