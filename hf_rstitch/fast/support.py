@@ -32,8 +32,14 @@ from .config import check_supported
 # transformers 5.17; issue 36's run of 21 architectures, B = 1 and 3): extend it from a newer
 # benchmarks/results/zoo_<gpu>.json, whose `fast_by_name` rows say what the fast engine proves there
 PROVEN = frozenset({
-    "gemma", "gpt2", "gpt_neox", "granite", "llama", "mistral", "olmo2", "phi", "phi3", "qwen2", "qwen3",
-    "smollm3", "stablelm", "starcoder2",
+    "afmoe", "apertus", "arcee", "bert", "bert-generation", "biogpt", "bitnet", "camembert", "ctrl", "cwm",
+    "data2vec-text", "electra", "ernie", "exaone4", "exaone_moe", "flex_olmo", "gemma", "gemma2", "gemma3_text",
+    "glm4_moe", "gpt-sw3", "gpt2", "gpt_bigcode", "gpt_neox", "gpt_oss", "granite", "granite_swa", "granitemoe",
+    "granitemoe_swa", "granitemoeshared", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "jais2",
+    "lfm2", "llama", "mellum", "minimax_m2", "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral",
+    "modernbert-decoder", "nemotron", "olmo", "olmo2", "olmo3", "olmoe", "opt", "persimmon", "phi", "phi3",
+    "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "roberta", "roberta-prelayernorm", "seed_oss", "smollm3",
+    "solar_open", "stablelm", "starcoder2", "vaultgemma", "xlm-roberta", "xlm-roberta-xl"
 })
 PROVEN_CAPABILITIES = frozenset({(9, 0)})  # H100 / H200: where every fast-engine result so far was measured
 FAILED = "_rstitch_fast_failed"  # on the LLM: WeakKeyDictionary {slm: reason} of pairs that failed fast

@@ -1,5 +1,5 @@
 """The zoo on CUDA: "auto" (graphs, compile="parts") runs every proven architecture fast and equal to the eager
-engine, and a real capture failure (MoE expert dispatch inside a CUDA graph) falls back to the eager engine with
+engine, and a real capture failure (Aria's text model copies to the host inside a CUDA graph) falls back to the eager engine with
 one warning instead of raising. Marked gpu (skipped without CUDA); benchmarks/zoo.py covers the whole zoo."""
 
 import logging
@@ -36,10 +36,10 @@ def test_auto_runs_the_proven_architectures_fast_and_equal(model_type):
 
 
 def test_a_failing_capture_falls_back_to_the_eager_engine(monkeypatch, caplog):
-    """Qwen3-MoE's expert dispatch copies to the host inside the graph capture (issue 36): were it proven,
+    """Aria's text model copies between CPU and CUDA inside the graph capture (the GPU zoo run): were it proven,
     "auto" would still return the eager engine's tokens, warn once, and send the pair's later calls there."""
-    llm, slm = (m.cuda() for m in build_pair("qwen3_moe"))
-    monkeypatch.setattr(support, "PROVEN", support.PROVEN | {"qwen3_moe"})
+    llm, slm = (m.cuda() for m in build_pair("aria_text"))
+    monkeypatch.setattr(support, "PROVEN", support.PROVEN | {"aria_text"})
     monkeypatch.setattr(support, "PROVEN_CAPABILITIES", {torch.cuda.get_device_capability()})
     threshold = pick_threshold(slm)
     want = stitched(llm, slm, "greedy", 3, threshold, "default")
