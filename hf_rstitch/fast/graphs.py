@@ -27,12 +27,36 @@ def capturing(graph: torch.cuda.CUDAGraph, **kwargs):
     worker loading its kernels) do not invalidate it either; this thread's own calls are still checked."""
     enabled = gc.isenabled()
     gc.disable()
+    stream = kwargs.get("stream")
+    device = stream.device if stream is not None else torch.device("cuda", torch.cuda.current_device())
+    before = torch.cuda.current_stream(device)
     try:
         with torch.cuda.graph(graph, capture_error_mode="thread_local", **kwargs):
             yield
+    except BaseException:
+        recover_from_failed_capture(device, before)
+        raise
     finally:
         if enabled:
             gc.enable()
+
+
+def recover_from_failed_capture(device: torch.device, stream: torch.cuda.Stream) -> None:
+    """Leave the process as a failed capture found it, so the eager engine can take over (``"auto"``'s rerun).
+
+    When a capture is invalidated (a CUDA call fails inside it), ``CUDAGraph.capture_end`` raises before it
+    ends the generators' capture and before ``torch.cuda.graph`` restores the stream: the default CUDA
+    generator stays "capturing" (every later sampling call raises "Offset increment outside graph capture
+    encountered unexpectedly") and this thread keeps the capture stream as its current stream (seen on an
+    H200 with xmod, torch 2.11). The generator gets a fresh state with the same seed and offset
+    (``clone_state``: not capturing); graphs captured before hold no random draws (sampling runs outside
+    them), so they lose nothing."""
+    torch.cuda.set_stream(stream)
+    generator = torch.cuda.default_generators[device.index if device.index is not None else 0]
+    try:
+        generator.graphsafe_set_state(generator.clone_state())
+    except RuntimeError:  # a generator that cannot clone its state mid-capture: leave it as it is
+        pass
 
 
 class GraphRunner:

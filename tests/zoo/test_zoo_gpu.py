@@ -55,3 +55,19 @@ def test_a_failing_capture_falls_back_to_the_eager_engine(monkeypatch, caplog):
         pytest.skip("the capture did not fail on this torch / transformers: nothing fell back")
     assert any("reruns on the eager engine" in r.getMessage() for r in caplog.records)
     assert "failed on the fast engine earlier" in support.why_not_fast(llm, slm, 3)
+
+
+def test_sampling_after_an_invalidated_capture_falls_back_with_the_eager_tokens():
+    """xmod's capture is invalidated by a CUDA error inside it (the H200 zoo run): "auto" (were it proven) must
+    still return the eager engine's sampled tokens -- the failed capture leaves no generator stuck "capturing"
+    and no capture stream current behind it (:func:`hf_rstitch.fast.graphs.recover_from_failed_capture`)."""
+    llm, slm = (m.cuda() for m in build_pair("xmod"))
+    threshold = pick_threshold(slm)
+    want = stitched(llm, slm, "sample", 1, threshold, "default")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(support, "PROVEN", support.PROVEN | {"xmod"})
+        patch.setattr(support, "PROVEN_CAPABILITIES", {torch.cuda.get_device_capability()})
+        got = stitched(llm, slm, "sample", 1, threshold, None)
+    assert torch.equal(got[0].cpu(), want[0].cpu()) and got[1] == want[1]
+    again = stitched(llm, slm, "sample", 1, threshold, "default")  # the process still samples as before
+    assert torch.equal(again[0].cpu(), want[0].cpu())
