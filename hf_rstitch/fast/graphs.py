@@ -27,21 +27,27 @@ def capturing(graph: torch.cuda.CUDAGraph, **kwargs):
     worker loading its kernels) do not invalidate it either; this thread's own calls are still checked."""
     enabled = gc.isenabled()
     gc.disable()
-    stream = kwargs.get("stream")
-    device = stream.device if stream is not None else torch.device("cuda", torch.cuda.current_device())
-    before = torch.cuda.current_stream(device)
+    before = _stream_before(kwargs.get("stream"))
     try:
         with torch.cuda.graph(graph, capture_error_mode="thread_local", **kwargs):
             yield
     except BaseException:
-        recover_from_failed_capture(device, before)
+        if before is not None:
+            recover_from_failed_capture(before)
         raise
     finally:
         if enabled:
             gc.enable()
 
 
-def recover_from_failed_capture(device: torch.device, stream: torch.cuda.Stream) -> None:
+def _stream_before(capture_stream) -> torch.cuda.Stream | None:
+    """This thread's current stream on the capture's device (what a failed capture must give back)."""
+    if isinstance(capture_stream, torch.cuda.Stream):
+        return torch.cuda.current_stream(capture_stream.device)
+    return torch.cuda.current_stream() if capture_stream is None and torch.cuda.is_available() else None
+
+
+def recover_from_failed_capture(stream: torch.cuda.Stream) -> None:
     """Leave the process as a failed capture found it, so the eager engine can take over (``"auto"``'s rerun).
 
     When a capture is invalidated (a CUDA call fails inside it), ``CUDAGraph.capture_end`` raises before it
@@ -52,7 +58,7 @@ def recover_from_failed_capture(device: torch.device, stream: torch.cuda.Stream)
     (``clone_state``: not capturing); graphs captured before hold no random draws (sampling runs outside
     them), so they lose nothing."""
     torch.cuda.set_stream(stream)
-    generator = torch.cuda.default_generators[device.index if device.index is not None else 0]
+    generator = torch.cuda.default_generators[stream.device.index if stream.device.index is not None else 0]
     try:
         generator.graphsafe_set_state(generator.clone_state())
     except RuntimeError:  # a generator that cannot clone its state mid-capture: leave it as it is
