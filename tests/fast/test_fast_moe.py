@@ -13,6 +13,7 @@ from transformers.integrations import moe
 from hf_rstitch import ReplayPolicy
 from hf_rstitch.fast import FastConfig, FastEngine, check_supported
 from hf_rstitch.fast import experts as fast_experts
+from engine_checks import assert_same, generate_n
 from tiny_models import SPECIAL, left_pad, prompt
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -48,17 +49,6 @@ def _build(arch, hidden, layers, heads, seed, dtype, device):
 PAIRS = {"qwen3_moe": ("qwen3_moe", "qwen3"), "mixtral": ("mixtral", "mixtral"), "gpt_oss": ("gpt_oss", "gpt_oss")}
 
 
-def _generate(llm, slm, ids, mask, engine, **kw):
-    return llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_engine=engine, max_new_tokens=N_NEW,
-                        min_new_tokens=N_NEW, return_dict_in_generate=True, output_logits=True, **kw)
-
-
-def _same(out, ref, tol):
-    assert torch.equal(out.sequences, ref.sequences)
-    traces = lambda o: o.stitch if isinstance(o.stitch, list) else [o.stitch]  # noqa: E731
-    assert [t.roles for t in traces(out)] == [t.roles for t in traces(ref)]
-    for a, b in zip(out.logits, ref.logits):
-        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -79,14 +69,15 @@ def test_moe_pairs_equal_the_eager_engine(arch, device, monkeypatch):
     engine = FastEngine(FastConfig(max_bucket=4, graphs=device == "cuda", **cpu), max_batch=3)
     for batch_ids, batch_mask, routes in ((one, torch.ones_like(one), ROUTES[:1]), (ids, mask, ROUTES)):
         try:
-            ref = _generate(llm, slm, batch_ids, batch_mask, "default", stitch_policy=ReplayPolicy(routes))
+            ref = generate_n(llm, slm, batch_ids, batch_mask, "default", N_NEW, stitch_policy=ReplayPolicy(routes))
         except RuntimeError as err:  # e.g. transformers' own experts kernels in a dtype this GPU lacks
             pytest.skip(f"the eager engine itself fails here, nothing to compare: {err}"[:300])
-        _same(_generate(llm, slm, batch_ids, batch_mask, engine, stitch_policy=ReplayPolicy(routes)), ref, 2e-4)
+        out = generate_n(llm, slm, batch_ids, batch_mask, engine, N_NEW, stitch_policy=ReplayPolicy(routes))
+        assert_same(out, ref, 2e-4)
     seen = sorted(h for t in ref.stitch for h in t.slm_entropies if h is not None)
     tau = seen[len(seen) // 2]  # the median SLM entropy: routes mix
-    ref = _generate(llm, slm, ids, mask, "default", stitch_threshold=tau)
-    _same(_generate(llm, slm, ids, mask, engine, stitch_threshold=tau), ref, 2e-4)
+    ref = generate_n(llm, slm, ids, mask, "default", N_NEW, stitch_threshold=tau)
+    assert_same(generate_n(llm, slm, ids, mask, engine, N_NEW, stitch_threshold=tau), ref, 2e-4)
     assert any(len(set(t.roles)) > 1 for t in ref.stitch)
     if device == "cpu":
         assert dispatched  # the lanes' forwards ran the on-device dispatch
@@ -123,6 +114,6 @@ def test_bf16_experts_are_captured_and_replay_what_they_run_eagerly():
     if torch.cuda.get_device_capability() >= (9, 0):
         assert fast_experts.implementation(llm) == "grouped_mm"
     ids, mask = (t.cuda() for t in left_pad([prompt(k, seed=20 + i) for i, k in enumerate([7, 13, 4])]))
-    outs = [_generate(llm, slm, ids, mask, FastEngine(FastConfig(max_bucket=4, graphs=graphs), max_batch=3),
-                      stitch_policy=ReplayPolicy(ROUTES)) for graphs in (True, False)]
+    outs = [generate_n(llm, slm, ids, mask, FastEngine(FastConfig(max_bucket=4, graphs=graphs), max_batch=3), N_NEW,
+                       stitch_policy=ReplayPolicy(ROUTES)) for graphs in (True, False)]
     assert torch.equal(outs[0].sequences, outs[1].sequences)

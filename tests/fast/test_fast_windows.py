@@ -20,6 +20,7 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Ge
 from hf_rstitch import ReplayPolicy
 from hf_rstitch.fast import FastConfig, FastEngine
 from hf_rstitch.fast.windows import layer_windows, supports_windows
+from engine_checks import assert_same, generate_n
 from tiny_models import SPECIAL, left_pad, prompt
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -64,17 +65,6 @@ ROUTES = [["slm"] * 3 + ["llm"] * 9 + ["slm"] * 8,  # an LLM run longer than the
           ["slm"] * 12 + ["llm"] * 3 + ["slm"] * 5]
 
 
-def _generate(llm, slm, ids, mask, engine, **kw):
-    return llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_engine=engine, max_new_tokens=N_NEW,
-                        min_new_tokens=N_NEW, return_dict_in_generate=True, output_logits=True, **kw)
-
-
-def _same(out, ref, tol):
-    assert torch.equal(out.sequences, ref.sequences)
-    traces = lambda o: o.stitch if isinstance(o.stitch, list) else [o.stitch]  # noqa: E731
-    assert [t.roles for t in traces(out)] == [t.roles for t in traces(ref)]
-    for a, b in zip(out.logits, ref.logits):
-        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
 def _engine(device):
@@ -115,15 +105,16 @@ def test_windowed_pairs_equal_the_eager_engine(arch, dtype, device):
     ids, mask = (t.to(device) for t in left_pad([prompt(k, seed=20 + i) for i, k in enumerate([7, 13, 4])]))
     for batch_ids, batch_mask, routes in ((one, torch.ones_like(one), ROUTES[:1]), (ids, mask, ROUTES)):
         try:
-            ref = _generate(llm, slm, batch_ids, batch_mask, "default", stitch_policy=ReplayPolicy(routes))
+            ref = generate_n(llm, slm, batch_ids, batch_mask, "default", N_NEW, stitch_policy=ReplayPolicy(routes))
         except RuntimeError as err:  # e.g. transformers' own experts kernels in a dtype this GPU lacks
             pytest.skip(f"the eager engine itself fails here, nothing to compare: {err}"[:300])
-        _same(_generate(llm, slm, batch_ids, batch_mask, _engine(device), stitch_policy=ReplayPolicy(routes)), ref, tol)
+        out = generate_n(llm, slm, batch_ids, batch_mask, _engine(device), N_NEW, stitch_policy=ReplayPolicy(routes))
+        assert_same(out, ref, tol)
     # entropy routing at the median of the SLM's entropies on the replayed routes: the routes themselves must agree
     seen = sorted(h for t in ref.stitch for h in t.slm_entropies if h is not None)
     tau = seen[len(seen) // 2]
-    ref = _generate(llm, slm, ids, mask, "default", stitch_threshold=tau)
-    _same(_generate(llm, slm, ids, mask, _engine(device), stitch_threshold=tau), ref, tol)
+    ref = generate_n(llm, slm, ids, mask, "default", N_NEW, stitch_threshold=tau)
+    assert_same(generate_n(llm, slm, ids, mask, _engine(device), N_NEW, stitch_threshold=tau), ref, tol)
     assert any(len(set(t.roles)) > 1 for t in ref.stitch)  # some row switched models
 
 
@@ -148,7 +139,7 @@ def test_split_kernel_lanes_equal_matmul_lanes(arch):
                                  stitch_engine=engine, max_new_tokens=10, min_new_tokens=10,
                                  return_dict_in_generate=True, output_logits=True))
         assert (next(iter(engine._lanes.values()))._no_mask is not None) == (attention == "split")
-    _same(outs[0], outs[1], 1e-4)
+    assert_same(outs[0], outs[1], 1e-4)
 
 
 def test_a_windowed_layer_that_passes_no_window_is_refused():
