@@ -37,3 +37,38 @@ class LiveServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_cli_server(*args: str, timeout: float = 120):
+    """``rstitch serve --port P *args`` in a subprocess on the shipped pair (offline, one thread), once its
+    /health answers 200: ``(process, url)``; stdout and stderr merged into ``process.stdout``."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import httpx
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "hf_rstitch.cli.main", "serve", "--port", str(port), *args],
+                            cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    return proc, url

@@ -4,24 +4,19 @@ running request on SIGTERM."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 
 from hf_rstitch.toyworld.pair import assets_present
 from serve.helpers import sse_events
-from serve.live import LiveServer
+from serve.live import LiveServer, start_cli_server
 from serve.pair_cases import CASES, SERVER_TAU, body, got, pair, solo
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not assets_present(), reason="shipped toy-world pair absent")]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_concurrent_requests_equal_solo_generate(one_thread):
@@ -92,29 +87,9 @@ def test_disconnect_frees_the_real_engines_row(one_thread):
         assert httpx.post(srv.url + "/v1/chat/completions", json=body(1, None, 8), timeout=60).status_code == 200
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cli_serve_drains_on_sigterm():
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "hf_rstitch.cli.main", "serve", "--port", str(port),
-                             "--threshold", "0.0"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc, url = start_cli_server("--threshold", "0.0")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
         lines = []
         # tau 0: every token from the LLM, 200 of them: long enough to be running at SIGTERM
         with httpx.stream("POST", url + "/v1/chat/completions", timeout=120,

@@ -65,28 +65,13 @@ def test_the_wedge_scenario_and_overflowing_sampling_leave_innocents_alone(one_t
 def test_cli_sigterm_with_a_short_drain_answers_every_admitted_request():
     """`rstitch serve --drain-timeout 0.5`, SIGTERM while 3 plain and 3 streaming requests of 300 LLM tokens
     are admitted: the plain ones get a 503 JSON error, the streams an error event then [DONE]."""
-    import os
     import signal
-    import subprocess
-    import sys
     import threading
 
-    from serve.test_pair_e2e import ROOT, _free_port
+    from serve.live import start_cli_server
 
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "hf_rstitch.cli.main", "serve", "--port", str(port), "--threshold",
-                             "0.0", "--max-batch", "4", "--drain-timeout", "0.5"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, url = start_cli_server("--threshold", "0.0", "--max-batch", "4", "--drain-timeout", "0.5")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
 
         def ask(i, stream):
             b = body(i, None, 300, stream=stream)
