@@ -39,16 +39,16 @@ class Transcript:
         if event.token is not None:
             self.tokens.append(int(event.token))
             self.roles.append(event.role)
-        if self.stop and self._find_stop():
+        text = self._decoded()  # one decode per event: the stop search and the delta read the same text
+        if self.stop and self._find_stop(text):
             self.finish_reason, self.trace = "stop", getattr(event, "trace", None)
-            return self._delta(final=True)
+            return self._delta(text[:self._cut], final=True)
         if event.finished:
             self.finish_reason, self.error, self.trace = event.finish_reason, event.error, event.trace
-            return self._delta(final=True)
-        return self._delta(final=False) if event.token is not None else ""
+            return self._delta(text, final=True)
+        return self._delta(text, final=False) if event.token is not None else ""
 
-    def _find_stop(self) -> bool:
-        text = self.text
+    def _find_stop(self, text: str) -> bool:
         start = max(0, len(self.sent) - max(map(len, self.stop)))  # a stop string may end in new text only
         hits = [i for i in (text.find(s, start) for s in self.stop) if i >= 0]
         if not hits:
@@ -56,8 +56,7 @@ class Transcript:
         self._cut, self.stopped = min(hits), True
         return True
 
-    def _delta(self, final: bool) -> str:
-        text = self.text
+    def _delta(self, text: str, final: bool) -> str:
         if not final:  # hold back an incomplete multi-byte character, and text that may begin a stop string
             if text.endswith("\ufffd"):
                 return ""
@@ -72,9 +71,12 @@ class Transcript:
         return max((n for s in self.stop for n in range(min(len(s) - 1, len(text)), 0, -1)
                     if text.endswith(s[:n])), default=0)
 
+    def _decoded(self) -> str:
+        return self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+
     @property
     def text(self) -> str:
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        text = self._decoded()
         return text if self._cut is None else text[:self._cut]
 
     def usage(self) -> dict[str, int]:
