@@ -194,38 +194,29 @@ def attention(run: Run, fi, name: str, s: Shape, batch: int, length: int) -> Non
         run.case("attention", name, batch, "flashinfer: single_decode_with_kv_cache",
                  lambda: [fi.single_decode_with_kv_cache(q[0], keys[0], values[0], kv_layout="HND", sm_scale=scale)],
                  ref, extra, "one request, HND keys/values")
+    from hf_rstitch.fast.flashinfer_decode import PagedDecode
+
     for tc in (False, True):
         impl = f"flashinfer: BatchDecodeWithPagedKVCache ({'tensor cores' if tc else 'CUDA cores'})"
         try:
-            wrapper, plan_us = paged_decode(run, fi, s, batch, length, tc)
+            paged = PagedDecode(keys, values, s.heads, tensor_cores=tc, cuda_graph=True)
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                paged.plan([length] * batch)
+                times.append(time.perf_counter() - t0)
         except Exception as err:  # noqa: BLE001
             run.rows.append({"family": "attention", "shape": name, "batch": batch, "impl": impl, **extra,
                              "error": f"plan: {type(err).__name__}: {err}"[:400]})
             continue
-        run.case("attention", name, batch, impl, lambda: pick(wrapper.run(q, (keys, values)), rows), ref,
-                 {**extra, "plan_us": plan_us}, "paged decode over the same cache (a page a row); plan on the host")
+        run.case("attention", name, batch, impl, lambda: pick(paged.run(q[:, :, None])[:, 0], rows), ref,
+                 {**extra, "plan_us": 1e6 * statistics.median(times)},
+                 "hf_rstitch.fast.flashinfer_decode.PagedDecode: paged decode over the same cache (a page a row), "
+                 "planned on the host before")
 
 
 def pick(out, rows):
     return [out[b] for b in rows]
-
-
-def paged_decode(run: Run, fi, s: Shape, batch: int, length: int, tensor_cores: bool):
-    """A planned wrapper over ``batch`` pages of ``length`` slots (page ``b`` = cache row ``b``) and its plan's
-    host microseconds (median of 5)."""
-    torch = run.torch
-    work = torch.zeros(128 << 20, dtype=torch.uint8, device=run.device)
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(work, "HND", use_tensor_cores=tensor_cores)
-    indptr = torch.arange(batch + 1, dtype=torch.int32, device=run.device)
-    indices = torch.arange(batch, dtype=torch.int32, device=run.device)
-    last = torch.full((batch,), length, dtype=torch.int32, device=run.device)
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        wrapper.plan(indptr, indices, last, s.heads, s.kv_heads, s.head_dim, length, q_data_type=torch.bfloat16,
-                     kv_data_type=torch.bfloat16, sm_scale=s.head_dim ** -0.5)
-        times.append(time.perf_counter() - t0)
-    return wrapper, 1e6 * statistics.median(times)
 
 
 # ---- add + RMSNorm -----------------------------------------------------------------------------------------
