@@ -184,6 +184,9 @@ def pair_section(args, llm, slm, generate, device, res) -> None:
     import engine_batched as ebt
     import engine_bench as eb
 
+    if res["engine"] != "fast" and not args.dry_run_cpu:  # the eager engine: minutes for the route, and not the question
+        res["error"] = "the 'auto' engine ran the eager engine (see warnings): pair not timed"
+        return
     facts = {"llm": ebt.model_facts(llm), "slm": ebt.model_facts(slm)}
     stitched = ebt.stitched_routes(1, args.scale)
     alone = [["llm"] * round(eb.MATH["llm_only_tokens"] * args.scale)]
