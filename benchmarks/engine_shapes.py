@@ -245,7 +245,7 @@ def spawn(args, kind: str, what: str, root: Path, timeout: float) -> dict:
 
 def to_row(r: dict) -> dict:
     keep = ("role", "ms_per_token", "floor_ms", "first_call_s", "call_ms_per_token", "bandwidth_gbps", "engine",
-            "decode_read_bytes", "tied_embeddings", "graphs", "caches", "process_s", "warnings", "error")
+            "weight_bytes", "decode_read_bytes", "tied_embeddings", "graphs", "caches", "process_s", "warnings", "error")
     row = {"model": r["what"], "batch": 1, "ms_per_token": r.get("ms_per_token"), "floor_ms": r.get("floor_ms"),
            "first_call_s": r.get("first_call_s"), "fresh_machine": r["fresh_machine"]}
     if row["ms_per_token"] and row["floor_ms"]:
