@@ -21,8 +21,8 @@ Everything runs through ``generate(..., stitch_engine="auto")`` with a replayed 
   344 LLM + 771 SLM tokens in LLM runs of ~4 (:func:`engine_batched.stitched_routes`), times ``--scale``.
   ``first_call_s``: the process's first ``generate`` (a 4-token stitched route); ``first_route_s``: the first
   MATH-route call after it (any bucket its hand-overs need for the first time is captured inside it);
-  ``stitched_s``: the same route again (median of two); ``llm_alone_s``: the LLM alone. Floors: :func:`engine_batched.floor_seconds`
-  (weights each forward needs plus the KV cache it reads, over the copy bandwidth).
+  ``stitched_s``: the same route again (median of two); ``llm_alone_s``: the LLM alone. Floors:
+  :func:`engine_batched.floor_seconds` (weights each forward needs plus the KV cache it reads, over the copy bandwidth).
 
 Caches: ``--fresh`` gives every process its own empty ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR`` and GEMV
 tuning table, so its first call is what a fresh machine pays (``fresh_machine: true``); without it the processes
@@ -137,7 +137,8 @@ def child(args) -> dict:
         llm, slm = build(llm_name, device, 0, tiny=args.dry_run_cpu), build(slm_name, device, 1, tiny=args.dry_run_cpu)
     else:
         layers = 1 if not args.dry_run_cpu else None
-        model, partner = build(args.what, device, 0, tiny=args.dry_run_cpu), build(args.what, device, 1, layers, args.dry_run_cpu)
+        model = build(args.what, device, 0, tiny=args.dry_run_cpu)
+        partner = build(args.what, device, 1, layers, args.dry_run_cpu)
         llm, slm = (partner, model) if args.what in SLMS else (model, partner)
     res = {"environment": lab.environment([device]), "build_s": time.perf_counter() - t0,
            "bandwidth_gbps": eb.copy_bandwidth(2 << 30 if device == "cuda" else 1 << 24)}
