@@ -306,6 +306,8 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the MATH route's token counts")
     ap.add_argument("--fresh", action="store_true", help="every process its own empty compile / Triton caches")
     ap.add_argument("--budget-s", type=float, default=290, help="no process starts with less than it needs left")
+    ap.add_argument("--merge", metavar="JSON", help="an earlier run's result on the same card: its rows and pairs "
+                    "that this run does not measure are kept (marked with the earlier run's date)")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
     ap.add_argument("--child", choices=["row", "pair"], help=argparse.SUPPRESS)
     ap.add_argument("--what", help=argparse.SUPPRESS)
@@ -332,11 +334,28 @@ def main() -> None:
                        versions={k: env[k] for k in ("torch", "transformers", "python")})
         doc["rows" if kind == "row" else "pairs"].append(to_row(r) if kind == "row" else to_pair(r))
         save(doc, args)
+    merge(doc, args.merge)
     save(doc, args)
     print(markdown(doc))
     print(json.dumps({"device": doc["device"], "rows": [{k: r.get(k) for k in ("model", "ms_per_token", "floor_ms",
                      "first_call_s")} for r in doc["rows"]], "pairs": [{k: p.get(k) for k in ("llm", "slm", "speedup")}
                                                                        for p in doc["pairs"]]}))
+
+
+def merge(doc: dict, path: str | None) -> None:
+    """Keep the rows and pairs of the earlier result at ``path`` (same card) that ``doc`` did not measure."""
+    if not path or not Path(path).exists():
+        return
+    old = json.loads(Path(path).read_text())
+    if doc["device"] is not None and old.get("device") != doc["device"]:
+        doc["skipped"].append(f"--merge {path}: measured on {old.get('device')}, not merged")
+        return
+    have = {r["model"] for r in doc["rows"]}
+    doc["rows"] += [{**r, "from_run": old.get("date")} for r in old.get("rows", []) if r["model"] not in have]
+    have = {(p["llm"], p["slm"]) for p in doc["pairs"]}
+    doc["pairs"] += [{**p, "from_run": old.get("date")} for p in old.get("pairs", []) if (p["llm"], p["slm"]) not in have]
+    order = {m: i for i, m in enumerate(ROWS_ORDER)}
+    doc["rows"].sort(key=lambda r: order.get(r["model"], 99))
 
 
 def save(doc: dict, args) -> None:
