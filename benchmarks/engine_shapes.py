@@ -10,16 +10,18 @@ Weights are random, bf16, made directly on the GPU from the published configs' d
 Everything runs through ``generate(..., stitch_engine="auto")`` with a replayed route
 (:class:`hf_rstitch.ReplayPolicy`), each model or pair in its own fresh Python process, one after another:
 
-* a row (``--models``): the model alone -- as the SLM if it is one of a pair's SLMs, else as the LLM -- beside a
-  one-layer partner of the same dimensions (``generate`` always builds both lanes; the partner's lane costs a
-  layer's graphs and compiles the same shapes). ``first_call_s``: the process's first ``generate`` (4 tokens: lanes
-  built, pieces compiled, graphs captured). ``ms_per_token``: the difference of two calls of ``--new`` and
-  ``--new // 2`` tokens over the difference in tokens (prompt prefill and call set-up cancel; the faster of two
-  runs each). ``floor_ms``: the weight bytes a token reads (tied embeddings once, the untied input embedding not
-  at all: one row a token; the lm_head every token) over the measured device-to-device copy bandwidth.
+* a row: a model alone, ``ms_per_token`` as the difference of two calls of ``--new`` and ``--new // 2`` tokens
+  over the difference in tokens (prompt prefill and call set-up cancel; the faster of two runs each), and
+  ``floor_ms``: the weight bytes a token reads (tied embeddings once, the untied input embedding not at all: one
+  row a token; the lm_head every token) over the measured device-to-device copy bandwidth. The two models of a
+  pair (``--pairs``) are measured in the pair's process (as its LLM and SLM lanes; ``first_call_s`` is the pair's);
+  another model (``--models``, e.g. qwen3-1.7b) in a process of its own, as the SLM if it is a small one, else as
+  the LLM, beside a one-layer partner of the same dimensions (``generate`` always builds both lanes; the partner's
+  costs a layer's graphs and compiles the same shapes), ``first_call_s`` its first ``generate``.
 * a pair (``--pairs``): the paper's MATH row (7B pair, 8k budget): the LLM alone writes 2753 tokens; stitched,
   344 LLM + 771 SLM tokens in LLM runs of ~4 (:func:`engine_batched.stitched_routes`), times ``--scale``.
-  ``first_call_s``: the process's first ``generate`` (a 4-token stitched route); ``first_route_s``: the first
+  ``first_call_s``: the process's first ``generate`` (a 4-token stitched route: lanes built, pieces compiled, graphs
+  captured); ``first_route_s``: the first
   MATH-route call after it (any bucket its hand-overs need for the first time is captured inside it);
   ``stitched_s``: the same route again (median of two); ``llm_alone_s``: the LLM alone. Floors:
   :func:`engine_batched.floor_seconds` (weights each forward needs plus the KV cache it reads, over the copy bandwidth).
@@ -143,7 +145,7 @@ def child(args) -> dict:
     res = {"environment": lab.environment([device]), "build_s": time.perf_counter() - t0,
            "bandwidth_gbps": eb.copy_bandwidth(2 << 30 if device == "cuda" else 1 << 24)}
     ids = eb.prompt_ids(min(llm.config.vocab_size, slm.config.vocab_size), args.prompt)
-    longest = args.new if args.kind == "row" else round(lab_math()["llm_only_tokens"] * args.scale)
+    longest = max(args.new, 0 if args.kind == "row" else round(lab_math()["llm_only_tokens"] * args.scale))
     engine_for(llm, AUTO).capacity = args.prompt + longest + 8  # no later call of this process rebuilds a lane
 
     def generate(roles, n):
@@ -167,18 +169,23 @@ def lab_math() -> dict:
     return eb.MATH
 
 
-def row_section(args, llm, slm, generate, device, res) -> None:
+def per_token(role: str, model, generate, args, device, bw: float) -> dict:
+    """``model`` (the lane ``role``) alone: ms a token as the difference of a ``--new`` and a ``--new // 2`` token
+    call (the faster of two runs each), and its floor."""
     import engine_bench as eb
 
-    role = "slm" if args.what in SLMS else "llm"
-    model = slm if role == "slm" else llm
     n, half = args.new, args.new // 2
     sec = min(lab.timed(lambda: generate([role] * n, n), device)[0] for _ in range(2))
     sec_half = min(lab.timed(lambda: generate([role] * half, half), device)[0] for _ in range(2))
     facts = eb.weight_bytes(model)
-    res.update(role=role, partner="one-layer copy of the shape", **facts,
-               ms_per_token=1e3 * (sec - sec_half) / (n - half), call_ms_per_token=1e3 * sec / n,
-               floor_ms=1e3 * facts["decode_read_bytes"] / (res["bandwidth_gbps"] * 1e9))
+    return {"role": role, **facts, "ms_per_token": 1e3 * (sec - sec_half) / (n - half),
+            "call_ms_per_token": 1e3 * sec / n, "floor_ms": 1e3 * facts["decode_read_bytes"] / (bw * 1e9)}
+
+
+def row_section(args, llm, slm, generate, device, res) -> None:
+    role = "slm" if args.what in SLMS else "llm"
+    res["alone"] = {args.what: {**per_token(role, slm if role == "slm" else llm, generate, args, device,
+                                            res["bandwidth_gbps"]), "partner": "one-layer copy of the shape"}}
 
 
 def pair_section(args, llm, slm, generate, device, res) -> None:
@@ -188,6 +195,9 @@ def pair_section(args, llm, slm, generate, device, res) -> None:
     if res["engine"] != "fast" and not args.dry_run_cpu:  # the eager engine: minutes for the route, and not the question
         res["error"] = "the 'auto' engine ran the eager engine (see warnings): pair not timed"
         return
+    names = dict(zip(("llm", "slm"), args.what.split("/")))
+    res["alone"] = {names[role]: per_token(role, model, generate, args, device, res["bandwidth_gbps"])
+                    for role, model in (("slm", slm), ("llm", llm))}
     facts = {"llm": ebt.model_facts(llm), "slm": ebt.model_facts(slm)}
     stitched = ebt.stitched_routes(1, args.scale)
     alone = [["llm"] * round(eb.MATH["llm_only_tokens"] * args.scale)]
@@ -244,14 +254,20 @@ def spawn(args, kind: str, what: str, root: Path, timeout: float) -> dict:
     return {**head, **json.loads(lines[-1][len(RESULT):]), "process_s": time.perf_counter() - t0}
 
 
-def to_row(r: dict) -> dict:
-    keep = ("role", "ms_per_token", "floor_ms", "first_call_s", "call_ms_per_token", "bandwidth_gbps", "engine",
-            "weight_bytes", "decode_read_bytes", "tied_embeddings", "graphs", "caches", "process_s", "warnings", "error")
-    row = {"model": r["what"], "batch": 1, "ms_per_token": r.get("ms_per_token"), "floor_ms": r.get("floor_ms"),
-           "first_call_s": r.get("first_call_s"), "fresh_machine": r["fresh_machine"]}
-    if row["ms_per_token"] and row["floor_ms"]:
-        row["x_floor"] = row["ms_per_token"] / row["floor_ms"]
-    return {**row, **{k: r[k] for k in keep if k in r and k not in row}}
+def to_rows(r: dict) -> list[dict]:
+    """The rows of a process: its model alone, or a pair's two models each alone (their first call: the pair's)."""
+    keep = ("role", "call_ms_per_token", "weight_bytes", "decode_read_bytes", "tied_embeddings", "partner")
+    shared = ("bandwidth_gbps", "engine", "graphs", "caches", "process_s", "warnings", "error")
+    models = r.get("alone") or {name: {} for name in r["what"].split("/")}  # a failed process: empty rows
+    rows = []
+    for name, m in models.items():
+        row = {"model": name, "batch": 1, "ms_per_token": m.get("ms_per_token"), "floor_ms": m.get("floor_ms"),
+               "first_call_s": r.get("first_call_s"), "fresh_machine": r["fresh_machine"]}
+        if row["ms_per_token"] and row["floor_ms"]:
+            row["x_floor"] = row["ms_per_token"] / row["floor_ms"]
+        row["first_call_of"] = r["what"]  # the process whose first generate it was (a pair: both lanes built)
+        rows.append({**row, **{k: m[k] for k in keep if k in m}, **{k: r[k] for k in shared if k in r}})
+    return rows
 
 
 def to_pair(r: dict) -> dict:
@@ -271,12 +287,13 @@ def markdown(doc: dict) -> str:
              f"({'own empty compile caches' if doc['args']['fresh'] else 'the machine caches'}). ms a token: the "
              f"difference of {doc['args']['new']}- and {doc['args']['new'] // 2}-token calls; floor: weight bytes "
              "a token reads over the copy bandwidth.", "",
-             "| model | role | ms a token | floor ms | x floor | first call (s) | fresh machine | engine |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| model | role | ms a token | floor ms | x floor | first call (s) | of | fresh machine | engine |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         err = f" error: {r['error'].strip().splitlines()[-1][:80]}" if r.get("error") else ""
         lines.append(f"| {r['model']} | {r.get('role', '-')} | {f(r['ms_per_token'])} | {f(r['floor_ms'])} | "
-                     f"{f(r.get('x_floor'))} | {f(r['first_call_s'], 1)} | {r['fresh_machine']} | "
+                     f"{f(r.get('x_floor'))} | {f(r['first_call_s'], 1)} | {r.get('first_call_of', '-')} | "
+                     f"{r['fresh_machine']} | "
                      f"{r.get('engine', '-')}{err} |")
     scale = doc["args"]["scale"]
     lines += ["", f"MATH-shaped route (scale {scale}): the LLM alone {round(2753 * scale)} tokens; stitched "
@@ -298,9 +315,9 @@ def markdown(doc: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default=str(lab.RESULTS))
-    ap.add_argument("--models", nargs="*", default=ROWS_ORDER, choices=list(SHAPES), help="rows: each model alone")
+    ap.add_argument("--models", nargs="*", default=ROWS_ORDER, choices=list(SHAPES),
+                    help="rows: each model alone (a model of a pair in --pairs is measured in the pair's process)")
     ap.add_argument("--pairs", nargs="*", default=PAIRS, choices=PAIRS, help="MATH-shaped stitched route per pair")
-    ap.add_argument("--pairs-first", action="store_true", help="run the pairs before the rows (default: after)")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=256, help="new tokens of a row's longer timed call")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the MATH route's token counts")
@@ -317,8 +334,8 @@ def main() -> None:
         print(RESULT + json.dumps(child(args), default=str), flush=True)
         return
     root = Path(tempfile.mkdtemp(prefix="rstitch_shapes_"))
-    jobs = [("row", m) for m in args.models]
-    jobs = [("pair", p) for p in args.pairs] + jobs if args.pairs_first else jobs + [("pair", p) for p in args.pairs]
+    paired = {m for p in args.pairs for m in p.split("/")}
+    jobs = [("pair", p) for p in args.pairs] + [("row", m) for m in args.models if m not in paired]
     doc = {"device": None, "versions": None, "date": None, "args": vars(args), "rows": [], "pairs": [], "skipped": []}
     start = time.perf_counter()
     for kind, what in jobs:
@@ -332,7 +349,9 @@ def main() -> None:
             env = r["environment"]
             doc.update(device=env["devices"][0] if not args.dry_run_cpu else "cpu dry run", date=env["date"],
                        versions={k: env[k] for k in ("torch", "transformers", "python")})
-        doc["rows" if kind == "row" else "pairs"].append(to_row(r) if kind == "row" else to_pair(r))
+        doc["rows"] += to_rows(r)
+        if kind == "pair":
+            doc["pairs"].append(to_pair(r))
         save(doc, args)
     merge(doc, args.merge)
     save(doc, args)
@@ -354,11 +373,11 @@ def merge(doc: dict, path: str | None) -> None:
     doc["rows"] += [{**r, "from_run": old.get("date")} for r in old.get("rows", []) if r["model"] not in have]
     have = {(p["llm"], p["slm"]) for p in doc["pairs"]}
     doc["pairs"] += [{**p, "from_run": old.get("date")} for p in old.get("pairs", []) if (p["llm"], p["slm"]) not in have]
-    order = {m: i for i, m in enumerate(ROWS_ORDER)}
-    doc["rows"].sort(key=lambda r: order.get(r["model"], 99))
 
 
 def save(doc: dict, args) -> None:
+    order = {m: i for i, m in enumerate(ROWS_ORDER)}
+    doc["rows"].sort(key=lambda r: order.get(r["model"], 99))
     if doc["device"] is None:  # nothing ran yet
         doc = {**doc, "device": "unknown", "versions": {"torch": "?", "transformers": "?"}, "date": "?"}
     gpu = re.sub(r"[^a-z0-9]+", "_", doc["device"].lower()).strip("_")

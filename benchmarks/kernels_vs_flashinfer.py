@@ -9,9 +9,11 @@ shapes we run? Shapes: the attention and MLP dimensions of Qwen3-0.6B, Qwen2-1.5
 (:data:`SHAPES`), batch 1, 8 and 64, bf16, one decode token a row. Per family, like with like:
 
 * ``attention``: :func:`hf_rstitch.fast.decode_attention._launch` (split-K over the static cache, which reads the
-  written slots; ``[rows, kv_heads, slots, dim]``) against FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` over
-  the very same cache tensors as pages (``HND`` layout, one page a row of ``slots`` entries: no copy), with CUDA-core
-  and tensor-core decode, and at batch 1 ``single_decode_with_kv_cache``. KV lengths 512, 4096 and 32768.
+  written slots; ``[rows, kv_heads, slots, dim]``) against FlashInfer's paged decode
+  (``BatchDecodeWithPagedKVCacheWrapper``, CUDA-graph mode) twice: over the very same cache tensors as pages
+  (``HND``, one page a row: no copy; :class:`hf_rstitch.fast.flashinfer_decode.PagedDecode`, tensor cores), and over
+  FlashInfer's own layout, pages of 16 (a copy of the same keys and values), CUDA-core and tensor-core decode;
+  at batch 1 also ``single_decode_with_kv_cache`` over our row. KV lengths 512, 4096 and 32768.
   FlashInfer's ``plan`` (host work each step, outside any CUDA graph) is timed apart (``plan_us``).
 * ``add_norm``: ours is a compiled piece (``torch.compile`` of :func:`hf_rstitch.fast.add_norm._add_norm`: the
   residual add rounded to bf16, then the model's RMSNorm) against ``flashinfer.norm.fused_add_rmsnorm`` (in place).
@@ -196,23 +198,75 @@ def attention(run: Run, fi, name: str, s: Shape, batch: int, length: int) -> Non
                  ref, extra, "one request, HND keys/values")
     from hf_rstitch.fast.flashinfer_decode import PagedDecode
 
+    impl = "flashinfer: paged decode over our cache, a page a row (tensor cores)"
+    try:  # FlashInfer splits a row's keys by pages: one page a row leaves B = 1 a handful of programs
+        paged = PagedDecode(keys, values, s.heads, tensor_cores=True, cuda_graph=True)
+        plan_us = host_us(lambda: paged.plan([length] * batch))
+        run.case("attention", name, batch, impl, lambda: pick(paged.run(q[:, :, None])[:, 0], rows), ref,
+                 {**extra, "plan_us": plan_us}, "hf_rstitch.fast.flashinfer_decode.PagedDecode over the same cache "
+                 "tensors (no copy), planned on the host before")
+    except Exception as err:  # noqa: BLE001
+        run.rows.append({"family": "attention", "shape": name, "batch": batch, "impl": impl, **extra,
+                         "error": f"plan: {type(err).__name__}: {err}"[:400]})
+    native = pages(keys, values, PAGE)  # FlashInfer's own layout: a copy of the same keys and values
     for tc in (False, True):
-        impl = f"flashinfer: BatchDecodeWithPagedKVCache ({'tensor cores' if tc else 'CUDA cores'})"
+        impl = f"flashinfer: paged decode, pages of {PAGE} ({'tensor cores' if tc else 'CUDA cores'})"
         try:
-            paged = PagedDecode(keys, values, s.heads, tensor_cores=tc, cuda_graph=True)
-            times = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                paged.plan([length] * batch)
-                times.append(time.perf_counter() - t0)
+            wrapper, plan = native_wrapper(run, fi, s, batch, length, tc)
+            plan_us = host_us(plan)
+            run.case("attention", name, batch, impl, lambda: pick(wrapper.run(q, native), rows), ref,
+                     {**extra, "plan_us": plan_us, "page_size": PAGE},
+                     f"BatchDecodeWithPagedKVCacheWrapper over FlashInfer's layout (HND pages of {PAGE}, a copy of the "
+                     "cache: adopting it means another cache layout), planned on the host before")
         except Exception as err:  # noqa: BLE001
             run.rows.append({"family": "attention", "shape": name, "batch": batch, "impl": impl, **extra,
                              "error": f"plan: {type(err).__name__}: {err}"[:400]})
-            continue
-        run.case("attention", name, batch, impl, lambda: pick(paged.run(q[:, :, None])[:, 0], rows), ref,
-                 {**extra, "plan_us": 1e6 * statistics.median(times)},
-                 "hf_rstitch.fast.flashinfer_decode.PagedDecode: paged decode over the same cache (a page a row), "
-                 "planned on the host before")
+    del native
+
+
+PAGE = 16  # FlashInfer's usual page size
+
+
+def host_us(fn, repeats: int = 5) -> float:
+    """Median host microseconds of ``fn()`` (FlashInfer's plan: CPU work before a step)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e6 * statistics.median(times)
+
+
+def pages(keys, values, page: int):
+    """``[rows, kv_heads, slots, dim]`` keys and values as FlashInfer's ``HND`` pages ``[rows * slots / page,
+    kv_heads, page, dim]`` (row ``b``'s pages consecutive)."""
+    b, h, n, d = keys.shape
+
+    def paged(x):
+        return x.view(b, h, n // page, page, d).permute(0, 2, 1, 3, 4).reshape(b * n // page, h, page, d)
+
+    return paged(keys), paged(values)
+
+
+def native_wrapper(run: Run, fi, s: Shape, batch: int, length: int, tensor_cores: bool):
+    """A CUDA-graph wrapper over ``batch`` rows of ``length / PAGE`` pages each, and its plan (planned once)."""
+    torch = run.torch
+    per_row = length // PAGE
+    indptr = torch.arange(batch + 1, dtype=torch.int32) * per_row  # on the host, as PagedDecode plans
+    indices = torch.arange(batch * per_row, dtype=torch.int32)
+    last = torch.full((batch,), PAGE, dtype=torch.int32)
+    dev = run.device
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+        torch.zeros(128 << 20, dtype=torch.uint8, device=dev), "HND", use_cuda_graph=True,
+        use_tensor_cores=tensor_cores, paged_kv_indptr_buffer=indptr.to(dev), paged_kv_indices_buffer=indices.to(dev),
+        paged_kv_last_page_len_buffer=last.to(dev))
+
+    def plan():
+        wrapper.plan(indptr, indices, last, s.heads, s.kv_heads, s.head_dim, PAGE, q_data_type=run.dtype,
+                     kv_data_type=run.dtype, sm_scale=s.head_dim ** -0.5)
+
+    plan()
+    return wrapper, plan
 
 
 def pick(out, rows):
@@ -423,7 +477,7 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES) + list(TINY))
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64])
     ap.add_argument("--kv-lens", nargs="+", type=int, default=[512, 4096, 32768])
-    ap.add_argument("--rep-ms", type=int, default=40, help="milliseconds of replays per timing")
+    ap.add_argument("--rep-ms", type=int, default=25, help="milliseconds of replays per timing")
     ap.add_argument("--budget-s", type=float, default=190, help="no new case starts past this many seconds")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny shapes on CPU, our kernels under Triton's "
                     "interpreter, FlashInfer absent: checks the script, times nothing")

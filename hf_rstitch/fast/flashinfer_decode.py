@@ -1,5 +1,5 @@
 """FlashInfer's paged decode attention over the fast engine's static caches: an optional alternative to
-:mod:`.decode_attention`, for where FlashInfer is installed (``pip install hf-rstitch[flashinfer]``).
+:mod:`.decode_attention`, for where FlashInfer is installed (``pip install flashinfer-python``; it builds its kernels with nvcc on first use).
 
 Why it exists: to measure the field's library against our split-K kernel on the caches the engine holds
 (``benchmarks/kernels_vs_flashinfer.py``), and to run it where it wins; :func:`why_not` says why it cannot
