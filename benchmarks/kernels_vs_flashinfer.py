@@ -422,6 +422,62 @@ def gated(run: Run, fi, name: str, s: Shape, batch: int) -> None:
 
 
 # ---- the run -----------------------------------------------------------------------------------------------
+def warm_flashinfer(run: Run, fi, families) -> None:
+    """Build FlashInfer's JIT modules the run needs at once, in threads (each build is an nvcc process): tiny calls
+    of each; their seconds go to ``first_calls`` as ``jit/<name>``, the wall time of all as ``jit_wall_s``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch, dev, dt = run.torch, run.device, run.dtype
+    x = lambda *shape: torch.randn(*shape, dtype=dt, device=dev)  # noqa: E731
+    pos = torch.zeros(1, dtype=torch.int32, device=dev)
+    one = torch.tensor([0, 1], dtype=torch.int32, device=dev)
+    table = torch.zeros(16, 128, dtype=torch.float32, device=dev)
+    kv = (x(1, 2, 16, 128), x(1, 2, 16, 128))
+    calls = {
+        "add_norm": {"norm": lambda: fi.norm.fused_add_rmsnorm(x(1, 128), x(1, 128), x(128), 1e-6)},
+        "rope": {"rope": lambda: fi.rope.apply_rope_with_cos_sin_cache(pos, x(1, 256), x(1, 256), 128, table),
+                 "page": lambda: fi.page.append_paged_kv_cache(x(1, 2, 128), x(1, 2, 128), one[:1], pos, kv, one[:1],
+                                                               one, one[1:], kv_layout="HND")},
+        "gated": {"activation": lambda: fi.activation.silu_and_mul(x(1, 256))},
+        "attention": {"single_decode": lambda: fi.single_decode_with_kv_cache(x(4, 128), kv[0][0], kv[1][0],
+                                                                              kv_layout="HND")},
+    }
+    todo = {name: fn for fam in families for name, fn in calls.get(fam, {}).items()}
+
+    def build(item):
+        name, fn = item
+        t0 = time.perf_counter()
+        try:
+            fn()
+            run.sync()
+            return name, time.perf_counter() - t0
+        except Exception as err:  # noqa: BLE001  (the case will build it, or record why not)
+            return name, f"{type(err).__name__}: {err}"[:200]
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+        for name, took in pool.map(build, todo.items()):
+            run.first_calls[f"jit/{name}"] = took
+    run.first_calls["jit_wall_s"] = time.perf_counter() - t0
+    print(json.dumps({"jit": run.first_calls}, default=str), flush=True)
+
+
+def merge(doc: dict, path: str | None, families) -> None:
+    """Rows and first calls of an earlier result (same card) for the families this run did not time."""
+    if not path or not Path(path).exists():
+        return
+    old = json.loads(Path(path).read_text())
+    if old.get("device") != doc["device"]:
+        doc["skipped"].append(f"--merge {path}: measured on {old.get('device')}, not merged")
+        return
+    ran = set(families) | ({"activation"} if "gated" in families else set())
+    kept = [{**r, "from_run": old.get("date")} for r in old.get("rows", []) if r["family"] not in ran]
+    doc["rows"][:0] = kept
+    for k, v in old.get("first_calls", {}).items():
+        doc["first_calls"].setdefault(k, v)
+    doc["merged_from"] = {"path": str(path), "date": old.get("date"), "rows": len(kept)}
+
+
 def winners(rows: list[dict]) -> list[dict]:
     """Per (family, shape, batch, kv_len): our fastest agreeing row against FlashInfer's fastest agreeing row."""
     groups: dict[tuple, dict] = {}
@@ -464,7 +520,7 @@ def markdown(doc: dict) -> str:
         lines.append(f"| {r['family']} | {r['shape']} | {r['batch']} | {r.get('kv_len') or '-'} | {r['impl']} | {took} | "
                      f"{f(r.get('max_err'), 4)} | {r.get('includes', '')} |")
     lines += ["", "First calls (s; FlashInfer's JIT builds, Triton's compiles): " +
-              ", ".join(f"{k} {v:.1f}" for k, v in doc["first_calls"].items())]
+              ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} ({v})" for k, v in doc["first_calls"].items())]
     if doc["skipped"]:
         lines += ["", "Skipped: " + "; ".join(doc["skipped"])]
     return "\n".join(lines) + "\n"
@@ -479,6 +535,8 @@ def main() -> None:
     ap.add_argument("--kv-lens", nargs="+", type=int, default=[512, 4096, 32768])
     ap.add_argument("--rep-ms", type=int, default=25, help="milliseconds of replays per timing")
     ap.add_argument("--budget-s", type=float, default=190, help="no new case starts past this many seconds")
+    ap.add_argument("--merge", metavar="JSON", help="an earlier result on the same card: its rows of the families "
+                    "this run does not time are kept")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny shapes on CPU, our kernels under Triton's "
                     "interpreter, FlashInfer absent: checks the script, times nothing")
     args = ap.parse_args()
@@ -503,6 +561,8 @@ def main() -> None:
     shapes = {**SHAPES, **TINY}
     cases = [(fam, name, b, L) for fam in args.families for name in args.shapes for b in args.batches
              for L in (args.kv_lens if fam == "attention" else [None])]
+    if fi is not None:
+        warm_flashinfer(run, fi, args.families)
     with torch.no_grad():
         for fam, name, b, L in cases:
             if run.left() < 5:
@@ -514,6 +574,7 @@ def main() -> None:
             else:
                 {"add_norm": add_norm, "rope": rope, "gated": gated}[fam](run, fi, name, s, b)
             torch.cuda.empty_cache() if run.device == "cuda" else None
+    merge(doc, args.merge, args.families)
     doc["summary"] = winners(run.rows)
     gpu = re.sub(r"[^a-z0-9]+", "_", doc["device"].lower()).strip("_")
     lab.write_result(Path(args.out_dir) / f"kernels_vs_flashinfer_{gpu}", doc, markdown(doc))

@@ -23,6 +23,7 @@ import functools
 import torch
 
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-K partial results)
+CUDA_CORE_GROUPS = (1, 2, 3, 4, 8)  # query heads a KV head FlashInfer's CUDA-core decode is built for (0.6.x)
 
 
 @functools.lru_cache(maxsize=1)
@@ -54,11 +55,13 @@ class PagedDecode:
     Args:
         keys / values: one layer's cache, ``[rows, kv_heads, slots, dim]``, contiguous (the fast engine's layout).
         heads: query heads (a multiple of ``kv_heads``).
-        tensor_cores: FlashInfer's tensor-core decode (faster for large query groups) or its CUDA-core one.
+        tensor_cores: FlashInfer's tensor-core decode (the default: the faster of the two on every shape measured,
+            and the only one for query groups of 5-7 heads a KV head) or its CUDA-core one (groups of
+            :data:`CUDA_CORE_GROUPS`).
         cuda_graph: keep FlashInfer's index buffers fixed so that :meth:`run` can be captured.
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, heads: int, tensor_cores: bool = False,
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, heads: int, tensor_cores: bool = True,
                  cuda_graph: bool = False):
         reason = why_not(keys.device, keys.shape[-1], keys.dtype)
         if reason is not None:
@@ -67,6 +70,11 @@ class PagedDecode:
         if keys.shape != values.shape or not (keys.is_contiguous() and values.is_contiguous()):
             raise ValueError(f"PagedDecode needs contiguous keys and values of one shape [rows, kv_heads, slots, dim], "
                              f"got {tuple(keys.shape)} and {tuple(values.shape)}")
+        group = heads // keys.shape[1]
+        if heads % keys.shape[1] or (not tensor_cores and group not in CUDA_CORE_GROUPS):
+            raise ValueError(f"PagedDecode: {heads} query heads over {keys.shape[1]} KV heads; FlashInfer's CUDA-core "
+                             f"decode takes groups of {CUDA_CORE_GROUPS} query heads a KV head. Pass "
+                             "tensor_cores=True (any whole group).")
         fi = _flashinfer()
         self.keys, self.values, self.heads = keys, values, heads
         rows, self.kv_heads, self.slots, self.dim = keys.shape

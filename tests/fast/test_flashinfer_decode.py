@@ -16,6 +16,13 @@ def test_why_not_names_the_reason():
     assert "head sizes" in fd.why_not("cuda", 96, torch.bfloat16)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="checked after the device")
+def test_cuda_cores_refuse_a_group_they_lack():
+    keys = torch.zeros(1, 4, 16, 128, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises((ValueError, RuntimeError), match="tensor_cores=True|cannot run here"):
+        fd.PagedDecode(keys, keys.clone(), heads=28, tensor_cores=False)
+
+
 def test_refuses_to_build_where_it_cannot_run():
     keys = torch.zeros(1, 2, 16, 128, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="decode_attention"):
@@ -27,8 +34,10 @@ RUNS = torch.cuda.is_available() and fd.why_not("cuda", 128, torch.bfloat16) is 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not RUNS, reason="needs CUDA and flashinfer")
-@pytest.mark.parametrize("tensor_cores", [False, True])
-@pytest.mark.parametrize("batch,heads,kv_heads,slots,length", [(1, 16, 8, 512, 300), (3, 28, 4, 1024, 1024)])
+@pytest.mark.parametrize("tensor_cores,batch,heads,kv_heads,slots,length", [
+    (False, 1, 16, 8, 512, 300), (True, 1, 16, 8, 512, 300),  # Qwen3-0.6B's group of 2
+    (True, 3, 28, 4, 1024, 1024),  # Qwen2-7B's group of 7: tensor cores only
+])
 def test_equals_our_kernel(tensor_cores, batch, heads, kv_heads, slots, length):
     from hf_rstitch.fast import decode_attention as da
 
