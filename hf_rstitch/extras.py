@@ -11,6 +11,7 @@ EXTRAS = {
     "notebook": ("math-verify>=0.7", "matplotlib>=3.7", "datasets>=2.19", "ipywidgets>=8"),
     "serve": ("fastapi>=0.110", "uvicorn>=0.29"),
     "serve-ray": ("fastapi>=0.110", "uvicorn>=0.29", "ray[serve]>=2.40"),
+    "flashinfer": ("flashinfer-python>=0.6",),
 }
 
 
