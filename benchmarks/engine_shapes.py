@@ -291,7 +291,7 @@ def markdown(doc: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         err = f" error: {r['error'].strip().splitlines()[-1][:80]}" if r.get("error") else ""
-        lines.append(f"| {r['model']} | {r.get('role', '-')} | {f(r['ms_per_token'])} | {f(r['floor_ms'])} | "
+        lines.append(f"| {r['model']}{' *' if r.get('from_run') else ''} | {r.get('role', '-')} | {f(r['ms_per_token'])} | {f(r['floor_ms'])} | "
                      f"{f(r.get('x_floor'))} | {f(r['first_call_s'], 1)} | {r.get('first_call_of', '-')} | "
                      f"{r['fresh_machine']} | "
                      f"{r.get('engine', '-')}{err} |")
@@ -303,10 +303,13 @@ def markdown(doc: dict) -> str:
               "first call (s) | first route call (s) | fresh machine |", "|---|---|---|---|---|---|---|---|---|---|"]
     for p in doc["pairs"]:
         err = f" error: {p['error'].strip().splitlines()[-1][:80]}" if p.get("error") else ""
-        lines.append(f"| {p['llm']} / {p['slm']}{err} | {f(p['stitched_s'])} | {f(p.get('stitched_floor_s'))} | "
+        lines.append(f"| {p['llm']} / {p['slm']}{' *' if p.get('from_run') else ''}{err} | {f(p['stitched_s'])} | {f(p.get('stitched_floor_s'))} | "
                      f"{f(p['llm_alone_s'])} | {f(p.get('llm_alone_floor_s'))} | {f(p['speedup'])}x | "
                      f"{f(p.get('speedup_at_floors'))}x | {f(p.get('first_call_s'), 1)} | "
                      f"{f(p.get('first_route_s'), 1)} | {p['fresh_machine']} |")
+    earlier = sorted({r["from_run"] for r in doc["rows"] + doc["pairs"] if r.get("from_run")})
+    if earlier:
+        lines += ["", f"\\* kept from the run of {', '.join(earlier)} (`--merge`), with its caches."]
     if doc["skipped"]:
         lines += ["", "Skipped: " + "; ".join(doc["skipped"])]
     return "\n".join(lines) + "\n"
