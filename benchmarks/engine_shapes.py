@@ -145,7 +145,7 @@ def child(args) -> dict:
     res = {"environment": lab.environment([device]), "build_s": time.perf_counter() - t0,
            "bandwidth_gbps": eb.copy_bandwidth(2 << 30 if device == "cuda" else 1 << 24)}
     ids = eb.prompt_ids(min(llm.config.vocab_size, slm.config.vocab_size), args.prompt)
-    longest = max(args.new, 0 if args.kind == "row" else round(lab_math()["llm_only_tokens"] * args.scale))
+    longest = max(args.new, 0 if args.kind == "row" else round(eb.MATH["llm_only_tokens"] * args.scale))
     engine_for(llm, AUTO).capacity = args.prompt + longest + 8  # no later call of this process rebuilds a lane
 
     def generate(roles, n):
@@ -161,12 +161,6 @@ def child(args) -> dict:
         res["graphs"] = engine.graph_count() if engine is not None else 0
     res["warnings"] = warnings.messages
     return res
-
-
-def lab_math() -> dict:
-    import engine_bench as eb
-
-    return eb.MATH
 
 
 def per_token(role: str, model, generate, args, device, bw: float) -> dict:
