@@ -14,6 +14,7 @@ import torch
 
 from ..engine.lane import left_padding
 from ..engine.step import to_device
+from . import joins
 
 
 class RowOps:
@@ -105,30 +106,21 @@ class RowOps:
     # ---- internals ----------------------------------------------------------------------------
     def _prefill_rows(self, dst: list[int], ids: torch.Tensor, host: torch.Tensor) -> None:
         """Fill cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (``host``: their mask, bool, on
-        the CPU): each row alone through this lane's one-row twin (:meth:`_joiner`: the same model in the same
-        kernels and graphs, a catch-up over the row's real columns only, its left padding skipped), then one
-        copy of its slots into this cache.
+        the CPU): every joining row of the step together, in batched calls of this lane's join twin
+        (:func:`hf_rstitch.fast.joins.prefill_rows`), then one copy of each row's slots into this cache.
 
         Why not an eager forward: on a GPU that one forward per lane is host-bound, about ten decode steps'
         worth a joining row (``benchmarks/results/request_engine_*.md``)."""
-        joiner = self._joiner()
-        pads = left_padding(host).tolist()
-        for i, (row, pad) in enumerate(zip(dst, pads)):
-            joiner.reset()
-            joiner._start(host[i:i + 1])  # its padding mask: the slots left of `pad` stay masked
-            joiner.seen = pad  # the padding counts as read: only the real columns run
-            joiner.cache.pos.fill_(pad)
-            with torch.no_grad():
-                joiner._run(to_device(ids[i:i + 1, pad:], self.device), False)
-            self.cache.copy_row(joiner.cache, 0, row, self.seen)
+        self.join_groups += joins.prefill_rows(self, dst, ids, host)
 
     def _joiner(self):
-        """A one-row lane of the same model and configuration (built on first use, kept): it prefills joining
-        rows. It shares this lane's product plan (no second copy of the fused q/k/v weights) and the
-        process's compiled pieces; its static cache holds one row."""
+        """A lane of the same model and configuration with up to :data:`~hf_rstitch.fast.joins.JOIN_ROWS` rows
+        (built on first use, kept): it prefills joining rows. It shares this lane's product plan (no second copy
+        of the fused q/k/v weights) and the process's compiled pieces; its static cache holds its rows."""
         if self._join_lane is None:
+            rows = min(self.max_rows, joins.JOIN_ROWS)
             lane = type(self)(self.model, self.role, self.vocab, self.capacity,
-                              dataclasses.replace(self.config, gemv=False), max_rows=1)
+                              dataclasses.replace(self.config, gemv=False), max_rows=rows)
             lane.gemv_layers = self.gemv_layers
             self._join_lane = lane
         return self._join_lane

@@ -1,0 +1,69 @@
+"""Joins: the requests admitted in one step prefill together (batched groups of the fast lane's join twin), and
+every request's greedy tokens, roles and per-call records equal those of one-by-one joins and of its solo run.
+CPU FastLanes (eager steps), tiny random models."""
+
+import pytest
+
+import hf_rstitch  # noqa: F401  (patches generate)
+from hf_rstitch.core.roles import Role
+from hf_rstitch.engine.requests import Request, RequestEngine
+from hf_rstitch.fast import FastConfig, joins
+from tiny_models import make_pair, prompt
+
+LENGTHS = [6, 4, 13, 3, 9, 5, 11, 7, 2]  # the 13-token prompt pads the batch on the left as it joins
+MAX_NEW = [3, 14, 9, 12, 6, 10, 8, 5, 7]
+TAUS = [0.3, 0.5, 0.6, 0.4, 0.55, 0.5, 0.45, 0.35, 0.6]
+
+
+def solo(llm, slm, p, tau, max_new):
+    return llm.generate(p, assistant_model=slm, stitch_threshold=tau, max_new_tokens=max_new,
+                        return_dict_in_generate=True)
+
+
+def calls(trace):
+    return [(c.role, c.kind, c.n_inf, c.n_kv) for c in trace.calls]
+
+
+def _requests():
+    return [Request(prompt(n, seed=20 + i)[0].tolist(), max_new_tokens=m, stitch_threshold=t, request_id=f"r{i}")
+            for i, (n, m, t) in enumerate(zip(LENGTHS, MAX_NEW, TAUS))]
+
+
+def _run(llm, slm, join_rows, monkeypatch):
+    """Two requests start the batch; after two steps seven more arrive at once and join together (a free row
+    each): completions by id and the engine."""
+    monkeypatch.setattr(joins, "JOIN_ROWS", join_rows)
+    engine = RequestEngine(llm, slm, max_batch=9, max_length=64, engine=FastConfig(graphs=False, max_bucket=4))
+    rs = _requests()
+    for r in rs[:2]:
+        engine.submit(r)
+    done, tokens, k = {}, {}, 0
+    while engine.has_work():
+        if k == 2:
+            for r in rs[2:]:
+                engine.submit(r)
+        for e in engine.step():
+            if e.token is not None:
+                tokens.setdefault(e.request_id, []).append(e.token)
+            if e.finished:
+                done[e.request_id] = (tokens.pop(e.request_id, []), e.finish_reason, e.trace)
+        k += 1
+    return done, engine
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-full"])
+def test_batched_joins_equal_one_by_one_joins_and_solo_runs(arch, monkeypatch):
+    llm, slm = make_pair(arch)
+    one, one_engine = _run(llm, slm, 1, monkeypatch)
+    batched, engine = _run(llm, slm, 4, monkeypatch)
+    for i, r in enumerate(_requests()):
+        got, want = batched[r.request_id], one[r.request_id]
+        assert got[0] == want[0] and got[1] == want[1], r.request_id
+        assert got[2].roles == want[2].roles and calls(got[2]) == calls(want[2])
+        p = prompt(LENGTHS[i], seed=20 + i)
+        alone = solo(llm, slm, p, TAUS[i], MAX_NEW[i])
+        assert got[0] == alone.sequences[0, p.shape[1]:].tolist(), r.request_id
+        assert calls(got[2]) == calls(alone.stitch)
+    for role in (Role.SLM, Role.LLM):  # seven joins of one step: a one-row group each that has columns to
+        rows = one_engine.lanes[role].join_groups  # prefill (a 2-token prompt may have none yet), or groups of 4
+        assert rows >= 5 and engine.lanes[role].join_groups == -(-rows // 4)
