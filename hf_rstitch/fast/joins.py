@@ -10,8 +10,11 @@ slots are copied into its cache row. A group runs as one call per length bucket 
 largest bucket as several), so a step with ``k`` joins costs ``ceil(k / JOIN_ROWS)`` calls' worth of weight
 reads instead of ``k``.
 
-What it does not do: spread one long prompt over several steps (:mod:`hf_rstitch.engine.admission` does, with
-a token budget a step, through :class:`Stage`).
+Chunked joins (:class:`Stage`, the request engine's ``prefill_chunk``, :mod:`hf_rstitch.engine.admission`): a
+group of joining prompts is laid out in the join twin alone -- right-aligned in the group's own columns -- and
+read a chunk of columns a step, at most a token budget a step (rows x columns, padding included), while the
+batch goes on decoding; once every prompt but its last token is read, the rows join the batch and each copies
+its slots to where its columns sit in the shared sequence (keys depend on positions, not slots).
 """
 
 from __future__ import annotations
@@ -41,6 +44,61 @@ def prefill_rows(lane, dst: list[int], ids: torch.Tensor, host: torch.Tensor) ->
             lane.cache.copy_row(joiner.cache, i, dst[r], lane.seen)
         groups += 1
     return groups
+
+
+def chunk_columns(budget: int, rows: int, left: int, max_bucket: int) -> int:
+    """Columns a group of ``rows`` rows reads this step: ``budget // rows`` (at least one), no more than ``left``,
+    rounded down to whole ``max_bucket`` calls or a power of two below it (a graph's bucket: no padding read)."""
+    cols = max(1, budget // rows)
+    cols = cols // max_bucket * max_bucket if cols >= max_bucket else 1 << (cols.bit_length() - 1)
+    return min(cols, left)
+
+
+class Stage:
+    """One group of joining prompts read in the join twin over several steps (the lane's ``stage_rows``).
+
+    Layout: the ``g`` prompts right-aligned in ``width`` columns (the longest prompt's), in the twin's cache rows
+    ``[0, g)``; the twin reads columns ``[first real column, width - 1)``: every prompt but its last token, which
+    the batch's next step reads with every other row."""
+
+    def __init__(self, joiner, prompts: list[list[int]]):
+        self.joiner, self.lengths = joiner, [len(p) for p in prompts]
+        self.width = width = max(self.lengths)
+        host = torch.zeros(len(prompts), width, dtype=torch.bool)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):], host[i, width - len(p):] = torch.tensor(p, dtype=torch.long), True
+        self.ids = to_device(ids, joiner.device)
+        joiner.reset()  # nothing read: the longest prompt starts at column 0
+        joiner._start(host)
+        self.tokens = 0  # tokens read so far (rows x columns, padding included)
+
+    @property
+    def done(self) -> bool:
+        return self.joiner.seen >= self.width - 1
+
+    def advance(self, budget: int) -> bool:
+        """Read the next chunk (at most ``budget`` tokens, at least one column) unless done; True once done."""
+        j = self.joiner
+        if not self.done:
+            cols = chunk_columns(budget, len(self.lengths), self.width - 1 - j.seen, j.config.max_bucket)
+            with torch.no_grad():
+                j._run(self.ids[:, j.seen:j.seen + cols], False)
+            j.seen += cols
+            self.tokens += cols * len(self.lengths)
+        return self.done
+
+    def copy_into(self, lane, dst: list[int], staged: list[int], width: int) -> None:
+        """Staged rows ``staged`` into ``lane``'s cache rows ``dst``, the shared sequence being ``width`` columns
+        wide (each prompt right-aligned in it): the prompt columns ``lane`` has read, for each row."""
+        for row, j in zip(dst, staged):
+            n = self.lengths[j] - (width - lane.seen)  # the prompt's tokens before the lane's first unread column
+            if n <= 0:
+                continue
+            if n > self.lengths[j] - 1 or not self.done:
+                raise RuntimeError(f"{lane.role} FastLane: staged row {j} holds {self.joiner.seen} of its prompt's "
+                                   f"columns; the batch needs {n} (join staged rows once their stage is done)")
+            lane.cache.copy_slots(self.joiner.cache, j, self.width - self.lengths[j], row, width - self.lengths[j], n)
 
 
 def run_group(joiner, ids: torch.Tensor, host: torch.Tensor) -> None:

@@ -38,10 +38,11 @@ class RowOps:
         in_order = self.rows.in_order
         self._slot_index = None if in_order else to_device(self.rows.slot, self.device)
 
-    def add_rows(self, seq: torch.Tensor, mask: torch.Tensor) -> None:
+    def add_rows(self, seq: torch.Tensor, mask: torch.Tensor, staged: list[int] | None = None) -> None:
         """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free
-        cache rows. Their first ``seen`` columns are prefilled now, eagerly and alone (logits discarded,
-        as :meth:`hf_rstitch.engine.Lane.add_rows`); the rest is read at the next :meth:`advance`. Their
+        cache rows. Their first ``seen`` columns are prefilled now, all the step's joining rows together (logits
+        discarded, as :meth:`hf_rstitch.engine.Lane.add_rows`), or, with ``staged``, copied from these rows of
+        the stage (:meth:`stage_rows`, read to the end); the rest is read at the next :meth:`advance`. Their
         trace records count from nothing seen, as in a solo run."""
         if self.seen == 0:  # nothing read yet: the first advance reads every row's padding from its mask
             return
@@ -52,7 +53,10 @@ class RowOps:
         if len(free) < k:
             raise ValueError(f"{self.role} FastLane holds {self.max_rows} rows, {self.rows.n_live} are live: no room "
                              f"for {k} more. Build the engine with FastEngine(max_batch=...) >= the largest batch.")
-        self._prefill_rows(free, seq[:, : self.seen], host[:, : self.seen])
+        if staged is None:
+            self._prefill_rows(free, seq[:, : self.seen], host[:, : self.seen])
+        else:
+            self._stage.copy_into(self, free, staged, seq.shape[1])
         dst = to_device(free, self.device)
         self.valid[dst] = True
         self.valid[dst, : host.shape[1]] = to_device(host, self.device)
@@ -61,6 +65,28 @@ class RowOps:
         self.rows.solo_seen += [0] * k
         self.rows.pad += pads
         self._slot_index = None if self.rows.in_order else to_device(self.rows.slot, self.device)
+
+    # ---- chunked joins: prompts read over several steps before their rows join (fast/joins.py) ----------------
+    @property
+    def stage_room(self) -> int:
+        """Prompts one stage holds (the join twin's rows)."""
+        return min(self.max_rows, joins.JOIN_ROWS)
+
+    def stage_rows(self, prompts: list[list[int]]) -> None:
+        """Lay out joining prompts (at most :attr:`stage_room`) in the join twin, to be read over several steps
+        (:meth:`prefill_staged`) while the batch decodes; they join with ``add_rows(..., staged=...)``."""
+        if len(prompts) > self.stage_room:
+            raise ValueError(f"{self.role} FastLane stages {self.stage_room} prompts at once, got {len(prompts)}")
+        self._stage = joins.Stage(self._joiner(), prompts)
+
+    def prefill_staged(self, budget: int) -> bool:
+        """Read the staged prompts' next chunk (at most ``budget`` tokens, rows x columns); True once every
+        prompt but its last token is read."""
+        return self._stage.advance(budget)
+
+    def unstage(self) -> None:
+        """Forget the stage (its rows joined, or its requests went back to waiting)."""
+        self._stage = None
 
     def pad_left(self, n: int) -> None:
         """Prepend ``n`` masked columns to every row (the shared sequence grew on the left): the written

@@ -29,11 +29,12 @@ def _requests():
             for i, (n, m, t) in enumerate(zip(LENGTHS, MAX_NEW, TAUS))]
 
 
-def _run(llm, slm, join_rows, monkeypatch):
+def _run(llm, slm, join_rows, monkeypatch, **engine_kw):
     """Two requests start the batch; after two steps seven more arrive at once and join together (a free row
     each): completions by id and the engine."""
     monkeypatch.setattr(joins, "JOIN_ROWS", join_rows)
-    engine = RequestEngine(llm, slm, max_batch=9, max_length=64, engine=FastConfig(graphs=False, max_bucket=4))
+    engine = RequestEngine(llm, slm, max_batch=9, max_length=64, engine=FastConfig(graphs=False, max_bucket=4),
+                           **engine_kw)
     rs = _requests()
     for r in rs[:2]:
         engine.submit(r)
@@ -47,6 +48,7 @@ def _run(llm, slm, join_rows, monkeypatch):
                 tokens.setdefault(e.request_id, []).append(e.token)
             if e.finished:
                 done[e.request_id] = (tokens.pop(e.request_id, []), e.finish_reason, e.trace)
+        engine.check_consistent()
         k += 1
     return done, engine
 
@@ -67,3 +69,58 @@ def test_batched_joins_equal_one_by_one_joins_and_solo_runs(arch, monkeypatch):
     for role in (Role.SLM, Role.LLM):  # seven joins of one step: a one-row group each that has columns to
         rows = one_engine.lanes[role].join_groups  # prefill (a 2-token prompt may have none yet), or groups of 4
         assert rows >= 5 and engine.lanes[role].join_groups == -(-rows // 4)
+
+
+def _chunked(llm, slm, chunk, late_prompt=29, late_at=2):
+    """One request decodes from the start; at step ``late_at`` a second with a ``late_prompt``-token prompt
+    arrives. Per step, the requests that got a token; completions; the engine."""
+    engine = RequestEngine(llm, slm, max_batch=4, max_length=96, prefill_chunk=chunk,
+                           engine=FastConfig(graphs=False, max_bucket=4))
+    a = Request(prompt(5, seed=3)[0].tolist(), max_new_tokens=24, stitch_threshold=0.45, request_id="a")
+    b = Request(prompt(late_prompt, seed=4)[0].tolist(), max_new_tokens=6, stitch_threshold=0.5, request_id="b")
+    engine.submit(a)
+    got, tokens, done, k = [], {}, {}, 0
+    while engine.has_work():
+        if k == late_at:
+            engine.submit(b)
+        events = engine.step()
+        engine.check_consistent()
+        got.append({e.request_id for e in events if e.token is not None})
+        for e in events:
+            if e.token is not None:
+                tokens.setdefault(e.request_id, []).append(e.token)
+            if e.finished:
+                done[e.request_id] = (tokens.pop(e.request_id, []), e.finish_reason, e.trace)
+        k += 1
+    return got, done, engine
+
+
+def test_a_long_prompt_joins_in_chunks_while_a_row_decodes_every_step():
+    """prefill_chunk=4: the 29-token prompt is read 4 columns a step (28 columns: 7 steps) while the decoding
+    request gets a token every step; both requests equal their solo runs, and a run without chunks."""
+    llm, slm = make_pair("llama")
+    got, done, engine = _chunked(llm, slm, 4)
+    whole, done_whole, _ = _chunked(llm, slm, None)
+    a_steps = [k for k, ids in enumerate(got) if "a" in ids]
+    assert a_steps == list(range(24))  # a token every step, the join's chunks included
+    first_b = min(k for k, ids in enumerate(got) if "b" in ids)
+    assert first_b == 2 + 6  # submitted before step 2: chunks at steps 2..8 (7 of 4 columns), joins at step 8
+    assert min(k for k, ids in enumerate(whole) if "b" in ids) == 2  # whole: joins at once
+    assert engine._staging.steps == 7
+    for rid, p, tau, m in (("a", prompt(5, seed=3), 0.45, 24), ("b", prompt(29, seed=4), 0.5, 6)):
+        alone = solo(llm, slm, p, tau, m)
+        assert done[rid][0] == done_whole[rid][0] == alone.sequences[0, p.shape[1]:].tolist(), rid
+        assert calls(done[rid][2]) == calls(alone.stitch), rid
+
+
+def test_chunked_joins_equal_whole_joins(monkeypatch):
+    """Several requests join a decoding batch in groups read a chunk a step: the same tokens and records."""
+    llm, slm = make_pair("qwen2-full")
+    monkeypatch.setattr(joins, "JOIN_ROWS", 3)
+    whole, _ = _run(llm, slm, 3, monkeypatch)
+    engine_kw = {"prefill_chunk": 6}
+    chunked, engine = _run(llm, slm, 3, monkeypatch, **engine_kw)
+    assert engine._staging.steps > 3
+    for rid, (tokens, reason, trace) in whole.items():
+        assert chunked[rid][0] == tokens and chunked[rid][1] == reason, rid
+        assert chunked[rid][2].roles == trace.roles and calls(chunked[rid][2]) == calls(trace), rid
