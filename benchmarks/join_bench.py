@@ -116,31 +116,37 @@ def join_costs(llm, slm, args, vocab) -> list[dict]:
 
 def chunked(llm, slm, args, vocab) -> list[dict]:
     out = []
-    for chunk in (None, args.prefill_chunk, None, args.prefill_chunk):  # the first two warm up
+    for chunk in (None, args.prefill_chunk):
         engine = build(llm, slm, args, args.base + 1, chunk)
         gen = torch.Generator().manual_seed(2)
-        start_base(engine, args, vocab, gen)
-        engine.submit(Request(ids(args.long_prompt, vocab, gen), max_new_tokens=4, request_id="long"))
-        steps, first, base_tokens = [], None, 0
-        while first is None:
-            lab.sync()
-            t0 = time.perf_counter()
-            events = engine.step()
-            lab.sync()
-            steps.append(time.perf_counter() - t0)
-            base_tokens += sum(e.token is not None and e.request_id != "long" for e in events)
-            if any(e.request_id == "long" and e.token is not None for e in events):
-                first = len(steps)
-        out.append({"prefill_chunk": chunk, "long_prompt": args.long_prompt, "max_step_ms": 1e3 * max(steps),
-                    "median_step_ms": 1e3 * statistics.median(steps), "steps_to_first_token": first,
-                    "ms_to_first_token": 1e3 * sum(steps), "base_tokens_meanwhile": base_tokens})
-        finish(engine)
+        for rep in range(2):  # the first round captures the graphs
+            row = long_join(engine, args, vocab, gen)
+            row["prefill_chunk"] = chunk
+        out.append(row)
+        print(f"[chunks] {row}", flush=True)
         del engine
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    out = out[2:]
-    for row in out:
-        print(f"[chunks] {row}", flush=True)
     return out
+
+
+def long_join(engine, args, vocab, gen) -> dict:
+    """``--base`` rows decode, then one ``--long-prompt`` request joins: the steps until its first token."""
+    start_base(engine, args, vocab, gen)
+    engine.submit(Request(ids(args.long_prompt, vocab, gen), max_new_tokens=4, request_id="long"))
+    steps, first, base_tokens = [], None, 0
+    while first is None:
+        lab.sync()
+        t0 = time.perf_counter()
+        events = engine.step()
+        lab.sync()
+        steps.append(time.perf_counter() - t0)
+        base_tokens += sum(e.token is not None and e.request_id != "long" for e in events)
+        if any(e.request_id == "long" and e.token is not None for e in events):
+            first = len(steps)
+    finish(engine)
+    return {"long_prompt": args.long_prompt, "max_step_ms": 1e3 * max(steps),
+            "median_step_ms": 1e3 * statistics.median(steps), "steps_to_first_token": first,
+            "ms_to_first_token": 1e3 * sum(steps), "base_tokens_meanwhile": base_tokens}
 
 
 def markdown(doc: dict) -> str:
