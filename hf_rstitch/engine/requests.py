@@ -145,7 +145,8 @@ class RequestEngine:
     # ---- public API ---------------------------------------------------------------------------
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        """Requests without a row: queued, or joining (their prompts read in chunks: ``prefill_chunk``)."""
+        return len(self._waiting) + (len(self._staging) if self._staging is not None else 0)
 
     @property
     def running(self) -> int:

@@ -124,3 +124,34 @@ def test_chunked_joins_equal_whole_joins(monkeypatch):
     for rid, (tokens, reason, trace) in whole.items():
         assert chunked[rid][0] == tokens and chunked[rid][1] == reason, rid
         assert chunked[rid][2].roles == trace.roles and calls(chunked[rid][2]) == calls(trace), rid
+
+
+def test_a_failing_chunk_fails_the_batch_and_returns_the_joining_request_to_the_queue():
+    """A lane raises while reading a joining prompt's chunk: the running request ends with an error, the joining one
+    goes back to the queue (still WAITING) and later completes as its solo run; a cancel mid-join ends it alone."""
+    from hf_rstitch.engine.requests import StepFailed
+
+    llm, slm = make_pair("llama")
+    engine = RequestEngine(llm, slm, max_batch=4, max_length=96, prefill_chunk=4,
+                           engine=FastConfig(graphs=False, max_bucket=4))
+    engine.submit(Request(prompt(5, seed=3)[0].tolist(), max_new_tokens=30, stitch_threshold=0.45, request_id="a"))
+    engine.step()
+    p = prompt(29, seed=4)
+    engine.submit(Request(p[0].tolist(), max_new_tokens=6, stitch_threshold=0.5, request_id="b"))
+    engine.submit(Request(prompt(9, seed=5)[0].tolist(), max_new_tokens=6, request_id="c"))
+    engine.step()  # b and c are one group, being read
+    assert engine.waiting == 2 and engine.running == 1
+    engine.cancel("c")
+    assert [e.finish_reason for e in engine.step() if e.finished] == ["cancelled"]
+    lane = engine.lanes[Role.LLM]
+    real = lane.prefill_staged
+    lane.prefill_staged = lambda budget: (_ for _ in ()).throw(RuntimeError("device lost"))
+    with pytest.raises(StepFailed) as failed:
+        engine.step()
+    assert {(e.request_id, e.finish_reason) for e in failed.value.events} == {("a", "error")}
+    engine.check_consistent()
+    assert engine.waiting == 1 and engine.running == 0
+    lane.prefill_staged = real
+    done = engine.run()
+    alone = solo(llm, slm, p, 0.5, 6)
+    assert done["b"].tokens == alone.sequences[0, p.shape[1]:].tolist()
