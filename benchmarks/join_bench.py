@@ -99,6 +99,7 @@ def join_costs(llm, slm, args, vocab) -> list[dict]:
                     took = [s for s, joined in timer.seen if joined == k]
                     if i > 0:
                         rows.append({"mode": mode, "joins": k, "admit_ms": 1e3 * took[0]})
+                        print(f"[join] {rows[-1]}", flush=True)
                     finish(engine)
         finally:
             joins.JOIN_ROWS = saved
@@ -192,11 +193,14 @@ def main(argv=None) -> None:
     vocab = min(llm.config.vocab_size, slm.config.vocab_size)
     env = lab.environment(["cuda"] if torch.cuda.is_available() and not args.dry_run_cpu else ["cpu"])
     doc = {"device": env["devices"][0], **env, "args": vars(args)}
+    gpu = re.sub(r"[^a-z0-9]+", "_", doc["device"].lower()).strip("_") if not args.dry_run_cpu else "cpu_dry_run"
+    stem = Path(args.out_dir) / f"join_bench_{gpu}"
+    doc["chunks"] = []
     with torch.no_grad():
         doc["joins"] = join_costs(llm, slm, args, vocab)
+        lab.write_result(stem, doc, markdown(doc))  # kept if the chunks run out of time
         doc["chunks"] = chunked(llm, slm, args, vocab)
-    gpu = re.sub(r"[^a-z0-9]+", "_", doc["device"].lower()).strip("_") if not args.dry_run_cpu else "cpu_dry_run"
-    lab.write_result(Path(args.out_dir) / f"join_bench_{gpu}", doc, markdown(doc))
+    lab.write_result(stem, doc, markdown(doc))
     print(markdown(doc))
     print(json.dumps({"device": doc["device"], "joins": doc["joins"], "chunks": doc["chunks"]}))
 
