@@ -11,7 +11,9 @@ greedy request's tokens equal its solo ``generate`` (tested).
 Layout: rows share the columns of one left-padded sequence (see :mod:`.lane`). A joining
 request is right-aligned with the others -- left-padded to the batch's width, or the batch is
 padded on the left when the new prompt is longer -- and each lane prefills the columns it has
-already seen for it; columns that became padding in every row are trimmed when rows leave.
+already seen for it (the step's joins together); columns that became padding in every row are trimmed when
+rows leave. With ``prefill_chunk`` (fast lanes) joining prompts are read a bounded chunk a step while the batch
+decodes and join once read (:mod:`.admission`).
 
 Scheduling (``schedule=``, :mod:`hf_rstitch.core.scheduling`): with :class:`GatherForLLM`, rows
 whose next token is the LLM's may wait a step or two (no token, no event) so that one LLM call
@@ -52,8 +54,8 @@ from ..core.roles import Role
 from ..core.sampling import sample_one
 from ..core.scheduling import LLMSchedule
 from ..core.trace import StitchTrace
-from .lane import checked_schedule
 from .admission import Staging
+from .lane import checked_schedule
 from .protocol import EagerEngine, resolve_engine
 from .request_types import (FINISH_REASONS, Completion, Event, QueueFull, Request, RequestState,  # noqa: F401
                             RequestStatus, StepFailed, generator_for, prepare)
