@@ -155,3 +155,31 @@ def test_a_failing_chunk_fails_the_batch_and_returns_the_joining_request_to_the_
     done = engine.run()
     alone = solo(llm, slm, p, 0.5, 6)
     assert done["b"].tokens == alone.sequences[0, p.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("option", [{"run_ahead": True}, {"schedule": "gather:3:4"}])
+def test_chunked_joins_with_run_ahead_or_a_schedule_equal_solo_runs(option):
+    """Chunked joins next to the engine's other step options (lanes run ahead; rows wait for the LLM): requests
+    arriving while others decode equal their solo runs."""
+    llm, slm = make_pair("llama")
+    cfg = FastConfig(graphs=False, max_bucket=4, run_ahead=option.get("run_ahead", False))
+    engine = RequestEngine(llm, slm, max_batch=4, max_length=96, prefill_chunk=5, engine=cfg,
+                           schedule=option.get("schedule"))
+    lengths, news, taus = [4, 17, 9, 23, 6], [20, 8, 12, 6, 9], [0.6, 0.65, 0.55, 0.6, 0.7]
+    reqs = [Request(prompt(n, seed=60 + i)[0].tolist(), max_new_tokens=m, stitch_threshold=t, request_id=f"q{i}")
+            for i, (n, m, t) in enumerate(zip(lengths, news, taus))]
+    arrive = {0: [reqs[0]], 1: [reqs[1], reqs[2]], 4: [reqs[3]], 6: [reqs[4]]}
+    tokens, k = {}, 0
+    while engine.has_work() or k <= max(arrive):
+        for r in arrive.get(k, []):
+            engine.submit(r)
+        for e in engine.step():
+            if e.token is not None:
+                tokens.setdefault(e.request_id, []).append(e.token)
+        engine.check_consistent()
+        k += 1
+    assert engine._staging.steps > 0
+    assert engine.stats["ahead" if "run_ahead" in option else "held"] > 0  # the option did act
+    for i, r in enumerate(reqs):
+        p = prompt(lengths[i], seed=60 + i)
+        assert tokens[r.request_id] == solo(llm, slm, p, taus[i], news[i]).sequences[0, p.shape[1]:].tolist(), i
