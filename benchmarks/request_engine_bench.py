@@ -42,7 +42,8 @@ from hf_rstitch.engine.requests import Request, RequestEngine
 
 WATCH = ("requests.py:step", "requests.py:_admit", "lane_rows.py:add_rows", "lane_rows.py:_prefill_rows",
          "lane_rows.py:pad_left", "lane_rows.py:trim_left", "lane_rows.py:_shift", "requests.py:_drop",
-         "lane.py:keep_rows", "step.py:run_step", "loop.py:run_ahead", "Event.synchronize")
+         "lane.py:keep_rows", "step.py:run_step", "loop.py:run_ahead", "joins.py:prefill_rows",
+         "admission.py:step", "Event.synchronize")
 
 
 def models(args):
@@ -186,6 +187,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-profile", action="store_true", help="time without cProfile (it adds host time)")
     ap.add_argument("--phases", action="store_true",
                     help="instead of cProfile, host and device ms a step per phase (joins, leaves, the step's calls)")
+    ap.add_argument("--prefill-chunk", type=int, default=None,
+                    help="RequestEngine(prefill_chunk=...): joining prompts read this many tokens a step (default: whole)")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script")
     args = ap.parse_args(argv)
     if not args.dry_run_cpu and not torch.cuda.is_available():
@@ -196,7 +199,7 @@ def main(argv=None) -> None:
     vocab = min(llm.config.vocab_size, slm.config.vocab_size)
     engine = RequestEngine(llm, slm, max_batch=args.batch, policy=RandomPolicy(args.random_p),
                            engine="default" if args.dry_run_cpu else "fast",
-                           max_length=args.prompt + 2 * args.tokens + 16)
+                           max_length=args.prompt + 2 * args.tokens + 16, prefill_chunk=args.prefill_chunk)
     t0 = time.perf_counter()
     drive(engine, requests(2 * args.batch, [8 + (i % 9) for i in range(2 * args.batch)], args.prompt, vocab, 7))
     warm_s = time.perf_counter() - t0  # graphs for the batch buckets, joins included

@@ -11,7 +11,9 @@ greedy request's tokens equal its solo ``generate`` (tested).
 Layout: rows share the columns of one left-padded sequence (see :mod:`.lane`). A joining
 request is right-aligned with the others -- left-padded to the batch's width, or the batch is
 padded on the left when the new prompt is longer -- and each lane prefills the columns it has
-already seen for it; columns that became padding in every row are trimmed when rows leave.
+already seen for it (the step's joins together); columns that became padding in every row are trimmed when
+rows leave. With ``prefill_chunk`` (fast lanes) joining prompts are read a bounded chunk a step while the batch
+decodes and join once read (:mod:`.admission`).
 
 Scheduling (``schedule=``, :mod:`hf_rstitch.core.scheduling`): with :class:`GatherForLLM`, rows
 whose next token is the LLM's may wait a step or two (no token, no event) so that one LLM call
@@ -52,6 +54,7 @@ from ..core.roles import Role
 from ..core.sampling import sample_one
 from ..core.scheduling import LLMSchedule
 from ..core.trace import StitchTrace
+from .admission import Staging
 from .lane import checked_schedule
 from .protocol import EagerEngine, resolve_engine
 from .request_types import (FINISH_REASONS, Completion, Event, QueueFull, Request, RequestState,  # noqa: F401
@@ -87,10 +90,15 @@ class RequestEngine:
         schedule: when the LLM runs for the rows that need it: ``None`` / ``"now"`` (at once, the
             default), a :class:`~hf_rstitch.core.scheduling.GatherForLLM` or its string form
             (``"gather:2:8"``: wait at most 2 steps, run at once from 8 rows). Full-attention models.
+        prefill_chunk: tokens of joining prompts each lane reads a step while rows decode (rows x columns,
+            padding included; :mod:`hf_rstitch.engine.admission`): a long prompt joins over several steps instead
+            of stalling the batch for its whole prefill. None (the default): the step's joins prefill whole,
+            together. Lanes without stages (the eager engine's) always join whole.
     """
 
     def __init__(self, llm, slm, threshold: float = 0.02, max_batch: int = 8, max_waiting: int | None = None,
-                 policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None):
+                 policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None,
+                 prefill_chunk: int | None = None):
         from ..hf.checks import check_pair
         from ..hf.decode import logit_width
 
@@ -116,6 +124,7 @@ class RequestEngine:
             self.max_length = max_length
             slack = HOLD_TRIM if self.schedule is not None else 0  # untrimmed padding of held rows
             self.lanes = engine.lanes(llm, slm, self.vocab, max_batch, max_length + slack)
+        self._staging = Staging.for_lanes(self.lanes, prefill_chunk)  # None: joins prefill whole
         self.thresholds = RowEntropyPolicy() if policy is None else None
         self.policy = PinnedRoles(self.thresholds if policy is None else checked(policy))
         self.policy.reset()
@@ -138,14 +147,15 @@ class RequestEngine:
     # ---- public API ---------------------------------------------------------------------------
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        """Requests without a row: queued, or joining (their prompts read in chunks: ``prefill_chunk``)."""
+        return len(self._waiting) + (len(self._staging) if self._staging is not None else 0)
 
     @property
     def running(self) -> int:
         return len(self._rows)
 
     def has_work(self) -> bool:
-        return bool(self._rows or self._waiting)
+        return bool(self._rows or self._waiting or self._staging)
 
     @property
     def capacity(self) -> int | None:
@@ -277,7 +287,9 @@ class RequestEngine:
             assert set(self.thresholds.thresholds) == set(slots), f"thresholds {self.thresholds.thresholds} vs {slots}"
         assert all(r.status is RequestStatus.RUNNING for r in self._rows), [r.status for r in self._rows]
         assert all(w.status is RequestStatus.WAITING for w in waiting), [w.status for w in waiting]
-        held = [s.request_id for s in self._rows + waiting]
+        staged = self._staging.group if self._staging is not None else []
+        assert all(s.status is RequestStatus.WAITING for _, s in staged), [s.status for _, s in staged]
+        held = [s.request_id for s in self._rows + waiting + [s for _, s in staged]]
         assert sorted(held) == sorted(states), f"requests held {held} vs known {sorted(states)}"
         for i, row in enumerate(self._rows):
             assert not self._mask[i, :row.pad].any(), f"row {i} has tokens in its {row.pad} padding columns"
@@ -288,6 +300,8 @@ class RequestEngine:
             cancel, self._cancel = self._cancel, set()
             waiting = [s for s in self._waiting if s.request_id in cancel]
             self._waiting = deque(s for s in self._waiting if s.request_id not in cancel)
+        if self._staging is not None:
+            waiting += self._staging.cancel(cancel)
         events = [self._finish(s, "cancelled") for s in waiting]
         gone = [i for i, row in enumerate(self._rows) if row.request_id in cancel]
         events += [self._finish(self._rows[i], "cancelled") for i in gone]
@@ -306,6 +320,10 @@ class RequestEngine:
         """Every running request ends with an error; the batch starts afresh (waiting requests stay)."""
         events = [self._finish(row, "error", error=f"the engine failed while decoding this batch ({message})")
                   for row in self._rows]
+        if self._staging is not None:  # a group being read goes back to the front of the queue
+            back = self._staging.release()[1]
+            with self._lock:
+                self._waiting.extendleft(reversed(back))
         try:
             self._drop(list(range(len(self._rows))))
         except Exception:  # noqa: BLE001 -- the lanes themselves are broken: forget the rows on the host side
@@ -321,10 +339,19 @@ class RequestEngine:
                     log.exception("a lane could not drop its rows after a failed step")
         return events  # the lanes are reset when the next request is admitted into the empty batch
 
-    def _admit(self) -> None:
+    def _take_waiting(self, n: int) -> list[RequestState]:
+        """Up to ``n`` waiting requests, in order of arrival, and no more than the free rows."""
         with self._lock:
-            free = self.max_batch - len(self._rows)
-            new = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+            free = self.max_batch - len(self._rows) - (len(self._staging) if self._staging is not None else 0)
+            return [self._waiting.popleft() for _ in range(max(0, min(n, free, len(self._waiting))))]
+
+    def _admit(self) -> None:
+        staged = None
+        if self._staging is not None and self._rows:  # rows decode: joining prompts are read a chunk a step
+            staged, new = self._staging.step(self._take_waiting)
+        else:
+            new = self._staging.release()[1] if self._staging is not None else []  # an empty batch: join at once
+            new += self._take_waiting(self.max_batch - len(new))
         if not new:
             return
         if not self._rows:  # an empty batch starts afresh: no columns, fresh caches
@@ -348,7 +375,11 @@ class RequestEngine:
         width = self._seq.shape[1]
         seq, mask = self._layout([s.request for s in new], width)
         for lane in self.lanes.values():
-            lane.add_rows(seq, mask)
+            if staged:
+                lane.add_rows(seq, mask, staged=staged)
+                lane.unstage()
+            else:
+                lane.add_rows(seq, mask)
         self._seq, self._mask = torch.cat([self._seq, seq]), torch.cat([self._mask, mask])
         self._routing.add([s.request.role is Role.LLM for s in new])
         for slot, state in zip(slots, new):
@@ -372,7 +403,7 @@ class RequestEngine:
     def _admissible(self) -> bool:
         """Whether a waiting request would take a free row at the next step."""
         with self._lock:
-            return bool(self._waiting) and len(self._rows) < self.max_batch
+            return bool(self._staging) or bool(self._waiting) and len(self._rows) < self.max_batch
 
     def _free_slot(self, taken: list[int]) -> int:
         used = set(self._slots.tolist()) | set(taken)

@@ -12,7 +12,11 @@ normalize its input first (an RMSNorm) and add a residual to its output (:mod:`.
 Catch-up prefills of 2..16 tokens and batches of up to 16 rows (:data:`MAX_ROWS`) run a second
 kernel that reads each weight tile once for all rows (tensor-core products). Batches of 17..64 rows
 (:data:`WIDE_ROWS`, lanes built for them: ``linears.plan(rows=...)``) run it with 64-row blocks. Each tier
-is tuned against cuBLAS per shape and keeps ``F.linear`` where cuBLAS wins; longer inputs keep it always.
+is tuned against cuBLAS per shape and keeps ``F.linear`` where cuBLAS wins. Inputs of more than
+:data:`GEMM_ROWS` rows (batches of 65..256 rows, long catch-ups) run cuBLAS's GEMMs (``F.linear``, tensor cores)
+untuned: there a weight tile read once serves enough rows that the product is no longer a pure weight read, which
+is what cuBLAS's GEMM kernels are built for, while the few-rows kernel would read every weight once per 64-row
+block.
 Its candidates include reductions split in 2-4 (float32 partials, then a kernel that sums them), for
 products with few output columns and a long reduction (Qwen2-7B's down projection: 3584 x 18944),
 where cuBLAS splits too.
@@ -71,10 +75,14 @@ WIDE = tuple(GemvConfig(n, k, w, s, WIDE_ROWS) for n, k, w, s in (
             (64, 64, 4, 3, 2), (64, 128, 8, 3, 2), (128, 64, 8, 3, 2), (64, 64, 4, 3, 4)))
 SUM_BLOCK_N = 64  # output columns a program of the split-sum kernel (split_k > 1)
 TIERS = (1, MAX_ROWS, WIDE_ROWS)  # rows of each tier's block; a shape has one configuration a tier
+GEMM_ROWS = WIDE_ROWS  # inputs of more rows run cuBLAS GEMMs (F.linear) untuned: the switch to tensor-core GEMMs
 
 
 def tier(rows: int) -> int | None:
-    """Index in :data:`TIERS` of the configuration for an input of ``rows`` rows; None past the last."""
+    """Index in :data:`TIERS` of the configuration for an input of ``rows`` rows; None past the last
+    (:data:`GEMM_ROWS`: cuBLAS's GEMMs)."""
+    if rows > GEMM_ROWS:
+        return None
     return next((i for i, top in enumerate(TIERS) if rows <= top), None)
 
 

@@ -120,9 +120,11 @@ class FastLane(Outputs, RowOps):
         self.n_real = torch.ones((), dtype=torch.long, device=dev)  # real tokens in a padded bucket
         self.seen = 0  # columns of the shared sequence in the cache (every row)
         self.long_calls = 0  # calls of this generation longer than max_bucket (run as several bucket calls)
+        self.join_groups = 0  # batched groups that prefilled joining rows (.joins), over the lane's life
         self.row_moves = 0  # cache rows moved down when finished rows let the batch bucket shrink
         self._slot_index: torch.Tensor | None = None  # [B] cache row of each live row (device), None: in order
-        self._join_lane = None  # a one-row lane of the same model that prefills joining rows (lane_rows)
+        self._stage = None  # joining prompts read over several steps in the join twin (.joins.Stage)
+        self._join_lane = None  # a lane of the same model that prefills joining rows (lane_rows, .joins)
         self._read = None  # (logits, entropy, greedy) of the last read-out (_read_out)
         start = time.perf_counter()
         self._precompile(config)
@@ -214,6 +216,7 @@ class FastLane(Outputs, RowOps):
         self.rows.clear()
         self._slot_index = None
         self._read = None
+        self._stage = None
 
     def warm_up(self, want_hidden: bool = False, batch_sizes=None) -> float:
         """Capture (and compile) the one-token step and every length bucket, for each batch bucket in

@@ -14,6 +14,7 @@ import torch
 
 from ..engine.lane import left_padding
 from ..engine.step import to_device
+from . import joins
 
 
 class RowOps:
@@ -37,10 +38,11 @@ class RowOps:
         in_order = self.rows.in_order
         self._slot_index = None if in_order else to_device(self.rows.slot, self.device)
 
-    def add_rows(self, seq: torch.Tensor, mask: torch.Tensor) -> None:
+    def add_rows(self, seq: torch.Tensor, mask: torch.Tensor, staged: list[int] | None = None) -> None:
         """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free
-        cache rows. Their first ``seen`` columns are prefilled now, eagerly and alone (logits discarded,
-        as :meth:`hf_rstitch.engine.Lane.add_rows`); the rest is read at the next :meth:`advance`. Their
+        cache rows. Their first ``seen`` columns are prefilled now, all the step's joining rows together (logits
+        discarded, as :meth:`hf_rstitch.engine.Lane.add_rows`), or, with ``staged``, copied from these rows of
+        the stage (:meth:`stage_rows`, read to the end); the rest is read at the next :meth:`advance`. Their
         trace records count from nothing seen, as in a solo run."""
         if self.seen == 0:  # nothing read yet: the first advance reads every row's padding from its mask
             return
@@ -51,7 +53,10 @@ class RowOps:
         if len(free) < k:
             raise ValueError(f"{self.role} FastLane holds {self.max_rows} rows, {self.rows.n_live} are live: no room "
                              f"for {k} more. Build the engine with FastEngine(max_batch=...) >= the largest batch.")
-        self._prefill_rows(free, seq[:, : self.seen], host[:, : self.seen])
+        if staged is None:
+            self._prefill_rows(free, seq[:, : self.seen], host[:, : self.seen])
+        else:
+            self._stage.copy_into(self, free, staged, seq.shape[1])
         dst = to_device(free, self.device)
         self.valid[dst] = True
         self.valid[dst, : host.shape[1]] = to_device(host, self.device)
@@ -60,6 +65,28 @@ class RowOps:
         self.rows.solo_seen += [0] * k
         self.rows.pad += pads
         self._slot_index = None if self.rows.in_order else to_device(self.rows.slot, self.device)
+
+    # ---- chunked joins: prompts read over several steps before their rows join (fast/joins.py) ----------------
+    @property
+    def stage_room(self) -> int:
+        """Prompts one stage holds (the join twin's rows)."""
+        return min(self.max_rows, joins.JOIN_ROWS)
+
+    def stage_rows(self, prompts: list[list[int]]) -> None:
+        """Lay out joining prompts (at most :attr:`stage_room`) in the join twin, to be read over several steps
+        (:meth:`prefill_staged`) while the batch decodes; they join with ``add_rows(..., staged=...)``."""
+        if len(prompts) > self.stage_room:
+            raise ValueError(f"{self.role} FastLane stages {self.stage_room} prompts at once, got {len(prompts)}")
+        self._stage = joins.Stage(self._joiner(), prompts)
+
+    def prefill_staged(self, budget: int) -> bool:
+        """Read the staged prompts' next chunk (at most ``budget`` tokens, rows x columns); True once every
+        prompt but its last token is read."""
+        return self._stage.advance(budget)
+
+    def unstage(self) -> None:
+        """Forget the stage (its rows joined, or its requests went back to waiting)."""
+        self._stage = None
 
     def pad_left(self, n: int) -> None:
         """Prepend ``n`` masked columns to every row (the shared sequence grew on the left): the written
@@ -105,30 +132,21 @@ class RowOps:
     # ---- internals ----------------------------------------------------------------------------
     def _prefill_rows(self, dst: list[int], ids: torch.Tensor, host: torch.Tensor) -> None:
         """Fill cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (``host``: their mask, bool, on
-        the CPU): each row alone through this lane's one-row twin (:meth:`_joiner`: the same model in the same
-        kernels and graphs, a catch-up over the row's real columns only, its left padding skipped), then one
-        copy of its slots into this cache.
+        the CPU): every joining row of the step together, in batched calls of this lane's join twin
+        (:func:`hf_rstitch.fast.joins.prefill_rows`), then one copy of each row's slots into this cache.
 
         Why not an eager forward: on a GPU that one forward per lane is host-bound, about ten decode steps'
         worth a joining row (``benchmarks/results/request_engine_*.md``)."""
-        joiner = self._joiner()
-        pads = left_padding(host).tolist()
-        for i, (row, pad) in enumerate(zip(dst, pads)):
-            joiner.reset()
-            joiner._start(host[i:i + 1])  # its padding mask: the slots left of `pad` stay masked
-            joiner.seen = pad  # the padding counts as read: only the real columns run
-            joiner.cache.pos.fill_(pad)
-            with torch.no_grad():
-                joiner._run(to_device(ids[i:i + 1, pad:], self.device), False)
-            self.cache.copy_row(joiner.cache, 0, row, self.seen)
+        self.join_groups += joins.prefill_rows(self, dst, ids, host)
 
     def _joiner(self):
-        """A one-row lane of the same model and configuration (built on first use, kept): it prefills joining
-        rows. It shares this lane's product plan (no second copy of the fused q/k/v weights) and the
-        process's compiled pieces; its static cache holds one row."""
+        """A lane of the same model and configuration with up to :data:`~hf_rstitch.fast.joins.JOIN_ROWS` rows
+        (built on first use, kept): it prefills joining rows. It shares this lane's product plan (no second copy
+        of the fused q/k/v weights) and the process's compiled pieces; its static cache holds its rows."""
         if self._join_lane is None:
+            rows = min(self.max_rows, joins.JOIN_ROWS)
             lane = type(self)(self.model, self.role, self.vocab, self.capacity,
-                              dataclasses.replace(self.config, gemv=False), max_rows=1)
+                              dataclasses.replace(self.config, gemv=False), max_rows=rows)
             lane.gemv_layers = self.gemv_layers
             self._join_lane = lane
         return self._join_lane

@@ -103,6 +103,11 @@ class StaticKV:
         (one copy; the caches must share model, dtype and device)."""
         self.states[:, :, dst, :, :n_slots].copy_(other.states[:, :, src, :, :n_slots])
 
+    def copy_slots(self, other: "StaticKV", src: int, src_start: int, dst: int, dst_start: int, n: int) -> None:
+        """``n`` slots of ``other``'s cache row ``src`` from ``src_start`` into row ``dst`` of this cache from
+        ``dst_start``, every layer (one copy): a row whose columns sit elsewhere in the two caches."""
+        self.states[:, :, dst, :, dst_start:dst_start + n].copy_(other.states[:, :, src, :, src_start:src_start + n])
+
     def shift_row(self, row: int, by: int, n_slots: int) -> None:
         """Move the written slots of cache row ``row`` by ``by`` in every layer: ``by = 1`` moves slots
         ``[0, n_slots - 1)`` one right (slot 0 zeroed, slot ``n_slots - 1`` overwritten); a negative ``by``

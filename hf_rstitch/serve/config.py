@@ -45,6 +45,10 @@ class ServeConfig:
     max_queue: int = field(default=64, metadata={
         "help": "requests that may wait for a free row; beyond max-batch + max-queue the server answers 429"})
     max_tokens: int = field(default=256, metadata={"help": "completion budget of a request that sets no max_tokens"})
+    prefill_chunk: int = field(default=0, metadata={
+        "help": "tokens of joining prompts each model reads a step while rows decode (fast engine): a long prompt "
+                "joins over several steps instead of stalling the batch for its whole prefill; 0 (the default): "
+                "the joins of a step prefill whole, together"})
     model_name: str = field(default="", metadata={
         "help": "model id that /v1/models lists and responses carry (default: the LLM folder's name); several "
                 "comma-separated names are aliases (the first is the one responses carry); requests naming any other "
@@ -71,6 +75,8 @@ class ServeConfig:
         for name in ("max_batch", "max_tokens", "replicas", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.prefill_chunk < 0:
+            raise ValueError(f"--prefill-chunk must be >= 0 tokens (0: joins prefill whole), got {self.prefill_chunk}")
         if self.max_queue < 0:
             raise ValueError(f"--max-queue must be >= 0, got {self.max_queue}")
         if not 0 <= self.port <= 65535:
@@ -128,7 +134,8 @@ def build_engine(cfg: ServeConfig, llm, slm):
     context = getattr(llm.config.get_text_config(), "max_position_embeddings", None) or FAST_MAX_LENGTH
     max_length = min(context, FAST_MAX_LENGTH)  # static caches hold max_batch x this many tokens
     return RequestEngine(llm, slm, threshold=cfg.threshold, max_batch=cfg.max_batch, max_waiting=cfg.max_queue,
-                         policy=policy, engine=cfg.engine, max_length=max_length, schedule=cfg.schedule)
+                         policy=policy, engine=cfg.engine, max_length=max_length, schedule=cfg.schedule,
+                         prefill_chunk=cfg.prefill_chunk or None)
 
 
 def settings_for(cfg: ServeConfig, llm) -> Any:

@@ -11,7 +11,7 @@ def test_help_lists_the_issue_flags():
     sub = build_parser()._subparsers._group_actions[0].choices["serve"]
     flags = {o for a in sub._actions for o in a.option_strings}
     assert {"--llm", "--slm", "--threshold", "--router", "--host", "--port", "--device", "--max-batch",
-            "--max-queue", "--replicas", "--schedule"} <= flags
+            "--max-queue", "--replicas", "--schedule", "--prefill-chunk"} <= flags
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -20,6 +20,7 @@ def test_help_lists_the_issue_flags():
     (["--llm", "some/folder"], "pass both --llm and --slm, or neither"),
     (["--port", "70000"], "--port must be in [0, 65535], got 70000"),
     (["--schedule", "later"], "--schedule: schedule 'later': use 'now', 'gather'"),
+    (["--prefill-chunk", "-1"], "--prefill-chunk must be >= 0 tokens (0: joins prefill whole), got -1"),
 ])
 def test_bad_flags_exit_2_with_a_message(argv, needle, capsys):
     assert main(["serve", *argv]) == 2

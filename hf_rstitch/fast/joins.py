@@ -1,0 +1,114 @@
+"""Joining rows' prefill for a :class:`~hf_rstitch.fast.lane.FastLane`: every row that joins a running batch in
+one step is prefilled together, in batched calls of the lane's join twin, not one one-row call each.
+
+A joining row must hold the keys and values of the shared columns the lane has read (``seen``) before the next
+step reads the last ones with every other row (:meth:`~hf_rstitch.fast.lane_rows.RowOps.add_rows`). The lane's
+join twin (:meth:`~hf_rstitch.fast.lane_rows.RowOps._joiner`: the same model in the same kernels and graphs,
+:data:`JOIN_ROWS` cache rows) runs them in groups of up to that many rows -- left-padded among themselves, the
+columns that are padding in every row of a group skipped, rows of similar lengths grouped -- then each row's
+slots are copied into its cache row. A group runs as one call per length bucket (a prompt longer than the
+largest bucket as several), so a step with ``k`` joins costs ``ceil(k / JOIN_ROWS)`` calls' worth of weight
+reads instead of ``k``.
+
+Chunked joins (:class:`Stage`, the request engine's ``prefill_chunk``, :mod:`hf_rstitch.engine.admission`): a
+group of joining prompts is laid out in the join twin alone -- right-aligned in the group's own columns -- and
+read a chunk of columns a step, at most a token budget a step (rows x columns, padding included), while the
+batch goes on decoding; once every prompt but its last token is read, the rows join the batch and each copies
+its slots to where its columns sit in the shared sequence (keys depend on positions, not slots).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..engine.lane import left_padding
+from ..engine.step import to_device
+
+JOIN_ROWS = 8  # rows the join twin prefills in one call (its static cache holds this many rows of `capacity`)
+
+
+def prefill_rows(lane, dst: list[int], ids: torch.Tensor, host: torch.Tensor) -> int:
+    """Fill ``lane``'s cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (``host``: their mask, bool,
+    on the CPU, left padding only). Returns the number of batched groups it ran. A row whose real columns all lie
+    past ``seen`` (a lane that has not read the latest columns yet) has nothing to prefill: its slots are masked."""
+    joiner = lane._joiner()
+    pads = left_padding(host).tolist()
+    order = sorted((i for i in range(len(dst)) if pads[i] < ids.shape[1]), key=lambda i: pads[i])  # similar lengths
+    # share a group: less padding read
+    groups = 0
+    for start in range(0, len(order), joiner.max_rows):
+        part = order[start:start + joiner.max_rows]
+        at = torch.tensor(part, dtype=torch.long)
+        run_group(joiner, ids[at], host[at])
+        for i, r in enumerate(part):
+            lane.cache.copy_row(joiner.cache, i, dst[r], lane.seen)
+        groups += 1
+    return groups
+
+
+def chunk_columns(budget: int, rows: int, left: int, max_bucket: int) -> int:
+    """Columns a group of ``rows`` rows reads this step: ``budget // rows`` (at least one), no more than ``left``,
+    rounded down to whole ``max_bucket`` calls or a power of two below it (a graph's bucket: no padding read)."""
+    cols = max(1, budget // rows)
+    cols = cols // max_bucket * max_bucket if cols >= max_bucket else 1 << (cols.bit_length() - 1)
+    return min(cols, left)
+
+
+class Stage:
+    """One group of joining prompts read in the join twin over several steps (the lane's ``stage_rows``).
+
+    Layout: the ``g`` prompts right-aligned in ``width`` columns (the longest prompt's), in the twin's cache rows
+    ``[0, g)``; the twin reads columns ``[first real column, width - 1)``: every prompt but its last token, which
+    the batch's next step reads with every other row."""
+
+    def __init__(self, joiner, prompts: list[list[int]]):
+        self.joiner, self.lengths = joiner, [len(p) for p in prompts]
+        self.width = width = max(self.lengths)
+        host = torch.zeros(len(prompts), width, dtype=torch.bool)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):], host[i, width - len(p):] = torch.tensor(p, dtype=torch.long), True
+        self.ids = to_device(ids, joiner.device)
+        joiner.reset()  # nothing read: the longest prompt starts at column 0
+        joiner._start(host)
+        self.tokens = 0  # tokens read so far (rows x columns, padding included)
+
+    @property
+    def done(self) -> bool:
+        return self.joiner.seen >= self.width - 1
+
+    def advance(self, budget: int) -> bool:
+        """Read the next chunk (at most ``budget`` tokens, at least one column) unless done; True once done."""
+        j = self.joiner
+        if not self.done:
+            cols = chunk_columns(budget, len(self.lengths), self.width - 1 - j.seen, j.config.max_bucket)
+            with torch.no_grad():
+                j._run(self.ids[:, j.seen:j.seen + cols], False)
+            j.seen += cols
+            self.tokens += cols * len(self.lengths)
+        return self.done
+
+    def copy_into(self, lane, dst: list[int], staged: list[int], width: int) -> None:
+        """Staged rows ``staged`` into ``lane``'s cache rows ``dst``, the shared sequence being ``width`` columns
+        wide (each prompt right-aligned in it): the prompt columns ``lane`` has read, for each row."""
+        for row, j in zip(dst, staged):
+            n = self.lengths[j] - (width - lane.seen)  # the prompt's tokens before the lane's first unread column
+            if n <= 0:
+                continue
+            if n > self.lengths[j] - 1 or not self.done:
+                raise RuntimeError(f"{lane.role} FastLane: staged row {j} holds {self.joiner.seen} of its prompt's "
+                                   f"columns; the batch needs {n} (join staged rows once their stage is done)")
+            lane.cache.copy_slots(self.joiner.cache, j, self.width - self.lengths[j], row, width - self.lengths[j], n)
+
+
+def run_group(joiner, ids: torch.Tensor, host: torch.Tensor) -> None:
+    """``joiner`` (reset) reads ``ids`` ``[g, n]`` (mask ``host``, left-padded) into its cache rows ``[0, g)``: one
+    batched catch-up from the first column that is real in some row (the padding columns before it count as
+    read; the rows' own padding stays masked)."""
+    joiner.reset()
+    joiner._start(host)
+    skip = min(left_padding(host).tolist())
+    joiner.seen = skip
+    joiner.cache.pos.fill_(skip)
+    with torch.no_grad():
+        joiner._run(to_device(ids[:, skip:], joiner.device), False)
