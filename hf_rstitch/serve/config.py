@@ -42,6 +42,9 @@ class ServeConfig:
         "wait (no token) at most K steps (default 2) until M rows need it (default a quarter of the batch), while "
         "the SLM's rows go on: fewer LLM calls, the same outputs, full-attention models only. Measured slower on an "
         "H200 (7B/1.5B, B=4-64); see docs/howto/batching.md."})
+    pin: str = field(default="", metadata={
+        "help": "serve every request with one model alone: llm (the LLM alone: the baseline stitched serving is "
+                "measured against) or slm; default: stitched", "choices": ["", "llm", "slm"]})
     max_queue: int = field(default=64, metadata={
         "help": "requests that may wait for a free row; beyond max-batch + max-queue the server answers 429"})
     max_tokens: int = field(default=256, metadata={"help": "completion budget of a request that sets no max_tokens"})
@@ -81,6 +84,8 @@ class ServeConfig:
             parse_schedule(self.schedule)
         except ValueError as e:
             raise ValueError(f"--schedule: {e}") from None
+        if self.pin not in ("", "llm", "slm"):
+            raise ValueError(f"--pin must be llm, slm or empty (stitched), got {self.pin!r}")
         if self.drain_timeout < 0:
             raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout}")
 
@@ -143,7 +148,7 @@ def settings_for(cfg: ServeConfig, llm) -> Any:
         drain_timeout_s=cfg.drain_timeout, do_sample=bool(gen.do_sample),
         temperature=float(gen.temperature if gen.temperature is not None else 1.0),
         top_p=float(gen.top_p if gen.top_p is not None else 1.0), threshold=None if cfg.router else cfg.threshold,
-        router=cfg.router or None)
+        router=cfg.router or None, pin=cfg.pin or None)
 
 
 def build_server(cfg: ServeConfig):
