@@ -219,9 +219,10 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def run_method(method: str, args, shape: dict, out: Path, budget: Budget) -> tuple[list, list, dict]:
-    """One method's rows, skipped levels and details; tries ``--max-batch``, then halves it on a failed start."""
+    """One method's rows, skipped levels and details; tries ``args.max_batch``, then halves it on a failed start
+    (and keeps the rows that worked in ``args.max_batch`` for the next method)."""
     rows, skipped, details = [], [], {}
-    per_level = 2 * (args.warmup_s + args.window_s) + 2  # the engine alone, then the server
+    per_level = 2 * (args.warmup_s + args.window_s) + 6  # the engine alone, then the server (clients' start, idle)
     levels = list(args.levels)
     max_batch, proc, why = max(levels) if args.max_batch is None else args.max_batch, None, ""
     while proc is None and max_batch >= 1:
@@ -238,6 +239,7 @@ def run_method(method: str, args, shape: dict, out: Path, budget: Budget) -> tup
             why = f"the server did not start with --max-batch {max_batch}: {err}"
             print(why, file=sys.stderr)
             max_batch //= 2
+    args.max_batch = max_batch
     if proc is None:
         return rows, [{"concurrency": c, "method": method, "reason": why} for c in levels], details
     try:
@@ -299,12 +301,13 @@ def plot(doc: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for method, style in (("llm_only", "o-"), ("stitched", "s-")):
+    for method, style, color in (("llm_only", "o-", "C0"), ("stitched", "s-", "C1")):
         rows = sorted((r for r in doc["rows"] if r["method"] == method), key=lambda r: r["concurrency"])
         xs = [r["concurrency"] for r in rows]
-        ax1.plot(xs, [r["requests_per_s"] for r in rows], style, label=f"{method} (server)")
-        ax2.plot(xs, [r["tokens_per_s"] for r in rows], style, label=f"{method} (server)")
-        ax2.plot(xs, [r["engine_alone_tokens_per_s"] for r in rows], style, alpha=0.4, label=f"{method} (engine alone)")
+        ax1.plot(xs, [r["requests_per_s"] for r in rows], style, color=color, label=f"{method} (server)")
+        ax2.plot(xs, [r["tokens_per_s"] for r in rows], style, color=color, label=f"{method} (server)")
+        ax2.plot(xs, [r["engine_alone_tokens_per_s"] for r in rows], style, color=color, alpha=0.35,
+                 linestyle="--", label=f"{method} (engine alone)")
     for ax, label in ((ax1, "completed requests / s"), (ax2, "tokens / s")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency (closed loop)")
@@ -328,7 +331,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup-s", type=float, default=4.0, help="per level, excluded from the window")
     ap.add_argument("--window-s", type=float, default=8.0, help="per level, the measurement window")
     ap.add_argument("--budget-s", type=float, default=400.0, help="the whole run; levels that would not fit are skipped")
-    ap.add_argument("--startup-s", type=float, default=120.0, help="a server's start: load, warm-up (bound)")
+    ap.add_argument("--startup-s", type=float, default=60.0, help="a server's start: load, warm-up (bound)")
     ap.add_argument("--max-batch", type=int, default=None, help="server rows (default: the largest level)")
     ap.add_argument("--client-procs", type=int, default=0, help="client processes (0: one per 32 clients, <= 8)")
     ap.add_argument("--engine", default="fast", choices=["fast", "default"])
