@@ -306,7 +306,7 @@ def plot(doc: dict, path: Path) -> None:
         xs = [r["concurrency"] for r in rows]
         ax1.plot(xs, [r["requests_per_s"] for r in rows], style, color=color, label=f"{method} (server)")
         ax2.plot(xs, [r["tokens_per_s"] for r in rows], style, color=color, label=f"{method} (server)")
-        ax2.plot(xs, [r["engine_alone_tokens_per_s"] for r in rows], style, color=color, alpha=0.35,
+        ax2.plot(xs, [r["engine_alone_tokens_per_s"] for r in rows], style[0], color=color, alpha=0.35,
                  linestyle="--", label=f"{method} (engine alone)")
     for ax, label in ((ax1, "completed requests / s"), (ax2, "tokens / s")):
         ax.set_xscale("log", base=2)
