@@ -60,8 +60,9 @@ class ServeConfig:
         "help": "server replicas; more than 1 runs them on Ray Serve (pip install fastapi uvicorn 'ray[serve]', or '.[serve-ray]' in a clone)"})
     ray_address: str = field(default="", metadata={
         "help": "Ray cluster to join for replicas (e.g. 'auto' on a cluster node; default: a local Ray instance)"})
-    gpus_per_replica: float = field(default=0.0, metadata={
-        "help": "GPUs Ray reserves for each replica (1 puts one replica on each GPU; with --device cuda)"})
+    gpus_per_replica: float | None = field(default=None, metadata={
+        "help": "GPUs Ray reserves for each replica (default: 1 with a CUDA --device, one replica on each GPU, which "
+                "Ray makes that replica's cuda:0; else 0)"})
     cpus_per_replica: float = field(default=1.0, metadata={"help": "CPUs Ray reserves for each replica"})
 
     def __post_init__(self):
@@ -86,8 +87,20 @@ class ServeConfig:
             raise ValueError(f"--schedule: {e}") from None
         if self.pin not in ("", "llm", "slm"):
             raise ValueError(f"--pin must be llm, slm or empty (stitched), got {self.pin!r}")
+        if self.gpus_per_replica is not None and self.gpus_per_replica < 0:
+            raise ValueError(f"--gpus-per-replica must be >= 0, got {self.gpus_per_replica}")
+        if self.replicas > 1 and self.replica_gpus > 0 and self.device not in ("cuda", "cuda:0"):
+            raise ValueError(f"--device {self.device} with --replicas {self.replicas}: Ray shows each replica only its "
+                             "own GPUs, numbered from cuda:0; pass --device cuda")
         if self.drain_timeout < 0:
             raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout}")
+
+    @property
+    def replica_gpus(self) -> float:
+        """GPUs Ray reserves for each replica: ``gpus_per_replica``, else one per replica on a CUDA device."""
+        if self.gpus_per_replica is not None:
+            return self.gpus_per_replica
+        return 1.0 if self.device.startswith("cuda") else 0.0
 
     @property
     def served_names(self) -> tuple[str, ...]:

@@ -3,7 +3,8 @@
 Each replica is one Ray actor that builds the same FastAPI app as ``rstitch serve`` (its own pair,
 engine and driver thread) from the pickled :class:`~.config.ServeConfig`; Ray Serve's proxy listens
 on ``--host/--port`` and spreads requests over the replicas. Ray places replicas by resources
-(``--gpus-per-replica 1``: one replica per GPU, ``CUDA_VISIBLE_DEVICES`` set for each), across the
+(with ``--device cuda``, one GPU a replica by default: one replica per GPU, ``CUDA_VISIBLE_DEVICES`` set for
+each, so each replica's ``cuda`` is its own GPU), across the
 machines of a Ray cluster (``--ray-address auto`` on a node of one), restarts replicas that die,
 and drains a replica's running requests when it stops. The app's lifespan (driver start, drain)
 runs inside each replica. Why Ray Serve rather than a load balancer in front of N processes:
@@ -38,7 +39,7 @@ def deployment(cfg: ServeConfig):
     """The Ray Serve deployment for ``cfg`` (bind it and ``serve.run`` it)."""
     return serve.deployment(
         RStitchReplica, name="RStitchReplica", num_replicas=cfg.replicas,
-        ray_actor_options={"num_cpus": cfg.cpus_per_replica, "num_gpus": cfg.gpus_per_replica},
+        ray_actor_options={"num_cpus": cfg.cpus_per_replica, "num_gpus": cfg.replica_gpus},
         # a replica takes what its own engine holds (rows + queue); Ray queues up to max_queue more, then 503s
         max_ongoing_requests=cfg.max_batch + cfg.max_queue, max_queued_requests=cfg.max_queue,
         graceful_shutdown_timeout_s=cfg.drain_timeout, graceful_shutdown_wait_loop_s=0.5,
