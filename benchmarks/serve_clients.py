@@ -128,18 +128,23 @@ def _client_proc(url, bodies, first, step, n, t_start, t_end):
     return asyncio.run(_clients(url, bodies, first, step, n, t_start, t_end))
 
 
-def closed_loop(url: str, bodies: list[dict], concurrency: int, warmup_s: float, window_s: float,
-                procs: int = 0) -> dict:
-    """``concurrency`` clients for ``warmup_s + window_s``; the window's summary (:func:`summarize`)."""
+def run_clients(url: str, bodies: list[dict], concurrency: int, seconds: float, procs: int = 0) -> tuple[list, float]:
+    """``concurrency`` clients in a closed loop for ``seconds``: (every request's record, when they started)."""
     procs = procs or max(1, min(8, concurrency // 32))
     procs = min(procs, concurrency)
     t_start = time.monotonic() + 1.0 + 0.2 * procs  # the client processes start meanwhile
-    t_end = t_start + warmup_s + window_s
     share = [concurrency // procs + (p < concurrency % procs) for p in range(procs)]
     with ProcessPoolExecutor(procs, mp_context=get_context("fork")) as pool:
-        futures = [pool.submit(_client_proc, url, bodies, p, procs, share[p], t_start, t_end) for p in range(procs)]
-        records = [r for f in futures for r in f.result()]
-    return summarize(records, t_start + warmup_s, t_end)
+        futures = [pool.submit(_client_proc, url, bodies, p, procs, share[p], t_start, t_start + seconds)
+                   for p in range(procs)]
+        return [r for f in futures for r in f.result()], t_start
+
+
+def closed_loop(url: str, bodies: list[dict], concurrency: int, warmup_s: float, window_s: float,
+                procs: int = 0) -> dict:
+    """``concurrency`` clients for ``warmup_s + window_s``; the window's summary (:func:`summarize`)."""
+    records, t_start = run_clients(url, bodies, concurrency, warmup_s + window_s, procs)
+    return summarize(records, t_start + warmup_s, t_start + warmup_s + window_s)
 
 
 def percentile(xs: list[float], q: float) -> float | None:

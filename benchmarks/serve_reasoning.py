@@ -341,6 +341,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--replicas", type=int, nargs="+", default=None,
                     help="instead: compare Ray Serve replica counts (serve_replicas.py), e.g. --replicas 1 2")
+    ap.add_argument("--replica-concurrency", type=int, default=128, help="--replicas: clients of the closed loop")
+    ap.add_argument("--replace-timeout-s", type=float, default=150.0,
+                    help="--replicas: how long the kill test waits for Ray's replacement replica")
+    ap.add_argument("--no-kill", action="store_true", help="--replicas: skip the kill test")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny pair on CPU, tiny counts: checks the whole path")
     args = ap.parse_args(argv)
     if args.dry_run_cpu:
@@ -349,6 +353,8 @@ def main(argv=None) -> int:
         args.levels = [c for c in args.levels if c <= 4]
         args.levels = args.levels if len(args.levels) > 1 else [1, 4]
         args.warmup_s, args.window_s = min(args.warmup_s, 1.0), min(args.window_s, 2.0)
+        args.replica_concurrency = min(args.replica_concurrency, 4)
+        args.max_batch = args.max_batch or (2 if args.replicas else None)
     if args.replicas:
         import serve_replicas
 

@@ -28,8 +28,8 @@ Forward = Callable[[dict[str, Any], bytes], AsyncIterator[Any]]  # (request head
 
 
 async def call_app(app, head: dict[str, Any], body: bytes) -> AsyncIterator[Any]:
-    """Run one request through the ASGI ``app`` in this process: yields ``{"status", "headers"}``, then each
-    non-empty body chunk (bytes) as the app sends it. ``head``: ``method``, ``path``, ``query`` (str),
+    """Run one request through the ASGI ``app`` in this process: yields ``{"status", "headers"}``, then the body
+    as the app sends it (bytes; chunks that queued while the last one was taken come joined). ``head``: ``method``, ``path``, ``query`` (str),
     ``headers`` (list of [name, value] strings). Stopping the iteration early tells the app the client left."""
     messages: asyncio.Queue = asyncio.Queue()
     left = asyncio.Event()
@@ -54,9 +54,17 @@ async def call_app(app, head: dict[str, Any], body: bytes) -> AsyncIterator[Any]
             if msg["type"] == "http.response.start":
                 yield {"status": msg["status"], "headers": [(k.decode(), v.decode()) for k, v in msg["headers"]]}
             elif msg["type"] == "http.response.body":
-                if msg.get("body"):
-                    yield bytes(msg["body"])
-                if not msg.get("more_body"):
+                chunk, more = bytearray(msg.get("body", b"")), msg.get("more_body", False)
+                while more and not messages.empty():  # events that queued while the last was relayed: one item
+                    nxt = messages.get_nowait()
+                    if nxt is None:
+                        more = False
+                        break
+                    chunk += nxt.get("body", b"")
+                    more = nxt.get("more_body", False)
+                if chunk:
+                    yield bytes(chunk)
+                if not more:
                     break
     finally:
         left.set()
@@ -67,7 +75,8 @@ async def call_app(app, head: dict[str, Any], body: bytes) -> AsyncIterator[Any]
 
 
 def lost(err: BaseException) -> str:
-    return (f"the server replica handling this request stopped ({type(err).__name__}: {str(err)[:200]}); "
+    first = (str(err).strip().splitlines() or [""])[0][:200]  # Ray's messages go on for lines
+    return (f"the server replica handling this request stopped ({type(err).__name__}: {first}); "
             "retry: another replica, or this one restarted, will take it")
 
 

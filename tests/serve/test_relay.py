@@ -4,6 +4,7 @@ HTTP, and the front app turns a replica lost before or during its answer into a 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -62,19 +63,17 @@ def test_replica_lost_before_its_answer_is_a_503_openai_error():
     assert "ActorDiedError" in err["message"]
 
 
-def test_replica_lost_mid_stream_ends_it_with_an_error_event_and_done(replica):
-    from hf_rstitch.serve.relay import call_app
+def test_replica_lost_mid_stream_ends_it_with_an_error_event_and_done():
+    chunk = {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": " So", "finish_reason": None}]}
 
-    async def dies_after_two_chunks(head, body):
-        n = 0
-        async for item in call_app(replica, head, body):
-            yield item
-            n += isinstance(item, bytes)
-            if n == 2:
-                await asyncio.sleep(0)
-                raise RuntimeError("ActorDiedError: the actor died unexpectedly")
+    async def dies_after_two_events(head, body):
+        yield {"status": 200, "headers": [("content-type", "text/event-stream; charset=utf-8")]}
+        for _ in range(2):
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+            await asyncio.sleep(0)
+        raise RuntimeError("ActorDiedError: the actor died unexpectedly")
 
-    with front(dies_after_two_chunks).stream("POST", "/v1/completions", json={"prompt": "Tom", "stream": True}) as r:
+    with front(dies_after_two_events).stream("POST", "/v1/completions", json={"prompt": "Tom", "stream": True}) as r:
         events = sse_events(r.iter_lines())
-    assert r.status_code == 200 and events[-1] == "[DONE]" and len(events) == 4
-    assert all("choices" in e for e in events[:2]) and events[2]["error"]["code"] == "replica_lost"
+    assert r.status_code == 200 and events[:2] == [chunk, chunk] and events[-1] == "[DONE]" and len(events) == 4
+    assert events[2]["error"]["code"] == "replica_lost" and "ActorDiedError" in events[2]["error"]["message"]
