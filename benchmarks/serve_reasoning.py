@@ -110,7 +110,7 @@ def build_engine(cfg: dict, llm, slm):
                          engine=cfg["engine"], max_length=cfg["max_length"])
 
 
-def warm(engine, cfg: dict, vocab: int) -> float:
+def warm(engine, cfg: dict) -> float:
     """Every batch bucket's graphs captured (two waves of short requests at the full batch), joins included."""
     from hf_rstitch.engine.requests import Request
 
@@ -122,7 +122,7 @@ def warm(engine, cfg: dict, vocab: int) -> float:
     return time.perf_counter() - t0
 
 
-def engine_closed_loop(engine, cfg: dict, vocab: int, concurrency: int, warmup_s: float, window_s: float) -> dict:
+def engine_closed_loop(engine, cfg: dict, concurrency: int, warmup_s: float, window_s: float) -> dict:
     """The request engine alone (no HTTP): ``concurrency`` requests in flight, a new one submitted as one ends."""
     import torch
 
@@ -173,10 +173,10 @@ def serve_worker(cfg: dict) -> int:
     llm, slm = build_pair(cfg)
     vocab = min(llm.config.vocab_size, slm.config.vocab_size)
     engine = build_engine(cfg, llm, slm)
-    warm_s = warm(engine, cfg, vocab)
+    warm_s = warm(engine, cfg)
     alone = {"warm_up_s": warm_s, "levels": {}}
     for c in cfg["alone_levels"]:
-        alone["levels"][c] = engine_closed_loop(engine, cfg, vocab, c, cfg["warmup_s"], cfg["window_s"])
+        alone["levels"][c] = engine_closed_loop(engine, cfg, c, cfg["warmup_s"], cfg["window_s"])
         print(f"[engine alone {cfg['method']} c={c}] {json.dumps(alone['levels'][c])}", file=sys.stderr, flush=True)
     Path(cfg["alone_out"]).write_text(json.dumps(alone))
     settings = ServerSettings(model_name="random-pair", max_context=cfg["max_length"], vocab_size=vocab,

@@ -44,7 +44,7 @@ class Builder:
         llm, slm = sr.build_pair(self.bench)
         vocab = min(llm.config.vocab_size, slm.config.vocab_size)
         engine = sr.build_engine(self.bench, llm, slm)
-        sr.warm(engine, self.bench, vocab)
+        sr.warm(engine, self.bench)
         settings = ServerSettings(model_name="random-pair", max_context=self.bench["max_length"], vocab_size=vocab,
                                   default_max_tokens=16, drain_timeout_s=cfg.drain_timeout,
                                   pin="llm" if self.bench["method"] == "llm_only" else None)
