@@ -51,22 +51,27 @@ class Builder:
         return create_app(engine, sc.IdTokenizer(), settings)
 
 
-def replica_pids(url: str, tries: int = 24) -> set[int]:
+def replica_pids(url: str, tries: int = 32) -> set[int]:
+    """The pids of the engine replicas that answer /health (asked 8 at a time: Ray spreads concurrent requests)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import httpx
 
-    pids = set()
-    for _ in range(tries):
+    def pid(_):
         try:
-            pids.add(httpx.get(url + "/health", timeout=5).json()["pid"])
+            return httpx.get(url + "/health", timeout=5).json()["pid"]
         except (httpx.HTTPError, ValueError, KeyError):
-            pass
-    return pids
+            return None
+
+    with ThreadPoolExecutor(8) as pool:
+        return {p for p in pool.map(pid, range(tries)) if p is not None}
 
 
-def kill_test(url: str, bodies: list[dict], args, n: int) -> dict:
+def kill_test(url: str, bodies: list[dict], args, n: int, seen: set[int]) -> dict:
     """Load at ``--replica-concurrency``; one engine replica killed ``--warmup-s`` in; how every request ended,
     and how long until Ray's replacement answers /health."""
     before = replica_pids(url)
+    seen = set(seen)  # pids seen before (all replicas, if one sample missed some)
     out: dict = {}
     load = threading.Thread(target=lambda: out.update(zip(("records", "t0"), sc.run_clients(
         url, bodies, args.replica_concurrency, args.warmup_s + args.window_s, args.client_procs))))
@@ -78,20 +83,20 @@ def kill_test(url: str, bodies: list[dict], args, n: int) -> dict:
     load.join()
     replaced, deadline = None, time.monotonic() + args.replace_timeout_s
     while replaced is None and time.monotonic() < deadline:
-        now = replica_pids(url, 8)
-        if len(now - before) >= 1 and victim not in now and len(now) >= n:
+        now = replica_pids(url, 16)
+        if now - before - seen and victim not in now:
             replaced = time.monotonic() - t_kill
         time.sleep(1.0)
     recs = out["records"]
     lost = [r for r in recs if not r["complete"] and "replica" in str(r.get("error"))]
     unclean = [r for r in recs if not r["complete"] and r not in lost]
     after = [r for r in recs if r["start"] > t_kill + 1.0]  # sent once the victim was known dead or soon after
-    return {"replicas": n, "victim_pid": victim, "pids_before": sorted(before), "requests": len(recs),
+    return {"replicas": n, "victim_pid": victim, "pids_before": sorted(before | seen), "requests": len(recs),
             "completed": sum(r["complete"] for r in recs), "ended_with_replica_lost_error": len(lost),
             "lost_statuses": sorted({r["status"] for r in lost}), "unclean": len(unclean),
             "unclean_examples": [str(r.get("error"))[:200] for r in unclean[:3]],
             "sent_after_kill": len(after), "sent_after_kill_completed": sum(r["complete"] for r in after),
-            "replaced_after_s": replaced, "pids_after": sorted(replica_pids(url, 8))}
+            "replaced_after_s": replaced, "pids_after": sorted(replica_pids(url))}
 
 
 def main(args) -> int:
@@ -131,7 +136,7 @@ def main(args) -> int:
                          "pids": sorted(replica_pids(url)), **s})
             print(f"[{n} replicas] {rows[-1]}", file=sys.stderr, flush=True)
             if n == max(args.replicas) and n >= 2 and not args.no_kill:
-                kill = kill_test(url, bodies, args, n)
+                kill = kill_test(url, bodies, args, n, set(rows[-1]["pids"]))
                 print(f"[kill] {kill}", file=sys.stderr, flush=True)
         finally:
             replicas.stop()
@@ -140,7 +145,8 @@ def main(args) -> int:
         r["speedup_vs_one"] = r["requests_per_s"] / one["requests_per_s"] if one and one["requests_per_s"] else None
     gpu = "cpu" if args.dry_run_cpu else torch.cuda.get_device_name()
     doc = {**environment(), "gpu": gpu, "gpus": 0 if args.dry_run_cpu else torch.cuda.device_count(),
-           "args": vars(args), "method": method, "max_batch": max_batch, "rows": rows, "kill": kill}
+           "args": vars(args), "method": method,
+           "pair": "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu else f"random Qwen2 7B / 1.5B, {args.dtype}", "max_batch": max_batch, "rows": rows, "kill": kill}
     md = markdown(doc)
     write_result(out / f"serve_replicas_{gpu.lower().replace(' ', '_')}", doc, md)
     print(md)
@@ -150,7 +156,7 @@ def main(args) -> int:
 def markdown(doc: dict) -> str:
     a = doc["args"]
     lines = [f"# Ray Serve replicas, one a GPU: {doc['method']} server, {doc['gpu']} x {doc['gpus']}", "",
-             f"Random Qwen2 7B / 1.5B pair with replayed routes (requests x{a['scale']}), --max-batch {doc['max_batch']} "
+             f"{doc['pair']} with replayed routes (requests x{a['scale']}), --max-batch {doc['max_batch']} "
              f"a replica, closed loop of {a['replica_concurrency']} streaming clients, {a['warmup_s']} s warm-up then "
              f"a {a['window_s']} s window.", "",
              "| replicas | requests/s | x one replica | tokens/s | p50 (s) | p99 (s) | TTFT p50 (s) | start (s) |",
