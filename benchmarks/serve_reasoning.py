@@ -39,6 +39,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -205,7 +206,7 @@ def start_server(cfg: dict, out: Path, timeout_s: float) -> tuple[subprocess.Pop
         return proc, ""
     except RuntimeError as err:
         stop(proc)
-        tail = log.read_text().strip().splitlines()[-3:]
+        tail = log.read_text().strip().splitlines()[-5:]
         return None, f"{err}: " + " | ".join(tail)
 
 
@@ -218,13 +219,14 @@ def stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
-def run_method(method: str, args, shape: dict, out: Path, budget: Budget) -> tuple[list, list, dict]:
+def run_method(method: str, args, shape: dict, work: Path, budget: Budget) -> tuple[list, list, dict]:
     """One method's rows, skipped levels and details; tries ``args.max_batch``, then halves it on a failed start
-    (and keeps the rows that worked in ``args.max_batch`` for the next method)."""
+    unless the same failure repeats (the rows that worked stay in ``args.max_batch`` for the next method). Server
+    logs and the engine-alone numbers go through ``work``, a scratch folder."""
     rows, skipped, details = [], [], {}
     per_level = 2 * (args.warmup_s + args.window_s) + 6  # the engine alone, then the server (clients' start, idle)
     levels = list(args.levels)
-    max_batch, proc, why = max(levels) if args.max_batch is None else args.max_batch, None, ""
+    max_batch, proc, why, last = max(levels) if args.max_batch is None else args.max_batch, None, "", None
     while proc is None and max_batch >= 1:
         fit = [c for c in levels if c <= max_batch]
         fit = fit[:max(0, int((budget.left() - args.startup_s) // per_level))]
@@ -233,15 +235,18 @@ def run_method(method: str, args, shape: dict, out: Path, budget: Budget) -> tup
                "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
                "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method],
                "alone_levels": fit, "warmup_s": args.warmup_s, "window_s": args.window_s, "port": sc.free_port(),
-               "alone_out": str(out / f"alone_{method}.json")}
-        proc, err = start_server(cfg, out, args.startup_s + len(fit) * (args.warmup_s + args.window_s + 2))
+               "alone_out": str(work / f"alone_{method}.json")}
+        proc, err = start_server(cfg, work, args.startup_s + len(fit) * (args.warmup_s + args.window_s + 2))
         if proc is None:
             why = f"the server did not start with --max-batch {max_batch}: {err}"
             print(why, file=sys.stderr)
-            max_batch //= 2
-    args.max_batch = max_batch
+            if err == last:  # the same failure with fewer rows: rows are not the cause
+                break
+            last, max_batch = err, max_batch // 2
     if proc is None:
+        why = why or f"no server started (--max-batch {args.max_batch})"
         return rows, [{"concurrency": c, "method": method, "reason": why} for c in levels], details
+    args.max_batch = max_batch
     try:
         alone = json.loads(Path(cfg["alone_out"]).read_text())
         url = f"http://127.0.0.1:{cfg['port']}"
@@ -361,13 +366,14 @@ def main(argv=None) -> int:
         return serve_replicas.main(args)
     budget, out = Budget(args.budget_s), Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="serve_reasoning_"))  # server logs: only the results go to --out-dir
     shape = shapes(args.scale)
     if shape["prompt"] + max(shape["llm_only"]) + 8 > 4096 and args.engine == "fast":
         sys.exit(f"--scale {args.scale}: prompt + max_tokens reach {shape['prompt'] + max(shape['llm_only'])} tokens, "
                  "beyond the fast engine's 4096 a row; lower --scale")
     rows, skipped, details = [], [], {}
     for method in args.methods:
-        r, s, d = run_method(method, args, shape, out, budget)
+        r, s, d = run_method(method, args, shape, work, budget)
         rows, skipped, details = rows + r, skipped + s, {**details, **d}
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import torch
