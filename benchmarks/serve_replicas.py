@@ -117,7 +117,8 @@ def main(args) -> int:
              "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method]}
     bodies = [{"prompt": p, "max_tokens": n, "temperature": 0}
               for p, n in zip(sr.prompts(len(shape[method]), shape["prompt"]), shape[method])]
-    env = {"PYTHONPATH": f"{ROOT}:{ROOT / 'benchmarks'}", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}  # the replicas import this lab
     ray_init = {"log_to_driver": False, "runtime_env": {"env_vars": env}}
     if args.dry_run_cpu:
         ray_init.update(num_cpus=2, object_store_memory=100 * 1024**2)
