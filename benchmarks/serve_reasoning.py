@@ -229,15 +229,19 @@ def run_method(method: str, args, shape: dict, work: Path, budget: Budget) -> tu
     max_batch, proc, why, last = max(levels) if args.max_batch is None else args.max_batch, None, "", None
     while proc is None and max_batch >= 1:
         fit = [c for c in levels if c <= max_batch]
-        fit = fit[:max(0, int((budget.left() - args.startup_s) // per_level))]
+        reserve = getattr(args, "reserve_s", args.startup_s)  # for this server's start
+        fit = fit[:max(0, int((budget.left() - reserve) // per_level))]
         cfg = {"method": method, "pair": "tiny" if args.dry_run_cpu else "qwen2", "device": args.device,
                "dtype": args.dtype, "engine": args.engine, "decisions": args.decisions, "max_batch": max_batch,
                "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
                "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method],
                "alone_levels": fit, "warmup_s": args.warmup_s, "window_s": args.window_s, "port": sc.free_port(),
                "alone_out": str(work / f"alone_{method}.json")}
-        proc, err = start_server(cfg, work, args.startup_s + len(fit) * (args.warmup_s + args.window_s + 2))
-        if proc is None:
+        t0, alone_s = time.monotonic(), len(fit) * (args.warmup_s + args.window_s)
+        proc, err = start_server(cfg, work, args.startup_s + alone_s + 2 * len(fit))
+        if proc is not None:  # what the next method's start reserves: this one's load and warm-up, with a margin
+            args.reserve_s = max(20.0, 1.5 * (time.monotonic() - t0 - alone_s))
+        else:
             why = f"the server did not start with --max-batch {max_batch}: {err}"
             print(why, file=sys.stderr)
             if err == last:  # the same failure with fewer rows: rows are not the cause
@@ -336,7 +340,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup-s", type=float, default=4.0, help="per level, excluded from the window")
     ap.add_argument("--window-s", type=float, default=8.0, help="per level, the measurement window")
     ap.add_argument("--budget-s", type=float, default=400.0, help="the whole run; levels that would not fit are skipped")
-    ap.add_argument("--startup-s", type=float, default=60.0, help="a server's start: load, warm-up (bound)")
+    ap.add_argument("--startup-s", type=float, default=60.0,
+                    help="a server's start (load, warm-up) at most; the budget reserves it for the first server, "
+                         "1.5x the first's actual start for the next")
     ap.add_argument("--max-batch", type=int, default=None, help="server rows (default: the largest level)")
     ap.add_argument("--client-procs", type=int, default=0, help="client processes (0: one per 32 clients, <= 8)")
     ap.add_argument("--engine", default="fast", choices=["fast", "default"])
