@@ -287,7 +287,8 @@ def markdown(doc: dict) -> str:
             f"{doc['llm_share']:.2f}, runs of ~4, prompts of {doc['prompt_tokens']}); closed loop, "
             f"{a['warmup_s']} s warm-up then a {a['window_s']} s window per level; decisions on the {a['decisions']}.",
             "", "| concurrency | method | requests/s | tokens/s | engine alone tokens/s | server / engine | "
-            "p50 (s) | p99 (s) | TTFT p50 (s) | stitched / LLM alone requests/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "p50 (s) | p99 (s) | TTFT p50 (s) | stitched / LLM alone requests/s | completed in window (server / engine) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["concurrency"], r["method"]): r for r in doc["rows"]}
     f = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in doc["rows"]:
@@ -295,9 +296,11 @@ def markdown(doc: dict) -> str:
         gain = (r["requests_per_s"] / base["requests_per_s"] if r["method"] == "stitched" and base
                 and base["requests_per_s"] else None)
         ratio = r["tokens_per_s"] / r["engine_alone_tokens_per_s"] if r["engine_alone_tokens_per_s"] else None
+        d = doc["details"].get(f"{r['method']}@{r['concurrency']}", {})
+        done = f"{d.get('server', {}).get('completed', '-')} / {d.get('engine_alone', {}).get('completed', '-')}"
         head.append(f"| {r['concurrency']} | {r['method']} | {f(r['requests_per_s'])} | {f(r['tokens_per_s'], 0)} | "
                     f"{f(r['engine_alone_tokens_per_s'], 0)} | {f(ratio)} | {f(r['p50_s'])} | {f(r['p99_s'])} | "
-                    f"{f(r['ttft_p50_s'])} | {f(gain)}x |".replace("| -x |", "| - |"))
+                    f"{f(r['ttft_p50_s'])} | {f(gain)}x | {done} |".replace("| -x |", "| - |"))
     for s in doc["skipped"]:
         head.append(f"\nSkipped: {s['method']} at concurrency {s['concurrency']}: {s['reason']}")
     return "\n".join(head) + "\n"
