@@ -145,7 +145,12 @@ def engine_closed_loop(engine, cfg: dict, concurrency: int, warmup_s: float, win
     for _ in range(concurrency):
         submit()
     while time.monotonic() < end:
-        events = engine.step()
+        try:
+            events = engine.step()
+        except Exception as err:  # noqa: BLE001 -- StepFailed: that batch's requests end with errors, the loop goes on
+            events = getattr(err, "events", None) or []
+            if not events:
+                raise
         now = time.monotonic()
         for ev in events:
             rec = started[ev.request_id]
@@ -153,7 +158,8 @@ def engine_closed_loop(engine, cfg: dict, concurrency: int, warmup_s: float, win
                 rec["chunks"].append((now, 1))
                 rec["ttft_s"] = rec["ttft_s"] if rec["ttft_s"] is not None else now - rec["start"]
             if ev.finished:
-                rec.update(end=now, complete=ev.finish_reason == "length", status=200)
+                rec.update(end=now, complete=ev.finish_reason == "length", status=200,
+                           error=None if ev.finish_reason == "length" else ev.error or ev.finish_reason)
                 records.append(started.pop(ev.request_id))
                 submit()
     for rid in list(started):
@@ -266,11 +272,16 @@ def run_method(method: str, args, shape: dict, work: Path, budget: Budget) -> tu
                 continue
             s = sc.closed_loop(url, bodies, c, args.warmup_s, args.window_s, args.client_procs)
             e = alone["levels"][str(c)]
-            rows.append({"concurrency": c, "method": method, "requests_per_s": s["requests_per_s"],
-                         "tokens_per_s": s["tokens_per_s"], "p50_s": s["p50_s"], "p99_s": s["p99_s"],
-                         "ttft_p50_s": s["ttft_p50_s"], "engine_alone_tokens_per_s": e["tokens_per_s"]})
             details[f"{method}@{c}"] = {"server": s, "engine_alone": e, "max_batch": max_batch}
-            print(f"[{method} c={c}] {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+            if s["errors"] or e["errors"]:  # requests the server or engine failed: said, and no row if none completed
+                skipped.append({"concurrency": c, "method": method, "reason": (
+                    f"{s['errors']} requests failed through the server (statuses {s['statuses']}), {e['errors']} in "
+                    f"the engine alone: {s['first_error'] or e['first_error']}")})
+            if s["completed"]:
+                rows.append({"concurrency": c, "method": method, "requests_per_s": s["requests_per_s"],
+                             "tokens_per_s": s["tokens_per_s"], "p50_s": s["p50_s"], "p99_s": s["p99_s"],
+                             "ttft_p50_s": s["ttft_p50_s"], "engine_alone_tokens_per_s": e["tokens_per_s"]})
+            print(f"[{method} c={c}] {json.dumps(details[f'{method}@{c}'])}", file=sys.stderr, flush=True)
             sc.wait_idle(url, 60)
         details[f"{method}@warm_up_s"] = alone["warm_up_s"]
     finally:
