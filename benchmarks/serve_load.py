@@ -23,7 +23,6 @@ import datetime
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -31,15 +30,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
+sys.path.insert(0, str(ROOT))
+from serve_clients import IdTokenizer, free_port, percentile, wait_healthy  # noqa: E402  (shared with serve_reasoning)
 
 
 # ---- the server --------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def server_command(args, port: int) -> list[str]:
     common = ["--port", str(port), "--max-batch", str(args.max_batch), "--max-queue", str(args.requests),
               "--threshold", str(args.threshold), "--device", args.device, "--dtype", args.dtype, "--engine", args.engine]
@@ -82,31 +77,6 @@ def serve_random_qwen2(argv: list[str]) -> int:
                               threshold=None if policy else a.threshold)
     uvicorn.run(create_app(engine, IdTokenizer(), settings), host="127.0.0.1", port=a.port, log_level="warning")
     return 0
-
-
-class IdTokenizer:
-    """Text of a random-weight model's tokens: their ids (``decode`` is all the app needs)."""
-
-    chat_template = None
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return "".join(f" {i}" for i in ids)
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode} before it was healthy")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server was not healthy within {timeout_s:.0f} s")
 
 
 # ---- the clients -------------------------------------------------------------------------------
@@ -186,13 +156,6 @@ async def run_load(url: str, bodies: list[dict], clients: int, request_timeout_s
 
 
 # ---- checks and summary ------------------------------------------------------------------------
-def percentile(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs) + 0.5) - 1))]
-
-
 def solo_texts(args, bodies: list[dict], k: int) -> list[str]:
     """Greedy solo ``generate`` on the shipped pair for the first k chat bodies (the reference)."""
     import torch

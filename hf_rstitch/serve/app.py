@@ -50,6 +50,7 @@ class ServerSettings:
     top_p: float = 1.0
     threshold: float | None = None  # the engine's default tau, reported by /health
     router: str | None = None  # the R-Stitch+ router every request routes with (then no per-request tau)
+    pin: str | None = None  # "llm" / "slm": every request decoded by that model alone; None: stitched
     disconnect_poll_s: float = 0.25  # how often a waiting handler checks that its client is still there
     error_ttl_s: float = 300.0  # how long /health shows the last failed step's error
 
@@ -91,7 +92,7 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
         status = "ok" if ok else ("stopped" if not driver.alive else "draining" if not driver.accepting else "unhealthy")
         recent = driver.last_error_at is not None and time.monotonic() - driver.last_error_at < settings.error_ttl_s
         body = {"status": status, "model": settings.model_name, "pid": os.getpid(), "threshold": settings.threshold,
-                "router": settings.router, "running": engine.running, "waiting": engine.waiting,
+                "router": settings.router, "pin": settings.pin, "running": engine.running, "waiting": engine.waiting,
                 "in_flight": driver.in_flight, "max_pending": driver.capacity, "steps": driver.steps,
                 "completed": driver.completed, "failed_steps_in_a_row": driver.failed_in_a_row,
                 "last_error": driver.last_error if recent else None}
@@ -242,4 +243,4 @@ def build_request(body, ids: list[int], request_id: str, settings: ServerSetting
             token_budget(getattr(body, name), len(ids), settings, param)
     return EngineRequest(input_ids=ids, max_new_tokens=token_budget(body.token_budget(), len(ids), settings, param),
                          stitch_threshold=body.stitch_threshold, seed=body.engine_seed, request_id=request_id,
-                         **sampling)
+                         role=settings.pin, **sampling)

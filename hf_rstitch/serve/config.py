@@ -42,6 +42,9 @@ class ServeConfig:
         "wait (no token) at most K steps (default 2) until M rows need it (default a quarter of the batch), while "
         "the SLM's rows go on: fewer LLM calls, the same outputs, full-attention models only. Measured slower on an "
         "H200 (7B/1.5B, B=4-64); see docs/howto/batching.md."})
+    pin: str = field(default="none", metadata={
+        "help": "serve every request with one model alone: llm (the LLM alone: the baseline stitched serving is "
+                "measured against) or slm; none (the default): stitched", "choices": ["none", "llm", "slm"]})
     max_queue: int = field(default=64, metadata={
         "help": "requests that may wait for a free row; beyond max-batch + max-queue the server answers 429"})
     max_tokens: int = field(default=256, metadata={"help": "completion budget of a request that sets no max_tokens"})
@@ -61,8 +64,9 @@ class ServeConfig:
         "help": "server replicas; more than 1 runs them on Ray Serve (pip install fastapi uvicorn 'ray[serve]', or '.[serve-ray]' in a clone)"})
     ray_address: str = field(default="", metadata={
         "help": "Ray cluster to join for replicas (e.g. 'auto' on a cluster node; default: a local Ray instance)"})
-    gpus_per_replica: float = field(default=0.0, metadata={
-        "help": "GPUs Ray reserves for each replica (1 puts one replica on each GPU; with --device cuda)"})
+    gpus_per_replica: float | None = field(default=None, metadata={
+        "help": "GPUs Ray reserves for each replica (default: 1 with a CUDA --device, one replica on each GPU, which "
+                "Ray makes that replica's cuda:0; else 0)"})
     cpus_per_replica: float = field(default=1.0, metadata={"help": "CPUs Ray reserves for each replica"})
 
     def __post_init__(self):
@@ -87,8 +91,22 @@ class ServeConfig:
             parse_schedule(self.schedule)
         except ValueError as e:
             raise ValueError(f"--schedule: {e}") from None
+        if self.pin not in ("none", "llm", "slm"):
+            raise ValueError(f"--pin must be none (stitched), llm or slm, got {self.pin!r}")
+        if self.gpus_per_replica is not None and self.gpus_per_replica < 0:
+            raise ValueError(f"--gpus-per-replica must be >= 0, got {self.gpus_per_replica}")
+        if self.replicas > 1 and self.replica_gpus > 0 and self.device not in ("cuda", "cuda:0"):
+            raise ValueError(f"--device {self.device} with --replicas {self.replicas}: Ray shows each replica only its "
+                             "own GPUs, numbered from cuda:0; pass --device cuda")
         if self.drain_timeout < 0:
             raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout}")
+
+    @property
+    def replica_gpus(self) -> float:
+        """GPUs Ray reserves for each replica: ``gpus_per_replica``, else one per replica on a CUDA device."""
+        if self.gpus_per_replica is not None:
+            return self.gpus_per_replica
+        return 1.0 if self.device.startswith("cuda") else 0.0
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -150,7 +168,7 @@ def settings_for(cfg: ServeConfig, llm) -> Any:
         drain_timeout_s=cfg.drain_timeout, do_sample=bool(gen.do_sample),
         temperature=float(gen.temperature if gen.temperature is not None else 1.0),
         top_p=float(gen.top_p if gen.top_p is not None else 1.0), threshold=None if cfg.router else cfg.threshold,
-        router=cfg.router or None)
+        router=cfg.router or None, pin=None if cfg.pin == "none" else cfg.pin)
 
 
 def build_server(cfg: ServeConfig):

@@ -1,59 +1,92 @@
 """Several server replicas across GPUs and machines, on Ray Serve.
 
-Each replica is one Ray actor that builds the same FastAPI app as ``rstitch serve`` (its own pair,
-engine and driver thread) from the pickled :class:`~.config.ServeConfig`; Ray Serve's proxy listens
-on ``--host/--port`` and spreads requests over the replicas. Ray places replicas by resources
-(``--gpus-per-replica 1``: one replica per GPU, ``CUDA_VISIBLE_DEVICES`` set for each), across the
-machines of a Ray cluster (``--ray-address auto`` on a node of one), restarts replicas that die,
-and drains a replica's running requests when it stops. The app's lifespan (driver start, drain)
-runs inside each replica. Why Ray Serve rather than a load balancer in front of N processes:
-docs/serving.md.
+Each replica is one Ray actor that builds the same FastAPI app as ``rstitch serve`` (its own pair, engine and
+driver thread) from the pickled :class:`~.config.ServeConfig`, and answers requests in-process
+(:func:`.relay.call_app`). In front of them, Ray Serve's proxy listens on ``--host/--port`` and hands each request
+to a front replica (:func:`.relay.front_app`, as many as engine replicas, no CPU reserved), which relays it
+through Ray's deployment handle to the engine replicas -- spread by Ray, by their queue lengths -- and answers a
+lost replica with a clean 503 OpenAI error (or an error event and ``[DONE]`` in a stream that has begun) instead
+of the proxy's plain-text 500 or a cut stream. Ray places replicas by resources (with ``--device cuda``, one GPU a
+replica by default: one replica per GPU, ``CUDA_VISIBLE_DEVICES`` set for each, so each replica's ``cuda`` is its
+own GPU), across the machines of a Ray cluster (``--ray-address auto`` on a node of one), restarts replicas that
+die, and drains a replica's running requests when it stops. Why Ray Serve rather than a load balancer in front
+of N processes: docs/serving.md.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from ray import serve
 
 from .config import ServeConfig, build_server
+from .relay import call_app, front_app
 
 APP_NAME = "rstitch"
 
 
-@serve.ingress()
 class RStitchReplica:
-    """One replica: the pair, its request engine and the OpenAI app around them."""
+    """One engine replica: the pair, its request engine and the OpenAI app around them, called in-process."""
 
-    def __init__(self, cfg: ServeConfig):
-        self._app = build_server(cfg)
+    def __init__(self, cfg: ServeConfig, build: Callable[[ServeConfig], Any] | None = None):
+        self._app = (build or build_server)(cfg)
+        self._drain_s = cfg.drain_timeout
+        self._app.state.driver.start()  # what the app's lifespan does under uvicorn
+
+    async def forward(self, head: dict[str, Any], body: bytes):
+        async for item in call_app(self._app, head, body):
+            yield item
+
+    def __del__(self):  # Ray Serve's graceful shutdown, once the replica's requests have ended or timed out
+        driver = getattr(getattr(getattr(self, "_app", None), "state", None), "driver", None)
+        if driver is not None:
+            driver.drain(self._drain_s)
+
+
+@serve.ingress()
+class RStitchFront:
+    """A front replica: relays each request to the engine replicas (``replica``: their deployment handle)."""
+
+    def __init__(self, replica):
+        handle = replica.options(stream=True)
+        self._app = front_app(lambda head, body: handle.forward.remote(head, body))
 
     def __serve_build_asgi_app__(self):
         return self._app
 
 
 def deployment(cfg: ServeConfig):
-    """The Ray Serve deployment for ``cfg`` (bind it and ``serve.run`` it)."""
+    """The engine replicas' Ray Serve deployment for ``cfg`` (bind it with ``cfg`` and a builder)."""
     return serve.deployment(
         RStitchReplica, name="RStitchReplica", num_replicas=cfg.replicas,
-        ray_actor_options={"num_cpus": cfg.cpus_per_replica, "num_gpus": cfg.gpus_per_replica},
+        ray_actor_options={"num_cpus": cfg.cpus_per_replica, "num_gpus": cfg.replica_gpus},
         # a replica takes what its own engine holds (rows + queue); Ray queues up to max_queue more, then 503s
         max_ongoing_requests=cfg.max_batch + cfg.max_queue, max_queued_requests=cfg.max_queue,
         graceful_shutdown_timeout_s=cfg.drain_timeout, graceful_shutdown_wait_loop_s=0.5,
     )
 
 
-def start(cfg: ServeConfig, ray_init: dict[str, Any] | None = None) -> None:
+def application(cfg: ServeConfig, build: Callable[[ServeConfig], Any] | None = None):
+    """Front replicas over engine replicas; ``build(cfg)`` makes a replica's app (default: ``build_server``)."""
+    front = serve.deployment(
+        RStitchFront, name="RStitchFront", num_replicas=cfg.replicas, ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=2 * cfg.replicas * (cfg.max_batch + cfg.max_queue),
+        graceful_shutdown_timeout_s=cfg.drain_timeout + 5, graceful_shutdown_wait_loop_s=0.5)
+    return front.bind(deployment(cfg).bind(cfg, build))
+
+
+def start(cfg: ServeConfig, ray_init: dict[str, Any] | None = None,
+          build: Callable[[ServeConfig], Any] | None = None) -> None:
     """Connect to (or start) Ray, start Serve's HTTP proxy on ``cfg.host:cfg.port`` and deploy
-    ``cfg.replicas`` replicas; returns once every replica is ready."""
+    ``cfg.replicas`` replicas (``build``: see :func:`application`); returns once every replica is ready."""
     import ray
 
     if not ray.is_initialized():
         ray.init(address=cfg.ray_address or None, include_dashboard=False, **(ray_init or {}))
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
-    serve.run(deployment(cfg).bind(cfg), name=APP_NAME, route_prefix="/")
+    serve.run(application(cfg, build), name=APP_NAME, route_prefix="/")
 
 
 def stop() -> None:

@@ -14,7 +14,7 @@ import pytest
 from hf_rstitch.toyworld.pair import assets_present
 from serve.helpers import sse_events
 from serve.live import LiveServer, start_cli_server
-from serve.pair_cases import CASES, SERVER_TAU, body, got, pair, solo
+from serve.pair_cases import CASES, SERVER_TAU, body, got, pair, problem, solo
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not assets_present(), reason="shipped toy-world pair absent")]
 
@@ -109,3 +109,27 @@ def test_cli_serve_drains_on_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_pinned_server_equals_each_model_alone(one_thread):
+    """``rstitch serve --pin llm`` (the baseline stitched serving is measured against): every answer is the LLM's
+    plain greedy ``generate``, the SLM writes nothing; ``--pin slm`` likewise the SLM's."""
+    import torch
+
+    from hf_rstitch.eval.data import prompt_ids
+    from hf_rstitch.serve.app import create_app
+    from hf_rstitch.serve.config import ServeConfig, build_engine, settings_for
+
+    llm, slm, tok = pair()
+    cases = [(i, None, m) for i, _, m in CASES[:3]]
+    for pin, model in (("llm", llm), ("slm", slm)):
+        cfg = ServeConfig(pin=pin, max_batch=2)
+        app = create_app(build_engine(cfg, llm, slm), tok, settings_for(cfg, llm))
+        with LiveServer(app) as srv, ThreadPoolExecutor(len(cases)) as pool:
+            answers = list(pool.map(lambda c: got(httpx.post(srv.url + "/v1/chat/completions", json=body(*c),
+                                                             timeout=120).json()), cases))
+        for (i, _, m), answer in zip(cases, answers):
+            ids = torch.tensor([prompt_ids(tok, problem(i), instruction="")])
+            want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=m)
+            assert answer["text"] == tok.decode(want[0, ids.shape[1]:].tolist(), skip_special_tokens=True), (pin, i)
+            assert answer[f"{'slm' if pin == 'llm' else 'llm'}_tokens"] == 0 and answer["switches"] == 0, answer

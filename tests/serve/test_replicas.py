@@ -3,6 +3,7 @@ streamed) equal solo generate, and stopping drains a running stream."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -65,3 +66,93 @@ def test_two_cpu_replicas_on_ray_serve(one_thread):
     assert streamed[-1] == "[DONE]"  # streams pass through Ray's proxy
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in streamed[:-1]) == solo(*CASES[0])["text"]
     assert drained[-1] == "[DONE]" and drained[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def _health(url: str, tries: int = 20) -> dict[int, int]:
+    """``{pid: requests in flight}`` of the replicas that answered /health (each call reaches one)."""
+    seen = {}
+    for _ in range(tries):
+        try:
+            h = httpx.get(url + "/health", timeout=10).json()
+            seen[h["pid"]] = h["in_flight"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+    return seen
+
+
+def _ask(url: str, case: tuple, stream: bool, out: dict, key: int) -> None:
+    try:
+        if not stream:
+            r = httpx.post(url + "/v1/chat/completions", json=body(*case), timeout=180)
+            out[key] = (r.status_code, r.json())
+            return
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body(*case, stream=True), timeout=180) as r:
+            out[key] = (r.status_code, sse_events(r.iter_lines()) if r.status_code == 200 else json.loads(r.read()))
+    except httpx.HTTPError as err:  # a cut connection: what the relay must prevent
+        out[key] = ("cut", repr(err))
+
+
+def test_a_replica_killed_under_load_is_replaced(one_thread):
+    """Kill one of two replicas while both decode: its requests end with the clean error of a lost replica (a 503
+    OpenAI error, or an error event and [DONE] in a stream), the other replica's answers equal solo generate, and
+    Ray starts a replacement that serves."""
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'hf-rstitch[serve-ray]'")
+    import os
+    import signal
+    import time
+
+    from hf_rstitch.serve import replicas
+    from hf_rstitch.serve.config import ServeConfig
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = ServeConfig(port=port, replicas=2, cpus_per_replica=0.5, max_batch=4, max_queue=8)
+    ray_init = dict(num_cpus=2, object_store_memory=100 * 1024**2, log_to_driver=False,
+                    runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+                                              "OMP_NUM_THREADS": "1"}})
+    url = f"http://127.0.0.1:{port}"
+    cases = [(i % 6, 0.0, 160) for i in range(8)]  # tau 0: the LLM writes every token, long enough to kill under
+    out: dict = {}
+    try:
+        replicas.start(cfg, ray_init)
+        before = _health(url)
+        threads = [threading.Thread(target=_ask, args=(url, c, k % 2 == 0, out, k)) for k, c in enumerate(cases)]
+        for t in threads:
+            t.start()
+        busy, deadline = {}, time.monotonic() + 60
+        while len(busy) < 2 and time.monotonic() < deadline:  # both replicas hold requests
+            busy = {pid: n for pid, n in _health(url, 6).items() if n > 0}
+        victim = min(busy)
+        os.kill(victim, signal.SIGKILL)
+        for t in threads:
+            t.join(240)
+        replaced, deadline = set(), time.monotonic() + 180
+        while not replaced and time.monotonic() < deadline:
+            time.sleep(2)
+            replaced = set(_health(url, 8)) - set(before)
+        after = httpx.post(url + "/v1/chat/completions", json=body(*CASES[0]), timeout=120)
+    finally:
+        replicas.stop()
+    assert len(before) == 2 and len(busy) == 2, (before, busy)
+    lost = 0
+    for k, case in enumerate(cases):
+        status, answer = out[k]
+        if k % 2 or status == 503:  # plain, or a stream lost before it began
+            if status == 503:
+                assert set(answer["error"]) == {"message", "type", "param", "code"}, answer
+                assert "replica" in answer["error"]["message"], answer
+                lost += 1
+            else:
+                assert status == 200 and got(answer)["text"] == solo(*case)["text"], (k, status, answer)
+        else:  # streamed: complete and equal to solo, or an error event then [DONE]
+            assert status == 200 and answer[-1] == "[DONE]", (k, status, answer[-3:])
+            if "error" in answer[-2]:
+                assert answer[-2]["error"]["code"] == "replica_lost", answer[-2]
+                lost += 1
+            else:
+                text = "".join(c["choices"][0]["delta"].get("content", "") for c in answer[:-1])
+                assert text == solo(*case)["text"], k
+    assert lost >= 1, out  # the victim held requests
+    assert replaced and victim not in replaced, (before, replaced)
+    assert after.status_code == 200 and got(after.json()) == solo(*CASES[0])

@@ -1,0 +1,171 @@
+"""Closed-loop streaming clients for the serving benchmarks, and the measurement window's summary.
+
+:func:`closed_loop` keeps ``c`` streaming /v1/completions requests in flight against a server (each client sends
+its next request when its last one ends), spread over several client processes so that parsing server-sent
+events never becomes the bottleneck. Every request's record keeps when it started, ended, and when each chunk
+of tokens arrived; :func:`summarize` turns the records into the numbers of one window: requests completed in
+it, tokens streamed in it, and latencies of the requests completed in it. Token-id prompts and token-id text
+(:class:`IdTokenizer`): a random-weight pair has no tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+
+class IdTokenizer:
+    """Text of a random-weight model's tokens: their ids (``decode`` is all the app needs)."""
+
+    chat_template = None
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(f" {i}" for i in ids)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode} before it was healthy")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the server was not healthy within {timeout_s:.0f} s")
+
+
+def wait_idle(url: str, timeout_s: float) -> bool:
+    """Until the server runs and queues nothing (the last level's cancelled requests have left)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            h = httpx.get(url + "/health", timeout=2).json()
+            if h.get("running", 0) == 0 and h.get("waiting", 0) == 0:
+                return True
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
+async def one_request(client, url: str, body: dict) -> dict:
+    """One streaming completion: status, start / end, (time, tokens) of each chunk, whether it completed."""
+    rec = {"status": None, "start": time.monotonic(), "end": None, "ttft_s": None, "chunks": [], "complete": False}
+    done = reason = None
+    try:
+        async with client.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
+            rec["status"] = r.status_code
+            if r.status_code != 200:
+                rec["error"] = (await r.aread()).decode(errors="replace")[:300]
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done = True
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    rec["error"] = chunk["error"].get("message")
+                    continue
+                choice = chunk["choices"][0]
+                n = len(choice["text"].split())
+                if n:
+                    now = time.monotonic()
+                    rec["chunks"].append((now, n))
+                    rec["ttft_s"] = rec["ttft_s"] if rec["ttft_s"] is not None else now - rec["start"]
+                reason = choice.get("finish_reason") or reason
+    except asyncio.CancelledError:
+        raise
+    except Exception as err:  # noqa: BLE001 -- a dropped connection: recorded, counted incomplete
+        rec["error"] = f"{type(err).__name__}: {err}"
+    rec["end"] = time.monotonic()
+    rec["complete"] = bool(rec["status"] == 200 and done and reason in ("stop", "length"))
+    return rec
+
+
+async def _clients(url: str, bodies: list[dict], first: int, step: int, n: int, t_start: float, t_end: float):
+    """``n`` clients (ids ``first``, ``first + step``, ...) in a closed loop from ``t_start`` to ``t_end``."""
+    import httpx
+
+    records: list[dict] = []
+
+    async def client_loop(client, k: int):
+        i = k
+        while True:
+            records.append(await one_request(client, url, bodies[i % len(bodies)]))
+            i += step * n
+
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+        await asyncio.sleep(max(0.0, t_start - time.monotonic()))
+        tasks = [asyncio.create_task(client_loop(client, first + j * step)) for j in range(n)]
+        await asyncio.sleep(max(0.0, t_end - time.monotonic()))
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return records
+
+
+def _client_proc(url, bodies, first, step, n, t_start, t_end):
+    return asyncio.run(_clients(url, bodies, first, step, n, t_start, t_end))
+
+
+def run_clients(url: str, bodies: list[dict], concurrency: int, seconds: float, procs: int = 0) -> tuple[list, float]:
+    """``concurrency`` clients in a closed loop for ``seconds``: (every request's record, when they started)."""
+    procs = procs or max(1, min(8, concurrency // 32))
+    procs = min(procs, concurrency)
+    t_start = time.monotonic() + 1.0 + 0.2 * procs  # the client processes start meanwhile
+    share = [concurrency // procs + (p < concurrency % procs) for p in range(procs)]
+    with ProcessPoolExecutor(procs, mp_context=get_context("fork")) as pool:
+        futures = [pool.submit(_client_proc, url, bodies, p, procs, share[p], t_start, t_start + seconds)
+                   for p in range(procs)]
+        return [r for f in futures for r in f.result()], t_start
+
+
+def closed_loop(url: str, bodies: list[dict], concurrency: int, warmup_s: float, window_s: float,
+                procs: int = 0) -> dict:
+    """``concurrency`` clients for ``warmup_s + window_s``; the window's summary (:func:`summarize`)."""
+    records, t_start = run_clients(url, bodies, concurrency, warmup_s + window_s, procs)
+    return summarize(records, t_start + warmup_s, t_start + warmup_s + window_s)
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs) + 0.5) - 1))]
+
+
+def summarize(records: list[dict], t0: float, t1: float) -> dict:
+    """Requests completed in ``[t0, t1]`` per second, tokens streamed in it per second, and the latencies (end -
+    start) and first-token times of the requests completed in it; errors seen anywhere in the run."""
+    window = t1 - t0
+    done = [r for r in records if r.get("complete") and r.get("end") is not None and t0 <= r["end"] <= t1]
+    tokens = sum(n for r in records for t, n in r["chunks"] if t0 <= t <= t1)
+    errors = [r for r in records if r.get("end") is not None and not r.get("complete")
+              and r.get("end") < t1 - 0.05 and (r.get("status") not in (None, 200) or r.get("error"))]
+    lat = [r["end"] - r["start"] for r in done]
+    ttft = [r["ttft_s"] for r in done if r["ttft_s"] is not None]
+    return {"window_s": window, "completed": len(done), "requests_per_s": len(done) / window,
+            "tokens_per_s": tokens / window, "p50_s": percentile(lat, 50), "p99_s": percentile(lat, 99),
+            "ttft_p50_s": percentile(ttft, 50), "started": len(records), "errors": len(errors),
+            "statuses": sorted({r["status"] for r in errors if r.get("status") is not None}),
+            "first_error": next((r.get("error") for r in errors), None)}

@@ -1,0 +1,418 @@
+"""Serving reasoning traffic: the same server pinned to the LLM alone vs stitched, at each concurrency (issue #38).
+
+    PYTHONPATH=. python benchmarks/serve_reasoning.py --out-dir $OUT --scale 0.05 \\
+        --levels 1 8 32 64 128 256 --warmup-s 4 --window-s 8 --budget-s 400            # one GPU call, <= 420 s
+    PYTHONPATH=. python benchmarks/serve_reasoning.py --dry-run-cpu --out-dir /tmp/sr  # tiny pair on CPU, ~1 min
+
+Requests are MATH-shaped (the paper's 7B pair, 8k budget): the LLM alone writes 2753 tokens a request;
+stitched, 344 LLM + 771 SLM tokens in LLM runs of ~4. ``--scale`` multiplies every token count (prompt
+included) equally for both methods so that the sweep fits one device call; each request's length is its mean
+times a seeded factor in [0.5, 1.5] (the same factor for request ``i`` of both methods), so that a closed
+loop's requests do not finish in lock-step. No EOS: a request runs to its ``max_tokens``.
+
+Weights are random (Qwen2 7B / 1.5B shapes, bf16), so routes are replayed: every row slot replays its own
+seeded route of that LLM share and run length (:class:`CyclicReplay`, cyclic in the engine's step index), with
+the decisions returned on the device as an entropy policy's are. Both methods run the same server process
+(:func:`serve_worker`: the request engine behind ``hf_rstitch.serve``'s app and draining uvicorn, as
+``rstitch serve`` runs it), the LLM-only one with every request pinned to the LLM (``rstitch serve --pin llm``).
+
+Per method: the server process loads the pair, warms every batch bucket up, measures the request engine alone
+(no HTTP, :func:`engine_closed_loop`) at each concurrency on the same requests, then serves; the client
+(``--client-procs`` processes of asyncio + httpx streaming clients) runs a closed loop at each concurrency:
+``c`` clients, each sending its next request when the last one ends. A level runs ``--warmup-s`` (excluded)
+then ``--window-s``; requests/s counts requests that completed inside the window, tokens/s the tokens
+streamed inside it, latencies are those of the requests completed inside it -- the same rule for both methods
+and for the engine alone. ``--budget-s`` bounds the whole run: a level that would not fit is recorded as
+skipped, as is a concurrency above the rows the server could hold (it retries with half the rows when a
+``--max-batch`` fails to start).
+
+Writes ``serve_reasoning_<gpu>.json`` (``rows``: ``{"concurrency", "method", "requests_per_s",
+"tokens_per_s", "p50_s", "p99_s", "ttft_p50_s", "engine_alone_tokens_per_s"}``; ``details``, ``skipped``),
+``.md`` and ``.png``; prints the table last. ``--replicas 1 2`` instead compares Ray Serve replicas
+(:mod:`serve_replicas`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import serve_clients as sc  # noqa: E402  (the closed-loop HTTP clients and the window's summary)
+
+MATH = {"llm_only": 2753, "stitched_llm": 344, "stitched_slm": 771, "llm_run": 4.0, "prompt": 128}
+METHODS = ("llm_only", "stitched")
+PROMPT_VOCAB = 200  # prompt token ids below this: valid for every pair here (the tiny one has 256)
+
+
+# ---- requests ----------------------------------------------------------------------------------
+def shapes(scale: float, n: int = 512, seed: int = 0) -> dict:
+    """Prompt length and per-request ``max_tokens`` of each method (request ``i``: the same spread factor)."""
+    import random
+
+    rng = random.Random(seed)
+    factors = [rng.uniform(0.5, 1.5) for _ in range(n)]
+    stitched = (MATH["stitched_llm"] + MATH["stitched_slm"]) * scale
+    return {"prompt": max(8, round(MATH["prompt"] * scale)),
+            "llm_only": [max(1, round(MATH["llm_only"] * scale * f)) for f in factors],
+            "stitched": [max(1, round(stitched * f)) for f in factors],
+            "llm_share": MATH["stitched_llm"] / (MATH["stitched_llm"] + MATH["stitched_slm"])}
+
+
+def prompts(n: int, length: int, vocab: int = PROMPT_VOCAB, seed: int = 1) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
+
+
+# ---- the server process ------------------------------------------------------------------------
+def replay_policy(slots: int, llm_share: float, device, width: int = 4096):
+    """One seeded route per row slot (LLM share, runs of ~4), replayed cyclically, decisions on ``device``."""
+    from hf_rstitch import ReplayPolicy
+    from hf_rstitch.fast.routes import route
+
+    class CyclicReplay(ReplayPolicy):
+        """A :class:`ReplayPolicy` whose routes repeat: the request engine's step index grows for ever."""
+
+        def _llm_at(self, step, index):
+            return super()._llm_at(step, index % self._llm.shape[1])
+
+    routes = [route(width, round(llm_share * width), MATH["llm_run"], seed=100 + s) for s in range(slots)]
+    return CyclicReplay(routes, device=device)
+
+
+def build_pair(cfg: dict):
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from lab import random_pair
+
+    if cfg["pair"] == "tiny":
+        llm, slm = random_pair("tiny", "cpu", torch.float32)
+    else:
+        llm, slm = random_pair("qwen2", cfg["device"], getattr(torch, cfg["dtype"]))
+    for m in (llm, slm):
+        m.generation_config.eos_token_id = None
+    return llm, slm
+
+
+def build_engine(cfg: dict, llm, slm):
+    from hf_rstitch.engine.requests import RequestEngine
+
+    policy = replay_policy(cfg["max_batch"], cfg["llm_share"], llm.device if cfg["decisions"] == "device" else None)
+    return RequestEngine(llm, slm, max_batch=cfg["max_batch"], max_waiting=cfg["max_batch"], policy=policy,
+                         engine=cfg["engine"], max_length=cfg["max_length"])
+
+
+def warm(engine, cfg: dict) -> float:
+    """Every batch bucket's graphs captured (two waves of short requests at the full batch), joins included."""
+    from hf_rstitch.engine.requests import Request
+
+    t0 = time.perf_counter()
+    role = "llm" if cfg["method"] == "llm_only" else None
+    n = 2 * cfg["max_batch"]
+    engine.run([Request(p, max_new_tokens=4 + i % 9, role=role)
+                for i, p in enumerate(prompts(n, cfg["prompt"], seed=9))])
+    return time.perf_counter() - t0
+
+
+def engine_closed_loop(engine, cfg: dict, concurrency: int, warmup_s: float, window_s: float) -> dict:
+    """The request engine alone (no HTTP): ``concurrency`` requests in flight, a new one submitted as one ends."""
+    import torch
+
+    from hf_rstitch.engine.requests import Request
+
+    lengths, role = cfg["lengths"], ("llm" if cfg["method"] == "llm_only" else None)
+    ps = prompts(len(lengths), cfg["prompt"])
+    started, records, nxt = {}, [], 0
+
+    def submit():
+        nonlocal nxt
+        i = nxt % len(lengths)
+        rid = engine.submit(Request(ps[i], max_new_tokens=lengths[i], role=role, request_id=f"alone-{nxt}"))
+        started[rid] = {"start": time.monotonic(), "chunks": [], "ttft_s": None}
+        nxt += 1
+
+    t0 = time.monotonic()
+    end = t0 + warmup_s + window_s
+    for _ in range(concurrency):
+        submit()
+    while time.monotonic() < end:
+        try:
+            events = engine.step()
+        except Exception as err:  # noqa: BLE001 -- StepFailed: that batch's requests end with errors, the loop goes on
+            events = getattr(err, "events", None) or []
+            if not events:
+                raise
+        now = time.monotonic()
+        for ev in events:
+            rec = started[ev.request_id]
+            if ev.token is not None:
+                rec["chunks"].append((now, 1))
+                rec["ttft_s"] = rec["ttft_s"] if rec["ttft_s"] is not None else now - rec["start"]
+            if ev.finished:
+                rec.update(end=now, complete=ev.finish_reason == "length", status=200,
+                           error=None if ev.finish_reason == "length" else ev.error or ev.finish_reason)
+                records.append(started.pop(ev.request_id))
+                submit()
+    for rid in list(started):
+        engine.cancel(rid)
+    while engine.has_work():
+        engine.step()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return sc.summarize(records + list(started.values()), t0 + warmup_s, end)
+
+
+def serve_worker(cfg: dict) -> int:
+    """Server mode: pair, engine, warm-up, the engine alone at each level (written to ``cfg['alone_out']``), then
+    the app of ``rstitch serve`` on draining uvicorn until SIGTERM."""
+    from hf_rstitch.serve.app import ServerSettings, create_app
+    from hf_rstitch.serve.server import run
+
+    llm, slm = build_pair(cfg)
+    vocab = min(llm.config.vocab_size, slm.config.vocab_size)
+    engine = build_engine(cfg, llm, slm)
+    warm_s = warm(engine, cfg)
+    alone = {"warm_up_s": warm_s, "levels": {}}
+    for c in cfg["alone_levels"]:
+        alone["levels"][c] = engine_closed_loop(engine, cfg, c, cfg["warmup_s"], cfg["window_s"])
+        print(f"[engine alone {cfg['method']} c={c}] {json.dumps(alone['levels'][c])}", file=sys.stderr, flush=True)
+    Path(cfg["alone_out"]).write_text(json.dumps(alone))
+    settings = ServerSettings(model_name="random-pair", max_context=cfg["max_length"], vocab_size=vocab,
+                              default_max_tokens=16, pin="llm" if cfg["method"] == "llm_only" else None)
+    run(create_app(engine, sc.IdTokenizer(), settings), "127.0.0.1", cfg["port"], log_level="warning")
+    return 0
+
+
+# ---- the sweep ---------------------------------------------------------------------------------
+class Budget:
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def start_server(cfg: dict, out: Path, timeout_s: float) -> tuple[subprocess.Popen | None, str]:
+    """The server process for ``cfg``; (None, its last stderr lines) if it exits before it is healthy."""
+    log = out / f"server_{cfg['method']}_b{cfg['max_batch']}.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-worker", json.dumps(cfg)],
+                            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        sc.wait_healthy(f"http://127.0.0.1:{cfg['port']}", proc, timeout_s)
+        return proc, ""
+    except RuntimeError as err:
+        stop(proc)
+        tail = log.read_text().strip().splitlines()[-5:]
+        return None, f"{err}: " + " | ".join(tail)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def run_method(method: str, args, shape: dict, work: Path, budget: Budget) -> tuple[list, list, dict]:
+    """One method's rows, skipped levels and details; tries ``args.max_batch``, then halves it on a failed start
+    unless the same failure repeats (the rows that worked stay in ``args.max_batch`` for the next method). Server
+    logs and the engine-alone numbers go through ``work``, a scratch folder."""
+    rows, skipped, details = [], [], {}
+    per_level = 2 * (args.warmup_s + args.window_s) + 6  # the engine alone, then the server (clients' start, idle)
+    levels = list(args.levels)
+    max_batch, proc, why, last = max(levels) if args.max_batch is None else args.max_batch, None, "", None
+    while proc is None and max_batch >= 1:
+        fit = [c for c in levels if c <= max_batch]
+        reserve = getattr(args, "reserve_s", args.startup_s)  # for this server's start
+        fit = fit[:max(0, int((budget.left() - reserve) // per_level))]
+        cfg = {"method": method, "pair": "tiny" if args.dry_run_cpu else "qwen2", "device": args.device,
+               "dtype": args.dtype, "engine": args.engine, "decisions": args.decisions, "max_batch": max_batch,
+               "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
+               "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method],
+               "alone_levels": fit, "warmup_s": args.warmup_s, "window_s": args.window_s, "port": sc.free_port(),
+               "alone_out": str(work / f"alone_{method}.json")}
+        t0, alone_s = time.monotonic(), len(fit) * (args.warmup_s + args.window_s)
+        proc, err = start_server(cfg, work, args.startup_s + alone_s + 2 * len(fit))
+        if proc is not None:  # what the next method's start reserves: this one's load and warm-up, with a margin
+            args.reserve_s = max(20.0, 1.5 * (time.monotonic() - t0 - alone_s))
+        else:
+            why = f"the server did not start with --max-batch {max_batch}: {err}"
+            print(why, file=sys.stderr)
+            if err == last:  # the same failure with fewer rows: rows are not the cause
+                break
+            last, max_batch = err, max_batch // 2
+    if proc is None:
+        why = why or f"no server started (--max-batch {args.max_batch})"
+        return rows, [{"concurrency": c, "method": method, "reason": why} for c in levels], details
+    args.max_batch = max_batch
+    try:
+        alone = json.loads(Path(cfg["alone_out"]).read_text())
+        url = f"http://127.0.0.1:{cfg['port']}"
+        bodies = [{"prompt": p, "max_tokens": n, "temperature": 0}
+                  for p, n in zip(prompts(len(shape[method]), shape["prompt"]), shape[method])]
+        for c in levels:
+            if c > max_batch:
+                skipped.append({"concurrency": c, "method": method, "reason": why or f"above --max-batch {max_batch}"})
+                continue
+            if c not in fit:
+                skipped.append({"concurrency": c, "method": method,
+                                "reason": f"time budget: {budget.left():.0f} s left of --budget-s {args.budget_s}"})
+                continue
+            s = sc.closed_loop(url, bodies, c, args.warmup_s, args.window_s, args.client_procs)
+            e = alone["levels"][str(c)]
+            details[f"{method}@{c}"] = {"server": s, "engine_alone": e, "max_batch": max_batch}
+            if s["errors"] or e["errors"]:  # requests the server or engine failed: said, and no row if none completed
+                skipped.append({"concurrency": c, "method": method, "reason": (
+                    f"{s['errors']} requests failed through the server (statuses {s['statuses']}), {e['errors']} in "
+                    f"the engine alone: {s['first_error'] or e['first_error']}")})
+            if s["completed"]:
+                rows.append({"concurrency": c, "method": method, "requests_per_s": s["requests_per_s"],
+                             "tokens_per_s": s["tokens_per_s"], "p50_s": s["p50_s"], "p99_s": s["p99_s"],
+                             "ttft_p50_s": s["ttft_p50_s"], "engine_alone_tokens_per_s": e["tokens_per_s"]})
+            print(f"[{method} c={c}] {json.dumps(details[f'{method}@{c}'])}", file=sys.stderr, flush=True)
+            sc.wait_idle(url, 60)
+        details[f"{method}@warm_up_s"] = alone["warm_up_s"]
+    finally:
+        stop(proc)
+    return rows, skipped, details
+
+
+# ---- results -----------------------------------------------------------------------------------
+def markdown(doc: dict) -> str:
+    a = doc["args"]
+    head = [f"# Serving reasoning traffic: LLM alone vs stitched, same server, {doc['gpu']}", "",
+            f"{doc['pair']}; MATH-shaped requests scaled by {a['scale']} (LLM alone {doc['mean_tokens']['llm_only']:.0f} "
+            f"tokens a request, stitched {doc['mean_tokens']['stitched']:.0f} at LLM share "
+            f"{doc['llm_share']:.2f}, runs of ~4, prompts of {doc['prompt_tokens']}); closed loop, "
+            f"{a['warmup_s']} s warm-up then a {a['window_s']} s window per level; decisions on the {a['decisions']}.",
+            "", "| concurrency | method | requests/s | tokens/s | engine alone tokens/s | server / engine | "
+            "p50 (s) | p99 (s) | TTFT p50 (s) | stitched / LLM alone requests/s | completed in window (server / engine) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    by = {(r["concurrency"], r["method"]): r for r in doc["rows"]}
+    f = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
+    for r in doc["rows"]:
+        base = by.get((r["concurrency"], "llm_only"))
+        gain = (r["requests_per_s"] / base["requests_per_s"] if r["method"] == "stitched" and base
+                and base["requests_per_s"] else None)
+        ratio = r["tokens_per_s"] / r["engine_alone_tokens_per_s"] if r["engine_alone_tokens_per_s"] else None
+        d = doc["details"].get(f"{r['method']}@{r['concurrency']}", {})
+        done = f"{d.get('server', {}).get('completed', '-')} / {d.get('engine_alone', {}).get('completed', '-')}"
+        head.append(f"| {r['concurrency']} | {r['method']} | {f(r['requests_per_s'])} | {f(r['tokens_per_s'], 0)} | "
+                    f"{f(r['engine_alone_tokens_per_s'], 0)} | {f(ratio)} | {f(r['p50_s'])} | {f(r['p99_s'])} | "
+                    f"{f(r['ttft_p50_s'])} | {f(gain)}x | {done} |".replace("| -x |", "| - |"))
+    for s in doc["skipped"]:
+        head.append(f"\nSkipped: {s['method']} at concurrency {s['concurrency']}: {s['reason']}")
+    return "\n".join(head) + "\n"
+
+
+def plot(doc: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for method, style, color in (("llm_only", "o-", "C0"), ("stitched", "s-", "C1")):
+        rows = sorted((r for r in doc["rows"] if r["method"] == method), key=lambda r: r["concurrency"])
+        xs = [r["concurrency"] for r in rows]
+        ax1.plot(xs, [r["requests_per_s"] for r in rows], style, color=color, label=f"{method} (server)")
+        ax2.plot(xs, [r["tokens_per_s"] for r in rows], style, color=color, label=f"{method} (server)")
+        ax2.plot(xs, [r["engine_alone_tokens_per_s"] for r in rows], style[0], color=color, alpha=0.35,
+                 linestyle="--", label=f"{method} (engine alone)")
+    for ax, label in ((ax1, "completed requests / s"), (ax2, "tokens / s")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (closed loop)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"rstitch serve, reasoning-shaped requests (x{doc['args']['scale']}): {doc['gpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve-worker"]:
+        return serve_worker(json.loads(argv[1]))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--scale", type=float, default=0.05, help="factor on every token count, both methods alike")
+    ap.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256], help="concurrencies")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--warmup-s", type=float, default=4.0, help="per level, excluded from the window")
+    ap.add_argument("--window-s", type=float, default=8.0, help="per level, the measurement window")
+    ap.add_argument("--budget-s", type=float, default=400.0, help="the whole run; levels that would not fit are skipped")
+    ap.add_argument("--startup-s", type=float, default=60.0,
+                    help="a server's start (load, warm-up) at most; the budget reserves it for the first server, "
+                         "1.5x the first's actual start for the next")
+    ap.add_argument("--max-batch", type=int, default=None, help="server rows (default: the largest level)")
+    ap.add_argument("--client-procs", type=int, default=0, help="client processes (0: one per 32 clients, <= 8)")
+    ap.add_argument("--engine", default="fast", choices=["fast", "default"])
+    ap.add_argument("--decisions", default="device", choices=["device", "host"],
+                    help="where the replayed routes' decisions come back (device: as an entropy policy's)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--replicas", type=int, nargs="+", default=None,
+                    help="instead: compare Ray Serve replica counts (serve_replicas.py), e.g. --replicas 1 2")
+    ap.add_argument("--replica-concurrency", type=int, default=128, help="--replicas: clients of the closed loop")
+    ap.add_argument("--replace-timeout-s", type=float, default=150.0,
+                    help="--replicas: how long the kill test waits for Ray's replacement replica")
+    ap.add_argument("--no-kill", action="store_true", help="--replicas: skip the kill test")
+    ap.add_argument("--dry-run-cpu", action="store_true", help="tiny pair on CPU, tiny counts: checks the whole path")
+    args = ap.parse_args(argv)
+    if args.dry_run_cpu:
+        args.device, args.dtype, args.engine = "cpu", "float32", "default"
+        args.scale = min(args.scale, 0.01)
+        args.levels = [c for c in args.levels if c <= 4]
+        args.levels = args.levels if len(args.levels) > 1 else [1, 4]
+        args.warmup_s, args.window_s = min(args.warmup_s, 1.0), min(args.window_s, 2.0)
+        args.replica_concurrency = min(args.replica_concurrency, 4)
+        args.max_batch = args.max_batch or (2 if args.replicas else None)
+    if args.replicas:
+        import serve_replicas
+
+        return serve_replicas.main(args)
+    budget, out = Budget(args.budget_s), Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="serve_reasoning_"))  # server logs: only the results go to --out-dir
+    shape = shapes(args.scale)
+    if shape["prompt"] + max(shape["llm_only"]) + 8 > 4096 and args.engine == "fast":
+        sys.exit(f"--scale {args.scale}: prompt + max_tokens reach {shape['prompt'] + max(shape['llm_only'])} tokens, "
+                 "beyond the fast engine's 4096 a row; lower --scale")
+    rows, skipped, details = [], [], {}
+    for method in args.methods:
+        r, s, d = run_method(method, args, shape, work, budget)
+        rows, skipped, details = rows + r, skipped + s, {**details, **d}
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import torch
+
+    from lab import environment, write_result
+
+    gpu = "cpu" if args.dry_run_cpu else torch.cuda.get_device_name()
+    doc = {**environment(), "gpu": gpu, "args": vars(args),
+           "pair": "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu else f"random Qwen2 7B / 1.5B, {args.dtype}",
+           "prompt_tokens": shape["prompt"], "llm_share": shape["llm_share"],
+           "mean_tokens": {m: sum(shape[m]) / len(shape[m]) for m in METHODS},
+           "rows": sorted(rows, key=lambda r: (r["concurrency"], r["method"])), "skipped": skipped, "details": details}
+    stem = out / f"serve_reasoning_{gpu.lower().replace(' ', '_')}"
+    write_result(stem, doc, markdown(doc))
+    if doc["rows"]:
+        plot(doc, stem.with_suffix(".png"))
+    print(markdown(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Replicas of the stitched server on Ray Serve, one a GPU: N replicas against one on the same load, and a
+replica killed under load (issue #38). Run through ``serve_reasoning.py --replicas``:
+
+    PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --out-dir $OUT --scale 0.05 \\
+        --max-batch 64 --replica-concurrency 128 --warmup-s 4 --window-s 12       # two GPUs, one call
+    PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --dry-run-cpu --out-dir /tmp/sr  # CPU check
+
+Each replica builds the random-weight pair with replayed routes of ``serve_reasoning.py`` (:class:`Builder`, run
+inside the replica), warms its batch buckets up and serves the app of ``rstitch serve`` behind
+:mod:`hf_rstitch.serve.replicas` (Ray's proxy, front replicas, engine replicas with ``num_gpus=1`` each). For
+each replica count: a closed loop of ``--replica-concurrency`` streaming clients (``--warmup-s`` excluded, then
+``--window-s``), requests/s counted as completed inside the window. Then, at the largest count, the kill test:
+the same load runs while one engine replica's process is killed (SIGKILL, ``--warmup-s`` into the load); every
+request must either complete or end with the clean error of a lost replica (a 503 OpenAI error, or an error event
+and ``[DONE]`` in its stream), and Ray must start a replacement (``/health`` shows a new pid).
+
+Writes ``serve_replicas_<gpu>.json`` (``rows``: per replica count; ``kill``) and ``.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import serve_clients as sc  # noqa: E402
+import serve_reasoning as sr  # noqa: E402
+
+
+class Builder:
+    """A replica's app (picklable; runs inside the replica): the random pair, replayed routes, warm buckets."""
+
+    def __init__(self, bench: dict):
+        self.bench = bench
+
+    def __call__(self, cfg):
+        from hf_rstitch.serve.app import ServerSettings, create_app
+
+        llm, slm = sr.build_pair(self.bench)
+        vocab = min(llm.config.vocab_size, slm.config.vocab_size)
+        engine = sr.build_engine(self.bench, llm, slm)
+        sr.warm(engine, self.bench)
+        settings = ServerSettings(model_name="random-pair", max_context=self.bench["max_length"], vocab_size=vocab,
+                                  default_max_tokens=16, drain_timeout_s=cfg.drain_timeout,
+                                  pin="llm" if self.bench["method"] == "llm_only" else None)
+        return create_app(engine, sc.IdTokenizer(), settings)
+
+
+def replica_pids(url: str, tries: int = 32) -> set[int]:
+    """The pids of the engine replicas that answer /health (asked 8 at a time: Ray spreads concurrent requests)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    def pid(_):
+        try:
+            return httpx.get(url + "/health", timeout=5).json()["pid"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+
+    with ThreadPoolExecutor(8) as pool:
+        return {p for p in pool.map(pid, range(tries)) if p is not None}
+
+
+def kill_test(url: str, bodies: list[dict], args, n: int, seen: set[int]) -> dict:
+    """Load at ``--replica-concurrency``; one engine replica killed ``--warmup-s`` in; how every request ended,
+    and how long until Ray's replacement answers /health."""
+    before = replica_pids(url)
+    seen = set(seen)  # pids seen before (all replicas, if one sample missed some)
+    out: dict = {}
+    load = threading.Thread(target=lambda: out.update(zip(("records", "t0"), sc.run_clients(
+        url, bodies, args.replica_concurrency, args.warmup_s + args.window_s, args.client_procs))))
+    load.start()
+    time.sleep(1.0 + args.warmup_s + 0.2 * max(1, min(8, args.replica_concurrency // 32)))
+    victim = min(before)
+    t_kill = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    load.join()
+    replaced, deadline = None, time.monotonic() + args.replace_timeout_s
+    while replaced is None and time.monotonic() < deadline:
+        now = replica_pids(url, 16)
+        if now - before - seen and victim not in now:
+            replaced = time.monotonic() - t_kill
+        time.sleep(1.0)
+    recs = out["records"]
+    lost = [r for r in recs if not r["complete"] and "replica" in str(r.get("error"))]
+    unclean = [r for r in recs if not r["complete"] and r not in lost]
+    after = [r for r in recs if r["start"] > t_kill + 1.0]  # sent once the victim was known dead or soon after
+    return {"replicas": n, "victim_pid": victim, "pids_before": sorted(before | seen), "requests": len(recs),
+            "completed": sum(r["complete"] for r in recs), "ended_with_replica_lost_error": len(lost),
+            "lost_statuses": sorted({r["status"] for r in lost}), "unclean": len(unclean),
+            "unclean_examples": [str(r.get("error"))[:200] for r in unclean[:3]],
+            "sent_after_kill": len(after), "sent_after_kill_completed": sum(r["complete"] for r in after),
+            "replaced_after_s": replaced, "pids_after": sorted(replica_pids(url))}
+
+
+def main(args) -> int:
+    import torch
+
+    from hf_rstitch.serve import replicas
+    from hf_rstitch.serve.config import ServeConfig
+    from lab import environment, write_result
+
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    shape = sr.shapes(args.scale)
+    method = args.methods[0] if len(args.methods) == 1 else "stitched"
+    max_batch = args.max_batch or 64
+    bench = {"method": method, "pair": "tiny" if args.dry_run_cpu else "qwen2", "device": args.device,
+             "dtype": args.dtype, "engine": args.engine, "decisions": args.decisions, "max_batch": max_batch,
+             "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
+             "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method]}
+    bodies = [{"prompt": p, "max_tokens": n, "temperature": 0}
+              for p, n in zip(sr.prompts(len(shape[method]), shape["prompt"]), shape[method])]
+    path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}  # the replicas import this lab
+    ray_init = {"log_to_driver": False, "runtime_env": {"env_vars": env}}
+    if args.dry_run_cpu:
+        ray_init.update(num_cpus=2, object_store_memory=100 * 1024**2)
+    rows, kill = [], None
+    for n in args.replicas:
+        port = sc.free_port()
+        url = f"http://127.0.0.1:{port}"
+        cfg = ServeConfig(port=port, replicas=n, device=args.device, dtype=args.dtype, max_batch=max_batch,
+                          max_queue=max_batch, drain_timeout=5.0, cpus_per_replica=0.5 if args.dry_run_cpu else 1.0)
+        t0 = time.monotonic()
+        try:
+            replicas.start(cfg, ray_init, build=Builder(bench))
+            started = time.monotonic() - t0
+            s = sc.closed_loop(url, bodies, args.replica_concurrency, args.warmup_s, args.window_s, args.client_procs)
+            rows.append({"replicas": n, "concurrency": args.replica_concurrency, "startup_s": started,
+                         "pids": sorted(replica_pids(url)), **s})
+            print(f"[{n} replicas] {rows[-1]}", file=sys.stderr, flush=True)
+            if n == max(args.replicas) and n >= 2 and not args.no_kill:
+                kill = kill_test(url, bodies, args, n, set(rows[-1]["pids"]))
+                print(f"[kill] {kill}", file=sys.stderr, flush=True)
+        finally:
+            replicas.stop()
+    one = next((r for r in rows if r["replicas"] == 1), None)
+    for r in rows:
+        r["speedup_vs_one"] = r["requests_per_s"] / one["requests_per_s"] if one and one["requests_per_s"] else None
+    gpu = "cpu" if args.dry_run_cpu else torch.cuda.get_device_name()
+    doc = {**environment(), "gpu": gpu, "gpus": 0 if args.dry_run_cpu else torch.cuda.device_count(),
+           "args": vars(args), "method": method,
+           "pair": "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu else f"random Qwen2 7B / 1.5B, {args.dtype}", "max_batch": max_batch, "rows": rows, "kill": kill}
+    md = markdown(doc)
+    write_result(out / f"serve_replicas_{gpu.lower().replace(' ', '_')}", doc, md)
+    print(md)
+    return 0
+
+
+def markdown(doc: dict) -> str:
+    a = doc["args"]
+    lines = [f"# Ray Serve replicas, one a GPU: {doc['method']} server, {doc['gpu']} x {doc['gpus']}", "",
+             f"{doc['pair']} with replayed routes (requests x{a['scale']}), --max-batch {doc['max_batch']} "
+             f"a replica, closed loop of {a['replica_concurrency']} streaming clients, {a['warmup_s']} s warm-up then "
+             f"a {a['window_s']} s window.", "",
+             "| replicas | requests/s | x one replica | tokens/s | p50 (s) | p99 (s) | TTFT p50 (s) | start (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    f = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
+    for r in doc["rows"]:
+        lines.append(f"| {r['replicas']} | {f(r['requests_per_s'])} | {f(r['speedup_vs_one'])} | "
+                     f"{f(r['tokens_per_s'], 0)} | {f(r['p50_s'])} | {f(r['p99_s'])} | {f(r['ttft_p50_s'])} | "
+                     f"{f(r['startup_s'], 0)} |")
+    k = doc["kill"]
+    if k:
+        lines += ["", f"Kill test ({k['replicas']} replicas, pid {k['victim_pid']} killed under load): "
+                  f"{k['requests']} requests ended, {k['completed']} complete, {k['ended_with_replica_lost_error']} "
+                  f"with the lost-replica error (statuses {k['lost_statuses']}), {k['unclean']} otherwise; "
+                  f"{k['sent_after_kill_completed']} / {k['sent_after_kill']} sent after the kill completed; "
+                  f"replacement answering after {f(k['replaced_after_s'], 0)} s."]
+    return "\n".join(lines) + "\n"

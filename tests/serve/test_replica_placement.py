@@ -1,0 +1,29 @@
+"""Where ``rstitch serve --replicas N`` puts its replicas: one GPU each with a CUDA device (Ray then shows each
+replica its own GPU as cuda:0), none on CPU, and what ``--gpus-per-replica`` says when given."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_rstitch.serve.config import ServeConfig
+
+
+@pytest.mark.parametrize("device, given, want", [("cuda", None, 1.0), ("cuda:0", None, 1.0), ("cpu", None, 0.0),
+                                                 ("cuda", 0.5, 0.5), ("cuda", 2.0, 2.0), ("cpu", 0.0, 0.0)])
+def test_one_gpu_a_replica_by_default_on_cuda(device, given, want):
+    assert ServeConfig(device=device, replicas=2, gpus_per_replica=given).replica_gpus == want
+
+
+def test_replica_device_must_be_its_own_gpu():
+    with pytest.raises(ValueError, match="--device cuda"):
+        ServeConfig(device="cuda:1", replicas=2)
+    with pytest.raises(ValueError, match="--gpus-per-replica must be >= 0"):
+        ServeConfig(gpus_per_replica=-1)
+
+
+def test_ray_deployment_reserves_one_gpu_a_replica():
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'hf-rstitch[serve-ray]'")
+    from hf_rstitch.serve import replicas
+
+    opts = replicas.deployment(ServeConfig(device="cuda", replicas=2)).ray_actor_options
+    assert opts["num_gpus"] == 1.0 and replicas.deployment(ServeConfig(replicas=2)).ray_actor_options["num_gpus"] == 0
