@@ -9,9 +9,9 @@ keeps the eager engine; ``"fast"``, a :class:`FastConfig` or a :class:`FastEngin
 for this one. It swaps the eager :class:`~hf_rstitch.engine.Lane` (forwards over a DynamicCache,
 host-bound at a few hundred kernel launches per token) for :class:`FastLane`: a static KV cache,
 one-token steps and bucketed catch-up prefills replayed as CUDA graphs per batch bucket, attention that reads only
-the written slots (:mod:`.decode_attention`), linear products of up to 64 rows through tuned Triton
-kernels (:mod:`.gemv`, :mod:`.gated`), and each step's logits read out of the graph with their hand-over
-entropy and greedy token in two kernels (:mod:`.fused_entropy`).
+the written slots (:mod:`hf_rstitch.fast.kernels.decode_attention`), linear products of up to 64 rows through tuned Triton
+kernels (:mod:`hf_rstitch.fast.kernels.gemv`, :mod:`hf_rstitch.fast.kernels.gated`), and each step's logits read out of the graph with their hand-over
+entropy and greedy token in two kernels (:mod:`hf_rstitch.fast.kernels.fused_entropy`).
 The stitch loop, policies, trace and outputs are the default engine's.
 
 What it does not do: sliding-window or hybrid attention, encoder-decoders.

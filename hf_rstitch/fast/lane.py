@@ -13,17 +13,17 @@ the shared sequence it has not seen, return the last column's logits -- with the
   a smaller bucket, then a few cache rows move). A longer catch-up (a long run of the other model,
   or a long prompt) runs as several calls of the largest bucket and one for the rest;
 * attention reads only the slots written so far, in one split-K Triton kernel per layer
-  (:mod:`hf_rstitch.fast.decode_attention`; ``FastConfig(attention="split")``, the default where
+  (:mod:`hf_rstitch.fast.kernels.decode_attention`; ``FastConfig(attention="split")``, the default where
   Triton runs), not every slot of the static cache;
 * one-row products of the linear layers run a Triton GEMV kernel tuned per weight shape on the
-  device (:mod:`hf_rstitch.fast.gemv`; where Triton is installed), cuBLAS otherwise;
+  device (:mod:`hf_rstitch.fast.kernels.gemv`; where Triton is installed), cuBLAS otherwise;
 * optionally the step is compiled with ``torch.compile`` (fused elementwise kernels) before
   it is captured.
 
 Per call the host does: one device copy of the new token ids into the graph's input buffer, a ``fill_`` of
 the real-token count for padded buckets, one replay, one read-out of the logits from the graph's buffer (the
 next replay of either lane overwrites it): on CUDA two small kernels that also find each row's entropy and
-greedy token (:func:`~hf_rstitch.fast.fused_entropy.read_out`; :mod:`hf_rstitch.fast.lane_outputs`).
+greedy token (:func:`~hf_rstitch.fast.kernels.fused_entropy.read_out`; :mod:`hf_rstitch.fast.lane_outputs`).
 It never waits for the device except at the first call of a generation (the prompts' padding) and when rows
 leave; the stitch loop's routing decision is the only other sync.
 
@@ -54,16 +54,18 @@ from transformers import AttentionInterface, PreTrainedModel
 from ..core.roles import Role
 from ..engine.lane import left_padding
 from ..engine.step import to_device
-from . import compile_cache, experts, linears, products, regions, rope_store, rotary_table, triton_support
+from . import compile_cache
+from .patches import experts, linears, products, regions, rotary_table
+from .kernels import rope_store, triton_support
 from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
-from .decode_attention import decode_attention, refuse_fallback, runs_for
-from .decode_attention import pending as attention_pending
+from .kernels.decode_attention import decode_attention, refuse_fallback, runs_for
+from .kernels.decode_attention import pending as attention_pending
 from .graphs import GraphRunner
 from .kv_shapes import kv_shape
 from .lane_outputs import Outputs
 from .lane_rows import RowOps
-from .products import product_layers
+from .patches.products import product_layers
 from .rows import RowSlots
 from .static_kv import KV_CHUNK, StaticKV, static_attention, static_attention_on, static_attention_sdpa
 from .windows import layer_windows
@@ -249,7 +251,7 @@ class FastLane(Outputs, RowOps):
     @property
     def _mask_free(self) -> bool:
         """Every attention call of this lane runs the split kernel, which reads no mask (see
-        :func:`~hf_rstitch.fast.decode_attention.supported`: Triton here, a power-of-two head size >= 16, no
+        :func:`~hf_rstitch.fast.kernels.decode_attention.supported`: Triton here, a power-of-two head size >= 16, no
         float64): the steps pass a mask they do not compute."""
         return self.config.attention == "split" and runs_for(self.cache.head_dim, self.model.dtype, self.device)
 

@@ -1,4 +1,4 @@
-"""Which linear layers of a model run the GEMV kernels of :mod:`.gemv`, fused how, with which configuration.
+"""Which linear layers of a model run the GEMV kernels of :mod:`hf_rstitch.fast.kernels.gemv`, fused how, with which configuration.
 
 A lane asks once, when it is built (:func:`plan`, through :mod:`.products`): every plain ``nn.Linear`` the kernels
 can read gets a forward that runs the tuned kernel for inputs of the tiers it was tuned for and ``F.linear`` for
@@ -14,8 +14,9 @@ import functools
 
 import torch
 
-from . import folds, gemv
-from .gemv import (DTYPES, MAX_ROWS, TIER_CANDIDATES, TIERS, GemvConfig, _reference, launch, shape_key, tier,
+from . import folds
+from ..kernels import gemv
+from ..kernels.gemv import (DTYPES, MAX_ROWS, TIER_CANDIDATES, TIERS, GemvConfig, _reference, launch, shape_key, tier,
                    tiers_for)
 
 
@@ -146,7 +147,7 @@ def plan(model: torch.nn.Module, table: dict, fuse: bool = True,
 
 def pending(model: torch.nn.Module, table: dict, fuse: bool = True, rows: int = MAX_ROWS) -> list[tuple]:
     """``(candidates, run)`` for each shape and tier that :func:`plan` would tune (not in ``table``), for
-    :func:`~hf_rstitch.fast.triton_support.precompile` to build every candidate's kernels at once. A fused
+    :func:`~hf_rstitch.fast.kernels.triton_support.precompile` to build every candidate's kernels at once. A fused
     group's weight stands in as one empty tensor of its shape (kernels compile for shapes, not values)."""
     groups = fused_groups(model) if fuse else []
     grouped = {id(m) for members in groups for m in members}
