@@ -24,6 +24,7 @@ from transformers import PreTrainedModel
 
 from ..core.roles import Role
 from .lane import FastConfig, FastLane, check_supported
+from .plan import FastPlan
 from .support import why_not_fast
 
 log = logging.getLogger("hf_rstitch.fast")
@@ -86,6 +87,11 @@ class FastEngine:
             Role.SLM: self.lane(slm, Role.SLM, vocab, capacity, timing, batch_size),
             Role.LLM: self.lane(llm, Role.LLM, vocab, capacity, timing, batch_size),
         }
+
+    def plans(self) -> dict[Role, FastPlan]:
+        """The plan of each lane built so far (``print(engine.plans()[Role.LLM])``: which kernels and patches it
+        runs, :mod:`hf_rstitch.fast.plan`)."""
+        return {role: lane.plan for role, lane in self._lanes.items()}
 
     def capture_seconds(self) -> float:
         """Host seconds spent warming up and recording graphs (compilation included)."""

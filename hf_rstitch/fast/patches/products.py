@@ -22,7 +22,7 @@ from ..kernels.tuning_cache import TuningTable
 TABLE = TuningTable()  # tuned configurations, shared by every lane of the process and kept on disk
 
 
-def _kernels_run(model: torch.nn.Module, config: FastConfig) -> bool:
+def kernels_run(model: torch.nn.Module, config: FastConfig) -> bool:
     """Whether the lane's products run the Triton kernels: ``config.gemv`` not False and Triton on the model's
     device (``gemv=True`` without it is an error)."""
     if config.gemv is False:
@@ -38,7 +38,7 @@ def _kernels_run(model: torch.nn.Module, config: FastConfig) -> bool:
 def pending(model: torch.nn.Module, config: FastConfig, rows: int) -> list:
     """The tuning jobs :func:`product_layers` will time (shapes not in :data:`TABLE`), as ``(candidates, run)``
     for :func:`~hf_rstitch.fast.kernels.triton_support.precompile` to build all their kernels at once beforehand."""
-    if not _kernels_run(model, config):
+    if not kernels_run(model, config):
         return []
     jobs = linears.pending(model, TABLE, config.fuse_qkv, rows)
     return jobs + (gated_mlp.pending(model, TABLE, rows) if config.fuse_mlp else [])
@@ -49,7 +49,7 @@ def product_layers(model: torch.nn.Module, config: FastConfig, rows: int) -> lis
     the fused q/k/v and other linears (``config.gemv``, ``fuse_qkv``) and the gated MLPs (``fuse_mlp``).
     Empty where Triton does not run on the model's device (cuBLAS everywhere); ``gemv=True`` there is an
     error."""
-    if not _kernels_run(model, config):
+    if not kernels_run(model, config):
         return []
     layers = linears.plan(model, TABLE, fuse=config.fuse_qkv, rows=rows)  # the wide tier only for lanes that need it
     if config.fuse_mlp:  # MLP forwards: installed with the linears' (gemv_linears_on), before the regions'
