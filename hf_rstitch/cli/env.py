@@ -56,7 +56,7 @@ def collect() -> dict[str, str]:
 def fast_plans(device: str = "auto") -> dict:
     """``{"llm": FastPlan, "slm": FastPlan}``: the lanes ``stitch_engine="auto"`` would build for the shipped pair
     on ``device`` (one row each; :mod:`hf_rstitch.fast.plan`). Loads the pair, builds no lane."""
-    from ..eval.api import resolve_device
+    from ..hf.loading import resolve_device
     from ..fast import AUTO, plan_for
     from ..toyworld.pair import load_pair
 
