@@ -41,7 +41,9 @@ class FastEngine:
         config: :class:`FastConfig` shared by both lanes.
         capacity: minimum cache capacity in tokens; a generation needing more rebuilds its lanes.
         max_batch: minimum rows the lanes hold; a generation with a larger batch rebuilds them (each
-            batch size up to it runs in the graphs of its batch bucket, captured on first use).
+            batch size up to it runs in the graphs of its batch bucket, captured on first use). Below the
+            engine it is one name, ``max_rows``: :class:`FastLane`'s, its plan's, and the products' down to
+            the GEMV tiers they tune (:func:`~hf_rstitch.fast.kernels.gemv.tiers_for`).
         capacity_step: lanes are built for a multiple of this many tokens, so that generations of
             slightly different lengths (prompts of another length, one more new token) reuse them
             instead of rebuilding (a rebuild recaptures every graph: seconds for a 7B pair). The

@@ -79,6 +79,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _warn_eager(device: torch.device) -> None:
+    warnings.warn(f"the fast engine runs its static-cache steps eagerly on {device} (CUDA graphs need CUDA): same "
+                  "outputs, no speed-up. Pass FastConfig(graphs=False) to silence this.", stacklevel=3)
+
+
 def _allow_recompiles(limit: int) -> None:
     """Every lane compiles its own step (guards name the lane's buffers): raise dynamo's per-function
     recompile limit (default 8, i.e. two pairs of lanes) so later lanes are compiled, not run eagerly."""
@@ -112,9 +117,7 @@ class FastLane(Outputs, RowOps):
         self.cache = StaticKV(model.config, n_slots, model.dtype, dev, rows=max_rows, shape=kv_shape(model))
         self.plan = plan = plan_for(model, config, max_rows, self.cache.head_dim)  # every kernel and patch it runs
         if config.graphs is None and not plan.graphs:
-            warnings.warn(f"the fast engine runs its static-cache steps eagerly on {dev} (CUDA graphs need "
-                          "CUDA): same outputs, no speed-up. Pass FastConfig(graphs=False) to silence this.",
-                          stacklevel=2)
+            _warn_eager(dev)
         self.graphs = GraphRunner(dev) if plan.graphs else None  # raises off CUDA
         self._run_ahead = plan.run_ahead  # see engine.protocol
         self.buckets = plan.length_buckets
@@ -123,9 +126,7 @@ class FastLane(Outputs, RowOps):
         self.n_pad = torch.zeros(max_rows, dtype=torch.long, device=dev)  # left-padding columns of each cache row
         self.ids = torch.zeros(max_rows, config.max_bucket, dtype=torch.long, device=dev)  # graph input
         self.n_real = torch.ones((), dtype=torch.long, device=dev)  # real tokens in a padded bucket
-        self.seen = 0  # columns of the shared sequence in the cache (every row)
-        self.long_calls = 0  # calls of this generation longer than max_bucket (run as several bucket calls)
-        self.row_moves = 0  # cache rows moved down when finished rows let the batch bucket shrink
+        self.seen = self.long_calls = self.row_moves = 0  # columns cached; calls past max_bucket; cache rows moved
         self._slot_index: torch.Tensor | None = None  # [B] cache row of each live row (device), None: in order
         self._join_lane = None  # a one-row lane of the same model that prefills joining rows (lane_rows)
         self._read = None  # (logits, entropy, greedy) of the last read-out (_read_out)
@@ -139,12 +140,18 @@ class FastLane(Outputs, RowOps):
         self._no_mask = torch.ones(1, 1, n_slots, dtype=torch.bool, device=dev) if plan.mask_free else None
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
-        self._rotary = rope_store.plan(model) if plan.rope_store else []  # module globals to swap, as regions do
-        self.cache.fused_store = plan.rope_store
-        self._rotary_tables = rotary_table.plan(model, n_slots) if plan.rotary_table else []  # instance forwards
+        self._rotation(plan, n_slots)
         self._compile(plan)
         # rotation and cache store as one kernel a layer, for models whose layers allow it (rope_store)
         self._defer = bool(self._rotary) and plan.defer_rotation and rope_store.defers_exactly(model, self._probe)
+
+    def _rotation(self, plan: FastPlan, n_slots: int) -> None:
+        """The rotary patches ``plan`` names: the rope_store kernels in place of the modelling modules'
+        ``apply_rotary_pos_emb`` (module globals to swap, as regions do) with the cache's one-kernel store, and
+        the cos / sin tables of its ``n_slots`` positions (instance forwards)."""
+        self._rotary = rope_store.plan(self.model) if plan.rope_store else []
+        self.cache.fused_store = plan.rope_store
+        self._rotary_tables = rotary_table.plan(self.model, n_slots) if plan.rotary_table else []
 
     def _compile(self, plan: FastPlan) -> None:
         """The steps and pieces ``plan.compile`` names: the elementwise regions (``"parts"``), or the one-token

@@ -45,7 +45,7 @@ class FastPlan:
     model: str  # the model's class
     device: str
     dtype: str
-    rows: int  # most rows of a batch the lane holds
+    max_rows: int  # most rows of a batch the lane holds (FastEngine's max_batch)
     graphs: bool  # steps replayed as CUDA graphs (else run eagerly, as on CPU)
     batch_buckets: tuple[int, ...]  # a batch runs in the graph of the smallest bucket holding its rows
     length_buckets: tuple[int, ...]  # catch-ups padded to the smallest bucket holding them
@@ -58,7 +58,7 @@ class FastPlan:
     fuse_mlp: bool  # a SiLU MLP's gate, up and activation as one kernel
     add_norm: bool  # each residual add with the norm after it as one compiled piece
     fold_norms: bool  # at one row, norms and adds folded into the products (where foldable)
-    rope_store: bool  # rotation of q and k in one kernel, k and v stored in one kernel
+    rope_store: bool  # k and v stored by one kernel; q and k rotated by one where the dtype and the model allow
     defer_rotation: bool  # rotation, k and v store as one kernel in the cache's update (where the probe agrees)
     rotary_table: bool  # rotary cos / sin gathered from a table (where the module's values are reproduced)
     windows: tuple[int | None, ...]  # each layer's sliding window (None: full attention)
@@ -71,7 +71,7 @@ class FastPlan:
         return dataclasses.asdict(self)
 
     def __str__(self) -> str:
-        lines = [f"FastLane plan for {self.model} ({self.device}, {self.dtype}, up to {self.rows} rows)"]
+        lines = [f"FastLane plan for {self.model} ({self.device}, {self.dtype}, up to {self.max_rows} rows)"]
         lines += [f"  {name:<12} {text}" for name, text in self._lines()]
         return "\n".join(lines)
 
@@ -116,8 +116,8 @@ class FastPlan:
 
     def _rotary(self) -> str:
         parts = ["the model's"] if not self.rope_store else [
-            "rope_store kernels" + ("; rotation deferred to the cache's store where the probe agrees"
-                                    if self.defer_rotation else "")]
+            "rope_store kernels (k / v store; q / k rotation where it matches the model's)"
+            + ("; rotation deferred to the cache's store where the probe agrees" if self.defer_rotation else "")]
         return "; ".join(parts + (["cos / sin table"] if self.rotary_table else []))
 
     def _windows(self) -> str:
@@ -128,8 +128,8 @@ class FastPlan:
         return f"sliding window {', '.join(map(str, sliding))} on {count} of {len(self.windows)} layers"
 
 
-def plan_for(model: PreTrainedModel, config: FastConfig, rows: int = 1, head_dim: int | None = None) -> FastPlan:
-    """The plan of a lane of ``rows`` rows for ``model`` under ``config`` (``head_dim``: the cache's head size;
+def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head_dim: int | None = None) -> FastPlan:
+    """The plan of a lane of ``max_rows`` rows for ``model`` under ``config`` (``head_dim``: the cache's head size;
     None: read by :func:`~hf_rstitch.fast.kv_shapes.kv_shape`). Raises as :class:`FastConfig` and
     :func:`~hf_rstitch.fast.patches.products.kernels_run` do (``gemv=True`` without Triton)."""
     device, dtype = model.device, model.dtype
@@ -137,17 +137,17 @@ def plan_for(model: PreTrainedModel, config: FastConfig, rows: int = 1, head_dim
     graphs = device.type == "cuda" if config.graphs is None else config.graphs
     attention = "matmul" if config.attention == "split" and not triton else config.attention
     head_dim = kv_shape(model)[2] if head_dim is None else head_dim
-    kernels = products.kernels_run(model, config)
+    kernels = products.kernels_run(model, config) and dtype in gemv.DTYPES  # float64 keeps cuBLAS
     partial = config.compile in (None, "parts")  # the step is not compiled whole
     rope = config.fuse_rope_store and partial and triton
     add_norm = config.compile == "parts" and config.adds_with_norms
     return FastPlan(
-        model=type(model).__name__, device=str(device), dtype=str(dtype), rows=rows, graphs=graphs,
-        batch_buckets=batch_sizes(rows), length_buckets=bucket_sizes(config.max_bucket), compile=config.compile,
+        model=type(model).__name__, device=str(device), dtype=str(dtype), max_rows=max_rows, graphs=graphs,
+        batch_buckets=batch_sizes(max_rows), length_buckets=bucket_sizes(config.max_bucket), compile=config.compile,
         attention=attention,
         mask_free=attention == "split" and decode_attention.runs_for(head_dim, dtype, device),
         products="triton" if kernels else "cublas",
-        gemv_tiers=tuple(top for top, tuned in zip(gemv.TIERS, gemv.tiers_for(rows)) if tuned) if kernels else (),
+        gemv_tiers=tuple(top for top, tuned in zip(gemv.TIERS, gemv.tiers_for(max_rows)) if tuned) if kernels else (),
         fuse_qkv=kernels and config.fuse_qkv, fuse_mlp=kernels and config.fuse_mlp,
         add_norm=add_norm, fold_norms=add_norm and kernels and config.fuse_qkv and config.fuse_mlp and folds.ENABLED,
         rope_store=rope, defer_rotation=rope and rope_store.DEFER, rotary_table=config.rotary_table and partial,

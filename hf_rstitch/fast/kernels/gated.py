@@ -245,11 +245,11 @@ def _key(gate: torch.Tensor, top: int) -> tuple:
     return ("gated",) + gemv.shape_key(gate, None, top)
 
 
-def configs_for(table: dict, gate: torch.Tensor, up: torch.Tensor, rows: int = MAX_ROWS) -> tuple:
+def configs_for(table: dict, gate: torch.Tensor, up: torch.Tensor, max_rows: int = MAX_ROWS) -> tuple:
     """A configuration per tier of :data:`~hf_rstitch.fast.kernels.gemv.TIERS` for this shape from ``table``, tuned on
     first sight (None: cuBLAS), for the tiers :func:`~hf_rstitch.fast.kernels.gemv.tiers_for` tunes."""
     out = []
-    for top, tuned in zip(gemv.TIERS, gemv.tiers_for(rows)):
+    for top, tuned in zip(gemv.TIERS, gemv.tiers_for(max_rows)):
         key = _key(gate, top)
         if tuned and key not in table:
             table[key] = tune(gate, up, TIER_CANDIDATES[top])

@@ -328,10 +328,10 @@ def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES,
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the kernel accumulates in float32: no float64
 
 
-def tiers_for(rows: int) -> tuple[bool, ...]:
-    """Which tiers of :data:`TIERS` a lane of ``rows`` rows tunes: the first two always (one-token steps,
-    catch-ups of a few tokens), the wide one only for ``rows`` above :data:`MAX_ROWS`."""
-    return tuple(i < 2 or TIERS[i - 1] < rows for i in range(len(TIERS)))
+def tiers_for(max_rows: int) -> tuple[bool, ...]:
+    """Which tiers of :data:`TIERS` a lane of ``max_rows`` rows tunes: the first two always (one-token steps,
+    catch-ups of a few tokens), the wide one only for ``max_rows`` above :data:`MAX_ROWS`."""
+    return tuple(i < 2 or TIERS[i - 1] < max_rows for i in range(len(TIERS)))
 
 
 TIER_CANDIDATES = {1: CANDIDATES, MAX_ROWS: FEW_ROWS, WIDE_ROWS: WIDE}

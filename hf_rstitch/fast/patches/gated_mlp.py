@@ -16,7 +16,7 @@ from ..kernels.gemv import MAX_ROWS
 from . import folds, linears
 
 
-def pending(model: torch.nn.Module, table: dict, rows: int = MAX_ROWS) -> list[tuple]:
+def pending(model: torch.nn.Module, table: dict, max_rows: int = MAX_ROWS) -> list[tuple]:
     """``(candidates, run)`` for each MLP shape and tier that :func:`plan` would tune (not in ``table``); see
     :func:`hf_rstitch.fast.patches.linears.pending`."""
     jobs, seen = [], set()
@@ -24,7 +24,7 @@ def pending(model: torch.nn.Module, table: dict, rows: int = MAX_ROWS) -> list[t
         if not fusable(m):
             continue
         gate, up = m.gate_proj.weight, m.up_proj.weight
-        for top, tuned in zip(gemv.TIERS, gemv.tiers_for(rows)):
+        for top, tuned in zip(gemv.TIERS, gemv.tiers_for(max_rows)):
             key = _key(gate, top)
             if tuned and key not in seen and key not in table:
                 seen.add(key)
@@ -66,10 +66,10 @@ folds.TAKES_NORM.add(_forward)
 
 
 def plan(model: torch.nn.Module, table: dict, act_mul=None,
-         rows: int = MAX_ROWS) -> list[tuple[torch.nn.Module, functools.partial]]:
+         max_rows: int = MAX_ROWS) -> list[tuple[torch.nn.Module, functools.partial]]:
     """The MLP forwards to install (as :func:`hf_rstitch.fast.patches.linears.gemv_linears_on` installs them), tuned
-    for inputs of up to ``rows`` rows. ``act_mul(gate, up)``: the activation product where the kernel does
+    for inputs of up to ``max_rows`` rows. ``act_mul(gate, up)``: the activation product where the kernel does
     not run (None: the module's ``act_fn(gate) * up``; ``compile="parts"`` passes its compiled one)."""
-    return [(m, functools.partial(_forward, m, configs_for(table, m.gate_proj.weight, m.up_proj.weight, rows),
+    return [(m, functools.partial(_forward, m, configs_for(table, m.gate_proj.weight, m.up_proj.weight, max_rows),
                                   act_mul))
             for m in model.modules() if fusable(m)]

@@ -35,26 +35,26 @@ def kernels_run(model: torch.nn.Module, config: FastConfig) -> bool:
     return True
 
 
-def pending(model: torch.nn.Module, config: FastConfig, rows: int) -> list:
+def pending(model: torch.nn.Module, config: FastConfig, max_rows: int) -> list:
     """The tuning jobs :func:`product_layers` will time (shapes not in :data:`TABLE`), as ``(candidates, run)``
     for :func:`~hf_rstitch.fast.kernels.triton_support.precompile` to build all their kernels at once beforehand."""
     if not kernels_run(model, config):
         return []
-    jobs = linears.pending(model, TABLE, config.fuse_qkv, rows)
-    return jobs + (gated_mlp.pending(model, TABLE, rows) if config.fuse_mlp else [])
+    jobs = linears.pending(model, TABLE, config.fuse_qkv, max_rows)
+    return jobs + (gated_mlp.pending(model, TABLE, max_rows) if config.fuse_mlp else [])
 
 
-def product_layers(model: torch.nn.Module, config: FastConfig, rows: int) -> list:
-    """(module, forward) pairs for ``model``'s one-token and catch-up products in a lane of ``rows`` rows:
+def product_layers(model: torch.nn.Module, config: FastConfig, max_rows: int) -> list:
+    """(module, forward) pairs for ``model``'s one-token and catch-up products in a lane of ``max_rows`` rows:
     the fused q/k/v and other linears (``config.gemv``, ``fuse_qkv``) and the gated MLPs (``fuse_mlp``).
     Empty where Triton does not run on the model's device (cuBLAS everywhere); ``gemv=True`` there is an
     error."""
     if not kernels_run(model, config):
         return []
-    layers = linears.plan(model, TABLE, fuse=config.fuse_qkv, rows=rows)  # the wide tier only for lanes that need it
+    layers = linears.plan(model, TABLE, fuse=config.fuse_qkv, max_rows=max_rows)  # the wide tier only for lanes that need it
     if config.fuse_mlp:  # MLP forwards: installed with the linears' (gemv_linears_on), before the regions'
         act_mul = regions.silu_mul() if config.compile == "parts" else None
-        layers += gated_mlp.plan(model, TABLE, act_mul, rows=rows)
+        layers += gated_mlp.plan(model, TABLE, act_mul, max_rows=max_rows)
     if config.compile == "parts" and config.adds_with_norms:  # the layers fold at one row: their own kernels
         triton_support.precompile(fold_jobs(model, layers), model.device)
     return layers

@@ -77,8 +77,8 @@ def test_pending_lists_what_the_plans_tune(arch, fuse, rows):
     mlp_jobs = gated_mlp.pending(model, {}, rows)
     keys += [gated._key(run.args[1], run.args[0].shape[0]) for _, run in mlp_jobs]
     table = {}
-    linears.plan(model, table, fuse=fuse, rows=rows)  # off CUDA the tuner picks a default without timing
-    gated_mlp.plan(model, table, rows=rows)
+    linears.plan(model, table, fuse=fuse, max_rows=rows)  # off CUDA the tuner picks a default without timing
+    gated_mlp.plan(model, table, max_rows=rows)
     assert len(keys) == len(set(keys)) and set(keys) == set(table)
     assert linears.pending(model, table, fuse, rows) == [] and gated_mlp.pending(model, table, rows) == []
 

@@ -144,6 +144,6 @@ def test_a_lane_of_64_rows_runs_the_wide_tier(device):
     more rows keep the module's own forward. Tuned for the default 16, the wide tier is never tuned."""
     model = kernel_model(device, "qwen2")
     assert all(cfgs[2] is None for _, fn in gated_mlp.plan(model, {}) for cfgs in [fn.args[1]])
-    patches = gated_mlp.plan(model, {}, rows=gemv.WIDE_ROWS)
+    patches = gated_mlp.plan(model, {}, max_rows=gemv.WIDE_ROWS)
     assert all(fn.args[1][2] is not None or device == "cuda" for _, fn in patches)  # on CUDA cuBLAS may win
     assert_wide_tier_runs(model, patches, device)

@@ -133,9 +133,9 @@ def test_a_lane_of_64_rows_runs_the_wide_tier(device, fuse):
     """Tuned for 64 rows, inputs of 17..64 rows run the wide tier (its own configuration per shape); more rows
     keep F.linear."""
     model = kernel_model(device, "llama")
-    table = linears.tune_model(model, rows=gemv.WIDE_ROWS)
+    table = linears.tune_model(model, max_rows=gemv.WIDE_ROWS)
     assert len(table) == 3 * len({gemv.shape_key(m.weight, m.bias) for m in linears.linear_modules(model)})
-    patches = linears.plan(model, table, fuse=fuse, rows=gemv.WIDE_ROWS)
+    patches = linears.plan(model, table, fuse=fuse, max_rows=gemv.WIDE_ROWS)
     assert_wide_tier_runs(model, patches, device)
 
 
