@@ -7,8 +7,9 @@ PIP = $(PYTHON) -m pip
 TORCH ?= torch==2.13.0
 
 SHELL := /bin/bash
-KERNEL_TESTS = tests/fast/test_gemv.py tests/fast/test_gated.py tests/fast/test_folds.py \
-	tests/fast/test_decode_attention.py tests/fast/test_fused_entropy.py tests/fast/test_rope_store.py
+KERNEL_TESTS = tests/fast/kernels/test_gemv.py tests/fast/kernels/test_gated.py tests/fast/patches/test_folds.py \
+	tests/fast/kernels/test_decode_attention.py tests/fast/kernels/test_fused_entropy.py \
+	tests/fast/kernels/test_rope_store.py
 GPU_TESTS = tests/fast tests/multigpu/test_gpu.py
 GPU_RESULT ?= benchmarks/results/gpu_tests.txt
 

@@ -50,7 +50,8 @@ import transformers
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy
 from hf_rstitch.core.roles import Role
-from hf_rstitch.fast import FastConfig, FastEngine, decode_attention, triton_support
+from hf_rstitch.fast import FastConfig, FastEngine
+from hf_rstitch.fast.kernels import decode_attention, triton_support
 from hf_rstitch.fast.buckets import bucket_for
 from hf_rstitch.fast.routes import route, switches
 
@@ -106,7 +107,7 @@ def kv_bytes_per_token(model) -> int:
 def expert_shares(model, tokens: int = 512) -> list[list[float]] | None:
     """Per MoE layer, each expert's share of tokens (the chance a token selects it) on ``tokens`` random ids, read
     from the experts' routing arguments (None for a dense model)."""
-    from hf_rstitch.fast import experts
+    from hf_rstitch.fast.patches import experts
 
     modules = experts.expert_modules(model)
     if not modules:
@@ -127,7 +128,7 @@ def expert_shares(model, tokens: int = 512) -> list[list[float]] | None:
 def model_facts(model) -> dict:
     """Bytes a decode step reads: ``eb.weight_bytes``, the KV bytes of a token, and for an MoE model its dense
     bytes, the bytes of one expert of one layer and the experts' shares (:func:`expert_shares`)."""
-    from hf_rstitch.fast import experts
+    from hf_rstitch.fast.patches import experts
     from hf_rstitch.fast.windows import layer_windows
 
     facts = {**eb.weight_bytes(model), "kv_bytes_per_token": kv_bytes_per_token(model),
@@ -197,7 +198,7 @@ def fast_section(llm, slm, args, res, budget):
     engine = FastEngine(VARIANTS[args.variant], capacity=capacity(args), max_batch=first)
     res["variant"] = {"name": args.variant, "config": repr(engine.config), "split_basis": args.split_basis,
                       "pdl": args.pdl, "decisions": args.decisions}
-    from hf_rstitch.fast import experts
+    from hf_rstitch.fast.patches import experts
     res["experts"] = experts.plan(llm, engine.config.experts).kind
     for batch in args.batches:
         if not budget.allows(30):
@@ -259,7 +260,7 @@ def experts_section(llm, slm, args, res, budget):
     ``--experts-steps`` tokens after a warm-up, ms a step."""
     from dataclasses import replace
 
-    from hf_rstitch.fast import experts
+    from hf_rstitch.fast.patches import experts
 
     if not experts.expert_modules(llm):
         return
@@ -414,10 +415,10 @@ def main() -> None:
     ap.add_argument("--pair", default="qwen2", choices=["qwen2", *PAIRS],
                     help="model shapes: Qwen2 7B / 1.5B, Qwen3-30B-A3B / 0.6B (MoE) or Gemma 3 12B / 1B (hybrid)")
     ap.add_argument("--split-basis", default="written", choices=["written", "capacity"],
-                    help="what the split attention's splits share (hf_rstitch.fast.decode_attention.SPLIT_BASIS): "
+                    help="what the split attention's splits share (hf_rstitch.fast.kernels.decode_attention.SPLIT_BASIS): "
                          "the written slots (the default) or the capacity (the earlier plan, to compare)")
     ap.add_argument("--pdl", default=triton_support.PDL, choices=["off", "one-row", "all"],
-                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.triton_support.PDL; default: its default)")
+                    help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.kernels.triton_support.PDL; default: its default)")
     ap.add_argument("--decisions", default="host", choices=["host", "device"],
                     help="where the replayed routes' hand-over decisions come back: the host (no device read to "
                          "decide) or the GPU, as an entropy policy's do (the loop pays the reads it would)")

@@ -212,7 +212,8 @@ def pair_section(args, llm, slm, generate, device, res) -> None:
 def cache_dirs() -> dict[str, Path]:
     """The compile caches a child without ``--fresh`` uses: inductor's (as hf_rstitch.fast.compile_cache picks
     it), Triton's and the GEMV tuning table."""
-    from hf_rstitch.fast import compile_cache, tuning_cache
+    from hf_rstitch.fast import compile_cache
+    from hf_rstitch.fast.kernels import tuning_cache
 
     inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.environ.get(compile_cache.ENV) or compile_cache.default_dir()
     triton = os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache"

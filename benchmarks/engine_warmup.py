@@ -50,7 +50,7 @@ from engine_profile import summarize
 VARIANTS = {"parts": dict(compile="parts"), "compiled-decode": dict(compile="decode"), "graphs": dict(),
             # without the fused rotary / cache-store / gated-MLP kernels: what they buy
             "parts-unfused": dict(compile="parts", fuse_mlp=False, fuse_rope_store=False, fuse_add_norm=False),
-            # without the residual adds fused with the norms after them (hf_rstitch.fast.add_norm)
+            # without the residual adds fused with the norms after them (hf_rstitch.fast.patches.add_norm)
             "parts-add-norm-apart": dict(compile="parts", fuse_add_norm=False),
             # the adds and norms as compiled pieces at one row too, not folded into the products (fast.folds)
             "parts-no-folds": dict(compile="parts", folds=False)}
@@ -64,7 +64,9 @@ def child(args) -> dict:
     from engine_profile import decode_steps
     from hf_rstitch import ReplayPolicy
     from hf_rstitch.core.roles import Role
-    from hf_rstitch.fast import FastConfig, FastEngine, folds, triton_support
+    from hf_rstitch.fast import FastConfig, FastEngine
+    from hf_rstitch.fast.patches import folds
+    from hf_rstitch.fast.kernels import triton_support
 
     triton_compiles = listen_to_triton()
     start = time.perf_counter()

@@ -8,20 +8,20 @@ The question (issue 39, item 2): does a hand-written kernel of the fast engine b
 shapes we run? Shapes: the attention and MLP dimensions of Qwen3-0.6B, Qwen2-1.5B, Qwen2-7B and Qwen3-8B
 (:data:`SHAPES`), batch 1, 8 and 64, bf16, one decode token a row. Per family, like with like:
 
-* ``attention``: :func:`hf_rstitch.fast.decode_attention._launch` (split-K over the static cache, which reads the
+* ``attention``: :func:`hf_rstitch.fast.kernels.decode_attention._launch` (split-K over the static cache, which reads the
   written slots; ``[rows, kv_heads, slots, dim]``) against FlashInfer's paged decode
   (``BatchDecodeWithPagedKVCacheWrapper``, CUDA-graph mode) twice: over the very same cache tensors as pages
   (``HND``, one page a row: no copy; :class:`hf_rstitch.fast.flashinfer_decode.PagedDecode`, tensor cores), and over
   FlashInfer's own layout, pages of 16 (a copy of the same keys and values), CUDA-core and tensor-core decode;
   at batch 1 also ``single_decode_with_kv_cache`` over our row. KV lengths 512, 4096 and 32768.
   FlashInfer's ``plan`` (host work each step, outside any CUDA graph) is timed apart (``plan_us``).
-* ``add_norm``: ours is a compiled piece (``torch.compile`` of :func:`hf_rstitch.fast.add_norm._add_norm`: the
+* ``add_norm``: ours is a compiled piece (``torch.compile`` of :func:`hf_rstitch.fast.patches.add_norm._add_norm`: the
   residual add rounded to bf16, then the model's RMSNorm) against ``flashinfer.norm.fused_add_rmsnorm`` (in place).
-* ``rope``: :func:`hf_rstitch.fast.rope_store.rotate_qk` (q and k rotated, out of place, bf16 cos/sin as
+* ``rope``: :func:`hf_rstitch.fast.kernels.rope_store.rotate_qk` (q and k rotated, out of place, bf16 cos/sin as
   transformers gives them) against ``flashinfer.rope.apply_rope_with_cos_sin_cache`` (float32 cos/sin cache); and
-  :func:`~hf_rstitch.fast.rope_store.rope_store` (rotate and write k, v into the cache: one launch) against
+  :func:`~hf_rstitch.fast.kernels.rope_store.rope_store` (rotate and write k, v into the cache: one launch) against
   ``apply_rope_with_cos_sin_cache_inplace`` + ``flashinfer.page.append_paged_kv_cache`` (two launches).
-* ``gated``: ours fuses the gate and up products with the activation (:func:`hf_rstitch.fast.gated.launch`, the
+* ``gated``: ours fuses the gate and up products with the activation (:func:`hf_rstitch.fast.kernels.gated.launch`, the
   configuration its tuner picks for the row tier; where the tuner keeps cuBLAS, that is what ours runs) against
   cuBLAS over the concatenated gate/up weight + ``flashinfer.activation.silu_and_mul``; and the activation alone:
   ``silu_and_mul`` against the compiled ``silu(g) * u`` (what ``compile="parts"`` runs without the fused MLP).
@@ -175,7 +175,7 @@ def attention_reference(q, keys, values, length: int, scale: float, rows) -> lis
 
 def attention(run: Run, fi, name: str, s: Shape, batch: int, length: int) -> None:
     torch = run.torch
-    from hf_rstitch.fast import decode_attention as da
+    from hf_rstitch.fast.kernels import decode_attention as da
 
     dev = run.device
     keys = torch.randn(batch, s.kv_heads, length, s.head_dim, dtype=run.dtype, device=dev)
@@ -278,7 +278,7 @@ def add_norm(run: Run, fi, name: str, s: Shape, batch: int) -> None:
     torch = run.torch
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-    from hf_rstitch.fast.add_norm import _add_norm
+    from hf_rstitch.fast.patches.add_norm import _add_norm
 
     dev = run.device
     norm = Qwen2RMSNorm(s.hidden, eps=s.eps).to(dev, run.dtype)
@@ -314,7 +314,7 @@ def add_norm(run: Run, fi, name: str, s: Shape, batch: int) -> None:
 # ---- rotary ------------------------------------------------------------------------------------------------
 def rope(run: Run, fi, name: str, s: Shape, batch: int, length: int = 4096) -> None:
     torch = run.torch
-    from hf_rstitch.fast.rope_store import rope_store, rotate_qk
+    from hf_rstitch.fast.kernels.rope_store import rope_store, rotate_qk
 
     dev, d = run.device, s.head_dim
     positions = torch.randint(0, length, (batch,), device=dev)
@@ -386,8 +386,8 @@ def gated(run: Run, fi, name: str, s: Shape, batch: int) -> None:
     torch = run.torch
     import torch.nn.functional as F
 
-    from hf_rstitch.fast import gated as ours
-    from hf_rstitch.fast.gemv import MAX_ROWS, WIDE_ROWS
+    from hf_rstitch.fast.kernels import gated as ours
+    from hf_rstitch.fast.kernels.gemv import MAX_ROWS, WIDE_ROWS
 
     dev, n = run.device, s.intermediate
     gate = torch.randn(n, s.hidden, dtype=run.dtype, device=dev) * s.hidden ** -0.5

@@ -1,6 +1,6 @@
 """Where a one-token step of many rows spends its time: the LLM's (random Qwen2 7B shape) device kernels by name at
 B = 64, 128, 256, next to the graph-replayed step, so the cost past 64 rows (products on cuBLAS GEMMs,
-``hf_rstitch.fast.gemv.GEMM_ROWS``) is read from kernels, not guessed.
+``hf_rstitch.fast.kernels.gemv.GEMM_ROWS``) is read from kernels, not guessed.
 
     PYTHONPATH=. python benchmarks/wide_rows_profile.py --out-dir $OUT            # one GPU, ~60 s
     PYTHONPATH=. python benchmarks/wide_rows_profile.py --out-dir /tmp/w --cpu-smoke

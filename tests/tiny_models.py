@@ -108,7 +108,7 @@ def kernel_model(device, arch: str = "llama"):
 def assert_compiles_like_eager(model, patches, device) -> None:
     """A one-token forward with ``patches`` installed, through ``torch.compile(fullgraph=True)``, equals
     the model's own eager forward (the kernels' custom ops trace)."""
-    from hf_rstitch.fast import linears
+    from hf_rstitch.fast.patches import linears
 
     one = torch.randint(0, 97, (1, 1), device=device)
     step = torch.compile(lambda ids: model(ids).logits, fullgraph=True)
@@ -121,7 +121,8 @@ def assert_compiles_like_eager(model, patches, device) -> None:
 def assert_wide_tier_runs(model, patches, device) -> None:
     """With ``patches`` (tuned for 64 rows) installed, an input of 17..64 rows gives the model's own logits
     to float32 rounding (the wide tier), and one of more rows exactly its own (the module's forward)."""
-    from hf_rstitch.fast import gemv, linears
+    from hf_rstitch.fast.kernels import gemv
+    from hf_rstitch.fast.patches import linears
 
     wide, past = (torch.randint(0, 97, (1, n), device=device) for n in (gemv.MAX_ROWS + 3, gemv.WIDE_ROWS + 3))
     with torch.no_grad():

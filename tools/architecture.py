@@ -52,8 +52,9 @@ LAYERS = {
     "hf_rstitch.eval": 3, "hf_rstitch.serve": 3, "hf_rstitch.toyworld": 3,
     "hf_rstitch.router.train": 3, "hf_rstitch.router.rollout": 3, "hf_rstitch.router.dapo": 3,
 }
-KERNEL_TESTS = [f"tests/fast/test_{name}.py" for name in
-                ("gemv", "gated", "folds", "decode_attention", "fused_entropy", "rope_store")]
+KERNEL_TESTS = [f"tests/fast/{name}.py" for name in
+                ("kernels/test_gemv", "kernels/test_gated", "patches/test_folds", "kernels/test_decode_attention",
+                 "kernels/test_fused_entropy", "kernels/test_rope_store")]
 # a place that resolves an engine spec: compares it with an engine name, or calls a piece of resolution
 # (the env default, the "auto" decision, the old partial resolver); a call of the one resolver is a use, not a place
 RESOLVING = re.compile(r"""(engine|spec)\w*\s*[!=]=\s*["'](default|fast|auto)["']"""

@@ -18,6 +18,10 @@ SETTINGS = ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "HF_HOME", "HF_RSTITCH_ENGINE",
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the list")
+    parser.add_argument("--plan", action="store_true", help=(
+        "also print which kernels and patches the fast engine's lanes run (stitch_engine='auto''s configuration) "
+        "for the shipped pair on --device: FastLane.plan"))
+    parser.add_argument("--device", default="auto", help="the device of --plan: auto (cuda if available), cuda, cpu")
 
 
 def _version(package: str) -> str:
@@ -49,12 +53,26 @@ def collect() -> dict[str, str]:
     return info
 
 
+def fast_plans(device: str = "auto") -> dict:
+    """``{"llm": FastPlan, "slm": FastPlan}``: the lanes ``stitch_engine="auto"`` would build for the shipped pair
+    on ``device`` (one row each; :mod:`hf_rstitch.fast.plan`). Loads the pair, builds no lane."""
+    from ..hf.loading import resolve_device
+    from ..fast import AUTO, plan_for
+    from ..toyworld.pair import load_pair
+
+    llm, slm, _ = load_pair(resolve_device(device))
+    return {"llm": plan_for(llm, AUTO), "slm": plan_for(slm, AUTO)}
+
+
 def run(args: argparse.Namespace) -> int:
     info = collect()
+    plans = fast_plans(args.device) if args.plan else {}
     if args.json:
         import json
 
-        print(json.dumps(info))
+        print(json.dumps({**info, **{f"fast plan {role}": plan.as_dict() for role, plan in plans.items()}}))
     else:
         print("\n".join(f"- {k}: {v}" for k, v in info.items()))
+        for role, plan in plans.items():
+            print(f"\n{role.upper()} {plan}")
     return 0

@@ -62,22 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(cfg: GenerateConfig):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from ..hf.loading import load_pair
+    from ..resources import resolve
 
-    dtype = getattr(torch, cfg.dtype)
-    if not cfg.llm:
-        from ..toyworld.pair import load_pair
-
-        llm, slm, tok = load_pair(cfg.device)
-        return llm.to(dtype), slm.to(dtype), tok
-    from ..sources import check_hub_source
-
-    check_hub_source(cfg.llm, "--llm")
-    check_hub_source(cfg.slm, "--slm")
-    llm = AutoModelForCausalLM.from_pretrained(cfg.llm, dtype=dtype).to(cfg.device).eval()
-    slm = AutoModelForCausalLM.from_pretrained(cfg.slm, dtype=dtype).to(cfg.device).eval()
-    return llm, slm, AutoTokenizer.from_pretrained(cfg.llm)
+    return load_pair(cfg.llm or resolve("shipped:llm"), cfg.slm or resolve("shipped:slm"), cfg.dtype, cfg.device)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..hf.loading import load_pair, resolve_device
 from .config import RECORDS, RUN_META, EvalConfig  # noqa: F401  (RECORDS, RUN_META: the run's files)
 from .data import load_problems
 from .provenance import model_provenance
@@ -22,44 +23,6 @@ from .report import environment, regrade, table1_markdown, aggregate, write_repo
 from .runner import OutLock, RecordStore, run_eval
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-def resolve_dtype(dtype: str, device: str) -> Any:
-    import torch
-
-    if dtype == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return getattr(torch, dtype)
-
-
-def load_pair(llm: str, slm: str, dtype: str, device: str) -> tuple[Any, Any, Any]:
-    """(llm, slm, tokenizer) from two checkpoints (local folders or Hub ids) in ``dtype`` (:data:`~.config.DTYPES`)
-    on ``device``; the two tokenizers must share a vocabulary. ``rstitch eval``, ``rstitch tune`` and the router's
-    training load a pair through here."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..sources import check_hub_source
-
-    check_hub_source(llm, "--llm")  # a Hub id that cannot load fails in a second, not after minutes of retries
-    check_hub_source(slm, "--slm")
-    tok = AutoTokenizer.from_pretrained(llm)
-    slm_tok = AutoTokenizer.from_pretrained(slm)
-    if tok.get_vocab() != slm_tok.get_vocab():
-        raise ValueError(
-            f"the LLM ({llm}) and SLM ({slm}) tokenizers differ; stitching and speculative decoding "
-            "pass token ids between the models, so pick a pair from one tokenizer family."
-        )
-    torch_dtype = resolve_dtype(dtype, device)
-    models = [AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype).to(device).eval() for p in (llm, slm)]
-    return models[0], models[1], tok
 
 
 def clear_stitch_defaults(model: Any) -> None:

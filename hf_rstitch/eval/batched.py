@@ -81,10 +81,18 @@ def batched_records(methods: Sequence[Method], problems: Sequence[Problem], toke
     return records
 
 
+def llm_alone_ms(latency: Any, prompt_len: int, n_tokens: int) -> float:
+    """Predicted latency of the LLM writing ``n_tokens`` after a ``prompt_len`` prompt: a prefill, then decode steps."""
+    calls = [{"role": "llm", "n_inf": prompt_len, "n_kv": 0}]
+    calls += [{"role": "llm", "n_inf": 1, "n_kv": prompt_len + i} for i in range(n_tokens - 1)]
+    return latency.predict_trace({"calls": calls, "roles": ["llm"] * n_tokens})
+
+
 def summarize(records: Sequence[dict[str, Any]], latency_model: Any = None) -> list[dict[str, Any]]:
     """One row per method: accuracy, mean tokens per model, switches, LLM-token share, wall seconds
-    of its batches, and -- for stitched methods, given a :class:`~hf_rstitch.latency.LatencyModel`
-    and records with traces -- the mean estimated latency ``latency_ms`` (paper Eq. 4)."""
+    of its batches, and -- given a :class:`~hf_rstitch.latency.LatencyModel` -- the mean estimated latency
+    ``latency_ms`` (paper Eq. 4) of stitched methods whose records hold traces, and of the LLM alone from
+    each row's prompt and answer lengths (:func:`llm_alone_ms`)."""
     by_method: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         by_method.setdefault(r["method"], []).append(r)
@@ -100,6 +108,9 @@ def summarize(records: Sequence[dict[str, Any]], latency_model: Any = None) -> l
         traced = [r["trace"] for r in recs if "trace" in r]
         if latency_model is not None and traced:  # stitched methods (the others record no trace)
             row["latency_ms"] = statistics.fmean(latency_model.predict_trace(t) for t in traced)
+        elif latency_model is not None and row["kind"] == "llm":
+            row["latency_ms"] = statistics.fmean(llm_alone_ms(latency_model, r["prompt_tokens"], r["new_tokens"])
+                                                 for r in recs)
         rows.append(row)
     return rows
 

@@ -9,9 +9,9 @@ keeps the eager engine; ``"fast"``, a :class:`FastConfig` or a :class:`FastEngin
 for this one. It swaps the eager :class:`~hf_rstitch.engine.Lane` (forwards over a DynamicCache,
 host-bound at a few hundred kernel launches per token) for :class:`FastLane`: a static KV cache,
 one-token steps and bucketed catch-up prefills replayed as CUDA graphs per batch bucket, attention that reads only
-the written slots (:mod:`.decode_attention`), linear products of up to 64 rows through tuned Triton
-kernels (:mod:`.gemv`, :mod:`.gated`), and each step's logits read out of the graph with their hand-over
-entropy and greedy token in two kernels (:mod:`.fused_entropy`).
+the written slots (:mod:`hf_rstitch.fast.kernels.decode_attention`), linear products of up to 64 rows through tuned Triton
+kernels (:mod:`hf_rstitch.fast.kernels.gemv`, :mod:`hf_rstitch.fast.kernels.gated`), and each step's logits read out of the graph with their hand-over
+entropy and greedy token in two kernels (:mod:`hf_rstitch.fast.kernels.fused_entropy`).
 The stitch loop, policies, trace and outputs are the default engine's.
 
 What it does not do: sliding-window or hybrid attention, encoder-decoders.
@@ -22,9 +22,11 @@ how the CPU tests check it against the default engine. See docs/fast-engine.md.
 from .buckets import bucket_for, bucket_sizes
 from .engine import AUTO, NO_TRITON, FastEngine, choose_engine, engine_for, release, why_not_fast, why_not_triton
 from .lane import FastConfig, FastLane, check_supported
+from .plan import FastPlan, plan_for
 from .resolve import fast_engine
 from .static_kv import StaticKV, static_attention, static_attention_sdpa
 
-__all__ = ["AUTO", "NO_TRITON", "FastConfig", "FastEngine", "FastLane", "StaticKV", "bucket_for", "bucket_sizes",
-           "check_supported", "choose_engine", "engine_for", "fast_engine", "release", "static_attention",
+__all__ = ["AUTO", "NO_TRITON", "FastConfig", "FastEngine", "FastLane", "FastPlan", "StaticKV", "bucket_for",
+           "bucket_sizes", "check_supported", "choose_engine", "engine_for", "fast_engine", "plan_for", "release",
+           "static_attention",
            "static_attention_sdpa", "why_not_fast", "why_not_triton"]

@@ -9,7 +9,8 @@ import torch
 from transformers import PreTrainedModel
 
 from .buckets import bucket_sizes
-from . import experts, windows
+from .patches import experts
+from . import windows
 from .kv_shapes import kv_shape
 from .static_kv import ATTENTIONS
 
@@ -67,7 +68,7 @@ class FastConfig:
 def check_supported(model: PreTrainedModel, batch_size: int = 1) -> None:
     """Raise a clear error if ``model`` cannot run in a FastLane (any batch size >= 1): an encoder-decoder,
     layers other than full and sliding-window attention (:func:`.windows.why_not`), experts that do not
-    dispatch through transformers' experts interface (:func:`.experts.why_not`), a forward without an
+    dispatch through transformers' experts interface (:func:`hf_rstitch.fast.patches.experts.why_not`), a forward without an
     attention mask, layers whose keys and values one static cache cannot hold (:func:`~hf_rstitch.fast.kv_shapes.kv_shape`), or a dtype
     its GPU lacks (:func:`dtype_refusal`)."""
     if batch_size < 1:

@@ -24,6 +24,7 @@ from transformers import PreTrainedModel
 
 from ..core.roles import Role
 from .lane import FastConfig, FastLane, check_supported
+from .plan import FastPlan
 from .support import why_not_fast
 
 log = logging.getLogger("hf_rstitch.fast")
@@ -40,7 +41,9 @@ class FastEngine:
         config: :class:`FastConfig` shared by both lanes.
         capacity: minimum cache capacity in tokens; a generation needing more rebuilds its lanes.
         max_batch: minimum rows the lanes hold; a generation with a larger batch rebuilds them (each
-            batch size up to it runs in the graphs of its batch bucket, captured on first use).
+            batch size up to it runs in the graphs of its batch bucket, captured on first use). Below the
+            engine it is one name, ``max_rows``: :class:`FastLane`'s, its plan's, and the products' down to
+            the GEMV tiers they tune (:func:`~hf_rstitch.fast.kernels.gemv.tiers_for`).
         capacity_step: lanes are built for a multiple of this many tokens, so that generations of
             slightly different lengths (prompts of another length, one more new token) reuse them
             instead of rebuilding (a rebuild recaptures every graph: seconds for a 7B pair). The
@@ -86,6 +89,11 @@ class FastEngine:
             Role.SLM: self.lane(slm, Role.SLM, vocab, capacity, timing, batch_size),
             Role.LLM: self.lane(llm, Role.LLM, vocab, capacity, timing, batch_size),
         }
+
+    def plans(self) -> dict[Role, FastPlan]:
+        """The plan of each lane built so far (``print(engine.plans()[Role.LLM])``: which kernels and patches it
+        runs, :mod:`hf_rstitch.fast.plan`)."""
+        return {role: lane.plan for role, lane in self._lanes.items()}
 
     def capture_seconds(self) -> float:
         """Host seconds spent warming up and recording graphs (compilation included)."""

@@ -69,7 +69,7 @@ class PagedDecode:
                  cuda_graph: bool = False):
         reason = why_not(keys.device, keys.shape[-1], keys.dtype)
         if reason is not None:
-            raise RuntimeError(f"PagedDecode cannot run here: {reason}. Use hf_rstitch.fast.decode_attention "
+            raise RuntimeError(f"PagedDecode cannot run here: {reason}. Use hf_rstitch.fast.kernels.decode_attention "
                                "(the fast engine's default) instead.")
         if keys.shape != values.shape or not (keys.is_contiguous() and values.is_contiguous()):
             raise ValueError(f"PagedDecode needs contiguous keys and values of one shape [rows, kv_heads, slots, dim], "

@@ -13,17 +13,17 @@ the shared sequence it has not seen, return the last column's logits -- with the
   a smaller bucket, then a few cache rows move). A longer catch-up (a long run of the other model,
   or a long prompt) runs as several calls of the largest bucket and one for the rest;
 * attention reads only the slots written so far, in one split-K Triton kernel per layer
-  (:mod:`hf_rstitch.fast.decode_attention`; ``FastConfig(attention="split")``, the default where
+  (:mod:`hf_rstitch.fast.kernels.decode_attention`; ``FastConfig(attention="split")``, the default where
   Triton runs), not every slot of the static cache;
 * one-row products of the linear layers run a Triton GEMV kernel tuned per weight shape on the
-  device (:mod:`hf_rstitch.fast.gemv`; where Triton is installed), cuBLAS otherwise;
+  device (:mod:`hf_rstitch.fast.kernels.gemv`; where Triton is installed), cuBLAS otherwise;
 * optionally the step is compiled with ``torch.compile`` (fused elementwise kernels) before
   it is captured.
 
 Per call the host does: one device copy of the new token ids into the graph's input buffer, a ``fill_`` of
 the real-token count for padded buckets, one replay, one read-out of the logits from the graph's buffer (the
 next replay of either lane overwrites it): on CUDA two small kernels that also find each row's entropy and
-greedy token (:func:`~hf_rstitch.fast.fused_entropy.read_out`; :mod:`hf_rstitch.fast.lane_outputs`).
+greedy token (:func:`~hf_rstitch.fast.kernels.fused_entropy.read_out`; :mod:`hf_rstitch.fast.lane_outputs`).
 It never waits for the device except at the first call of a generation (the prompts' padding) and when rows
 leave; the stitch loop's routing decision is the only other sync.
 
@@ -33,6 +33,9 @@ attend to them. Prompts may be left-padded; those slots are masked out of their 
 
 Rows leaving, joining, waiting and the shared columns moving (the request engine's verbs) are in
 :mod:`hf_rstitch.fast.lane_rows`.
+
+Which of these a lane runs is decided once, when it is built, by :func:`~hf_rstitch.fast.plan.plan_for`:
+``lane.plan`` (printable) names every kernel and patch, and the lane builds what it names.
 
 Reuse: a lane keeps its graphs across generations (:meth:`reset`); graphs record the model's
 weight addresses, so replace no parameter tensors of a model while a lane for it is alive
@@ -54,24 +57,31 @@ from transformers import AttentionInterface, PreTrainedModel
 from ..core.roles import Role
 from ..engine.lane import left_padding
 from ..engine.step import to_device
-from . import compile_cache, experts, linears, products, regions, rope_store, rotary_table, triton_support
-from .buckets import bucket_for, bucket_sizes, round_up
+from . import compile_cache
+from .patches import experts, linears, products, regions, rotary_table
+from .kernels import rope_store, triton_support
+from .buckets import bucket_for, round_up
 from .config import FastConfig, check_supported
-from .decode_attention import decode_attention, refuse_fallback, runs_for
-from .decode_attention import pending as attention_pending
+from .kernels.decode_attention import decode_attention, refuse_fallback
+from .kernels.decode_attention import pending as attention_pending
 from .graphs import GraphRunner
 from .kv_shapes import kv_shape
 from .lane_outputs import Outputs
 from .lane_rows import RowOps
-from .products import product_layers
+from .plan import FastPlan, plan_for
+from .patches.products import product_layers
 from .rows import RowSlots
 from .static_kv import KV_CHUNK, StaticKV, static_attention, static_attention_on, static_attention_sdpa
-from .windows import layer_windows
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _warn_eager(device: torch.device) -> None:
+    warnings.warn(f"the fast engine runs its static-cache steps eagerly on {device} (CUDA graphs need CUDA): same "
+                  "outputs, no speed-up. Pass FastConfig(graphs=False) to silence this.", stacklevel=3)
 
 
 def _allow_recompiles(limit: int) -> None:
@@ -101,18 +111,16 @@ class FastLane(Outputs, RowOps):
         self.config = config = config or FastConfig()
         self.model, self.role, self.vocab, self.timing = model, role, vocab, timing
         self.device = dev = model.device
-        graphs = dev.type == "cuda" if config.graphs is None else config.graphs
-        if config.graphs is None and not graphs:
-            warnings.warn(f"the fast engine runs its static-cache steps eagerly on {dev} (CUDA graphs need "
-                          "CUDA): same outputs, no speed-up. Pass FastConfig(graphs=False) to silence this.",
-                          stacklevel=2)
-        self.graphs = GraphRunner(dev) if graphs else None  # raises off CUDA
-        self._run_ahead = graphs if config.run_ahead is None else config.run_ahead  # see engine.protocol
         self.capacity = capacity
-        self.buckets = bucket_sizes(config.max_bucket)
         self.rows = RowSlots(max_rows)  # live row -> cache row, per-row trace bookkeeping
         n_slots = round_up(capacity + config.max_bucket, KV_CHUNK)  # padded writes stay inside; whole chunks
         self.cache = StaticKV(model.config, n_slots, model.dtype, dev, rows=max_rows, shape=kv_shape(model))
+        self.plan = plan = plan_for(model, config, max_rows, self.cache.head_dim)  # every kernel and patch it runs
+        if config.graphs is None and not plan.graphs:
+            _warn_eager(dev)
+        self.graphs = GraphRunner(dev) if plan.graphs else None  # raises off CUDA
+        self._run_ahead = plan.run_ahead  # see engine.protocol
+        self.buckets = plan.length_buckets
         self.slot_ids = torch.arange(n_slots, device=dev)  # [S]
         self.valid = torch.ones(max_rows, n_slots, dtype=torch.bool, device=dev)  # False on left-padding slots
         self.n_pad = torch.zeros(max_rows, dtype=torch.long, device=dev)  # left-padding columns of each cache row
@@ -127,35 +135,43 @@ class FastLane(Outputs, RowOps):
         self._join_lane = None  # a lane of the same model that prefills joining rows (lane_rows, .joins)
         self._read = None  # (logits, entropy, greedy) of the last read-out (_read_out)
         start = time.perf_counter()
-        self._precompile(config)
+        self._precompile()
         self.gemv_layers = product_layers(model, config, max_rows)  # [] keeps cuBLAS everywhere
         self.gemv_tune_seconds = time.perf_counter() - start
-        self._attention = self._register_attention(config.attention)
-        self._experts = experts.plan(model, config.experts)  # MoE: a dispatch that stays on the device (.experts)
+        self._attention = self._register_attention(plan.attention)
+        self._experts = experts.plan(model, plan.experts)  # MoE: a dispatch that stays on the device (.experts)
         # the split kernel masks by the write offset and padding counts: no step builds a mask it would not read
-        self._no_mask = torch.ones(1, 1, n_slots, dtype=torch.bool, device=dev) if self._mask_free else None
+        self._no_mask = torch.ones(1, 1, n_slots, dtype=torch.bool, device=dev) if plan.mask_free else None
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
+        self._rotation(plan, n_slots)
+        self._compile(plan)
+        # rotation and cache store as one kernel a layer, for models whose layers allow it (rope_store)
+        self._defer = bool(self._rotary) and plan.defer_rotation and rope_store.defers_exactly(model, self._probe)
+
+    def _rotation(self, plan: FastPlan, n_slots: int) -> None:
+        """The rotary patches ``plan`` names: the rope_store kernels in place of the modelling modules'
+        ``apply_rotary_pos_emb`` (module globals to swap, as regions do) with the cache's one-kernel store, and
+        the cos / sin tables of its ``n_slots`` positions (instance forwards)."""
+        self._rotary = rope_store.plan(self.model) if plan.rope_store else []
+        self.cache.fused_store = plan.rope_store
+        self._rotary_tables = rotary_table.plan(self.model, n_slots) if plan.rotary_table else []
+
+    def _compile(self, plan: FastPlan) -> None:
+        """The steps and pieces ``plan.compile`` names: the elementwise regions (``"parts"``), or the one-token
+        step and, with ``"all"``, every bucket's, compiled whole before capture."""
         self._decode_step = self._compiled_bucket = self._forward  # eager kernels (recorded in graphs on CUDA)
         self._regions = None
-        fused = config.fuse_rope_store and config.compile in (None, "parts") and triton_support.available(dev)
-        self._rotary = rope_store.plan(model) if fused else []  # module globals to swap, as regions do
-        self.cache.fused_store = fused
-        tables = config.rotary_table and config.compile in (None, "parts")
-        self._rotary_tables = rotary_table.plan(model, n_slots) if tables else []  # instance forwards
-        if config.compile is not None:
+        if plan.compile is not None:
             compile_cache.use_persistent_cache()  # a later process reuses the kernels compiled here
-        if config.compile == "parts":
-            _allow_recompiles(64)  # a new model class or norm class is a new compile
-            self._regions = regions.plan(model, keep_rotary=[m for m, _, _ in self._rotary],
-                                         add_norm=config.adds_with_norms, products=self.gemv_layers)
-        elif config.compile is not None:  # static compiles: 1-token steps, and with "all" each bucket size
-            _allow_recompiles(64)  # (a symbolic length took minutes on 7B)
+            _allow_recompiles(64)  # a new model or norm class is a new compile (a symbolic length took minutes on 7B)
+        if plan.compile == "parts":
+            self._regions = regions.plan(self.model, keep_rotary=[m for m, _, _ in self._rotary],
+                                         add_norm=plan.add_norm, products=self.gemv_layers, fold=plan.fold_norms)
+        elif plan.compile is not None:  # static compiles: 1-token steps, and with "all" each bucket size
             self._decode_step = torch.compile(self._forward, fullgraph=True, dynamic=False)
-        if config.compile == "all":
+        if plan.compile == "all":
             self._compiled_bucket = torch.compile(self._forward, fullgraph=True, dynamic=False)
-        # rotation and cache store as one kernel a layer, for models whose layers allow it (rope_store)
-        self._defer = bool(self._rotary) and rope_store.DEFER and rope_store.defers_exactly(model, self._probe)
 
     @property
     def max_rows(self) -> int:
@@ -249,32 +265,24 @@ class FastLane(Outputs, RowOps):
         self.valid[:b, :t].copy_(to_device(host, self.device))
         self._slot_index = None
 
-    @property
-    def _mask_free(self) -> bool:
-        """Every attention call of this lane runs the split kernel, which reads no mask (see
-        :func:`~hf_rstitch.fast.decode_attention.supported`: Triton here, a power-of-two head size >= 16, no
-        float64): the steps pass a mask they do not compute."""
-        return self.config.attention == "split" and runs_for(self.cache.head_dim, self.model.dtype, self.device)
-
-    def _precompile(self, config: FastConfig) -> None:
+    def _precompile(self) -> None:
         """Build at once, in parallel threads, the Triton kernels this lane would build one by one: the tuner's
         candidates and the split attention of every batch and length bucket (results/engine_warmup_*.md)."""
-        jobs = products.pending(self.model, config, self.max_rows)
-        if config.attention == "split" and triton_support.available(self.device):
+        jobs = products.pending(self.model, self.config, self.max_rows)
+        if self.plan.attention == "split":
             heads = self.model.config.get_text_config().num_attention_heads
             jobs += attention_pending(self.cache.keys[0], self.cache.values[0], self.cache.pos, self.n_pad,
                                       heads, self.rows.sizes, sorted(set(self.buckets) | {1}),
-                                      layer_windows(self.model.config))
+                                      list(self.plan.windows))
         triton_support.precompile(jobs, self.device)
 
     def _register_attention(self, kind: str) -> str:
-        """The attention this lane runs, by registered name: a per-lane function bound to this lane's write
-        offset, padding counts (``"split"``) and the model's layer windows (unregistered when the lane goes)."""
-        if kind == "split" and not triton_support.available(self.device):  # every call would take the fallback
-            kind = "matmul"
-        windows = layer_windows(self.model.config)
+        """The attention this lane runs (``plan.attention``), by registered name: a per-lane function bound to this
+        lane's write offset, padding counts (``"split"``) and the model's layer windows (unregistered when the
+        lane goes). Where the plan says every call runs the split kernel (``mask_free``), its fallback refuses."""
+        windows = list(self.plan.windows)
         if kind == "split":
-            fallback = refuse_fallback if self._mask_free else functools.partial(static_attention, pos=self.cache.pos,
+            fallback = refuse_fallback if self.plan.mask_free else functools.partial(static_attention, pos=self.cache.pos,
                                                                                  windows=windows)
             function = functools.partial(decode_attention, pos=self.cache.pos, pad=self.n_pad, fallback=fallback,
                                          windows=windows)

@@ -1,6 +1,6 @@
 """What a :class:`~hf_rstitch.fast.lane.FastLane` call gives back: the live rows of its graph's outputs, read out
 of the graph's buffers (the next replay of either lane overwrites them), and the entropy and greedy token of
-the logits it returned (:func:`~hf_rstitch.fast.fused_entropy.read_out` finds them on the way, on CUDA).
+the logits it returned (:func:`~hf_rstitch.fast.kernels.fused_entropy.read_out` finds them on the way, on CUDA).
 
 A mixin over the lane's state: ``device``, row bookkeeping (``rows``), the live-row order on the device
 (``_slot_index``) and the last read-out (``_read``).
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..core.entropy import normalized_entropy
-from . import fused_entropy
+from .kernels import fused_entropy
 
 
 class Outputs:
@@ -20,7 +20,7 @@ class Outputs:
     def entropy(self, logits: torch.Tensor) -> torch.Tensor:
         """The normalized entropy of ``logits`` (this lane's, ``[B, vocab]``): found when the logits were read
         out of the graph (the ones :meth:`advance` last returned), else on CUDA the fused kernels of
-        :mod:`.fused_entropy` (one read of the logits, not half a dozen passes), elsewhere the eager function
+        :mod:`hf_rstitch.fast.kernels.fused_entropy` (one read of the logits, not half a dozen passes), elsewhere the eager function
         (CPU tests compare engines' entropies to 1e-9, the same arithmetic)."""
         found = self._read_for(logits)
         if found is not None:
@@ -37,7 +37,7 @@ class Outputs:
 
     def _read_out(self, out: torch.Tensor, device: torch.device) -> torch.Tensor:
         """The live rows of the graph's logits ``out`` as a new float32 tensor on ``device``. On CUDA one pass
-        (:func:`.fused_entropy.read_out`) also finds their entropy and greedy tokens (:meth:`entropy`,
+        (:func:`hf_rstitch.fast.kernels.fused_entropy.read_out`) also finds their entropy and greedy tokens (:meth:`entropy`,
         :meth:`greedy`); elsewhere, or on another device than the lane's, a plain copy."""
         self._read = None
         if device != self.device or self.device.type != "cuda" or not fused_entropy.supported(out):

@@ -148,6 +148,8 @@ class RowOps:
             lane = type(self)(self.model, self.role, self.vocab, self.capacity,
                               dataclasses.replace(self.config, gemv=False), max_rows=rows)
             lane.gemv_layers = self.gemv_layers
+            lane.plan = dataclasses.replace(lane.plan, products=self.plan.products, gemv_tiers=self.plan.gemv_tiers,
+                                            fuse_qkv=self.plan.fuse_qkv, fuse_mlp=self.plan.fuse_mlp)
             self._join_lane = lane
         return self._join_lane
 

@@ -80,14 +80,14 @@ class StaticKV:
         b = key_states.shape[0]
         keys, values = self.keys[layer_idx][:b], self.values[layer_idx][:b]
         pending, self.pending = self.pending, None
-        if pending is not None:  # q and k rotated, k and v stored: one kernel (hf_rstitch.fast.rope_store)
+        if pending is not None:  # q and k rotated, k and v stored: one kernel (hf_rstitch.fast.kernels.rope_store)
             if pending.k is not key_states:
                 raise RuntimeError(f"layer {layer_idx} stored other keys than it rotated; this model's attention "
                                    "code is not the one the fast engine's deferred rotation supports. Build the lane "
                                    "with FastConfig(fuse_rope_store=False).")
             torch.ops.hf_rstitch.rope_store(pending.q, key_states, value_states, pending.cos, pending.sin, self.slots,
                                             pending.q_out, keys, values)
-        elif self.fused_store:  # one kernel for both (hf_rstitch.fast.rope_store)
+        elif self.fused_store:  # one kernel for both (hf_rstitch.fast.kernels.rope_store)
             torch.ops.hf_rstitch.store_kv(key_states, value_states, self.slots, keys, values)
         else:
             keys.index_copy_(2, self.slots, key_states)

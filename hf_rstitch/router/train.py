@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..hf.loading import resolve_device
 from .config import RouterTrainConfig
 from .dapo import dapo_loss, dynamic_sampling_mask, group_advantages, reward
 from .model import Router
@@ -37,20 +38,12 @@ from .rollout import Grader, Trajectory, default_grader, encode_prompts, rollout
 # --- set-up ----------------------------------------------------------------------------------------
 
 
-def resolve_device(device: str) -> str:
-    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-
-
 def load_models(cfg: RouterTrainConfig, device: str):
     """(llm, slm, tokenizer), float32, eval mode, frozen."""
-    if not cfg.llm:
-        from ..toyworld.pair import load_pair
+    from ..hf.loading import load_pair
+    from ..resources import resolve
 
-        llm, slm, tok = load_pair(device)
-    else:
-        from ..eval.api import load_pair
-
-        llm, slm, tok = load_pair(cfg.llm, cfg.slm, "float32", device)
+    llm, slm, tok = load_pair(resolve(cfg.llm or "shipped:llm"), resolve(cfg.slm or "shipped:slm"), "float32", device)
     for m in (llm, slm):
         m.requires_grad_(False)
         if getattr(m.generation_config, "stitch_threshold", None) is not None:

@@ -53,13 +53,12 @@ def load_model(role: str, device: str = "cpu", root: str | Path = ASSETS):
 
 
 def load_pair(device: str = "cpu", root: str | Path = ASSETS):
-    """``(llm, slm, tokenizer)`` of the shipped pair, float32, on ``device``."""
-    from transformers import AutoTokenizer
+    """``(llm, slm, tokenizer)`` of the shipped pair, float32, on ``device`` (:func:`hf_rstitch.hf.loading.load_pair`)."""
+    from ..hf.loading import load_pair as load
 
     root = Path(root)
     _check(root)
-    tokenizer = AutoTokenizer.from_pretrained(root / "llm")
-    return load_model("llm", device, root), load_model("slm", device, root), tokenizer
+    return load(str(root / "llm"), str(root / "slm"), "float32", device)
 
 
 def load_test_split(root: str | Path = ASSETS) -> list[dict]:

@@ -30,6 +30,8 @@ from typing import Iterator
 
 from hf_rstitch.toyworld import tasks
 
+from ..hf.loading import resolve_device
+
 # Model shapes and training defaults of each preset. "tiny" is for tests and CPU smoke runs.
 PRESETS: dict[str, dict] = {
     "llm": dict(arch="llama", hidden_size=256, num_layers=12, num_heads=4, intermediate_size=704,
@@ -249,14 +251,6 @@ def lr_factor(progress: float, step: int, warmup_steps: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def _resolve_device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
 def _score(entry: dict) -> float:
     return entry["accuracy"] + entry.get("other_accuracy", 0.0)
 
@@ -277,7 +271,7 @@ def train(cfg: TrainConfig, tokenizer=None, log=print) -> dict:
     from hf_rstitch.toyworld.tokenizer import build_default_tokenizer
 
     torch.manual_seed(cfg.seed)
-    device = _resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
     tokenizer = tokenizer or build_default_tokenizer()
     model = build_model(cfg, tokenizer).to(device)
     n_params = sum(p.numel() for p in model.parameters())

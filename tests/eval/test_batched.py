@@ -61,3 +61,16 @@ def test_latency_model_estimates_stitched_rows():
     recs = [{"method": "m", "kind": "rstitch", "param": 0.1, "correct": True, "new_tokens": 1, "llm_tokens": 0,
              "slm_tokens": 1, "switches": 0, "latency_s": 1.0, "trace": {"calls": [0] * k}} for k in (2, 4)]
     assert summarize(recs, Flat())[0]["latency_ms"] == pytest.approx(3.0)
+
+
+def test_latency_model_estimates_the_llm_alone_from_its_lengths():
+    """The LLM alone records no trace: its latency is a prefill of the prompt, then one step a token after the
+    first (what ``rstitch tune`` divides by for a speed-up)."""
+    class Flat:  # 1 ms per forward call
+        def predict_trace(self, trace):
+            return float(len(trace["calls"]))
+
+    recs = [{"method": "llm", "kind": "llm", "param": None, "correct": True, "new_tokens": n, "llm_tokens": n,
+             "slm_tokens": 0, "switches": 0, "latency_s": 1.0, "prompt_tokens": 5} for n in (3, 5)]
+    assert summarize(recs, Flat())[0]["latency_ms"] == pytest.approx(4.0)  # 3 and 5 calls
+    assert "latency_ms" not in summarize(recs)[0]

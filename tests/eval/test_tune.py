@@ -8,7 +8,8 @@ import pytest
 
 from hf_rstitch.cli.main import main
 from hf_rstitch.eval.choose import SweepPoint, choose, table
-from hf_rstitch.eval.tuning import llm_alone_ms, new_tokens
+from hf_rstitch.eval.batched import llm_alone_ms
+from hf_rstitch.eval.methods import GenSettings, LLMOnly
 from hf_rstitch.toyworld.pair import assets_present
 
 ALONE = SweepPoint(0.0, 90.0, 1.0, 200.0, 1.0, "llm")
@@ -59,10 +60,12 @@ def test_llm_alone_latency_is_a_prefill_then_decode_steps():
 
 
 def test_new_tokens_stop_at_the_first_eos():
-    import torch
+    """A row of a batch counts its tokens up to its first EOS (what the sweep's records count)."""
+    class Model:
+        generation_config = type("Config", (), {"eos_token_id": 3})()
 
-    seq = torch.tensor([[9, 9, 4, 5, 3, 0], [9, 9, 4, 4, 4, 4]])
-    assert new_tokens(seq, 2, {3}) == [3, 4]
+    method = LLMOnly(Model(), Model(), GenSettings())
+    assert [method._row_length(None, r, new) for r, new in enumerate([[4, 5, 3, 0], [4, 4, 4, 4]])] == [3, 4]
 
 
 @pytest.mark.slow

@@ -173,7 +173,7 @@ def test_compiled_parts_equal_default_engine(fuse_add_norm):
     batched and alone. The models'
     RMSNorm computes in float32 even for float64 weights, and the compiled norm sums in another order,
     so logits agree to float32 rounding carried through the layers (measured: 9e-6), not to 1e-9."""
-    from hf_rstitch.fast import regions
+    from hf_rstitch.fast.patches import regions
 
     llm, slm = make_pair("qwen2-full")
     forwards, globals_ = regions.plan(llm)
@@ -199,7 +199,7 @@ def test_compiled_parts_equal_default_engine(fuse_add_norm):
 def test_compiled_parts_with_fused_add_norm_equal_default_engine(arch):
     """FastConfig(compile="parts", fuse_add_norm=True): pre-norm layers run their middle residual add and
     norm as one compiled piece; outputs as with the pieces apart (float32 rounding, as above)."""
-    from hf_rstitch.fast import regions
+    from hf_rstitch.fast.patches import regions
 
     llm, slm = make_pair(arch)
     forwards, _ = regions.plan(llm, add_norm=True)
@@ -213,7 +213,7 @@ def test_compiled_parts_with_fused_add_norm_equal_default_engine(arch):
 
 
 def test_fused_add_norm_only_for_the_standard_pre_norm_layer():
-    from hf_rstitch.fast import add_norm
+    from hf_rstitch.fast.patches import add_norm
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     llm, _ = make_pair("llama")
@@ -234,7 +234,7 @@ def test_fused_add_norm_only_for_the_standard_pre_norm_layer():
 def test_add_norm_layers_hand_their_closing_norm_to_the_next_layer(arch):
     """Uncompiled pieces (same arithmetic): logits equal the model's own to the bit, and only the first
     layer's input norm runs as a module; the others come from the carry."""
-    from hf_rstitch.fast import add_norm, regions
+    from hf_rstitch.fast.patches import add_norm, regions
 
     llm, _ = make_pair(arch)
     calls = []

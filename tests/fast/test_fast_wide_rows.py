@@ -1,5 +1,5 @@
 """Rows beyond 64 (to 256) on the fast path: batch buckets up to 256 rows, products past
-:data:`~hf_rstitch.fast.gemv.GEMM_ROWS` rows on cuBLAS's GEMMs, and batches of 65..130 rows equal to the eager
+:data:`~hf_rstitch.fast.kernels.gemv.GEMM_ROWS` rows on cuBLAS's GEMMs, and batches of 65..130 rows equal to the eager
 engine's -- through ``generate`` and through the request engine with rows joining and leaving. CPU, tiny models."""
 
 import pytest
@@ -8,7 +8,9 @@ import torch
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy, Role
 from hf_rstitch.engine.requests import Request, RequestEngine
-from hf_rstitch.fast import FastConfig, FastEngine, gated, gemv, linears
+from hf_rstitch.fast import FastConfig, FastEngine
+from hf_rstitch.fast.kernels import gemv
+from hf_rstitch.fast.patches import gated_mlp, linears
 from hf_rstitch.fast.buckets import bucket_for
 from hf_rstitch.fast.routes import route
 from hf_rstitch.fast.rows import RowSlots, batch_sizes
@@ -42,7 +44,7 @@ def test_products_past_64_rows_run_cublas_gemms(monkeypatch):
     mlp = make_pair("llama")[0].model.layers[0].mlp
     x = torch.randn(65, mlp.gate_proj.in_features, dtype=mlp.gate_proj.weight.dtype)
     cfg = gemv.GemvConfig(32, 128, 4, 2, gemv.WIDE_ROWS)
-    torch.testing.assert_close(gated._forward(mlp, (cfg, cfg, cfg), None, x), mlp(x))  # the module's products
+    torch.testing.assert_close(gated_mlp._forward(mlp, (cfg, cfg, cfg), None, x), mlp(x))  # the module's products
 
 
 def _routes(n: int, new: int) -> list[list[str]]:

@@ -122,7 +122,7 @@ def test_windowed_pairs_equal_the_eager_engine(arch, dtype, device):
 def test_split_kernel_lanes_equal_matmul_lanes(arch):
     """The split kernel inside the lanes (its steps build no mask: windows, softcap and sinks are the kernel's) gives
     the matmul attention's outputs; on CPU under Triton's interpreter (TRITON_INTERPRET=1), else on CUDA."""
-    from hf_rstitch.fast import triton_support
+    from hf_rstitch.fast.kernels import triton_support
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if not triton_support.available(device):

@@ -1,7 +1,7 @@
 """FlashInfer's paged decode over the fast engine's static caches (hf_rstitch.fast.flashinfer_decode).
 
 Where FlashInfer cannot run (no CUDA, not installed) it says why and refuses to build; on CUDA with FlashInfer
-installed it equals our split-K kernel (hf_rstitch.fast.decode_attention) on the same cache.
+installed it equals our split-K kernel (hf_rstitch.fast.kernels.decode_attention) on the same cache.
 """
 
 import pytest
@@ -39,7 +39,7 @@ RUNS = torch.cuda.is_available() and fd.why_not("cuda", 128, torch.bfloat16) is 
     (True, 3, 28, 4, 1024, 1024),  # Qwen2-7B's group of 7: tensor cores only
 ])
 def test_equals_our_kernel(tensor_cores, batch, heads, kv_heads, slots, length):
-    from hf_rstitch.fast import decode_attention as da
+    from hf_rstitch.fast.kernels import decode_attention as da
 
     torch.manual_seed(0)
     keys = torch.randn(batch, kv_heads, slots, 128, dtype=torch.bfloat16, device="cuda")

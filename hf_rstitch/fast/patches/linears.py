@@ -1,4 +1,4 @@
-"""Which linear layers of a model run the GEMV kernels of :mod:`.gemv`, fused how, with which configuration.
+"""Which linear layers of a model run the GEMV kernels of :mod:`hf_rstitch.fast.kernels.gemv`, fused how, with which configuration.
 
 A lane asks once, when it is built (:func:`plan`, through :mod:`.products`): every plain ``nn.Linear`` the kernels
 can read gets a forward that runs the tuned kernel for inputs of the tiers it was tuned for and ``F.linear`` for
@@ -14,8 +14,9 @@ import functools
 
 import torch
 
-from . import folds, gemv
-from .gemv import (DTYPES, MAX_ROWS, TIER_CANDIDATES, TIERS, GemvConfig, _reference, launch, shape_key, tier,
+from . import folds
+from ..kernels import gemv
+from ..kernels.gemv import (DTYPES, MAX_ROWS, TIER_CANDIDATES, TIERS, GemvConfig, _reference, launch, shape_key, tier,
                    tiers_for)
 
 
@@ -39,18 +40,18 @@ def config_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None, blo
     return table[key]
 
 
-def configs_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None, rows: int = MAX_ROWS) -> tuple:
+def configs_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None, max_rows: int = MAX_ROWS) -> tuple:
     """One configuration per tier of :data:`TIERS` (None: cuBLAS) for the tiers :func:`tiers_for` tunes."""
     return tuple(config_for(table, weight, bias, top) if tuned else None
-                 for top, tuned in zip(TIERS, tiers_for(rows)))
+                 for top, tuned in zip(TIERS, tiers_for(max_rows)))
 
 
-def tune_model(model: torch.nn.Module, table: dict | None = None, rows: int = MAX_ROWS) -> dict:
-    """A configuration per distinct linear shape of ``model`` and tier up to ``rows`` (entries already in
+def tune_model(model: torch.nn.Module, table: dict | None = None, max_rows: int = MAX_ROWS) -> dict:
+    """A configuration per distinct linear shape of ``model`` and tier up to ``max_rows`` (entries already in
     ``table`` are kept)."""
     table = {} if table is None else table
     for m in linear_modules(model):
-        configs_for(table, m.weight, m.bias, rows)
+        configs_for(table, m.weight, m.bias, max_rows)
     return table
 
 
@@ -84,14 +85,14 @@ class FusedGroup:
     become one 4608-wide product (timed: ``benchmarks/results/gemv_*.md``).
     """
 
-    def __init__(self, members: list[torch.nn.Linear], table: dict, rows: int = MAX_ROWS):
+    def __init__(self, members: list[torch.nn.Linear], table: dict, max_rows: int = MAX_ROWS):
         self.members = members
         with torch.no_grad():
             self.weight = torch.cat([m.weight for m in members]).contiguous()
             self.bias = None
             if members[0].bias is not None:
                 self.bias = torch.cat([m.bias for m in members]).contiguous()
-        self.cfgs = configs_for(table, self.weight, self.bias, rows)
+        self.cfgs = configs_for(table, self.weight, self.bias, max_rows)
         self.bounds = [0]
         for m in members:
             self.bounds.append(self.bounds[-1] + m.out_features)
@@ -129,24 +130,24 @@ def fused_groups(model: torch.nn.Module) -> list[list[torch.nn.Linear]]:
 
 
 def plan(model: torch.nn.Module, table: dict, fuse: bool = True,
-         rows: int = MAX_ROWS) -> list[tuple[torch.nn.Linear, functools.partial]]:
+         max_rows: int = MAX_ROWS) -> list[tuple[torch.nn.Linear, functools.partial]]:
     """The forwards to install for ``model``'s linear layers: fused q/k/v groups (``fuse``) and the
-    tuned kernel for every other layer; tunes shapes missing from ``table`` for inputs of up to ``rows``
+    tuned kernel for every other layer; tunes shapes missing from ``table`` for inputs of up to ``max_rows``
     rows (a lane's batch; catch-ups of up to :data:`MAX_ROWS` tokens always)."""
     patches, grouped = [], set()
     for members in fused_groups(model) if fuse else []:
-        group = FusedGroup(members, table, rows)
+        group = FusedGroup(members, table, max_rows)
         patches += [(m, functools.partial(group.forward, i)) for i, m in enumerate(members)]
         grouped.update(id(m) for m in members)
     for m in linear_modules(model):
         if id(m) not in grouped:
-            patches.append((m, functools.partial(_forward, m, configs_for(table, m.weight, m.bias, rows))))
+            patches.append((m, functools.partial(_forward, m, configs_for(table, m.weight, m.bias, max_rows))))
     return patches
 
 
-def pending(model: torch.nn.Module, table: dict, fuse: bool = True, rows: int = MAX_ROWS) -> list[tuple]:
+def pending(model: torch.nn.Module, table: dict, fuse: bool = True, max_rows: int = MAX_ROWS) -> list[tuple]:
     """``(candidates, run)`` for each shape and tier that :func:`plan` would tune (not in ``table``), for
-    :func:`~hf_rstitch.fast.triton_support.precompile` to build every candidate's kernels at once. A fused
+    :func:`~hf_rstitch.fast.kernels.triton_support.precompile` to build every candidate's kernels at once. A fused
     group's weight stands in as one empty tensor of its shape (kernels compile for shapes, not values)."""
     groups = fused_groups(model) if fuse else []
     grouped = {id(m) for members in groups for m in members}
@@ -159,7 +160,7 @@ def pending(model: torch.nn.Module, table: dict, fuse: bool = True, rows: int = 
                           (w.new_empty(n, w.shape[1]), None if b is None else b.new_empty(n)))
     jobs, seen = [], set()
     for weight, bias in list(shapes.values()) + products:
-        for top, tuned in zip(TIERS, tiers_for(rows)):
+        for top, tuned in zip(TIERS, tiers_for(max_rows)):
             key = shape_key(weight, bias, top)
             if tuned and key not in seen and key not in table:
                 seen.add(key)

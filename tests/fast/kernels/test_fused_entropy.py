@@ -1,4 +1,4 @@
-"""The fused normalized entropy (hf_rstitch.fast.fused_entropy) against the eager one of hf_rstitch.core.
+"""The fused normalized entropy (hf_rstitch.fast.kernels.fused_entropy) against the eager one of hf_rstitch.core.
 
 On CPU the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` with triton installed);
 these tests skip when it is not there. On CUDA they run the compiled kernels.
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hf_rstitch.core.entropy import normalized_entropy
-from hf_rstitch.fast import fused_entropy as fe
+from hf_rstitch.fast.kernels import fused_entropy as fe
 
 CUDA = torch.cuda.is_available()
 DEVICES = [d for d, ok in (("cpu", fe.available("cpu")), ("cuda", CUDA and fe.available("cuda"))) if ok]

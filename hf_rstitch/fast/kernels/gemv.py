@@ -6,8 +6,8 @@ kernels reach that on very wide weights (the LM head) but not on the narrow ones
 projections of a 7B run well below copy bandwidth), and its split-K variants add a reduction kernel per
 product (``benchmarks/results/gemv_*.md``).
 This module gives every weight shape its own launch configuration, measured on the device
-(:func:`tune`); :mod:`.linears` routes a model's linear layers through it. The one-row kernel can also
-normalize its input first (an RMSNorm) and add a residual to its output (:mod:`.folds`).
+(:func:`tune`); :mod:`hf_rstitch.fast.patches.linears` routes a model's linear layers through it. The one-row kernel can also
+normalize its input first (an RMSNorm) and add a residual to its output (:mod:`hf_rstitch.fast.patches.folds`).
 
 Catch-up prefills of 2..16 tokens and batches of up to 16 rows (:data:`MAX_ROWS`) run a second
 kernel that reads each weight tile once for all rows (tensor-core products). Batches of 17..64 rows
@@ -232,7 +232,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
            norm: torch.Tensor | None = None, eps: float = 0.0, residual: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for ``x`` ``[..., K]`` with one row (``cfg.block_m == 1``) or up
     to ``cfg.block_m`` rows (the few-rows kernel). One row only: ``norm`` (an RMSNorm's weight, ``[K]``, and its
-    ``eps``) normalizes ``x`` first, and ``residual`` (``[..., N]``) is added to the product (:mod:`.folds`)."""
+    ``eps``) normalizes ``x`` first, and ``residual`` (``[..., N]``) is added to the product (:mod:`hf_rstitch.fast.patches.folds`)."""
     n, k = weight.shape
     rows = x.numel() // k if x.shape[-1] == k else -1
     if rows < 1 or rows > cfg.block_m:
@@ -299,7 +299,7 @@ def _(x, weight, bias, block_n, block_k, num_warps, num_stages, block_m, split_k
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama's RMSNorm, as the folded kernels compute it (:mod:`.folds`)."""
+    """Llama's RMSNorm, as the folded kernels compute it (:mod:`hf_rstitch.fast.patches.folds`)."""
     h = x.float()
     return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -336,10 +336,10 @@ def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES,
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the kernel accumulates in float32: no float64
 
 
-def tiers_for(rows: int) -> tuple[bool, ...]:
-    """Which tiers of :data:`TIERS` a lane of ``rows`` rows tunes: the first two always (one-token steps,
-    catch-ups of a few tokens), the wide one only for ``rows`` above :data:`MAX_ROWS`."""
-    return tuple(i < 2 or TIERS[i - 1] < rows for i in range(len(TIERS)))
+def tiers_for(max_rows: int) -> tuple[bool, ...]:
+    """Which tiers of :data:`TIERS` a lane of ``max_rows`` rows tunes: the first two always (one-token steps,
+    catch-ups of a few tokens), the wide one only for ``max_rows`` above :data:`MAX_ROWS`."""
+    return tuple(i < 2 or TIERS[i - 1] < max_rows for i in range(len(TIERS)))
 
 
 TIER_CANDIDATES = {1: CANDIDATES, MAX_ROWS: FEW_ROWS, WIDE_ROWS: WIDE}

@@ -11,7 +11,7 @@ and down add the residual to their rounded output): four kernels (measured:
 How: the layer forward of :mod:`.add_norm` decides, for a one-row call of a layer that :func:`foldable`
 approved when the lane was built, what the next products must do, and says so through :func:`folding`:
 "normalize this tensor with this norm before multiplying it" and "add this residual to that module's
-output". The installed forwards of :mod:`.gemv` and :mod:`.gated` take their part (:func:`norm_for`,
+output". The installed forwards of :mod:`.linears` and :mod:`.gated_mlp` take their part (:func:`norm_for`,
 :func:`residual_for`); anything not taken by the end of the block is an error, never a silent skip.
 Same arithmetic as the modules': the norm rounds ``x * rstd`` and the product with its weight to the model's
 dtype, the add rounds the product before adding.
@@ -29,7 +29,7 @@ import inspect
 import torch
 
 ENABLED = True  # fold where foldable() allows; False keeps the add+norm pieces at one row too
-# the installed forwards that take their part of a fold, declared by their modules (.linears, .gated):
+# the installed forwards that take their part of a fold, declared by their modules (.linears, .gated_mlp):
 TAKES_NORM: set = set()  # normalize their input first where the layer asked (norm_for)
 TAKES_ADD: set = set()  # add the residual the layer asked for to their output (residual_for)
 
@@ -71,7 +71,7 @@ def folding(norm: tuple, add: tuple):
         left = [what for what, pending in (("norm", _PENDING.norm), ("residual add", _PENDING.add)) if pending]
         if left:
             raise RuntimeError(f"the fast engine folded a {' and a '.join(left)} into products that did not run "
-                               "it. Please report it; hf_rstitch.fast.folds.ENABLED = False avoids it.")
+                               "it. Please report it; hf_rstitch.fast.patches.folds.ENABLED = False avoids it.")
     finally:
         _PENDING.norm = _PENDING.add = None
 
@@ -105,7 +105,7 @@ def _projects_plainly(attn) -> bool:
 
 def foldable(layer, products: dict) -> bool:
     """Whether a pre-norm ``layer`` (``add_norm.pre_norm_layer``) may fold at one row: both norms Llama's
-    RMSNorm, a plain attention whose q/k/v run as one product of :mod:`.gemv`, and o, the gated MLP and down
+    RMSNorm, a plain attention whose q/k/v run as one product of :mod:`hf_rstitch.fast.kernels.gemv`, and o, the gated MLP and down
     installed as the kernels that take a fold (:data:`TAKES_NORM`, :data:`TAKES_ADD`; ``products``: the lane's
     module -> installed forward)."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)

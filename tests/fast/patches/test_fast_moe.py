@@ -1,6 +1,6 @@
 """MoE feed-forwards on the fast engine equal the eager engine: Qwen3-MoE, Mixtral and gpt-oss tiny pairs
 (an MoE LLM with a dense or MoE SLM), B = 1 and B = 3 left-padded, replayed routes and thresholds, with the
-experts dispatched on the device (``hf_rstitch.fast.experts``) while the eager engine runs transformers'
+experts dispatched on the device (``hf_rstitch.fast.patches.experts``) while the eager engine runs transformers'
 default dispatch. On CUDA the lanes capture graphs (the eager dispatch's host loop could not be captured).
 """
 
@@ -12,7 +12,7 @@ from transformers.integrations import moe
 
 from hf_rstitch import ReplayPolicy
 from hf_rstitch.fast import FastConfig, FastEngine, check_supported
-from hf_rstitch.fast import experts as fast_experts
+from hf_rstitch.fast.patches import experts as fast_experts
 from engine_checks import assert_same, generate_n
 from tiny_models import SPECIAL, left_pad, prompt
 

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from .graphs import capturing
+from ..graphs import capturing
 
 
 @functools.lru_cache(maxsize=1)

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 import torch.fx.experimental._config as fx_config
 
 from .add_norm import plan as add_norm_plan
-from .gated import silu_mlp
-from .rope_store import rotary_functions
+from .gated_mlp import silu_mlp
+from ..kernels.rope_store import rotary_functions
 
 _COMPILED: dict = {}  # one compiled function per piece (and norm class), shared by every lane of the process
 
@@ -62,12 +62,13 @@ def _mlp_forward(mlp, act_mul, x: torch.Tensor) -> torch.Tensor:
     return mlp.down_proj(act_mul(mlp.gate_proj(x), mlp.up_proj(x)))
 
 
-def plan(model: torch.nn.Module, keep_rotary=(), add_norm: bool = False, products=()) -> tuple[list, list]:
+def plan(model: torch.nn.Module, keep_rotary=(), add_norm: bool = False, products=(),
+         fold: bool = True) -> tuple[list, list]:
     """``(instance forwards to install, module globals to swap)`` for ``model``'s norms, MLPs and rotary
     embedding (but not the ``apply_rotary_pos_emb`` of the modelling modules in ``keep_rotary``); with
     ``add_norm``, pre-norm decoder layers run each residual add and the norm after it as one piece
-    (:mod:`hf_rstitch.fast.add_norm`), or at one row inside the lane's ``products`` (:mod:`.folds`)."""
-    forwards = add_norm_plan(model, _compiled, products) if add_norm else []
+    (:mod:`hf_rstitch.fast.patches.add_norm`), or at one row inside the lane's ``products`` (:mod:`.folds`)."""
+    forwards = add_norm_plan(model, _compiled, products, fold) if add_norm else []
     for m in model.modules():
         cls = type(m)
         if cls.__name__.endswith("RMSNorm") and "forward" in cls.__dict__:

@@ -1,4 +1,4 @@
-"""The gated-MLP kernel (hf_rstitch.fast.gated) against the module's eager arithmetic.
+"""The gated-MLP kernel (hf_rstitch.fast.kernels.gated) against the module's eager arithmetic.
 
 Like test_gemv: on CPU the kernel runs only under Triton's interpreter (``TRITON_INTERPRET=1``);
 these tests skip when it is not there. On CUDA they run the compiled kernel.
@@ -8,7 +8,8 @@ import pytest
 import torch
 from tiny_models import assert_compiles_like_eager, assert_wide_tier_runs, kernel_model
 
-from hf_rstitch.fast import gated, gemv, linears
+from hf_rstitch.fast.kernels import gated, gemv
+from hf_rstitch.fast.patches import gated_mlp, linears
 
 CUDA = torch.cuda.is_available()
 DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")), ("cuda", CUDA and gemv.available("cuda"))) if ok]
@@ -34,7 +35,7 @@ def test_one_row_equals_module_arithmetic(device, n, k, cfg):
 @pytest.mark.parametrize("cfg", [gemv.GemvConfig(), gemv.GemvConfig(4, 128, 4, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_norm_before_the_one_row_product(device, n, k, cfg, dtype):
-    """An RMSNorm folded in front of the one-row kernel (hf_rstitch.fast.folds): the module on norm(x)."""
+    """An RMSNorm folded in front of the one-row kernel (hf_rstitch.fast.patches.folds): the module on norm(x)."""
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
     g, u = _weights(n, k, dtype, device)
@@ -88,7 +89,7 @@ def test_refuses_wrong_shapes(device):
 def test_mlps_on_model_equal_and_restored(device, arch):
     model = kernel_model(device, arch)
     table = {}
-    patches = gated.plan(model, table)
+    patches = gated_mlp.plan(model, table)
     mlps = [layer.mlp for layer in model.model.layers]
     assert [m for m, _ in patches] == mlps
     one, several, many = (torch.randint(0, 97, (1, n), device=device) for n in (1, 5, gemv.MAX_ROWS + 3))
@@ -106,7 +107,7 @@ def test_mlps_on_model_equal_and_restored(device, arch):
 @pytest.mark.parametrize("device", DEVICES)
 def test_compiles_through_custom_op(device):
     model = kernel_model(device, "qwen2")
-    assert_compiles_like_eager(model, gated.plan(model, {}), device)
+    assert_compiles_like_eager(model, gated_mlp.plan(model, {}), device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -115,7 +116,7 @@ def test_plan_skips_what_the_kernel_cannot_fuse(device):
     first, second = model.model.layers[0].mlp, model.model.layers[1].mlp
     first.gate_proj.bias = torch.nn.Parameter(torch.zeros(first.gate_proj.out_features, device=device))
     second.act_fn = torch.nn.GELU()
-    assert gated.plan(model, {}) == []
+    assert gated_mlp.plan(model, {}) == []
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -131,7 +132,7 @@ def test_wide_inputs_use_the_given_activation_product(device):
     many = torch.randint(0, 97, (1, gemv.MAX_ROWS + 3), device=device)
     with torch.no_grad():
         want = model(many).logits
-        with linears.gemv_linears_on(gated.plan(model, {}, act_mul)):
+        with linears.gemv_linears_on(gated_mlp.plan(model, {}, act_mul)):
             got = model(many).logits
     assert seen == [gemv.MAX_ROWS + 3] * 2  # both layers
     assert torch.equal(got, want)
@@ -142,7 +143,7 @@ def test_a_lane_of_64_rows_runs_the_wide_tier(device):
     """Tuned for 64 rows (a lane built for a batch of 64), inputs of 17..64 rows run the kernel's wide tier;
     more rows keep the module's own forward. Tuned for the default 16, the wide tier is never tuned."""
     model = kernel_model(device, "qwen2")
-    assert all(cfgs[2] is None for _, fn in gated.plan(model, {}) for cfgs in [fn.args[1]])
-    patches = gated.plan(model, {}, rows=gemv.WIDE_ROWS)
+    assert all(cfgs[2] is None for _, fn in gated_mlp.plan(model, {}) for cfgs in [fn.args[1]])
+    patches = gated_mlp.plan(model, {}, max_rows=gemv.WIDE_ROWS)
     assert all(fn.args[1][2] is not None or device == "cuda" for _, fn in patches)  # on CUDA cuBLAS may win
     assert_wide_tier_runs(model, patches, device)

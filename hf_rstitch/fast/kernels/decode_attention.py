@@ -13,7 +13,7 @@ programs (large batches) there is one split: the kernel walks every written slot
 and writes the output itself, with no partial results and no combine. Per row, slots left of the
 row's padding count (``pad[b]``) are masked, as is everything right of each query's own slot.
 
-Sliding windows, soft-capping and sinks (:mod:`.windows`): a layer with window ``W`` reads slots
+Sliding windows, soft-capping and sinks (:mod:`hf_rstitch.fast.windows`): a layer with window ``W`` reads slots
 ``[pos - W + 1, pos + q)`` only (the splits share that span) and masks, per query ``i``, the slots at or
 before ``pos + i - W``; ``softcap`` caps the scaled scores (``softcap * tanh(s / softcap)``); gpt-oss's sink
 logit of each head joins the softmax's denominator where the output is normalised.
@@ -37,7 +37,7 @@ from typing import NamedTuple
 import torch
 
 from .triton_support import _triton, available, interpreted, next_pow2, pdl, start
-from .windows import NO_WINDOW, call_window
+from ..windows import NO_WINDOW, call_window
 from .triton_support import sm_count as _sm_count  # a module name the tests can patch
 
 FILL = 2  # programs per SM the plan aims for with several splits
@@ -296,7 +296,7 @@ def _launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: to
 
 def pending(keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor, heads: int,
             batches, q_lens, windows=(None,)) -> list[tuple]:
-    """``(calls, run)`` for :func:`~hf_rstitch.fast.triton_support.precompile`: the kernels a lane with this
+    """``(calls, run)`` for :func:`~hf_rstitch.fast.kernels.triton_support.precompile`: the kernels a lane with this
     cache layer (``keys``/``values`` ``[rows, kv_heads, slots, dim]``), ``heads`` query heads, batch buckets
     ``batches`` and length buckets ``q_lens`` launches, built at once rather than one at a time at the first
     capture of each bucket. Empty where the kernel does not run for these heads. A query stands in as an empty
@@ -326,7 +326,7 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
     """transformers attention function: the split-K kernel where :func:`supported`, else ``fallback``
     (the matmul attention over the 4D mask). ``pos`` (write offset before this call) and ``pad``
     (``[rows]`` left-padding count of each cache row) are the lane's device tensors, ``windows`` the model's
-    per-layer windows (:func:`.windows.layer_windows`), bound with ``functools.partial`` when the lane
+    per-layer windows (:func:`hf_rstitch.fast.windows.layer_windows`), bound with ``functools.partial`` when the lane
     registers it. ``kwargs`` may carry ``sliding_window``, ``softcap`` and ``s_aux`` (sinks) as transformers
     passes them.
 

@@ -1,4 +1,4 @@
-"""The tuner's choices on disk (hf_rstitch.fast.tuning_cache): a later process finds them, for the same
+"""The tuner's choices on disk (hf_rstitch.fast.kernels.tuning_cache): a later process finds them, for the same
 machine and code only; bad files and unwritable places cost a warning, never a failure."""
 
 import json
@@ -6,9 +6,10 @@ import json
 import pytest
 import torch
 
-from hf_rstitch.fast import gemv, linears, tuning_cache
-from hf_rstitch.fast.gemv import GemvConfig
-from hf_rstitch.fast.tuning_cache import TuningTable
+from hf_rstitch.fast.kernels import gemv, tuning_cache
+from hf_rstitch.fast.patches import linears
+from hf_rstitch.fast.kernels.gemv import GemvConfig
+from hf_rstitch.fast.kernels.tuning_cache import TuningTable
 
 pytest.importorskip("triton")
 

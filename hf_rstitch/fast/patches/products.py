@@ -1,11 +1,11 @@
 """Which kernels a lane's linear layers and MLPs run: the tuned Triton GEMV and gated-MLP kernels, or cuBLAS.
 
 A lane asks once, when it is built (:func:`product_layers`); the answer is a list of (module, forward)
-pairs that :func:`hf_rstitch.fast.linears.gemv_linears_on` installs around each of the lane's forwards.
+pairs that :func:`hf_rstitch.fast.patches.linears.gemv_linears_on` installs around each of the lane's forwards.
 Tuning results are shared by every lane of the process (:data:`TABLE`, keyed by shape and device), so
 a second lane of the same shapes -- the other model's, a one-row twin, a new batch size -- tunes only
 what it has not seen; and kept on disk for later processes on the same machine
-(:mod:`hf_rstitch.fast.tuning_cache`).
+(:mod:`hf_rstitch.fast.kernels.tuning_cache`).
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ import functools
 
 import torch
 
-from . import add_norm, folds, gated, gemv, linears, regions, triton_support
-from .config import FastConfig
-from .tuning_cache import TuningTable
+from . import add_norm, folds, gated_mlp, linears, regions
+from ..kernels import gated, gemv, triton_support
+from ..config import FastConfig
+from ..kernels.tuning_cache import TuningTable
 
 TABLE = TuningTable()  # tuned configurations, shared by every lane of the process and kept on disk
 
 
-def _kernels_run(model: torch.nn.Module, config: FastConfig) -> bool:
+def kernels_run(model: torch.nn.Module, config: FastConfig) -> bool:
     """Whether the lane's products run the Triton kernels: ``config.gemv`` not False and Triton on the model's
     device (``gemv=True`` without it is an error)."""
     if config.gemv is False:
@@ -34,33 +35,33 @@ def _kernels_run(model: torch.nn.Module, config: FastConfig) -> bool:
     return True
 
 
-def pending(model: torch.nn.Module, config: FastConfig, rows: int) -> list:
+def pending(model: torch.nn.Module, config: FastConfig, max_rows: int) -> list:
     """The tuning jobs :func:`product_layers` will time (shapes not in :data:`TABLE`), as ``(candidates, run)``
-    for :func:`~hf_rstitch.fast.triton_support.precompile` to build all their kernels at once beforehand."""
-    if not _kernels_run(model, config):
+    for :func:`~hf_rstitch.fast.kernels.triton_support.precompile` to build all their kernels at once beforehand."""
+    if not kernels_run(model, config):
         return []
-    jobs = linears.pending(model, TABLE, config.fuse_qkv, rows)
-    return jobs + (gated.pending(model, TABLE, rows) if config.fuse_mlp else [])
+    jobs = linears.pending(model, TABLE, config.fuse_qkv, max_rows)
+    return jobs + (gated_mlp.pending(model, TABLE, max_rows) if config.fuse_mlp else [])
 
 
-def product_layers(model: torch.nn.Module, config: FastConfig, rows: int) -> list:
-    """(module, forward) pairs for ``model``'s one-token and catch-up products in a lane of ``rows`` rows:
+def product_layers(model: torch.nn.Module, config: FastConfig, max_rows: int) -> list:
+    """(module, forward) pairs for ``model``'s one-token and catch-up products in a lane of ``max_rows`` rows:
     the fused q/k/v and other linears (``config.gemv``, ``fuse_qkv``) and the gated MLPs (``fuse_mlp``).
     Empty where Triton does not run on the model's device (cuBLAS everywhere); ``gemv=True`` there is an
     error."""
-    if not _kernels_run(model, config):
+    if not kernels_run(model, config):
         return []
-    layers = linears.plan(model, TABLE, fuse=config.fuse_qkv, rows=rows)  # the wide tier only for lanes that need it
+    layers = linears.plan(model, TABLE, fuse=config.fuse_qkv, max_rows=max_rows)  # the wide tier only for lanes that need it
     if config.fuse_mlp:  # MLP forwards: installed with the linears' (gemv_linears_on), before the regions'
         act_mul = regions.silu_mul() if config.compile == "parts" else None
-        layers += gated.plan(model, TABLE, act_mul, rows=rows)
+        layers += gated_mlp.plan(model, TABLE, act_mul, max_rows=max_rows)
     if config.compile == "parts" and config.adds_with_norms:  # the layers fold at one row: their own kernels
         triton_support.precompile(fold_jobs(model, layers), model.device)
     return layers
 
 
 def fold_jobs(model: torch.nn.Module, products) -> list[tuple]:
-    """``(candidates, run)`` for :func:`~hf_rstitch.fast.triton_support.precompile`: the folded one-row products
+    """``(candidates, run)`` for :func:`~hf_rstitch.fast.kernels.triton_support.precompile`: the folded one-row products
     (a norm before, an add after: kernels of their own) of each foldable layer shape, with the configurations
     the tuner chose (``products``: the lane's installed (module, forward) pairs), built at once rather than one
     by one at the first capture. Inputs stand in as empty tensors."""

@@ -1,4 +1,4 @@
-"""The rotary and cache-store kernels (hf_rstitch.fast.rope_store) against the code they replace.
+"""The rotary and cache-store kernels (hf_rstitch.fast.kernels.rope_store) against the code they replace.
 
 Like test_gemv: on CPU the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1``);
 these tests skip when it is not there. On CUDA they run compiled.
@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from transformers.models.llama import modeling_llama
 from transformers.models.qwen2 import modeling_qwen2
 
-from hf_rstitch.fast import gemv, rope_store
+from hf_rstitch.fast.kernels import gemv, rope_store
 
 CUDA = torch.cuda.is_available()
 DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")), ("cuda", CUDA and gemv.available("cuda"))) if ok]

@@ -13,8 +13,9 @@ Inputs of several rows take the tiers of :mod:`.gemv` (up to 16 rows; 17..64 for
 each tuned against cuBLAS plus the eager activation; the 64-row candidates include reductions in two
 splits (float32 partials of both products, summed by a second kernel that then applies the activation).
 
-What it does not do: biases, activations other than SiLU, more than :data:`~hf_rstitch.fast.gemv.WIDE_ROWS`
-rows (the module's own forward runs), CPU execution outside Triton's interpreter.
+What it does not do: biases, activations other than SiLU, more than :data:`~hf_rstitch.fast.kernels.gemv.WIDE_ROWS`
+rows (the module's own forward runs), CPU execution outside Triton's interpreter. Which MLPs run it, and
+how: :mod:`hf_rstitch.fast.patches.gated_mlp`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import folds, gemv, linears
+from . import gemv
 from .gemv import MAX_ROWS, WIDE_ROWS, GemvConfig
 from .triton_support import _triton, available, fastest, interpreted, pdl, start
 
@@ -170,7 +171,7 @@ def _few_rows_kernel():
 def launch(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, cfg: GemvConfig, norm: torch.Tensor | None = None,
            eps: float = 0.0) -> torch.Tensor:
     """``silu(F.linear(x, gate)) * F.linear(x, up)`` for ``x`` ``[..., K]`` of 1..``cfg.block_m`` rows. One row
-    only: ``norm`` (an RMSNorm's weight and ``eps``) normalizes ``x`` first (:mod:`.folds`)."""
+    only: ``norm`` (an RMSNorm's weight and ``eps``) normalizes ``x`` first (:mod:`hf_rstitch.fast.patches.folds`)."""
     n, k = gate.shape
     rows = x.numel() // k if x.shape[-1] == k else -1
     if rows < 1 or rows > cfg.block_m or up.shape != gate.shape:
@@ -244,72 +245,13 @@ def _key(gate: torch.Tensor, top: int) -> tuple:
     return ("gated",) + gemv.shape_key(gate, None, top)
 
 
-def configs_for(table: dict, gate: torch.Tensor, up: torch.Tensor, rows: int = MAX_ROWS) -> tuple:
-    """A configuration per tier of :data:`~hf_rstitch.fast.gemv.TIERS` for this shape from ``table``, tuned on
-    first sight (None: cuBLAS), for the tiers :func:`~hf_rstitch.fast.gemv.tiers_for` tunes."""
+def configs_for(table: dict, gate: torch.Tensor, up: torch.Tensor, max_rows: int = MAX_ROWS) -> tuple:
+    """A configuration per tier of :data:`~hf_rstitch.fast.kernels.gemv.TIERS` for this shape from ``table``, tuned on
+    first sight (None: cuBLAS), for the tiers :func:`~hf_rstitch.fast.kernels.gemv.tiers_for` tunes."""
     out = []
-    for top, tuned in zip(gemv.TIERS, gemv.tiers_for(rows)):
+    for top, tuned in zip(gemv.TIERS, gemv.tiers_for(max_rows)):
         key = _key(gate, top)
         if tuned and key not in table:
             table[key] = tune(gate, up, TIER_CANDIDATES[top])
         out.append(table[key] if tuned else None)
     return tuple(out)
-
-
-def pending(model: torch.nn.Module, table: dict, rows: int = MAX_ROWS) -> list[tuple]:
-    """``(candidates, run)`` for each MLP shape and tier that :func:`plan` would tune (not in ``table``); see
-    :func:`hf_rstitch.fast.linears.pending`."""
-    jobs, seen = [], set()
-    for m in model.modules():
-        if not fusable(m):
-            continue
-        gate, up = m.gate_proj.weight, m.up_proj.weight
-        for top, tuned in zip(gemv.TIERS, gemv.tiers_for(rows)):
-            key = _key(gate, top)
-            if tuned and key not in seen and key not in table:
-                seen.add(key)
-                jobs.append((TIER_CANDIDATES[top], functools.partial(launch, gate.new_empty(top, gate.shape[1]),
-                                                                     gate, up)))
-    return jobs
-
-
-def silu_mlp(m: torch.nn.Module) -> bool:
-    """A ``gate_proj / up_proj / down_proj`` MLP with a SiLU activation (Llama, Qwen2, Mistral, ...)."""
-    act = getattr(m, "act_fn", None)
-    return (all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj"))
-            and (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"))
-
-
-def fusable(m: torch.nn.Module) -> bool:
-    """A SiLU MLP whose gate and up projections the kernel can read as they are (no bias, one shape)."""
-    if not silu_mlp(m):
-        return False
-    g, u = m.gate_proj, m.up_proj
-    return (linears.readable(g) and linears.readable(u) and g.bias is None and u.bias is None
-            and g.weight.shape == u.weight.shape and g.weight.dtype == u.weight.dtype
-            and g.weight.device == u.weight.device)
-
-
-def _forward(mlp: torch.nn.Module, cfgs: tuple, act_mul, x: torch.Tensor) -> torch.Tensor:
-    t = gemv.tier(x.numel() // x.shape[-1])
-    c = cfgs[t] if t is not None else None
-    if c is None:  # a long catch-up, a tier not tuned, or cuBLAS measured faster: two products, then the activation
-        gate, up = mlp.gate_proj(x), mlp.up_proj(x)
-        return mlp.down_proj(mlp.act_fn(gate) * up if act_mul is None else act_mul(gate, up))
-    norm, eps = folds.norm_for(x) or (None, 0.0)  # one row: the layer may have folded its norm in (.folds)
-    h = torch.ops.hf_rstitch.gated_gemv(x, mlp.gate_proj.weight, mlp.up_proj.weight, c.block_n, c.block_k,
-                                        c.num_warps, c.num_stages, c.block_m, c.split_k, norm, eps)
-    return mlp.down_proj(h)
-
-
-folds.TAKES_NORM.add(_forward)
-
-
-def plan(model: torch.nn.Module, table: dict, act_mul=None,
-         rows: int = MAX_ROWS) -> list[tuple[torch.nn.Module, functools.partial]]:
-    """The MLP forwards to install (as :func:`hf_rstitch.fast.linears.gemv_linears_on` installs them), tuned
-    for inputs of up to ``rows`` rows. ``act_mul(gate, up)``: the activation product where the kernel does
-    not run (None: the module's ``act_fn(gate) * up``; ``compile="parts"`` passes its compiled one)."""
-    return [(m, functools.partial(_forward, m, configs_for(table, m.gate_proj.weight, m.up_proj.weight, rows),
-                                  act_mul))
-            for m in model.modules() if fusable(m)]

@@ -5,7 +5,7 @@ import functools
 import pytest
 import torch
 
-from hf_rstitch.fast import triton_support as ts
+from hf_rstitch.fast.kernels import triton_support as ts
 
 CUDA = torch.cuda.is_available()
 
@@ -63,23 +63,24 @@ def test_compile_threads_default_and_override(monkeypatch):
 @pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("rows", [8, 64])
 def test_pending_lists_what_the_plans_tune(arch, fuse, rows):
-    """linears.pending / gated.pending name each shape and tier the plans then tune, once each, with the
+    """linears.pending / gated_mlp.pending name each shape and tier the plans then tune, once each, with the
     candidates of its tier; and nothing once the table holds them."""
     from tiny_models import kernel_model
 
-    from hf_rstitch.fast import gated, gemv, linears
+    from hf_rstitch.fast.kernels import gated, gemv
+    from hf_rstitch.fast.patches import gated_mlp, linears
 
     model = kernel_model("cpu", arch)
     jobs = linears.pending(model, {}, fuse, rows)
     keys = [gemv.shape_key(run.args[1], run.args[2], run.args[0].shape[0]) for _, run in jobs]
     assert all(candidates == gemv.TIER_CANDIDATES[key[-1]] for (candidates, _), key in zip(jobs, keys))
-    mlp_jobs = gated.pending(model, {}, rows)
+    mlp_jobs = gated_mlp.pending(model, {}, rows)
     keys += [gated._key(run.args[1], run.args[0].shape[0]) for _, run in mlp_jobs]
     table = {}
-    linears.plan(model, table, fuse=fuse, rows=rows)  # off CUDA the tuner picks a default without timing
-    gated.plan(model, table, rows=rows)
+    linears.plan(model, table, fuse=fuse, max_rows=rows)  # off CUDA the tuner picks a default without timing
+    gated_mlp.plan(model, table, max_rows=rows)
     assert len(keys) == len(set(keys)) and set(keys) == set(table)
-    assert linears.pending(model, table, fuse, rows) == [] and gated.pending(model, table, rows) == []
+    assert linears.pending(model, table, fuse, rows) == [] and gated_mlp.pending(model, table, rows) == []
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA (Triton compiles for a GPU)")
@@ -90,7 +91,7 @@ def test_tuning_after_precompile_builds_nothing(monkeypatch, kind):
     pytest.importorskip("triton")
     from triton import knobs
 
-    from hf_rstitch.fast import gated, gemv
+    from hf_rstitch.fast.kernels import gated, gemv
 
     monkeypatch.setattr(ts, "COMPILE_THREADS", 4)
     for module in (gemv, gated):  # fresh JIT objects: no kernel compiled in this process yet
@@ -129,7 +130,7 @@ def test_attention_launches_after_precompile_build_nothing(monkeypatch):
     from tiny_models import kernel_model
     from triton import knobs
 
-    from hf_rstitch.fast import decode_attention as da
+    from hf_rstitch.fast.kernels import decode_attention as da
     from hf_rstitch.fast.static_kv import StaticKV
 
     monkeypatch.setattr(ts, "COMPILE_THREADS", 4)

@@ -1,4 +1,4 @@
-"""The switch for programmatic dependent launch of the fast engine's Triton kernels (hf_rstitch.fast.triton_support.PDL).
+"""The switch for programmatic dependent launch of the fast engine's Triton kernels (hf_rstitch.fast.kernels.triton_support.PDL).
 On a GPU the kernel tests check the kernels with it when it is switched on."""
 
 import pytest
@@ -8,7 +8,7 @@ import torch
 def test_programmatic_dependent_launch_switch(monkeypatch):
     """triton_support.PDL: 'one-row' by default, which launches only one-row kernels with it; never off CUDA or
     under the interpreter; a wrong value says which values exist."""
-    from hf_rstitch.fast import triton_support as g
+    from hf_rstitch.fast.kernels import triton_support as g
 
     assert g.PDL == "one-row"
     cpu = torch.device("cpu")
@@ -22,7 +22,7 @@ def test_programmatic_dependent_launch_switch(monkeypatch):
 
 def test_programmatic_dependent_launch_needs_the_intrinsics(monkeypatch):
     """On a Hopper GPU a Triton without tl.extra.cuda.gdc_wait (before 3.5) builds the kernels without it."""
-    from hf_rstitch.fast import triton_support as g
+    from hf_rstitch.fast.kernels import triton_support as g
 
     pytest.importorskip("triton")
     cuda = torch.device("cuda")

@@ -1,4 +1,4 @@
-"""A layer's residual adds and RMSNorms folded into its one-row products (hf_rstitch.fast.folds).
+"""A layer's residual adds and RMSNorms folded into its one-row products (hf_rstitch.fast.patches.folds).
 
 The kernels run on CUDA, or on CPU under Triton's interpreter (TRITON_INTERPRET=1); those tests skip otherwise.
 """
@@ -7,8 +7,9 @@ import pytest
 import torch
 from tiny_models import kernel_model
 
-from hf_rstitch.fast import add_norm, folds, gated, gemv, linears
-from hf_rstitch.fast.products import fold_jobs
+from hf_rstitch.fast.patches import add_norm, folds, gated_mlp, linears
+from hf_rstitch.fast.kernels import gated, gemv
+from hf_rstitch.fast.patches.products import fold_jobs
 
 CUDA = torch.cuda.is_available()
 DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")), ("cuda", CUDA and gemv.available("cuda"))) if ok]
@@ -18,7 +19,7 @@ needs_kernels = pytest.mark.skipif(not DEVICES, reason="needs triton (CUDA, or T
 def _plan(model, table=None):
     """The lane's products and layer forwards (the add+norm pieces uncompiled)."""
     table = {} if table is None else table
-    products = linears.plan(model, table, fuse=True) + gated.plan(model, table)
+    products = linears.plan(model, table, fuse=True) + gated_mlp.plan(model, table)
     return products, add_norm.plan(model, lambda key, fn: fn, products)
 
 
@@ -55,13 +56,13 @@ def test_fold_only_where_every_part_takes_it(monkeypatch):
     project, or products that are not the kernels taking folds (q/k/v apart, an MLP not fused)."""
     model = kernel_model("cpu", "qwen2")
     table = {}
-    products = dict(linears.plan(model, table, fuse=True) + gated.plan(model, table))
+    products = dict(linears.plan(model, table, fuse=True) + gated_mlp.plan(model, table))
     layer = model.model.layers[0]
     assert folds.foldable(layer, products)  # off CUDA the plans install the forwards all the same
     monkeypatch.setattr(folds, "ENABLED", False)
     assert not folds.foldable(layer, products)
     monkeypatch.setattr(folds, "ENABLED", True)
-    assert not folds.foldable(layer, dict(linears.plan(model, table, fuse=False) + gated.plan(model, table)))
+    assert not folds.foldable(layer, dict(linears.plan(model, table, fuse=False) + gated_mlp.plan(model, table)))
     assert not folds.foldable(layer, dict(linears.plan(model, table, fuse=True)))  # the MLP keeps its forward
     original = layer.post_attention_layernorm
     layer.post_attention_layernorm = torch.nn.LayerNorm(64)
@@ -133,7 +134,7 @@ def test_folded_forward_after_precompile_builds_nothing(monkeypatch):
     pytest.importorskip("triton")
     from triton import knobs
 
-    from hf_rstitch.fast import triton_support
+    from hf_rstitch.fast.kernels import triton_support
 
     model = kernel_model("cuda", "qwen2")
     products, layers = _plan(model)

@@ -96,10 +96,11 @@ def _folded(layer, hidden_states: torch.Tensor, named: dict) -> torch.Tensor:
         return mlp(residual)  # down's output plus the residual: the layer's output
 
 
-def plan(model: torch.nn.Module, compiled, products=()) -> list[tuple[torch.nn.Module, functools.partial]]:
-    """The layer forwards to install; ``compiled(key, fn)`` compiles a piece (:mod:`.regions`). Layers whose
-    products (``products``: the lane's installed (module, forward) pairs) take folds run one-row calls folded
-    (:func:`.folds.foldable`)."""
+def plan(model: torch.nn.Module, compiled, products=(),
+         fold: bool = True) -> list[tuple[torch.nn.Module, functools.partial]]:
+    """The layer forwards to install; ``compiled(key, fn)`` compiles a piece (:mod:`.regions`). With ``fold`` (the
+    lane plan's ``fold_norms``), layers whose products (``products``: the lane's installed (module, forward)
+    pairs) take folds run one-row calls folded (:func:`.folds.foldable`)."""
     layers = [m for m in model.modules() if pre_norm_layer(m)]
     installed = dict(products)
     carry = _Carry()
@@ -109,6 +110,6 @@ def plan(model: torch.nn.Module, compiled, products=()) -> list[tuple[torch.nn.M
         following = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
         following = following if type(following) is norm_cls else None
         piece = compiled(("add_norm", norm_cls), _add_norm)
-        fold = folds.foldable(layer, installed)
-        forwards.append((layer, functools.partial(_layer_forward, layer, piece, following, carry, fold)))
+        folded = fold and folds.foldable(layer, installed)
+        forwards.append((layer, functools.partial(_layer_forward, layer, piece, following, carry, folded)))
     return forwards

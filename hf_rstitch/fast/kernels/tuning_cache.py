@@ -1,7 +1,7 @@
 """The GEMV tuner's choices kept on disk, so that a later process on the same machine does not tune again.
 
 Why: a lane times every candidate launch configuration of its products when it is built
-(:func:`hf_rstitch.fast.gemv.tune`, :func:`hf_rstitch.fast.gated.tune`): seconds for a 7B + 1.5B pair even
+(:func:`hf_rstitch.fast.kernels.gemv.tune`, :func:`hf_rstitch.fast.kernels.gated.tune`): seconds for a 7B + 1.5B pair even
 with Triton's kernel cache warm (``benchmarks/results/engine_warmup_*.md``), in every process. :class:`TuningTable` is the process's table of choices (a dict, keyed by shape, dtype and
 tier) that also reads and writes ``$XDG_CACHE_HOME/hf_rstitch/gemv_tuning.json``
 (``~/.cache/hf_rstitch/...``, or ``$HF_RSTITCH_TUNING_CACHE``; ``off`` keeps it in memory).

@@ -1,11 +1,12 @@
-"""The rotary table (hf_rstitch.fast.rotary_table): the module's own cos/sin, read instead of computed."""
+"""The rotary table (hf_rstitch.fast.patches.rotary_table): the module's own cos/sin, read instead of computed."""
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from hf_rstitch import ReplayPolicy
-from hf_rstitch.fast import FastConfig, FastEngine, rotary_table
+from hf_rstitch.fast import FastConfig, FastEngine
+from hf_rstitch.fast.patches import rotary_table
 from tiny_models import make_pair, prompt
 
 

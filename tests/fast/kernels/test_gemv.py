@@ -1,4 +1,4 @@
-"""The batch-1 Triton GEMV kernel (hf_rstitch.fast.gemv) against F.linear.
+"""The batch-1 Triton GEMV kernel (hf_rstitch.fast.kernels.gemv) against F.linear.
 
 On CPU the kernel runs only under Triton's interpreter (``TRITON_INTERPRET=1`` with triton
 installed); these tests skip when it is not there. On CUDA they run the compiled kernel.
@@ -8,7 +8,8 @@ import pytest
 import torch
 from tiny_models import assert_compiles_like_eager, assert_wide_tier_runs, kernel_model
 
-from hf_rstitch.fast import gemv, linears
+from hf_rstitch.fast.kernels import gemv
+from hf_rstitch.fast.patches import linears
 
 CUDA = torch.cuda.is_available()
 DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")), ("cuda", CUDA and gemv.available("cuda"))) if ok]
@@ -42,7 +43,7 @@ def _rms_norm(k, dtype, device):
 @pytest.mark.parametrize("cfg", [gemv.GemvConfig(), gemv.GemvConfig(4, 128, 4, 2), gemv.GemvConfig(32, 256, 8, 4)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_norm_before_and_residual_after_the_one_row_product(device, n, k, bias, cfg, dtype):
-    """The one-row kernel with an RMSNorm folded in front and a residual add behind (hf_rstitch.fast.folds):
+    """The one-row kernel with an RMSNorm folded in front and a residual add behind (hf_rstitch.fast.patches.folds):
     F.linear(norm(x)) + residual, as the eager modules round it; each part alone too."""
     torch.manual_seed(n + k)
     norm = _rms_norm(k, dtype, device)
@@ -132,9 +133,9 @@ def test_a_lane_of_64_rows_runs_the_wide_tier(device, fuse):
     """Tuned for 64 rows, inputs of 17..64 rows run the wide tier (its own configuration per shape); more rows
     keep F.linear."""
     model = kernel_model(device, "llama")
-    table = linears.tune_model(model, rows=gemv.WIDE_ROWS)
+    table = linears.tune_model(model, max_rows=gemv.WIDE_ROWS)
     assert len(table) == 3 * len({gemv.shape_key(m.weight, m.bias) for m in linears.linear_modules(model)})
-    patches = linears.plan(model, table, fuse=fuse, rows=gemv.WIDE_ROWS)
+    patches = linears.plan(model, table, fuse=fuse, max_rows=gemv.WIDE_ROWS)
     assert_wide_tier_runs(model, patches, device)
 
 

@@ -1,4 +1,4 @@
-"""The split-K static-cache attention kernel (hf_rstitch.fast.decode_attention) against a plain reference.
+"""The split-K static-cache attention kernel (hf_rstitch.fast.kernels.decode_attention) against a plain reference.
 
 On CPU the kernel runs only under Triton's interpreter (``TRITON_INTERPRET=1`` with triton
 installed); these tests skip when it is not there. On CUDA they run the compiled kernel.
@@ -7,8 +7,8 @@ installed); these tests skip when it is not there. On CUDA they run the compiled
 import pytest
 import torch
 
-from hf_rstitch.fast import decode_attention as da
-from hf_rstitch.fast import gemv
+from hf_rstitch.fast.kernels import decode_attention as da
+from hf_rstitch.fast.kernels import gemv
 
 DEVICES = [d for d, ok in (("cpu", gemv.available("cpu")),
                            ("cuda", torch.cuda.is_available() and gemv.available("cuda"))) if ok]

@@ -1,0 +1,158 @@
+"""Which kernels and patches a :class:`~hf_rstitch.fast.lane.FastLane` runs: one object, decided once.
+
+:func:`plan_for` reads a :class:`~hf_rstitch.fast.config.FastConfig`, the model (its configuration, device,
+dtype and head size) and the lane's rows, and answers every choice the lane makes when it is built: graphs
+and buckets, compile mode, attention kernel, the products' kernels and tiers, the norms and adds, the
+rotary embedding, the windows, the experts' dispatch, the read-out. The lane builds what the plan names and
+nothing else. ``print(lane.plan)`` (or ``print(plan_for(llm, AUTO))`` before any lane exists, or
+``rstitch env --plan``) shows it, one line per choice::
+
+    FastLane plan for Qwen2ForCausalLM (cuda:0, torch.bfloat16, up to 1 rows)
+      graphs       CUDA graphs; batch buckets 1; length buckets 1, 2, 4, 8, 16, 32, 64, 128
+      attention    split (Triton, written slots only; steps build no mask)
+      ...
+
+Three choices are only candidates here, settled when the lane is built because they need the model's
+weights or a run: the products keep cuBLAS for a shape and tier where it timed faster (the tuner), a layer
+folds only where :func:`~hf_rstitch.fast.patches.folds.foldable` approves it, and the rotation is deferred to
+the cache's store only for models that pass :func:`~hf_rstitch.fast.kernels.rope_store.defers_exactly`.
+
+What it does not do: build anything. It runs no forward and no kernel (the head size comes from the caller,
+or from :func:`~hf_rstitch.fast.kv_shapes.kv_shape`, which the lane runs anyway and keeps on the model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from .buckets import bucket_sizes
+from .config import FastConfig
+from .kernels import decode_attention, gemv, rope_store, triton_support
+from .kv_shapes import kv_shape
+from .patches import experts, folds, products
+from .rows import batch_sizes
+from .windows import layer_windows
+
+
+@dataclass(frozen=True)
+class FastPlan:
+    """The kernels and patches of one lane (see :func:`plan_for`); ``str()`` is a readable table."""
+
+    model: str  # the model's class
+    device: str
+    dtype: str
+    max_rows: int  # most rows of a batch the lane holds (FastEngine's max_batch)
+    graphs: bool  # steps replayed as CUDA graphs (else run eagerly, as on CPU)
+    batch_buckets: tuple[int, ...]  # a batch runs in the graph of the smallest bucket holding its rows
+    length_buckets: tuple[int, ...]  # catch-ups padded to the smallest bucket holding them
+    compile: str | None  # None, "parts", "decode" or "all" (FastConfig.compile)
+    attention: str  # "split" (Triton, written slots only), "matmul" or "sdpa" (every slot)
+    mask_free: bool  # every attention call runs the split kernel: steps build no mask
+    products: str  # "triton" (tuned GEMV / gated-MLP kernels) or "cublas"
+    gemv_tiers: tuple[int, ...]  # rows of the GEMV tiers tuned (cuBLAS past the last, or where it timed faster)
+    fuse_qkv: bool  # q/k/v as one product
+    fuse_mlp: bool  # a SiLU MLP's gate, up and activation as one kernel
+    add_norm: bool  # each residual add with the norm after it as one compiled piece
+    fold_norms: bool  # at one row, norms and adds folded into the products (where foldable)
+    rope_store: bool  # k and v stored by one kernel; q and k rotated by one where the dtype and the model allow
+    defer_rotation: bool  # rotation, k and v store as one kernel in the cache's update (where the probe agrees)
+    rotary_table: bool  # rotary cos / sin gathered from a table (where the module's values are reproduced)
+    windows: tuple[int | None, ...]  # each layer's sliding window (None: full attention)
+    experts: str | None  # transformers' experts implementation (None: no experts)
+    read_out: str  # "fused" (logits, entropy and greedy token in two kernels) or "eager"
+    pdl: str  # programmatic dependent launch of the Triton kernels ("off", "one-row", "all")
+    run_ahead: bool  # the loop may advance the lane a step early
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        lines = [f"FastLane plan for {self.model} ({self.device}, {self.dtype}, up to {self.max_rows} rows)"]
+        lines += [f"  {name:<12} {text}" for name, text in self._lines()]
+        return "\n".join(lines)
+
+    def _lines(self) -> list[tuple[str, str]]:
+        lengths = ", ".join(map(str, self.length_buckets))
+        batches = ", ".join(map(str, self.batch_buckets))
+        return [
+            ("graphs", f"{'CUDA graphs' if self.graphs else 'eager steps'}; batch buckets {batches}; "
+                       f"length buckets {lengths}"),
+            ("compile", {None: "none", "parts": "parts (norm, rotary, gated activation; symbolic shapes)",
+                         "decode": "decode (whole one-token steps)", "all": "all (whole steps, buckets too)"}
+             [self.compile]),
+            ("attention", {"split": "split (Triton, written slots only" + ("; steps build no mask)" if self.mask_free
+                                                                            else "; masked fallback)"),
+                           "matmul": "matmul (chunked products over every slot)",
+                           "sdpa": "sdpa (one fused call over every slot)"}[self.attention]),
+            ("products", self._products()),
+            ("norms", self._norms()),
+            ("rotary", self._rotary()),
+            ("windows", self._windows()),
+            ("experts", self.experts or "none"),
+            ("read-out", "fused (entropy and greedy token in two kernels)" if self.read_out == "fused"
+             else "eager"),
+            ("launch", f"PDL {self.pdl}; run-ahead {'on' if self.run_ahead else 'off'}"),
+        ]
+
+    def _products(self) -> str:
+        if self.products == "cublas":
+            return "cuBLAS"
+        tiers = ", ".join(map(str, self.gemv_tiers))
+        parts = [f"Triton GEMV tiers of {tiers} rows (cuBLAS past {self.gemv_tiers[-1]} rows and where it "
+                 "timed faster)"]
+        parts += ["q/k/v fused"] if self.fuse_qkv else []
+        parts += ["gated MLP fused"] if self.fuse_mlp else []
+        return "; ".join(parts)
+
+    def _norms(self) -> str:
+        if not self.add_norm:
+            return "as the model computes them"
+        return "add + norm as one piece" + ("; folded into the products at one row where foldable"
+                                            if self.fold_norms else "")
+
+    def _rotary(self) -> str:
+        parts = ["the model's"] if not self.rope_store else [
+            "rope_store kernels (k / v store; q / k rotation where it matches the model's)"
+            + ("; rotation deferred to the cache's store where the probe agrees" if self.defer_rotation else "")]
+        return "; ".join(parts + (["cos / sin table"] if self.rotary_table else []))
+
+    def _windows(self) -> str:
+        sliding = sorted({w for w in self.windows if w is not None})
+        if not sliding:
+            return f"full attention ({len(self.windows)} layers)"
+        count = sum(w is not None for w in self.windows)
+        return f"sliding window {', '.join(map(str, sliding))} on {count} of {len(self.windows)} layers"
+
+
+def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head_dim: int | None = None) -> FastPlan:
+    """The plan of a lane of ``max_rows`` rows for ``model`` under ``config`` (``head_dim``: the cache's head size;
+    None: read by :func:`~hf_rstitch.fast.kv_shapes.kv_shape`). Raises as :class:`FastConfig` and
+    :func:`~hf_rstitch.fast.patches.products.kernels_run` do (``gemv=True`` without Triton)."""
+    device, dtype = model.device, model.dtype
+    triton = triton_support.available(device)
+    graphs = device.type == "cuda" if config.graphs is None else config.graphs
+    attention = "matmul" if config.attention == "split" and not triton else config.attention
+    head_dim = kv_shape(model)[2] if head_dim is None else head_dim
+    kernels = products.kernels_run(model, config) and dtype in gemv.DTYPES  # float64 keeps cuBLAS
+    partial = config.compile in (None, "parts")  # the step is not compiled whole
+    rope = config.fuse_rope_store and partial and triton
+    add_norm = config.compile == "parts" and config.adds_with_norms
+    return FastPlan(
+        model=type(model).__name__, device=str(device), dtype=str(dtype), max_rows=max_rows, graphs=graphs,
+        batch_buckets=batch_sizes(max_rows), length_buckets=bucket_sizes(config.max_bucket), compile=config.compile,
+        attention=attention,
+        mask_free=attention == "split" and decode_attention.runs_for(head_dim, dtype, device),
+        products="triton" if kernels else "cublas",
+        gemv_tiers=tuple(top for top, tuned in zip(gemv.TIERS, gemv.tiers_for(max_rows)) if tuned) if kernels else (),
+        fuse_qkv=kernels and config.fuse_qkv, fuse_mlp=kernels and config.fuse_mlp,
+        add_norm=add_norm, fold_norms=add_norm and kernels and config.fuse_qkv and config.fuse_mlp and folds.ENABLED,
+        rope_store=rope, defer_rotation=rope and rope_store.DEFER, rotary_table=config.rotary_table and partial,
+        windows=tuple(layer_windows(model.config)), experts=experts.plan(model, config.experts).kind,
+        read_out="fused" if device.type == "cuda" and triton and dtype != torch.float64 else "eager",
+        pdl=triton_support.PDL if triton_support.pdl(device, 1) else "off",
+        run_ahead=graphs if config.run_ahead is None else config.run_ahead,
+    )
