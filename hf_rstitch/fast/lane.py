@@ -63,6 +63,8 @@ from .graphs import GraphRunner
 from .kv_shapes import kv_shape
 from .lane_outputs import Outputs
 from .lane_rows import RowOps
+from .blocks import blocks_for
+from .paged_kv import BlockPool, PagedKV
 from .products import product_layers
 from .rows import RowSlots
 from .static_kv import KV_CHUNK, StaticKV, static_attention, static_attention_on, static_attention_sdpa
@@ -93,10 +95,14 @@ class FastLane(Outputs, RowOps):
         config: :class:`FastConfig`.
         timing: record device-synchronised seconds of each call in its ForwardCall (adds a sync).
         max_rows: most rows of a batch (cache rows); any batch up to it runs without rebuilding.
+        kv_blocks: a paged cache (:mod:`hf_rstitch.fast.paged_kv`) of this many blocks; None: paged only with
+            ``config.paged`` (then blocks for ``max_rows`` full rows), else a static cache.
+        kv_pool: a paged cache over this pool (a lane's one-row joiner shares its lane's).
     """
 
     def __init__(self, model: PreTrainedModel, role: Role, vocab: int, capacity: int,
-                 config: FastConfig | None = None, timing: bool = False, max_rows: int = 1):
+                 config: FastConfig | None = None, timing: bool = False, max_rows: int = 1,
+                 kv_blocks: int | None = None, kv_pool: BlockPool | None = None):
         check_supported(model, max_rows)
         self.config = config = config or FastConfig()
         self.model, self.role, self.vocab, self.timing = model, role, vocab, timing
@@ -112,10 +118,17 @@ class FastLane(Outputs, RowOps):
         self.buckets = bucket_sizes(config.max_bucket)
         self.rows = RowSlots(max_rows)  # live row -> cache row, per-row trace bookkeeping
         n_slots = round_up(capacity + config.max_bucket, KV_CHUNK)  # padded writes stay inside; whole chunks
-        self.cache = StaticKV(model.config, n_slots, model.dtype, dev, rows=max_rows, shape=kv_shape(model))
+        self.n_pad = torch.zeros(max_rows, dtype=torch.long, device=dev)  # left-padding columns of each cache row
+        self.paged = config.paged or kv_blocks is not None or kv_pool is not None
+        if self.paged:  # blocks as rows write them (.paged_kv)
+            pool = kv_pool or BlockPool(kv_shape(model), kv_blocks or 1 + max_rows * blocks_for(n_slots), model.dtype,
+                                        dev)
+            self.cache = PagedKV(pool, max_rows, n_slots, self.n_pad)
+            self.cache.gather = not self._mask_free  # the split kernel reads the blocks, eager attentions a copy
+        else:
+            self.cache = StaticKV(model.config, n_slots, model.dtype, dev, rows=max_rows, shape=kv_shape(model))
         self.slot_ids = torch.arange(n_slots, device=dev)  # [S]
         self.valid = torch.ones(max_rows, n_slots, dtype=torch.bool, device=dev)  # False on left-padding slots
-        self.n_pad = torch.zeros(max_rows, dtype=torch.long, device=dev)  # left-padding columns of each cache row
         self.ids = torch.zeros(max_rows, config.max_bucket, dtype=torch.long, device=dev)  # graph input
         self.n_real = torch.ones((), dtype=torch.long, device=dev)  # real tokens in a padded bucket
         self.seen = 0  # columns of the shared sequence in the cache (every row)
@@ -183,6 +196,7 @@ class FastLane(Outputs, RowOps):
         if seq.shape[0] != self.rows.n_live:
             raise ValueError(f"{self.role} FastLane holds {self.rows.n_live} live rows but got a sequence of shape "
                              f"{tuple(seq.shape)}; drop finished rows with keep_rows before advancing.")
+        self._reserve(total)
         start = 0.0
         if self.timing:
             _sync(self.device)
@@ -206,7 +220,10 @@ class FastLane(Outputs, RowOps):
         return self.rows.records(self.role, total, rows.tolist(), resumed.tolist(), None)
 
     def reset(self) -> None:
-        """Forget the sequence (keeps buffers and graphs): ready for the next generation."""
+        """Forget the sequence (keeps buffers and graphs; a paged cache's blocks go back to its pool): ready for the
+        next generation."""
+        if self.paged:
+            self.cache.release_all()
         self.cache.pos.zero_()
         self.valid.fill_(True)
         self.n_pad.zero_()
@@ -231,7 +248,19 @@ class FastLane(Outputs, RowOps):
         _sync(self.device)
         return time.perf_counter() - start
 
+    @property
+    def kv_pool(self) -> BlockPool | None:
+        """The pool of a paged cache (its ``allocator`` says how many blocks are free); None: a static cache."""
+        return self.cache.pool if self.paged else None
+
     # ---- internals ----------------------------------------------------------------------------
+    def _reserve(self, total: int) -> None:
+        """A paged cache: every live row gets blocks for its tokens up to column ``total`` (the columns this call
+        writes) before the call runs; raises :class:`~hf_rstitch.fast.blocks.OutOfBlocks`, taking none, when the
+        pool is short. A static cache holds every slot already."""
+        if self.paged:
+            self.cache.reserve({row: total - pad for row, pad in zip(self.rows.slot, self.rows.pad) if total > pad})
+
     def _start(self, mask: torch.Tensor) -> None:
         """First call of a generation: note each row's left padding (one host sync)."""
         host = mask.detach().cpu().bool()  # [B, T]
@@ -261,7 +290,7 @@ class FastLane(Outputs, RowOps):
             heads = self.model.config.get_text_config().num_attention_heads
             jobs += attention_pending(self.cache.keys[0], self.cache.values[0], self.cache.pos, self.n_pad,
                                       heads, self.rows.sizes, sorted(set(self.buckets) | {1}),
-                                      layer_windows(self.model.config))
+                                      layer_windows(self.model.config), self.cache.table if self.paged else None)
         triton_support.precompile(jobs, self.device)
 
     def _register_attention(self, kind: str) -> str:
@@ -273,8 +302,9 @@ class FastLane(Outputs, RowOps):
         if kind == "split":
             fallback = refuse_fallback if self._mask_free else functools.partial(static_attention, pos=self.cache.pos,
                                                                                  windows=windows)
+            table = self.cache.table if self.paged and not self.cache.gather else None  # the kernel reads the blocks
             function = functools.partial(decode_attention, pos=self.cache.pos, pad=self.n_pad, fallback=fallback,
-                                         windows=windows)
+                                         windows=windows, table=table)
         else:
             base = static_attention_sdpa if kind == "sdpa" else static_attention
             function = functools.partial(base, pos=self.cache.pos, windows=windows)

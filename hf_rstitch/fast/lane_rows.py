@@ -26,11 +26,19 @@ class RowOps:
         call there is nothing to keep: that call starts from the rows it is given."""
         if self.seen == 0:
             return
-        moves = self.rows.keep([int(i) for i in index])
+        index = [int(i) for i in index]
+        before = list(self.rows.slot)
+        moves = self.rows.keep(index)
+        if self.paged:  # the rows that left give their blocks back; moving rows take theirs along
+            kept = {before[i] for i in index}
+            self.cache.release([row for row in before if row not in kept])
+            for src, dst in moves:
+                self.cache.move_row(src, dst)
         if moves:
             src = to_device([m[0] for m in moves], self.device)
             dst = to_device([m[1] for m in moves], self.device)
-            self.cache.move_rows(src, dst, self.seen)
+            if not self.paged:
+                self.cache.move_rows(src, dst, self.seen)
             self.valid[dst] = self.valid[src]
             self.n_pad[dst] = self.n_pad[src]
             self.row_moves += len(moves)
@@ -118,17 +126,19 @@ class RowOps:
             joiner._start(host[i:i + 1])  # its padding mask: the slots left of `pad` stay masked
             joiner.seen = pad  # the padding counts as read: only the real columns run
             joiner.cache.pos.fill_(pad)
+            joiner._reserve(self.seen)  # a paged joiner takes blocks from this lane's pool
             with torch.no_grad():
                 joiner._run(to_device(ids[i:i + 1, pad:], self.device), False)
-            self.cache.copy_row(joiner.cache, 0, row, self.seen)
+            self.cache.copy_row(joiner.cache, 0, row, self.seen)  # paged: its blocks are handed over
 
     def _joiner(self):
         """A one-row lane of the same model and configuration (built on first use, kept): it prefills joining
         rows. It shares this lane's product plan (no second copy of the fused q/k/v weights) and the
-        process's compiled pieces; its static cache holds one row."""
+        process's compiled pieces; its cache holds one row (a paged lane's joiner draws on this lane's pool)."""
         if self._join_lane is None:
             lane = type(self)(self.model, self.role, self.vocab, self.capacity,
-                              dataclasses.replace(self.config, gemv=False), max_rows=1)
+                              dataclasses.replace(self.config, gemv=False), max_rows=1,
+                              kv_pool=self.kv_pool)
             lane.gemv_layers = self.gemv_layers
             self._join_lane = lane
         return self._join_lane
