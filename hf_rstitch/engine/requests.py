@@ -52,7 +52,9 @@ from ..core.roles import Role
 from ..core.sampling import sample_one
 from ..core.scheduling import LLMSchedule
 from ..core.trace import StitchTrace
+from .kv_budget import budget_of
 from .lane import checked_schedule
+from .preemption import Preemption
 from .protocol import EagerEngine, resolve_engine
 from .request_types import (FINISH_REASONS, Completion, Event, QueueFull, Request, RequestState,  # noqa: F401
                             RequestStatus, StepFailed, generator_for, prepare)
@@ -61,10 +63,11 @@ from .step import Routing, run_step, to_device
 from .step_values import receive_values, send_values
 
 log = logging.getLogger("hf_rstitch.engine")
+
 HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
 
 
-class RequestEngine:
+class RequestEngine(Preemption):
     """Serve many requests through one stitched batch (any device; the fast engine on CUDA by default).
 
     Args:
@@ -83,14 +86,19 @@ class RequestEngine:
             the fast engine on CUDA: ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a
             :class:`hf_rstitch.fast.FastEngine`.
         max_length: with the fast engine, the longest prompt + ``max_new_tokens`` a request may
-            ask for (the static caches' capacity); longer requests are refused at :meth:`submit`.
+            ask for (the width of the caches' block tables); longer requests are refused at :meth:`submit`.
+        kv_tokens: with the fast engine, the KV memory of each lane in tokens (paged caches, blocks of
+            :data:`hf_rstitch.fast.blocks.BLOCK_TOKENS`: :mod:`hf_rstitch.fast.paged_kv`); requests join while
+            their prompts' blocks are free and rows that outgrow it are requeued (:mod:`.preemption`). None:
+            ``max_batch x max_length`` (every row's whole budget: nothing is ever preempted).
         schedule: when the LLM runs for the rows that need it: ``None`` / ``"now"`` (at once, the
             default), a :class:`~hf_rstitch.core.scheduling.GatherForLLM` or its string form
             (``"gather:2:8"``: wait at most 2 steps, run at once from 8 rows). Full-attention models.
     """
 
     def __init__(self, llm, slm, threshold: float = 0.02, max_batch: int = 8, max_waiting: int | None = None,
-                 policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None):
+                 policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None,
+                 kv_tokens: int | None = None):
         from ..hf.checks import check_pair
         from ..hf.decode import logit_width
 
@@ -115,7 +123,9 @@ class RequestEngine:
         else:
             self.max_length = max_length
             slack = HOLD_TRIM if self.schedule is not None else 0  # untrimmed padding of held rows
-            self.lanes = engine.lanes(llm, slm, self.vocab, max_batch, max_length + slack)
+            self.lanes = engine.lanes(llm, slm, self.vocab, max_batch, max_length + slack,
+                                      kv_tokens=kv_tokens or max_batch * (max_length + slack))
+        self.kv = budget_of(self.lanes.values())  # paged lanes: admission and preemption by free blocks
         self.thresholds = RowEntropyPolicy() if policy is None else None
         self.policy = PinnedRoles(self.thresholds if policy is None else checked(policy))
         self.policy.reset()
@@ -133,7 +143,8 @@ class RequestEngine:
         self._ids = itertools.count()
         self._step_index = 0
         self._ahead = None  # the next step's first lane call, run early (run_ahead); admission waits for it
-        self.stats = {"steps": 0, "slm_calls": 0, "llm_calls": 0, "held": 0, "ahead": 0}  # held: row-steps waiting
+        self.stats = {"steps": 0, "slm_calls": 0, "llm_calls": 0, "held": 0, "ahead": 0,
+                      "preempted": 0}  # held: row-steps waiting; preempted: rows requeued for KV memory
 
     # ---- public API ---------------------------------------------------------------------------
     @property
@@ -163,6 +174,10 @@ class RequestEngine:
         ``QueueFull``; ``request`` is not changed (but for its ``request_id`` when None)."""
         r = prepare(request, vocab=self.vocab, max_length=self.max_length, default_eos=self.default_eos,
                     routes_per_request=self.thresholds is not None)
+        if self.kv is not None and not self.kv.fits(len(r.input_ids) + r.max_new_tokens - 1):
+            raise ValueError(f"prompt ({len(r.input_ids)} tokens) + max_new_tokens ({r.max_new_tokens}) exceeds the "
+                             f"engine's KV memory ({self.kv.blocks * self.kv.block} tokens a lane); shorten the "
+                             "request or build the engine with a larger kv_tokens.")
         try:
             generator = generator_for(r)
         except (RuntimeError, ValueError) as err:
@@ -208,6 +223,7 @@ class RequestEngine:
         events = []
         if self._ahead is None:  # the lanes have read the next column for the running rows only
             self._admit()
+        events += self._make_room()  # paged lanes: rows that would outgrow the KV pool wait again
         if not self._rows:
             return events
         ahead, self._ahead = self._ahead, None
@@ -294,13 +310,14 @@ class RequestEngine:
         self._drop(gone)
         return events
 
-    def _finish(self, state: RequestState, reason: str, token: int | None = None, error: str | None = None) -> Event:
+    def _finish(self, state: RequestState, reason: str, token: int | None = None, error: str | None = None,
+                code: str | None = None) -> Event:
         """End a request: its status, its finishing event; the engine forgets it."""
         state.status = RequestStatus.of(reason)
         with self._lock:
             self._states.pop(state.request_id, None)
         role = state.trace.roles[-1] if token is not None else None
-        return Event(state.request_id, token, role, True, reason, error=error, trace=state.trace)
+        return Event(state.request_id, token, role, True, reason, error=error, trace=state.trace, error_code=code)
 
     def _fail_batch(self, message: str) -> list[Event]:
         """Every running request ends with an error; the batch starts afresh (waiting requests stay)."""
@@ -324,6 +341,7 @@ class RequestEngine:
     def _admit(self) -> None:
         with self._lock:
             free = self.max_batch - len(self._rows)
+            free = self._admit_limit(list(itertools.islice(self._waiting, free)))  # and the KV blocks they need
             new = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
         if not new:
             return
@@ -372,7 +390,7 @@ class RequestEngine:
     def _admissible(self) -> bool:
         """Whether a waiting request would take a free row at the next step."""
         with self._lock:
-            return bool(self._waiting) and len(self._rows) < self.max_batch
+            return bool(self._waiting) and len(self._rows) < self.max_batch and self._admit_limit([self._waiting[0]]) > 0
 
     def _free_slot(self, taken: list[int]) -> int:
         used = set(self._slots.tolist()) | set(taken)
