@@ -22,7 +22,14 @@ log = logging.getLogger("hf_rstitch.engine")
 
 
 class Preemption:
-    """``_admit_limit`` and ``_make_room`` of a RequestEngine."""
+    """``_check_fits``, ``_admit_limit`` and ``_make_room`` of a RequestEngine."""
+
+    def _check_fits(self, r) -> None:
+        """Refuse (ValueError) a request whose prompt and whole budget the KV pool could never hold."""
+        if self.kv is not None and not self.kv.fits(len(r.input_ids) + r.max_new_tokens - 1):
+            raise ValueError(f"prompt ({len(r.input_ids)} tokens) + max_new_tokens ({r.max_new_tokens}) exceeds the "
+                             f"engine's KV memory ({self.kv.blocks * self.kv.block} tokens a lane); shorten the "
+                             "request or build the engine with a larger kv_tokens.")
 
     def _admit_limit(self, waiting: list) -> int:
         """How many of ``waiting`` (states, in order) the KV pool lets join now (all of them without a budget)."""

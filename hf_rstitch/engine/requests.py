@@ -174,10 +174,7 @@ class RequestEngine(Preemption):
         ``QueueFull``; ``request`` is not changed (but for its ``request_id`` when None)."""
         r = prepare(request, vocab=self.vocab, max_length=self.max_length, default_eos=self.default_eos,
                     routes_per_request=self.thresholds is not None)
-        if self.kv is not None and not self.kv.fits(len(r.input_ids) + r.max_new_tokens - 1):
-            raise ValueError(f"prompt ({len(r.input_ids)} tokens) + max_new_tokens ({r.max_new_tokens}) exceeds the "
-                             f"engine's KV memory ({self.kv.blocks * self.kv.block} tokens a lane); shorten the "
-                             "request or build the engine with a larger kv_tokens.")
+        self._check_fits(r)
         try:
             generator = generator_for(r)
         except (RuntimeError, ValueError) as err:

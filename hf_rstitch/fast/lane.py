@@ -6,6 +6,8 @@ the shared sequence it has not seen, return the last column's logits -- with the
 * a static KV cache (:class:`~hf_rstitch.fast.static_kv.StaticKV`) whose slot ``j`` holds
   column ``j`` of every row; the masks and positions of a step are built on the device from the
   write offset and each row's left-padding count, so no step needs the host to know where it writes;
+  or, paged (``FastConfig(paged=True)``, ``kv_blocks=``; the request engine's), blocks a row owns as it
+  writes, read through a device block table the host grows before each call (:mod:`hf_rstitch.fast.paged_kv`);
 * every call of up to ``max_bucket`` tokens runs as a CUDA graph keyed by (batch bucket, length
   bucket): one-token decode steps, and catch-up prefills padded to a power-of-two bucket
   (:mod:`hf_rstitch.fast.buckets`); a batch runs in the graph of the smallest batch bucket holding
@@ -248,19 +250,7 @@ class FastLane(Outputs, RowOps):
         _sync(self.device)
         return time.perf_counter() - start
 
-    @property
-    def kv_pool(self) -> BlockPool | None:
-        """The pool of a paged cache (its ``allocator`` says how many blocks are free); None: a static cache."""
-        return self.cache.pool if self.paged else None
-
     # ---- internals ----------------------------------------------------------------------------
-    def _reserve(self, total: int) -> None:
-        """A paged cache: every live row gets blocks for its tokens up to column ``total`` (the columns this call
-        writes) before the call runs; raises :class:`~hf_rstitch.fast.blocks.OutOfBlocks`, taking none, when the
-        pool is short. A static cache holds every slot already."""
-        if self.paged:
-            self.cache.reserve({row: total - pad for row, pad in zip(self.rows.slot, self.rows.pad) if total > pad})
-
     def _start(self, mask: torch.Tensor) -> None:
         """First call of a generation: note each row's left padding (one host sync)."""
         host = mask.detach().cpu().bool()  # [B, T]

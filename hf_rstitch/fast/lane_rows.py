@@ -1,5 +1,6 @@
 """Continuous batching for :class:`~hf_rstitch.fast.lane.FastLane`: rows join, wait, leave, and the shared columns
-grow or shrink on the left (the verbs of the lane protocol beyond ``advance``, :mod:`hf_rstitch.engine.protocol`).
+grow or shrink on the left (the verbs of the lane protocol beyond ``advance``, :mod:`hf_rstitch.engine.protocol`);
+with a paged cache, the blocks each row owns follow it (:mod:`hf_rstitch.fast.paged_kv`).
 
 A mixin over the lane's state: its static cache (``cache``), per-cache-row padding mask and count
 (``valid``, ``n_pad``), row bookkeeping (``rows``), columns read so far (``seen``) and the live-row order
@@ -110,7 +111,20 @@ class RowOps:
             self.rows.solo_seen[i] += 1
 
 
+    @property
+    def kv_pool(self):
+        """The :class:`~hf_rstitch.fast.paged_kv.BlockPool` of a paged cache (its ``allocator`` says how many blocks
+        are free); None: a static cache."""
+        return self.cache.pool if self.paged else None
+
     # ---- internals ----------------------------------------------------------------------------
+    def _reserve(self, total: int) -> None:
+        """A paged cache: every live row gets blocks for its tokens up to column ``total`` (the columns this call
+        writes) before the call runs; raises :class:`~hf_rstitch.fast.blocks.OutOfBlocks`, taking none, when the
+        pool is short. A static cache holds every slot already."""
+        if self.paged:
+            self.cache.reserve({row: total - pad for row, pad in zip(self.rows.slot, self.rows.pad) if total > pad})
+
     def _prefill_rows(self, dst: list[int], ids: torch.Tensor, host: torch.Tensor) -> None:
         """Fill cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (``host``: their mask, bool, on
         the CPU): each row alone through this lane's one-row twin (:meth:`_joiner`: the same model in the same

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from ..engine.step import to_device
 from .blocks import BLOCK_TOKENS, TRASH, BlockAllocator, BlockTables, blocks_for
 
 
@@ -99,16 +100,15 @@ class PagedKV:
         """Cache row ``r`` of ``wants`` gets blocks for its first ``wants[r]`` tokens (all or none: raises
         :class:`~.blocks.OutOfBlocks` taking none). One device write when some row crossed a block."""
         entries = self.tables.grow(wants)
-        if entries:
-            rows, index, blocks = (torch.tensor(x, dtype=torch.long) for x in zip(*entries))
-            dev = self.table.device
-            self.table.index_put_((rows.to(dev), index.to(dev)), blocks.to(dev, torch.int32))
+        if entries:  # queued behind a step run ahead, not waiting for it (to_device)
+            rows, index, blocks = to_device(torch.tensor(entries, dtype=torch.long).T, self.table.device)
+            self.table.index_put_((rows, index), blocks.to(torch.int32))
 
     def release(self, rows) -> None:
         """Cache rows ``rows`` give their blocks back; their table entries point at the trash block again."""
         cleared = self.tables.release(rows)
         if cleared:
-            self.table[torch.tensor(cleared, device=self.table.device)] = TRASH
+            self.table[to_device(cleared, self.table.device)] = TRASH
 
     def release_all(self) -> None:
         self.release(range(self.n_rows))
