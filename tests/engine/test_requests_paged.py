@@ -132,3 +132,24 @@ def test_budget_preempts_the_newest_rows_until_the_rest_fit():
     assert kv.preempt([60, 40, 5]) == ([1, 2], [])
     assert kv.preempt([100, 5]) == ([1], [0])  # the oldest alone does not fit: it fails
     assert kv.preempt([]) == ([], [])
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(blocks=st.integers(1, 40), running=st.lists(st.integers(0, 300), max_size=8),
+       waiting=st.lists(st.integers(0, 300), max_size=8))
+def test_budget_never_admits_or_keeps_more_than_the_pool(blocks, running, waiting):
+    kv = KVBudget(blocks=blocks, block=16)
+    requeue, fail = kv.preempt(running)
+    kept = [n for i, n in enumerate(running) if i not in requeue and i not in fail]
+    assert sum(kv.need(n) for n in kept) <= blocks
+    assert requeue == sorted(requeue) and all(i > 0 for i in requeue)  # the newest go, the oldest stays
+    assert fail in ([], [0]) and (not fail or kept == [])
+    k = kv.admit(kept, waiting)
+    after = kept + waiting[:k]
+    assert sum(kv.need(n) for n in after) <= blocks
+    if k < len(waiting) and kept:  # the next one would have left a row without its next block
+        assert sum(kv.need(n) for n in after + [waiting[k]]) + len(after) + 1 > blocks
