@@ -8,6 +8,7 @@ imported only there.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,9 @@ def kv_plan(cfg: ServeConfig, llm, slm) -> tuple[int, int | None]:
     if kv_tokens < 1:
         raise ValueError(f"no GPU memory is left for KV blocks below --kv-memory {cfg.kv_memory} once the pair is "
                          "loaded; raise --kv-memory, or serve smaller models / a lower precision")
+    logging.getLogger("hf_rstitch.serve").info(
+        "fast engine KV memory: %d tokens a model (%.1f rows of max_length %d); requests up to %d tokens",
+        kv_tokens, kv_tokens / max_length, max_length, min(max_length, kv_tokens))
     return min(max_length, kv_tokens), kv_tokens
 
 
