@@ -25,6 +25,10 @@ makes this step's events. Not on steps with held rows or a schedule, nor when a 
 could take a free row at the next step: a request arriving meanwhile, or freed rows, wait one step
 more for admission. Rows that finish or are cancelled are cut from the early call's output.
 
+KV memory (the fast engine's lanes, always paged here: :mod:`hf_rstitch.fast.paged_kv`): a row holds the blocks
+of the tokens it has written; requests join while their prompts' blocks are free, and when the running rows
+outgrow the pool the newest are requeued with their tokens and resume (:mod:`.kv_budget`, :mod:`.preemption`).
+
 Faults stay with their request: ``submit`` checks a request and builds all it needs (its generator,
 eos set, threshold: :func:`~.request_types.prepare`) before it may touch the rows, so a bad request is
 a ``ValueError`` there; a row whose own sampling fails inside a step ends alone with an ``error``
