@@ -67,7 +67,6 @@ from .step import Routing, run_step, to_device
 from .step_values import receive_values, send_values
 
 log = logging.getLogger("hf_rstitch.engine")
-
 HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
 
 
@@ -391,7 +390,8 @@ class RequestEngine(Preemption):
     def _admissible(self) -> bool:
         """Whether a waiting request would take a free row at the next step."""
         with self._lock:
-            return bool(self._waiting) and len(self._rows) < self.max_batch and self._admit_limit([self._waiting[0]]) > 0
+            room = bool(self._waiting) and len(self._rows) < self.max_batch
+            return room and self._admit_limit([self._waiting[0]]) > 0  # and its prompt's KV blocks
 
     def _free_slot(self, taken: list[int]) -> int:
         used = set(self._slots.tolist()) | set(taken)

@@ -341,7 +341,8 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
     (``[rows]`` left-padding count of each cache row) are the lane's device tensors, ``windows`` the model's
     per-layer windows (:func:`.windows.layer_windows`), bound with ``functools.partial`` when the lane
     registers it; ``table``: a paged cache's block table (key / value are then its pool layers, and the lane
-    never takes the fallback). ``kwargs`` may carry ``sliding_window``, ``softcap`` and ``s_aux`` (sinks) as transformers
+    never takes the fallback). ``kwargs`` may carry ``sliding_window``, ``softcap`` and ``s_aux`` (sinks) as
+    transformers
     passes them.
 
     Returns ``([b, q, H, D], None)``.

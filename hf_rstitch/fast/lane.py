@@ -57,6 +57,7 @@ from ..core.roles import Role
 from ..engine.lane import left_padding
 from ..engine.step import to_device
 from . import compile_cache, experts, linears, products, regions, rope_store, rotary_table, triton_support
+from .blocks import blocks_for
 from .buckets import bucket_for, bucket_sizes, round_up
 from .config import FastConfig, check_supported
 from .decode_attention import decode_attention, refuse_fallback, runs_for
@@ -65,7 +66,6 @@ from .graphs import GraphRunner
 from .kv_shapes import kv_shape
 from .lane_outputs import Outputs
 from .lane_rows import RowOps
-from .blocks import blocks_for
 from .paged_kv import BlockPool, PagedKV
 from .products import product_layers
 from .rows import RowSlots

@@ -72,8 +72,8 @@ def _rotate_kernel():
 
     @triton.jit
     def rotate_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, slots_ptr, values_ptr, table_ptr, pad_ptr,
-                      S, HQ, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sc_b, sc_s, ss_b, ss_s, c_b, c_h, c_s,
-                      st_b, HALF: tl.constexpr, BLOCK: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr,
+                      S, HQ, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sc_b, sc_s, ss_b, ss_s,
+                      c_b, c_h, c_s, st_b, HALF: tl.constexpr, BLOCK: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr,
                       PAGE: tl.constexpr):
         if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
             tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)

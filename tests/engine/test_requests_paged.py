@@ -3,7 +3,6 @@ what static slabs of the same memory would hold, admission by free blocks, preem
 loses nothing, every block back in its pool when requests finish or are cancelled."""
 
 import pytest
-import torch
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import Role
@@ -78,7 +77,8 @@ def test_a_full_pool_requeues_the_newest_rows_and_they_resume_where_they_stopped
     roles = [Role.LLM, Role.SLM, Role.LLM, None]
     def requests():
         return [Request(p[0].tolist(), max_new_tokens=m, role=role, stitch_threshold=None if role else 0.5,
-                        request_id=f"r{i}", eos_token_id=[]) for i, (p, m, role) in enumerate(zip(prompts, news, roles))]
+                        request_id=f"r{i}", eos_token_id=[])
+                for i, (p, m, role) in enumerate(zip(prompts, news, roles))]
 
     done = _drive(engine, requests())
     assert engine.stats["preempted"] > 0
