@@ -67,6 +67,7 @@ class BlockTables:
     def __init__(self, allocator: BlockAllocator, rows: int, width: int, block: int = BLOCK_TOKENS):
         self.allocator, self.width, self.block = allocator, width, block
         self.owned: list[list[int]] = [[] for _ in range(rows)]
+        self.covered: list[int] = [0] * rows  # tokens each row's blocks hold (a cheap check before grow)
 
     def need(self, row: int, tokens: int) -> int:
         """New blocks row ``row`` needs to hold ``tokens`` tokens."""
@@ -89,6 +90,7 @@ class BlockTables:
             for b in self.allocator.allocate(n):
                 entries.append((r, len(self.owned[r]), b))
                 self.owned[r].append(b)
+            self.covered[r] = len(self.owned[r]) * self.block
         return entries
 
     def release(self, rows) -> list[int]:
@@ -97,7 +99,7 @@ class BlockTables:
         for r in rows:
             if self.owned[r]:
                 self.allocator.free(self.owned[r])
-                self.owned[r] = []
+                self.owned[r], self.covered[r] = [], 0
                 cleared.append(r)
         return cleared
 
@@ -107,6 +109,7 @@ class BlockTables:
             raise RuntimeError(f"cache row {dst} still owns {len(self.owned[dst])} blocks; release it before moving "
                                f"row {src} there")
         self.owned[dst], self.owned[src] = self.owned[src], []
+        self.covered[dst], self.covered[src] = self.covered[src], 0
 
     def take(self, other: "BlockTables", src: int, dst: int) -> None:
         """Row ``src`` of ``other`` (same allocator) becomes row ``dst`` of this table."""
@@ -114,6 +117,7 @@ class BlockTables:
             raise ValueError("rows move between block tables of one pool only")
         self.release([dst])
         self.owned[dst], other.owned[src] = other.owned[src], []
+        self.covered[dst], other.covered[src] = other.covered[src], 0
 
     def n_owned(self) -> int:
         return sum(len(o) for o in self.owned)
@@ -127,5 +131,7 @@ class BlockTables:
         free = set(self.allocator._free)
         assert len(free) == len(self.allocator._free), "a block is free twice"
         assert not free & set(owned), f"blocks both free and owned: {sorted(free & set(owned))}"
+        for t in (self, *others):
+            assert t.covered == [len(o) * t.block for o in t.owned], "covered tokens out of step with the blocks"
         assert len(free) + len(owned) == self.allocator.usable, \
             f"{self.allocator.usable - len(free) - len(owned)} blocks neither free nor owned"

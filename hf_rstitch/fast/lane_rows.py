@@ -123,7 +123,7 @@ class RowOps:
         writes) before the call runs; raises :class:`~hf_rstitch.fast.blocks.OutOfBlocks`, taking none, when the
         pool is short. A static cache holds every slot already."""
         if self.paged:
-            self.cache.reserve({row: total - pad for row, pad in zip(self.rows.slot, self.rows.pad) if total > pad})
+            self.cache.reserve_columns(total, self.rows.slot, self.rows.pad)
 
     def _prefill_rows(self, dst: list[int], ids: torch.Tensor, host: torch.Tensor) -> None:
         """Fill cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (``host``: their mask, bool, on

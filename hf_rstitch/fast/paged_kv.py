@@ -104,6 +104,14 @@ class PagedKV:
             rows, index, blocks = to_device(torch.tensor(entries, dtype=torch.long).T, self.table.device)
             self.table.index_put_((rows, index), blocks.to(torch.int32))
 
+    def reserve_columns(self, total: int, rows: list[int], pads: list[int]) -> None:
+        """:meth:`reserve` for cache rows ``rows`` (left padding ``pads``) up to column ``total``: a row's tokens are
+        the columns past its padding. Rows whose blocks already hold them cost one comparison."""
+        covered = self.tables.covered
+        wants = {r: total - p for r, p in zip(rows, pads) if total - p > covered[r]}
+        if wants:
+            self.reserve(wants)
+
     def release(self, rows) -> None:
         """Cache rows ``rows`` give their blocks back; their table entries point at the trash block again."""
         cleared = self.tables.release(rows)
