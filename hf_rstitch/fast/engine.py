@@ -68,7 +68,7 @@ class FastEngine:
         kv_blocks = None if kv_tokens is None else 1 + blocks_for(kv_tokens)  # a paged pool, with its trash block
         if (lane is None or lane.model is not model or lane.vocab != vocab or lane.capacity < capacity
                 or lane.max_rows < batch or self._weights.get(role) != weights
-                or (kv_blocks is not None and (lane.kv_pool is None or lane.kv_pool.n_blocks != kv_blocks))):
+                or lane.kv_blocks != kv_blocks):  # a pool of another size (or none) than asked for
             self._lanes.pop(role, None)  # free the old buffers before allocating new ones
             room = -(-max(capacity, self.capacity, 1) // self.capacity_step) * self.capacity_step
             lane = FastLane(model, role, vocab, room, self.config, max_rows=max(batch, self.max_batch, 1),

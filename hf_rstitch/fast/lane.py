@@ -122,6 +122,7 @@ class FastLane(Outputs, RowOps):
         n_slots = round_up(capacity + config.max_bucket, KV_CHUNK)  # padded writes stay inside; whole chunks
         self.n_pad = torch.zeros(max_rows, dtype=torch.long, device=dev)  # left-padding columns of each cache row
         self.paged = config.paged or kv_blocks is not None or kv_pool is not None
+        self.kv_blocks = kv_blocks  # as asked for (None: a static cache, or config.paged's full rows)
         if self.paged:  # blocks as rows write them (.paged_kv)
             pool = kv_pool or BlockPool(kv_shape(model), kv_blocks or 1 + max_rows * blocks_for(n_slots), model.dtype,
                                         dev)

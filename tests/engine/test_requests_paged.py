@@ -153,3 +153,19 @@ def test_budget_never_admits_or_keeps_more_than_the_pool(blocks, running, waitin
     assert sum(kv.need(n) for n in after) <= blocks
     if k < len(waiting) and kept:  # the next one would have left a row without its next block
         assert sum(kv.need(n) for n in after + [waiting[k]]) + len(after) + 1 > blocks
+
+
+def test_an_engine_shared_with_generate_gives_it_lanes_of_its_own_cache():
+    """A FastEngine first used by a request engine (a 48-token pool) and then by generate (70 tokens, static cache):
+    its lanes are rebuilt for generate, not reused with a pool too small for it."""
+    from hf_rstitch.fast import FastEngine
+
+    llm, slm = make_pair("llama")
+    fast = FastEngine(CPU, max_batch=3)
+    RequestEngine(llm, slm, max_batch=3, max_length=64, engine=fast, kv_tokens=48)
+    assert fast._lanes[Role.LLM].kv_pool.n_blocks == 4
+    ids = prompt(30)
+    kw = dict(assistant_model=slm, stitch_threshold=0.5, max_new_tokens=40, min_new_tokens=40)
+    out = llm.generate(ids, stitch_engine=fast, **kw)
+    assert not fast._lanes[Role.LLM].paged
+    assert out.tolist() == llm.generate(ids, stitch_engine="default", **kw).tolist()
