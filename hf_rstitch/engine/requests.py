@@ -94,6 +94,8 @@ class RequestEngine(Preemption):
             :data:`hf_rstitch.fast.blocks.BLOCK_TOKENS`: :mod:`hf_rstitch.fast.paged_kv`); requests join while
             their prompts' blocks are free and rows that outgrow it are requeued (:mod:`.preemption`). None:
             ``max_batch x max_length`` (every row's whole budget: nothing is ever preempted).
+        paged: with the fast engine, paged caches (the default); False: static slabs of ``max_length`` a row, as
+            before paged caches (kept to measure against; ``kv_tokens`` is then ignored).
         schedule: when the LLM runs for the rows that need it: ``None`` / ``"now"`` (at once, the
             default), a :class:`~hf_rstitch.core.scheduling.GatherForLLM` or its string form
             (``"gather:2:8"``: wait at most 2 steps, run at once from 8 rows). Full-attention models.
@@ -101,7 +103,7 @@ class RequestEngine(Preemption):
 
     def __init__(self, llm, slm, threshold: float = 0.02, max_batch: int = 8, max_waiting: int | None = None,
                  policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None,
-                 kv_tokens: int | None = None):
+                 kv_tokens: int | None = None, paged: bool = True):
         from ..hf.checks import check_pair
         from ..hf.decode import logit_width
 
@@ -127,7 +129,7 @@ class RequestEngine(Preemption):
             self.max_length = max_length
             slack = HOLD_TRIM if self.schedule is not None else 0  # untrimmed padding of held rows
             self.lanes = engine.lanes(llm, slm, self.vocab, max_batch, max_length + slack,
-                                      kv_tokens=kv_tokens or max_batch * (max_length + slack))
+                                      kv_tokens=(kv_tokens or max_batch * (max_length + slack)) if paged else None)
         self.kv = budget_of(self.lanes.values())  # paged lanes: admission and preemption by free blocks
         self.thresholds = RowEntropyPolicy() if policy is None else None
         self.policy = PinnedRoles(self.thresholds if policy is None else checked(policy))

@@ -169,3 +169,19 @@ def test_an_engine_shared_with_generate_gives_it_lanes_of_its_own_cache():
     out = llm.generate(ids, stitch_engine=fast, **kw)
     assert not fast._lanes[Role.LLM].paged
     assert out.tolist() == llm.generate(ids, stitch_engine="default", **kw).tolist()
+
+
+def test_static_slabs_stay_available_and_give_the_same_tokens():
+    llm, slm = make_pair("llama")
+    prompts = [prompt(n, seed=5 + n) for n in (4, 9, 6)]
+
+    def run(**kw):
+        engine = RequestEngine(llm, slm, max_batch=2, max_length=64, engine=CPU, **kw)
+        done = engine.run([Request(p[0].tolist(), max_new_tokens=20, stitch_threshold=0.5, request_id=str(i))
+                           for i, p in enumerate(prompts)])
+        return engine, {k: c.tokens for k, c in done.items()}
+
+    static, want = run(paged=False)
+    paged, got = run(kv_tokens=96)  # two rows of ~30 tokens and their headroom: nothing preempted
+    assert static.kv is None and not static.lanes[Role.LLM].paged and paged.lanes[Role.LLM].paged
+    assert got == want and paged.stats["preempted"] == 0
