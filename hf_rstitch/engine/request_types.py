@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import torch
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
+KV_FULL = "kv_cache_full"  # Event.error_code of a request the KV memory could not hold (a server answers 503)
 SEED_RANGE = (-2**63, 2**64)  # what torch.Generator.manual_seed takes: [low, high)
 
 
@@ -71,6 +72,7 @@ class Event:
     finish_reason: str | None = None  # one of FINISH_REASONS
     error: str | None = None  # message when finish_reason == "error"
     trace: StitchTrace | None = None  # on the finishing event
+    error_code: str | None = None  # with an error: KV_FULL when the KV memory could not hold the request
 
 
 @dataclass
@@ -108,6 +110,12 @@ class RequestState:
     status: RequestStatus = RequestStatus.WAITING
     held: tuple[bool, float | None] | None = None  # waiting for the LLM: (handed over?, the SLM's entropy)
     pad: int = 0  # its left-padding columns in the shared sequence (the mask's, kept on the host: no device read)
+    replayed: int = 0  # tokens of its own output in request.input_ids (a preempted request resumes with them)
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens its row holds: prompt and output so far."""
+        return len(self.request.input_ids) + self.trace.n_tokens - self.replayed
 
     @property
     def request_id(self) -> str:

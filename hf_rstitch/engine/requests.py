@@ -27,6 +27,10 @@ makes this step's events. Not on steps with held rows or a schedule, nor when a 
 could take a free row at the next step: a request arriving meanwhile, or freed rows, wait one step
 more for admission. Rows that finish or are cancelled are cut from the early call's output.
 
+KV memory (the fast engine's lanes, always paged here: :mod:`hf_rstitch.fast.paged_kv`): a row holds the blocks
+of the tokens it has written; requests join while their prompts' blocks are free, and when the running rows
+outgrow the pool the newest are requeued with their tokens and resume (:mod:`.kv_budget`, :mod:`.preemption`).
+
 Faults stay with their request: ``submit`` checks a request and builds all it needs (its generator,
 eos set, threshold: :func:`~.request_types.prepare`) before it may touch the rows, so a bad request is
 a ``ValueError`` there; a row whose own sampling fails inside a step ends alone with an ``error``
@@ -55,7 +59,9 @@ from ..core.sampling import sample_one
 from ..core.scheduling import LLMSchedule
 from ..core.trace import StitchTrace
 from .admission import Staging
+from .kv_budget import budget_of
 from .lane import checked_schedule
+from .preemption import Preemption
 from .protocol import EagerEngine, resolve_engine
 from .request_types import (FINISH_REASONS, Completion, Event, QueueFull, Request, RequestState,  # noqa: F401
                             RequestStatus, StepFailed, generator_for, prepare)
@@ -67,7 +73,7 @@ log = logging.getLogger("hf_rstitch.engine")
 HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
 
 
-class RequestEngine:
+class RequestEngine(Preemption):
     """Serve many requests through one stitched batch (any device; the fast engine on CUDA by default).
 
     Args:
@@ -86,7 +92,13 @@ class RequestEngine:
             the fast engine on CUDA: ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a
             :class:`hf_rstitch.fast.FastEngine`.
         max_length: with the fast engine, the longest prompt + ``max_new_tokens`` a request may
-            ask for (the static caches' capacity); longer requests are refused at :meth:`submit`.
+            ask for (the width of the caches' block tables); longer requests are refused at :meth:`submit`.
+        kv_tokens: with the fast engine, the KV memory of each lane in tokens (paged caches, blocks of
+            :data:`hf_rstitch.fast.blocks.BLOCK_TOKENS`: :mod:`hf_rstitch.fast.paged_kv`); requests join while
+            their prompts' blocks are free and rows that outgrow it are requeued (:mod:`.preemption`). None:
+            ``max_batch x max_length`` (every row's whole budget: nothing is ever preempted).
+        paged: with the fast engine, paged caches (the default); False: static slabs of ``max_length`` a row, as
+            before paged caches (kept to measure against; ``kv_tokens`` is then ignored).
         schedule: when the LLM runs for the rows that need it: ``None`` / ``"now"`` (at once, the
             default), a :class:`~hf_rstitch.core.scheduling.GatherForLLM` or its string form
             (``"gather:2:8"``: wait at most 2 steps, run at once from 8 rows). Full-attention models.
@@ -98,7 +110,7 @@ class RequestEngine:
 
     def __init__(self, llm, slm, threshold: float = 0.02, max_batch: int = 8, max_waiting: int | None = None,
                  policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None,
-                 prefill_chunk: int | None = None):
+                 prefill_chunk: int | None = None, kv_tokens: int | None = None, paged: bool = True):
         from ..hf.checks import check_pair
         from ..hf.decode import logit_width
 
@@ -123,7 +135,9 @@ class RequestEngine:
         else:
             self.max_length = max_length
             slack = HOLD_TRIM if self.schedule is not None else 0  # untrimmed padding of held rows
-            self.lanes = engine.lanes(llm, slm, self.vocab, max_batch, max_length + slack)
+            self.lanes = engine.lanes(llm, slm, self.vocab, max_batch, max_length + slack,
+                                      kv_tokens=(kv_tokens or max_batch * (max_length + slack)) if paged else None)
+        self.kv = budget_of(self.lanes.values())  # paged lanes: admission and preemption by free blocks
         self._staging = Staging.for_lanes(self.lanes, prefill_chunk)  # None: joins prefill whole
         self.thresholds = RowEntropyPolicy() if policy is None else None
         self.policy = PinnedRoles(self.thresholds if policy is None else checked(policy))
@@ -142,7 +156,8 @@ class RequestEngine:
         self._ids = itertools.count()
         self._step_index = 0
         self._ahead = None  # the next step's first lane call, run early (run_ahead); admission waits for it
-        self.stats = {"steps": 0, "slm_calls": 0, "llm_calls": 0, "held": 0, "ahead": 0}  # held: row-steps waiting
+        self.stats = {"steps": 0, "slm_calls": 0, "llm_calls": 0, "held": 0, "ahead": 0,
+                      "preempted": 0}  # held: row-steps waiting; preempted: rows requeued for KV memory
 
     # ---- public API ---------------------------------------------------------------------------
     @property
@@ -173,6 +188,7 @@ class RequestEngine:
         ``QueueFull``; ``request`` is not changed (but for its ``request_id`` when None)."""
         r = prepare(request, vocab=self.vocab, max_length=self.max_length, default_eos=self.default_eos,
                     routes_per_request=self.thresholds is not None)
+        self._check_fits(r)
         try:
             generator = generator_for(r)
         except (RuntimeError, ValueError) as err:
@@ -218,6 +234,7 @@ class RequestEngine:
         events = []
         if self._ahead is None:  # the lanes have read the next column for the running rows only
             self._admit()
+        events += self._make_room()  # paged lanes: rows that would outgrow the KV pool wait again
         if not self._rows:
             return events
         ahead, self._ahead = self._ahead, None
@@ -308,13 +325,14 @@ class RequestEngine:
         self._drop(gone)
         return events
 
-    def _finish(self, state: RequestState, reason: str, token: int | None = None, error: str | None = None) -> Event:
+    def _finish(self, state: RequestState, reason: str, token: int | None = None, error: str | None = None,
+                code: str | None = None) -> Event:
         """End a request: its status, its finishing event; the engine forgets it."""
         state.status = RequestStatus.of(reason)
         with self._lock:
             self._states.pop(state.request_id, None)
         role = state.trace.roles[-1] if token is not None else None
-        return Event(state.request_id, token, role, True, reason, error=error, trace=state.trace)
+        return Event(state.request_id, token, role, True, reason, error=error, trace=state.trace, error_code=code)
 
     def _fail_batch(self, message: str) -> list[Event]:
         """Every running request ends with an error; the batch starts afresh (waiting requests stay)."""
@@ -343,7 +361,8 @@ class RequestEngine:
         """Up to ``n`` waiting requests, in order of arrival, and no more than the free rows."""
         with self._lock:
             free = self.max_batch - len(self._rows) - (len(self._staging) if self._staging is not None else 0)
-            return [self._waiting.popleft() for _ in range(max(0, min(n, free, len(self._waiting))))]
+            free = self._admit_limit(list(itertools.islice(self._waiting, max(0, min(n, free)))))  # and their blocks
+            return [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
 
     def _admit(self) -> None:
         staged = None
@@ -403,7 +422,10 @@ class RequestEngine:
     def _admissible(self) -> bool:
         """Whether a waiting request would take a free row at the next step."""
         with self._lock:
-            return bool(self._staging) or bool(self._waiting) and len(self._rows) < self.max_batch
+            if self._staging:
+                return True
+            room = bool(self._waiting) and len(self._rows) < self.max_batch
+            return room and self._admit_limit([self._waiting[0]]) > 0  # and its prompt's KV blocks
 
     def _free_slot(self, taken: list[int]) -> int:
         used = set(self._slots.tolist()) | set(taken)

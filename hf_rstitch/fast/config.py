@@ -45,6 +45,10 @@ class FastConfig:
     # MoE: transformers' experts implementation the lane runs, "grouped_mm" or "batched_mm"; None: grouped_mm for
     # bfloat16 on CUDA from capability 9.0, batched_mm elsewhere (.experts)
     experts: str | None = None
+    # KV cache in blocks that rows own as they write (.paged_kv): memory follows the tokens written, not
+    # rows x capacity. The request engine always pages (its pool sized by its kv_tokens); generate() keeps the
+    # static cache unless this is set (then the pool holds every row's capacity: same memory, same outputs)
+    paged: bool = False
 
     def __post_init__(self):
         bucket_sizes(self.max_bucket)  # validates

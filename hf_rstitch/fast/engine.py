@@ -23,6 +23,7 @@ import shutil
 from transformers import PreTrainedModel
 
 from ..core.roles import Role
+from .blocks import blocks_for
 from .lane import FastConfig, FastLane, check_supported
 from .plan import FastPlan
 from .support import why_not_fast
@@ -65,13 +66,16 @@ class FastEngine:
         self.builds = 0  # lanes built so far (reuse check for tests and benchmarks)
 
     def lane(self, model: PreTrainedModel, role: Role, vocab: int, capacity: int, timing: bool = False,
-             batch: int = 1) -> FastLane:
+             batch: int = 1, kv_tokens: int | None = None) -> FastLane:
         lane, weights = self._lanes.get(role), _weights(model)
+        kv_blocks = None if kv_tokens is None else 1 + blocks_for(kv_tokens)  # a paged pool, with its trash block
         if (lane is None or lane.model is not model or lane.vocab != vocab or lane.capacity < capacity
-                or lane.max_rows < batch or self._weights.get(role) != weights):
+                or lane.max_rows < batch or self._weights.get(role) != weights
+                or lane.kv_blocks != kv_blocks):  # a pool of another size (or none) than asked for
             self._lanes.pop(role, None)  # free the old buffers before allocating new ones
             room = -(-max(capacity, self.capacity, 1) // self.capacity_step) * self.capacity_step
-            lane = FastLane(model, role, vocab, room, self.config, max_rows=max(batch, self.max_batch, 1))
+            lane = FastLane(model, role, vocab, room, self.config, max_rows=max(batch, self.max_batch, 1),
+                            kv_blocks=kv_blocks)
             self._lanes[role], self._weights[role] = lane, weights
             self.builds += 1
             if self.config.warm_up:  # every bucket now: no generation pays a capture or compile mid-way
@@ -82,12 +86,14 @@ class FastEngine:
         return lane
 
     def lanes(self, llm: PreTrainedModel, slm: PreTrainedModel, vocab: int, batch_size: int, capacity: int,
-              timing: bool = False) -> dict[Role, FastLane]:
+              timing: bool = False, kv_tokens: int | None = None) -> dict[Role, FastLane]:
+        """Both lanes; ``kv_tokens``: paged caches (:mod:`.paged_kv`) holding this many tokens each (the request
+        engine's), None: as ``config.paged`` says."""
         check_supported(llm, batch_size)
         check_supported(slm, batch_size)
         return {
-            Role.SLM: self.lane(slm, Role.SLM, vocab, capacity, timing, batch_size),
-            Role.LLM: self.lane(llm, Role.LLM, vocab, capacity, timing, batch_size),
+            Role.SLM: self.lane(slm, Role.SLM, vocab, capacity, timing, batch_size, kv_tokens),
+            Role.LLM: self.lane(llm, Role.LLM, vocab, capacity, timing, batch_size, kv_tokens),
         }
 
     def plans(self) -> dict[Role, FastPlan]:

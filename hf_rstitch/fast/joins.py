@@ -82,6 +82,7 @@ class Stage:
         j = self.joiner
         if not self.done:
             cols = chunk_columns(budget, len(self.lengths), self.width - 1 - j.seen, j.config.max_bucket)
+            j._reserve(j.seen + cols)  # a paged joiner's blocks for the columns this chunk writes
             with torch.no_grad():
                 j._run(self.ids[:, j.seen:j.seen + cols], False)
             j.seen += cols
@@ -110,5 +111,6 @@ def run_group(joiner, ids: torch.Tensor, host: torch.Tensor) -> None:
     skip = min(left_padding(host).tolist())
     joiner.seen = skip
     joiner.cache.pos.fill_(skip)
+    joiner._reserve(ids.shape[1])  # a paged joiner takes its rows' blocks from its lane's pool (handed over after)
     with torch.no_grad():
         joiner._run(to_device(ids[:, skip:], joiner.device), False)

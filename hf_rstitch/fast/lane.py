@@ -6,6 +6,8 @@ the shared sequence it has not seen, return the last column's logits -- with the
 * a static KV cache (:class:`~hf_rstitch.fast.static_kv.StaticKV`) whose slot ``j`` holds
   column ``j`` of every row; the masks and positions of a step are built on the device from the
   write offset and each row's left-padding count, so no step needs the host to know where it writes;
+  or, paged (``FastConfig(paged=True)``, ``kv_blocks=``; the request engine's), blocks a row owns as it
+  writes, read through a device block table the host grows before each call (:mod:`hf_rstitch.fast.paged_kv`);
 * every call of up to ``max_bucket`` tokens runs as a CUDA graph keyed by (batch bucket, length
   bucket): one-token decode steps, and catch-up prefills padded to a power-of-two bucket
   (:mod:`hf_rstitch.fast.buckets`); a batch runs in the graph of the smallest batch bucket holding
@@ -60,6 +62,7 @@ from ..engine.step import to_device
 from . import compile_cache
 from .patches import experts, linears, products, regions, rotary_table
 from .kernels import rope_store, triton_support
+from .blocks import blocks_for
 from .buckets import bucket_for, round_up
 from .config import FastConfig, check_supported
 from .kernels.decode_attention import decode_attention, refuse_fallback
@@ -69,6 +72,7 @@ from .kv_shapes import kv_shape
 from .lane_outputs import Outputs
 from .lane_rows import RowOps
 from .plan import FastPlan, plan_for
+from .paged_kv import BlockPool, PagedKV
 from .patches.products import product_layers
 from .rows import RowSlots
 from .static_kv import KV_CHUNK, StaticKV, static_attention, static_attention_on, static_attention_sdpa
@@ -103,10 +107,14 @@ class FastLane(Outputs, RowOps):
         config: :class:`FastConfig`.
         timing: record device-synchronised seconds of each call in its ForwardCall (adds a sync).
         max_rows: most rows of a batch (cache rows); any batch up to it runs without rebuilding.
+        kv_blocks: a paged cache (:mod:`hf_rstitch.fast.paged_kv`) of this many blocks; None: paged only with
+            ``config.paged`` (then blocks for ``max_rows`` full rows), else a static cache.
+        kv_pool: a paged cache over this pool (a lane's joiner shares its lane's).
     """
 
     def __init__(self, model: PreTrainedModel, role: Role, vocab: int, capacity: int,
-                 config: FastConfig | None = None, timing: bool = False, max_rows: int = 1):
+                 config: FastConfig | None = None, timing: bool = False, max_rows: int = 1,
+                 kv_blocks: int | None = None, kv_pool: BlockPool | None = None):
         check_supported(model, max_rows)
         self.config = config = config or FastConfig()
         self.model, self.role, self.vocab, self.timing = model, role, vocab, timing
@@ -114,8 +122,18 @@ class FastLane(Outputs, RowOps):
         self.capacity = capacity
         self.rows = RowSlots(max_rows)  # live row -> cache row, per-row trace bookkeeping
         n_slots = round_up(capacity + config.max_bucket, KV_CHUNK)  # padded writes stay inside; whole chunks
-        self.cache = StaticKV(model.config, n_slots, model.dtype, dev, rows=max_rows, shape=kv_shape(model))
+        self.n_pad = torch.zeros(max_rows, dtype=torch.long, device=dev)  # left-padding columns of each cache row
+        self.paged = config.paged or kv_blocks is not None or kv_pool is not None
+        self.kv_blocks = kv_blocks  # as asked for (None: a static cache, or config.paged's full rows)
+        if self.paged:  # blocks as rows write them (.paged_kv)
+            pool = kv_pool or BlockPool(kv_shape(model), kv_blocks or 1 + max_rows * blocks_for(n_slots), model.dtype,
+                                        dev)
+            self.cache = PagedKV(pool, max_rows, n_slots, self.n_pad)
+        else:
+            self.cache = StaticKV(model.config, n_slots, model.dtype, dev, rows=max_rows, shape=kv_shape(model))
         self.plan = plan = plan_for(model, config, max_rows, self.cache.head_dim)  # every kernel and patch it runs
+        if self.paged:
+            self.cache.gather = not plan.mask_free  # the split kernel reads the blocks, eager attentions a copy
         if config.graphs is None and not plan.graphs:
             _warn_eager(dev)
         self.graphs = GraphRunner(dev) if plan.graphs else None  # raises off CUDA
@@ -123,7 +141,6 @@ class FastLane(Outputs, RowOps):
         self.buckets = plan.length_buckets
         self.slot_ids = torch.arange(n_slots, device=dev)  # [S]
         self.valid = torch.ones(max_rows, n_slots, dtype=torch.bool, device=dev)  # False on left-padding slots
-        self.n_pad = torch.zeros(max_rows, dtype=torch.long, device=dev)  # left-padding columns of each cache row
         self.ids = torch.zeros(max_rows, config.max_bucket, dtype=torch.long, device=dev)  # graph input
         self.n_real = torch.ones((), dtype=torch.long, device=dev)  # real tokens in a padded bucket
         self.seen = 0  # columns of the shared sequence in the cache (every row)
@@ -201,6 +218,7 @@ class FastLane(Outputs, RowOps):
         if seq.shape[0] != self.rows.n_live:
             raise ValueError(f"{self.role} FastLane holds {self.rows.n_live} live rows but got a sequence of shape "
                              f"{tuple(seq.shape)}; drop finished rows with keep_rows before advancing.")
+        self._reserve(total)
         start = 0.0
         if self.timing:
             _sync(self.device)
@@ -224,7 +242,10 @@ class FastLane(Outputs, RowOps):
         return self.rows.records(self.role, total, rows.tolist(), resumed.tolist(), None)
 
     def reset(self) -> None:
-        """Forget the sequence (keeps buffers and graphs): ready for the next generation."""
+        """Forget the sequence (keeps buffers and graphs; a paged cache's blocks go back to its pool): ready for the
+        next generation."""
+        if self.paged:
+            self.cache.release_all()
         self.cache.pos.zero_()
         self.valid.fill_(True)
         self.n_pad.zero_()
@@ -273,7 +294,7 @@ class FastLane(Outputs, RowOps):
             heads = self.model.config.get_text_config().num_attention_heads
             jobs += attention_pending(self.cache.keys[0], self.cache.values[0], self.cache.pos, self.n_pad,
                                       heads, self.rows.sizes, sorted(set(self.buckets) | {1}),
-                                      list(self.plan.windows))
+                                      list(self.plan.windows), self.cache.table if self.paged else None)
         triton_support.precompile(jobs, self.device)
 
     def _register_attention(self, kind: str) -> str:
@@ -284,8 +305,9 @@ class FastLane(Outputs, RowOps):
         if kind == "split":
             fallback = refuse_fallback if self.plan.mask_free else functools.partial(static_attention, pos=self.cache.pos,
                                                                                  windows=windows)
+            table = self.cache.table if self.paged and not self.cache.gather else None  # the kernel reads the blocks
             function = functools.partial(decode_attention, pos=self.cache.pos, pad=self.n_pad, fallback=fallback,
-                                         windows=windows)
+                                         windows=windows, table=table)
         else:
             base = static_attention_sdpa if kind == "sdpa" else static_attention
             function = functools.partial(base, pos=self.cache.pos, windows=windows)

@@ -1,5 +1,6 @@
 """Continuous batching for :class:`~hf_rstitch.fast.lane.FastLane`: rows join, wait, leave, and the shared columns
-grow or shrink on the left (the verbs of the lane protocol beyond ``advance``, :mod:`hf_rstitch.engine.protocol`).
+grow or shrink on the left (the verbs of the lane protocol beyond ``advance``, :mod:`hf_rstitch.engine.protocol`);
+with a paged cache, the blocks each row owns follow it (:mod:`hf_rstitch.fast.paged_kv`).
 
 A mixin over the lane's state: its static cache (``cache``), per-cache-row padding mask and count
 (``valid``, ``n_pad``), row bookkeeping (``rows``), columns read so far (``seen``) and the live-row order
@@ -27,11 +28,19 @@ class RowOps:
         call there is nothing to keep: that call starts from the rows it is given."""
         if self.seen == 0:
             return
-        moves = self.rows.keep([int(i) for i in index])
+        index = [int(i) for i in index]
+        before = list(self.rows.slot)
+        moves = self.rows.keep(index)
+        if self.paged:  # the rows that left give their blocks back; moving rows take theirs along
+            kept = {before[i] for i in index}
+            self.cache.release([row for row in before if row not in kept])
+            for src, dst in moves:
+                self.cache.move_row(src, dst)
         if moves:
             src = to_device([m[0] for m in moves], self.device)
             dst = to_device([m[1] for m in moves], self.device)
-            self.cache.move_rows(src, dst, self.seen)
+            if not self.paged:
+                self.cache.move_rows(src, dst, self.seen)
             self.valid[dst] = self.valid[src]
             self.n_pad[dst] = self.n_pad[src]
             self.row_moves += len(moves)
@@ -129,7 +138,20 @@ class RowOps:
             self.rows.solo_seen[i] += 1
 
 
+    @property
+    def kv_pool(self):
+        """The :class:`~hf_rstitch.fast.paged_kv.BlockPool` of a paged cache (its ``allocator`` says how many blocks
+        are free); None: a static cache."""
+        return self.cache.pool if self.paged else None
+
     # ---- internals ----------------------------------------------------------------------------
+    def _reserve(self, total: int) -> None:
+        """A paged cache: every live row gets blocks for its tokens up to column ``total`` (the columns this call
+        writes) before the call runs; raises :class:`~hf_rstitch.fast.blocks.OutOfBlocks`, taking none, when the
+        pool is short. A static cache holds every slot already."""
+        if self.paged:
+            self.cache.reserve_columns(total, self.rows.slot, self.rows.pad)
+
     def _prefill_rows(self, dst: list[int], ids: torch.Tensor, host: torch.Tensor) -> None:
         """Fill cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (``host``: their mask, bool, on
         the CPU): every joining row of the step together, in batched calls of this lane's join twin
@@ -142,11 +164,13 @@ class RowOps:
     def _joiner(self):
         """A lane of the same model and configuration with up to :data:`~hf_rstitch.fast.joins.JOIN_ROWS` rows
         (built on first use, kept): it prefills joining rows. It shares this lane's product plan (no second copy
-        of the fused q/k/v weights) and the process's compiled pieces; its static cache holds its rows."""
+        of the fused q/k/v weights) and the process's compiled pieces; its cache holds its rows (a paged lane's joiner
+        draws on this lane's pool and hands its blocks over)."""
         if self._join_lane is None:
             rows = min(self.max_rows, joins.JOIN_ROWS)
             lane = type(self)(self.model, self.role, self.vocab, self.capacity,
-                              dataclasses.replace(self.config, gemv=False), max_rows=rows)
+                              dataclasses.replace(self.config, gemv=False), max_rows=rows,
+                              kv_pool=self.kv_pool)
             lane.gemv_layers = self.gemv_layers
             lane.plan = dataclasses.replace(lane.plan, products=self.plan.products, gemv_tiers=self.plan.gemv_tiers,
                                             fuse_qkv=self.plan.fuse_qkv, fuse_mlp=self.plan.fuse_mlp)

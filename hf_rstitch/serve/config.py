@@ -8,6 +8,7 @@ imported only there.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,8 @@ class ServeConfig:
     max_batch: int = field(default=8, metadata={"help": "rows of the continuous batch (requests decoded at once)"})
     engine: str | None = field(default=None, metadata={
         "help": "auto (the default, or $HF_RSTITCH_ENGINE): fast where it runs the pair, else default (the reason "
-                "logged); default: eager lanes (any device, any model); fast: static caches + CUDA graphs (CUDA, "
-                "full-attention models; a request's prompt + max_tokens must fit 4096 tokens)",
+                "logged); default: eager lanes (any device, any model); fast: paged KV caches + CUDA graphs (CUDA, "
+                "full-attention models; see --kv-memory)",
         "choices": ["default", "fast", "auto"]})
     schedule: str = field(default="now", metadata={"help":
         "When the LLM runs for rows that need it in a batch: now (at once), or gather[:K[:M]]: such rows "
@@ -52,6 +53,13 @@ class ServeConfig:
         "help": "tokens of joining prompts each model reads a step while rows decode (fast engine): a long prompt "
                 "joins over several steps instead of stalling the batch for its whole prefill; 0 (the default): "
                 "the joins of a step prefill whole, together"})
+    kv_memory: float = field(default=0.9, metadata={
+        "help": "fast engine on CUDA: fraction of the GPU's memory that the pair's weights and KV blocks may fill "
+                "(the rest is for CUDA graphs and activations); KV memory follows the tokens rows write, requests "
+                "join while their prompts' blocks are free, and rows that outgrow it wait again (docs/serving.md)"})
+    max_model_len: int = field(default=0, metadata={
+        "help": "longest prompt + max_tokens a request may ask for with the fast engine; 0: the LLM's context "
+                "window (max_position_embeddings), at most what the KV memory holds"})
     model_name: str = field(default="", metadata={
         "help": "model id that /v1/models lists and responses carry (default: the LLM folder's name); several "
                 "comma-separated names are aliases (the first is the one responses carry); requests naming any other "
@@ -76,6 +84,10 @@ class ServeConfig:
         self.engine = engine_option(self.engine)
         if bool(self.llm) != bool(self.slm):
             raise ValueError("pass both --llm and --slm, or neither (to serve the shipped pair)")
+        if not 0 < self.kv_memory <= 1:
+            raise ValueError(f"--kv-memory must be a fraction in (0, 1], got {self.kv_memory}")
+        if self.max_model_len < 0:
+            raise ValueError(f"--max-model-len must be >= 0 (0: the LLM's context window), got {self.max_model_len}")
         for name in ("max_batch", "max_tokens", "replicas", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -136,7 +148,36 @@ def load_models(cfg: ServeConfig):
     return llm, slm, AutoTokenizer.from_pretrained(cfg.llm)
 
 
-FAST_MAX_LENGTH = 4096  # --engine fast: static cache capacity per row
+DEFAULT_CONTEXT = 32768  # longest request of a model whose config names no context window
+CPU_ROW_TOKENS = 4096  # KV tokens a row off CUDA (the fast engine's eager steps: tests and demos)
+
+
+def kv_plan(cfg: ServeConfig, llm, slm) -> tuple[int, int | None]:
+    """``(max_length, kv_tokens)`` of the fast engine's request engine: the longest prompt + ``max_tokens``
+    (``--max-model-len``, else the LLM's context window) and the tokens each paged KV pool holds, sized from
+    the GPU memory free now (:func:`hf_rstitch.fast.kv_memory.kv_tokens_on_device`; off CUDA, where the fast engine
+    only runs for tests, :data:`CPU_ROW_TOKENS` a row). A request never needs more than the pool: ``max_length`` is
+    cut to it."""
+    context = getattr(llm.config.get_text_config(), "max_position_embeddings", None) or DEFAULT_CONTEXT
+    max_length = min(context, cfg.max_model_len or context)
+    if cfg.engine == "default":  # eager lanes: caches that grow as rows write, no pool
+        return max_length, None
+    if llm.device.type != "cuda":
+        kv_tokens = cfg.max_batch * CPU_ROW_TOKENS
+    else:
+        from ..fast.kv_memory import kv_tokens_on_device
+
+        try:
+            kv_tokens = kv_tokens_on_device(llm, slm, cfg.kv_memory)
+        except ValueError:  # layers no paged cache holds (kv_shapes): the fast engine will not run this pair
+            return max_length, None
+    if kv_tokens < 1:
+        raise ValueError(f"no GPU memory is left for KV blocks below --kv-memory {cfg.kv_memory} once the pair is "
+                         "loaded; raise --kv-memory, or serve smaller models / a lower precision")
+    logging.getLogger("hf_rstitch.serve").info(
+        "fast engine KV memory: %d tokens a model (%.1f rows of max_length %d); requests up to %d tokens",
+        kv_tokens, kv_tokens / max_length, max_length, min(max_length, kv_tokens))
+    return min(max_length, kv_tokens), kv_tokens
 
 
 def build_engine(cfg: ServeConfig, llm, slm):
@@ -149,11 +190,10 @@ def build_engine(cfg: ServeConfig, llm, slm):
         from ..router.policy import policy_from_router
 
         policy = policy_from_router(cfg.router, slm)
-    context = getattr(llm.config.get_text_config(), "max_position_embeddings", None) or FAST_MAX_LENGTH
-    max_length = min(context, FAST_MAX_LENGTH)  # static caches hold max_batch x this many tokens
+    max_length, kv_tokens = kv_plan(cfg, llm, slm)
     return RequestEngine(llm, slm, threshold=cfg.threshold, max_batch=cfg.max_batch, max_waiting=cfg.max_queue,
                          policy=policy, engine=cfg.engine, max_length=max_length, schedule=cfg.schedule,
-                         prefill_chunk=cfg.prefill_chunk or None)
+                         kv_tokens=kv_tokens, prefill_chunk=cfg.prefill_chunk or None)
 
 
 def settings_for(cfg: ServeConfig, llm) -> Any:

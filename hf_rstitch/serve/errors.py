@@ -42,7 +42,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorResponse, "description": "the body is larger than the server's limit (--max-body-bytes)"},
     429: {"model": ErrorResponse, "description": "the server holds as many requests as it may; retry after Retry-After"},
     500: {"model": ErrorResponse, "description": "decoding failed for this request"},
-    503: {"model": ErrorResponse, "description": "the server is shutting down"},
+    503: {"model": ErrorResponse, "description": "the server is shutting down, or its KV memory could not hold this "
+                                                 "request (code kv_cache_full; retry after Retry-After)"},
 }
 
 

@@ -29,6 +29,7 @@ class Transcript:
         self.sent = ""  # text streamed so far
         self.finish_reason: str | None = None
         self.error: str | None = None
+        self.error_code: str | None = None  # the engine's Event.error_code (KV_FULL: answered 503)
         self.trace = None
         self.stopped = False
         self._cut: int | None = None  # where the text ends (a stop string begins there)
@@ -45,6 +46,7 @@ class Transcript:
             return self._delta(text[:self._cut], final=True)
         if event.finished:
             self.finish_reason, self.error, self.trace = event.finish_reason, event.error, event.trace
+            self.error_code = getattr(event, "error_code", None)
             return self._delta(text, final=True)
         return self._delta(text, final=False) if event.token is not None else ""
 

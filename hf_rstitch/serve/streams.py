@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from ..engine.request_types import KV_FULL
 from .driver import EngineDriver
 from .errors import error, error_body
 from .responses import Transcript, chat_body, chat_chunk, completion_body, completion_chunk, usage_chunk
@@ -68,6 +69,9 @@ async def whole_response(rid: str, kind: str, model: str, tr: Transcript, events
         pass
     if tr.finish_reason is None:  # the client left; nobody reads this
         return error(499, "client disconnected", kind="cancelled")
+    if tr.finish_reason == "error" and tr.error_code == KV_FULL:  # the KV memory could not hold it: retry later
+        return error(503, tr.error or "out of KV memory", kind="server_overloaded", code=KV_FULL,
+                     headers={"Retry-After": "5"})
     if tr.finish_reason == "error":
         return error(500, tr.error or "decoding failed", kind="server_error")
     if tr.finish_reason == "cancelled":
@@ -82,7 +86,9 @@ def _sse(data: dict[str, Any] | str) -> str:
 
 def _ended_badly(tr: Transcript) -> str:
     kind = "server_error" if tr.finish_reason == "error" else "server_shutting_down"
-    return _sse(error_body(tr.error or "the server stopped this request", kind))
+    if tr.error_code == KV_FULL:
+        kind = "server_overloaded"
+    return _sse(error_body(tr.error or "the server stopped this request", kind, code=tr.error_code))
 
 
 async def stream_chat(rid: str, model: str, usage_chunk_too: bool, tr: Transcript, events) -> AsyncIterator[str]:

@@ -59,11 +59,11 @@ def _kernels():
     triton, tl = _triton()
 
     @triton.jit
-    def split_kernel(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, o_ptr, pad_ptr, pos_ptr, sink_ptr, scale, softcap,
-                     sq_b, sq_h, sq_q, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_q, so_h, n_splits, Q_LEN, GROUP,
-                     KV_HEADS, BASIS, WINDOW, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     IEEE: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr,
-                     SINKS: tl.constexpr):
+    def split_kernel(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, o_ptr, pad_ptr, pos_ptr, sink_ptr, table_ptr, scale,
+                     softcap, sq_b, sq_h, sq_q, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_q, so_h, st_b, n_splits,
+                     Q_LEN, GROUP, KV_HEADS, BASIS, WINDOW, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr,
+                     CAP: tl.constexpr, SINKS: tl.constexpr, PAGE: tl.constexpr):
         if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
             tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
             tl.extra.cuda.gdc_launch_dependents()
@@ -98,7 +98,15 @@ def _kernels():
             for n0 in range(start, stop, BLOCK_N):  # a for loop, so Triton pipelines its loads (num_stages)
                 cols = n0 + tl.arange(0, BLOCK_N)
                 inside = cols < stop
-                k = tl.load(k_ptr + b * sk_b + kvh * sk_h + cols[:, None] * sk_s + d[None, :], mask=inside[:, None],
+                if PAGE > 0:  # paged: slot j of row b is its token j - pad in block table[b, token // PAGE]
+                    token = tl.maximum(cols - pad, 0)  # slots left of the padding read token 0 (masked below)
+                    block = tl.load(table_ptr + b * st_b + token // PAGE, mask=inside, other=0).to(tl.int64)
+                    k_at = block * sk_b + (token % PAGE) * sk_s
+                    v_at = block * sv_b + (token % PAGE) * sv_s
+                else:
+                    k_at = b * sk_b + cols * sk_s
+                    v_at = b * sv_b + cols * sv_s
+                k = tl.load(k_ptr + kvh * sk_h + k_at[:, None] + d[None, :], mask=inside[:, None],
                             other=0.0)  # [BN, D]
                 if IEEE:
                     s = tl.dot(q, tl.trans(k), input_precision="ieee")
@@ -116,8 +124,7 @@ def _kernels():
                 alpha = tl.exp(m_i - m_safe)
                 p = tl.exp(s - m_safe[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
-                v = tl.load(v_ptr + b * sv_b + kvh * sv_h + cols[:, None] * sv_s + d[None, :], mask=inside[:, None],
-                            other=0.0)
+                v = tl.load(v_ptr + kvh * sv_h + v_at[:, None] + d[None, :], mask=inside[:, None], other=0.0)
                 if IEEE:
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
                 else:
@@ -248,17 +255,21 @@ def split_length(total: int, n_splits: int, block_n: int) -> int:
 @torch.library.custom_op("hf_rstitch::decode_attention", mutates_args=())
 def decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: torch.Tensor,
                         pad: torch.Tensor, scale: float, window: int = NO_WINDOW, softcap: float = 0.0,
-                        sinks: torch.Tensor | None = None) -> torch.Tensor:
-    return _launch(query, key, value, pos, pad, scale, window, softcap, sinks)
+                        sinks: torch.Tensor | None = None, table: torch.Tensor | None = None) -> torch.Tensor:
+    return _launch(query, key, value, pos, pad, scale, window, softcap, sinks, table)
 
 
 def _launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor,
             scale: float, window: int = NO_WINDOW, softcap: float = 0.0,
-            sinks: torch.Tensor | None = None) -> torch.Tensor:
+            sinks: torch.Tensor | None = None, table: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the kernels: ``window`` slots a query (:data:`NO_WINDOW`: all), ``softcap`` (0: none), ``sinks``
-    ``[H]`` (gpt-oss's sink logit of each head, or None)."""
+    ``[H]`` (gpt-oss's sink logit of each head, or None). ``table``: a paged cache's ``[b, width]`` int32 block
+    table (:mod:`.paged_kv`), ``key`` / ``value`` then a pool layer ``[blocks, H_kv, BLOCK, D]``."""
     batch, heads, q_len, dim = query.shape
     kv_heads, slots = key.shape[1], key.shape[2]
+    page = 0
+    if table is not None:
+        page, slots = key.shape[2], table.shape[1] * key.shape[2]
     group = heads // kv_heads
     block_m, row_blocks, n_splits, block_n, stages = _plan(batch, kv_heads, group * q_len, slots,
                                                           _sm_count(query.device), dim)
@@ -275,12 +286,12 @@ def _launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: to
     on = pdl(query.device, batch * q_len)
     sink = ml if sinks is None else sinks  # a pointer the kernels never read without SINKS
     start(split_kernel, (n_splits, kv_heads * row_blocks, batch))(
-        query, key, value, acc, ml, out, pad, pos, sink, scale, float(softcap or 1.0),
-        query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
-        value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(1), out.stride(2), n_splits,
-        q_len, group, kv_heads, basis, window, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        IEEE=ieee or interpreted(), DIRECT=n_splits == 1, num_warps=WARPS, num_stages=stages, PDL=on, launch_pdl=on,
-        CAP=bool(softcap), SINKS=sinks is not None,
+        query, key, value, acc, ml, out, pad, pos, sink, pad if table is None else table, scale,
+        float(softcap or 1.0), query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1),
+        key.stride(2), value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        0 if table is None else table.stride(0), n_splits, q_len, group, kv_heads, basis, window, HEAD_DIM=dim,
+        BLOCK_M=block_m, BLOCK_N=block_n, IEEE=ieee or interpreted(), DIRECT=n_splits == 1, num_warps=WARPS,
+        num_stages=stages, PDL=on, launch_pdl=on, CAP=bool(softcap), SINKS=sinks is not None, PAGE=page,
     )
     if n_splits == 1:
         return out
@@ -295,7 +306,7 @@ def _launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: to
 
 
 def pending(keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor, heads: int,
-            batches, q_lens, windows=(None,)) -> list[tuple]:
+            batches, q_lens, windows=(None,), table: torch.Tensor | None = None) -> list[tuple]:
     """``(calls, run)`` for :func:`~hf_rstitch.fast.kernels.triton_support.precompile`: the kernels a lane with this
     cache layer (``keys``/``values`` ``[rows, kv_heads, slots, dim]``), ``heads`` query heads, batch buckets
     ``batches`` and length buckets ``q_lens`` launches, built at once rather than one at a time at the first
@@ -308,6 +319,8 @@ def pending(keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor, pad: to
     def run(call):
         b, q, window = call
         query = keys.new_empty(b, heads, q, dim)
+        if table is not None:  # a paged pool layer: every row reads it through its table row
+            return _launch(query, keys, values, pos, pad[:b], dim ** -0.5, window, table=table[:b])
         return _launch(query, keys[:b], values[:b], pos, pad[:b], dim ** -0.5, window)
 
     # a window is a specialised integer argument: one per distinct window (and one without) is enough
@@ -316,18 +329,20 @@ def pending(keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor, pad: to
 
 
 @decode_attention_op.register_fake
-def _(query, key, value, pos, pad, scale, window=NO_WINDOW, softcap=0.0, sinks=None):
+def _(query, key, value, pos, pad, scale, window=NO_WINDOW, softcap=0.0, sinks=None, table=None):
     batch, heads, q_len, dim = query.shape
     return query.new_empty(batch, q_len, heads, dim)
 
 
 def decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, *, pos, pad,
-                     fallback, windows=None, **kwargs):
+                     fallback, windows=None, table=None, **kwargs):
     """transformers attention function: the split-K kernel where :func:`supported`, else ``fallback``
     (the matmul attention over the 4D mask). ``pos`` (write offset before this call) and ``pad``
     (``[rows]`` left-padding count of each cache row) are the lane's device tensors, ``windows`` the model's
     per-layer windows (:func:`hf_rstitch.fast.windows.layer_windows`), bound with ``functools.partial`` when the lane
-    registers it. ``kwargs`` may carry ``sliding_window``, ``softcap`` and ``s_aux`` (sinks) as transformers
+    registers it; ``table``: a paged cache's block table (key / value are then its pool layers, and the lane
+    never takes the fallback). ``kwargs`` may carry ``sliding_window``, ``softcap`` and ``s_aux`` (sinks) as
+    transformers
     passes them.
 
     Returns ``([b, q, H, D], None)``.
@@ -337,5 +352,6 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
         return fallback(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     softcap = float(kwargs.get("softcap") or 0.0)
+    table = None if table is None else table[: query.shape[0]]
     return torch.ops.hf_rstitch.decode_attention(query, key, value, pos, pad, scale, NO_WINDOW if window is None
-                                                 else window, softcap, kwargs.get("s_aux")), None
+                                                 else window, softcap, kwargs.get("s_aux"), table), None

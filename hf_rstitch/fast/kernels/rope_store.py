@@ -68,11 +68,13 @@ def _rotate_one_fn():
 def _rotate_kernel():
     triton, tl = _triton()
     _rotate_one_fn()
+    _slot_at_fn()
 
     @triton.jit
-    def rotate_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, slots_ptr, values_ptr, S, HQ,
-                      sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sc_b, sc_s, ss_b, ss_s, c_b, c_h, c_s,
-                      HALF: tl.constexpr, BLOCK: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr):
+    def rotate_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, slots_ptr, values_ptr, table_ptr, pad_ptr,
+                      S, HQ, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sc_b, sc_s, ss_b, ss_s,
+                      c_b, c_h, c_s, st_b, HALF: tl.constexpr, BLOCK: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr,
+                      PAGE: tl.constexpr):
         if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
             tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
             tl.extra.cuda.gdc_launch_dependents()
@@ -87,7 +89,7 @@ def _rotate_kernel():
             hk = h - HQ
             src = k_ptr + b * sk_b + hk * sk_h + i * sk_s
             if STORE:
-                at = b * c_b + hk * c_h + tl.load(slots_ptr + i) * c_s
+                at = _slot_at(slots_ptr, table_ptr, pad_ptr, b, i, c_b, c_s, st_b, PAGE) + hk * c_h
                 dst = ko_ptr + at
                 d = tl.arange(0, 2 * BLOCK)
                 ok = d < 2 * HALF
@@ -100,12 +102,36 @@ def _rotate_kernel():
 
 
 @functools.lru_cache(maxsize=1)
-def _store_kernel():
+def _slot_at_fn():
     triton, tl = _triton()
 
     @triton.jit
-    def store_kernel(k_ptr, v_ptr, slots_ptr, keys_ptr, values_ptr, H, S,
-                     sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, c_b, c_h, c_s, D: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    def _slot_at(slots_ptr, table_ptr, pad_ptr, b, i, c_b, c_s, st_b, PAGE: tl.constexpr):
+        # offset of token i of row b in the cache: static (PAGE == 0), slot slots[i] of cache row b; paged, the
+        # row's token slots[i] - pad[b] in block table[b, token // PAGE] (the trash block 0 left of the padding)
+        slot = tl.load(slots_ptr + i)
+        if PAGE > 0:
+            token = slot - tl.load(pad_ptr + b)
+            kept = tl.maximum(token, 0)
+            block = tl.load(table_ptr + b * st_b + kept // PAGE).to(tl.int64)
+            block = tl.where(token >= 0, block, 0)
+            return block * c_b + (kept % PAGE) * c_s
+        else:
+            return b * c_b + slot * c_s
+
+    globals()["_slot_at"] = _slot_at
+    return _slot_at
+
+
+@functools.lru_cache(maxsize=1)
+def _store_kernel():
+    triton, tl = _triton()
+    _slot_at_fn()
+
+    @triton.jit
+    def store_kernel(k_ptr, v_ptr, slots_ptr, keys_ptr, values_ptr, table_ptr, pad_ptr, H, S,
+                     sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, c_b, c_h, c_s, st_b, D: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr, PAGE: tl.constexpr):
         if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
             tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
             tl.extra.cuda.gdc_launch_dependents()
@@ -114,8 +140,7 @@ def _store_kernel():
         i, h, b = p % S, (p // S) % H, p // (S * H)
         d = tl.arange(0, BLOCK)
         ok = d < D
-        slot = tl.load(slots_ptr + i)
-        at = b * c_b + h * c_h + slot * c_s + d
+        at = _slot_at(slots_ptr, table_ptr, pad_ptr, b, i, c_b, c_s, st_b, PAGE) + h * c_h + d
         tl.store(keys_ptr + at, tl.load(k_ptr + b * sk_b + h * sk_h + i * sk_s + d, mask=ok), mask=ok)
         tl.store(values_ptr + at, tl.load(v_ptr + b * sv_b + h * sv_h + i * sv_s + d, mask=ok), mask=ok)
 
@@ -124,15 +149,28 @@ def _store_kernel():
 
 @torch.library.custom_op("hf_rstitch::rope_store", mutates_args=("q_out", "keys", "values"))
 def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               slots: torch.Tensor, q_out: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+               slots: torch.Tensor, q_out: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               table: torch.Tensor | None = None, pad: torch.Tensor | None = None) -> None:
     """In one launch: ``q_out = rotate(q)`` (contiguous ``[b, Hq, s, D]``), ``keys[:b, :, slots] = rotate(k)`` and
-    ``values[:b, :, slots] = v``; what :func:`rotate_qk` then :func:`store_kv` compute."""
+    ``values[:b, :, slots] = v``; what :func:`rotate_qk` then :func:`store_kv` compute. With ``table`` (``[b, width]``
+    int32) and ``pad`` (``[b]``) the cache is paged (:mod:`.paged_kv`): ``keys`` / ``values`` are a pool layer
+    ``[blocks, H, BLOCK, D]`` and slot ``j`` of row ``r`` is token ``j - pad[r]`` of the row's blocks."""
     b, hq, s, dim = q.shape
     on = pdl(q.device, b * s)
+    table_, pad_, page, st_b, strides = _paging(keys, slots, table, pad)
     _rotate_kernel()[(b * s, hq + k.shape[1])](
-        q, k, v, cos, sin, q_out, keys, slots, values, s, hq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-        cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), *keys.stride()[:3],
-        HALF=dim // 2, BLOCK=next_pow2(dim // 2), STORE=True, num_warps=1, PDL=on, launch_pdl=on)
+        q, k, v, cos, sin, q_out, keys, slots, values, table_, pad_, s, hq, *q.stride()[:3], *k.stride()[:3],
+        *v.stride()[:3], cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), *strides, st_b,
+        HALF=dim // 2, BLOCK=next_pow2(dim // 2), STORE=True, num_warps=1, PDL=on, launch_pdl=on, PAGE=page)
+
+
+def _paging(keys: torch.Tensor, slots: torch.Tensor, table, pad):
+    """Kernel arguments for a static layer ``[rows, H, slots, D]`` (``table`` None) or a paged pool layer
+    ``[blocks, H, BLOCK, D]``: (table, pad, block size or 0, table row stride, cache strides (row or block,
+    head, token))."""
+    if table is None:
+        return slots, slots, 0, 0, keys.stride()[:3]
+    return table, pad, keys.shape[2], table.stride(0), keys.stride()[:3]
 
 
 class Pending:
@@ -193,9 +231,9 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     qo, ko = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     on = pdl(q.device, b * s)
     _rotate_kernel()[(b * s, hq + k.shape[1])](
-        q, k, k, cos, sin, qo, ko, cos, ko, s, hq, *q.stride()[:3], *k.stride()[:3], *k.stride()[:3],
-        cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), 0, 0, 0,
-        HALF=dim // 2, BLOCK=next_pow2(dim // 2), STORE=False, num_warps=1, PDL=on, launch_pdl=on)
+        q, k, k, cos, sin, qo, ko, cos, ko, cos, cos, s, hq, *q.stride()[:3], *k.stride()[:3], *k.stride()[:3],
+        cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), 0, 0, 0, 0,
+        HALF=dim // 2, BLOCK=next_pow2(dim // 2), STORE=False, num_warps=1, PDL=on, launch_pdl=on, PAGE=0)
     return qo, ko
 
 
@@ -205,13 +243,16 @@ def _(q, k, cos, sin):
 
 
 @torch.library.custom_op("hf_rstitch::store_kv", mutates_args=("keys", "values"))
-def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-    """``keys[:b, :, slots] = k`` and ``values[:b, :, slots] = v`` for ``k, v`` ``[b, H, q, D]`` (one launch)."""
+def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+             table: torch.Tensor | None = None, pad: torch.Tensor | None = None) -> None:
+    """``keys[:b, :, slots] = k`` and ``values[:b, :, slots] = v`` for ``k, v`` ``[b, H, q, D]`` (one launch); paged
+    with ``table`` and ``pad`` as :func:`rope_store`."""
     b, h, q, dim = k.shape
     on = pdl(k.device, b * q)
+    table_, pad_, page, st_b, strides = _paging(keys, slots, table, pad)
     _store_kernel()[(b * h * q,)](
-        k, v, slots, keys, values, h, q, *k.stride()[:3], *v.stride()[:3], *keys.stride()[:3],
-        D=dim, BLOCK=next_pow2(dim), num_warps=1, PDL=on, launch_pdl=on)
+        k, v, slots, keys, values, table_, pad_, h, q, *k.stride()[:3], *v.stride()[:3], *strides, st_b,
+        D=dim, BLOCK=next_pow2(dim), num_warps=1, PDL=on, launch_pdl=on, PAGE=page)
 
 
 def rotate_takes(q, k, cos, sin, unsqueeze_dim=1) -> bool:

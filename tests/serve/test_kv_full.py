@@ -1,0 +1,47 @@
+"""A request the engine's KV memory could not hold (Event.error_code KV_FULL) is a 503 with Retry-After in OpenAI's
+error shape, and in a stream an error event with that code, then [DONE] (hf_rstitch.engine.preemption)."""
+
+from __future__ import annotations
+
+from hf_rstitch.engine.request_types import KV_FULL, Event
+from serve.fake_engine import FakeEngine
+from serve.helpers import EOS, SCRIPT, make_app, sse_events
+
+
+class KVFullEngine(FakeEngine):
+    """Ends every row it admits with the error the request engine gives a row that outgrew the KV pool."""
+
+    def _next(self, rid, req, toks, roles):
+        with self._lock:
+            self._rows.pop(rid, None)
+        return Event(rid, None, None, True, "error", error="the request holds 70 tokens, more than the KV memory's 64",
+                     error_code=KV_FULL)
+
+
+def test_kv_full_is_a_503_with_retry_after_and_a_coded_stream_error(tokenizer):
+    from fastapi.testclient import TestClient
+
+    app, _ = make_app(tokenizer, KVFullEngine(SCRIPT, eos=EOS))
+    with TestClient(app) as c:
+        r = c.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 4})
+        assert r.status_code == 503 and r.headers["Retry-After"] == "5"
+        err = r.json()["error"]
+        assert err["code"] == KV_FULL and err["type"] == "server_overloaded" and "KV memory" in err["message"]
+        with c.stream("POST", "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 4, "stream": True}) as s:
+            events = sse_events(s.iter_lines())
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == KV_FULL
+
+
+def test_kv_plan_has_no_fixed_cap():
+    """The longest request is the LLM's context window (or --max-model-len), bounded by the KV memory only."""
+    from hf_rstitch.serve.config import CPU_ROW_TOKENS, ServeConfig, kv_plan
+    from tiny_models import make_pair
+
+    llm, slm = make_pair("llama")
+    context = llm.config.max_position_embeddings
+    assert kv_plan(ServeConfig(engine="default"), llm, slm) == (context, None)
+    assert kv_plan(ServeConfig(engine="fast", max_batch=2), llm, slm) == (min(context, 2 * CPU_ROW_TOKENS),
+                                                                        2 * CPU_ROW_TOKENS)
+    assert kv_plan(ServeConfig(engine="fast", max_model_len=40), llm, slm)[0] == 40
+    llm.config.max_position_embeddings = 32768
+    assert kv_plan(ServeConfig(engine="fast", max_batch=64), llm, slm) == (32768, 64 * CPU_ROW_TOKENS)
