@@ -252,7 +252,7 @@ def experts_section(llm, slm, args, res, budget):
         return
     ids = eb.prompt_ids(min(llm.config.vocab_size, slm.config.vocab_size), args.prompt)
     n = args.experts_steps
-    for kind in experts.DISPATCHES:
+    for kind in sorted(experts.DISPATCHES, key=lambda k: k != experts.expert_gemv.NAME):  # ours first: the budget
         if not budget.allows(40):
             res["skipped"].append(f"experts {kind}: time budget")
             continue
@@ -407,6 +407,8 @@ def main() -> None:
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--experts-steps", type=int, default=0,
                     help="MoE LLM: also time this many B = 1 steps under each on-device experts dispatch")
+    ap.add_argument("--experts-only", action="store_true",
+                    help="MoE LLM: only the --experts-steps section (no batched runs, no baselines)")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--tag", default="")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
@@ -461,11 +463,12 @@ def main() -> None:
     llm, slm = models["llm"], models["slm"]
     with torch.no_grad():
         t0 = time.perf_counter()
-        fast_section(llm, slm, args, res, budget)
+        if not args.experts_only:
+            fast_section(llm, slm, args, res, budget)
         res["fast_section_s"] = time.perf_counter() - t0
         if args.experts_steps:
             experts_section(llm, slm, args, res, budget)
-        if not args.skip_baselines:
+        if not (args.skip_baselines or args.experts_only):
             baseline_section(llm, args, res, budget)
     save()
     plot(stem.with_suffix(".json"))
