@@ -30,7 +30,10 @@ import lab  # noqa: E402
 from hf_rstitch.fast import expert_gemv  # noqa: E402
 
 SHAPE = dict(experts=128, top_k=8, hidden=2048, inter=768)  # Qwen3-30B-A3B
-CONFIGS = ((16, 256, 4), (8, 256, 4), (4, 512, 4), (32, 128, 4), (16, 512, 8), (8, 512, 4), (64, 64, 4))
+L = expert_gemv.Launch
+GATE_UP = (L(16, 256, 4), L(16, 512, 4), L(32, 256, 8), L(8, 512, 4))  # candidates for each kernel alone
+DOWN = (L(4, 512, 4), L(8, 256, 4), L(8, 512, 4), L(16, 256, 4))
+SPLIT = (L(16, 256, 4), L(8, 256, 4), L(8, 512, 4), L(32, 128, 4), L(16, 512, 8))
 
 
 def experts_module(shape, device, dtype, seed):
@@ -60,19 +63,20 @@ def routing(batch, shape, layers, device, dtype, seed):
 
 
 def dispatches():
-    """name -> fn(module, x, ids, w): transformers' two and the kernels under each launch configuration."""
+    """name -> fn(module, x, ids, w): transformers' two, ours as the lane runs it (``expert_gemv.forward``: the
+    chosen launches, the fallback past ``MAX_PAIRS``), and each kernel alone under candidate launches (down on a
+    fixed activation; "split": one program a pair, then the sum)."""
     from transformers.integrations import moe
 
-    fns = {"grouped_mm": moe.grouped_mm_experts_forward, "batched_mm": moe.batched_mm_experts_forward}
-    for bn, bk, warps in CONFIGS:
-        fns[f"gemv {bn}x{bk}w{warps}"] = (lambda m, x, ids, w, c=(bn, bk, warps):
-                                          expert_gemv.down(expert_gemv.gate_up(x, m.gate_up_proj, ids, *c),
-                                                           m.down_proj, ids, w, *c))
-    for bn, bk, warps in CONFIGS:  # each kernel alone (down on a fixed activation): the best of each
-        fns[f"gate_up only {bn}x{bk}w{warps}"] = (lambda m, x, ids, w, c=(bn, bk, warps):
-                                                  expert_gemv.gate_up(x, m.gate_up_proj, ids, *c))
-        fns[f"down only {bn}x{bk}w{warps}"] = (lambda m, x, ids, w, c=(bn, bk, warps):
-                                               expert_gemv.down(_act(x, m, ids), m.down_proj, ids, w, *c))
+    fns = {"grouped_mm": moe.grouped_mm_experts_forward, "batched_mm": moe.batched_mm_experts_forward,
+           expert_gemv.NAME: expert_gemv.forward}
+    name = lambda c: f"{c.block_n}x{c.block_k}w{c.warps}"  # noqa: E731
+    for c in GATE_UP:
+        fns[f"gate_up only {name(c)}"] = lambda m, x, ids, w, c=c: expert_gemv.gate_up(x, m.gate_up_proj, ids, c)
+    for split, configs in ((False, DOWN), (True, SPLIT)):
+        for c in configs:
+            fns[f"down{' split' if split else ''} only {name(c)}"] = (
+                lambda m, x, ids, w, c=c, split=split: expert_gemv.down(_act(x, m, ids), m.down_proj, ids, w, c, split))
     return fns
 
 
@@ -122,9 +126,12 @@ def main():
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--max-pairs", type=int, default=expert_gemv.MAX_PAIRS,
+                    help="expert_gemv.MAX_PAIRS for the rstitch_gemv rows (pairs past it run grouped_mm)")
     args = ap.parse_args()
     import engine_bench as eb
 
+    expert_gemv.MAX_PAIRS = args.max_pairs
     device, dtype = "cuda", torch.bfloat16
     bw = eb.copy_bandwidth(2 << 30)
     modules = [experts_module(SHAPE, device, dtype, seed) for seed in range(args.layers)]

@@ -27,14 +27,31 @@ What it does not do: quantized experts, expert parallelism; on CPU the kernels r
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
 from .triton_support import _triton, available
 
 NAME = "rstitch_gemv"  # the key in transformers' ExpertsInterface (config._experts_implementation)
-MAX_PAIRS = 64  # (row, expert) pairs a forward may have for the kernels; more run the fallback dispatch
-BLOCK_N, BLOCK_K, WARPS = 16, 256, 4  # output columns a program, reduction chunk, warps (both kernels)
+# (row, expert) pairs a forward may have for the kernels; more run the fallback dispatch. On an H200 at the
+# Qwen3-30B-A3B expert shape the kernels beat grouped_mm 2.7x at 8 pairs, 1.8x at 64, 1.08x at 256
+# (benchmarks/results/experts_kernels_nvidia_h200.md)
+MAX_PAIRS = 256
+
+
+class Launch(NamedTuple):
+    """A kernel's launch configuration: output columns a program, reduction chunk, warps."""
+
+    block_n: int = 16
+    block_k: int = 256
+    warps: int = 4
+
+
+GATE_UP = Launch(16, 256, 4)  # the best of 7 at 8, 64 and 256 pairs (results/experts_kernels_*.md)
+DOWN = Launch(8, 256, 4)  # rows > SPLIT_ROWS: one program sums a row's top_k experts (best at 64 and 256 pairs)
+DOWN_SPLIT = Launch(16, 256, 4)  # rows <= SPLIT_ROWS: one program a pair, then a sum over top_k
+SPLIT_ROWS = 1  # one row's down product alone gives too few programs to fill the GPU
 
 
 def why_not(module: torch.nn.Module) -> str | None:
@@ -72,8 +89,9 @@ def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_
     if (top_k_index.numel() > MAX_PAIRS or not available(hidden_states.device)
             or hidden_states.dtype == torch.float64 or why_not(self) is not None):
         return fallback(hidden_states)(self, hidden_states, top_k_index, top_k_weights)
-    act = gate_up(hidden_states, self.gate_up_proj, top_k_index)
-    return down(act, self.down_proj, top_k_index, top_k_weights)
+    act = gate_up(hidden_states, self.gate_up_proj, top_k_index, GATE_UP)
+    split = hidden_states.shape[0] <= SPLIT_ROWS
+    return down(act, self.down_proj, top_k_index, top_k_weights, DOWN_SPLIT if split else DOWN, split)
 
 
 def register() -> None:
@@ -83,8 +101,7 @@ def register() -> None:
     moe.ALL_EXPERTS_FUNCTIONS.register(NAME, forward)
 
 
-def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, ids: torch.Tensor, block_n: int = BLOCK_N,
-            block_k: int = BLOCK_K, warps: int = WARPS) -> torch.Tensor:
+def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, ids: torch.Tensor, launch: Launch = GATE_UP) -> torch.Tensor:
     """``silu(gate) * up`` of every pair: x [T, H], gate_up_proj [E, 2I, H] (gate rows first), ids [T, top_k]
     -> [T * top_k, I] in x's dtype."""
     tokens, hidden = x.shape
@@ -92,25 +109,28 @@ def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, ids: torch.Tensor, bloc
     pairs = ids.numel()
     out = torch.empty(pairs, inter, device=x.device, dtype=x.dtype)
     w = gate_up_proj.contiguous()
-    _kernels()[0][(pairs, triton_cdiv(inter, block_n))](
+    _kernels()[0][(pairs, triton_cdiv(inter, launch.block_n))](
         x.contiguous(), w, ids.reshape(-1).contiguous(), out, hidden, inter, ids.shape[-1], w.stride(0),
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+        BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, num_warps=launch.warps)
     return out
 
 
 def down(act: torch.Tensor, down_proj: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-         block_n: int = BLOCK_N, block_k: int = BLOCK_K, warps: int = WARPS) -> torch.Tensor:
+         launch: Launch = DOWN, split: bool = False) -> torch.Tensor:
     """``sum_k weights[t, k] * down_proj[ids[t, k]] @ act[t * top_k + k]`` of every row: act [T * top_k, I],
-    down_proj [E, H, I], ids / weights [T, top_k] -> [T, H] in act's dtype."""
+    down_proj [E, H, I], ids / weights [T, top_k] -> [T, H] in act's dtype. ``split``: one program a pair
+    (each weighted term to a float32 buffer [T, top_k, H], then their sum) instead of one a row."""
     tokens, top_k = ids.shape
     hidden, inter = down_proj.shape[1], down_proj.shape[2]
-    out = torch.empty(tokens, hidden, device=act.device, dtype=act.dtype)
+    out = torch.empty(tokens, top_k if split else 1, hidden, device=act.device,
+                      dtype=torch.float32 if split else act.dtype)
     w = down_proj.contiguous()
     round_terms = weights.dtype == act.dtype  # weights in the hidden dtype: each weighted term is rounded there
-    _kernels()[1][(tokens, triton_cdiv(hidden, block_n))](
+    _kernels()[1][(tokens, triton_cdiv(hidden, launch.block_n), top_k if split else 1)](
         act.contiguous(), w, ids.contiguous(), weights.contiguous(), out, hidden, inter, top_k, w.stride(0),
-        ROUND_TERMS=round_terms, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
-    return out
+        ROUND_TERMS=round_terms, SPLIT=split, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
+        num_warps=launch.warps)
+    return out.sum(dim=1).to(act.dtype) if split else out.view(tokens, hidden)
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -148,14 +168,21 @@ def _kernels():
 
     @triton.jit
     def _down(a_ptr, w_ptr, ids_ptr, wts_ptr, out_ptr, H, I, TOP_K, stride_e,
-              ROUND_TERMS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # one row t, BLOCK_N of its H outputs: the weighted sum over its TOP_K pairs
+              ROUND_TERMS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # one row t, BLOCK_N of its H outputs: the weighted sum over its TOP_K pairs (SPLIT: over pair
+        # program_id(2) only, to out[t, j] in float32)
         t = tl.program_id(0)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
-        dtype = out_ptr.dtype.element_ty
+        dtype = a_ptr.dtype.element_ty
         total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for j in range(0, TOP_K):
+        if SPLIT:
+            first = tl.program_id(2)
+            last = first + 1
+        else:
+            first = 0
+            last = TOP_K
+        for j in range(first, last):
             s = t * TOP_K + j
             expert = tl.load(ids_ptr + s).to(tl.int64)
             weight = tl.load(wts_ptr + s).to(tl.float32)
@@ -171,7 +198,10 @@ def _kernels():
             if ROUND_TERMS:
                 term = term.to(dtype).to(tl.float32)
             total += term
-        tl.store(out_ptr + t.to(tl.int64) * H + n, total.to(dtype), mask=n < H)
+        if SPLIT:
+            tl.store(out_ptr + (t * TOP_K + first).to(tl.int64) * H + n, total, mask=n < H)
+        else:
+            tl.store(out_ptr + t.to(tl.int64) * H + n, total.to(dtype), mask=n < H)
 
     globals()["tl"] = tl  # the interpreter resolves triton.language in the kernels' module globals
     return _gate_up, _down

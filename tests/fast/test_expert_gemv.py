@@ -66,11 +66,35 @@ def test_kernels_on_shapes_past_one_block(device):
     gate, up = torch.einsum("tkoh,th->tko", gate_up_proj[ids], x).chunk(2, dim=-1)
     act = torch.nn.functional.silu(gate) * up
     ref = torch.einsum("tkhi,tki,tk->th", down_proj[ids], act, weights)
-    for block_n, block_k in ((16, 256), (8, 64), (32, 128)):
-        a = expert_gemv.gate_up(x, gate_up_proj, ids, block_n, block_k)
+    for launch in (expert_gemv.Launch(16, 256), expert_gemv.Launch(8, 64), expert_gemv.Launch(32, 128)):
+        a = expert_gemv.gate_up(x, gate_up_proj, ids, launch)
         torch.testing.assert_close(a, act.reshape(-1, inter), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(expert_gemv.down(a, down_proj, ids, weights, block_n, block_k), ref,
-                                   atol=1e-5, rtol=1e-5)
+        for split in (False, True):
+            torch.testing.assert_close(expert_gemv.down(a, down_proj, ids, weights, launch, split), ref,
+                                       atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weights_dtype", [torch.bfloat16, torch.float32])
+def test_bf16_kernels_round_as_the_batched_dispatch(device, weights_dtype):
+    """bfloat16 experts (routing weights in bfloat16 as Qwen3-MoE's router gives them, or float32): the kernels
+    against transformers' batched_mm within a few bf16 roundings of the largest output (the interpreter rounds bf16 as
+numpy does, not as a GPU), fused and split down alike."""
+    from transformers.integrations import moe
+
+    _, _, module = _moe_block("qwen3_moe", device)
+    module = module.to(torch.bfloat16)
+    torch.manual_seed(2)
+    x = torch.randn(3, SHAPE["hidden_size"], device=device).to(torch.bfloat16)
+    ids = torch.tensor([[0, 3], [2, 0], [1, 1]], device=device)
+    weights = torch.rand(3, 2, device=device).to(weights_dtype)
+    with torch.no_grad():
+        ref = moe.batched_mm_experts_forward(module, x, ids, weights).float()
+        a = expert_gemv.gate_up(x, module.gate_up_proj, ids)
+        for split in (False, True):
+            out = expert_gemv.down(a, module.down_proj, ids, weights, expert_gemv.DOWN, split)
+            assert out.dtype == torch.bfloat16
+            assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 0.02, (out.float() - ref).abs().max()
 
 
 def test_more_pairs_than_the_kernels_take_run_the_fallback(monkeypatch):
