@@ -9,7 +9,8 @@ pair is a matrix-vector product:
 * :func:`gate_up` -- per pair ``s`` (row ``s // top_k``, expert ``ids[s]``): ``silu(W_gate x) * (W_up x)``, the
   ``[gate; up]`` halves of ``gate_up_proj[ids[s]]`` read once, the activation fused;
 * :func:`down` -- per row: ``sum_k weights[k] * down_proj[ids[k]] @ act[k]`` over its ``top_k`` pairs, the
-  routing weights' scaled sum fused (no atomics: one program owns its output columns, so it is deterministic).
+  routing weights' scaled sum fused (no atomics: one program owns its output columns, so it is deterministic);
+  for one-row steps split a program a pair (float32 terms, then their sum), which fills the GPU.
 
 Expert ids and routing weights are read on the device and the grid depends on shapes only, so a CUDA graph
 holds both kernels. Rounding follows the batched dispatch in the weights' dtype (each product, the
@@ -56,8 +57,10 @@ SPLIT_ROWS = 1  # one row's down product alone gives too few programs to fill th
 
 def why_not(module: torch.nn.Module) -> str | None:
     """Why the kernels cannot run ``module`` (a transformers experts module), in one line; None when they can."""
-    from transformers.activations import SiLUActivation
+    from transformers import activations
     from transformers.integrations import moe
+
+    silu = tuple(c for c in (torch.nn.SiLU, getattr(activations, "SiLUActivation", None)) if c is not None)
 
     checks = (
         (getattr(module, "has_gate", False), "experts without a gate projection"),
@@ -66,7 +69,7 @@ def why_not(module: torch.nn.Module) -> str | None:
         (getattr(module, "is_concatenated", True), "interleaved gate / up weights"),
         (not getattr(module, "has_post_expert_norm", False), "a post-expert norm"),
         (not getattr(module, "_is_expert_parallel", False), "expert parallelism"),
-        (isinstance(getattr(module, "act_fn", None), (torch.nn.SiLU, SiLUActivation)), "an activation other than SiLU"),
+        (isinstance(getattr(module, "act_fn", None), silu), "an activation other than SiLU"),
         (getattr(type(module), "_apply_gate", moe._default_apply_gate) is moe._default_apply_gate, "a custom gate"),
     )
     return next((f"{type(module).__name__} has {what}" for ok, what in checks if not ok), None)
