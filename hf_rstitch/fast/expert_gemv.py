@@ -10,7 +10,7 @@ pair is a matrix-vector product:
   ``[gate; up]`` halves of ``gate_up_proj[ids[s]]`` read once, the activation fused;
 * :func:`down` -- per row: ``sum_k weights[k] * down_proj[ids[k]] @ act[k]`` over its ``top_k`` pairs, the
   routing weights' scaled sum fused (no atomics: one program owns its output columns, so it is deterministic);
-  for one-row steps split a program a pair (float32 terms, then their sum), which fills the GPU.
+  for one-row steps split a program a pair (each weighted term stored, then their sum), which fills the GPU.
 
 Expert ids and routing weights are read on the device and the grid depends on shapes only, so a CUDA graph
 holds both kernels. Rounding follows the batched dispatch in the weights' dtype (each product, the
@@ -122,18 +122,21 @@ def down(act: torch.Tensor, down_proj: torch.Tensor, ids: torch.Tensor, weights:
          launch: Launch = DOWN, split: bool = False) -> torch.Tensor:
     """``sum_k weights[t, k] * down_proj[ids[t, k]] @ act[t * top_k + k]`` of every row: act [T * top_k, I],
     down_proj [E, H, I], ids / weights [T, top_k] -> [T, H] in act's dtype. ``split``: one program a pair
-    (each weighted term to a float32 buffer [T, top_k, H], then their sum) instead of one a row."""
+    (each weighted term to a buffer [T, top_k, H], as rounded as the eager terms, then their sum) instead of
+    one a row."""
     tokens, top_k = ids.shape
     hidden, inter = down_proj.shape[1], down_proj.shape[2]
-    out = torch.empty(tokens, top_k if split else 1, hidden, device=act.device,
-                      dtype=torch.float32 if split else act.dtype)
-    w = down_proj.contiguous()
     round_terms = weights.dtype == act.dtype  # weights in the hidden dtype: each weighted term is rounded there
+    out = torch.empty(tokens, top_k if split else 1, hidden, device=act.device,
+                      dtype=torch.float32 if split and not round_terms else act.dtype)
+    w = down_proj.contiguous()
     _kernels()[1][(tokens, triton_cdiv(hidden, launch.block_n), top_k if split else 1)](
         act.contiguous(), w, ids.contiguous(), weights.contiguous(), out, hidden, inter, top_k, w.stride(0),
         ROUND_TERMS=round_terms, SPLIT=split, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
         num_warps=launch.warps)
-    return out.sum(dim=1).to(act.dtype) if split else out.view(tokens, hidden)
+    if not split:
+        return out.view(tokens, hidden)
+    return out.sum(dim=1).to(act.dtype)  # a sum of a low-precision dtype accumulates in float32, as the eager one
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -202,7 +205,7 @@ def _kernels():
                 term = term.to(dtype).to(tl.float32)
             total += term
         if SPLIT:
-            tl.store(out_ptr + (t * TOP_K + first).to(tl.int64) * H + n, total, mask=n < H)
+            tl.store(out_ptr + (t * TOP_K + first).to(tl.int64) * H + n, total.to(out_ptr.dtype.element_ty), mask=n < H)
         else:
             tl.store(out_ptr + t.to(tl.int64) * H + n, total.to(dtype), mask=n < H)
 
