@@ -54,6 +54,34 @@ def test_kernels_equal_the_eager_moe_block(arch, tokens, device, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_kernels_equal_the_eager_experts_of_the_zoo_models(model_type, tokens, device, monkeypatch):
+    """The zoo suite's tiny LLM of each type (tests/zoo_models.py): every MoE layer's experts, eager against
+    the kernels, on its own router's choices."""
+    from zoo_models import tiny_model
+
+    model = tiny_model(model_type, 0, seed=3).to(device)
+    expert_gemv.register()
+    ran = []
+    gate_up = expert_gemv.gate_up
+    monkeypatch.setattr(expert_gemv, "gate_up", lambda *a, **k: ran.append(1) or gate_up(*a, **k))
+    blocks = [m for m in model.modules() if hasattr(m, "gate") and hasattr(m, "experts")]
+    assert blocks
+    torch.manual_seed(tokens)
+    for block in blocks:
+        x = torch.randn(1, tokens, model.config.hidden_size, device=device)
+        with torch.no_grad():
+            model.config._experts_implementation = "eager"
+            ref = block(x)
+            model.config._experts_implementation = expert_gemv.NAME
+            out = block(x)
+        ref, out = (r[0] if isinstance(r, tuple) else r for r in (ref, out))
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert len(ran) == len(blocks)  # the kernels ran, not the fallback
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_kernels_on_shapes_past_one_block(device):
     """Several reduction chunks and output blocks, repeated experts across rows, weights in the hidden dtype."""
     torch.manual_seed(1)
