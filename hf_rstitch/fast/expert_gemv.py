@@ -17,9 +17,11 @@ holds both kernels. Rounding follows the batched dispatch in the weights' dtype 
 activation and each weighted term rounded as the eager modules round them; sums in float32).
 
 :func:`forward` is the experts implementation the lane registers with transformers (:data:`NAME`): these
-kernels for up to :data:`MAX_PAIRS` pairs, transformers' ``grouped_mm`` (bfloat16, CUDA capability >= 9.0) or
-``batched_mm`` (elsewhere) for more and for experts whose layout the kernels do not cover (:func:`why_not`:
-biases, transposed or interleaved weights, a gate other than SiLU, a post-expert norm: gpt-oss).
+kernels for up to :data:`MAX_PAIRS` pairs, transformers' fused ``grouped_mm`` (bfloat16, CUDA capability >= 9.0)
+for more -- elsewhere the kernels still, as ``batched_mm`` would copy each pair's expert weights (it runs out
+of memory at 8 rows of Qwen3-30B-A3B on an H200) -- and transformers' ``grouped_mm`` / ``batched_mm`` for
+experts whose layout the kernels do not cover (:func:`why_not`: biases, transposed or interleaved weights, a
+gate other than SiLU, a post-expert norm: gpt-oss).
 
 What it does not do: quantized experts, expert parallelism; on CPU the kernels run only under
 ``TRITON_INTERPRET=1`` (the tests), otherwise the fallback dispatch runs.
@@ -75,22 +77,27 @@ def why_not(module: torch.nn.Module) -> str | None:
     return next((f"{type(module).__name__} has {what}" for ok, what in checks if not ok), None)
 
 
+def fused(hidden_states: torch.Tensor) -> bool:
+    """Whether transformers' ``grouped_mm`` runs its fused grouped GEMM here (bfloat16 on CUDA from capability 9.0)."""
+    device = hidden_states.device
+    return (device.type == "cuda" and hidden_states.dtype == torch.bfloat16
+            and torch.cuda.get_device_capability(device) >= (9, 0))
+
+
 def fallback(hidden_states: torch.Tensor):
-    """transformers' on-device dispatch for the forwards the kernels leave: ``grouped_mm`` where its fused kernel
-    exists (bfloat16 on CUDA from capability 9.0), ``batched_mm`` elsewhere."""
+    """transformers' on-device dispatch for the forwards the kernels leave: ``grouped_mm`` where it is fused
+    (:func:`fused`), ``batched_mm`` elsewhere."""
     from transformers.integrations import moe
 
-    device = hidden_states.device
-    fused = (device.type == "cuda" and hidden_states.dtype == torch.bfloat16
-             and torch.cuda.get_device_capability(device) >= (9, 0))
-    return moe.ALL_EXPERTS_FUNCTIONS["grouped_mm" if fused else "batched_mm"]
+    return moe.ALL_EXPERTS_FUNCTIONS["grouped_mm" if fused(hidden_states) else "batched_mm"]
 
 
 def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
     """transformers' experts forward (``hidden_states`` [T, H], ``top_k_index`` / ``top_k_weights`` [T, top_k]):
-    the kernels for up to :data:`MAX_PAIRS` pairs, :func:`fallback` otherwise."""
-    if (top_k_index.numel() > MAX_PAIRS or not available(hidden_states.device)
-            or hidden_states.dtype == torch.float64 or why_not(self) is not None):
+    the kernels for up to :data:`MAX_PAIRS` pairs, and for more where ``grouped_mm`` is not fused (``batched_mm``
+    would copy every pair's expert weights: gigabytes a layer for a catch-up prefill); :func:`fallback` otherwise."""
+    runs = (available(hidden_states.device) and hidden_states.dtype != torch.float64 and why_not(self) is None)
+    if not runs or (top_k_index.numel() > MAX_PAIRS and fused(hidden_states)):
         return fallback(hidden_states)(self, hidden_states, top_k_index, top_k_weights)
     act = gate_up(hidden_states, self.gate_up_proj, top_k_index, GATE_UP)
     split = hidden_states.shape[0] <= SPLIT_ROWS

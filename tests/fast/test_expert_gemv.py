@@ -125,10 +125,13 @@ numpy does, not as a GPU), fused and split down alike."""
             assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 0.02, (out.float() - ref).abs().max()
 
 
-def test_more_pairs_than_the_kernels_take_run_the_fallback(monkeypatch):
+def test_more_pairs_than_the_kernels_take_run_the_fused_grouped_mm(monkeypatch):
+    """Past MAX_PAIRS the forward runs grouped_mm where it is fused (bfloat16 on CUDA from 9.0; made so here);
+    elsewhere the kernels go on (test_kernels_past_max_pairs_where_grouped_mm_is_not_fused)."""
     model, block, module = _moe_block("qwen3_moe", "cpu")
     expert_gemv.register()
     monkeypatch.setattr(expert_gemv, "MAX_PAIRS", 3)
+    monkeypatch.setattr(expert_gemv, "fused", lambda hidden_states: True)
     monkeypatch.setattr(expert_gemv, "gate_up", lambda *a, **k: pytest.fail("the kernels ran past MAX_PAIRS"))
     x = torch.randn(1, 2, SHAPE["hidden_size"])  # 4 pairs
     with torch.no_grad():
@@ -137,6 +140,26 @@ def test_more_pairs_than_the_kernels_take_run_the_fallback(monkeypatch):
         model.config._experts_implementation = expert_gemv.NAME
         out = block(x)
     ref, out = (r[0] if isinstance(r, tuple) else r for r in (ref, out))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kernels_past_max_pairs_where_grouped_mm_is_not_fused(device, monkeypatch):
+    """float32: batched_mm would copy each pair's expert weights, so the kernels take every forward."""
+    model, block, module = _moe_block("qwen3_moe", device)
+    expert_gemv.register()
+    monkeypatch.setattr(expert_gemv, "MAX_PAIRS", 3)
+    ran = []
+    gate_up = expert_gemv.gate_up
+    monkeypatch.setattr(expert_gemv, "gate_up", lambda *a, **k: ran.append(1) or gate_up(*a, **k))
+    x = torch.randn(1, 5, SHAPE["hidden_size"], device=device)  # 10 pairs
+    with torch.no_grad():
+        model.config._experts_implementation = "eager"
+        ref = block(x)
+        model.config._experts_implementation = expert_gemv.NAME
+        out = block(x)
+    ref, out = (r[0] if isinstance(r, tuple) else r for r in (ref, out))
+    assert ran
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
