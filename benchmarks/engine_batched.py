@@ -256,35 +256,60 @@ def capacity(args) -> int:
 
 
 def experts_section(llm, slm, args, res, budget):
-    """An MoE LLM alone at B = 1 under each on-device dispatch of transformers (``FastConfig.experts``):
-    ``--experts-steps`` tokens after a warm-up, ms a step."""
+    """An MoE LLM alone under each on-device experts dispatch (``FastConfig.experts``), at each of
+    ``--experts-batches``: ``--experts-steps`` tokens after a warm-up, ms a step against the floor."""
     from dataclasses import replace
 
     from hf_rstitch.fast.patches import experts
 
     if not experts.expert_modules(llm):
         return
-    ids = eb.prompt_ids(min(llm.config.vocab_size, slm.config.vocab_size), args.prompt)
-    n = args.experts_steps
-    for kind in experts.DISPATCHES:
-        if not budget.allows(40):
-            res["skipped"].append(f"experts {kind}: time budget")
-            continue
-        engine = FastEngine(replace(VARIANTS[args.variant], experts=kind), capacity=args.prompt + n + 8)
-        row = {"experts": kind, "batch": 1, "steps": n}
-        try:
-            row["first_call_s"], _ = eb.timed(lambda: generate(llm, slm, ids, [["llm"] * 8], engine, 8))
-            sec, _ = eb.timed(lambda: generate(llm, slm, ids, [["llm"] * n], engine, n))
-            row["ms_per_step"] = 1e3 * sec / n
-            row["floor_ms"] = 1e3 * (step_read_bytes(res["models"]["llm"], 1)
-                                     + kv_read_bytes(res["models"]["llm"], args.prompt + n // 2)) / (res["bandwidth_gbps"] * 1e9)
-        except Exception as err:  # a dispatch that cannot be captured here: say so, keep the run
-            row["error"] = f"{type(err).__name__}: {err}"[:500]
-        res["experts_dispatch"].append(row)
-        print(f"[experts {kind}] {row}", flush=True)
+    vocab = min(llm.config.vocab_size, slm.config.vocab_size)
+    n, batches = args.experts_steps, args.experts_batches
+    for kind in sorted(experts.DISPATCHES, key=lambda k: k != experts.expert_gemv.NAME):  # ours first: the budget
+        engine = FastEngine(replace(VARIANTS[args.variant], experts=kind), capacity=args.prompt + n + 8,
+                            max_batch=max(batches))
+        for batch in batches:
+            if not budget.allows(25):
+                res["skipped"].append(f"experts {kind} B={batch}: time budget")
+                continue
+            ids = eb.prompt_ids(vocab, args.prompt).expand(batch, -1).contiguous()
+            ids = (ids + torch.arange(batch, device=ids.device)[:, None]) % vocab  # rows differ
+            row = {"experts": kind, "batch": batch, "steps": n}
+            try:
+                row["first_call_s"], _ = eb.timed(lambda: generate(llm, slm, ids, [["llm"] * 8] * batch, engine, 8))
+                sec, _ = eb.timed(lambda: generate(llm, slm, ids, [["llm"] * n] * batch, engine, n))
+                row["ms_per_step"] = 1e3 * sec / n
+                row["floor_ms"] = 1e3 * (step_read_bytes(res["models"]["llm"], batch) + batch * kv_read_bytes(
+                    res["models"]["llm"], args.prompt + n // 2)) / (res["bandwidth_gbps"] * 1e9)
+            except Exception as err:  # a dispatch that cannot be captured here: say so, keep the run
+                row["error"] = f"{type(err).__name__}: {err}"[:500]
+            if args.experts_profile and batch == 1 and "error" not in row:
+                try:
+                    row["kernels"] = kernel_profile(lambda: generate(llm, slm, ids, [["llm"] * 16], engine, 16), 16)
+                except Exception as err:  # the profile is extra: its failure keeps the timings
+                    row["kernels"] = [[f"profile failed: {type(err).__name__}: {err}"[:200], 0]]
+            res["experts_dispatch"].append(row)
+            print(f"[experts {kind}] {row}", flush=True)
         del engine
         torch.cuda.empty_cache() if eb.DEVICE == "cuda" else None
         res["save"]()
+
+
+def kernel_profile(run, steps: int, top: int = 14) -> list:
+    """Device microseconds a step of ``run`` (``steps`` steps) spends per kernel name, the ``top`` largest
+    (torch.profiler; kernels replayed inside CUDA graphs included), plus the sum of all."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    totals = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            totals[e.name[:60]] = totals.get(e.name[:60], 0.0) + e.time_range.elapsed_us() / steps
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    return [["all kernels", round(sum(totals.values()), 1)]] + [[k, round(v, 1)] for k, v in ranked[:top]]
 
 
 def baseline_section(llm, args, res, budget):
@@ -347,9 +372,11 @@ def markdown(res) -> str:
                      + ", ".join(f"B={b}: {(step_read_bytes(llm, b) - llm['dense_read_bytes']) / 1e9:.2f} GB"
                                  for b in res["args"]["batches"]) + f"; dispatch `{res.get('experts')}`.")
     for r in res.get("experts_dispatch", []):
-        lines.append(f"\nLLM alone, B=1, experts dispatch `{r['experts']}`: " + (
+        lines.append(f"\nLLM alone, B={r.get('batch', 1)}, experts dispatch `{r['experts']}`: " + (
             f"{r['ms_per_step']:.2f} ms/step, {r['ms_per_step'] / r['floor_ms']:.2f}x its floor ({r['floor_ms']:.2f} ms)"
             if "ms_per_step" in r else f"failed: {r.get('error')}"))
+        if r.get("kernels"):
+            lines.append("device us a step by kernel: " + "; ".join(f"{k} {v}" for k, v in r["kernels"]))
     lines += ["", "Warm-up per batch size (graphs captured for the batch bucket, every length bucket, both lanes):", ""]
     lines += [f"- B={w['batch']}: {w['warm_up_every_bucket_s']:.1f} s (first call {w['first_call_s']:.1f} s), "
               f"{w['graphs']} graphs in all" for w in res["warm_up"]]
@@ -424,7 +451,13 @@ def main() -> None:
                          "decide) or the GPU, as an entropy policy's do (the loop pays the reads it would)")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--experts-steps", type=int, default=0,
-                    help="MoE LLM: also time this many B = 1 steps under each on-device experts dispatch")
+                    help="MoE LLM: also time this many steps under each on-device experts dispatch")
+    ap.add_argument("--experts-profile", action="store_true",
+                    help="MoE LLM: also profile 16 B = 1 steps of each dispatch (device us a step per kernel)")
+    ap.add_argument("--experts-batches", type=int, nargs="+", default=[1],
+                    help="MoE LLM: the batch sizes --experts-steps times")
+    ap.add_argument("--experts-only", action="store_true",
+                    help="MoE LLM: only the --experts-steps section (no batched runs, no baselines)")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--tag", default="")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
@@ -479,11 +512,12 @@ def main() -> None:
     llm, slm = models["llm"], models["slm"]
     with torch.no_grad():
         t0 = time.perf_counter()
-        fast_section(llm, slm, args, res, budget)
+        if not args.experts_only:
+            fast_section(llm, slm, args, res, budget)
         res["fast_section_s"] = time.perf_counter() - t0
         if args.experts_steps:
             experts_section(llm, slm, args, res, budget)
-        if not args.skip_baselines:
+        if not (args.skip_baselines or args.experts_only):
             baseline_section(llm, args, res, budget)
     save()
     plot(stem.with_suffix(".json"))

@@ -53,6 +53,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from ..core.engines import requested_engine
 from ..core.policies import PinnedRoles, RowEntropyPolicy, check_threshold, checked
 from ..core.roles import Role
 from ..core.sampling import sample_one
@@ -127,16 +128,19 @@ class RequestEngine(Preemption):
         self.device = llm.device
         self.schedule = checked_schedule(schedule, llm, slm)
         self.max_length = None
-        from ..fast import fast_engine
+        from ..fast import fallback_lanes, fast_engine
 
+        auto = isinstance(requested_engine(engine), str) and requested_engine(engine) == "auto"
         engine = resolve_engine(llm, slm, engine, max_batch, own=True, fast=fast_engine)
-        if isinstance(engine, EagerEngine):
-            self.lanes = EagerEngine().lanes(llm, slm, self.vocab, 0)
-        else:
-            self.max_length = max_length
+        self.lanes = None
+        if not isinstance(engine, EagerEngine):  # "auto": warmed up now, the eager lanes if that fails
             slack = HOLD_TRIM if self.schedule is not None else 0  # untrimmed padding of held rows
-            self.lanes = engine.lanes(llm, slm, self.vocab, max_batch, max_length + slack,
-                                      kv_tokens=(kv_tokens or max_batch * (max_length + slack)) if paged else None)
+            kv_tokens = (kv_tokens or max_batch * (max_length + slack)) if paged else None
+            self.lanes = fallback_lanes.lanes(llm, slm, engine, self.vocab, max_batch, max_length + slack, auto,
+                                              kv_tokens=kv_tokens)
+            self.max_length = max_length if self.lanes is not None else None
+        if self.lanes is None:
+            self.lanes = EagerEngine().lanes(llm, slm, self.vocab, 0)
         self.kv = budget_of(self.lanes.values())  # paged lanes: admission and preemption by free blocks
         self._staging = Staging.for_lanes(self.lanes, prefill_chunk)  # None: joins prefill whole
         self.thresholds = RowEntropyPolicy() if policy is None else None

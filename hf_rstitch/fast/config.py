@@ -42,8 +42,9 @@ class FastConfig:
     # with compile="parts": each residual add of a pre-norm layer and the norm after it as one compiled piece
     # (.add_norm); None: on with compile="parts"
     fuse_add_norm: bool | None = None
-    # MoE: transformers' experts implementation the lane runs, "grouped_mm" or "batched_mm"; None: grouped_mm for
-    # bfloat16 on CUDA from capability 9.0, batched_mm elsewhere (.experts)
+    # MoE: the experts implementation the lane runs, "grouped_mm" / "batched_mm" (transformers') or "rstitch_gemv"
+    # (decode-step kernels, .kernels.expert_gemv); None: rstitch_gemv on CUDA with Triton where the experts' layout
+    # allows, else grouped_mm for bfloat16 on CUDA from capability 9.0, batched_mm elsewhere (.experts)
     experts: str | None = None
     # KV cache in blocks that rows own as they write (.paged_kv): memory follows the tokens written, not
     # rows x capacity. The request engine always pages (its pool sized by its kv_tokens); generate() keeps the

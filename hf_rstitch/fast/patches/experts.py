@@ -13,7 +13,10 @@ the ``use_experts_implementation`` decorator; both exist from transformers 5.17)
   experts hit; every selected expert's weights are read once a step, however many rows chose it;
 * ``"batched_mm"`` everywhere else (float32 / float64, CPU, older GPUs): each (token, expert) pair gathers
   its expert's weights (``weight[expert_ids]``) and one batched product runs; on the device and exact, but an
-  expert chosen by several rows is read (and copied) once per row.
+  expert chosen by several rows is read (and copied) once per row;
+* ``"rstitch_gemv"`` (:mod:`hf_rstitch.fast.kernels.expert_gemv`, the default on CUDA with Triton where every experts module has the
+  layout its kernels cover): decode steps of up to ``expert_gemv.MAX_PAIRS`` (row, expert) pairs run two Triton
+  kernels that read only the selected experts' weights; larger forwards run the dispatch above.
 
 The routers of Qwen3-MoE, Mixtral and gpt-oss (linear, top-k, softmax) already stay on the device.
 
@@ -29,7 +32,10 @@ from typing import NamedTuple
 import torch
 from transformers import PreTrainedModel
 
-DISPATCHES = ("grouped_mm", "batched_mm")  # transformers' experts implementations that stay on the device
+from ..kernels import expert_gemv
+
+# experts implementations that stay on the device: transformers' two, and ours for decode steps (..kernels.expert_gemv)
+DISPATCHES = ("grouped_mm", "batched_mm", expert_gemv.NAME)
 # config attributes that give a model experts (Qwen-MoE: num_experts, Mixtral / gpt-oss: num_local_experts)
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
@@ -64,6 +70,9 @@ def implementation(model: PreTrainedModel) -> str | None:
     if not expert_modules(model):
         return None
     device = model.device
+    if device.type == "cuda" and expert_gemv.available(device) and model.dtype != torch.float64 and not any(
+            expert_gemv.why_not(m) for m in expert_modules(model)):
+        return expert_gemv.NAME
     fused = (device.type == "cuda" and model.dtype == torch.bfloat16
              and torch.cuda.get_device_capability(device) >= (9, 0))
     return "grouped_mm" if fused else "batched_mm"
@@ -81,7 +90,10 @@ def plan(model: PreTrainedModel, kind: str | None = None) -> Plan:
     if kind is not None and kind not in DISPATCHES:
         raise ValueError(f"FastConfig.experts must be None or one of {DISPATCHES}, got {kind!r}")
     configs = {id(m.config): m.config for m in modules}
-    return Plan((kind or implementation(model)) if modules else None, tuple(configs.values()))
+    kind = (kind or implementation(model)) if modules else None
+    if kind == expert_gemv.NAME:
+        expert_gemv.register()
+    return Plan(kind, tuple(configs.values()))
 
 
 @contextlib.contextmanager

@@ -9,6 +9,9 @@ Here three small functions are compiled once per process with symbolic shapes, w
 size, batch or length: the model's own RMSNorm ``forward``, its ``apply_rotary_pos_emb`` and the
 SiLU-gated product of its MLP. Each becomes one or two fused kernels, recorded in the graphs.
 
+A piece torch.compile cannot compile (a compiler bug of the installed torch) runs its eager code instead, the
+reason logged once (:data:`EAGER`); the other pieces stay compiled and the graphs are captured as before.
+
 What it does not do: fuse across those pieces (residual adds stay eager kernels), or patch
 anything whose shape it does not recognise (models without ``*RMSNorm`` modules, a module-level
 ``apply_rotary_pos_emb`` or a ``gate_proj / up_proj / down_proj`` MLP with SiLU keep their code).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +32,8 @@ from .gated_mlp import silu_mlp
 from ..kernels.rope_store import rotary_functions
 
 _COMPILED: dict = {}  # one compiled function per piece (and norm class), shared by every lane of the process
+EAGER: dict = {}  # pieces torch.compile failed on -> the reason; they run their eager code (see _compiled)
+log = logging.getLogger("hf_rstitch.fast")
 
 # Symbolic shapes still specialise a size seen as 1 (batch 1, one-token steps) and equate sizes that were
 # equal at the first call ("duck sizing"), so a lane would compile each piece again at its first batch > 1.
@@ -36,14 +42,38 @@ _ONE_COMPILE = {k: v for k, v in (("backed_size_oblivious", True), ("use_duck_sh
                 if hasattr(fx_config, k)}
 
 
+def _compile_errors() -> tuple:
+    """The exceptions torch.compile raises when it cannot compile a function (not errors of the function)."""
+    from torch._dynamo import exc
+
+    found = [getattr(exc, "BackendCompilerFailed", None), getattr(exc, "Unsupported", None)]
+    try:
+        from torch._inductor.exc import InductorError
+        found.append(InductorError)
+    except ImportError:
+        pass
+    return tuple(e for e in found if e is not None)
+
+
 def _compiled(key, fn):
+    """``fn`` compiled once per process with symbolic shapes; where torch.compile cannot compile it (a compiler bug
+    of this torch, e.g. torch 2.11's ``KeyError: 'unbacked_bindings'`` lowering a ``repeat_interleave`` under
+    symbolic sizes: GLM / Cohere rotary functions), the piece runs ``fn`` eagerly from then on, said once."""
     if key not in _COMPILED:
         compiled = torch.compile(fn, dynamic=True, fullgraph=True)
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            with fx_config.patch(_ONE_COMPILE):
-                return compiled(*args, **kwargs)
+            if key not in EAGER:
+                with fx_config.patch(_ONE_COMPILE):
+                    try:
+                        return compiled(*args, **kwargs)
+                    except _compile_errors() as err:
+                        text = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+                        EAGER[key] = f"{type(err).__name__}: {text}"
+                        log.warning("hf_rstitch: compile='parts' runs %s eagerly: torch.compile failed on it (%s)",
+                                    getattr(fn, "__qualname__", fn), EAGER[key])
+            return fn(*args, **kwargs)
 
         _COMPILED[key] = call
     return _COMPILED[key]

@@ -12,6 +12,7 @@ from transformers.integrations import moe
 
 from hf_rstitch import ReplayPolicy
 from hf_rstitch.fast import FastConfig, FastEngine, check_supported
+from hf_rstitch.fast.kernels import expert_gemv
 from hf_rstitch.fast.patches import experts as fast_experts
 from engine_checks import assert_same, generate_n
 from tiny_models import SPECIAL, left_pad, prompt
@@ -53,11 +54,20 @@ PAIRS = {"qwen3_moe": ("qwen3_moe", "qwen3"), "mixtral": ("mixtral", "mixtral"),
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", list(PAIRS))
-def test_moe_pairs_equal_the_eager_engine(arch, device, monkeypatch):
+@pytest.mark.parametrize("dispatch", [None, expert_gemv.NAME])
+def test_moe_pairs_equal_the_eager_engine(arch, device, dispatch, monkeypatch):
+    """``dispatch``: FastConfig.experts (None: the default; rstitch_gemv: the decode kernels, on CPU under
+    TRITON_INTERPRET=1 only; gpt-oss's layout runs their fallback)."""
+    if dispatch == expert_gemv.NAME and not expert_gemv.available(device):
+        pytest.skip("the experts kernels need triton (CUDA, or TRITON_INTERPRET=1 on CPU)")
     dispatched = []
-    batched = moe.ALL_EXPERTS_FUNCTIONS["batched_mm"]
-    monkeypatch.setitem(moe.ALL_EXPERTS_FUNCTIONS._global_mapping, "batched_mm",
-                        lambda *a, **k: dispatched.append(1) or batched(*a, **k))
+    if dispatch == expert_gemv.NAME and arch != "gpt_oss":
+        kernel = expert_gemv.gate_up
+        monkeypatch.setattr(expert_gemv, "gate_up", lambda *a, **k: dispatched.append(1) or kernel(*a, **k))
+    else:
+        batched = moe.ALL_EXPERTS_FUNCTIONS["batched_mm"]
+        monkeypatch.setitem(moe.ALL_EXPERTS_FUNCTIONS._global_mapping, "batched_mm",
+                            lambda *a, **k: dispatched.append(1) or batched(*a, **k))
     llm_arch, slm_arch = PAIRS[arch]
     llm = _build(llm_arch, 64, 3, 4, 0, torch.float32, device)
     slm = _build(slm_arch, 32, 2, 2, 1000, torch.float32, device)
@@ -66,7 +76,7 @@ def test_moe_pairs_equal_the_eager_engine(arch, device, monkeypatch):
     one = prompt(11).to(device)
     ids, mask = (t.to(device) for t in left_pad([prompt(k, seed=20 + i) for i, k in enumerate([7, 13, 4])]))
     cpu = dict(attention="matmul", gemv=False, fuse_mlp=False, fuse_rope_store=False) if device == "cpu" else {}
-    engine = FastEngine(FastConfig(max_bucket=4, graphs=device == "cuda", **cpu), max_batch=3)
+    engine = FastEngine(FastConfig(max_bucket=4, graphs=device == "cuda", experts=dispatch, **cpu), max_batch=3)
     for batch_ids, batch_mask, routes in ((one, torch.ones_like(one), ROUTES[:1]), (ids, mask, ROUTES)):
         try:
             ref = generate_n(llm, slm, batch_ids, batch_mask, "default", N_NEW, stitch_policy=ReplayPolicy(routes))
