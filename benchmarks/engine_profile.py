@@ -276,6 +276,17 @@ def kernel_profile(model, steps: int, device: str) -> dict:
             "top15": [{"name": k, "per_step": c / steps, "ms": us / 1e3 / steps} for k, (c, us) in top]}
 
 
+def first_call_parts(engine: FastEngine) -> dict:
+    """Where the first call's seconds went: GEMV tuning (kernels built ahead + timed), graph captures (their
+    warm-up runs and compiles included), dynamo / inductor phases (this process so far), graphs captured."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    lanes = engine._lanes.values()
+    phases = sorted(((k, sum(v)) for k, v in compilation_time_metrics.items()), key=lambda kv: -kv[1])[:8]
+    return {"tune_s": sum(l.gemv_tune_seconds for l in lanes), "capture_s": engine.capture_seconds(),
+            "graphs": engine.graph_count(), "compile_phases_s": dict(phases)}
+
+
 def profile_shape(shape: str, args, device: str, bw_gbps: float) -> dict:
     from engine_bench import weight_bytes
 
@@ -286,6 +297,8 @@ def profile_shape(shape: str, args, device: str, bw_gbps: float) -> dict:
                         generator=torch.Generator().manual_seed(0)).to(device)
     engine = FastEngine(config(device), capacity=1024)
     row["first_call_s"], _ = lab.timed(lambda: generate_once(model, engine, ids, 4, "replay"), device)
+    row["first_call"] = first_call_parts(engine)
+    row["every_bucket_s"] = sum(lane.warm_up() for lane in engine._lanes.values())  # what later calls would capture
     for policy in ("replay", "entropy"):
         row[policy] = loop_times(model, engine, ids, policy, device)
     if device == "cuda":
@@ -309,7 +322,9 @@ def table(rows: list[dict]) -> list[dict]:
                     "replay_ms": round(r["replay"]["loop_ms"], 3), "entropy_ms": round(e["loop_ms"], 3),
                     **{k: round(e[k], 3) for k in ("host_busy_ms", "host_wait_ms", "device_outside_graph_ms") if k in e},
                     "kernels": round(r["kernels"]["kernels_per_step"], 1),
-                    "kernel_ms": round(r["kernels"]["kernel_ms_per_step"], 3), "x_floor": round(r["x_floor"], 2)})
+                    "kernel_ms": round(r["kernels"]["kernel_ms_per_step"], 3), "x_floor": round(r["x_floor"], 2),
+                    "first_call_s": round(r["first_call_s"], 1), "tune_s": round(r["first_call"]["tune_s"], 1),
+                    "capture_s": round(r["first_call"]["capture_s"], 1), "every_bucket_s": round(r["every_bucket_s"], 1)})
     return out
 
 
