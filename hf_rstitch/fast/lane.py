@@ -138,6 +138,7 @@ class FastLane(Outputs, RowOps):
         self._regions = None
         fused = config.fuse_rope_store and config.compile in (None, "parts") and triton_support.available(dev)
         self._rotary = rope_store.plan(model) if fused else []  # module globals to swap, as regions do
+        self._qk_norms = rope_store.norm_plan(model) if self._rotary else []  # normalized in the same kernel
         self.cache.fused_store = fused
         tables = config.rotary_table and config.compile in (None, "parts")
         self._rotary_tables = rotary_table.plan(model, n_slots) if tables else []  # instance forwards
@@ -327,7 +328,7 @@ class FastLane(Outputs, RowOps):
             with static_attention_on(self.model, self._attention), experts.experts_on(self._experts), \
                     linears.gemv_linears_on(self.gemv_layers), \
                     regions.regions_on(self._regions), regions.regions_on((self._rotary_tables, self._rotary)), \
-                    rope_store.deferring(self.cache if defer else None, poison):
+                    rope_store.deferring(self.cache if defer else None, poison, self._qk_norms):
                 yield
         finally:
             pending, self.cache.pending = self.cache.pending, None
