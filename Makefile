@@ -8,7 +8,8 @@ TORCH ?= torch==2.13.0
 
 SHELL := /bin/bash
 KERNEL_TESTS = tests/fast/test_gemv.py tests/fast/test_gated.py tests/fast/test_folds.py \
-	tests/fast/test_decode_attention.py tests/fast/test_fused_entropy.py tests/fast/test_rope_store.py
+	tests/fast/test_decode_attention.py tests/fast/test_fused_entropy.py tests/fast/test_rope_store.py \
+	tests/fast/test_norms.py
 GPU_TESTS = tests/fast tests/multigpu/test_gpu.py
 GPU_RESULT ?= benchmarks/results/gpu_tests.txt
 

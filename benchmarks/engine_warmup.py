@@ -112,6 +112,7 @@ def child(args) -> dict:
     from torch._dynamo.utils import counters
     res["cache_counters"] = {f"{g}.{k}": v for g in ("inductor", "aot_autograd") for k, v in counters[g].items()
                              if "cache" in k}
+    res["dynamo_graphs"] = counters["stats"]["unique_graphs"]  # pieces torch.compile traced (0: none, regions.KERNELS)
     for tag, model, role in (("llm", llm, Role.LLM), ("slm", slm, Role.SLM)):
         floor_s = eb.weight_bytes(model)["decode_read_bytes"] / (bw * 1e9)
         half = args.new // 2
@@ -294,7 +295,8 @@ def main() -> None:
     lab.write_result(stem, doc, markdown(doc))
     print(markdown(doc))
     print(json.dumps({"device": name, "runs": [{k: r.get(k) for k in ("variant", "threads", "mode", "first_call_s",
-                                                                         "new_route_call_s", "new_route_captures")} |
+                                                                         "new_route_call_s", "new_route_captures",
+                                                                         "dynamo_graphs")} |
                                                {t: r.get(t, {}).get("generate_decode_ms_per_token") for t in ("llm", "slm")}
                                                for r in doc["runs"]]}))
 
