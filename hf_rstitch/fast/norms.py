@@ -47,6 +47,8 @@ def _kernels():
                 x = x.to(tl.float32)
             sq += x * x
         rstd = 1.0 / tl.sqrt(tl.sum(sq, 0) / K + eps)
+        if ADD:  # the sum is read back below, maybe by other threads of the program than the ones that wrote it
+            tl.debug_barrier()
         for k0 in range(0, K, BLOCK_K):
             inside = k0 + cols < K
             if ADD:
