@@ -8,8 +8,8 @@ kernel reads the slots ``[0, pos + q)`` (``pos`` is the cache's write offset, a 
 captured graph reads the right length on every replay) in independent chunks ("splits", as in
 flash-decoding), each split an equal share of the slots written so far (the grid is fixed when a graph
 is captured, the split length is not: a short sequence runs as many programs as a long one, each over
-fewer slots); the split program that finishes last combines them (it counts finished splits in a kept
-ticket buffer, :data:`COMBINE_IN_SPLIT`: one kernel a layer, not two; a second kernel where that is off). Where the rows alone give the device a wave of
+fewer slots); a second kernel combines the splits (or, with :data:`COMBINE_IN_SPLIT`, the split program that
+finishes last, counting finished splits in a kept ticket buffer: one kernel a layer, not two). Where the rows alone give the device a wave of
 programs (large batches) there is one split: the kernel walks every written slot in a pipelined loop
 and writes the output itself, with no partial results and no combine. Per row, slots left of the
 row's padding count (``pad[b]``) are masked, as is everything right of each query's own slot.
@@ -324,8 +324,10 @@ def _launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: to
 
 # With several splits the split kernel's last program of each (row, KV head, row block) combines the splits itself
 # (LAST_COMBINES: one kernel a layer, not two), counting finished splits in a kept ticket buffer (int32, zero between
-# calls: the combining program resets its ticket). False: the separate combine kernel.
-COMBINE_IN_SPLIT = True
+# calls: the combining program resets its ticket). Off by default: correct on CUDA (GPU tests), but one program then
+# reads every split's partials alone, and the only timing so far (H200, bare B = 1 lanes, not an A/B on one machine:
+# results/engine_warmup_auto_*.md) had the Qwen2 7B / 1.5B steps 0.06-0.14 ms slower than earlier runs without it.
+COMBINE_IN_SPLIT = False
 TICKETS = 1 << 16  # tickets kept a device: batch x KV heads x row blocks of one call at most, else the 2nd kernel
 _TICKETS: dict = {}  # device -> int32 [TICKETS], made outside any capture and kept (graphs record its address)
 
