@@ -1,15 +1,15 @@
 """RMSNorm, residual add + RMSNorm and the SiLU-gated product as Triton kernels: the pieces of
 ``compile="parts"`` without ``torch.compile`` for the models whose code they reproduce.
 
-Why: ``compile="parts"`` (:mod:`hf_rstitch.fast.patches.regions`) fuses each norm, each residual add with the norm after it and the
-SiLU gate of the MLP into one kernel by compiling them with ``torch.compile``. The kernels are a few lines
+Why: ``compile="parts"`` (:mod:`hf_rstitch.fast.patches.regions`) fuses each norm, each residual add with the norm
+after it and the SiLU gate of the MLP into one kernel by compiling them with ``torch.compile``. The kernels are a few lines
 each, but getting them costs dynamo's tracing in every process (~3 s for a Qwen3-0.6B lane even with inductor's
 caches warm, more on a fresh machine: ``benchmarks/results/engine_profile_*``), the bulk of a warm first call.
 Here the same three pieces are hand-written: one program a row, the row read from memory once or twice,
 nothing to trace or compile beyond Triton's own (cached on disk) build.
 
-Same arithmetic as the modules they replace (Llama's RMSNorm to the letter, :func:`hf_rstitch.fast.patches.folds.rms_norm`):
-the sum rounded to the model's dtype before it is normalized, ``x * rstd`` rounded to the dtype before the weight
+Same arithmetic as the modules they replace (Llama's RMSNorm to the letter,
+:func:`hf_rstitch.fast.patches.folds.rms_norm`): the sum rounded to the model's dtype before it is normalized, ``x * rstd`` rounded to the dtype before the weight
 multiplies it, ``silu(gate)`` rounded before it multiplies ``up``.
 
 What it does not do: other norms (they keep the compiled piece), float64 (Triton's float32 arithmetic).
@@ -139,8 +139,8 @@ def norm_forward(module: torch.nn.Module, fallback, x: torch.Tensor) -> torch.Te
 
 
 def add_norm_piece(fallback):
-    """``(norm, residual, h) -> (residual + h, norm(residual + h))`` (:mod:`hf_rstitch.fast.patches.add_norm`'s piece): the kernel for
-    Llama RMSNorms where it takes the tensors, else ``fallback``."""
+    """``(norm, residual, h) -> (residual + h, norm(residual + h))`` (:mod:`hf_rstitch.fast.patches.add_norm`'s
+    piece): the kernel for Llama RMSNorms where it takes the tensors, else ``fallback``."""
     from ..patches.folds import rms_norm as llama_norm
 
     verdicts: dict = {}

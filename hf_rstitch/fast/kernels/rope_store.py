@@ -229,8 +229,8 @@ def deferring(cache, poison: bool = False, norms=()):
         yield
         if _MARKS:
             raise RuntimeError("a layer of this model used the output of a q/k norm the fast engine put off to the "
-                               "rotation without rotating it; set hf_rstitch.fast.kernels.rope_store.NORMS = False (or build "
-                               "the lane with FastConfig(fuse_rope_store=False)).")
+                               "rotation without rotating it; set hf_rstitch.fast.kernels.rope_store.NORMS = False "
+                               "(or build the lane with FastConfig(fuse_rope_store=False)).")
     finally:
         _DEFER_TO, _POISON = before
         _MARKS.clear()
@@ -280,8 +280,8 @@ def _normed(t: torch.Tensor, mark) -> torch.Tensor:
 
 def norm_plan(model: torch.nn.Module) -> list:
     """The per-head q/k norm modules (``q_norm`` / ``k_norm`` of an attention layer, Qwen3's) that the rotation
-    kernel may apply: both Llama's RMSNorm to the letter (:func:`hf_rstitch.fast.patches.folds.rms_norm`), of the head
-    size, one epsilon. A lane checks the model reads their outputs only through the rotation (:func:`defers_exactly`)."""
+    kernel may apply: both Llama's RMSNorm to the letter (:func:`hf_rstitch.fast.patches.folds.rms_norm`), of the
+    head size, one epsilon. A lane checks the model reads their outputs only through the rotation (:func:`defers_exactly`)."""
     from ..patches.folds import rms_norm
 
     found = []

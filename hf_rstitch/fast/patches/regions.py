@@ -13,7 +13,8 @@ A piece torch.compile cannot compile (a compiler bug of the installed torch) run
 reason logged once (:data:`EAGER`); the other pieces stay compiled and the graphs are captured as before.
 
 Where the piece is Llama's RMSNorm (its add + norm) or the SiLU gate and Triton runs, a hand-written kernel
-(:mod:`hf_rstitch.fast.kernels.norms`, :data:`KERNELS`) takes the compiled piece's place: no dynamo tracing for those models.
+(:mod:`hf_rstitch.fast.kernels.norms`, :data:`KERNELS`) takes the compiled piece's place: no dynamo tracing for
+those models.
 
 What it does not do: fuse across those pieces (residual adds stay eager kernels), or patch
 anything whose shape it does not recognise (models without ``*RMSNorm`` modules, a module-level
@@ -93,8 +94,8 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul() -> "callable":
-    """``silu(gate) * up`` as one kernel, any shape: the hand-written one (:mod:`hf_rstitch.fast.kernels.norms`, with :data:`KERNELS`) where
-    it runs, else the compiled one (shared by every lane of the process)."""
+    """``silu(gate) * up`` as one kernel, any shape: the hand-written one (:mod:`hf_rstitch.fast.kernels.norms`,
+    with :data:`KERNELS`) where it runs, else the compiled one (shared by every lane of the process)."""
     compiled = _compiled("silu_mul", _silu_mul)
     return norms.silu_mul_piece(compiled) if KERNELS else compiled
 

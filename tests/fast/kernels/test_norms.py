@@ -1,4 +1,5 @@
-"""The hand-written norm, add + norm and SiLU-gate kernels (hf_rstitch.fast.kernels.norms) against the eager code they replace.
+"""The hand-written norm, add + norm and SiLU-gate kernels (hf_rstitch.fast.kernels.norms) against the eager code
+they replace.
 
 Like test_gemv: on CPU the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1``); these tests skip
 when it is not there. On CUDA they run compiled.
