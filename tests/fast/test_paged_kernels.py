@@ -68,9 +68,11 @@ def test_paged_kernel_equals_reference_and_static(device, batch, heads, kv_heads
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("one_split", [True, False])
-def test_paged_kernel_one_split_and_many(device, one_split, monkeypatch):
-    """Both plans (the split kernel writing the output itself, and splits combined) read the blocks alike."""
+@pytest.mark.parametrize("one_split,in_split", [(True, False), (False, False), (False, True)])
+def test_paged_kernel_one_split_and_many(device, one_split, in_split, monkeypatch):
+    """Both plans (the split kernel writing the output itself, and splits combined, by a kernel of their own or in
+    the split kernel's last program: ``COMBINE_IN_SPLIT``) read the blocks alike."""
+    monkeypatch.setattr(da, "COMBINE_IN_SPLIT", in_split)
     monkeypatch.setattr(da, "_sm_count", lambda device: 4 if one_split else 132)
     monkeypatch.setattr(da, "ONE_SPLIT", 1.0 if one_split else 99.0)
     batch, heads, kv_heads, q, dim, slots, pos, pads = 3, 6, 2, 1, 16, 1024, 700, [0, 33, 690]
