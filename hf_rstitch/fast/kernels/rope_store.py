@@ -187,8 +187,9 @@ def _paging(keys: torch.Tensor, slots: torch.Tensor, table, pad):
 
 
 class Pending:
-    """A rotation :func:`_rotary` put off until the cache stores the keys (:meth:`StaticKV.update`): the
-    layer got ``q_out`` (filled by then) and the unrotated ``k`` it will hand to the cache."""
+    """A rotation :func:`_rotary` put off until the cache stores the keys (``StaticKV.update`` or
+    ``PagedKV.update``, both through :meth:`store`): the layer got ``q_out`` (filled by then) and the unrotated ``k``
+    it will hand to the cache."""
 
     def __init__(self, q, k, cos, sin, q_out, norms=None):
         self.q, self.k, self.cos, self.sin, self.q_out = q, k, cos, sin, q_out
@@ -205,7 +206,7 @@ class Pending:
 # Lanes put rotations off to the cache's update (one kernel, rope_store) when True, for models that pass
 # defers_exactly: 28 kernels fewer a Qwen2 step (timed: benchmarks/results/engine_rope_store_*.md).
 DEFER = True
-_DEFER_TO = None  # the StaticKV whose update() completes the rotations, inside a lane's forward (deferring())
+_DEFER_TO = None  # the cache (StaticKV or PagedKV) whose update() completes the rotations, in deferring()
 _POISON = False  # deferring(..., poison=True): q starts as NaN until the store fills it
 # Inside deferring(), per-head q/k RMSNorms of norm_plan() put off to the same kernel when True (Qwen3: 56 kernels
 # fewer a step); their inputs wait here as (tensor, fallback norm) until the rotation takes them
