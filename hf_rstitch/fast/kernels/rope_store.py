@@ -282,7 +282,8 @@ def _normed(t: torch.Tensor, mark) -> torch.Tensor:
 def norm_plan(model: torch.nn.Module) -> list:
     """The per-head q/k norm modules (``q_norm`` / ``k_norm`` of an attention layer, Qwen3's) that the rotation
     kernel may apply: both Llama's RMSNorm to the letter (:func:`hf_rstitch.fast.patches.folds.rms_norm`), of the
-    head size, one epsilon. A lane checks the model reads their outputs only through the rotation (:func:`defers_exactly`)."""
+    head size, one epsilon. A lane checks the model reads their outputs only through the rotation
+    (:func:`defers_exactly`)."""
     from ..patches.folds import rms_norm
 
     found = []
