@@ -9,7 +9,8 @@ TORCH ?= torch==2.13.0
 SHELL := /bin/bash
 KERNEL_TESTS = tests/fast/kernels/test_gemv.py tests/fast/kernels/test_gated.py tests/fast/patches/test_folds.py \
 	tests/fast/kernels/test_decode_attention.py tests/fast/kernels/test_fused_entropy.py \
-	tests/fast/kernels/test_rope_store.py tests/fast/kernels/test_expert_gemv.py tests/fast/patches/test_fast_moe.py
+	tests/fast/kernels/test_rope_store.py tests/fast/kernels/test_expert_gemv.py tests/fast/patches/test_fast_moe.py \
+	tests/fast/kernels/test_norms.py
 GPU_TESTS = tests/fast tests/multigpu/test_gpu.py
 GPU_RESULT ?= benchmarks/results/gpu_tests.txt
 

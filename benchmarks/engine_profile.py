@@ -1,58 +1,90 @@
-"""Where a fast-engine decode step spends its time: kernels per token, grouped (one GPU, B = 1).
+"""Where one B = 1 decode token of the fast engine goes, per model shape: loop, graph, host, kernels, floor.
 
-    PYTHONPATH=. python benchmarks/engine_profile.py --out $OUT/engine_profile.json   # CUDA, ~1 min
-    PYTHONPATH=. python benchmarks/engine_profile.py --cpu-smoke --out /tmp/p.json    # checks the script
+    PYTHONPATH=$PWD python benchmarks/engine_profile.py --shapes qwen3-0.6b qwen2-1.5b qwen2-7b --out $OUT/p.json
+    PYTHONPATH=$PWD python benchmarks/engine_profile.py --cpu-smoke --out /tmp/p.json   # checks the script
 
-The fast engine's `graphs` variant ran at ~5 ms per token above the bandwidth floor for both the
-1.5B and the 7B shape (H200, 2026-11-26, fused SDPA attention). Two suspects
-(docs/fast-engine.md#numbers): the number of small kernels a graph still launches, and the
-attention kernel. This script answers which, without guessing, for each attention
-(``--attention matmul sdpa``): it decodes with a FastLane whose static-cache steps run *eagerly*
-(``graphs=False``: the same kernels a graph records), profiles ``--steps`` one-token steps with
-``torch.profiler``, and reports per token: the number of device kernels, their summed device time,
-the host time of the step, and the device time grouped by kernel family (GEMM, attention,
-elementwise, reduction, copy, other). Then it times the same steps replayed as CUDA graphs. Kernel
-time inside graphs is the eager kernels' time minus launch gaps; the gap between
-"graph ms/token" and "kernel ms/token" is what a graph still pays between kernels.
+For each shape (random weights, bf16, one model as both halves of the pair, the ``"auto"`` engine's
+configuration, :data:`hf_rstitch.fast.engine.AUTO`) it measures, at B = 1:
+
+* ``loop_ms``: a token as ``generate`` sees it, the SLM writing every token -- once with the routes
+  replayed on the host (``replay``: no decision to read back) and once with an entropy threshold of 1
+  (``entropy``: the real policy, its decision read back from the device each step). Per token =
+  (wall of 288 new tokens - wall of 32) / 256, so prefill and start-up cancel.
+* ``graph_ms``: the decode step's CUDA graph replayed alone, back to back (CUDA events), and
+  ``graph_readout_ms`` with the lane's logits read-out (entropy, greedy token) after each replay.
+* inside the ``entropy`` loop, per token: ``host_busy_ms`` (wall minus the time the host sat in the
+  loop's device waits: Python, dispatch and launches), ``host_wait_ms``, ``replay_host_ms`` (the replay
+  call itself), ``graph_in_loop_ms`` (device time of the replays, events around them) and
+  ``device_outside_graph_ms`` (the token's period minus its graph: kernels outside the graph plus idle).
+* ``kernels``: ``torch.profiler`` over steps of the same lane run eagerly (``graphs=False``: the kernels a
+  graph records, plus the read-out): kernels per step, device ms per step, by family, the top 15.
+* ``floor_ms``: bytes a decode step must read (weights, tied embeddings once) / the measured
+  device-to-device copy bandwidth (bytes read + written).
+
+The last line printed is a compact table (JSON).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import datetime
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-import transformers
 
+import hf_rstitch  # noqa: F401  (patches generate)
 import lab
+from hf_rstitch import ReplayPolicy
 from hf_rstitch.core.roles import Role
-from hf_rstitch.fast import FastConfig, FastLane
+from hf_rstitch.fast import FastConfig, FastEngine, FastLane
 
+# name -> (transformers config class, fields); random weights, built directly on the device
+SHAPES = {
+    "qwen3-0.6b": ("Qwen3Config", dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                                       num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+                                       vocab_size=151936, tie_word_embeddings=True)),
+    "qwen3-1.7b": ("Qwen3Config", dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
+                                       num_key_value_heads=8, head_dim=128, intermediate_size=6144,
+                                       vocab_size=151936, tie_word_embeddings=True)),
+    "qwen3-8b": ("Qwen3Config", dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+                                     num_key_value_heads=8, head_dim=128, intermediate_size=12288,
+                                     vocab_size=151936, tie_word_embeddings=False)),
+    "qwen2-1.5b": ("Qwen2Config", dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                                       num_key_value_heads=2, intermediate_size=8960, vocab_size=151936,
+                                       tie_word_embeddings=True)),
+    "qwen2-7b": ("Qwen2Config", dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                                     num_key_value_heads=4, intermediate_size=18944, vocab_size=152064,
+                                     tie_word_embeddings=False)),
+    "llama3.2-1b": ("LlamaConfig", dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                                        num_key_value_heads=8, head_dim=64, intermediate_size=8192,
+                                        vocab_size=128256, tie_word_embeddings=True)),
+    "tiny-qwen3": ("Qwen3Config", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=512,
+                                       tie_word_embeddings=True)),
+}
 FAMILIES = (  # first match wins; names as CUDA / CPU profilers print them
-    ("attention", ("attention", "fmha", "flash", "softmax", "sdpa")),
-    ("gemm", ("gemm", "gemv", "matmul", "mm", "cublas", "cutlass", "linear", "addmm", "bmm", "nvjet", "sm90")),
+    ("attention", ("attention", "fmha", "flash", "softmax", "sdpa", "split_kernel", "combine_kernel")),
+    ("gemv/gemm", ("gemv", "gated", "gemm", "matmul", "mm", "cublas", "cutlass", "linear", "nvjet", "sm90")),
+    ("rope/store", ("rotate", "rope", "store")),
+    ("norm", ("norm", "rsqrt", "mean")),
+    ("readout", ("chunk_kernel", "merge_kernel")),
     ("copy", ("copy", "memcpy", "index", "cat", "scatter", "gather", "fill")),
-    ("reduction", ("reduce", "mean", "sum", "norm", "max", "argmax")),
-    ("elementwise", ("elementwise", "vectorized", "mul", "add", "rsqrt", "pow", "neg", "silu", "exp", "where",
-                     "masked", "unrolled")),
+    ("elementwise", ("elementwise", "vectorized", "mul", "add", "pow", "neg", "silu", "exp", "where", "unrolled")),
 )
+PROMPT = 128
 
 
 def family(name: str) -> str:
     low = name.lower()
-    for fam, keys in FAMILIES:
-        if any(k in low for k in keys):
-            return fam
-    return "other"
+    return next((fam for fam, keys in FAMILIES if any(k in low for k in keys)), "other")
 
 
 def summarize(events, n: int) -> dict:
-    """Device kernel ``events`` of ``n`` tokens (or steps), per token: count, time, by family, costliest names."""
+    """Device kernel ``events`` of ``n`` steps, per step: count, time, by family, costliest names
+    (engine_warmup.py's profile of graph replays)."""
     fams: dict[str, list] = {}
     names: dict[str, float] = {}
     for e in events:
@@ -66,21 +98,8 @@ def summarize(events, n: int) -> dict:
             "top_kernels_ms": {k: us / 1e3 / n for k, us in top}}
 
 
-def build(size: str, device: str, dtype: torch.dtype):
-    if device == "cpu":
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-
-        torch.manual_seed(0)
-        cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2)
-        return Qwen2ForCausalLM(cfg).to(dtype).eval()
-    from hf_rstitch.latency.profiler import random_qwen2
-
-    return random_qwen2(size, dtype, device)
-
-
-def decode_steps(lane: FastLane, ids: torch.Tensor, n: int, sync) -> float:
-    """Prefill ``ids`` then ``n`` greedy one-token steps; seconds per step (device synchronised)."""
+def decode_steps(lane, ids: torch.Tensor, n: int, sync) -> float:
+    """A bare lane loop: prefill ``ids`` then ``n`` greedy one-token steps; seconds a step (engine_warmup.py)."""
     rows, resumed = torch.ones(1, dtype=torch.bool), torch.zeros(1, dtype=torch.bool)
     t = ids.shape[1]
     buf = torch.cat([ids, ids.new_zeros(1, n + 1)], dim=1)
@@ -96,87 +115,248 @@ def decode_steps(lane: FastLane, ids: torch.Tensor, n: int, sync) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def profile_size(size: str, attention: str, args, device: str) -> dict:
-    dtype = torch.bfloat16
-    model = build(size, device, dtype)
-    vocab = model.config.vocab_size
-    ids = torch.randint(10, vocab - 10, (1, args.prompt), generator=torch.Generator().manual_seed(0)).to(device)
+def build(shape: str, device: str):
+    import transformers
 
-    def sync():
+    cls, fields = SHAPES[shape]
+    cfg = getattr(transformers, cls)(**fields, max_position_embeddings=32768)
+    cfg._name_or_path = f"random-{shape}"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.generation_config.eos_token_id = None  # decode every asked token
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def config(device: str) -> FastConfig:
+    from hf_rstitch.fast.engine import AUTO
+
+    return AUTO if device == "cuda" else FastConfig(graphs=False)
+
+
+def generate_once(model, engine, ids, new: int, policy: str):
+    kw = {"stitch_policy": ReplayPolicy(["slm"])} if policy == "replay" else {"stitch_threshold": 1.0}
+    return model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=model, stitch_engine=engine,
+                          max_new_tokens=new, do_sample=False, **kw)
+
+
+class Waits:
+    """Time the host spends in the loop's device waits (the stopping flags, the policy's decision) and around
+    each graph replay (host call; device time by events), while installed."""
+
+    def __init__(self):
+        from hf_rstitch.engine import loop, step
+        from hf_rstitch.fast import graphs
+
+        self.wait_s, self.replay_host_s, self.events = 0.0, 0.0, []
+        self._undo = [(loop._HostFlags, "wait", loop._HostFlags.wait), (step, "on_host", step.on_host),
+                      (graphs.GraphRunner, "run", graphs.GraphRunner.run)]
+        flags_wait, on_host, run = (fn for _, _, fn in self._undo)
+
+        def timed(fn):
+            def wrapper(*a, **k):
+                t0 = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    self.wait_s += time.perf_counter() - t0
+            return wrapper
+
+        def timed_run(runner, key, fn):
+            if key not in runner.graphs:
+                return run(runner, key, fn)
+            pre, post = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            pre.record()
+            out = run(runner, key, fn)
+            post.record()
+            self.replay_host_s += time.perf_counter() - t0
+            self.events.append((pre, post))
+            return out
+
+        loop._HostFlags.wait, step.on_host, graphs.GraphRunner.run = timed(flags_wait), timed(on_host), timed_run
+
+    def close(self) -> float:
+        for owner, name, fn in self._undo:
+            setattr(owner, name, fn)
+        torch.cuda.synchronize()
+        return sum(a.elapsed_time(b) for a, b in self.events) / 1e3
+
+
+def loop_times(model, engine, ids, policy: str, device: str) -> dict:
+    """Per token through generate, the SLM writing every token; with ``entropy`` also where the time goes."""
+    short, long_ = 32, 288
+    generate_once(model, engine, ids, 8, policy)  # every graph this route needs, captured
+    t_short, _ = lab.timed(lambda: generate_once(model, engine, ids, short, policy), device, repeats=3)
+    t_long, _ = lab.timed(lambda: generate_once(model, engine, ids, long_, policy), device, repeats=3)
+    n = long_ - short
+    row = {"loop_ms": 1e3 * (t_long - t_short) / n}
+    if policy != "entropy" or device != "cuda":
+        return row
+    per = {}
+    for new in (short, long_):  # the same difference of two generations, instrumented
+        waits = Waits()
         lab.sync(device)
+        t0 = time.perf_counter()
+        generate_once(model, engine, ids, new, policy)
+        lab.sync(device)
+        wall = time.perf_counter() - t0
+        graph = waits.close()
+        per[new] = (wall, waits.wait_s, waits.replay_host_s, graph)
+    d = [(b - a) / n * 1e3 for a, b in zip(per[short], per[long_])]
+    row.update(instrumented_loop_ms=d[0], host_busy_ms=d[0] - d[1], host_wait_ms=d[1], replay_host_ms=d[2],
+               graph_in_loop_ms=d[3], device_outside_graph_ms=d[0] - d[3])
+    return row
 
-    eager = FastLane(model, Role.LLM, vocab, args.capacity, FastConfig(graphs=False, attention=attention))
-    decode_steps(eager, ids, 4, sync)  # warm-up
-    eager.reset()
+
+def bare_graph(lane: FastLane, repeats: int = 200) -> dict:
+    """The lane's one-token graph replayed back to back at ~PROMPT + 150 columns, without and with the read-out."""
+    from hf_rstitch.fast.kernels import fused_entropy
+
+    graph, (logits, _) = lane.graphs.graphs[(1, 1, False)]  # the step's outputs: (logits, hidden)
+    out = {}
+    for name, read in (("graph_ms", False), ("graph_readout_ms", True)):
+        times = []
+        for _ in range(5):
+            lane.cache.pos.fill_(PROMPT + 150)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(repeats // 5):
+                graph.replay()
+                if read:
+                    fused_entropy.read_out(logits[:1])
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / (repeats // 5))
+        out[name] = statistics.median(times)
+    lane.reset()
+    return out
+
+
+def kernel_profile(model, steps: int, device: str) -> dict:
+    """Kernels of ``steps`` one-token steps of an eager lane (``graphs=False``), read-out included."""
+    lane = FastLane(model, Role.SLM, model.config.vocab_size, PROMPT + 2 * steps + 16,
+                    FastConfig(**{**config(device).__dict__, "graphs": False}))
+    ids = torch.randint(10, min(1000, model.config.vocab_size), (1, PROMPT + 2 * steps + 8), device=device)
+    mask = torch.ones_like(ids)
+    yes = torch.ones(1, dtype=torch.bool)
+
+    def run(first: int, n: int):
+        for t in range(first, first + n):
+            lane.advance(ids[:, :t], mask[:, :t], yes, ~yes)
+
+    run(PROMPT, 4)  # prefill, compiles, loads
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
+    lab.sync(device)
     with torch.profiler.profile(activities=activities) as prof:
-        eager_s = decode_steps(eager, ids, args.steps, sync)
-    events = [e for e in prof.events() if (e.device_type == torch.autograd.DeviceType.CUDA) == (device == "cuda")]
-    if device == "cpu":  # no device kernels: count the leaf aten ops instead
+        run(PROMPT + 4, steps)
+        lab.sync(device)
+    on_device = device == "cuda"
+    events = [e for e in prof.events() if (e.device_type == torch.autograd.DeviceType.CUDA) == on_device]
+    if not on_device:  # no device kernels: the leaf aten ops instead
         events = [e for e in events if e.name.startswith("aten::") and not e.cpu_children]
-    per_family: dict[str, float] = collections.defaultdict(float)
-    count: dict[str, int] = collections.Counter()
-    names: dict[str, float] = collections.defaultdict(float)
+    fams, names = {}, {}
     for e in events:
-        us = e.device_time if device == "cuda" else e.cpu_time
-        fam = family(e.name)
-        per_family[fam] += us
-        count[fam] += 1
-        names[e.name[:90]] += us
-    steps = args.steps + 1  # the profiled region also holds the prefill; close enough per token
-    row = {
-        "size": size,
-        "attention": attention,
-        "eager_static_ms_per_token": 1e3 * eager_s,
-        "kernels_per_token": len(events) / steps,
-        "kernel_ms_per_token": sum(per_family.values()) / 1e3 / steps,
-        "by_family_ms_per_token": {k: v / 1e3 / steps for k, v in sorted(per_family.items(), key=lambda kv: -kv[1])},
-        "kernels_by_family_per_token": {k: v / steps for k, v in count.items()},
-        "top_kernels_ms_per_token": {k: v / 1e3 / steps for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:15]},
-    }
-    del eager
+        us = e.device_time if on_device else e.cpu_time
+        f = fams.setdefault(family(e.name), [0, 0.0])
+        f[0] += 1
+        f[1] += us
+        c = names.setdefault(e.name[:100], [0, 0.0])
+        c[0] += 1
+        c[1] += us
+    top = sorted(names.items(), key=lambda kv: -kv[1][1])[:15]
+    del lane
+    return {"kernels_per_step": len(events) / steps,
+            "kernel_ms_per_step": sum(f[1] for f in fams.values()) / 1e3 / steps,
+            "by_family": {k: {"kernels": c / steps, "ms": us / 1e3 / steps}
+                          for k, (c, us) in sorted(fams.items(), key=lambda kv: -kv[1][1])},
+            "top15": [{"name": k, "per_step": c / steps, "ms": us / 1e3 / steps} for k, (c, us) in top]}
+
+
+def first_call_parts(engine: FastEngine) -> dict:
+    """Where the first call's seconds went: GEMV tuning (kernels built ahead + timed), graph captures (their
+    warm-up runs and compiles included), dynamo / inductor phases (this process so far), graphs captured."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    lanes = engine._lanes.values()
+    phases = sorted(((k, sum(v)) for k, v in compilation_time_metrics.items()), key=lambda kv: -kv[1])[:8]
+    return {"tune_s": sum(l.gemv_tune_seconds for l in lanes), "capture_s": engine.capture_seconds(),
+            "graphs": engine.graph_count(), "compile_phases_s": dict(phases)}
+
+
+def profile_shape(shape: str, args, device: str, bw_gbps: float) -> dict:
+    from engine_bench import weight_bytes
+
+    model = build(shape, device)
+    facts = weight_bytes(model)
+    row = {"shape": shape, "floor_ms": 1e3 * facts["decode_read_bytes"] / (bw_gbps * 1e9), **facts}
+    ids = torch.randint(10, model.config.vocab_size - 10, (1, PROMPT),
+                        generator=torch.Generator().manual_seed(0)).to(device)
+    engine = FastEngine(config(device), capacity=1024)
+    row["first_call_s"], _ = lab.timed(lambda: generate_once(model, engine, ids, 4, "replay"), device)
+    row["first_call"] = first_call_parts(engine)
+    row["every_bucket_s"] = sum(lane.warm_up() for lane in engine._lanes.values())  # what later calls would capture
+    for policy in ("replay", "entropy"):
+        row[policy] = loop_times(model, engine, ids, policy, device)
     if device == "cuda":
-        graphs = FastLane(model, Role.LLM, vocab, args.capacity, FastConfig(attention=attention))
-        decode_steps(graphs, ids, 4, sync)  # capture
-        graphs.reset()
-        row["graph_ms_per_token"] = 1e3 * decode_steps(graphs, ids, args.steps, sync)
-        del graphs
+        row.update(bare_graph(engine._lanes[Role.SLM]))
+    del engine
+    row["kernels"] = kernel_profile(model, args.steps, device)
+    row["x_floor"] = row["replay"]["loop_ms"] / row["floor_ms"]
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
-    print(json.dumps(row, indent=1), flush=True)
+    print(json.dumps(row), flush=True)
     return row
+
+
+def table(rows: list[dict]) -> list[dict]:
+    keys = ("floor_ms", "graph_ms", "graph_readout_ms")
+    out = []
+    for r in rows:
+        e = r["entropy"]
+        out.append({"shape": r["shape"], **{k: round(r[k], 3) for k in keys if k in r},
+                    "replay_ms": round(r["replay"]["loop_ms"], 3), "entropy_ms": round(e["loop_ms"], 3),
+                    **{k: round(e[k], 3) for k in ("host_busy_ms", "host_wait_ms", "device_outside_graph_ms") if k in e},
+                    "kernels": round(r["kernels"]["kernels_per_step"], 1),
+                    "kernel_ms": round(r["kernels"]["kernel_ms_per_step"], 3), "x_floor": round(r["x_floor"], 2),
+                    "first_call_s": round(r["first_call_s"], 1), "tune_s": round(r["first_call"]["tune_s"], 1),
+                    "capture_s": round(r["first_call"]["capture_s"], 1), "every_bucket_s": round(r["every_bucket_s"], 1)})
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", nargs="+", default=["1.5b", "7b"], choices=["1.5b", "7b"])
-    ap.add_argument("--attention", nargs="+", default=["matmul", "sdpa"], choices=["matmul", "sdpa"],
-                    help="static-cache attention(s) to profile (FastConfig.attention)")
-    ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=32, help="profiled one-token steps")
-    ap.add_argument("--capacity", type=int, default=3072, help="static cache capacity (as engine_bench)")
-    ap.add_argument("--cpu-smoke", action="store_true", help="a tiny model on CPU: checks the script only")
+    ap.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen2-1.5b", "qwen2-7b"], choices=sorted(SHAPES))
+    ap.add_argument("--steps", type=int, default=32, help="eager steps under torch.profiler")
+    ap.add_argument("--budget-s", type=float, default=110, help="skip shapes once this many seconds have passed")
+    ap.add_argument("--cpu-smoke", action="store_true", help="a tiny model on the CPU, no graphs: checks the script")
     ap.add_argument("--out", default="benchmarks/results/engine_profile.json")
     args = ap.parse_args()
     device = "cpu" if args.cpu_smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         ap.error("no CUDA device; use --cpu-smoke to check the script")
-    result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu smoke",
-              "torch": torch.__version__, "transformers": transformers.__version__,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "args": vars(args), "rows": []}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for size in args.sizes:
-        for attention in args.attention:
-            result["rows"].append(profile_size(size, attention, args, device))
-            out.write_text(json.dumps(result, indent=1) + "\n")
-    keys = ("size", "attention", "eager_static_ms_per_token", "graph_ms_per_token", "kernels_per_token",
-            "kernel_ms_per_token")
-    print(json.dumps({"device": result["device"], "rows": [{k: r.get(k) for k in keys} for r in result["rows"]]}))
+    if args.cpu_smoke:
+        args.shapes, args.steps = ["tiny-qwen3"], 4
+    start = time.perf_counter()
+    from engine_bench import copy_bandwidth
+
+    bw = copy_bandwidth(2 << 30) if device == "cuda" else 100.0
+    doc = {**lab.environment([device]), "bandwidth_gbps": bw, "rows": [], "skipped": []}
+    for shape in args.shapes:
+        if time.perf_counter() - start > args.budget_s:
+            doc["skipped"].append(shape)
+            continue
+        doc["rows"].append(profile_shape(shape, args, device, bw))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    doc["seconds"] = time.perf_counter() - start
+    Path(args.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(json.dumps({"device": doc["devices"], "bandwidth_gbps": round(bw), "skipped": doc["skipped"],
+                      "rows": table(doc["rows"])}))
     return 0
 
 

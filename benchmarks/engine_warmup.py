@@ -48,6 +48,8 @@ import lab
 from engine_profile import summarize
 
 VARIANTS = {"parts": dict(compile="parts"), "compiled-decode": dict(compile="decode"), "graphs": dict(),
+            # what stitch_engine="auto" runs (hf_rstitch.fast.AUTO): parts, every graph captured when lanes are built
+            "auto": dict(compile="parts", warm_up=True),
             # without the fused rotary / cache-store / gated-MLP kernels: what they buy
             "parts-unfused": dict(compile="parts", fuse_mlp=False, fuse_rope_store=False, fuse_add_norm=False),
             # without the residual adds fused with the norms after them (hf_rstitch.fast.patches.add_norm)
@@ -93,6 +95,12 @@ def child(args) -> dict:
     res = {"variant": args.variant, "mode": args.mode, "config": repr(cfg), "folds": folds.ENABLED, "load_artifacts_s": loaded_s,
            "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "bandwidth_gbps": bw}
     res["first_call_s"], _ = lab.timed(lambda: generate(["slm", "llm", "slm", "llm"], 4), device)
+    graphs = engine.graph_count()
+    # a second call whose route needs catch-ups the first did not (runs of 9 and 33 tokens): its seconds, and the
+    # graphs it captured mid-way (none where the lanes were warmed up when built)
+    route = ["slm"] * 9 + ["llm"] * 9 + ["slm"] * 33 + ["llm"] * 33
+    res["new_route_call_s"], _ = lab.timed(lambda: generate(route, len(route)), device)
+    res["new_route_captures"] = engine.graph_count() - graphs
     res["warm_up_every_bucket_s"] = sum(lane.warm_up() for lane in engine._lanes.values())
     res["gemv_tune_s"] = sum(lane.gemv_tune_seconds for lane in engine._lanes.values())
     res["graphs"] = engine.graph_count()
@@ -106,6 +114,7 @@ def child(args) -> dict:
     from torch._dynamo.utils import counters
     res["cache_counters"] = {f"{g}.{k}": v for g in ("inductor", "aot_autograd") for k, v in counters[g].items()
                              if "cache" in k}
+    res["dynamo_graphs"] = counters["stats"]["unique_graphs"]  # pieces torch.compile traced (0: none, regions.KERNELS)
     for tag, model, role in (("llm", llm, Role.LLM), ("slm", slm, Role.SLM)):
         floor_s = eb.weight_bytes(model)["decode_read_bytes"] / (bw * 1e9)
         half = args.new // 2
@@ -203,14 +212,14 @@ def markdown(doc: dict) -> str:
              "candidates, the split attention's buckets) and timing the candidates. Triton kernels: built in this "
              "process (their build seconds summed, overlapping when parallel) / loaded from Triton's disk cache.", "",
              "| variant | compile threads | cache | first call (s) | tuning (s) | Triton kernels built (s) / "
-             "loaded | every bucket (s) | 7B ms/token | x floor | 1.5B ms/token | "
+             "loaded | new route: call s (captures) | every bucket (s) | 7B ms/token | x floor | 1.5B ms/token | "
              f"x floor | first call at B = {doc['args']['then_batch']} (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
         threads = r.get("compile_threads", r.get("threads"))
         if "error" in r:
             last = r["error"].strip().splitlines()[-1][:80] if r["error"].strip() else ""
-            lines.append(f"| {r['variant']} | {threads} | {r['mode']} | error: {last} | | | | | | | | |")
+            lines.append(f"| {r['variant']} | {threads} | {r['mode']} | error: {last} | | | | | | | | | |")
             continue
         cell = lambda t: (f"{r[t].get('generate_decode_ms_per_token', float('nan')):.2f} "  # noqa: E731
                           f"({r[t]['generate_ms_per_token']:.2f}, {r[t]['bare_lane_ms_per_token']:.2f})")
@@ -218,7 +227,8 @@ def markdown(doc: dict) -> str:
         tc = r.get("triton_compiles", {})
         kernels = f"{tc.get('built', 0)} ({tc.get('build_s', 0):.1f}) / {tc.get('from_disk', 0)}"
         lines.append(f"| {r['variant']} | {threads} | {r['mode']} | {r['first_call_s']:.1f} | {r['gemv_tune_s']:.1f} | "
-                     f"{kernels} | {r['warm_up_every_bucket_s']:.1f} | "
+                     f"{kernels} | {r.get('new_route_call_s', float('nan')):.2f} ({r.get('new_route_captures', '-')}) | "
+                     f"{r['warm_up_every_bucket_s']:.1f} | "
                      f"{cell('llm')} | {r['llm']['x_floor']:.2f} | {cell('slm')} | {r['slm']['x_floor']:.2f} | "
                      f"{batch} |")
     for r in doc["runs"]:
@@ -286,7 +296,9 @@ def main() -> None:
             lab.write_result(stem, doc, markdown(doc))
     lab.write_result(stem, doc, markdown(doc))
     print(markdown(doc))
-    print(json.dumps({"device": name, "runs": [{k: r.get(k) for k in ("variant", "threads", "mode", "first_call_s")} |
+    print(json.dumps({"device": name, "runs": [{k: r.get(k) for k in ("variant", "threads", "mode", "first_call_s",
+                                                                         "new_route_call_s", "new_route_captures",
+                                                                         "dynamo_graphs")} |
                                                {t: r.get(t, {}).get("generate_decode_ms_per_token") for t in ("llm", "slm")}
                                                for r in doc["runs"]]}))
 

@@ -30,9 +30,11 @@ from .support import why_not_fast
 
 log = logging.getLogger("hf_rstitch.fast")
 _SAID: set[str] = set()  # messages logged at INFO already: a loop of generate calls says each once
-AUTO = FastConfig(compile="parts")  # what stitch_engine="auto" runs: the shortest warm-up of the compiled variants
+# what stitch_engine="auto" runs: the shortest warm-up of the compiled variants, every graph a call can need
+# captured when its lanes are built (warm_up), so that no call pauses mid-way to capture a new bucket
+AUTO = FastConfig(compile="parts", warm_up=True)
 # "auto" where Triton cannot run: graphs of eager kernels (no GEMV, split attention or fused kernels)
-NO_TRITON = FastConfig(gemv=False, attention="matmul", fuse_mlp=False, fuse_rope_store=False)
+NO_TRITON = FastConfig(gemv=False, attention="matmul", fuse_mlp=False, fuse_rope_store=False, warm_up=True)
 
 
 class FastEngine:
@@ -42,9 +44,10 @@ class FastEngine:
         config: :class:`FastConfig` shared by both lanes.
         capacity: minimum cache capacity in tokens; a generation needing more rebuilds its lanes.
         max_batch: minimum rows the lanes hold; a generation with a larger batch rebuilds them (each
-            batch size up to it runs in the graphs of its batch bucket, captured on first use). Below the
-            engine it is one name, ``max_rows``: :class:`FastLane`'s, its plan's, and the products' down to
-            the GEMV tiers they tune (:func:`~hf_rstitch.fast.kernels.gemv.tiers_for`).
+            batch size up to it runs in the graphs of its batch bucket, captured when the lane is built with
+            ``config.warm_up``, else on first use). Below the engine it is one name, ``max_rows``:
+            :class:`FastLane`'s, its plan's, and the products' down to the GEMV tiers they tune
+            (:func:`~hf_rstitch.fast.kernels.gemv.tiers_for`).
         capacity_step: lanes are built for a multiple of this many tokens, so that generations of
             slightly different lengths (prompts of another length, one more new token) reuse them
             instead of rebuilding (a rebuild recaptures every graph: seconds for a 7B pair). The
@@ -127,7 +130,8 @@ def engine_for(llm: PreTrainedModel, config: FastConfig | None = None) -> FastEn
     engines = llm.__dict__.setdefault(ATTRIBUTE, {})
     if config not in engines:
         log.info("hf_rstitch: the fast engine (%s) is built for this LLM on first use: the first generate pays its "
-                 "warm-up (graph captures, compiles: 11-26 s for a 7B pair with compile='parts'), later ones reuse it; "
+                 "warm-up (GEMV tuning, Triton kernel builds, every graph captured: ~21 s for a 7B pair on a fresh "
+                 "machine, ~5 s once its caches are warm), later ones reuse it; "
                  "hf_rstitch.fast.release(llm) frees it, stitch_engine='default' or HF_RSTITCH_ENGINE=default "
                  "runs the eager engine", config)
         engines[config] = FastEngine(config)

@@ -171,6 +171,7 @@ class FastLane(Outputs, RowOps):
         ``apply_rotary_pos_emb`` (module globals to swap, as regions do) with the cache's one-kernel store, and
         the cos / sin tables of its ``n_slots`` positions (instance forwards)."""
         self._rotary = rope_store.plan(self.model) if plan.rope_store else []
+        self._qk_norms = rope_store.norm_plan(self.model) if self._rotary else []  # normalized in the same kernel
         self.cache.fused_store = plan.rope_store
         self._rotary_tables = rotary_table.plan(self.model, n_slots) if plan.rotary_table else []
 
@@ -360,7 +361,7 @@ class FastLane(Outputs, RowOps):
             with static_attention_on(self.model, self._attention), experts.experts_on(self._experts), \
                     linears.gemv_linears_on(self.gemv_layers), \
                     regions.regions_on(self._regions), regions.regions_on((self._rotary_tables, self._rotary)), \
-                    rope_store.deferring(self.cache if defer else None, poison):
+                    rope_store.deferring(self.cache if defer else None, poison, self._qk_norms):
                 yield
         finally:
             pending, self.cache.pending = self.cache.pending, None

@@ -155,8 +155,7 @@ class PagedKV:
                 raise RuntimeError(f"layer {layer_idx} stored other keys than it rotated; this model's attention "
                                    "code is not the one the fast engine's deferred rotation supports. Build the lane "
                                    "with FastConfig(fuse_rope_store=False).")
-            torch.ops.hf_rstitch.rope_store(pending.q, key_states, value_states, pending.cos, pending.sin, self.slots,
-                                            pending.q_out, keys, values, table, pad)
+            pending.store(key_states, value_states, self.slots, keys, values, table, pad)
         elif self.fused_store:
             torch.ops.hf_rstitch.store_kv(key_states, value_states, self.slots, keys, values, table, pad)
         else:

@@ -189,3 +189,37 @@ def test_lanes_are_built_for_whole_capacity_steps_and_reused_across_lengths():
     assert engine.builds == 4 and engine._lanes[Role.LLM].capacity == 128
     with pytest.raises(ValueError, match="capacity_step must be >= 1"):
         FastEngine(CPU, capacity_step=0)
+
+
+def test_warm_up_at_build_leaves_no_graph_for_a_later_call_to_capture(monkeypatch):
+    """``warm_up`` (on in ``"auto"``): every (batch bucket, length bucket) a call can run is run once when the lanes
+    are built, so no later call -- routes with catch-ups of every length, a smaller batch, rows finishing --
+    meets a graph it would have to capture mid-way. Counted on CPU by the first run of each graph key."""
+    from hf_rstitch.fast import AUTO, bucket_for
+
+    assert AUTO.warm_up
+    keys: dict[int, set] = {}
+    first_runs: list[tuple] = []
+    run_bucket = FastLane._run_bucket
+
+    def counting(lane, new_ids, want_hidden):
+        key = (lane.rows.bucket, bucket_for(new_ids.shape[1], lane.buckets), want_hidden)
+        if key not in keys.setdefault(id(lane), set()):
+            keys[id(lane)].add(key)
+            first_runs.append((lane.role, key))
+        return run_bucket(lane, new_ids, want_hidden)
+
+    monkeypatch.setattr(FastLane, "_run_bucket", counting)
+    llm, slm = make_pair("llama")
+    engine = FastEngine(FastConfig(max_bucket=4, graphs=False, warm_up=True), max_batch=3)
+    _generate(llm, slm, prompt(12), engine)
+    captured = len(first_runs)
+    lane = engine._lanes[Role.LLM]
+    assert captured == 2 * len(lane.rows.sizes) * len(lane.buckets)  # lanes x batch buckets x length buckets
+    routes = [["llm"] * k + ["slm"] * k for k in (1, 2, 3, 5, 7)]
+    for batch in (1, 2, 3):
+        ids = prompt(9).expand(batch, -1).contiguous()
+        for route in routes:
+            llm.generate(ids, assistant_model=slm, stitch_policy=ReplayPolicy(route * 3), stitch_engine=engine,
+                         max_new_tokens=len(route) * 3)
+    assert engine.builds == 2 and first_runs[captured:] == []

@@ -68,9 +68,11 @@ def test_paged_kernel_equals_reference_and_static(device, batch, heads, kv_heads
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("one_split", [True, False])
-def test_paged_kernel_one_split_and_many(device, one_split, monkeypatch):
-    """Both plans (the split kernel writing the output itself, and splits combined) read the blocks alike."""
+@pytest.mark.parametrize("one_split,in_split", [(True, False), (False, False), (False, True)])
+def test_paged_kernel_one_split_and_many(device, one_split, in_split, monkeypatch):
+    """Both plans (the split kernel writing the output itself, and splits combined, by a kernel of their own or in
+    the split kernel's last program: ``COMBINE_IN_SPLIT``) read the blocks alike."""
+    monkeypatch.setattr(da, "COMBINE_IN_SPLIT", in_split)
     monkeypatch.setattr(da, "_sm_count", lambda device: 4 if one_split else 132)
     monkeypatch.setattr(da, "ONE_SPLIT", 1.0 if one_split else 99.0)
     batch, heads, kv_heads, q, dim, slots, pos, pads = 3, 6, 2, 1, 16, 1024, 700, [0, 33, 690]
@@ -134,3 +136,29 @@ def test_paged_rope_store_equals_rotate_then_store(device, b, s, pads, pos):
     rope_store.store_kv(want_k, v, slots, want_pk, want_pv, table, pad)
     real = table[table != TRASH].long()
     assert torch.equal(pool_k[real], want_pk[real]) and torch.equal(pool_v[real], want_pv[real])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("b,s,pads,pos", [(1, 1, [0], 5), (3, 5, [0, 6, 1], 2)])
+def test_paged_rope_store_with_norms_equals_norm_then_rotate_then_store(device, b, s, pads, pos):
+    # Qwen3's per-head q/k RMSNorms folded into the rotation (NORM) write into a paged pool as into a static cache
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    k, v, slots, table, pad, pool_k, pool_v = _store_case(device, b, s, pads, pos)
+    q = torch.randn(b, 4, s, 16, device=device)
+    angle = torch.randn(b, s, 8, device=device)
+    cos, sin = (torch.cat([f(angle), f(angle)], dim=-1) for f in (torch.cos, torch.sin))
+    q_norm, k_norm = (LlamaRMSNorm(16, eps=1e-6).to(device) for _ in range(2))
+    with torch.no_grad():
+        q_norm.weight.uniform_(0.5, 1.5)
+        k_norm.weight.uniform_(0.5, 1.5)
+        want_q, want_k = rope_store.rotate_qk(q_norm(q), k_norm(k), cos, sin)
+        q_out = torch.empty_like(q)
+        rope_store.rope_store(q, k, v, cos, sin, slots, q_out, pool_k, pool_v, table, pad, q_norm.weight,
+                              k_norm.weight, 1e-6)
+    torch.testing.assert_close(q_out, want_q, atol=1e-6, rtol=1e-6)
+    want_pk, want_pv = (torch.zeros_like(pool_k) for _ in range(2))
+    rope_store.store_kv(want_k, v, slots, want_pk, want_pv, table, pad)
+    real = table[table != TRASH].long()
+    torch.testing.assert_close(pool_k[real], want_pk[real], atol=1e-6, rtol=1e-6)
+    assert torch.equal(pool_v[real], want_pv[real])

@@ -8,7 +8,8 @@ kernel reads the slots ``[0, pos + q)`` (``pos`` is the cache's write offset, a 
 captured graph reads the right length on every replay) in independent chunks ("splits", as in
 flash-decoding), each split an equal share of the slots written so far (the grid is fixed when a graph
 is captured, the split length is not: a short sequence runs as many programs as a long one, each over
-fewer slots); a second kernel combines the splits. Where the rows alone give the device a wave of
+fewer slots); a second kernel combines the splits (or, with :data:`COMBINE_IN_SPLIT`, the split program that
+finishes last, counting finished splits in a kept ticket buffer: one kernel a layer, not two). Where the rows alone give the device a wave of
 programs (large batches) there is one split: the kernel walks every written slot in a pipelined loop
 and writes the output itself, with no partial results and no combine. Per row, slots left of the
 row's padding count (``pad[b]``) are masked, as is everything right of each query's own slot.
@@ -59,11 +60,51 @@ def _kernels():
     triton, tl = _triton()
 
     @triton.jit
-    def split_kernel(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, o_ptr, pad_ptr, pos_ptr, sink_ptr, table_ptr, scale,
+    def _combine(acc_ptr, ml_ptr, o_ptr, sink_ptr, b, kvh, m, real, g, i, d, span, length, first, rows_padded,
+                 so_b, so_q, so_h, GROUP, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr, SINKS: tl.constexpr):
+        # out[b, i, kvh * GROUP + g, d] = sum over splits of acc * exp(m - max) / sum of l * exp(m - max), for the
+        # BLOCK_D columns d. Every split's (max, sum) is read in one [BLOCK_S, BLOCK_M] tile and the partial
+        # outputs CHUNK_S splits at a time: a few dependent loads, not two per split. Loads bypass L1 (".cg"):
+        # other programs wrote the partials (the split kernel's last program combines them itself)
+        used = (span + length - 1) // length
+        s = tl.arange(0, BLOCK_S)
+        at = (first + s)[:, None] * rows_padded + m[None, :]  # [S, BM]
+        ok = (s < used)[:, None] & real[None, :]  # padding rows were never written
+        maxes = tl.load(ml_ptr + 2 * at, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        m_all = tl.max(maxes, 0)
+        if SINKS:  # the head's sink logit joins the denominator
+            sink = tl.load(sink_ptr + kvh * GROUP + g, mask=real, other=0.0).to(tl.float32)
+            m_all = tl.maximum(m_all, sink)
+        m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+        total = tl.sum(tl.exp(maxes - m_safe[None, :]) * tl.load(ml_ptr + 2 * at + 1, mask=ok, other=0.0,
+                                                                 cache_modifier=".cg"), 0)
+        if SINKS:
+            total += tl.exp(sink - m_safe)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        for c in range(0, used, CHUNK_S):
+            sc = c + tl.arange(0, CHUNK_S)
+            at_c = (first + sc)[:, None] * rows_padded + m[None, :]  # [C, BM]
+            ok_c = (sc < used)[:, None] & real[None, :]
+            w = tl.exp(tl.load(ml_ptr + 2 * at_c, mask=ok_c, other=float("-inf"), cache_modifier=".cg")
+                       - m_safe[None, :])
+            part = tl.load(acc_ptr + at_c[:, :, None] * HEAD_DIM + d[None, None, :], mask=ok_c[:, :, None],
+                           other=0.0, cache_modifier=".cg")  # [C, BM, BD]
+            acc += tl.sum(w[:, :, None] * part, 0)
+        y = acc / tl.where(real, total, 1.0)[:, None]  # padding rows: nothing to divide (and not stored)
+        tl.store(o_ptr + b * so_b + i[:, None] * so_q + (kvh * GROUP + g)[:, None] * so_h + d[None, :],
+                 y.to(o_ptr.dtype.element_ty), mask=real[:, None])
+
+    # Triton resolves the names a kernel calls in its module's globals (the interpreter too), not in a closure
+    globals()["_combine"], globals()["tl"] = _combine, tl
+
+    @triton.jit
+    def split_kernel(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, o_ptr, pad_ptr, pos_ptr, sink_ptr, table_ptr, cnt_ptr, scale,
                      softcap, sq_b, sq_h, sq_q, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_q, so_h, st_b, n_splits,
                      Q_LEN, GROUP, KV_HEADS, BASIS, WINDOW, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr,
-                     CAP: tl.constexpr, SINKS: tl.constexpr, PAGE: tl.constexpr):
+                     CAP: tl.constexpr, SINKS: tl.constexpr, PAGE: tl.constexpr, LAST_COMBINES: tl.constexpr,
+                     CHUNK_S: tl.constexpr, BLOCK_S: tl.constexpr):
         if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
             tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
             tl.extra.cuda.gdc_launch_dependents()
@@ -144,6 +185,15 @@ def _kernels():
                 tl.store(acc_ptr + out[:, None] * HEAD_DIM + d[None, :], acc, mask=real[:, None])
                 tl.store(ml_ptr + 2 * out, m_i, mask=real)
                 tl.store(ml_ptr + 2 * out + 1, l_i, mask=real)
+        if LAST_COMBINES:  # the split that finishes last (of those with slots or not) combines them all: no 2nd kernel
+            tl.debug_barrier()  # every thread's partial stores come before the ticket (released with it)
+            at_cnt = cnt_ptr + b * tl.num_programs(1) + hm
+            ticket = tl.atomic_add(at_cnt, 1, sem="acq_rel")
+            if ticket == n_splits - 1:
+                _combine(acc_ptr, ml_ptr, o_ptr, sink_ptr, b, kvh, m, real, g, i, d, total - lo, length,
+                         (b * KV_HEADS + kvh) * n_splits, rows_padded, so_b, so_q, so_h, GROUP, HEAD_DIM, BLOCK_M,
+                         HEAD_DIM, BLOCK_S, CHUNK_S, SINKS)
+                tl.atomic_xchg(at_cnt, 0)  # ready for the next call (or graph replay)
 
     @triton.jit
     def combine_kernel(acc_ptr, ml_ptr, o_ptr, pos_ptr, sink_ptr, so_b, so_q, so_h, n_splits, Q_LEN, GROUP, KV_HEADS,
@@ -167,32 +217,9 @@ def _kernels():
         span = pos + Q_LEN - tl.maximum(pos - WINDOW + 1, 0)  # the slots the splits shared (as split_kernel)
         shared = tl.maximum(span, BASIS)
         length = ((shared + n_splits - 1) // n_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # as split_length()
-        used = (span + length - 1) // length
-        first = (b * KV_HEADS + kvh) * n_splits
-        s = tl.arange(0, BLOCK_S)
-        at = (first + s)[:, None] * rows_padded + m[None, :]  # [S, BM]
-        ok = (s < used)[:, None] & real[None, :]  # padding rows were never written
-        maxes = tl.load(ml_ptr + 2 * at, mask=ok, other=float("-inf"))
-        m_all = tl.max(maxes, 0)
-        if SINKS:  # the head's sink logit joins the denominator
-            sink = tl.load(sink_ptr + kvh * GROUP + g, mask=real, other=0.0).to(tl.float32)
-            m_all = tl.maximum(m_all, sink)
-        m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-        total = tl.sum(tl.exp(maxes - m_safe[None, :]) * tl.load(ml_ptr + 2 * at + 1, mask=ok, other=0.0), 0)
-        if SINKS:
-            total += tl.exp(sink - m_safe)
-        acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-        for c in range(0, used, CHUNK_S):
-            sc = c + tl.arange(0, CHUNK_S)
-            at_c = (first + sc)[:, None] * rows_padded + m[None, :]  # [C, BM]
-            ok_c = (sc < used)[:, None] & real[None, :]
-            w = tl.exp(tl.load(ml_ptr + 2 * at_c, mask=ok_c, other=float("-inf")) - m_safe[None, :])
-            part = tl.load(acc_ptr + at_c[:, :, None] * HEAD_DIM + d[None, None, :], mask=ok_c[:, :, None],
-                           other=0.0)  # [C, BM, BD]
-            acc += tl.sum(w[:, :, None] * part, 0)
-        y = acc / tl.where(real, total, 1.0)[:, None]  # padding rows: nothing to divide (and not stored)
-        tl.store(o_ptr + b * so_b + i[:, None] * so_q + (kvh * GROUP + g)[:, None] * so_h + d[None, :],
-                 y.to(o_ptr.dtype.element_ty), mask=real[:, None])
+        _combine(acc_ptr, ml_ptr, o_ptr, sink_ptr, b, kvh, m, real, g, i, d, span, length,
+                 (b * KV_HEADS + kvh) * n_splits, rows_padded, so_b, so_q, so_h, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D,
+                 BLOCK_S, CHUNK_S, SINKS)
 
     return split_kernel, combine_kernel
 
@@ -285,15 +312,18 @@ def _launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: to
     ieee = query.dtype == torch.float32
     on = pdl(query.device, batch * q_len)
     sink = ml if sinks is None else sinks  # a pointer the kernels never read without SINKS
+    tickets = _tickets(query.device, batch * kv_heads * row_blocks) if n_splits > 1 else None
     start(split_kernel, (n_splits, kv_heads * row_blocks, batch))(
-        query, key, value, acc, ml, out, pad, pos, sink, pad if table is None else table, scale,
-        float(softcap or 1.0), query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1),
-        key.stride(2), value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        0 if table is None else table.stride(0), n_splits, q_len, group, kv_heads, basis, window, HEAD_DIM=dim,
-        BLOCK_M=block_m, BLOCK_N=block_n, IEEE=ieee or interpreted(), DIRECT=n_splits == 1, num_warps=WARPS,
-        num_stages=stages, PDL=on, launch_pdl=on, CAP=bool(softcap), SINKS=sinks is not None, PAGE=page,
+        query, key, value, acc, ml, out, pad, pos, sink, pad if table is None else table,
+        ml if tickets is None else tickets, scale, float(softcap or 1.0), query.stride(0), query.stride(1),
+        query.stride(2), key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1),
+        value.stride(2), out.stride(0), out.stride(1), out.stride(2), 0 if table is None else table.stride(0),
+        n_splits, q_len, group, kv_heads, basis, window, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
+        IEEE=ieee or interpreted(), DIRECT=n_splits == 1, num_warps=WARPS, num_stages=stages, PDL=on, launch_pdl=on,
+        CAP=bool(softcap), SINKS=sinks is not None, PAGE=page, LAST_COMBINES=tickets is not None,
+        CHUNK_S=max(1, 4096 // (block_m * dim)), BLOCK_S=max(16, next_pow2(n_splits)),
     )
-    if n_splits == 1:
+    if n_splits == 1 or tickets is not None:
         return out
     block_d = min(dim, 32)
     start(combine_kernel, (kv_heads * row_blocks, batch, dim // block_d))(
@@ -303,6 +333,30 @@ def _launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: to
         SINKS=sinks is not None,
     )
     return out
+
+
+# With several splits the split kernel's last program of each (row, KV head, row block) combines the splits itself
+# (LAST_COMBINES: one kernel a layer, not two), counting finished splits in a kept ticket buffer (int32, zero between
+# calls: the combining program resets its ticket). Off by default: correct on CUDA (GPU tests), but one program then
+# reads every split's partials alone, and the only timing so far (H200, bare B = 1 lanes, not an A/B on one machine:
+# results/engine_warmup_auto_*.md) had the Qwen2 7B / 1.5B steps 0.06-0.14 ms slower than earlier runs without it.
+COMBINE_IN_SPLIT = False
+TICKETS = 1 << 16  # tickets kept a device: batch x KV heads x row blocks of one call at most, else the 2nd kernel
+_TICKETS: dict = {}  # device -> int32 [TICKETS], made outside any capture and kept (graphs record its address)
+
+
+def _tickets(device: torch.device, needed: int) -> torch.Tensor | None:
+    """The device's ticket buffer for a call needing ``needed`` tickets, or None (the separate combine): switched
+    off, too many, or none made yet while a graph is being captured (a buffer made then would live in the graph's
+    memory pool; a lane's first real run of each graph comes before its capture and makes it)."""
+    if not COMBINE_IN_SPLIT or needed > TICKETS:
+        return None
+    key = str(device)
+    if key not in _TICKETS:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        _TICKETS[key] = torch.zeros(TICKETS, dtype=torch.int32, device=device)
+    return _TICKETS[key]
 
 
 def pending(keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor, heads: int,

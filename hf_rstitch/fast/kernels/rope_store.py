@@ -43,8 +43,9 @@ def _rotate_one_fn():
     triton, tl = _triton()
 
     @triton.jit
-    def _rotate_one(src, dst, cos_at, sin_at, HALF: tl.constexpr, BLOCK: tl.constexpr):
-        # one head of one token: dst = src * cos + rotate_half(src) * sin, rounded as eager code rounds
+    def _rotate_one(src, dst, cos_at, sin_at, nw, eps, HALF: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr):
+        # one head of one token: dst = src * cos + rotate_half(src) * sin, rounded as eager code rounds; with NORM
+        # src is first RMS-normalized over the head with weight nw, as Llama's RMSNorm rounds it (Qwen3's q/k norms)
         d = tl.arange(0, BLOCK)
         ok = d < HALF
         c1 = tl.load(cos_at + d, mask=ok, other=0.0).to(tl.float32)
@@ -54,6 +55,12 @@ def _rotate_one_fn():
         dtype = dst.dtype.element_ty
         x1 = tl.load(src + d, mask=ok, other=0.0).to(tl.float32)
         x2 = tl.load(src + HALF + d, mask=ok, other=0.0).to(tl.float32)
+        if NORM:  # (w * (x * rstd).to(dtype)).to(dtype), rstd = 1 / sqrt(mean(x^2) + eps) in float32
+            rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
+            w1 = tl.load(nw + d, mask=ok, other=0.0).to(tl.float32)
+            w2 = tl.load(nw + HALF + d, mask=ok, other=0.0).to(tl.float32)
+            x1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+            x2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
         y1 = (x1 * c1).to(dtype).to(tl.float32) + (-x2 * s1).to(dtype).to(tl.float32)
         y2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
         tl.store(dst + d, y1.to(dtype), mask=ok)
@@ -72,9 +79,9 @@ def _rotate_kernel():
 
     @triton.jit
     def rotate_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, slots_ptr, values_ptr, table_ptr, pad_ptr,
-                      S, HQ, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sc_b, sc_s, ss_b, ss_s,
-                      c_b, c_h, c_s, st_b, HALF: tl.constexpr, BLOCK: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr,
-                      PAGE: tl.constexpr):
+                      qn_ptr, kn_ptr, eps, S, HQ, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sc_b, sc_s,
+                      ss_b, ss_s, c_b, c_h, c_s, st_b, HALF: tl.constexpr, BLOCK: tl.constexpr, STORE: tl.constexpr,
+                      PDL: tl.constexpr, PAGE: tl.constexpr, NORM: tl.constexpr):
         if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past the
             tl.extra.cuda.gdc_wait()  # wait; the next kernel may launch now (it waits for this one in turn)
             tl.extra.cuda.gdc_launch_dependents()
@@ -85,7 +92,9 @@ def _rotate_kernel():
         if h < HQ:
             src = q_ptr + b * sq_b + h * sq_h + i * sq_s
             dst = qo_ptr + ((b * HQ + h) * S + i) * 2 * HALF
+            nw = qn_ptr
         else:
+            nw = kn_ptr
             hk = h - HQ
             src = k_ptr + b * sk_b + hk * sk_h + i * sk_s
             if STORE:
@@ -96,7 +105,7 @@ def _rotate_kernel():
                 tl.store(values_ptr + at + d, tl.load(v_ptr + b * sv_b + hk * sv_h + i * sv_s + d, mask=ok), mask=ok)
             else:
                 dst = ko_ptr + ((b * (tl.num_programs(1) - HQ) + hk) * S + i) * 2 * HALF
-        _rotate_one(src, dst, cos_ptr + b * sc_b + i * sc_s, sin_ptr + b * ss_b + i * ss_s, HALF, BLOCK)
+        _rotate_one(src, dst, cos_ptr + b * sc_b + i * sc_s, sin_ptr + b * ss_b + i * ss_s, nw, eps, HALF, BLOCK, NORM)
 
     return rotate_kernel
 
@@ -150,18 +159,22 @@ def _store_kernel():
 @torch.library.custom_op("hf_rstitch::rope_store", mutates_args=("q_out", "keys", "values"))
 def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                slots: torch.Tensor, q_out: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               table: torch.Tensor | None = None, pad: torch.Tensor | None = None) -> None:
+               table: torch.Tensor | None = None, pad: torch.Tensor | None = None, q_norm: torch.Tensor | None = None,
+               k_norm: torch.Tensor | None = None, eps: float = 0.0) -> None:
     """In one launch: ``q_out = rotate(q)`` (contiguous ``[b, Hq, s, D]``), ``keys[:b, :, slots] = rotate(k)`` and
     ``values[:b, :, slots] = v``; what :func:`rotate_qk` then :func:`store_kv` compute. With ``table`` (``[b, width]``
     int32) and ``pad`` (``[b]``) the cache is paged (:mod:`.paged_kv`): ``keys`` / ``values`` are a pool layer
-    ``[blocks, H, BLOCK, D]`` and slot ``j`` of row ``r`` is token ``j - pad[r]`` of the row's blocks."""
+    ``[blocks, H, BLOCK, D]`` and slot ``j`` of row ``r`` is token ``j - pad[r]`` of the row's blocks. With ``q_norm``
+    and ``k_norm`` (``[D]`` weights of per-head RMSNorms, Qwen3's) q and k are normalized first (:func:`norm_plan`)."""
     b, hq, s, dim = q.shape
     on = pdl(q.device, b * s)
     table_, pad_, page, st_b, strides = _paging(keys, slots, table, pad)
+    norm = q_norm is not None and k_norm is not None
     _rotate_kernel()[(b * s, hq + k.shape[1])](
-        q, k, v, cos, sin, q_out, keys, slots, values, table_, pad_, s, hq, *q.stride()[:3], *k.stride()[:3],
-        *v.stride()[:3], cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), *strides, st_b,
-        HALF=dim // 2, BLOCK=next_pow2(dim // 2), STORE=True, num_warps=1, PDL=on, launch_pdl=on, PAGE=page)
+        q, k, v, cos, sin, q_out, keys, slots, values, table_, pad_, q_norm if norm else q, k_norm if norm else q,
+        float(eps), s, hq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], cos.stride(0), cos.stride(1),
+        sin.stride(0), sin.stride(1), *strides, st_b, HALF=dim // 2, BLOCK=next_pow2(dim // 2), STORE=True,
+        num_warps=1, PDL=on, launch_pdl=on, PAGE=page, NORM=norm)
 
 
 def _paging(keys: torch.Tensor, slots: torch.Tensor, table, pad):
@@ -174,33 +187,112 @@ def _paging(keys: torch.Tensor, slots: torch.Tensor, table, pad):
 
 
 class Pending:
-    """A rotation :func:`_rotary` put off until the cache stores the keys (:meth:`StaticKV.update`): the
-    layer got ``q_out`` (filled by then) and the unrotated ``k`` it will hand to the cache."""
+    """A rotation :func:`_rotary` put off until the cache stores the keys (``StaticKV.update`` or
+    ``PagedKV.update``, both through :meth:`store`): the layer got ``q_out`` (filled by then) and the unrotated ``k``
+    it will hand to the cache."""
 
-    def __init__(self, q, k, cos, sin, q_out):
+    def __init__(self, q, k, cos, sin, q_out, norms=None):
         self.q, self.k, self.cos, self.sin, self.q_out = q, k, cos, sin, q_out
+        self.norms = norms  # (q_norm weight, k_norm weight, eps): q and k still to normalize (norm_plan), or None
+
+    def store(self, k, v, slots, keys, values, table=None, pad=None) -> None:
+        """Rotate (normalize first where the norms were put off too) and store: one launch; paged with ``table``
+        and ``pad`` (:func:`rope_store`)."""
+        qn, kn, eps = self.norms or (None, None, 0.0)
+        torch.ops.hf_rstitch.rope_store(self.q, k, v, self.cos, self.sin, slots, self.q_out, keys, values, table, pad,
+                                        qn, kn, eps)
 
 
 # Lanes put rotations off to the cache's update (one kernel, rope_store) when True, for models that pass
 # defers_exactly: 28 kernels fewer a Qwen2 step (timed: benchmarks/results/engine_rope_store_*.md).
 DEFER = True
-_DEFER_TO = None  # the StaticKV whose update() completes the rotations, inside a lane's forward (deferring())
+_DEFER_TO = None  # the cache (StaticKV or PagedKV) whose update() completes the rotations, in deferring()
 _POISON = False  # deferring(..., poison=True): q starts as NaN until the store fills it
+# Inside deferring(), per-head q/k RMSNorms of norm_plan() put off to the same kernel when True (Qwen3: 56 kernels
+# fewer a step); their inputs wait here as (tensor, fallback norm) until the rotation takes them
+NORMS = True
+_MARKS: list = []
 _VERDICTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> defers_exactly's answer
 
 
 @contextlib.contextmanager
-def deferring(cache, poison: bool = False):
+def deferring(cache, poison: bool = False, norms=()):
     """Inside the block the installed rotary functions leave q and k to ``cache.update`` (one kernel for the
     rotation and the cache writes, :func:`rope_store`) where the shapes allow; ``cache`` None: no change.
-    ``poison``: the q handed to the layer holds NaN until the store, so code that reads it early shows."""
+    ``poison``: the q handed to the layer holds NaN until the store, so code that reads it early shows.
+    ``norms``: q/k norm modules (:func:`norm_plan`) whose normalization the same kernel does (with :data:`NORMS`);
+    a norm whose output no rotation took is an error at the end of the block."""
     global _DEFER_TO, _POISON
     before = _DEFER_TO, _POISON
     _DEFER_TO, _POISON = cache, poison
+    installed = _put_off(norms) if cache is not None and NORMS else []
     try:
         yield
+        if _MARKS:
+            raise RuntimeError("a layer of this model used the output of a q/k norm the fast engine put off to the "
+                               "rotation without rotating it; set hf_rstitch.fast.kernels.rope_store.NORMS = False "
+                               "(or build the lane with FastConfig(fuse_rope_store=False)).")
     finally:
         _DEFER_TO, _POISON = before
+        _MARKS.clear()
+        for m, forward in installed:
+            if forward is None:
+                del m.forward
+            else:
+                m.forward = forward
+
+
+def _put_off(norms) -> list:
+    """Install on each norm module a forward that hands its input on unnormalized, marked for the rotation
+    (:func:`_deferred_norm`); returns ``(module, the forward it had in its __dict__ or None)`` to restore."""
+    installed = []
+    for m in norms:
+        before = m.__dict__.get("forward")
+        fallback = before if before is not None else functools.partial(type(m).forward, m)
+        m.forward = functools.partial(_deferred_norm, m, fallback)
+        installed.append((m, before))
+    return installed
+
+
+def _deferred_norm(module, fallback, x: torch.Tensor) -> torch.Tensor:
+    """A q/k norm inside :func:`deferring`: ``x`` itself, marked for the rotation to normalize (which applies
+    ``fallback`` itself where it cannot put the norm off); other shapes and dtypes are normalized now."""
+    if x.dtype != module.weight.dtype or x.dim() != 4 or x.shape[-1] != module.weight.shape[0]:
+        return fallback(x)
+    _MARKS.append((x, module, fallback))
+    return x
+
+
+def _take_mark(t: torch.Tensor):
+    """``(module, fallback)`` of the put-off norm whose output ``t`` is (as a ``[b, H, s, D]`` transposed view of
+    its ``[b, s, H, D]`` input), removed from the marks; None when ``t`` came through no put-off norm."""
+    for i, (x, module, fallback) in enumerate(_MARKS):
+        if x.data_ptr() == t.data_ptr() and x.transpose(1, 2).shape == t.shape and \
+                x.transpose(1, 2).stride() == t.stride():
+            del _MARKS[i]
+            return module, fallback
+    return None
+
+
+def _normed(t: torch.Tensor, mark) -> torch.Tensor:
+    """``t`` normalized now by the put-off norm ``mark`` (a norm over the last axis: transposes commute)."""
+    return t if mark is None else mark[1](t)
+
+
+def norm_plan(model: torch.nn.Module) -> list:
+    """The per-head q/k norm modules (``q_norm`` / ``k_norm`` of an attention layer, Qwen3's) that the rotation
+    kernel may apply: both Llama's RMSNorm to the letter (:func:`hf_rstitch.fast.patches.folds.rms_norm`), of the
+    head size, one epsilon. A lane checks the model reads their outputs only through the rotation
+    (:func:`defers_exactly`)."""
+    from ..patches.folds import rms_norm
+
+    found = []
+    for m in model.modules():
+        qn, kn = getattr(m, "q_norm", None), getattr(m, "k_norm", None)
+        if (type(m).__name__.endswith("Attention") and rms_norm(qn) and rms_norm(kn)
+                and qn.weight.shape == kn.weight.shape and qn.variance_epsilon == kn.variance_epsilon):
+            found += [qn, kn]
+    return found
 
 
 def defers_exactly(model: torch.nn.Module, forward) -> bool:
@@ -231,9 +323,9 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     qo, ko = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     on = pdl(q.device, b * s)
     _rotate_kernel()[(b * s, hq + k.shape[1])](
-        q, k, k, cos, sin, qo, ko, cos, ko, cos, cos, s, hq, *q.stride()[:3], *k.stride()[:3], *k.stride()[:3],
-        cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), 0, 0, 0, 0,
-        HALF=dim // 2, BLOCK=next_pow2(dim // 2), STORE=False, num_warps=1, PDL=on, launch_pdl=on, PAGE=0)
+        q, k, k, cos, sin, qo, ko, cos, ko, cos, cos, q, q, 0.0, s, hq, *q.stride()[:3], *k.stride()[:3],
+        *k.stride()[:3], cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), 0, 0, 0, 0,
+        HALF=dim // 2, BLOCK=next_pow2(dim // 2), STORE=False, num_warps=1, PDL=on, launch_pdl=on, PAGE=0, NORM=False)
     return qo, ko
 
 
@@ -267,17 +359,23 @@ def rotate_takes(q, k, cos, sin, unsqueeze_dim=1) -> bool:
 def _rotary(original):
     @functools.wraps(original)
     def rotary(q, k, cos, sin, *args, **kwargs):
+        q_mark, k_mark = (_take_mark(t) if _MARKS else None for t in (q, k))
         if not args and not (set(kwargs) - {"unsqueeze_dim"}) and rotate_takes(q, k, cos, sin, **kwargs):
             cache = _DEFER_TO
             if cache is not None and cache.pending is None:  # the cache's update() rotates and stores at once
+                norms = None
+                if q_mark is not None and k_mark is not None:  # ... and normalizes first
+                    norms = (q_mark[0].weight, k_mark[0].weight, q_mark[0].variance_epsilon)
+                else:
+                    q, k = _normed(q, q_mark), _normed(k, k_mark)
                 if _POISON:
                     q_out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
                 else:
                     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-                cache.pending = Pending(q, k, cos, sin, q_out)
+                cache.pending = Pending(q, k, cos, sin, q_out, norms)
                 return q_out, k
-            return torch.ops.hf_rstitch.rotate_qk(q, k, cos, sin)
-        return original(q, k, cos, sin, *args, **kwargs)
+            return torch.ops.hf_rstitch.rotate_qk(_normed(q, q_mark), _normed(k, k_mark), cos, sin)
+        return original(_normed(q, q_mark), _normed(k, k_mark), cos, sin, *args, **kwargs)
 
     return rotary
 

@@ -83,7 +83,7 @@ def _llama_norm_source() -> str:
     return inspect.getsource(LlamaRMSNorm.forward)
 
 
-def _rms_norm(m) -> bool:
+def rms_norm(m) -> bool:
     """Llama's RMSNorm to the letter (``weight * (x * rsqrt(mean(x^2) + eps)).to(dtype)``), in any model."""
     try:
         same = m is not None and inspect.getsource(type(m).forward) == _llama_norm_source()
@@ -111,7 +111,7 @@ def foldable(layer, products: dict) -> bool:
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
     if not (ENABLED and attn is not None and mlp is not None and _projects_plainly(attn)
-            and all(_rms_norm(n) for n in norms)):
+            and all(rms_norm(n) for n in norms)):
         return False
     q_proj = getattr(attn, "q_proj", None)
     if not isinstance(q_proj, torch.nn.Linear) or any(n.weight.dtype != q_proj.weight.dtype for n in norms):

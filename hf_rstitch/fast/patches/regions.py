@@ -12,6 +12,10 @@ SiLU-gated product of its MLP. Each becomes one or two fused kernels, recorded i
 A piece torch.compile cannot compile (a compiler bug of the installed torch) runs its eager code instead, the
 reason logged once (:data:`EAGER`); the other pieces stay compiled and the graphs are captured as before.
 
+Where the piece is Llama's RMSNorm (its add + norm) or the SiLU gate and Triton runs, a hand-written kernel
+(:mod:`hf_rstitch.fast.kernels.norms`, :data:`KERNELS`) takes the compiled piece's place: no dynamo tracing for
+those models.
+
 What it does not do: fuse across those pieces (residual adds stay eager kernels), or patch
 anything whose shape it does not recognise (models without ``*RMSNorm`` modules, a module-level
 ``apply_rotary_pos_emb`` or a ``gate_proj / up_proj / down_proj`` MLP with SiLU keep their code).
@@ -28,12 +32,18 @@ import torch.nn.functional as F
 import torch.fx.experimental._config as fx_config
 
 from .add_norm import plan as add_norm_plan
+from .folds import rms_norm
 from .gated_mlp import silu_mlp
+from ..kernels import norms
 from ..kernels.rope_store import rotary_functions
 
 _COMPILED: dict = {}  # one compiled function per piece (and norm class), shared by every lane of the process
 EAGER: dict = {}  # pieces torch.compile failed on -> the reason; they run their eager code (see _compiled)
 log = logging.getLogger("hf_rstitch.fast")
+# Llama's RMSNorm, its residual add + norm and the SiLU gate as hand-written Triton kernels (.norms) instead of
+# compiled pieces where they reproduce the module (no dynamo tracing in the process for those models); False:
+# every piece compiled
+KERNELS = True
 
 # Symbolic shapes still specialise a size seen as 1 (batch 1, one-token steps) and equate sizes that were
 # equal at the first call ("duck sizing"), so a lane would compile each piece again at its first batch > 1.
@@ -84,8 +94,10 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul() -> "callable":
-    """The compiled ``silu(gate) * up`` (one fused kernel, any shape), shared by every lane of the process."""
-    return _compiled("silu_mul", _silu_mul)
+    """``silu(gate) * up`` as one kernel, any shape: the hand-written one (:mod:`hf_rstitch.fast.kernels.norms`,
+    with :data:`KERNELS`) where it runs, else the compiled one (shared by every lane of the process)."""
+    compiled = _compiled("silu_mul", _silu_mul)
+    return norms.silu_mul_piece(compiled) if KERNELS else compiled
 
 
 def _mlp_forward(mlp, act_mul, x: torch.Tensor) -> torch.Tensor:
@@ -98,16 +110,25 @@ def plan(model: torch.nn.Module, keep_rotary=(), add_norm: bool = False, product
     embedding (but not the ``apply_rotary_pos_emb`` of the modelling modules in ``keep_rotary``); with
     ``add_norm``, pre-norm decoder layers run each residual add and the norm after it as one piece
     (:mod:`hf_rstitch.fast.patches.add_norm`), or at one row inside the lane's ``products`` (:mod:`.folds`)."""
-    forwards = add_norm_plan(model, _compiled, products, fold) if add_norm else []
+    forwards = add_norm_plan(model, _pieces, products, fold) if add_norm else []
     for m in model.modules():
         cls = type(m)
         if cls.__name__.endswith("RMSNorm") and "forward" in cls.__dict__:
-            forwards.append((m, functools.partial(_compiled(("norm", cls), cls.forward), m)))
+            compiled = functools.partial(_compiled(("norm", cls), cls.forward), m)
+            kernel = KERNELS and rms_norm(m)
+            forwards.append((m, functools.partial(norms.norm_forward, m, compiled) if kernel else compiled))
         elif cls.__name__.endswith("MLP") and silu_mlp(m):
             forwards.append((m, functools.partial(_mlp_forward, m, silu_mul())))
     globals_ = [(module, "apply_rotary_pos_emb", _compiled(("rotary", fn), fn))
                 for module, fn in rotary_functions(model) if module not in keep_rotary]
     return forwards, globals_
+
+
+def _pieces(key, fn):
+    """The piece ``key`` of :mod:`.add_norm`: the hand-written kernel where it applies (:data:`KERNELS`), else
+    compiled."""
+    compiled = _compiled(key, fn)
+    return norms.add_norm_piece(compiled) if KERNELS and key[0] == "add_norm" else compiled
 
 
 @contextlib.contextmanager

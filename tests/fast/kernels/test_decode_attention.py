@@ -120,10 +120,13 @@ def test_splits_share_the_written_slots():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("in_split", [True, False])
 @pytest.mark.parametrize("batch,q,pos", [(1, 1, 3000), (2, 3, 1500)])
-def test_many_splits_combine_in_chunks(device, batch, q, pos, monkeypatch):
+def test_many_splits_combine_in_chunks(device, batch, q, pos, in_split, monkeypatch):
     """A device with many SMs: up to 64 splits, of which dozens hold written slots; the combine reads them a
-    chunk at a time (more than one chunk here)."""
+    chunk at a time (more than one chunk here), in the split kernel's last program (``COMBINE_IN_SPLIT``, its
+    tickets back to zero afterwards) or in a kernel of its own."""
+    monkeypatch.setattr(da, "COMBINE_IN_SPLIT", in_split)
     monkeypatch.setattr(da, "_sm_count", lambda device: 132)
     heads, kv_heads, dim, slots = 4, 2, 16, 4096
     block_m, _, splits, block_n, _ = da._plan(batch, kv_heads, heads // kv_heads * q, slots, 132)
@@ -132,6 +135,9 @@ def test_many_splits_combine_in_chunks(device, batch, q, pos, monkeypatch):
     torch.manual_seed(pos)
     pads = [0, 40][:batch]
     _check(device, batch, heads, kv_heads, q, dim, slots, pos, pads)
+    if in_split:
+        where = str(torch.empty(0, device=device).device)  # "cuda:0", as the kernel's tensors name it
+        assert not da._TICKETS[where].any()  # every combining program gave its ticket back
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -225,3 +225,76 @@ def test_lane_defers_only_where_the_model_allows(device, change, monkeypatch):
     assert torch.equal(outs[0].sequences, outs[1].sequences)
     for a, b in zip(outs[0].logits, outs[1].logits):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("b,s", [(1, 1), (2, 3)])
+def test_rope_store_with_norms_equals_norm_then_rotate_then_store(device, b, s):
+    """Per-head q/k RMSNorms (Qwen3's) in the same launch: the bytes of the eager norm, then the rotation and store."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    q, k, v = _heads(b, s, device)
+    cos, sin = _tables(b, s, device)
+    q_norm, k_norm = Qwen3RMSNorm(16, eps=1e-6).to(device), Qwen3RMSNorm(16, eps=1e-6).to(device)
+    with torch.no_grad():
+        q_norm.weight.uniform_(0.5, 1.5), k_norm.weight.uniform_(0.5, 1.5)
+    keys, values = (torch.randn(4, 2, 12, 16, device=device) for _ in range(2))
+    slots = torch.tensor([5, 6, 7][:s], device=device)
+    want_k, want_v = keys.clone(), values.clone()
+    with torch.no_grad():
+        want_q, k_rot = rope_store.rotate_qk(q_norm(q), k_norm(k), cos, sin)
+        rope_store.store_kv(k_rot, v, slots, want_k[:b], want_v[:b])
+        q_out = torch.empty(q.shape, device=device)
+        rope_store.rope_store(q, k, v, cos, sin, slots, q_out, keys[:b], values[:b], q_norm=q_norm.weight,
+                              k_norm=k_norm.weight, eps=1e-6)
+    torch.testing.assert_close(q_out, want_q, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(keys, want_k, atol=1e-6, rtol=1e-6)
+    assert torch.equal(values, want_v)
+
+
+def _tiny_qwen3(seed: int, hidden: int, device):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=96, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.35,
+                      bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    model = Qwen3ForCausalLM(cfg).float().to(device).eval()
+    with torch.no_grad():  # norms that do something
+        for m in model.modules():
+            if type(m).__name__.endswith("RMSNorm"):
+                m.weight.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("paged", [False, True])
+def test_qwen3_q_k_norms_run_in_the_rotation_kernel(device, paged, monkeypatch):
+    """Qwen3's per-head q/k norms put off to the rotation-and-store kernel (rope_store.NORMS) give the same tokens
+    and logits as the norms run apart, and the kernel really normalizes (every launch gets the norms' weights);
+    static and paged caches alike."""
+    from hf_rstitch import ReplayPolicy
+    from hf_rstitch.fast import FastConfig, FastEngine
+    from tiny_models import prompt
+
+    llm, slm = _tiny_qwen3(0, 64, device), _tiny_qwen3(1, 32, device)
+    launched = []
+    original = rope_store.rope_store
+    monkeypatch.setattr(torch.ops.hf_rstitch, "rope_store",
+                        lambda *a: launched.append(a[11] is not None) or original(*a), raising=False)
+    route = ["slm"] * 3 + ["llm"] * 2 + ["slm"] * 4 + ["llm"] + ["slm"] * 2
+    outs = []
+    for norms in (True, False):
+        monkeypatch.setattr(rope_store, "NORMS", norms)
+        monkeypatch.setattr(rope_store, "_VERDICTS", type(rope_store._VERDICTS)())
+        launched.clear()
+        engine = FastEngine(FastConfig(max_bucket=4, graphs=device == "cuda", paged=paged))
+        outs.append(llm.generate(prompt(12).to(device), assistant_model=slm, stitch_policy=ReplayPolicy(route),
+                                 stitch_engine=engine, max_new_tokens=len(route), min_new_tokens=len(route),
+                                 return_dict_in_generate=True, output_logits=True))
+        lane = engine._lanes[next(iter(engine._lanes))]
+        assert lane._defer and len(lane._qk_norms) == 4  # two layers' q_norm and k_norm
+        assert launched and all(launched) == norms and any(launched) == norms
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+    for a, b in zip(outs[0].logits, outs[1].logits):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
