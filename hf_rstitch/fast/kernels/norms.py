@@ -9,7 +9,7 @@ Here the same three pieces are hand-written: one program a row, the row read fro
 nothing to trace or compile beyond Triton's own (cached on disk) build.
 
 Same arithmetic as the modules they replace (Llama's RMSNorm to the letter,
-:func:`hf_rstitch.fast.patches.folds.rms_norm`): the sum rounded to the model's dtype before it is normalized, ``x * rstd`` rounded to the dtype before the weight
+:func:`llama_rms_norm`): the sum rounded to the model's dtype before it is normalized, ``x * rstd`` rounded to the dtype before the weight
 multiplies it, ``silu(gate)`` rounded before it multiplies ``up``.
 
 What it does not do: other norms (they keep the compiled piece), float64 (Triton's float32 arithmetic).
@@ -18,6 +18,7 @@ What it does not do: other norms (they keep the compiled piece), float64 (Triton
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 
@@ -82,6 +83,23 @@ def takes(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
                               and weight.device == x.device)
 
 
+@functools.lru_cache(maxsize=1)
+def _llama_norm_source() -> str:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    return inspect.getsource(LlamaRMSNorm.forward)
+
+
+def llama_rms_norm(m) -> bool:
+    """Llama's RMSNorm to the letter (``weight * (x * rsqrt(mean(x^2) + eps)).to(dtype)``), in any model."""
+    try:
+        same = m is not None and inspect.getsource(type(m).forward) == _llama_norm_source()
+    except (OSError, TypeError):
+        return False
+    return (same and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 1
+            and isinstance(getattr(m, "variance_epsilon", None), float))
+
+
 @torch.library.custom_op("hf_rstitch::rms_norm", mutates_args=())
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama's RMSNorm of ``x`` ``[..., K]`` (contiguous) with ``weight`` ``[K]``."""
@@ -141,13 +159,11 @@ def norm_forward(module: torch.nn.Module, fallback, x: torch.Tensor) -> torch.Te
 def add_norm_piece(fallback):
     """``(norm, residual, h) -> (residual + h, norm(residual + h))`` (:mod:`hf_rstitch.fast.patches.add_norm`'s
     piece): the kernel for Llama RMSNorms where it takes the tensors, else ``fallback``."""
-    from ..patches.folds import rms_norm as llama_norm
-
     verdicts: dict = {}
 
     def piece(norm, residual, h):
         if norm not in verdicts:
-            verdicts[norm] = llama_norm(norm)
+            verdicts[norm] = llama_rms_norm(norm)
         if (verdicts[norm] and residual.shape == h.shape and residual.dtype == h.dtype and takes(residual, norm.weight)
                 and takes(h)):
             return torch.ops.hf_rstitch.add_rms_norm(residual, h, norm.weight, norm.variance_epsilon)

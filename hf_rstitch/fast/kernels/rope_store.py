@@ -281,15 +281,15 @@ def _normed(t: torch.Tensor, mark) -> torch.Tensor:
 
 def norm_plan(model: torch.nn.Module) -> list:
     """The per-head q/k norm modules (``q_norm`` / ``k_norm`` of an attention layer, Qwen3's) that the rotation
-    kernel may apply: both Llama's RMSNorm to the letter (:func:`hf_rstitch.fast.patches.folds.rms_norm`), of the
+    kernel may apply: both Llama's RMSNorm to the letter (:func:`hf_rstitch.fast.kernels.norms.llama_rms_norm`), of the
     head size, one epsilon. A lane checks the model reads their outputs only through the rotation
     (:func:`defers_exactly`)."""
-    from ..patches.folds import rms_norm
+    from .norms import llama_rms_norm
 
     found = []
     for m in model.modules():
         qn, kn = getattr(m, "q_norm", None), getattr(m, "k_norm", None)
-        if (type(m).__name__.endswith("Attention") and rms_norm(qn) and rms_norm(kn)
+        if (type(m).__name__.endswith("Attention") and llama_rms_norm(qn) and llama_rms_norm(kn)
                 and qn.weight.shape == kn.weight.shape and qn.variance_epsilon == kn.variance_epsilon):
             found += [qn, kn]
     return found

@@ -23,10 +23,11 @@ Llama's RMSNorm to the letter, attention or MLP forwards that do more than proje
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 
 import torch
+
+from ..kernels.norms import llama_rms_norm
 
 ENABLED = True  # fold where foldable() allows; False keeps the add+norm pieces at one row too
 # the installed forwards that take their part of a fold, declared by their modules (.linears, .gated_mlp):
@@ -76,23 +77,6 @@ def folding(norm: tuple, add: tuple):
         _PENDING.norm = _PENDING.add = None
 
 
-@functools.lru_cache(maxsize=1)
-def _llama_norm_source() -> str:
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    return inspect.getsource(LlamaRMSNorm.forward)
-
-
-def rms_norm(m) -> bool:
-    """Llama's RMSNorm to the letter (``weight * (x * rsqrt(mean(x^2) + eps)).to(dtype)``), in any model."""
-    try:
-        same = m is not None and inspect.getsource(type(m).forward) == _llama_norm_source()
-    except (OSError, TypeError):
-        return False
-    return (same and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 1
-            and isinstance(getattr(m, "variance_epsilon", None), float))
-
-
 def _projects_plainly(attn) -> bool:
     """The attention forward feeds its input straight to the q/k/v projections and returns o's output as is."""
     try:
@@ -111,7 +95,7 @@ def foldable(layer, products: dict) -> bool:
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
     if not (ENABLED and attn is not None and mlp is not None and _projects_plainly(attn)
-            and all(rms_norm(n) for n in norms)):
+            and all(llama_rms_norm(n) for n in norms)):
         return False
     q_proj = getattr(attn, "q_proj", None)
     if not isinstance(q_proj, torch.nn.Linear) or any(n.weight.dtype != q_proj.weight.dtype for n in norms):

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import torch.fx.experimental._config as fx_config
 
 from .add_norm import plan as add_norm_plan
-from .folds import rms_norm
+from ..kernels.norms import llama_rms_norm
 from .gated_mlp import silu_mlp
 from ..kernels import norms
 from ..kernels.rope_store import rotary_functions
@@ -115,7 +115,7 @@ def plan(model: torch.nn.Module, keep_rotary=(), add_norm: bool = False, product
         cls = type(m)
         if cls.__name__.endswith("RMSNorm") and "forward" in cls.__dict__:
             compiled = functools.partial(_compiled(("norm", cls), cls.forward), m)
-            kernel = KERNELS and rms_norm(m)
+            kernel = KERNELS and llama_rms_norm(m)
             forwards.append((m, functools.partial(norms.norm_forward, m, compiled) if kernel else compiled))
         elif cls.__name__.endswith("MLP") and silu_mlp(m):
             forwards.append((m, functools.partial(_mlp_forward, m, silu_mul())))
