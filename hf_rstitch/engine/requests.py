@@ -130,7 +130,8 @@ class RequestEngine(Preemption):
         self.max_length = None
         from ..fast import fallback_lanes, fast_engine
 
-        auto = isinstance(requested_engine(engine), str) and requested_engine(engine) == "auto"
+        requested = requested_engine(engine)
+        auto = isinstance(requested, str) and requested == "auto"
         engine = resolve_engine(llm, slm, engine, max_batch, own=True, fast=fast_engine)
         self.lanes = None
         if not isinstance(engine, EagerEngine):  # "auto": warmed up now, the eager lanes if that fails
