@@ -19,6 +19,7 @@ past ``--timeout`` seconds is recorded as such and its worker replaced.
 
     PYTHONPATH=. python benchmarks/zoo.py --device cuda --workers 8 --timeout 150 --budget 500 --docs docs/models.md
     PYTHONPATH=. python benchmarks/zoo.py --device cpu --workers 2 --only llama,gpt2   # the CPU static path
+    PYTHONPATH=. python benchmarks/zoo.py --only glm4,helium --update benchmarks/results/zoo_<gpu>.json  # re-run some
 """
 
 from __future__ import annotations
@@ -298,6 +299,8 @@ def main() -> None:
     p.add_argument("--only", default="", help="comma-separated model_types (default: the whole mapping)")
     p.add_argument("--out", default="", help="result stem (default benchmarks/results/zoo_<device>)")
     p.add_argument("--docs", default="", help="also write the users' table here (e.g. docs/models.md)")
+    p.add_argument("--update", default="", help="an earlier result (JSON) of the same device: its rows are kept "
+                   "and the --only architectures run again over them (after a change to PROVEN, say)")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
@@ -319,13 +322,19 @@ def main() -> None:
            "note": f"timings with {args.workers} worker processes sharing the device",
            "counts": {}, "architectures": {}}
 
+    earlier = json.loads(Path(args.update).read_text()) if args.update else None
+    if earlier is not None and earlier["device"] != name:
+        raise SystemExit(f"--update {args.update} was measured on {earlier['device']}, not {name}: run the whole zoo")
+
     def write(rows):
+        rows = {**(earlier["architectures"] if earlier else {}), **rows}
         doc["architectures"], doc["counts"] = dict(sorted(rows.items())), counts(rows)
         # candidates for hf_rstitch.fast.support.PROVEN (where this run is on a GPU and tests/zoo passes)
         doc["provable"] = sorted(t for t, r in rows.items() if r.get("fast_by_name", {}).get("equal") is True)
         write_result(stem, doc, markdown(doc))
 
     rows = run_all(types, args.device, args.workers, args.timeout, write, args.budget)
+    rows = doc["architectures"]
     if args.docs:
         Path(args.docs).write_text(docs_table(doc))
     print(json.dumps({"counts": doc["counts"], "provable": doc["provable"],
