@@ -274,6 +274,9 @@ def docs_table(doc: dict) -> str:
         fast = t in PROVEN and (r.get("engine") == "fast" or "graphs need CUDA" in reason)
         if t in PROVEN and "sliding window on every layer" in reason:
             runs, why = "**fast** without a window", "with `sliding_window` set (the zoo's config): " + _short(reason)
+        elif t in PROVEN and "not been proven equal" in reason and r.get("fast_by_name", {}).get("equal") is True:
+            runs, why = "**fast** (by name)", ("proven in this run by name, with auto's configuration; added to the "
+                                               "proven set after it, so auto itself ran the eager engine here")
         else:
             runs, why = ("**fast**" if fast else "eager"), ("" if fast else _short(reason))
         lines.append(f"| {t} | {runs} | {_by_name(r)} | {why.replace('|', '/')} |")
