@@ -147,7 +147,7 @@ def test_attention_launches_after_precompile_build_nothing(monkeypatch):
         ts.precompile(jobs, "cuda")
         ahead = len(built)
         assert ahead >= 2
-        for b, q in jobs[0][0]:
+        for b, q, _window in jobs[0][0]:
             query = torch.randn(b, q, 4, 16, dtype=torch.bfloat16, device="cuda").transpose(1, 2).contiguous()
             torch.ops.hf_rstitch.decode_attention(query, cache.keys[0][:b], cache.values[0][:b], cache.pos, pad[:b],
                                                   0.25)
