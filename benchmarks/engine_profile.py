@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/engine_profile.py --shapes qwen3-0.6b qwen2-1.5b qwen2-7b --out $OUT/p.json
     PYTHONPATH=$PWD python benchmarks/engine_profile.py --cpu-smoke --out /tmp/p.json   # checks the script
+    PYTHONPATH=$PWD python benchmarks/engine_profile.py --host-cpu   # the loop's own host cost, stand-in lanes
 
 For each shape (random weights, bf16, one model as both halves of the pair, the ``"auto"`` engine's
 configuration, :data:`hf_rstitch.fast.engine.AUTO`) it measures, at B = 1:
@@ -18,8 +19,16 @@ configuration, :data:`hf_rstitch.fast.engine.AUTO`) it measures, at B = 1:
   ``device_outside_graph_ms`` (the token's period minus its graph: kernels outside the graph plus idle).
 * ``kernels``: ``torch.profiler`` over steps of the same lane run eagerly (``graphs=False``: the kernels a
   graph records, plus the read-out): kernels per step, device ms per step, by family, the top 15.
+* ``host_profile`` (first shape only): cProfile of the ``entropy`` loop, the top functions by own time, in
+  microseconds a token -- where the host's time goes.
 * ``floor_ms``: bytes a decode step must read (weights, tied embeddings once) / the measured
   device-to-device copy bandwidth (bytes read + written).
+
+``--host-cpu`` measures on the CPU what the loop itself costs the host a token: ``stitch_loop`` over two
+stand-in lanes whose calls cost next to nothing (:class:`StandIn`: fixed logits, entropy and greedy token,
+the fast lane's per-row records), transformers' stopping criteria, an entropy policy, the SLM writing every
+token; and ``lane_us``, one :class:`~hf_rstitch.fast.FastLane` call's host path with its model call stubbed
+out (eager, CPU: no graph replay and no read-out kernels, which the GPU rows time).
 
 The last line printed is a compact table (JSON).
 """
@@ -303,6 +312,8 @@ def profile_shape(shape: str, args, device: str, bw_gbps: float) -> dict:
         row[policy] = loop_times(model, engine, ids, policy, device)
     if device == "cuda":
         row.update(bare_graph(engine._lanes[Role.SLM]))
+    if args.host_profile and shape == args.shapes[0]:
+        row["host_profile"] = host_profile(model, engine, ids)
     del engine
     row["kernels"] = kernel_profile(model, args.steps, device)
     row["x_floor"] = row["replay"]["loop_ms"] / row["floor_ms"]
@@ -328,14 +339,144 @@ def table(rows: list[dict]) -> list[dict]:
     return out
 
 
+def host_profile(model, engine, ids, top: int = 30) -> list[dict]:
+    """cProfile of the ``entropy`` loop: 288 new tokens minus 32, per token, the ``top`` functions by own time."""
+    import cProfile
+    import pstats
+
+    per = {}
+    for new in (32, 288):
+        prof = cProfile.Profile()
+        prof.enable()
+        generate_once(model, engine, ids, new, "entropy")
+        prof.disable()
+        per[new] = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
+    rows = []
+    for key, (_, calls, own, cum, _) in per[288].items():
+        _, c0, o0, u0, _ = per[32].get(key, (0, 0, 0.0, 0.0, None))
+        rows.append({"fn": f"{Path(key[0]).name}:{key[1]}({key[2]})", "calls_per_token": (calls - c0) / 256,
+                     "own_us": 1e6 * (own - o0) / 256, "cum_us": 1e6 * (cum - u0) / 256})
+    return sorted(rows, key=lambda r: -r["own_us"])[:top]
+
+
+class StandIn:
+    """A lane whose calls cost next to nothing: fixed logits, entropy and greedy token, and the fast lane's
+    per-row records (:class:`hf_rstitch.fast.rows.RowSlots`); it runs ahead as the fast lane's graphs do."""
+
+    run_ahead = True
+    capacity = None
+
+    def __init__(self, role: Role, vocab: int = 512):
+        from hf_rstitch.fast.rows import RowSlots
+
+        self.role, self.vocab, self.rows, self.seen = role, vocab, RowSlots(1), 0
+        self.logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0))
+        self.h, self.top = torch.tensor([0.3]), self.logits.argmax(-1)
+
+    def advance(self, seq, mask, rows, resumed, want_hidden=False):
+        if self.seen == 0:
+            self.rows.start([0] * seq.shape[0])
+        self.seen = seq.shape[1]
+        return self.logits, None, self.rows.records(self.role, self.seen, rows.tolist(), resumed.tolist(), None)
+
+    def account(self, total, rows, resumed):
+        return self.rows.records(self.role, total, rows.tolist(), resumed.tolist(), None)
+
+    def entropy(self, logits):
+        return self.h
+
+    def greedy(self, logits):
+        return self.top
+
+    def keep_rows(self, index):
+        pass
+
+    def reset(self):
+        self.seen = 0
+        self.rows.clear()
+
+
+def host_cpu(repeats: int = 5) -> dict:
+    """Host microseconds a step of ``stitch_loop`` over stand-in lanes, and of one FastLane call's host path."""
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
+
+    from hf_rstitch.core.policies import EntropyPolicy
+    from hf_rstitch.engine.loop import stitch_loop
+
+    ids = torch.randint(0, 500, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+
+    def loop(new: int):
+        lanes = {Role.SLM: StandIn(Role.SLM), Role.LLM: StandIn(Role.LLM)}
+        stop = StoppingCriteriaList([MaxLengthCriteria(PROMPT + new), EosTokenCriteria(511)])
+        stitch_loop(lanes, ids, torch.ones_like(ids), EntropyPolicy(1.0), None, stop)
+
+    def lane_steps(n: int):
+        lane, seq = stubbed_lane(n)
+        yes = torch.ones(1, dtype=torch.bool)
+        t0 = time.process_time()
+        for t in range(PROMPT + 1, PROMPT + 1 + n):
+            lane.advance(seq[:, :t], seq[:, :t], yes, ~yes)
+        return time.process_time() - t0
+
+    def cpu_seconds(fn) -> float:  # this process's CPU time: steadier than the wall on a shared machine
+        t0 = time.process_time()
+        fn()
+        return time.process_time() - t0
+
+    loop(64)
+    best = {n: min(cpu_seconds(lambda: loop(n)) for _ in range(repeats)) for n in (32, 544)}
+    ops = {n: aten_ops(lambda: loop(n)) for n in (32, 544)}
+    lane_steps(64)
+    return {"loop_us": 1e6 * (best[544] - best[32]) / 512, "loop_ops": (ops[544] - ops[32]) / 512,
+            "lane_us": 1e6 * min(lane_steps(512) for _ in range(repeats)) / 512}
+
+
+def aten_ops(fn) -> int:
+    """Tensor operations ``fn`` dispatches (each costs the host microseconds, on any device)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+def stubbed_lane(n: int):
+    """A FastLane (eager, CPU) of the tiny shape whose model call is a stub: its host path alone."""
+    import contextlib
+
+    model = build("tiny-qwen3", "cpu")
+    lane = FastLane(model, Role.SLM, model.config.vocab_size, PROMPT + n + 8, FastConfig(graphs=False))
+    logits = torch.randn(1, model.config.vocab_size)
+    lane._forward = lane._decode_step = lane._compiled_bucket = lambda ids, n_real, hidden: (
+        lane.cache.pos.add_(n_real), (logits, None))[1]
+    lane._model_code = contextlib.nullcontext  # a graph replay runs no model code either
+    seq = torch.ones(1, PROMPT + n + 1, dtype=torch.long)
+    lane.advance(seq[:, :PROMPT], seq[:, :PROMPT], torch.ones(1, dtype=torch.bool), torch.zeros(1, dtype=torch.bool))
+    return lane, seq
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen2-1.5b", "qwen2-7b"], choices=sorted(SHAPES))
     ap.add_argument("--steps", type=int, default=32, help="eager steps under torch.profiler")
     ap.add_argument("--budget-s", type=float, default=110, help="skip shapes once this many seconds have passed")
+    ap.add_argument("--host-profile", action=argparse.BooleanOptionalAction, default=True,
+                    help="cProfile the first shape's entropy loop (host time by function)")
     ap.add_argument("--cpu-smoke", action="store_true", help="a tiny model on the CPU, no graphs: checks the script")
+    ap.add_argument("--host-cpu", action="store_true", help="the loop's host cost a step over stand-in lanes, on the CPU")
     ap.add_argument("--out", default="benchmarks/results/engine_profile.json")
     args = ap.parse_args()
+    if args.host_cpu:
+        torch.set_num_threads(1)
+        print(json.dumps({**lab.environment(["cpu"]), **{k: round(v, 1) for k, v in host_cpu().items()}}))
+        return 0
     device = "cpu" if args.cpu_smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         ap.error("no CUDA device; use --cpu-smoke to check the script")
