@@ -402,13 +402,14 @@ def host_cpu(repeats: int = 5) -> dict:
 
     from hf_rstitch.core.policies import EntropyPolicy
     from hf_rstitch.engine.loop import stitch_loop
+    from hf_rstitch.hf.decode import quick_stopping  # as generate calls the loop
 
     ids = torch.randint(0, 500, (1, PROMPT), generator=torch.Generator().manual_seed(0))
 
     def loop(new: int):
         lanes = {Role.SLM: StandIn(Role.SLM), Role.LLM: StandIn(Role.LLM)}
         stop = StoppingCriteriaList([MaxLengthCriteria(PROMPT + new), EosTokenCriteria(511)])
-        stitch_loop(lanes, ids, torch.ones_like(ids), EntropyPolicy(1.0), None, stop)
+        stitch_loop(lanes, ids, torch.ones_like(ids), EntropyPolicy(1.0), None, quick_stopping(stop) or stop)
 
     def lane_steps(n: int):
         lane, seq = stubbed_lane(n)

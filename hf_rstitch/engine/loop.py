@@ -193,7 +193,7 @@ class _MaskRoom:
         if width > self.buffer.shape[1]:
             ones = self.buffer.new_ones(self.buffer.shape[0], max(self.ROOM, width - self.buffer.shape[1]))
             self.buffer = torch.cat([self.buffer, ones], dim=-1)
-        return self.buffer[:, :width]
+        return self.buffer.narrow(1, 0, width)  # one view op, where [:, :width] takes two
 
 
 class _HostFlags:

@@ -17,6 +17,7 @@ The step knows nothing about logits processors, stopping or finished rows: the c
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -178,9 +179,15 @@ def call_early(lane, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool = 
     step that uses it makes their records (``Lane.account``)."""
     if not lane.run_ahead:
         return None
-    nobody = torch.zeros(seq.shape[0], dtype=torch.bool)
+    nobody = _nobody(seq.shape[0])
     logits, hidden, _ = lane.advance(seq, mask, nobody, nobody, want_hidden=want_hidden)
     return Ahead(lane.role, logits, hidden)
+
+
+@functools.lru_cache(maxsize=64)
+def _nobody(rows: int) -> torch.Tensor:
+    """``[rows]`` False on the host, made once a size (lanes read their ``rows`` / ``resumed``, never write them)."""
+    return torch.zeros(rows, dtype=torch.bool)
 
 
 def send_to_host(values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
