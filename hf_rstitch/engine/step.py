@@ -120,7 +120,7 @@ def run_step(
             of advancing that lane. Unused when the rows that needed it finished meanwhile: the lane
             has read the column early, which its next call skips; no records were made.
     """
-    accounted = torch.ones(len(rows), dtype=torch.bool) if accounted is None else accounted
+    accounted = _every(len(rows)) if accounted is None else accounted
     llm_on, calls = routing.llm_on, []
     some_llm = bool(llm_on.any())  # host flags read once: each tensor op on the host costs microseconds
     slm_rows = ~llm_on if some_llm else None  # None: every row is the SLM's
@@ -188,6 +188,12 @@ def call_early(lane, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool = 
 def _nobody(rows: int) -> torch.Tensor:
     """``[rows]`` False on the host, made once a size (lanes read their ``rows`` / ``resumed``, never write them)."""
     return torch.zeros(rows, dtype=torch.bool)
+
+
+@functools.lru_cache(maxsize=64)
+def _every(rows: int) -> torch.Tensor:
+    """``[rows]`` True on the host, made once a size (read only, as :func:`_nobody`)."""
+    return torch.ones(rows, dtype=torch.bool)
 
 
 def send_to_host(values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
