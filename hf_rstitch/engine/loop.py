@@ -123,7 +123,7 @@ def stitch_loop(
         if keep_logits:
             logits_kept.append(logits)
         done, back = flags.wait()  # the step's one wait for the device
-        routing.after(out.writer_llm, back)
+        routing.after(out.writer_llm, back, no_llm=out.no_llm)
         if not bool(done.any()):  # the common step: nothing else to update
             continue
         unfinished = unfinished & ~done

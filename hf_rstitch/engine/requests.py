@@ -255,7 +255,7 @@ class RequestEngine(Preemption):
             self._ahead = run_ahead(self.lanes, out, self._seq, self._mask, self.policy.needs_hidden)
             self.stats["ahead"] += self._ahead is not None
         tokens, entropy, slm_h, back = receive_values(pending)
-        self._routing.after(out.writer_llm, back, out.held)
+        self._routing.after(out.writer_llm, back, out.held, out.no_llm)
         for i, call in out.calls:
             self._rows[i].trace.calls.append(call)
         b = len(self._rows)  # per-row values as Python lists: one conversion each, not b tensor reads

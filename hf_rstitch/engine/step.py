@@ -36,16 +36,20 @@ class Routing:
     last_llm: torch.Tensor  # the LLM wrote the row's latest token
     waited: torch.Tensor  # [b] long: steps the row has waited for the LLM (a schedule deferred it)
     waiting: bool = False  # some row of ``waited`` may be nonzero (else the generate loop's steps skip zeroing it)
+    slm_only: bool = False  # no row is the LLM's, known on the host without reading ``llm_on`` (False: not known)
 
     @classmethod
     def start(cls, rows: int) -> "Routing":
         """Every row starts with the SLM (the seed paper's Algorithm 1)."""
         return cls(torch.zeros(rows, dtype=torch.bool), torch.zeros(rows, dtype=torch.bool),
-                   torch.zeros(rows, dtype=torch.long))
+                   torch.zeros(rows, dtype=torch.long), slm_only=True)
 
-    def after(self, writer_llm: torch.Tensor, back: torch.Tensor | None, held: torch.Tensor | None = None) -> None:
+    def after(self, writer_llm: torch.Tensor, back: torch.Tensor | None, held: torch.Tensor | None = None,
+              no_llm: bool | None = None) -> None:
         """Record who wrote this step's tokens; LLM rows handed back give control to the SLM.
-        ``held`` rows wrote nothing: they keep waiting for the LLM."""
+        ``held`` rows wrote nothing: they keep waiting for the LLM. ``no_llm``: the host knows no row's token
+        was the LLM's (``StepOut.no_llm``)."""
+        self.slm_only = bool(no_llm) and held is None
         if held is not None:  # the LLM did not run: held == writer_llm, every other row is the SLM's
             self.waited = torch.where(held, self.waited + 1, 0)
             self.waiting = True
@@ -64,6 +68,7 @@ class Routing:
     def add(self, llm_first: list[bool]) -> None:
         """Append rows; each starts with the SLM unless ``llm_first`` (a row pinned to the LLM)."""
         first = torch.tensor(llm_first, dtype=torch.bool)
+        self.slm_only = self.slm_only and not any(llm_first)
         self.llm_on = torch.cat([self.llm_on, first])
         self.last_llm = torch.cat([self.last_llm, torch.zeros_like(first)])
         self.waited = torch.cat([self.waited, torch.zeros(len(first), dtype=torch.long)])
@@ -122,7 +127,7 @@ def run_step(
     """
     accounted = _every(len(rows)) if accounted is None else accounted
     llm_on, calls = routing.llm_on, []
-    some_llm = bool(llm_on.any())  # host flags read once: each tensor op on the host costs microseconds
+    some_llm = not routing.slm_only and bool(llm_on.any())  # host flags read once: a tensor op costs microseconds
     slm_rows = ~llm_on if some_llm else None  # None: every row is the SLM's
     slm_h = handed = slm_logits = None
     if slm_rows is None or slm_rows.any():
