@@ -402,7 +402,9 @@ def host_cpu(repeats: int = 5) -> dict:
 
     from hf_rstitch.core.policies import EntropyPolicy
     from hf_rstitch.engine.loop import stitch_loop
-    from hf_rstitch.hf.decode import quick_stopping  # as generate calls the loop
+    from hf_rstitch.hf import decode
+
+    quick_stopping = getattr(decode, "quick_stopping", lambda criteria: None)  # as generate calls the loop (if any)
 
     ids = torch.randint(0, 500, (1, PROMPT), generator=torch.Generator().manual_seed(0))
 
@@ -429,23 +431,70 @@ def host_cpu(repeats: int = 5) -> dict:
     ops = {n: aten_ops(lambda: loop(n)) for n in (32, 544)}
     lane_steps(64)
     return {"loop_us": 1e6 * (best[544] - best[32]) / 512, "loop_ops": (ops[544] - ops[32]) / 512,
-            "lane_us": 1e6 * min(lane_steps(512) for _ in range(repeats)) / 512}
+            "lane_us": 1e6 * min(lane_steps(512) for _ in range(repeats)) / 512, "request_ops": request_ops()}
 
 
-def aten_ops(fn) -> int:
-    """Tensor operations ``fn`` dispatches (each costs the host microseconds, on any device)."""
+def request_ops() -> float:
+    """Tensor operations a step of the request engine (one request, greedy, the SLM writing every token) outside
+    its lanes' calls (eager tiny lanes; their calls are not counted)."""
+    from hf_rstitch.engine.request_types import Request
+    from hf_rstitch.engine.requests import RequestEngine
+
+    model = build("tiny-qwen3", "cpu")
+    engine = RequestEngine(model, model, threshold=1.0, max_batch=1, engine="default")
+    inside = [False]
+    for lane in engine.lanes.values():
+        for name in ("advance", "entropy"):
+            def call(*a, _fn=getattr(lane, name), **k):
+                inside[0] = True
+                try:
+                    return _fn(*a, **k)
+                finally:
+                    inside[0] = False
+            setattr(lane, name, call)
+
+    def run(new: int):
+        engine.run([Request(input_ids=list(range(10, 10 + PROMPT)), max_new_tokens=new, eos_token_id=[])])
+
+    return (aten_ops(lambda: run(160), skip=inside) - aten_ops(lambda: run(32), skip=inside)) / 128
+
+
+def aten_ops(fn, skip: list | None = None) -> int:
+    """Tensor operations ``fn`` dispatches (each costs the host microseconds, on any device), not counting those
+    while ``skip[0]`` is true."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
         n = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += 1
+            Count.n += not (skip and skip[0])
             return func(*args, **(kwargs or {}))
 
     with Count():
         fn()
     return Count.n
+
+
+HOST_RESULT = "benchmarks/results/engine_host_cpu"
+
+
+def write_host_rows(stem: Path, row: dict) -> None:
+    """``--host-cpu``'s result: one row per label (a re-run replaces its label's row), as JSON and a table."""
+    stem = stem.with_suffix("")
+    path = stem.with_suffix(".json")
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    rows = [r for r in rows if r["label"] != row["label"]] + [row]
+    table = ["| label | loop us a step | loop tensor ops a step | FastLane call host us | request engine tensor ops a "
+             "step |", "|---|---|---|---|---|"]
+    table += [f"| {r['label']} | {r['loop_us']} | {r['loop_ops']} | {r['lane_us']} | {r.get('request_ops')} |"
+              for r in rows]
+    lab.write_result(stem, {**lab.environment(["cpu"]), "rows": rows},
+                     "Host cost a decode step on the CPU, stand-in lanes (`engine_profile.py --host-cpu`): the "
+                     "generate loop's own work (CPU time of this process, min of 5) and one FastLane call's host "
+                     "path with its model call stubbed out; the request engine's tensor operations a step outside its "
+                     "lanes' calls. A row of another revision: run with its hf_rstitch first on PYTHONPATH.\n\n"
+                     + "\n".join(table) + "\n")
 
 
 def stubbed_lane(n: int):
@@ -472,11 +521,14 @@ def main() -> int:
                     help="cProfile the first shape's entropy loop (host time by function)")
     ap.add_argument("--cpu-smoke", action="store_true", help="a tiny model on the CPU, no graphs: checks the script")
     ap.add_argument("--host-cpu", action="store_true", help="the loop's host cost a step over stand-in lanes, on the CPU")
+    ap.add_argument("--label", default="this tree", help="--host-cpu: the row's name (rows of other labels are kept)")
     ap.add_argument("--out", default="benchmarks/results/engine_profile.json")
     args = ap.parse_args()
     if args.host_cpu:
         torch.set_num_threads(1)
-        print(json.dumps({**lab.environment(["cpu"]), **{k: round(v, 1) for k, v in host_cpu().items()}}))
+        row = {"label": args.label, **{k: round(v, 1) for k, v in host_cpu().items()}}
+        write_host_rows(Path(args.out if args.out != ap.get_default("out") else HOST_RESULT), row)
+        print(json.dumps(row))
         return 0
     device = "cpu" if args.cpu_smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
