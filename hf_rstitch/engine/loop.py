@@ -230,7 +230,8 @@ class _HostFlags:
         if event is not None:
             event.synchronize()
             host = host.clone()  # the page-locked buffer is reused by the next step
-        return host[:rows], (host[rows:] if with_back else apart)
+        done = host if host.shape[0] == rows else host[:rows]  # no view op where the flags are all there is
+        return done, (host[rows:] if with_back else apart)
 
 
 class _TraceBook:
