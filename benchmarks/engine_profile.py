@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/engine_profile.py --shapes qwen3-0.6b qwen2-1.5b qwen2-7b --out $OUT/p.json
     PYTHONPATH=$PWD python benchmarks/engine_profile.py --cpu-smoke --out /tmp/p.json   # checks the script
+    PYTHONPATH=$PWD python benchmarks/engine_profile.py --host-cpu   # the loop's own host cost, stand-in lanes
 
 For each shape (random weights, bf16, one model as both halves of the pair, the ``"auto"`` engine's
 configuration, :data:`hf_rstitch.fast.engine.AUTO`) it measures, at B = 1:
@@ -18,8 +19,13 @@ configuration, :data:`hf_rstitch.fast.engine.AUTO`) it measures, at B = 1:
   ``device_outside_graph_ms`` (the token's period minus its graph: kernels outside the graph plus idle).
 * ``kernels``: ``torch.profiler`` over steps of the same lane run eagerly (``graphs=False``: the kernels a
   graph records, plus the read-out): kernels per step, device ms per step, by family, the top 15.
+* ``host_profile`` (first shape only): cProfile of the ``entropy`` loop, the top functions by own time, in
+  microseconds a token -- where the host's time goes.
 * ``floor_ms``: bytes a decode step must read (weights, tied embeddings once) / the measured
   device-to-device copy bandwidth (bytes read + written).
+
+``--host-cpu`` measures on the CPU what the loop itself costs the host a step, over stand-in lanes whose calls
+cost next to nothing, and a FastLane call's host path (:mod:`host_standin`; results/engine_host_cpu.md).
 
 The last line printed is a compact table (JSON).
 """
@@ -303,6 +309,8 @@ def profile_shape(shape: str, args, device: str, bw_gbps: float) -> dict:
         row[policy] = loop_times(model, engine, ids, policy, device)
     if device == "cuda":
         row.update(bare_graph(engine._lanes[Role.SLM]))
+    if args.host_profile and shape == args.shapes[0]:
+        row["host_profile"] = host_profile(model, engine, ids)
     del engine
     row["kernels"] = kernel_profile(model, args.steps, device)
     row["x_floor"] = row["replay"]["loop_ms"] / row["floor_ms"]
@@ -328,14 +336,46 @@ def table(rows: list[dict]) -> list[dict]:
     return out
 
 
+def host_profile(model, engine, ids, top: int = 30) -> list[dict]:
+    """cProfile of the ``entropy`` loop: 288 new tokens minus 32, per token, the ``top`` functions by own time."""
+    import cProfile
+    import pstats
+
+    per = {}
+    for new in (32, 288):
+        prof = cProfile.Profile()
+        prof.enable()
+        generate_once(model, engine, ids, new, "entropy")
+        prof.disable()
+        per[new] = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
+    rows = []
+    for key, (_, calls, own, cum, _) in per[288].items():
+        _, c0, o0, u0, _ = per[32].get(key, (0, 0, 0.0, 0.0, None))
+        rows.append({"fn": f"{Path(key[0]).name}:{key[1]}({key[2]})", "calls_per_token": (calls - c0) / 256,
+                     "own_us": 1e6 * (own - o0) / 256, "cum_us": 1e6 * (cum - u0) / 256})
+    return sorted(rows, key=lambda r: -r["own_us"])[:top]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen2-1.5b", "qwen2-7b"], choices=sorted(SHAPES))
     ap.add_argument("--steps", type=int, default=32, help="eager steps under torch.profiler")
     ap.add_argument("--budget-s", type=float, default=110, help="skip shapes once this many seconds have passed")
+    ap.add_argument("--host-profile", action=argparse.BooleanOptionalAction, default=True,
+                    help="cProfile the first shape's entropy loop (host time by function)")
     ap.add_argument("--cpu-smoke", action="store_true", help="a tiny model on the CPU, no graphs: checks the script")
+    ap.add_argument("--host-cpu", action="store_true", help="the loop's host cost a step over stand-in lanes, on the CPU")
+    ap.add_argument("--label", default="this tree", help="--host-cpu: the row's name (rows of other labels are kept)")
     ap.add_argument("--out", default="benchmarks/results/engine_profile.json")
     args = ap.parse_args()
+    if args.host_cpu:
+        torch.set_num_threads(1)
+        from host_standin import HOST_RESULT, host_cpu, write_host_rows
+
+        row = {"label": args.label, **{k: round(v, 1) for k, v in host_cpu().items()}}
+        write_host_rows(Path(args.out if args.out != ap.get_default("out") else HOST_RESULT), row)
+        print(json.dumps(row))
+        return 0
     device = "cpu" if args.cpu_smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         ap.error("no CUDA device; use --cpu-smoke to check the script")

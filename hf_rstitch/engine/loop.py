@@ -98,8 +98,9 @@ def stitch_loop(
     policy.reset()
     ahead = None  # the next step's first lane call, run early (run_ahead)
     flags = _HostFlags(batch)
+    every = torch.ones(batch, dtype=torch.bool)  # [B] host, read only: `accounted` while no row has finished
     for index in itertools.count():
-        accounted = unfinished[in_lanes]
+        accounted = every if live is None else unfinished[in_lanes]
         out = run_step(lanes, seq if at is None else seq[at], mask if at is None else mask[at], routing, policy,
                        index, in_lanes, accounted, ahead=ahead)
         logits = out.logits if at is None else out.logits.new_zeros(batch, out.logits.shape[-1]).index_copy_(0, at, out.logits)
@@ -116,18 +117,19 @@ def stitch_loop(
         flags.start(stop, out.back)  # to the host, queued before any early call: waiting for it waits for no more
         ahead = run_ahead(lanes, out, seq if at is None else seq[at], mask if at is None else mask[at],
                           policy.needs_hidden)
-        book.record(in_lanes, accounted, out)
+        book.record(in_lanes, accounted, out, live is None)
         if keep_scores:
             scores_kept.append(scores)
         if keep_logits:
             logits_kept.append(logits)
         done, back = flags.wait()  # the step's one wait for the device
-        routing.after(out.writer_llm, back)
+        routing.after(out.writer_llm, back, no_llm=out.no_llm)
+        if not bool(done.any()):  # the common step: nothing else to update
+            continue
         unfinished = unfinished & ~done
         if not unfinished.any():
             break
-        if bool(done.any()):
-            live = (torch.ones_like(tokens, dtype=torch.bool) if live is None else live) & ~stop.to(tokens.device).bool()
+        live = (torch.ones_like(tokens, dtype=torch.bool) if live is None else live) & ~stop.to(tokens.device).bool()
         if drop_finished and not bool(unfinished[in_lanes].all()):
             in_lanes, ahead = _drop_finished(lanes, routing, unfinished, in_lanes, ahead)
             at = in_lanes.to(seq.device)
@@ -151,7 +153,8 @@ def next_lane(out: StepOut) -> Role | None:
     back is still on the device)."""
     back = out.back
     if back is None or back.device.type != "cpu":
-        return Role.SLM if not bool(out.writer_llm.all()) else None
+        every_llm = out.all_llm if out.all_llm is not None else bool(out.writer_llm.all())
+        return Role.SLM if not every_llm else None
     llm_next = out.writer_llm & ~back
     return Role.LLM if bool(llm_next.all()) else Role.SLM
 
@@ -190,7 +193,7 @@ class _MaskRoom:
         if width > self.buffer.shape[1]:
             ones = self.buffer.new_ones(self.buffer.shape[0], max(self.ROOM, width - self.buffer.shape[1]))
             self.buffer = torch.cat([self.buffer, ones], dim=-1)
-        return self.buffer[:, :width]
+        return self.buffer.narrow(1, 0, width)  # one view op, where [:, :width] takes two
 
 
 class _HostFlags:
@@ -227,47 +230,56 @@ class _HostFlags:
         if event is not None:
             event.synchronize()
             host = host.clone()  # the page-locked buffer is reused by the next step
-        return host[:rows], (host[rows:] if with_back else apart)
+        done = host if host.shape[0] == rows else host[:rows]  # no view op where the flags are all there is
+        return done, (host[rows:] if with_back else apart)
 
 
 class _TraceBook:
-    """Per caller row, the trace of the tokens it really generated (finished rows add nothing)."""
+    """Per caller row, the trace of the tokens it really generated (finished rows add nothing).
+
+    Each step is kept as it came (host lists, device entropies) and written into the traces at the end:
+    :meth:`record` does no per-row work and no tensor op while every row of the lanes is accounted."""
 
     def __init__(self, batch: int, policy: str):
         self.traces = [StitchTrace(policy=policy) for _ in range(batch)]
-        self.pending: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []  # entropies read at the end
+        self.steps: list[tuple] = []  # (rows, calls, writer, handed, entropy, slm entropy), one per step
+        self._rows: tuple[torch.Tensor, list[int]] | None = None  # in_lanes and its list, converted once a change
 
-    def record(self, in_lanes: torch.Tensor, accounted: torch.Tensor, out: StepOut) -> None:
-        caller = in_lanes.tolist()  # one conversion: indexing a tensor per call costs microseconds each
-        for r, call in out.calls:
-            self.traces[caller[r]].calls.append(call)
-        take = accounted.nonzero().flatten()
-        rows = in_lanes[take].tolist()
-        writer = out.writer_llm[take].tolist()
-        handed = out.handed[take].tolist() if out.handed is not None else [False] * len(rows)
-        for r, llm, hand in zip(rows, writer, handed):
-            self.traces[r].roles.append(Role.LLM if llm else Role.SLM)
-            self.traces[r].handovers.append(hand)
-        whole = len(take) == len(in_lanes)
-        pick = (lambda h: h) if whole else (lambda h: h[take.to(h.device)])
-        slm_h = pick(out.slm_entropy) if out.slm_entropy is not None else None
-        self.pending.append((rows, pick(out.entropy), slm_h))
+    def record(self, in_lanes: torch.Tensor, accounted: torch.Tensor, out: StepOut, every: bool) -> None:
+        """The step's records; ``every``: every lane row is accounted (``accounted`` is all True)."""
+        if self._rows is None or self._rows[0] is not in_lanes:
+            self._rows = (in_lanes, in_lanes.tolist())  # in_lanes changes only when rows leave
+        caller = self._rows[1]
+        calls = [(caller[r], call) for r, call in out.calls]
+        writer, handed = out.writer_llm, out.handed
+        entropy, slm_h = out.entropy, out.slm_entropy
+        if not every:
+            take = accounted.nonzero().flatten()
+            caller = in_lanes[take].tolist()
+            writer, handed = writer[take], handed[take] if handed is not None else None
+            entropy = entropy[take.to(entropy.device)]
+            slm_h = slm_h[take.to(slm_h.device)] if slm_h is not None else None
+        self.steps.append((caller, calls, writer.tolist(), handed.tolist() if handed is not None else None,
+                           entropy, slm_h))
 
     def finish(self) -> list[StitchTrace]:
-        """Fill entropies after decoding: one device-to-host copy for the whole generation."""
-        pending, traces = self.pending, self.traces
-        if not pending:
+        """Fill the traces after decoding: one device-to-host copy of the entropies for the whole generation."""
+        steps, traces = self.steps, self.traces
+        if not steps:
             return traces
-        flat = torch.cat([h for _, h, _ in pending] + [s for _, _, s in pending if s is not None]).cpu().tolist()
-        n_writer = sum(len(rows) for rows, _, _ in pending)
-        writer, slm = iter(flat[:n_writer]), iter(flat[n_writer:])
-        seen = [0] * len(traces)
-        for rows, _, slm_h in pending:
+        flat = torch.cat([h for *_, h, _ in steps] + [s for *_, s in steps if s is not None]).cpu().tolist()
+        n_writer = sum(len(rows) for rows, *_ in steps)
+        writer_h, slm = iter(flat[:n_writer]), iter(flat[n_writer:])
+        for rows, calls, writer, handed, _, slm_h in steps:
+            for r, call in calls:
+                traces[r].calls.append(call)
+            handed = handed if handed is not None else [False] * len(rows)
             slm_values = [next(slm) for _ in rows] if slm_h is not None else [None] * len(rows)
-            for r, h, sh in zip(rows, writer, slm_values):
-                t, k = traces[r], seen[r]
+            for r, llm, hand, h, sh in zip(rows, writer, handed, writer_h, slm_values):
+                t = traces[r]
+                t.roles.append(Role.LLM if llm else Role.SLM)
+                t.handovers.append(hand)
                 t.entropies.append(h)
                 # the SLM's own entropy where it was consulted: it wrote the token, or handed it over
-                t.slm_entropies.append(sh if (t.roles[k] is Role.SLM or t.handovers[k]) else None)
-                seen[r] += 1
+                t.slm_entropies.append(sh if (not llm or hand) else None)
         return traces

@@ -250,12 +250,12 @@ class RequestEngine(Preemption):
         self._count(out, held)
         picked, failed = self._pick(out.logits, held, out.greedy)  # [b] on the device; rows whose sampling failed
         self._append(picked, held)
-        pending = send_values(picked, out.entropy, out.slm_entropy, out.back)  # before an early call: see its wait
+        pending = send_values(picked, out.entropy, out.slm_entropy, out.back, self.vocab >= 1 << 24)  # before an early call: see its wait
         if not held and not failed and self.schedule is None and not self._admissible():
             self._ahead = run_ahead(self.lanes, out, self._seq, self._mask, self.policy.needs_hidden)
             self.stats["ahead"] += self._ahead is not None
         tokens, entropy, slm_h, back = receive_values(pending)
-        self._routing.after(out.writer_llm, back, out.held)
+        self._routing.after(out.writer_llm, back, out.held, out.no_llm)
         for i, call in out.calls:
             self._rows[i].trace.calls.append(call)
         b = len(self._rows)  # per-row values as Python lists: one conversion each, not b tensor reads

@@ -17,6 +17,7 @@ The step knows nothing about logits processors, stopping or finished rows: the c
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -34,22 +35,30 @@ class Routing:
     llm_on: torch.Tensor  # the LLM decodes the row's next token
     last_llm: torch.Tensor  # the LLM wrote the row's latest token
     waited: torch.Tensor  # [b] long: steps the row has waited for the LLM (a schedule deferred it)
+    waiting: bool = False  # some row of ``waited`` may be nonzero (else the generate loop's steps skip zeroing it)
+    slm_only: bool = False  # no row is the LLM's, known on the host without reading ``llm_on`` (False: not known)
 
     @classmethod
     def start(cls, rows: int) -> "Routing":
         """Every row starts with the SLM (the seed paper's Algorithm 1)."""
         return cls(torch.zeros(rows, dtype=torch.bool), torch.zeros(rows, dtype=torch.bool),
-                   torch.zeros(rows, dtype=torch.long))
+                   torch.zeros(rows, dtype=torch.long), slm_only=True)
 
-    def after(self, writer_llm: torch.Tensor, back: torch.Tensor | None, held: torch.Tensor | None = None) -> None:
+    def after(self, writer_llm: torch.Tensor, back: torch.Tensor | None, held: torch.Tensor | None = None,
+              no_llm: bool | None = None) -> None:
         """Record who wrote this step's tokens; LLM rows handed back give control to the SLM.
-        ``held`` rows wrote nothing: they keep waiting for the LLM."""
+        ``held`` rows wrote nothing: they keep waiting for the LLM. ``no_llm``: the host knows no row's token
+        was the LLM's (``StepOut.no_llm``)."""
+        self.slm_only = bool(no_llm) and held is None
         if held is not None:  # the LLM did not run: held == writer_llm, every other row is the SLM's
             self.waited = torch.where(held, self.waited + 1, 0)
+            self.waiting = True
             self.last_llm = self.last_llm & held
             self.llm_on = held
             return
-        self.waited.zero_()  # in place: the generate loop passes here every step
+        if self.waiting:
+            self.waited.zero_()
+            self.waiting = False
         self.last_llm = writer_llm
         self.llm_on = writer_llm & ~back if back is not None else writer_llm
 
@@ -59,6 +68,7 @@ class Routing:
     def add(self, llm_first: list[bool]) -> None:
         """Append rows; each starts with the SLM unless ``llm_first`` (a row pinned to the LLM)."""
         first = torch.tensor(llm_first, dtype=torch.bool)
+        self.slm_only = self.slm_only and not any(llm_first)
         self.llm_on = torch.cat([self.llm_on, first])
         self.last_llm = torch.cat([self.last_llm, torch.zeros_like(first)])
         self.waited = torch.cat([self.waited, torch.zeros(len(first), dtype=torch.long)])
@@ -77,6 +87,8 @@ class StepOut:
     calls: list[tuple[int, ForwardCall]]  # (lane row, call) for every accounted row
     held: torch.Tensor | None = None  # [b] bool, host: rows that gain no token this step (waiting for the LLM)
     greedy: torch.Tensor | None = None  # [b] long: argmax of ``logits``, where the lanes found it (read-out)
+    all_llm: bool | None = None  # writer_llm.all() and not writer_llm.any(), on the host (None: not known)
+    no_llm: bool | None = None
 
 
 @dataclass
@@ -113,32 +125,35 @@ def run_step(
             of advancing that lane. Unused when the rows that needed it finished meanwhile: the lane
             has read the column early, which its next call skips; no records were made.
     """
-    accounted = torch.ones(len(rows), dtype=torch.bool) if accounted is None else accounted
-    slm_rows = ~routing.llm_on
+    accounted = _every(len(rows)) if accounted is None else accounted
     llm_on, calls = routing.llm_on, []
+    some_llm = not routing.slm_only and bool(llm_on.any())  # host flags read once: a tensor op costs microseconds
+    slm_rows = ~llm_on if some_llm else None  # None: every row is the SLM's
     slm_h = handed = slm_logits = None
-    if slm_rows.any():
-        slm_logits, hidden, got = _advance(lanes[Role.SLM], ahead, seq, mask, slm_rows & accounted,
-                                           routing.last_llm, policy.needs_hidden)
+    if slm_rows is None or slm_rows.any():
+        taking = accounted if slm_rows is None else slm_rows & accounted
+        slm_logits, hidden, got = _advance(lanes[Role.SLM], ahead, seq, mask, taking, routing.last_llm,
+                                           policy.needs_hidden)
         calls += got.items()
         slm_h = lanes[Role.SLM].entropy(slm_logits)
         decision = policy.hand_to_llm(StepView(index, slm_h, hidden, rows))
         pending = send_to_host(decision)  # queued before an early LLM call: waiting for it waits for no more
         if ahead is None or ahead.role is not Role.LLM:
-            ahead = _llm_before_decision(lanes[Role.LLM], decision, llm_on, schedule, seq, mask)
-        handed = on_host(pending) & slm_rows
-        llm_on = llm_on | handed  # discard these proposals: the LLM decodes the same position
+            ahead = _llm_before_decision(lanes[Role.LLM], decision, some_llm, schedule, seq, mask)
+        handed = on_host(pending).bool() if slm_rows is None else on_host(pending) & slm_rows
+        llm_on = llm_on | handed if some_llm else handed  # discard these proposals: the LLM decodes the same position
+        some_llm = bool(llm_on.any())
     llm_h = back = llm_logits = held = None
-    if llm_on.any() and _llm_now(schedule, llm_on, routing.waited):
+    if some_llm and _llm_now(schedule, llm_on, routing.waited):
         llm_logits, _, got = _advance(lanes[Role.LLM], ahead, seq, mask, llm_on & accounted, ~routing.last_llm, False)
         calls += got.items()
         llm_h = lanes[Role.LLM].entropy(llm_logits)
         back = policy.hand_to_slm(StepView(index, llm_h, rows=rows))  # host copy deferred to the caller's sync
-    elif llm_on.any():
+    elif some_llm:
         held = llm_on.clone()  # no LLM call: these rows wait; their logits below are the SLM's, unused
-    by_writer = _ByWriter(llm_on)
+    by_writer = _ByWriter(llm_on, some_llm)
     return StepOut(by_writer(llm_logits, slm_logits), by_writer(llm_h, slm_h), llm_on, handed, slm_h, back, calls,
-                   held, _greedy(lanes, by_writer, llm_logits, slm_logits))
+                   held, _greedy(lanes, by_writer, llm_logits, slm_logits), by_writer.all, by_writer.none)
 
 
 def _greedy(lanes: dict, by_writer: "_ByWriter", llm_logits, slm_logits) -> torch.Tensor | None:
@@ -153,11 +168,12 @@ def _greedy(lanes: dict, by_writer: "_ByWriter", llm_logits, slm_logits) -> torc
     return by_writer(found.get(Role.LLM), found.get(Role.SLM))
 
 
-def _llm_before_decision(lane, decision: torch.Tensor, llm_on: torch.Tensor, schedule, seq, mask) -> Ahead | None:
+def _llm_before_decision(lane, decision: torch.Tensor, some_llm: bool, schedule, seq, mask) -> Ahead | None:
     """The LLM's call, queued before the host reads the SLM's hand-over decisions from the device, when the
     step calls the LLM whatever they say (some row is the LLM's already) and its lane runs every row anyway
-    (``run_ahead``): the device goes on from the SLM to the LLM instead of waiting for the host."""
-    if decision.device.type == "cpu" or schedule is not None or not bool(llm_on.any()):
+    (``run_ahead``): the device goes on from the SLM to the LLM instead of waiting for the host. ``some_llm``:
+    some row is the LLM's before the decisions."""
+    if decision.device.type == "cpu" or schedule is not None or not some_llm:
         return None
     return call_early(lane, seq, mask)
 
@@ -168,9 +184,21 @@ def call_early(lane, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool = 
     step that uses it makes their records (``Lane.account``)."""
     if not lane.run_ahead:
         return None
-    nobody = torch.zeros(seq.shape[0], dtype=torch.bool)
+    nobody = _nobody(seq.shape[0])
     logits, hidden, _ = lane.advance(seq, mask, nobody, nobody, want_hidden=want_hidden)
     return Ahead(lane.role, logits, hidden)
+
+
+@functools.lru_cache(maxsize=64)
+def _nobody(rows: int) -> torch.Tensor:
+    """``[rows]`` False on the host, made once a size (lanes read their ``rows`` / ``resumed``, never write them)."""
+    return torch.zeros(rows, dtype=torch.bool)
+
+
+@functools.lru_cache(maxsize=64)
+def _every(rows: int) -> torch.Tensor:
+    """``[rows]`` True on the host, made once a size (read only, as :func:`_nobody`)."""
+    return torch.ones(rows, dtype=torch.bool)
 
 
 def send_to_host(values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
@@ -225,9 +253,10 @@ class _ByWriter:
     device; otherwise it goes once per device, queued without waiting for the device's stream (``to_device``).
     """
 
-    def __init__(self, writer_llm: torch.Tensor):
-        self.writer_llm = writer_llm
-        self.all, self.none = bool(writer_llm.all()), not bool(writer_llm.any())
+    def __init__(self, writer_llm: torch.Tensor, some: bool):
+        self.writer_llm = writer_llm  # ``some``: writer_llm.any(), known already
+        self.none = not some
+        self.all = some and bool(writer_llm.all())
         self._picks: dict[torch.device, torch.Tensor] = {}
 
     def __call__(self, llm_value: torch.Tensor | None, slm_value: torch.Tensor | None):

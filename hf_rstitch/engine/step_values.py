@@ -12,13 +12,18 @@ import torch
 from .step import on_host, send_to_host
 
 
-def send_values(tokens, entropy, slm_h, back):
-    """Tokens, entropies and the hand-back decisions packed into one tensor, its copy to the host queued now."""
-    parts = [tokens.double(), entropy.double()]
+def send_values(tokens, entropy, slm_h, back, wide: bool = False):
+    """Tokens, entropies and the hand-back decisions packed into one tensor, its copy to the host queued now.
+
+    One ``cat`` packs them: type promotion makes it float32 (the entropies' dtype), exact for the decisions and
+    for token ids below 2**24; ``wide`` (a vocabulary past that) packs float64 instead."""
+    if entropy.dtype not in (torch.float32, torch.float64):  # a half dtype would not hold the ids
+        entropy = entropy.float()
+    parts = [tokens.double() if wide else tokens, entropy]
     if slm_h is not None:
-        parts.append(slm_h.double().to(tokens.device))
+        parts.append(slm_h.to(tokens.device))
     if back is not None:
-        parts.append(back.double().to(tokens.device))
+        parts.append(back.to(tokens.device))
     return send_to_host(torch.cat(parts)), len(tokens), slm_h is not None, back is not None
 
 

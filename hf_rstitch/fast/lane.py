@@ -142,6 +142,7 @@ class FastLane(Outputs, RowOps):
         self.slot_ids = torch.arange(n_slots, device=dev)  # [S]
         self.valid = torch.ones(max_rows, n_slots, dtype=torch.bool, device=dev)  # False on left-padding slots
         self.ids = torch.zeros(max_rows, config.max_bucket, dtype=torch.long, device=dev)  # graph input
+        self._views: dict[tuple, tuple] = {}  # (live rows, width, batch bucket) -> views of ids (_run_bucket)
         self.n_real = torch.ones((), dtype=torch.long, device=dev)  # real tokens in a padded bucket
         self.seen = 0  # columns of the shared sequence in the cache (every row)
         self.long_calls = 0  # calls of this generation longer than max_bucket (run as several bucket calls)
@@ -224,8 +225,9 @@ class FastLane(Outputs, RowOps):
         if self.timing:
             _sync(self.device)
             start = time.perf_counter()
+        new = seq.narrow(1, total - width, width)  # [B, width] the columns not seen yet
         with torch.no_grad():
-            logits, hidden = self._run(seq[:, total - width:].to(self.device), want_hidden)
+            logits, hidden = self._run(new if new.device == self.device else new.to(self.device), want_hidden)
         # copy out of the graph's buffers: the next replay (of either lane) may overwrite them
         logits = self._read_out(logits, seq.device)
         hidden = self._live(hidden).clone() if hidden is not None else None
@@ -329,18 +331,22 @@ class FastLane(Outputs, RowOps):
 
     def _run_bucket(self, new_ids: torch.Tensor, want_hidden: bool):
         """One graph call over the batch bucket's rows; ``new_ids`` ``[B, width]`` of the live rows."""
-        width = new_ids.shape[1]
-        size = bucket_for(width, self.buckets)
+        live, width = new_ids.shape
         rows = self.rows.bucket
+        views = self._views.get((live, width, rows))
+        if views is None:  # views of the graph's input buffer: made once a shape (each slice costs the host ~us)
+            size = bucket_for(width, self.buckets)
+            views = self._views[(live, width, rows)] = (size, self.ids[:live, :width], self.ids[:, :width],
+                                                        self.ids[:rows, :size])
+        size, into, wide, ids = views
         if self._slot_index is None:
-            self.ids[: new_ids.shape[0], :width].copy_(new_ids)
+            into.copy_(new_ids)
         else:
-            self.ids[:, :width].index_copy_(0, self._slot_index, new_ids)
+            wide.index_copy_(0, self._slot_index, new_ids)
         n_real = 1
         if size > 1:
             self.n_real.fill_(width)
             n_real = self.n_real
-        ids = self.ids[:rows, :size]
         if size == 1:
             fn = self._decode_step
         else:

@@ -43,7 +43,9 @@ class Outputs:
         if device != self.device or self.device.type != "cuda" or not fused_entropy.supported(out):
             return self._live(out).to(device=device, dtype=torch.float32, copy=True)
         index = self._slot_index
-        copy, entropy, greedy = fused_entropy.read_out(out[: self.rows.n_live] if index is None else out, index)
+        live = self.rows.n_live
+        copy, entropy, greedy = fused_entropy.read_out(out if index is not None or live == out.shape[0] else out[:live],
+                                                       index)
         self._read = (copy, entropy, greedy)
         return copy
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from ..core.policies import EntropyPolicy, RoutingPolicy, checked
 from ..core.sampling import pad_vocab
@@ -149,7 +150,7 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
             mask,
             policy,
             process=logits_processor if logits_processor else None,  # none: the lanes may pick greedy tokens
-            should_stop=stopping_criteria,
+            should_stop=quick_stopping(stopping_criteria) or stopping_criteria,
             do_sample=bool(generation_config.do_sample),
             pad_token_id=pad_id(generation_config),
             on_token=on_token if stitch_streamer is not None else None,
@@ -178,6 +179,45 @@ def finished_rows_unseen(config: GenerationConfig, processors, criteria) -> bool
     if config.output_scores or config.output_logits:
         return False
     return all(type(c).__module__.startswith("transformers.") for c in [*(processors or []), *(criteria or [])])
+
+
+def quick_stopping(criteria):
+    """``criteria`` as one stopper with the same answers and at most one tensor operation a step, when they are
+    only transformers' :class:`MaxLengthCriteria` and :class:`EosTokenCriteria` (what ``generate`` builds from
+    ``max_length`` / ``max_new_tokens`` and ``eos_token_id``); else None (the loop calls ``criteria``).
+
+    The list would launch half a dozen small kernels a step (two fills, two ors, ``isin``, ``any``): host
+    time a small model's step notices. Here the length is read on the host and only the EOS check runs."""
+    kinds = [type(c) for c in criteria or []]
+    if not kinds or any(k not in (MaxLengthCriteria, EosTokenCriteria) for k in kinds):
+        return None
+    lengths = [c for c in criteria if type(c) is MaxLengthCriteria]
+    eos = [c.eos_token_id for c in criteria if type(c) is EosTokenCriteria]
+    max_length = min((c.max_length for c in lengths), default=None)
+    position_limit = min((c.max_position_embeddings or max_length for c in lengths), default=None)
+    ids = torch.cat([torch.as_tensor(e).flatten() for e in eos]) if eos else None
+    answers = {}  # (rows, device, done) -> the constant [B] bool answer, read only by the loop
+
+    def constant(seq: torch.Tensor, done: bool) -> torch.Tensor:
+        key = (seq.shape[0], seq.device, done)
+        if key not in answers:
+            answers[key] = torch.full((seq.shape[0],), done, dtype=torch.bool, device=seq.device)
+        return answers[key]
+
+    def stop(seq: torch.Tensor, scores) -> torch.Tensor:
+        nonlocal ids
+        width = seq.shape[1]
+        if max_length is not None and width >= max_length:
+            return constant(seq, True)
+        if position_limit is not None and width > position_limit:  # transformers' warning, once
+            return criteria(seq, scores)
+        if ids is None:
+            return constant(seq, False)
+        if ids.device != seq.device:
+            ids = ids.to(seq.device, non_blocking=True)  # once; from the closure's tensor, which stays
+        return torch.isin(seq[:, -1], ids)
+
+    return stop
 
 
 def _fast_engine(llm, slm, spec, batch: int, own: bool):

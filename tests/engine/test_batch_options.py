@@ -225,3 +225,22 @@ def test_streamer_is_ended_when_stitching_refuses_the_request():
         llm.generate(prompt(5), assistant_model=slm, stitch_threshold=0.5, max_new_tokens=3, streamer=watch,
                      prompt_lookup_num_tokens=2)
     assert watch.ended
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.6])
+def test_traces_are_the_same_whether_finished_rows_leave_or_keep_running(tau):
+    """The trace book records accounted rows only: with finished rows running on (scores returned) each row's
+    trace equals the one it gets when finished rows leave the lanes."""
+    llm, slm = make_pair("llama")
+    _, ids, mask = batch()
+    free = stitched(llm, slm, ids, tau, attention_mask=mask, pad_token_id=2)  # no EOS: every row runs to the end
+    kw = dict(attention_mask=mask, eos_token_id=free[1, ids.shape[1] + 1].item(), pad_token_id=2,
+              return_dict_in_generate=True)
+    quiet = stitched(llm, slm, ids, tau, **kw)
+    scored = stitched(llm, slm, ids, tau, output_scores=True, **kw)
+    assert torch.equal(quiet.sequences, scored.sequences)
+    assert min(t.n_tokens for t in quiet.stitch) < N_NEW  # some row finished early
+    for a, b in zip(quiet.stitch, scored.stitch):
+        assert (a.roles, a.handovers, a.calls) == (b.roles, b.handovers, b.calls)
+        assert a.entropies == pytest.approx(b.entropies, abs=1e-6)
+        assert [s is None for s in a.slm_entropies] == [s is None for s in b.slm_entropies]

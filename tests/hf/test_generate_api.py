@@ -221,3 +221,27 @@ def test_timing_records_seconds_per_call(pair):
     out = stitched(llm, slm, prompt(), 0.6, return_dict_in_generate=True, stitch_timing=True)
     assert all(c.seconds is not None and c.seconds > 0 for c in out.stitch.calls)
     assert "forward_seconds" in out.stitch.summary()
+
+
+def test_quick_stopping_answers_as_transformers_criteria():
+    """generate's own max-length and EOS criteria, as one stopper: the same answer at every width and token;
+    any other criterion keeps the list."""
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
+
+    from hf_rstitch.hf.decode import quick_stopping
+
+    g = torch.Generator().manual_seed(0)
+    for criteria in ([MaxLengthCriteria(12)], [EosTokenCriteria([3, 5])], [MaxLengthCriteria(14), EosTokenCriteria(4)],
+                     [EosTokenCriteria(torch.tensor([2])), MaxLengthCriteria(11, max_position_embeddings=10)]):
+        criteria = StoppingCriteriaList(criteria)
+        stop = quick_stopping(criteria)
+        for width in range(8, 16):
+            seq = torch.randint(0, 7, (3, width), generator=g)
+            assert torch.equal(stop(seq, None), criteria(seq, None)), (criteria, seq)
+    assert quick_stopping(StoppingCriteriaList([])) is None
+    assert quick_stopping(StoppingCriteriaList([MaxLengthCriteria(9), _Custom()])) is None
+
+
+class _Custom:
+    def __call__(self, seq, scores):
+        return torch.zeros(seq.shape[0], dtype=torch.bool)

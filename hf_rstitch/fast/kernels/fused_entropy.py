@@ -166,8 +166,9 @@ def _launch(x: torch.Tensor, index: torch.Tensor | None, copy: bool, top: bool):
     out = torch.empty(rows, vocab, dtype=torch.float32, device=dev) if copy else part
     greedy = torch.empty(rows, dtype=torch.long, device=dev) if top else None
     chunk_kernel, merge_kernel = _kernels()
-    # Triton launches on the current device: make it the logits' (a pair split over GPUs)
-    with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
+    # Triton launches on the current device: make it the logits' (a pair split over GPUs); a context only then
+    away = dev.type == "cuda" and dev.index is not None and dev.index != torch.cuda.current_device()
+    with torch.cuda.device(dev) if away else contextlib.nullcontext():
         chunk_kernel[(rows, splits)](x, part, vocab, x.stride(0), chunk, index if index is not None else part, out,
                                      BLOCK=BLOCK, GATHER=index is not None, COPY=copy, TOP=top, num_warps=8)
         merge_kernel[(rows,)](part, entropy, greedy if top else entropy, splits, math.log(vocab),
