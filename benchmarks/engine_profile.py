@@ -146,7 +146,7 @@ class Waits:
     each graph replay (host call; device time by events), while installed."""
 
     def __init__(self):
-        from hf_rstitch.engine import loop, step
+        from hf_rstitch.decode import loop, step
         from hf_rstitch.fast import graphs
 
         self.wait_s, self.replay_host_s, self.events = 0.0, 0.0, []

@@ -2,7 +2,7 @@
 
     PYTHONPATH=.:benchmarks python benchmarks/request_engine_bench.py --out-dir $OUT      # one GPU, ~2 min
 
-Random-weight Qwen2 7B (LLM) / 1.5B (SLM) in bf16 behind :class:`~hf_rstitch.engine.requests.RequestEngine`
+Random-weight Qwen2 7B (LLM) / 1.5B (SLM) in bf16 behind :class:`~hf_rstitch.serving.requests.RequestEngine`
 (fast engine), routed at random (``--random-p``: each SLM step goes to the LLM with that probability and
 comes back after one token; random weights make entropy routing meaningless). Two loads of 128-token
 prompts, all submitted at once, ``--batch`` rows:
@@ -37,8 +37,8 @@ import torch
 
 import hf_rstitch  # noqa: F401
 from hf_rstitch.core.policies import RandomPolicy
-from hf_rstitch.engine import requests as requests_mod
-from hf_rstitch.engine.requests import Request, RequestEngine
+from hf_rstitch.serving import requests as requests_mod
+from hf_rstitch.serving.requests import Request, RequestEngine
 
 WATCH = ("requests.py:step", "requests.py:_admit", "lane_rows.py:add_rows", "lane_rows.py:_prefill_rows",
          "lane_rows.py:pad_left", "lane_rows.py:trim_left", "lane_rows.py:_shift", "requests.py:_drop",

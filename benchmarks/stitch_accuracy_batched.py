@@ -1,6 +1,6 @@
 """Accuracy and token counts of R-Stitch on the shipped pair's whole test split, decoded in batches.
 
-Batched stitching gives every row the same tokens as decoding it alone (tests/engine/test_batch.py),
+Batched stitching gives every row the same tokens as decoding it alone (tests/decode/test_batch.py),
 so accuracy and per-model token counts over all 600 problems come from batched runs
 (``hf_rstitch.eval.sweep``); latency is measured separately at batch size 1 (``rstitch eval``),
 where it means what the paper means.

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hf.loading import load_pair, resolve_device
-from .config import RECORDS, RUN_META, EvalConfig  # noqa: F401  (RECORDS, RUN_META: the run's files)
+from .config import RECORDS, RUN_META, EvalConfig# noqa: F401  (RECORDS, RUN_META: the run's files)
 from .data import load_problems
 from .provenance import model_provenance
 from .report import environment, regrade, table1_markdown, aggregate, write_report
@@ -77,7 +77,7 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
 
     import hf_rstitch  # noqa: F401  (patches generate with stitched decoding)
 
-    from ..engine.protocol import EagerEngine
+    from ..decode.protocol import EagerEngine
 
     from .methods import GenSettings, build_methods
 
@@ -115,11 +115,11 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
 
 
 def _engine(name: str, llm: Any, slm: Any, batch_size: int):
-    """The engine every batched method shares (:func:`hf_rstitch.engine.protocol.resolve_engine`): an
+    """The engine every batched method shares (:func:`hf_rstitch.decode.protocol.resolve_engine`): an
     EagerEngine, or one FastEngine for ``batch_size`` rows, so lanes and graphs are built once. ``--engine fast`` on CUDA is the
     compiled variant (:data:`hf_rstitch.fast.AUTO`). Eager at batch size 1 keeps the per-sample ``generate``
     path."""
-    from ..engine.protocol import resolve_engine
+    from ..decode.protocol import resolve_engine
     from ..fast import AUTO, fast_engine
 
     return resolve_engine(llm, slm, AUTO if name == "fast" and llm.device.type == "cuda" else name, batch_size,

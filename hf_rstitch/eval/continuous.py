@@ -1,6 +1,6 @@
 """Evaluation through continuous batching: ``rstitch eval --batch-size N`` with N > 1.
 
-Each method runs as one :class:`~hf_rstitch.engine.RequestEngine` over all its problems: up to N
+Each method runs as one :class:`~hf_rstitch.serving.RequestEngine` over all its problems: up to N
 problems decode together, and a problem that finishes hands its row to the next one at once.
 Greedy outputs equal the batch-size-1 harness's (each request equals its solo ``generate``), so
 accuracy and token counts are those of :mod:`.runner`; ``latency_s`` is the request's own wall
@@ -32,13 +32,13 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
                    save_traces: bool = False) -> list[dict[str, Any]]:
     """Every engine-capable method on every problem not already in ``store``; the new records.
 
-    ``engine``: any ``stitch_engine`` spec (:func:`hf_rstitch.engine.protocol.resolve_engine`; None: eager);
+    ``engine``: any ``stitch_engine`` spec (:func:`hf_rstitch.decode.protocol.resolve_engine`; None: eager);
     ``rstitch eval`` passes the engine it resolved once, so one fast engine serves every method (the lanes and
     graphs are built once), and with ``warmup`` every batch and length bucket is captured before the first
     timed request.
     """
-    from hf_rstitch.engine import Request, RequestEngine
-    from hf_rstitch.engine.protocol import is_eager
+    from hf_rstitch.serving import Request, RequestEngine
+    from hf_rstitch.decode.protocol import is_eager
 
     done = store.done()
     todo = {m.name: [p for p in problems if (p.dataset, p.id, m.name) not in done] for m in methods}

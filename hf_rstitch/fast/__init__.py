@@ -6,7 +6,7 @@ and has been proven on its architecture and GPU (:mod:`.support`; kept on the LL
 :func:`release` frees it), the eager engine otherwise, the reason logged (:func:`choose_engine`), and the
 eager engine again for a call whose fast run fails (:mod:`hf_rstitch.hf.fallback`). ``stitch_engine="default"`` (or ``HF_RSTITCH_ENGINE=default``)
 keeps the eager engine; ``"fast"``, a :class:`FastConfig` or a :class:`FastEngine` of your own asks
-for this one. It swaps the eager :class:`~hf_rstitch.engine.Lane` (forwards over a DynamicCache,
+for this one. It swaps the eager :class:`~hf_rstitch.decode.Lane` (forwards over a DynamicCache,
 host-bound at a few hundred kernel launches per token) for :class:`FastLane`: a static KV cache,
 one-token steps and bucketed catch-up prefills replayed as CUDA graphs per batch bucket, attention that reads only
 the written slots (:mod:`hf_rstitch.fast.kernels.decode_attention`), linear products of up to 64 rows through tuned Triton

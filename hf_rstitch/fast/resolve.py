@@ -1,4 +1,4 @@
-"""The fast engine's half of engine resolution: what :func:`hf_rstitch.engine.protocol.resolve_engine` (the
+"""The fast engine's half of engine resolution: what :func:`hf_rstitch.decode.protocol.resolve_engine` (the
 one resolver) hands any spec that does not name the eager lanes, when its caller offers the fast engine.
 
 ``"auto"`` is decided by :func:`hf_rstitch.fast.engine.choose_engine` (the eager lanes where the fast engine
@@ -7,7 +7,7 @@ cannot run the pair); ``"fast"`` and a :class:`FastConfig` become a :class:`Fast
 
 from __future__ import annotations
 
-from ..engine.protocol import EagerEngine, LaneBuilder, is_eager
+from ..decode.protocol import EagerEngine, LaneBuilder, is_eager
 from .config import FastConfig
 from .engine import FastEngine, choose_engine, engine_for
 
@@ -32,7 +32,7 @@ def fast_engine(llm, slm, spec, batch: int = 1, own: bool = False) -> LaneBuilde
     if not isinstance(spec, FastConfig):
         raise ValueError(
             f"stitch_engine must be None, 'auto', 'default', 'fast', a hf_rstitch.fast.FastConfig, a "
-            f"hf_rstitch.fast.FastEngine or a hf_rstitch.engine.EagerEngine, got {spec!r}.")
+            f"hf_rstitch.fast.FastEngine or a hf_rstitch.decode.EagerEngine, got {spec!r}.")
     return FastEngine(spec, max_batch=batch) if own else _EngineOnModel(spec)
 
 

@@ -3,7 +3,7 @@
 transformers prepares everything (generation config, logits processors with the sampling
 warpers, stopping criteria with EOS / max length) and then calls this function with the
 LLM as ``model``. It builds one lane per model, resolves the routing policy and runs
-:func:`hf_rstitch.engine.stitch_loop`.
+:func:`hf_rstitch.decode.stitch_loop`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from ..core.policies import EntropyPolicy, RoutingPolicy, checked
 from ..core.sampling import pad_vocab
 from ..core.engines import requested_engine
-from ..engine.loop import stitch_loop
-from ..engine.protocol import EagerEngine, resolve_engine
+from ..decode.loop import stitch_loop
+from ..decode.protocol import EagerEngine, resolve_engine
 from .checks import check_pair, check_request, streamer_from_generate
 from .fallback import run_with_fallback
 from .placement import check_placement

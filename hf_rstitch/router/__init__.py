@@ -5,7 +5,7 @@
     llm.generate(**inputs, assistant_model=slm, stitch_router=router)          # threshold from router.config
     llm.generate(**inputs, assistant_model=slm, stitch_policy=RouterPolicy(router, 0.001))
 
-Training: :func:`hf_rstitch.router.train.train_router` / ``rstitch train-router``. The names below
+Training: :func:`hf_rstitch.training.router.train_router` / ``rstitch train-router``. The names below
 load torch on first use only, so ``hf_rstitch.router.config`` stays torch-free.
 """
 

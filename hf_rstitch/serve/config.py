@@ -136,12 +136,11 @@ def load_models(cfg: ServeConfig):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not cfg.llm:
-        from ..toyworld.pair import load_pair
+    if not cfg.llm:  # the shipped pair
+        from ..hf.loading import load_pair
+        from ..resources import shipped
 
-        llm, slm, tok = load_pair(cfg.device)
-        dtype = getattr(torch, cfg.dtype)
-        return llm.to(dtype), slm.to(dtype), tok
+        return load_pair(str(shipped("llm")), str(shipped("slm")), cfg.dtype, cfg.device)
     dtype = getattr(torch, cfg.dtype)
     llm = AutoModelForCausalLM.from_pretrained(cfg.llm, dtype=dtype).to(cfg.device).eval()
     slm = AutoModelForCausalLM.from_pretrained(cfg.slm, dtype=dtype).to(cfg.device).eval()
@@ -183,7 +182,7 @@ def kv_plan(cfg: ServeConfig, llm, slm) -> tuple[int, int | None]:
 def build_engine(cfg: ServeConfig, llm, slm):
     """The request engine over the pair (continuous batching, ``cfg.max_batch`` rows); with
     ``cfg.router``, every request routes with that R-Stitch+ router."""
-    from ..engine.requests import RequestEngine
+    from ..serving.requests import RequestEngine
 
     policy = None
     if cfg.router:

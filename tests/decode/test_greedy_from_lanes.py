@@ -6,8 +6,8 @@ import torch
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy
-from hf_rstitch.engine import loop
-from hf_rstitch.engine.protocol import EagerEngine
+from hf_rstitch.decode import loop
+from hf_rstitch.decode.protocol import EagerEngine
 from tiny_models import left_pad, make_pair, prompt
 
 

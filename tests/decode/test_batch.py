@@ -101,7 +101,7 @@ def test_batched_caches_are_dense_and_equal_a_recompute(arch):
 
     llm, slm = make_pair(arch)
     ids, mask = left_pad(prompts())
-    engine = hf_rstitch.engine.EagerEngine()
+    engine = hf_rstitch.decode.EagerEngine()
     routes = [["slm"] * 8, ["llm"] * 8, ["slm", "slm", "llm"] * 2 + ["slm", "slm"], ["llm", "slm", "slm", "slm"] * 2]
     out = llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_policy=hf_rstitch.ReplayPolicy(routes),
                        max_new_tokens=8, return_dict_in_generate=True, stitch_engine=engine)

@@ -1,7 +1,7 @@
 """The request engine's side of a paged KV pool: how many waiting requests may join, and which rows leave when
 the running rows outgrow the pool (the decisions are :class:`~.kv_budget.KVBudget`'s; this is the plumbing).
 
-A mixin over :class:`~hf_rstitch.engine.requests.RequestEngine`'s state: ``kv`` (the budget, None for caches
+A mixin over :class:`~hf_rstitch.serving.requests.RequestEngine`'s state: ``kv`` (the budget, None for caches
 that are not paged), ``_rows`` (running, oldest first), ``_waiting``, ``_seq``, ``_lock``, ``_drop`` and
 ``_finish``. A preempted request goes back to the head of the queue (status ``WAITING``) with its prompt and
 the tokens it has written as its new input, and resumes where it stopped: its events go on, its
@@ -18,7 +18,7 @@ import logging
 
 from .request_types import KV_FULL, Event, RequestStatus
 
-log = logging.getLogger("hf_rstitch.engine")
+log = logging.getLogger("hf_rstitch.serving")
 
 
 class Preemption:

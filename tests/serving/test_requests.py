@@ -7,7 +7,7 @@ import torch
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import Role
-from hf_rstitch.engine.requests import QueueFull, Request, RequestEngine
+from hf_rstitch.serving.requests import QueueFull, Request, RequestEngine
 from tiny_models import make_pair, prompt
 
 LENGTHS = [5, 11, 3, 8, 14, 2, 7]  # the 14-token prompt joins a narrower batch: it pads the batch on the left
@@ -205,7 +205,7 @@ def _through_fast(llm, slm, requests, ahead: bool, cancel_at: dict | None = None
 
 def assert_pads_mirror_the_mask(engine):
     """The rows' left padding the engine keeps on the host (its trims read no device value) is the mask's."""
-    from hf_rstitch.engine.lane import left_padding
+    from hf_rstitch.decode.lane import left_padding
 
     assert [row.pad for row in engine._rows] == left_padding(engine._mask.cpu()).tolist()
 

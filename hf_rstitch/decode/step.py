@@ -81,7 +81,7 @@ class StepOut:
 
 @dataclass
 class Ahead:
-    """A lane's ``advance`` run a step early (the loop's run-ahead, :func:`hf_rstitch.engine.loop.run_ahead`)
+    """A lane's ``advance`` run a step early (the loop's run-ahead, :func:`hf_rstitch.decode.loop.run_ahead`)
     with no rows taking part: its records are made when the step that uses it knows its rows."""
 
     role: Role

@@ -6,7 +6,7 @@ from transformers import DynamicCache
 
 from hf_rstitch import Role
 from hf_rstitch.core.policies import ReplayPolicy
-from hf_rstitch.engine import EagerEngine
+from hf_rstitch.decode import EagerEngine
 from hf_rstitch.hf.compat import with_cache
 from tiny_models import ARCHS, make_pair, prompt
 
@@ -37,7 +37,7 @@ def test_caches_equal_a_full_recompute(arch):
 def test_padding_free_fast_path_equals_the_masked_path(arch, monkeypatch):
     """Without padding a lane passes no attention mask and column indices as positions; forcing the
     general path (mask + cumsum positions) must give bit-identical logits, tokens and trace."""
-    from hf_rstitch.engine.lane import Lane
+    from hf_rstitch.decode.lane import Lane
 
     llm, slm = make_pair(arch)
     ids = prompt(12)

@@ -16,7 +16,7 @@ import torch
 
 from ..core.trace import StitchTrace
 from ..eval.batched import left_pad  # noqa: F401  (re-exported: the rollouts' batch layout)
-from .policy import RouterPolicy, RowDecisions, assign_rows
+from ..router.policy import RouterPolicy, RowDecisions, assign_rows
 
 Grader = Callable[[str, str], bool]  # (completion text, reference answer) -> correct
 

@@ -2,7 +2,7 @@
 
 Per step, every row of the caller's batch gains one token, as in plain ``generate``:
 
-1. :func:`~hf_rstitch.engine.step.run_step` runs the lanes and lets the policy pick each row's
+1. :func:`~hf_rstitch.decode.step.run_step` runs the lanes and lets the policy pick each row's
    writer -- where a switch is decided: its two ``policy.hand_to_*`` calls, nowhere else.
 2. The writer logits of the *whole* batch (the caller's rows, in the caller's order) go through
    the logits processors; a token is picked; finished rows get the pad token; the stopping

@@ -30,9 +30,9 @@ from typing import Any, Callable
 import torch
 
 from ..hf.loading import resolve_device
-from .config import RouterTrainConfig
+from ..router.config import RouterTrainConfig
 from .dapo import dapo_loss, dynamic_sampling_mask, group_advantages, reward
-from .model import Router
+from ..router.model import Router
 from .rollout import Grader, Trajectory, default_grader, encode_prompts, rollout
 
 # --- set-up ----------------------------------------------------------------------------------------

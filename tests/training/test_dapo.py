@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from hf_rstitch.router.dapo import clipped_objective, dapo_loss, dynamic_sampling_mask, group_advantages, reward
+from hf_rstitch.training.dapo import clipped_objective, dapo_loss, dynamic_sampling_mask, group_advantages, reward
 
 
 def test_reward_penalises_latency_only_when_correct():

@@ -1,6 +1,6 @@
 """The lane protocol: what the stitch loop and the request engine need from one model + its cache.
 
-Two implementations: :class:`hf_rstitch.engine.Lane` (eager, DynamicCache, any device, any
+Two implementations: :class:`hf_rstitch.decode.Lane` (eager, DynamicCache, any device, any
 batch) and :class:`hf_rstitch.fast.FastLane` (static cache + CUDA graphs). Both keep one cache
 over a shared, left-padded sequence ``seq [B, T]``: every row has seen the same columns.
 
@@ -15,7 +15,7 @@ Verbs (tensors on the host are marked CPU):
 * ``keep_rows(index)`` -- keep only rows ``index`` (CPU long), in that order.
 * ``reset()`` -- forget everything, ready for a new generation.
 
-For continuous batching (:mod:`hf_rstitch.engine.requests`) both lanes also have
+For continuous batching (:mod:`hf_rstitch.serving.requests`) both lanes also have
 ``add_rows(seq, mask)`` (append rows laid out in the shared columns), ``pad_left(n)`` (prepend
 ``n`` masked columns to every row), ``trim_left(n)`` (drop leading columns that are padding in
 every row) and ``hold_rows(index)`` (rows that gain no token this step move one column right: a
@@ -28,7 +28,7 @@ Optional verbs, declared on the protocol with what the eager lane answers (the f
   one step early, when the host already knows the next step calls it first, with no rows taking part; the
   step that uses the call then asks it for the records with ``account(total, rows, resumed) -> {row:
   ForwardCall}``. A step may likewise queue the LLM's call before it reads the SLM's hand-over decisions
-  from the device. See :mod:`hf_rstitch.engine.loop`.
+  from the device. See :mod:`hf_rstitch.decode.loop`.
 * ``capacity`` (eager: None, no bound) -- the longest sequence the lane's cache holds.
 * ``entropy(logits) -> [B]`` float32 -- the normalized entropy of its own logits (eager:
   :func:`hf_rstitch.core.entropy.normalized_entropy`; the fast lane: its fused kernels).

@@ -3,7 +3,7 @@
 :class:`RequestEngine` keeps a batch of up to ``max_batch`` rows over one pair of lanes (the
 fast engine's where it runs the pair, else the eager ones: ``engine=``). Each
 :meth:`~RequestEngine.step` admits waiting requests into free rows, then decodes one token for
-every running row with :func:`~hf_rstitch.engine.step.run_step` (the same switch point as
+every running row with :func:`~hf_rstitch.decode.step.run_step` (the same switch point as
 ``generate``); a row that finishes (EOS, its ``max_new_tokens``, or cancelled) leaves at once,
 and its place is taken at the next step. Each request routes with its own threshold, and a
 greedy request's tokens equal its solo ``generate`` (tested).
@@ -21,7 +21,7 @@ serves several of them, while the SLM's rows go on. A waiting row moves one colu
 (``hold_rows`` of each lane); its tokens, route and trace are those of its solo run all the same.
 
 Run-ahead (lanes that allow it: the fast engine's graphs), as in ``generate``
-(:mod:`hf_rstitch.engine.loop`): once a step's tokens are appended on the device, the next step's
+(:mod:`hf_rstitch.decode.loop`): once a step's tokens are appended on the device, the next step's
 first lane call is queued before the host reads the tokens, so the GPU decodes while the host
 makes this step's events. Not on steps with held rows or a schedule, nor when a waiting request
 could take a free row at the next step: a request arriving meanwhile, or freed rows, wait one step
@@ -61,16 +61,16 @@ from ..core.scheduling import LLMSchedule
 from ..core.trace import StitchTrace
 from .admission import Staging
 from .kv_budget import budget_of
-from .lane import checked_schedule
+from ..decode.lane import checked_schedule
 from .preemption import Preemption
-from .protocol import EagerEngine, resolve_engine
+from ..decode.protocol import EagerEngine, resolve_engine
 from .request_types import (FINISH_REASONS, Completion, Event, QueueFull, Request, RequestState,  # noqa: F401
                             RequestStatus, StepFailed, generator_for, prepare)
-from .loop import keep_ahead, run_ahead
-from .step import Routing, run_step, to_device
-from .step_values import receive_values, send_values
+from ..decode.loop import keep_ahead, run_ahead
+from ..decode.step import Routing, run_step, to_device
+from ..decode.step_values import receive_values, send_values
 
-log = logging.getLogger("hf_rstitch.engine")
+log = logging.getLogger("hf_rstitch.serving")
 HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
 
 
@@ -104,7 +104,7 @@ class RequestEngine(Preemption):
             default), a :class:`~hf_rstitch.core.scheduling.GatherForLLM` or its string form
             (``"gather:2:8"``: wait at most 2 steps, run at once from 8 rows). Full-attention models.
         prefill_chunk: tokens of joining prompts each lane reads a step while rows decode (rows x columns,
-            padding included; :mod:`hf_rstitch.engine.admission`): a long prompt joins over several steps instead
+            padding included; :mod:`hf_rstitch.serving.admission`): a long prompt joins over several steps instead
             of stalling the batch for its whole prefill. None (the default): the step's joins prefill whole,
             together. Lanes without stages (the eager engine's) always join whole.
     """

@@ -1,7 +1,7 @@
-"""A request-engine step's values on their way to the host (:mod:`hf_rstitch.engine.requests`).
+"""A request-engine step's values on their way to the host (:mod:`hf_rstitch.serving.requests`).
 
 The step's tokens, entropies and hand-back decisions come back in one device-to-host copy
-(:func:`hf_rstitch.engine.step.send_to_host`). It is queued as soon as they exist, before the next
+(:func:`hf_rstitch.decode.step.send_to_host`). It is queued as soon as they exist, before the next
 step's early lane call (run-ahead), and awaited after it, so the wait does not wait for that call.
 """
 

@@ -11,7 +11,7 @@ import torch
 import hf_rstitch  # noqa: F401
 from hf_rstitch.latency import Coefficients, LatencyModel, ModelProfile
 from hf_rstitch.router.config import RouterTrainConfig
-from hf_rstitch.router.train import train_router
+from hf_rstitch.training.router import train_router
 from tiny_models import make_pair, make_tokenizer
 
 ROWS = [{"problem": p, "answer": "x"} for p in ["abc", "hello", "zz top", "q"]]

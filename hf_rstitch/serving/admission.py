@@ -1,6 +1,6 @@
 """Chunked joins: prompts that join a decoding batch are read a bounded chunk a step before their rows join.
 
-Without it (:class:`~hf_rstitch.engine.requests.RequestEngine` ``prefill_chunk=None``) the requests admitted in a
+Without it (:class:`~hf_rstitch.serving.requests.RequestEngine` ``prefill_chunk=None``) the requests admitted in a
 step prefill whole before that step decodes (batched: :mod:`hf_rstitch.fast.joins`), so a long prompt stalls
 every decoding row for its whole prefill. With a budget, :class:`Staging` takes up to ``stage_room`` waiting
 requests as one group, lays their prompts out in each lane's stage (``stage_rows``) and, each step before the
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-log = logging.getLogger("hf_rstitch.engine")
+log = logging.getLogger("hf_rstitch.serving")
 
 
 class Staging:

@@ -8,7 +8,7 @@ import hf_rstitch  # noqa: F401
 from hf_rstitch.latency import Coefficients, LatencyModel, ModelProfile
 from hf_rstitch.router import Router
 from hf_rstitch.router.config import RouterTrainConfig
-from hf_rstitch.router.train import train_router
+from hf_rstitch.training.router import train_router
 from tiny_models import make_pair, make_tokenizer
 
 
