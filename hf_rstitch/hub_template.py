@@ -35,7 +35,6 @@ TEMPLATES = PACKAGE / "templates"
 # Flattened in this order: each module only uses names defined above it.
 MODULES = (
     "core/roles.py",
-    "core/engines.py",
     "core/entropy.py",
     "core/policies.py",
     "core/sampling.py",
@@ -44,6 +43,7 @@ MODULES = (
     "core/devices.py",
     "decode/lane.py",
     "decode/protocol.py",
+    "decode/engines.py",
     "decode/step.py",
     "decode/loop.py",
     "hf/output.py",
@@ -200,6 +200,9 @@ def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
             replace[node.lineno - 1] = (node.end_lineno, None)
             continue
         target = (node.module or "").lstrip(".")
+        if _flattened(name, node.level, target):  # its names are defined above in the file: nothing to import
+            replace[node.lineno - 1] = (node.end_lineno, None)
+            continue
         if target not in OPTIONAL_IMPORTS:
             raise ExportError(f"{name}:{node.lineno}: lazy import of .{target} has no template fallback")
         indent = lines[node.lineno - 1][: node.col_offset]
@@ -216,6 +219,14 @@ def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
         out.append(lines[i])
         i += 1
     return "\n".join(out).strip("\n") + "\n", defined
+
+
+def _flattened(name: str, level: int, target: str) -> bool:
+    """Whether the relative import ``from {"." * level}{target}`` in module ``name`` (``"decode/engines.py"``)
+    names a module of :data:`MODULES`."""
+    parts = name.split("/")[:-1]
+    parts = parts[:len(parts) - level + 1] if level > 1 else parts
+    return "/".join([*parts, *target.split(".")]) + ".py" in MODULES
 
 
 def flattened_source(defaults: dict | None = None) -> str:

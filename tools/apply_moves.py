@@ -32,12 +32,23 @@ OLD_OF = {new: old for old, new in MODULES.items()}
 
 
 def new_name(dotted: str) -> str:
-    """The new dotted name of ``dotted`` (a module, a module's attribute, or a split package's symbol)."""
+    """The new dotted name of ``dotted`` (a module, a module's attribute, or a split package's symbol), after
+    every move that applies (a name can move twice: module, then a function out of it)."""
+    for _ in range(4):
+        moved = _new_name(dotted)
+        if moved == dotted:
+            return dotted
+        dotted = moved
+    return dotted
+
+
+def _new_name(dotted: str) -> str:
     for old in sorted(MODULES, key=len, reverse=True):
         if dotted == old or dotted.startswith(old + "."):
             return MODULES[old] + dotted[len(old):]
-    if dotted in SYMBOLS:
-        return SYMBOLS[dotted] + "." + dotted.rpartition(".")[2]
+    for old in SYMBOLS:
+        if dotted == old or dotted.startswith(old + "."):
+            return SYMBOLS[old] + "." + dotted[len(old.rpartition(".")[0]) + 1:]
     return PACKAGES.get(dotted, dotted)
 
 
@@ -74,16 +85,26 @@ def relative(target: str, package: str) -> str:
     return dots + ".".join(t[common:])
 
 
+def known(dotted: str, root: Path = Path(__file__).resolve().parents[1]) -> bool:
+    """Whether ``dotted`` is a module or package of the tree as it is now (the moves done)."""
+    path = root.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
 def fix_relative(text: str, module: str, is_package: bool) -> str:
     old_module = OLD_OF.get(module, module)
     old_pkg = old_module if is_package else old_module.rpartition(".")[0]
     new_pkg = module if is_package else module.rpartition(".")[0]
 
+    def resolve(pkg, dots, rest):
+        base = pkg.split(".")
+        return ".".join(base[:len(base) - len(dots) + 1] + ([rest] if rest else []))
+
     def repl(m):
         indent, dots, rest, names = m.group(1), m.group(2), m.group(3), m.group(4)
-        base = old_pkg.split(".")
-        base = base[:len(base) - len(dots) + 1] + ([rest] if rest else [])
-        base = ".".join(base)
+        base = resolve(old_pkg, dots, rest)
+        if old_pkg != new_pkg and not (known(base) or base in MODULES or base in PACKAGES):
+            base = resolve(new_pkg, dots, rest)  # written at the new location already
         names_list = [n.strip() for n in names.strip("()").split(",") if n.strip()]
         out = []
         for target, ns in split_import(base, names_list):

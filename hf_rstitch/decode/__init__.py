@@ -3,13 +3,28 @@
 The decode layer knows nothing about tokenizers, GenerationConfig, ``generate`` or requests; it works on
 token-id tensors, a routing policy (:mod:`hf_rstitch.core.policies`), a logits processor and a stopping
 rule. :mod:`hf_rstitch.hf` adapts it to transformers, :mod:`hf_rstitch.serving` runs a stream of requests
-through it, and :mod:`hf_rstitch.fast` is a second implementation of its lane protocol. It imports
-nothing of those.
+through it, and :mod:`hf_rstitch.fast` is a second implementation of its lane protocol; it imports none of
+those. The names below load torch on first use only, so :mod:`hf_rstitch.decode.engines` (which the CLI
+configs read) stays torch-free.
 """
 
-from .lane import Lane
-from .loop import StitchResult, stitch_loop
-from .protocol import EagerEngine, LaneProtocol
-from .step import Routing, StepOut, run_step
+from __future__ import annotations
 
-__all__ = ["EagerEngine", "Lane", "LaneProtocol", "Routing", "StepOut", "StitchResult", "run_step", "stitch_loop"]
+import importlib
+from typing import Any
+
+_LAZY = {"EagerEngine": ".protocol", "Lane": ".lane", "LaneProtocol": ".protocol", "Routing": ".step",
+         "StepOut": ".step", "StitchResult": ".loop", "resolve_engine": ".engines", "run_step": ".step",
+         "stitch_loop": ".loop"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:  # tab completion and dir() show the lazy names too
+    return sorted(set(globals()) | set(__all__))

@@ -47,7 +47,6 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..core.engines import requested_engine
 from ..core.roles import Role
 from .lane import Lane
 
@@ -74,8 +73,8 @@ class LaneProtocol(Protocol):
 
 @runtime_checkable
 class LaneBuilder(Protocol):
-    """What an engine is to the loop: it builds a pair's lanes. :func:`resolve_engine` turns
-    any ``stitch_engine`` spec into one. ``single_device``: the lanes run only on a model on one device."""
+    """What an engine is to the loop: it builds a pair's lanes. :func:`~hf_rstitch.decode.engines.resolve_engine`
+    turns any ``stitch_engine`` spec into one. ``single_device``: the lanes run only on a model on one device."""
 
     single_device: bool
 
@@ -90,6 +89,7 @@ class EagerEngine:
     """
 
     single_device = False  # DynamicCache lanes follow any device_map or tensor-parallel plan
+    eager = True  # hf_rstitch.decode.engines.is_eager
 
     def __init__(self, timing: bool = False):
         self.timing = timing
@@ -99,27 +99,3 @@ class EagerEngine:
         self.built = {Role.LLM: Lane(llm, Role.LLM, vocab, batch, timing=timing or self.timing),
                       Role.SLM: Lane(slm, Role.SLM, vocab, batch, timing=timing or self.timing)}
         return self.built
-
-
-def is_eager(spec) -> bool:
-    """Whether an engine spec names the eager lanes: ``"default"`` or an :class:`EagerEngine`."""
-    return isinstance(spec, EagerEngine) or (isinstance(spec, str) and spec == "default")
-
-
-def resolve_engine(llm, slm, spec=None, batch: int = 1, own: bool = False, fast=None) -> LaneBuilder:
-    """The one place a ``stitch_engine`` spec becomes the object that builds a pair's lanes.
-
-    ``generate`` (:mod:`hf_rstitch.hf.decode`), the request engine and ``rstitch eval`` call it. ``None`` means
-    ``$HF_RSTITCH_ENGINE``, else ``"auto"`` (:func:`hf_rstitch.core.engines.requested_engine`); ``"default"`` or
-    an :class:`EagerEngine` is the eager lanes; any other spec (``"auto"``, ``"fast"``, a FastConfig or a
-    FastEngine) goes to ``fast(llm, slm, spec, batch, own)`` -- :func:`hf_rstitch.fast.fast_engine`, which the
-    caller passes in: this layer does not import the fast engine. ``own``: a fast engine of the caller's own
-    for ``batch`` rows, not the one kept on the LLM (the request engine's).
-    """
-    spec = requested_engine(spec)
-    if is_eager(spec):
-        return spec if isinstance(spec, EagerEngine) else EagerEngine()
-    if fast is None:
-        raise ValueError(f"stitch_engine={spec!r} asks for the fast engine, which this caller does not run; "
-                         "pass stitch_engine='default' (the eager lanes).")
-    return fast(llm, slm, spec, batch, own)

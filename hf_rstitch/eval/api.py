@@ -115,15 +115,15 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
 
 
 def _engine(name: str, llm: Any, slm: Any, batch_size: int):
-    """The engine every batched method shares (:func:`hf_rstitch.decode.protocol.resolve_engine`): an
+    """The engine every batched method shares (:func:`hf_rstitch.decode.engines.resolve_engine`): an
     EagerEngine, or one FastEngine for ``batch_size`` rows, so lanes and graphs are built once. ``--engine fast`` on CUDA is the
     compiled variant (:data:`hf_rstitch.fast.AUTO`). Eager at batch size 1 keeps the per-sample ``generate``
     path."""
-    from ..decode.protocol import resolve_engine
+    from ..decode.engines import resolve_engine
     from ..fast import AUTO, fast_engine
 
     return resolve_engine(llm, slm, AUTO if name == "fast" and llm.device.type == "cuda" else name, batch_size,
-                          own=True, fast=fast_engine)
+                          own=True, fast=fast_engine).builder
 
 
 def _report(cfg: EvalConfig, out: Path, records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:

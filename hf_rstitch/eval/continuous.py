@@ -32,13 +32,13 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
                    save_traces: bool = False) -> list[dict[str, Any]]:
     """Every engine-capable method on every problem not already in ``store``; the new records.
 
-    ``engine``: any ``stitch_engine`` spec (:func:`hf_rstitch.decode.protocol.resolve_engine`; None: eager);
+    ``engine``: any ``stitch_engine`` spec (:func:`hf_rstitch.decode.engines.resolve_engine`; None: eager);
     ``rstitch eval`` passes the engine it resolved once, so one fast engine serves every method (the lanes and
     graphs are built once), and with ``warmup`` every batch and length bucket is captured before the first
     timed request.
     """
     from hf_rstitch.serving import Request, RequestEngine
-    from hf_rstitch.decode.protocol import is_eager
+    from hf_rstitch.decode.engines import is_eager
 
     done = store.done()
     todo = {m.name: [p for p in problems if (p.dataset, p.id, m.name) not in done] for m in methods}

@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 
 from ..core.devices import describe, devices, is_sharded, tp_mesh
 from ..core.roles import Role
-from ..decode.protocol import is_eager
+from ..decode.engines import is_eager
 
 _OFFLOAD = ("cpu", "disk")
 
@@ -41,7 +41,7 @@ def check_placement(
         input_ids: ``[B, T]`` the prompt; under tensor parallelism it must be the same on all ranks.
         do_sample: sampling is requested; under tensor parallelism every rank's RNG must agree.
         engine: the ``stitch_engine`` argument or the engine
-            :func:`hf_rstitch.decode.protocol.resolve_engine` made of it;
+            :func:`hf_rstitch.decode.engines.resolve_engine` made of it;
             only the eager lanes run sharded models.
 
     Under tensor parallelism this makes one small collective (a fingerprint of the prompt and the

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.engines import engine_option
+from ..decode.engines import engine_option, is_eager
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -159,7 +159,7 @@ def kv_plan(cfg: ServeConfig, llm, slm) -> tuple[int, int | None]:
     cut to it."""
     context = getattr(llm.config.get_text_config(), "max_position_embeddings", None) or DEFAULT_CONTEXT
     max_length = min(context, cfg.max_model_len or context)
-    if cfg.engine == "default":  # eager lanes: caches that grow as rows write, no pool
+    if is_eager(cfg.engine):  # eager lanes: caches that grow as rows write, no pool
         return max_length, None
     if llm.device.type != "cuda":
         kv_tokens = cfg.max_batch * CPU_ROW_TOKENS

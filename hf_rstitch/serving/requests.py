@@ -53,22 +53,22 @@ from typing import Iterable, Iterator
 
 import torch
 
-from ..core.engines import requested_engine
 from ..core.policies import PinnedRoles, RowEntropyPolicy, check_threshold, checked
 from ..core.roles import Role
 from ..core.sampling import sample_one
 from ..core.scheduling import LLMSchedule
 from ..core.trace import StitchTrace
-from .admission import Staging
-from .kv_budget import budget_of
+from ..decode.engines import is_eager, resolve_engine
 from ..decode.lane import checked_schedule
-from .preemption import Preemption
-from ..decode.protocol import EagerEngine, resolve_engine
-from .request_types import (FINISH_REASONS, Completion, Event, QueueFull, Request, RequestState,  # noqa: F401
-                            RequestStatus, StepFailed, generator_for, prepare)
 from ..decode.loop import keep_ahead, run_ahead
+from ..decode.protocol import EagerEngine
 from ..decode.step import Routing, run_step, to_device
 from ..decode.step_values import receive_values, send_values
+from .admission import Staging
+from .kv_budget import budget_of
+from .preemption import Preemption
+from .request_types import (FINISH_REASONS, Completion, Event, QueueFull, Request, RequestState,  # noqa: F401
+                            RequestStatus, StepFailed, generator_for, prepare)
 
 log = logging.getLogger("hf_rstitch.serving")
 HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
@@ -130,11 +130,9 @@ class RequestEngine(Preemption):
         self.max_length = None
         from ..fast import fallback_lanes, fast_engine
 
-        requested = requested_engine(engine)
-        auto = isinstance(requested, str) and requested == "auto"
-        engine = resolve_engine(llm, slm, engine, max_batch, own=True, fast=fast_engine)
+        engine, auto = resolve_engine(llm, slm, engine, max_batch, own=True, fast=fast_engine)
         self.lanes = None
-        if not isinstance(engine, EagerEngine):  # "auto": warmed up now, the eager lanes if that fails
+        if not is_eager(engine):  # "auto": warmed up now, the eager lanes if that fails
             slack = HOLD_TRIM if self.schedule is not None else 0  # untrimmed padding of held rows
             kv_tokens = (kv_tokens or max_batch * (max_length + slack)) if paged else None
             self.lanes = fallback_lanes.lanes(llm, slm, engine, self.vocab, max_batch, max_length + slack, auto,

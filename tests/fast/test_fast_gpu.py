@@ -230,7 +230,7 @@ def test_fp32_requests_that_wait_for_the_llm_equal_those_that_do_not():
 def test_fp32_generate_naming_no_engine_runs_the_fast_engine_and_keeps_it(monkeypatch):
     """What CUDA users get without asking: no ``stitch_engine`` means "auto", the fast engine (kept on the LLM)
     with the eager engine's tokens; the second call reuses its lanes. Entropy routing, so routes must match too."""
-    from hf_rstitch.core.engines import ENGINE_ENV
+    from hf_rstitch.decode.engines import ENGINE_ENV
     from hf_rstitch.fast import choose_engine
     from hf_rstitch.fast.engine import ATTRIBUTE
     from tiny_models import make_pair, prompt
