@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import lab  # noqa: E402
 
-from hf_rstitch.fast.kernels import expert_gemv# noqa: E402
+from hf_rstitch.fast.kernels import expert_gemv  # noqa: E402
 
 SHAPE = dict(experts=128, top_k=8, hidden=2048, inter=768)  # Qwen3-30B-A3B
 L = expert_gemv.Launch

@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lab  # noqa: E402
 
 import hf_rstitch  # noqa: E402,F401
-from hf_rstitch.core.policies import RandomPolicy# noqa: E402
-from hf_rstitch.serving.requests import Request, RequestEngine# noqa: E402
-from hf_rstitch.fast import FastConfig, joins# noqa: E402
+from hf_rstitch.core.policies import RandomPolicy  # noqa: E402
+from hf_rstitch.serving.requests import Request, RequestEngine  # noqa: E402
+from hf_rstitch.fast import FastConfig, joins  # noqa: E402
 
 
 def ids(n: int, vocab: int, gen: torch.Generator) -> list[int]:

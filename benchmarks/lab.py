@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from hf_rstitch.fast.routes import route, switches# noqa: F401  (the one synthetic-route generator)
+from hf_rstitch.fast.routes import route, switches  # noqa: F401  (the one synthetic-route generator)
 from hf_rstitch.latency.profiler import synchronize
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import lab  # noqa: E402
 
-from hf_rstitch.core.roles import Role# noqa: E402
-from hf_rstitch.fast import FastConfig, FastLane# noqa: E402
+from hf_rstitch.core.roles import Role  # noqa: E402
+from hf_rstitch.fast import FastConfig, FastLane  # noqa: E402
 
 
 def steps(lane: FastLane, ids: torch.Tensor, n: int) -> float:

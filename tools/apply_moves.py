@@ -106,11 +106,11 @@ def fix_relative(text: str, module: str, is_package: bool) -> str:
         if old_pkg != new_pkg and not (known(base) or base in MODULES or base in PACKAGES):
             base = resolve(new_pkg, dots, rest)  # written at the new location already
         names_list = [n.strip() for n in names.strip("()").split(",") if n.strip()]
-        out = []
-        for target, ns in split_import(base, names_list):
-            rel = relative(target, new_pkg)
-            out.append(f"{indent}from {rel} import {', '.join(ns)}")
-        return "\n".join(out)
+        groups = split_import(base, names_list)
+        rels = [relative(target, new_pkg) for target, _ in groups]
+        if len(groups) == 1 and rels[0] == dots + rest:
+            return m.group(0)  # nothing moved: the line as it was
+        return "\n".join(f"{indent}from {rel} import {', '.join(ns)}" for rel, (_, ns) in zip(rels, groups))
 
     return re.sub(r"^([ \t]*)from (\.+)([\w.]*) import ([\w ,]*\w|\([\w ,\n]+\))(?=[ \t]*(#.*)?$)", repl, text, flags=re.M)
 
@@ -119,7 +119,10 @@ def fix_absolute(text: str) -> str:
     def imp(m):
         indent, base, names = m.group(1), m.group(2), m.group(3)
         names_list = [n.strip() for n in names.strip("()").split(",") if n.strip()]
-        return "\n".join(f"{indent}from {t} import {', '.join(ns)}" for t, ns in split_import(base, names_list))
+        groups = split_import(base, names_list)
+        if len(groups) == 1 and groups[0][0] == base:
+            return m.group(0)  # nothing moved: the line as it was
+        return "\n".join(f"{indent}from {t} import {', '.join(ns)}" for t, ns in groups)
 
     text = re.sub(r"^([ \t]*)from (hf_rstitch(?:\.\w+)*) import ([\w ,]*\w|\([\w ,\n]+\))(?=[ \t]*(#.*)?$)", imp, text, flags=re.M)
     olds = sorted(set(MODULES) | set(SYMBOLS) | set(PACKAGES), key=len, reverse=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hf.loading import load_pair, resolve_device
-from .config import RECORDS, RUN_META, EvalConfig# noqa: F401  (RECORDS, RUN_META: the run's files)
+from .config import RECORDS, RUN_META, EvalConfig  # noqa: F401  (RECORDS, RUN_META: the run's files)
 from .data import load_problems
 from .provenance import model_provenance
 from .report import environment, regrade, table1_markdown, aggregate, write_report

@@ -90,7 +90,8 @@ def tune(cfg, toy_split: ToySplit | None = None) -> dict[str, Any]:
 
     latency = LatencyModel.load(resolve(cfg.latency)) if cfg.latency else None
     device = resolve_device(cfg.device)
-    problems, instruction, data_name = dev_set(cfg, toy_split if is_shipped_pair(cfg) else None)  # a bad file fails before loading
+    # the dev split first: a bad file fails before the models load
+    problems, instruction, data_name = dev_set(cfg, toy_split if is_shipped_pair(cfg) else None)
     llm, slm, tok = load(cfg, device)
     if latency is not None:
         latency.check_models(slm=slm, llm=llm, check_name=False)

@@ -20,7 +20,8 @@ how the CPU tests check it against the default engine. See docs/fast-engine.md.
 """
 
 from .buckets import bucket_for, bucket_sizes
-from .engine import AUTO, NO_TRITON, FastEngine, choose_engine, engine_for, fast_engine, release, why_not_fast, why_not_triton
+from .engine import (AUTO, NO_TRITON, FastEngine, choose_engine, engine_for, fast_engine, release, why_not_fast,
+                     why_not_triton)
 from .lane import FastConfig, FastLane, check_supported
 from .plan import FastPlan, plan_for
 from .static_kv import StaticKV, static_attention, static_attention_sdpa

@@ -35,7 +35,7 @@ def _wants_stitching(model, kwargs: dict) -> bool:
 
 
 def _is_stitched_decode(custom: Any) -> bool:
-    from .decode import stitched_decode# loaded at the first call, not when generate is patched
+    from .decode import stitched_decode  # loaded at the first call, not when generate is patched
 
     # by name too: after a reload of hf.decode a caller may hold the previous function object
     return custom is stitched_decode or (getattr(custom, "__qualname__", None) == "stitched_decode"

@@ -4,7 +4,16 @@
 is imported lazily: ``from hf_rstitch.latency.profiler import profile_model``.
 """
 
-from .model import Coefficients, LatencyModel, LatencyProfileError, ModelProfile, calibrate_step_ms, fit, fit_decode, grid_is_fittable
+from .model import (
+    Coefficients,
+    LatencyModel,
+    LatencyProfileError,
+    ModelProfile,
+    calibrate_step_ms,
+    fit,
+    fit_decode,
+    grid_is_fittable,
+)
 
 __all__ = ["Coefficients", "LatencyModel", "LatencyProfileError", "ModelProfile", "calibrate_step_ms", "fit",
            "fit_decode", "grid_is_fittable"]

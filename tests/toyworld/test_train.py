@@ -7,7 +7,8 @@ import torch
 
 from hf_rstitch.toyworld import tasks
 from hf_rstitch.toyworld.tokenizer import build_default_tokenizer
-from hf_rstitch.toyworld.train import TrainConfig, _select, build_model, collate, encode_rows, lr_factor, step_loss, style_parts, train
+from hf_rstitch.toyworld.train import (TrainConfig, _select, build_model, collate, encode_rows,
+                                       lr_factor, step_loss, style_parts, train)
 
 
 @pytest.fixture(scope="module")

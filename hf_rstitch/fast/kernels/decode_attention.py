@@ -39,7 +39,7 @@ import torch
 
 from .triton_support import _triton, available, interpreted, next_pow2, pdl, start
 from ..windows import NO_WINDOW, call_window
-from .triton_support import sm_count as _sm_count# a module name the tests can patch
+from .triton_support import sm_count as _sm_count  # a module name the tests can patch
 
 FILL = 2  # programs per SM the plan aims for with several splits
 MAX_SPLITS = 64  # splits a (row, KV head) at most

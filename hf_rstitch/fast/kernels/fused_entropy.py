@@ -25,7 +25,7 @@ import math
 import torch
 
 from .triton_support import _triton, available, next_pow2
-from .triton_support import sm_count as _sm_count# a module name the tests can patch
+from .triton_support import sm_count as _sm_count  # a module name the tests can patch
 
 BLOCK = 2048  # logits a program reads per inner step
 FILL = 2  # programs per SM the chunking aims for

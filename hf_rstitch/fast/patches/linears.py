@@ -16,7 +16,8 @@ import torch
 
 from . import folds
 from ..kernels import gemv
-from ..kernels.gemv import DTYPES, MAX_ROWS, TIER_CANDIDATES, TIERS, GemvConfig, _reference, launch, shape_key, tier, tiers_for
+from ..kernels.gemv import (DTYPES, MAX_ROWS, TIER_CANDIDATES, TIERS, GemvConfig, _reference, launch, shape_key, tier,
+                   tiers_for)
 
 
 def readable(m: torch.nn.Module) -> bool:
