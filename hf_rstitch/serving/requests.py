@@ -8,12 +8,9 @@ every running row with :func:`~hf_rstitch.decode.step.run_step` (the same switch
 and its place is taken at the next step. Each request routes with its own threshold, and a
 greedy request's tokens equal its solo ``generate`` (tested).
 
-Layout: rows share the columns of one left-padded sequence (see :mod:`.lane`). A joining
-request is right-aligned with the others -- left-padded to the batch's width, or the batch is
-padded on the left when the new prompt is longer -- and each lane prefills the columns it has
-already seen for it (the step's joins together); columns that became padding in every row are trimmed when
-rows leave. With ``prefill_chunk`` (fast lanes) joining prompts are read a bounded chunk a step while the batch
-decodes and join once read (:mod:`.admission`).
+Layout: rows share the columns of one left-padded sequence; joining, leaving and trimming them is
+:mod:`.columns`'s. With ``prefill_chunk`` (fast lanes) joining prompts are read a bounded chunk a step while the
+batch decodes and join once read (:mod:`.admission`).
 
 Scheduling (``schedule=``, :mod:`hf_rstitch.core.scheduling`): with :class:`GatherForLLM`, rows
 whose next token is the LLM's may wait a step or two (no token, no event) so that one LLM call
@@ -65,6 +62,7 @@ from ..decode.protocol import EagerEngine
 from ..decode.step import Routing, run_step, to_device
 from ..decode.step_values import receive_values, send_values
 from .admission import Staging
+from .columns import Columns
 from .kv_budget import budget_of
 from .preemption import Preemption
 from .request_types import (FINISH_REASONS, Completion, Event, QueueFull, Request, RequestState,  # noqa: F401
@@ -74,7 +72,7 @@ log = logging.getLogger("hf_rstitch.serving")
 HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
 
 
-class RequestEngine(Preemption):
+class RequestEngine(Columns, Preemption):
     """Serve many requests through one stitched batch (any device; the fast engine on CUDA by default).
 
     Args:
@@ -385,42 +383,7 @@ class RequestEngine(Preemption):
             slots.append(self._free_slot(slots))
             state.status = RequestStatus.RUNNING
         self._rows += new
-        width = max(len(s.request.input_ids) for s in new)
-        grow = width - self._seq.shape[1]
-        if grow > 0:
-            self._seq = torch.nn.functional.pad(self._seq, (grow, 0), value=self.pad_id)
-            self._mask = torch.nn.functional.pad(self._mask, (grow, 0), value=0)
-            for lane in self.lanes.values():
-                lane.pad_left(grow)
-            for row in self._rows[:-len(new)]:
-                row.pad += grow
-        width = self._seq.shape[1]
-        seq, mask = self._layout([s.request for s in new], width)
-        for lane in self.lanes.values():
-            if staged:
-                lane.add_rows(seq, mask, staged=staged)
-                lane.unstage()
-            else:
-                lane.add_rows(seq, mask)
-        self._seq, self._mask = torch.cat([self._seq, seq]), torch.cat([self._mask, mask])
-        self._routing.add([s.request.role is Role.LLM for s in new])
-        for slot, state in zip(slots, new):
-            r = state.request
-            if r.role is not None:
-                self.policy.pins[slot] = r.role
-            if self.thresholds is not None:
-                self.thresholds.thresholds[slot] = state.trace.threshold
-            state.pad = width - len(r.input_ids)
-        self._slots = torch.cat([self._slots, torch.tensor(slots, dtype=torch.long)])
-
-    def _layout(self, new: list[Request], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The new prompts right-aligned in ``width`` columns: ids ``[k, width]`` and mask."""
-        seq = torch.full((len(new), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros(len(new), width, dtype=torch.long)
-        for i, r in enumerate(new):
-            seq[i, width - len(r.input_ids):] = torch.tensor(r.input_ids)
-            mask[i, width - len(r.input_ids):] = 1
-        return to_device(seq, self.device), to_device(mask, self.device)
+        self._join(new, slots, staged)
 
     def _admissible(self) -> bool:
         """Whether a waiting request would take a free row at the next step."""
@@ -488,36 +451,3 @@ class RequestEngine(Preemption):
         if reason is not None:
             return self._finish(row, reason, token=token)
         return Event(row.request_id, token, t.roles[-1])
-
-    def _drop(self, index: list[int]) -> None:
-        """Remove finished rows from the batch, then trim columns that are padding in every row."""
-        if not index:
-            return
-        gone = set(index)
-        keep = torch.tensor([i for i in range(len(self._rows)) if i not in gone], dtype=torch.long)
-        for i in index:
-            slot = int(self._slots[i])
-            self.policy.pins.pop(slot, None)
-            if self.thresholds is not None:
-                self.thresholds.thresholds.pop(slot, None)
-        self._rows = [row for i, row in enumerate(self._rows) if i not in gone]
-        self._ahead = keep_ahead(self._ahead, keep) if self._rows else None  # no rows: the lanes start afresh
-        self._slots = self._slots[keep]
-        self._routing.keep(keep)
-        at = to_device(keep, self.device)
-        self._seq, self._mask = self._seq[at], self._mask[at]
-        for lane in self.lanes.values():
-            lane.keep_rows(keep)
-        self._trim()
-
-    def _trim(self, at_least: int = 1) -> None:
-        """Drop leading columns that are padding in every row (when there are ``at_least`` of them)."""
-        if self._rows:
-            n = min(row.pad for row in self._rows)
-            if n >= at_least:
-                self._seq, self._mask = self._seq[:, n:], self._mask[:, n:]
-                for lane in self.lanes.values():
-                    lane.trim_left(n)
-                for row in self._rows:
-                    row.pad -= n
-
