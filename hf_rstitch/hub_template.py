@@ -161,20 +161,8 @@ def _optional_import(module: str, names: list[str], indent: str) -> str:
     return "\n".join(body)
 
 
-def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
-    """One module's source with its docstring as a comment and without ``__future__`` or relative imports.
-
-    Relative imports at the top level are dropped (their names are defined earlier in the
-    flattened file); relative imports inside functions (optional parts) become a ``try`` of the
-    installed package with a clear error. Returns the text and the top-level names it defines.
-    """
-    tree = ast.parse(source)
-    lines = source.splitlines()
-    replace: dict[int, tuple[int, str | None]] = {}  # first line (0-based) -> (end line, replacement)
-    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
-        doc = tree.body[0]  # kept as a comment: it says why the section exists
-        comment = "\n".join(("# " + line).rstrip() for line in doc.value.value.strip().splitlines())
-        replace[doc.lineno - 1] = (doc.end_lineno, comment)
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """The names a module defines at its top level (functions, classes, assignments)."""
     defined: set[str] = set()
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -183,6 +171,25 @@ def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
                 defined.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+    return defined
+
+
+def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
+    """One module's source with its docstring as a comment and without ``__future__`` or relative imports.
+
+    Relative imports at the top level are dropped (their names are defined earlier in the
+    flattened file), and so are those inside functions of a module flattened into the file; other
+    relative imports inside functions (optional parts) become a ``try`` of the installed package with
+    a clear error. Returns the text and the top-level names it defines.
+    """
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    replace: dict[int, tuple[int, str | None]] = {}  # first line (0-based) -> (end line, replacement)
+    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
+        doc = tree.body[0]  # kept as a comment: it says why the section exists
+        comment = "\n".join(("# " + line).rstrip() for line in doc.value.value.strip().splitlines())
+        replace[doc.lineno - 1] = (doc.end_lineno, comment)
+    defined = _top_level_names(tree)
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
             continue

@@ -125,19 +125,7 @@ class RequestEngine(Columns, Preemption):
         self.pad_id = int(pad if pad is not None else min(self.default_eos, default=0))
         self.device = llm.device
         self.schedule = checked_schedule(schedule, llm, slm)
-        self.max_length = None
-        from ..fast import fallback_lanes, fast_engine
-
-        engine, auto = resolve_engine(llm, slm, engine, max_batch, own=True, fast=fast_engine)
-        self.lanes = None
-        if not is_eager(engine):  # "auto": warmed up now, the eager lanes if that fails
-            slack = HOLD_TRIM if self.schedule is not None else 0  # untrimmed padding of held rows
-            kv_tokens = (kv_tokens or max_batch * (max_length + slack)) if paged else None
-            self.lanes = fallback_lanes.lanes(llm, slm, engine, self.vocab, max_batch, max_length + slack, auto,
-                                              kv_tokens=kv_tokens)
-            self.max_length = max_length if self.lanes is not None else None
-        if self.lanes is None:
-            self.lanes = EagerEngine().lanes(llm, slm, self.vocab, 0)
+        self.lanes, self.max_length = self._build_lanes(engine, max_length, kv_tokens, paged)
         self.kv = budget_of(self.lanes.values())  # paged lanes: admission and preemption by free blocks
         self._staging = Staging.for_lanes(self.lanes, prefill_chunk)  # None: joins prefill whole
         self.thresholds = RowEntropyPolicy() if policy is None else None
@@ -159,6 +147,22 @@ class RequestEngine(Columns, Preemption):
         self._ahead = None  # the next step's first lane call, run early (run_ahead); admission waits for it
         self.stats = {"steps": 0, "slm_calls": 0, "llm_calls": 0, "held": 0, "ahead": 0,
                       "preempted": 0}  # held: row-steps waiting; preempted: rows requeued for KV memory
+
+    def _build_lanes(self, engine, max_length: int, kv_tokens: int | None, paged: bool) -> tuple[dict, int | None]:
+        """The pair's lanes through the one resolver, and the longest request they hold (None: unbounded, the eager
+        lanes). Under ``"auto"`` the fast lanes are warmed up now, and the eager lanes serve if that fails."""
+        from ..fast import fallback_lanes, fast_engine
+
+        llm, slm = self.llm, self.slm
+        engine, auto = resolve_engine(llm, slm, engine, self.max_batch, own=True, fast=fast_engine)
+        if not is_eager(engine):
+            slack = HOLD_TRIM if self.schedule is not None else 0  # untrimmed padding of held rows
+            kv_tokens = (kv_tokens or self.max_batch * (max_length + slack)) if paged else None
+            lanes = fallback_lanes.lanes(llm, slm, engine, self.vocab, self.max_batch, max_length + slack, auto,
+                                         kv_tokens=kv_tokens)
+            if lanes is not None:
+                return lanes, max_length
+        return EagerEngine().lanes(llm, slm, self.vocab, 0), None
 
     # ---- public API ---------------------------------------------------------------------------
     @property
