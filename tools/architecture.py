@@ -267,7 +267,9 @@ def report(root: Path = ROOT, quick: bool = False) -> dict:
         print(f"  {a} ({LAYER_NAMES[layer(a)]}) :{line} -> {b} ({LAYER_NAMES[layer(b)]})"
               f"{'' if top else '  [inside a function]'}")
     places = engine_resolved(root)
-    print(f"places the engine is resolved: {len(places)} functions, {sum(map(len, places.values()))} lines")
+    resolving_files = {f.split(":")[0] for f in places}
+    print(f"places the engine is resolved: {len(places)} functions in {len(resolving_files)} files, "
+          f"{sum(map(len, places.values()))} lines")
     for f, lines in places.items():
         print(f"  {f}: {', '.join(map(str, lines))}")
     table = sizes(root)
@@ -282,7 +284,7 @@ def report(root: Path = ROOT, quick: bool = False) -> dict:
     print(f"functions over 40 lines: {len(longs)}")
     for f, fn, n in sorted(longs, key=lambda r: -r[2]):
         print(f"  {f}:{fn} {n}")
-    out = {"cycles": len(cyc), "package_cycles": len(pcyc), "layers": depth(g), "package_layers": depth(packages(g)), "upward": len(up), "engine_resolved_functions": len(places),
+    out = {"cycles": len(cyc), "package_cycles": len(pcyc), "layers": depth(g), "package_layers": depth(packages(g)), "upward": len(up), "engine_resolved_functions": len(places), "engine_resolved_files": len(resolving_files),
            "engine_resolved_lines": sum(map(len, places.values())), "functions_over_40": len(longs),
            "python_lines": total, "benchmarks_share_of_all": round(bench / total, 3),
            "benchmarks_share_of_library_and_benchmarks": round(bench / (bench + lib), 3),
