@@ -42,7 +42,7 @@ LAYER_NAMES = ["core", "decode", "fast/hf", "eval/serving/training", "cli"]
 LAYERS = {
     "hf_rstitch": 4, "hf_rstitch.__main__": 4, "hf_rstitch.cli": 4, "hf_rstitch.hub_template": 4,
     "hf_rstitch.core": 0, "hf_rstitch.resources": 0, "hf_rstitch.sources": 0, "hf_rstitch.extras": 0,
-    "hf_rstitch.threads": 0,
+    "hf_rstitch.threads": 0, "hf_rstitch.lazy": 0,
     "hf_rstitch.decode": 1,
     "hf_rstitch.fast": 2, "hf_rstitch.hf": 2, "hf_rstitch.latency": 2, "hf_rstitch.router": 2,
     "hf_rstitch.eval": 3, "hf_rstitch.serving": 3, "hf_rstitch.serve": 3, "hf_rstitch.toyworld": 3,
