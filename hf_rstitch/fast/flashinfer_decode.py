@@ -3,7 +3,7 @@
 flashinfer-python``; it builds its kernels with nvcc on first use). The engine does not use it (docs/kernels.md).
 
 Why it exists: to measure the field's library against our split-K kernel on the caches the engine holds
-(``benchmarks/results/kernels_vs_flashinfer_nvidia_h200.md``), and to run it where it wins; :func:`why_not` says why it cannot
+(``benchmarks/kernels_vs_flashinfer.py``), and to run it where it wins; :func:`why_not` says why it cannot
 run (FlashInfer missing, not CUDA, a head size or dtype it lacks) and the caller keeps our kernel.
 
 How: a static cache layer ``[rows, kv_heads, slots, dim]`` is, to FlashInfer, ``rows`` pages of ``slots``
