@@ -37,7 +37,7 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
     graphs are built once), and with ``warmup`` every batch and length bucket is captured before the first
     timed request.
     """
-    from hf_rstitch.serving import Request, RequestEngine
+    from hf_rstitch.serving import RequestEngine
     from hf_rstitch.decode.engines import is_eager
 
     done = store.done()
@@ -63,14 +63,21 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
                     lane.warm_up()  # every batch and length bucket now, not inside a timed request
                 warmed = True
             for i, p in enumerate(todo[method.name]):
-                requests.submit(Request(prompts[(p.dataset, p.id)], max_new_tokens=s.max_new_tokens, eos_token_id=sorted(eos),
-                                        do_sample=s.do_sample, temperature=s.temperature, top_p=s.top_p,
-                                        seed=s.seed if s.do_sample else None, request_id=str(i), role=spec.get("role")))
+                requests.submit(_request(prompts[(p.dataset, p.id)], s, eos, str(i), spec.get("role")))
             for rec in _drain(requests, method, todo[method.name], prompts, tokenizer, eos, batch_size, save_traces):
                 store.append(rec)
                 records.append(rec)
                 tick(bar, rec, f"B={batch_size}")
     return records
+
+
+def _request(prompt: list[int], s, eos: set[int], request_id: str, role):
+    """One problem as a :class:`~hf_rstitch.serving.Request` with a method's generation settings ``s``."""
+    from hf_rstitch.serving import Request
+
+    return Request(prompt, max_new_tokens=s.max_new_tokens, eos_token_id=sorted(eos), do_sample=s.do_sample,
+                   temperature=s.temperature, top_p=s.top_p, seed=s.seed if s.do_sample else None,
+                   request_id=request_id, role=role)
 
 
 def _drain(engine, method: Method, problems: list[Problem], prompts: dict, tokenizer: Any, eos: set[int], batch_size: int,
