@@ -33,34 +33,30 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
     """Every engine-capable method on every problem not already in ``store``; the new records.
 
     ``engine``: any ``stitch_engine`` spec (:func:`hf_rstitch.decode.engines.resolve_engine`; None: eager);
-    ``rstitch eval`` passes the engine it resolved once, so one fast engine serves every method (the lanes and
-    graphs are built once), and with ``warmup`` every batch and length bucket is captured before the first
-    timed request.
-    """
-    from hf_rstitch.serving import RequestEngine
+    ``rstitch eval`` passes the engine it resolved once, so one fast engine serves every method (lanes and graphs
+    built once), and with ``warmup`` every batch and length bucket is captured before the first timed request."""
     from hf_rstitch.decode.engines import is_eager
+    from hf_rstitch.serving import RequestEngine
 
     done = store.done()
     todo = {m.name: [p for p in problems if (p.dataset, p.id, m.name) not in done] for m in methods}
-    total = sum(len(v) for v in todo.values())
-    if total == 0:
+    if (total := sum(len(v) for v in todo.values())) == 0:
         return []
     prompts = {(p.dataset, p.id): prompt_ids(tokenizer, p.problem, instruction, chat_template) for p in problems}
     records: list[dict[str, Any]] = []
     longest = max(len(ids) for ids in prompts.values()) + max(m.settings.max_new_tokens for m in methods)
     engine = "default" if engine is None else engine
-    warmed = is_eager(engine) or not warmup
+    warmed = is_eager(engine) or not warmup  # else every batch and length bucket is captured before timed requests
     with _progress(total, progress) as bar:
         for method in methods:
             if not todo[method.name]:
                 continue
-            spec, s = method.engine_spec(), method.settings
-            eos = eos_ids(method.llm, method.slm)
+            spec, s, eos = method.engine_spec(), method.settings, eos_ids(method.llm, method.slm)
             requests = RequestEngine(method.llm, method.slm, max_batch=batch_size, policy=spec.get("policy"),
                                      schedule=schedule, engine=engine, max_length=longest)
             if not warmed:
                 for lane in requests.lanes.values():
-                    lane.warm_up()  # every batch and length bucket now, not inside a timed request
+                    lane.warm_up()
                 warmed = True
             for i, p in enumerate(todo[method.name]):
                 requests.submit(_request(prompts[(p.dataset, p.id)], s, eos, str(i), spec.get("role")))
