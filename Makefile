@@ -11,7 +11,13 @@ KERNEL_TESTS = tests/fast/kernels/test_gemv.py tests/fast/kernels/test_gated.py 
 	tests/fast/kernels/test_decode_attention.py tests/fast/kernels/test_fused_entropy.py \
 	tests/fast/kernels/test_rope_store.py tests/fast/kernels/test_expert_gemv.py tests/fast/patches/test_fast_moe.py \
 	tests/fast/kernels/test_norms.py
+# The GPU tier: the tests that exercise CUDA (marked gpu, or cuda by tests/conftest.py), over pytest-xdist's
+# workers where it is installed (the dev extra), to fit one 10-minute device call.
 GPU_TESTS = tests/fast tests/multigpu/test_gpu.py
+GPU_SELECT = gpu or cuda
+GPU_WORKERS ?= 8
+# seconds; then pytest is interrupted (SIGINT) and still prints its summary, failures named, within one device call
+GPU_TIMEOUT ?= 540
 GPU_RESULT ?= benchmarks/results/gpu_tests.txt
 
 .PHONY: install install-dev demo test test-slow test-kernels test-gpu
@@ -45,7 +51,8 @@ test-kernels: install-dev
 # The GPU tier, on a CUDA machine, in one go (no install: the machine may have no network); the result,
 # with the card, versions, date and commit, goes to $(GPU_RESULT) (the latest is kept in the repository).
 test-gpu:
-	set -o pipefail; { \
+	set -o pipefail; workers=$$($(PYTHON) -c 'import xdist' 2>/dev/null && echo "-n $(GPU_WORKERS)"); { \
 	  $(PYTHON) -c 'import datetime, torch, transformers; card = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"; print(f"# GPU tests on {card} (torch {torch.__version__}, transformers {transformers.__version__}), {datetime.date.today()}")'; \
-	  echo "# commit $$(git rev-parse --short HEAD 2>/dev/null || echo unknown): make test-gpu = $(PYTHON) -m pytest -q -rs --durations=10 $(GPU_TESTS)"; \
-	  HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -rs --durations=10 $(GPU_TESTS) 2>&1; } | tee $(GPU_RESULT)
+	  echo "# commit $$(git rev-parse --short HEAD 2>/dev/null || echo unknown): make test-gpu = $(PYTHON) -m pytest -q -rfEs --durations=10 $$workers -m '$(GPU_SELECT)' $(GPU_TESTS)"; \
+	  HF_HUB_OFFLINE=1 timeout -s INT $(GPU_TIMEOUT) $(PYTHON) -m pytest -q -rfEs --durations=10 -p no:benchmark $$workers \
+	    -m "$(GPU_SELECT)" $(GPU_TESTS) 2>&1; } | tee $(GPU_RESULT)

@@ -56,9 +56,14 @@ from hf_rstitch.fast.buckets import bucket_for
 from hf_rstitch.fast.routes import route, switches
 
 sys.path.insert(0, str(Path(__file__).parent))
-import engine_bench as eb  # noqa: E402  (the lab's shared helpers: bandwidth, weight bytes, timing)
+import lab  # noqa: E402  (the lab's shared helpers: bandwidth, weight bytes, timing)
 
-MATH = eb.MATH
+MATH = lab.MATH
+DEVICE = "cuda"  # "cpu" for --dry-run-cpu
+
+
+def timed(fn):
+    return lab.timed(fn, DEVICE)
 QWEN3 = dict(vocab_size=151936, head_dim=128, max_position_embeddings=40960, rope_theta=1e6)
 PAIRS = {  # --pair -> (LLM config, SLM config), as (transformers config class name, fields)
     "qwen3-moe": (("Qwen3MoeConfig", dict(QWEN3, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
@@ -126,12 +131,12 @@ def expert_shares(model, tokens: int = 512) -> list[list[float]] | None:
 
 
 def model_facts(model) -> dict:
-    """Bytes a decode step reads: ``eb.weight_bytes``, the KV bytes of a token, and for an MoE model its dense
+    """Bytes a decode step reads: ``lab.weight_bytes``, the KV bytes of a token, and for an MoE model its dense
     bytes, the bytes of one expert of one layer and the experts' shares (:func:`expert_shares`)."""
     from hf_rstitch.fast.patches import experts
     from hf_rstitch.fast.windows import layer_windows
 
-    facts = {**eb.weight_bytes(model), "kv_bytes_per_token": kv_bytes_per_token(model),
+    facts = {**lab.weight_bytes(model), "kv_bytes_per_token": kv_bytes_per_token(model),
              "windows": layer_windows(model.config)}
     modules = experts.expert_modules(model)
     if modules:
@@ -213,16 +218,16 @@ def fast_section(llm, slm, args, res, budget):
             torch.cuda.empty_cache()
     res["lane_rows"] = {str(r): lane.max_rows for r, lane in engine._lanes.items()}
     del engine
-    torch.cuda.empty_cache() if eb.DEVICE == "cuda" else None
+    torch.cuda.empty_cache() if DEVICE == "cuda" else None
 
 
 def fast_batch(llm, slm, args, res, engine, batch):
     """Both methods (and the SLM alone where asked) at one batch size, after capturing its bucket's graphs."""
     facts = res["models"]
     vocab = min(llm.config.vocab_size, slm.config.vocab_size)  # ids both models embed
-    ids = eb.prompt_ids(vocab, args.prompt).expand(batch, -1).contiguous()
+    ids = lab.prompt_ids(vocab, args.prompt, DEVICE).expand(batch, -1).contiguous()
     ids = (ids + torch.arange(batch, device=ids.device)[:, None]) % vocab  # rows differ
-    sec_build, _ = eb.timed(lambda: generate(llm, slm, ids, [["slm", "llm"]], engine, 2))  # builds / captures
+    sec_build, _ = timed(lambda: generate(llm, slm, ids, [["slm", "llm"]], engine, 2))  # builds / captures
     warm = sum(lane.warm_up(batch_sizes=[bucket_for(batch, lane.rows.sizes)]) for lane in engine._lanes.values())
     res["warm_up"].append({"batch": batch, "first_call_s": sec_build, "warm_up_every_bucket_s": warm,
                            "graphs": engine.graph_count(), "capture_s": engine.capture_seconds()})
@@ -235,7 +240,7 @@ def fast_batch(llm, slm, args, res, engine, batch):
         else:
             routes = stitched_routes(batch, args.scale)
             n = len(routes[0])
-        sec, out = eb.timed(lambda: generate(llm, slm, ids, routes, engine, n))
+        sec, out = timed(lambda: generate(llm, slm, ids, routes, engine, n))
         traces = out.stitch if isinstance(out.stitch, list) else [out.stitch]
         row = {"batch": batch, "method": method, "seconds": sec,
                "floor_seconds": floor_seconds(routes, args.prompt, facts, res["bandwidth_gbps"]),
@@ -273,12 +278,12 @@ def experts_section(llm, slm, args, res, budget):
             if not budget.allows(25):
                 res["skipped"].append(f"experts {kind} B={batch}: time budget")
                 continue
-            ids = eb.prompt_ids(vocab, args.prompt).expand(batch, -1).contiguous()
+            ids = lab.prompt_ids(vocab, args.prompt, DEVICE).expand(batch, -1).contiguous()
             ids = (ids + torch.arange(batch, device=ids.device)[:, None]) % vocab  # rows differ
             row = {"experts": kind, "batch": batch, "steps": n}
             try:
-                row["first_call_s"], _ = eb.timed(lambda: generate(llm, slm, ids, [["llm"] * 8] * batch, engine, 8))
-                sec, _ = eb.timed(lambda: generate(llm, slm, ids, [["llm"] * n] * batch, engine, n))
+                row["first_call_s"], _ = timed(lambda: generate(llm, slm, ids, [["llm"] * 8] * batch, engine, 8))
+                sec, _ = timed(lambda: generate(llm, slm, ids, [["llm"] * n] * batch, engine, n))
                 row["ms_per_step"] = 1e3 * sec / n
                 row["floor_ms"] = 1e3 * (step_read_bytes(res["models"]["llm"], batch) + batch * kv_read_bytes(
                     res["models"]["llm"], args.prompt + n // 2)) / (res["bandwidth_gbps"] * 1e9)
@@ -292,7 +297,7 @@ def experts_section(llm, slm, args, res, budget):
             res["experts_dispatch"].append(row)
             print(f"[experts {kind}] {row}", flush=True)
         del engine
-        torch.cuda.empty_cache() if eb.DEVICE == "cuda" else None
+        torch.cuda.empty_cache() if DEVICE == "cuda" else None
         res["save"]()
 
 
@@ -321,11 +326,11 @@ def baseline_section(llm, args, res, budget):
             if not budget.allows(40 if kind == "plain" else 120):
                 res["skipped"].append(f"transformers {kind} B={batch}: time budget")
                 continue
-            ids = eb.prompt_ids(llm.config.vocab_size, args.prompt).expand(batch, -1).contiguous()
+            ids = lab.prompt_ids(llm.config.vocab_size, args.prompt, DEVICE).expand(batch, -1).contiguous()
             row = {"batch": batch, "method": f"llm_only_transformers_{kind}", "new_tokens_measured": n}
             try:
-                first, _ = eb.timed(lambda: llm.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, **kw))
-                sec, _ = eb.timed(lambda: llm.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kw))
+                first, _ = timed(lambda: llm.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, **kw))
+                sec, _ = timed(lambda: llm.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kw))
                 row.update(first_call_s=first, seconds_measured=sec, ms_per_step=1e3 * sec / n,
                            seconds=sec * MATH["llm_only_tokens"] / n, extrapolated=True)
             except Exception as err:  # keep the run going; record what broke
@@ -467,28 +472,29 @@ def main() -> None:
         return
     decode_attention.SPLIT_BASIS = args.split_basis
     triton_support.PDL = args.pdl
-    global DECISIONS
+    global DECISIONS, DEVICE
     DECISIONS = args.decisions
     if args.dry_run_cpu:
-        eb.DEVICE = "cpu"
+        DEVICE = "cpu"
         for cfg in VARIANTS.values():
             object.__setattr__(cfg, "graphs", False)
-    budget = eb.Budget(args.budget_s)
-    name = torch.cuda.get_device_name() if eb.DEVICE == "cuda" else "cpu dry run"
-    res = {"device": {"name": name, "capability": torch.cuda.get_device_capability() if eb.DEVICE == "cuda" else None},
+    budget = lab.Budget(args.budget_s)
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu dry run"
+    res = {"device": {"name": name, "capability": torch.cuda.get_device_capability() if DEVICE == "cuda" else None},
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                         "python": platform.python_version()},
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "args": vars(args),
            "rows": [], "transformers": [], "warm_up": [], "skipped": [], "experts_dispatch": []}
-    res["bandwidth_gbps"] = bw = eb.copy_bandwidth(2 << 30 if eb.DEVICE == "cuda" else 1 << 24)
-    if eb.DEVICE == "cuda" and args.pair == "qwen2":
+    res["bandwidth_gbps"] = bw = lab.copy_bandwidth(DEVICE)
+    if DEVICE == "cuda" and args.pair == "qwen2":
         from hf_rstitch.latency.profiler import random_qwen2
         models = {"slm": random_qwen2("1.5b"), "llm": random_qwen2("7b")}
-    elif eb.DEVICE == "cuda":
+    elif DEVICE == "cuda":
         llm_spec, slm_spec = PAIRS[args.pair]
         models = {"slm": random_model(slm_spec), "llm": random_model(llm_spec)}
     elif args.pair == "qwen2":
-        models = eb.tiny_pair()
+        llm, slm = lab.random_pair("tiny", "cpu")
+        models = {"slm": slm, "llm": llm}
     else:
         models = {role: random_model(tiny(spec), "cpu") for role, spec in zip(("llm", "slm"), PAIRS[args.pair])}
     res["models"] = {}

@@ -152,7 +152,7 @@ class Waits:
     each graph replay (host call; device time by events), while installed."""
 
     def __init__(self):
-        from hf_rstitch.engine import loop, step
+        from hf_rstitch.decode import loop, step
         from hf_rstitch.fast import graphs
 
         self.wait_s, self.replay_host_s, self.events = 0.0, 0.0, []
@@ -294,10 +294,9 @@ def first_call_parts(engine: FastEngine) -> dict:
 
 
 def profile_shape(shape: str, args, device: str, bw_gbps: float) -> dict:
-    from engine_bench import weight_bytes
 
     model = build(shape, device)
-    facts = weight_bytes(model)
+    facts = lab.weight_bytes(model)
     row = {"shape": shape, "floor_ms": 1e3 * facts["decode_read_bytes"] / (bw_gbps * 1e9), **facts}
     ids = torch.randint(10, model.config.vocab_size - 10, (1, PROMPT),
                         generator=torch.Generator().manual_seed(0)).to(device)
@@ -382,9 +381,8 @@ def main() -> int:
     if args.cpu_smoke:
         args.shapes, args.steps = ["tiny-qwen3"], 4
     start = time.perf_counter()
-    from engine_bench import copy_bandwidth
 
-    bw = copy_bandwidth(2 << 30) if device == "cuda" else 100.0
+    bw = lab.copy_bandwidth(device) if device == "cuda" else 100.0
     doc = {**lab.environment([device]), "bandwidth_gbps": bw, "rows": [], "skipped": []}
     for shape in args.shapes:
         if time.perf_counter() - start > args.budget_s:

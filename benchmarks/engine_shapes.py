@@ -124,7 +124,6 @@ class Warnings(logging.Handler):
 def child(args) -> dict:
     import torch
 
-    import engine_bench as eb
     import hf_rstitch  # noqa: F401  (patches generate)
     from hf_rstitch import ReplayPolicy
     from hf_rstitch.fast.engine import ATTRIBUTE, AUTO, engine_for
@@ -132,7 +131,6 @@ def child(args) -> dict:
     warnings = Warnings()
     logging.getLogger("hf_rstitch").addHandler(warnings)
     device = "cpu" if args.dry_run_cpu else "cuda"
-    eb.DEVICE = device
     t0 = time.perf_counter()
     if args.kind == "pair":
         llm_name, slm_name = args.what.split("/")
@@ -143,9 +141,9 @@ def child(args) -> dict:
         partner = build(args.what, device, 1, layers, args.dry_run_cpu)
         llm, slm = (partner, model) if args.what in SLMS else (model, partner)
     res = {"environment": lab.environment([device]), "build_s": time.perf_counter() - t0,
-           "bandwidth_gbps": eb.copy_bandwidth(2 << 30 if device == "cuda" else 1 << 24)}
-    ids = eb.prompt_ids(min(llm.config.vocab_size, slm.config.vocab_size), args.prompt)
-    longest = max(args.new, 0 if args.kind == "row" else round(eb.MATH["llm_only_tokens"] * args.scale))
+           "bandwidth_gbps": lab.copy_bandwidth(device)}
+    ids = lab.prompt_ids(min(llm.config.vocab_size, slm.config.vocab_size), args.prompt, device)
+    longest = max(args.new, 0 if args.kind == "row" else round(lab.MATH["llm_only_tokens"] * args.scale))
     engine_for(llm, AUTO).capacity = args.prompt + longest + 8  # no later call of this process rebuilds a lane
 
     def generate(roles, n):
@@ -166,12 +164,11 @@ def child(args) -> dict:
 def per_token(role: str, model, generate, args, device, bw: float) -> dict:
     """``model`` (the lane ``role``) alone: ms a token as the difference of a ``--new`` and a ``--new // 2`` token
     call (the faster of two runs each), and its floor."""
-    import engine_bench as eb
 
     n, half = args.new, args.new // 2
     sec = min(lab.timed(lambda: generate([role] * n, n), device)[0] for _ in range(2))
     sec_half = min(lab.timed(lambda: generate([role] * half, half), device)[0] for _ in range(2))
-    facts = eb.weight_bytes(model)
+    facts = lab.weight_bytes(model)
     return {"role": role, **facts, "ms_per_token": 1e3 * (sec - sec_half) / (n - half),
             "call_ms_per_token": 1e3 * sec / n, "floor_ms": 1e3 * facts["decode_read_bytes"] / (bw * 1e9)}
 
@@ -184,7 +181,6 @@ def row_section(args, llm, slm, generate, device, res) -> None:
 
 def pair_section(args, llm, slm, generate, device, res) -> None:
     import engine_batched as ebt
-    import engine_bench as eb
 
     if res["engine"] != "fast" and not args.dry_run_cpu:  # the eager engine: minutes for the route, and not the question
         res["error"] = "the 'auto' engine ran the eager engine (see warnings): pair not timed"
@@ -194,7 +190,7 @@ def pair_section(args, llm, slm, generate, device, res) -> None:
                     for role, model in (("slm", slm), ("llm", llm))}
     facts = {"llm": ebt.model_facts(llm), "slm": ebt.model_facts(slm)}
     stitched = ebt.stitched_routes(1, args.scale)
-    alone = [["llm"] * round(eb.MATH["llm_only_tokens"] * args.scale)]
+    alone = [["llm"] * round(lab.MATH["llm_only_tokens"] * args.scale)]
     res["first_route_s"], _ = lab.timed(lambda: generate(stitched[0], len(stitched[0])), device)
     res["stitched_s"], _ = lab.timed(lambda: generate(stitched[0], len(stitched[0])), device, repeats=2)
     lab.timed(lambda: generate(alone[0][:16], 16), device)

@@ -62,7 +62,6 @@ RESULT = "RESULT "  # prefix of the child's result line
 # ---- one child process ------------------------------------------------------------------------------------
 def child(args) -> dict:
     import hf_rstitch  # noqa: F401  (patches generate)
-    import engine_bench as eb
     from engine_profile import decode_steps
     from hf_rstitch import ReplayPolicy
     from hf_rstitch.core.roles import Role
@@ -76,16 +75,15 @@ def child(args) -> dict:
         torch.compiler.load_cache_artifacts(Path(args.load_artifacts).read_bytes())
     loaded_s = time.perf_counter() - start
     device = "cpu" if args.dry_run_cpu else "cuda"
-    eb.DEVICE = device
     settings = dict(VARIANTS[args.variant])
     folds.ENABLED = settings.pop("folds", folds.ENABLED)
     cfg = FastConfig(**settings, **({"graphs": False, "max_bucket": 8} if args.dry_run_cpu else {}))
     llm, slm = lab.random_pair("tiny" if args.dry_run_cpu else "qwen2", device)
     for m in (llm, slm):
         m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0
-    bw = eb.copy_bandwidth(2 << 30 if device == "cuda" else 1 << 24)
+    bw = lab.copy_bandwidth(device)
     vocab = min(llm.config.vocab_size, slm.config.vocab_size)
-    ids = eb.prompt_ids(vocab, args.prompt)
+    ids = lab.prompt_ids(vocab, args.prompt, device)
     engine = FastEngine(cfg, capacity=args.prompt + args.new + 8, max_batch=max(1, args.then_batch))
 
     def generate(roles, n, prompt=ids):
@@ -116,7 +114,7 @@ def child(args) -> dict:
                              if "cache" in k}
     res["dynamo_graphs"] = counters["stats"]["unique_graphs"]  # pieces torch.compile traced (0: none, regions.KERNELS)
     for tag, model, role in (("llm", llm, Role.LLM), ("slm", slm, Role.SLM)):
-        floor_s = eb.weight_bytes(model)["decode_read_bytes"] / (bw * 1e9)
+        floor_s = lab.weight_bytes(model)["decode_read_bytes"] / (bw * 1e9)
         half = args.new // 2
         sec = min(lab.timed(lambda: generate([tag] * args.new, args.new), device)[0] for _ in range(2))
         sec_half = min(lab.timed(lambda: generate([tag] * half, half), device)[0] for _ in range(2))

@@ -63,7 +63,7 @@ def host_cpu(repeats: int = 5) -> dict:
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 
     from hf_rstitch.core.policies import EntropyPolicy
-    from hf_rstitch.engine.loop import stitch_loop
+    from hf_rstitch.decode.loop import stitch_loop
     from hf_rstitch.hf import decode
 
     quick_stopping = getattr(decode, "quick_stopping", lambda criteria: None)  # as generate calls the loop (if any)
@@ -99,8 +99,8 @@ def host_cpu(repeats: int = 5) -> dict:
 def request_ops() -> float:
     """Tensor operations a step of the request engine (one request, greedy, the SLM writing every token) outside
     its lanes' calls (eager tiny lanes; their calls are not counted)."""
-    from hf_rstitch.engine.request_types import Request
-    from hf_rstitch.engine.requests import RequestEngine
+    from hf_rstitch.serving.request_types import Request
+    from hf_rstitch.serving.requests import RequestEngine
 
     model = build("tiny-qwen3", "cpu")
     engine = RequestEngine(model, model, threshold=1.0, max_batch=1, engine="default")

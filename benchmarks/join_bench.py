@@ -4,7 +4,7 @@ prefill, and a long prompt joining whole vs in chunks (``prefill_chunk``).
     PYTHONPATH=. python benchmarks/join_bench.py --out-dir $OUT                 # one GPU, ~60 s
     PYTHONPATH=. python benchmarks/join_bench.py --out-dir /tmp/j --dry-run-cpu  # tiny pair on CPU, times nothing
 
-Random-weight Qwen2 7B (LLM) / 1.5B (SLM) in bf16 behind :class:`~hf_rstitch.engine.requests.RequestEngine`
+Random-weight Qwen2 7B (LLM) / 1.5B (SLM) in bf16 behind :class:`~hf_rstitch.serving.requests.RequestEngine`
 (fast engine), routed at random (``--random-p``). ``--base`` requests decode; then ``k`` more
 (``--joins``, ``--prompt`` tokens each) arrive at once and join in one step. Per ``k``, the step's admission
 (``RequestEngine._admit``: layout, the lanes' prefill of the joining rows, their merge) in ms, the device
@@ -35,7 +35,7 @@ import lab  # noqa: E402
 
 import hf_rstitch  # noqa: E402,F401
 from hf_rstitch.core.policies import RandomPolicy  # noqa: E402
-from hf_rstitch.engine.requests import Request, RequestEngine  # noqa: E402
+from hf_rstitch.serving.requests import Request, RequestEngine  # noqa: E402
 from hf_rstitch.fast import FastConfig, joins  # noqa: E402
 
 

@@ -107,3 +107,61 @@ def switch_route(n: int, n_switches: int, seed: int) -> list[str]:
         return ["slm"] * n
     llm_tokens = n // 2
     return route(n, llm_tokens, max(1.0, llm_tokens / max(1, (n_switches + 1) // 2)), seed=seed)
+
+
+MATH = {"llm_only_tokens": 2753, "llm_tokens": 344, "slm_tokens": 771}  # paper, MATH, 7B pair, 8k budget
+
+
+class Budget:
+    """Seconds left of a script's time budget (a device call's limit): sections that would not fit are skipped."""
+
+    def __init__(self, seconds: float):
+        self.start, self.seconds = time.perf_counter(), seconds
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.start)
+
+    def allows(self, need: float) -> bool:
+        return self.left() >= need
+
+
+def copy_bandwidth(device: str = "cuda", nbytes: int | None = None, repeats: int = 10) -> float:
+    """GB/s of a device-to-device copy, counting bytes read plus bytes written (median of repeats); 2 GiB on CUDA,
+    16 MiB on the CPU (a dry run)."""
+    nbytes = nbytes or (2 << 30 if device == "cuda" else 1 << 24)
+    if device != "cuda":
+        src = torch.randn(nbytes // 2, dtype=torch.bfloat16)
+        return 2 * nbytes / timed(lambda: src.clone())[0] / 1e9
+    src = torch.randn(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(2):
+        dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * nbytes / statistics.median(times) / 1e9
+
+
+def weight_bytes(model) -> dict:
+    """All parameter bytes (tied tensors once), and the bytes a decode step must read."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    emb = model.get_input_embeddings().weight
+    tied = emb.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    read = total - (0 if tied else emb.numel() * emb.element_size())  # one embedding row per token
+    return {"weight_bytes": total, "decode_read_bytes": read, "tied_embeddings": tied}
+
+
+def prompt_ids(vocab: int, length: int, device: str = "cuda") -> torch.Tensor:
+    """``[1, length]`` seeded random token ids below ``vocab``."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, vocab, (1, length), generator=g).to(device)

@@ -1,6 +1,6 @@
 """Predicted (Eq. 4) vs measured latency of real stitched decodes.
 
-    # random-weight Qwen2 1.5B (SLM) / 7B (LLM), profiles from benchmarks/profile_bench.py
+    # random-weight Qwen2 1.5B (SLM) / 7B (LLM), profiled here (--profile-here) or from JSON profiles
     PYTHONPATH=. python benchmarks/latency_validation.py --random-qwen2-pair --n 24
     # a real pair with its own profiles (rstitch profile --model ... --out ...)
     PYTHONPATH=. python benchmarks/latency_validation.py --slm PATH --llm PATH \

@@ -7,7 +7,7 @@
    (``hf_rstitch.eval.sweep``: accuracy, mean predicted latency L_hat in ms, LLM-token share);
 3. picks lambda so that the mean L_hat of LLM-only decoding costs ``--lam-weight`` of the
    accuracy reward (lambda = weight / mean L_hat(LLM-only));
-4. trains the router (hf_rstitch.router.train) for ``--minutes``;
+4. trains the router (hf_rstitch.training.router) for ``--minutes``;
 5. sweeps the router the same way and measures its per-call overhead.
 Writes router_config.json, router_model.safetensors, latency.json, metrics.jsonl, sweep.json.
 """
@@ -28,7 +28,7 @@ from hf_rstitch.eval import sweep
 from hf_rstitch.eval.methods import GenSettings, LearnedRouter
 from hf_rstitch.router import RouterPolicy
 from hf_rstitch.router.config import RouterTrainConfig
-from hf_rstitch.router.train import load_latency_model, train_router
+from hf_rstitch.training.router import load_latency_model, train_router
 from hf_rstitch.toyworld.pair import load_pair, load_test_split
 from lab import timed
 

@@ -53,7 +53,7 @@ def serve_random_qwen2(argv: list[str]) -> int:
     import torch
     import uvicorn
 
-    from hf_rstitch.engine.requests import RequestEngine
+    from hf_rstitch.serving.requests import RequestEngine
     from hf_rstitch.latency.profiler import random_qwen2
     from hf_rstitch.serve.app import ServerSettings, create_app
 
@@ -179,7 +179,7 @@ def engine_alone(args, bodies: list[dict]) -> dict:
     """The same requests through ``RequestEngine.run`` in this process, no server: the reference
     for what the HTTP layer costs."""
     import hf_rstitch  # noqa: F401
-    from hf_rstitch.engine.requests import Request, RequestEngine
+    from hf_rstitch.serving.requests import Request, RequestEngine
     from hf_rstitch.eval.data import prompt_ids
     from hf_rstitch.toyworld.pair import load_pair
 

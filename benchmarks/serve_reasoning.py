@@ -104,7 +104,7 @@ def build_pair(cfg: dict):
 
 
 def build_engine(cfg: dict, llm, slm):
-    from hf_rstitch.engine.requests import RequestEngine
+    from hf_rstitch.serving.requests import RequestEngine
 
     policy = replay_policy(cfg["max_batch"], cfg["llm_share"], llm.device if cfg["decisions"] == "device" else None)
     return RequestEngine(llm, slm, max_batch=cfg["max_batch"], max_waiting=cfg["max_batch"], policy=policy,
@@ -113,7 +113,7 @@ def build_engine(cfg: dict, llm, slm):
 
 def warm(engine, cfg: dict) -> float:
     """Every batch bucket's graphs captured (two waves of short requests at the full batch), joins included."""
-    from hf_rstitch.engine.requests import Request
+    from hf_rstitch.serving.requests import Request
 
     t0 = time.perf_counter()
     role = "llm" if cfg["method"] == "llm_only" else None
@@ -127,7 +127,7 @@ def engine_closed_loop(engine, cfg: dict, concurrency: int, warmup_s: float, win
     """The request engine alone (no HTTP): ``concurrency`` requests in flight, a new one submitted as one ends."""
     import torch
 
-    from hf_rstitch.engine.requests import Request
+    from hf_rstitch.serving.requests import Request
 
     lengths, role = cfg["lengths"], ("llm" if cfg["method"] == "llm_only" else None)
     ps = prompts(len(lengths), cfg["prompt"])

@@ -18,7 +18,7 @@ import torch
 import hf_rstitch  # noqa: F401  (registers stitched decoding on generate)
 from common import TOY_PROBLEM, load_models, marked, prompt_ids
 from hf_rstitch.router.config import RouterTrainConfig
-from hf_rstitch.router.train import train_router
+from hf_rstitch.training.router import train_router
 
 SHIPPED_PROFILE = hf_rstitch.shipped("latency")
 

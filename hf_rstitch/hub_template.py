@@ -35,16 +35,17 @@ TEMPLATES = PACKAGE / "templates"
 # Flattened in this order: each module only uses names defined above it.
 MODULES = (
     "core/roles.py",
-    "core/engines.py",
     "core/entropy.py",
     "core/policies.py",
     "core/sampling.py",
     "core/trace.py",
     "core/scheduling.py",
-    "engine/lane.py",
-    "engine/protocol.py",
-    "engine/step.py",
-    "engine/loop.py",
+    "core/devices.py",
+    "decode/lane.py",
+    "decode/protocol.py",
+    "decode/engines.py",
+    "decode/step.py",
+    "decode/loop.py",
     "hf/output.py",
     "hf/checks.py",
     "hf/placement.py",
@@ -160,20 +161,8 @@ def _optional_import(module: str, names: list[str], indent: str) -> str:
     return "\n".join(body)
 
 
-def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
-    """One module's source with its docstring as a comment and without ``__future__`` or relative imports.
-
-    Relative imports at the top level are dropped (their names are defined earlier in the
-    flattened file); relative imports inside functions (optional parts) become a ``try`` of the
-    installed package with a clear error. Returns the text and the top-level names it defines.
-    """
-    tree = ast.parse(source)
-    lines = source.splitlines()
-    replace: dict[int, tuple[int, str | None]] = {}  # first line (0-based) -> (end line, replacement)
-    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
-        doc = tree.body[0]  # kept as a comment: it says why the section exists
-        comment = "\n".join(("# " + line).rstrip() for line in doc.value.value.strip().splitlines())
-        replace[doc.lineno - 1] = (doc.end_lineno, comment)
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """The names a module defines at its top level (functions, classes, assignments)."""
     defined: set[str] = set()
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -182,6 +171,25 @@ def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
                 defined.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+    return defined
+
+
+def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
+    """One module's source with its docstring as a comment and without ``__future__`` or relative imports.
+
+    Relative imports at the top level are dropped (their names are defined earlier in the
+    flattened file), and so are those inside functions of a module flattened into the file; other
+    relative imports inside functions (optional parts) become a ``try`` of the installed package with
+    a clear error. Returns the text and the top-level names it defines.
+    """
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    replace: dict[int, tuple[int, str | None]] = {}  # first line (0-based) -> (end line, replacement)
+    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
+        doc = tree.body[0]  # kept as a comment: it says why the section exists
+        comment = "\n".join(("# " + line).rstrip() for line in doc.value.value.strip().splitlines())
+        replace[doc.lineno - 1] = (doc.end_lineno, comment)
+    defined = _top_level_names(tree)
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
             continue
@@ -199,6 +207,9 @@ def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
             replace[node.lineno - 1] = (node.end_lineno, None)
             continue
         target = (node.module or "").lstrip(".")
+        if _flattened(name, node.level, target):  # its names are defined above in the file: nothing to import
+            replace[node.lineno - 1] = (node.end_lineno, None)
+            continue
         if target not in OPTIONAL_IMPORTS:
             raise ExportError(f"{name}:{node.lineno}: lazy import of .{target} has no template fallback")
         indent = lines[node.lineno - 1][: node.col_offset]
@@ -215,6 +226,14 @@ def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
         out.append(lines[i])
         i += 1
     return "\n".join(out).strip("\n") + "\n", defined
+
+
+def _flattened(name: str, level: int, target: str) -> bool:
+    """Whether the relative import ``from {"." * level}{target}`` in module ``name`` (``"decode/engines.py"``)
+    names a module of :data:`MODULES`."""
+    parts = name.split("/")[:-1]
+    parts = parts[:len(parts) - level + 1] if level > 1 else parts
+    return "/".join([*parts, *target.split(".")]) + ".py" in MODULES
 
 
 def flattened_source(defaults: dict | None = None) -> str:

@@ -15,13 +15,11 @@ The layers (STYLE.md: core <- decode <- fast / hf <- eval / serving <- cli); a m
 own layer or a lower one, never a higher one:
 
 0 core      ``core``, ``resources``, ``sources`` (torch-only decisions and torch-free helpers)
-1 decode    ``engine`` (the lane protocol, the eager lane, the step, the loop)
-2 fast/hf   ``fast``, ``hf``; ``engine.requests`` and the ``engine`` package face that re-exports it (the
-            request engine picks an engine and builds its lanes, as ``hf.decode`` does for ``generate``; it is
-            serving's scheduler); ``latency`` (the latency model and the profiler that fits it);
-            ``router.model`` / ``policy`` / ``config`` (the router as a decode-time policy)
-3 eval/serving/training  ``eval``, ``serve``, ``toyworld``; ``router.train`` / ``rollout`` / ``dapo``
-            (training the router is a client of eval and toyworld, like toyworld's own training)
+1 decode    ``decode`` (the lane protocol, the eager lane, the step, the loop, the one engine resolver)
+2 fast/hf   ``fast``, ``hf``; ``latency`` (the latency model and the profiler that fits it); ``router`` (the
+            router as a decode-time policy)
+3 eval/serving/training  ``eval``, ``serving`` (the request engine), ``serve`` (its HTTP server),
+            ``toyworld``, ``training`` (training the router: a client of eval and toyworld)
 4 cli       ``cli``, ``hub_template``, the package facade ``hf_rstitch`` (``__init__``, ``__main__``)
 
 The layer of a module is that of the longest prefix listed in :data:`LAYERS`.
@@ -44,13 +42,11 @@ LAYER_NAMES = ["core", "decode", "fast/hf", "eval/serving/training", "cli"]
 LAYERS = {
     "hf_rstitch": 4, "hf_rstitch.__main__": 4, "hf_rstitch.cli": 4, "hf_rstitch.hub_template": 4,
     "hf_rstitch.core": 0, "hf_rstitch.resources": 0, "hf_rstitch.sources": 0, "hf_rstitch.extras": 0,
-    "hf_rstitch.threads": 0,
-    "hf_rstitch.engine": 2, "hf_rstitch.engine.requests": 2, "hf_rstitch.engine.lane": 1,
-    "hf_rstitch.engine.loop": 1, "hf_rstitch.engine.protocol": 1, "hf_rstitch.engine.request_types": 1,
-    "hf_rstitch.engine.step": 1, "hf_rstitch.engine.step_values": 1,
+    "hf_rstitch.threads": 0, "hf_rstitch.lazy": 0,
+    "hf_rstitch.decode": 1,
     "hf_rstitch.fast": 2, "hf_rstitch.hf": 2, "hf_rstitch.latency": 2, "hf_rstitch.router": 2,
-    "hf_rstitch.eval": 3, "hf_rstitch.serve": 3, "hf_rstitch.toyworld": 3,
-    "hf_rstitch.router.train": 3, "hf_rstitch.router.rollout": 3, "hf_rstitch.router.dapo": 3,
+    "hf_rstitch.eval": 3, "hf_rstitch.serving": 3, "hf_rstitch.serve": 3, "hf_rstitch.toyworld": 3,
+    "hf_rstitch.training": 3,
 }
 KERNEL_TESTS = [f"tests/fast/{name}.py" for name in
                 ("kernels/test_gemv", "kernels/test_gated", "patches/test_folds", "kernels/test_decode_attention",
@@ -271,7 +267,9 @@ def report(root: Path = ROOT, quick: bool = False) -> dict:
         print(f"  {a} ({LAYER_NAMES[layer(a)]}) :{line} -> {b} ({LAYER_NAMES[layer(b)]})"
               f"{'' if top else '  [inside a function]'}")
     places = engine_resolved(root)
-    print(f"places the engine is resolved: {len(places)} functions, {sum(map(len, places.values()))} lines")
+    resolving_files = {f.split(":")[0] for f in places}
+    print(f"places the engine is resolved: {len(places)} functions in {len(resolving_files)} files, "
+          f"{sum(map(len, places.values()))} lines")
     for f, lines in places.items():
         print(f"  {f}: {', '.join(map(str, lines))}")
     table = sizes(root)
@@ -286,7 +284,7 @@ def report(root: Path = ROOT, quick: bool = False) -> dict:
     print(f"functions over 40 lines: {len(longs)}")
     for f, fn, n in sorted(longs, key=lambda r: -r[2]):
         print(f"  {f}:{fn} {n}")
-    out = {"cycles": len(cyc), "package_cycles": len(pcyc), "layers": depth(g), "package_layers": depth(packages(g)), "upward": len(up), "engine_resolved_functions": len(places),
+    out = {"cycles": len(cyc), "package_cycles": len(pcyc), "layers": depth(g), "package_layers": depth(packages(g)), "upward": len(up), "engine_resolved_functions": len(places), "engine_resolved_files": len(resolving_files),
            "engine_resolved_lines": sum(map(len, places.values())), "functions_over_40": len(longs),
            "python_lines": total, "benchmarks_share_of_all": round(bench / total, 3),
            "benchmarks_share_of_library_and_benchmarks": round(bench / (bench + lib), 3),

@@ -1,6 +1,6 @@
 """``rstitch train-router``: train an R-Stitch+ router with DAPO and a latency-aware reward.
 
-Thin wrapper over :func:`hf_rstitch.router.train.train_router`; options come from
+Thin wrapper over :func:`hf_rstitch.training.router.train_router`; options come from
 ``RouterTrainConfig`` (help text and validation live there).
 """
 
@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_rstitch.router.train import train_router
+    from hf_rstitch.training.router import train_router
 
     cfg = dataclass_from_args(RouterTrainConfig, args)
     train_router(cfg, log=lambda line: print(line, flush=True))  # bad input: cli.main says what

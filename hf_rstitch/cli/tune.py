@@ -24,6 +24,7 @@ from .args import add_dataclass_args, dataclass_from_args
 NAME = "tune"
 HELP = "choose the threshold tau for an accuracy budget (--max-drop) or a speed target (--target-speedup)"
 DESCRIPTION = re.sub(r":\w+:`~?([\w.]+\.)?(\w+)`", r"\2()", __doc__.split("\n\n", 2)[2]).replace("``", "`")
+DEV_SEED = 0  # the shipped pair's valid split: rstitch toyworld data --split valid --seed 0
 DEFAULT_THRESHOLDS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1]
 
 
@@ -74,12 +75,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_args(parser, TuneConfig)
 
 
+def toy_dev_split(n: int) -> tuple[list[dict], str]:
+    """The shipped pair's dev split: ``n`` problems of the toy world's valid split (seed :data:`DEV_SEED`)."""
+    from ..toyworld.tasks import make_split
+
+    return make_split("valid", n, DEV_SEED), f"toyworld valid split (seed {DEV_SEED})"
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = dataclass_from_args(TuneConfig, args)
         from ..eval.tuning import tune
 
-        result = tune(cfg)
+        result = tune(cfg, toy_split=toy_dev_split)
     except (ImportError, OSError) as err:  # a missing extra or an unreadable file; ValueError: cli.main
         print(f"rstitch tune: error: {err}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ token is decided by the same model on the same prefix, one step later -- only th
 calls and when each row's tokens arrive.
 
 A schedule answers one question per step, asked only when some row needs the LLM (see
-:func:`hf_rstitch.engine.step.run_step`): run the LLM now?
+:func:`hf_rstitch.decode.step.run_step`): run the LLM now?
 
 * :class:`Immediate` -- always (the seed paper's Algorithm 1, one row at a time; the default).
 * :class:`GatherForLLM` -- once ``min_rows`` rows need it, or one of them has waited

@@ -73,13 +73,9 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
         meta = json.loads((out / RUN_META).read_text()) if (out / RUN_META).exists() else {}
         return _report(cfg, out, records, meta)
 
-    import torch
-
     import hf_rstitch  # noqa: F401  (patches generate with stitched decoding)
 
-    from ..engine.protocol import EagerEngine
-
-    from .methods import GenSettings, build_methods
+    from ..decode.protocol import EagerEngine
 
     out.mkdir(parents=True, exist_ok=True)
     with OutLock(out):  # one run per --out at a time
@@ -97,33 +93,45 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
                 "settings": cfg.run_settings(), "batch_size": batch_size, "schedule": cfg.schedule,
                 "engine": "default" if isinstance(engine, EagerEngine) else cfg.engine,
                 "datasets": list(dict.fromkeys(p.dataset for p in problems))}
-        settings = GenSettings(cfg.max_new_tokens, cfg.do_sample, cfg.temperature, cfg.top_p, cfg.seed)
-        methods = build_methods(cfg.methods, llm, slm, settings, thresholds=cfg.thresholds, random_p=cfg.random_p,
-                                router=cfg.router, router_threshold=cfg.router_threshold)
         (out / RUN_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        if batch_size > 1 or not isinstance(engine, EagerEngine):  # the request engine; speculative decoding stays at B = 1
-            from .continuous import engine_methods, run_continuous
-
-            batched, methods = engine_methods(methods)
-            run_continuous(batched, problems, tokenizer, store, batch_size=batch_size, schedule=cfg.schedule,
-                           engine=engine, warmup=cfg.warmup, instruction=cfg.instruction,
-                           chat_template=cfg.chat_template, progress=cfg.progress, save_traces=cfg.save_traces)
-        run_eval(methods, problems, tokenizer, store, device=torch.device(device), instruction=cfg.instruction,
-                 chat_template=cfg.chat_template, max_new_tokens=cfg.max_new_tokens, warmup=cfg.warmup,
-                 progress=cfg.progress, save_traces=cfg.save_traces)
+        _run_methods(cfg, llm, slm, tokenizer, problems, store, engine, batch_size, device)
     return _report(cfg, out, store.load(), meta)
 
 
+def _run_methods(cfg: EvalConfig, llm, slm, tokenizer, problems, store: RecordStore, engine, batch_size: int,
+                 device: str) -> None:
+    """Every method of ``cfg`` on every problem not in ``store``: through the request engine where it batches
+    (or runs the fast engine), per sample through ``generate`` otherwise (speculative decoding stays at B = 1)."""
+    import torch
+
+    from ..decode.protocol import EagerEngine
+    from .methods import GenSettings, build_methods
+
+    settings = GenSettings(cfg.max_new_tokens, cfg.do_sample, cfg.temperature, cfg.top_p, cfg.seed)
+    methods = build_methods(cfg.methods, llm, slm, settings, thresholds=cfg.thresholds, random_p=cfg.random_p,
+                            router=cfg.router, router_threshold=cfg.router_threshold)
+    if batch_size > 1 or not isinstance(engine, EagerEngine):
+        from .continuous import engine_methods, run_continuous
+
+        batched, methods = engine_methods(methods)
+        run_continuous(batched, problems, tokenizer, store, batch_size=batch_size, schedule=cfg.schedule,
+                       engine=engine, warmup=cfg.warmup, instruction=cfg.instruction,
+                       chat_template=cfg.chat_template, progress=cfg.progress, save_traces=cfg.save_traces)
+    run_eval(methods, problems, tokenizer, store, device=torch.device(device), instruction=cfg.instruction,
+             chat_template=cfg.chat_template, max_new_tokens=cfg.max_new_tokens, warmup=cfg.warmup,
+             progress=cfg.progress, save_traces=cfg.save_traces)
+
+
 def _engine(name: str, llm: Any, slm: Any, batch_size: int):
-    """The engine every batched method shares (:func:`hf_rstitch.engine.protocol.resolve_engine`): an
+    """The engine every batched method shares (:func:`hf_rstitch.decode.engines.resolve_engine`): an
     EagerEngine, or one FastEngine for ``batch_size`` rows, so lanes and graphs are built once. ``--engine fast`` on CUDA is the
     compiled variant (:data:`hf_rstitch.fast.AUTO`). Eager at batch size 1 keeps the per-sample ``generate``
     path."""
-    from ..engine.protocol import resolve_engine
+    from ..decode.engines import resolve_engine
     from ..fast import AUTO, fast_engine
 
     return resolve_engine(llm, slm, AUTO if name == "fast" and llm.device.type == "cuda" else name, batch_size,
-                          own=True, fast=fast_engine)
+                          own=True, fast=fast_engine).builder
 
 
 def _report(cfg: EvalConfig, out: Path, records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:

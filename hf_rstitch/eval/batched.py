@@ -2,7 +2,7 @@
 
 The harness (:func:`hf_rstitch.eval.evaluate`) times every problem alone at batch size 1, which
 is what the paper's latency means. Accuracy and per-model token counts do not need that: batched
-stitching gives every row the tokens it gets alone (``tests/engine/test_batch.py``), so
+stitching gives every row the tokens it gets alone (``tests/decode/test_batch.py``), so
 :func:`batched_records` decodes left-padded batches through the public ``generate``
 (``Method.run_batch``) and writes the harness's records (:func:`~.runner.make_record`, the one
 grader of :mod:`.grading`), and :func:`sweep` reduces them to one summary row per method. A

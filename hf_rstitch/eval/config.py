@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.engines import engine_option
+from ..decode.engines import engine_option
 from .data import DEFAULT_INSTRUCTION
 
 METHOD_KINDS = ("llm", "slm", "specdec", "rstitch", "random", "router")

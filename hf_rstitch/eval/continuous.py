@@ -1,6 +1,6 @@
 """Evaluation through continuous batching: ``rstitch eval --batch-size N`` with N > 1.
 
-Each method runs as one :class:`~hf_rstitch.engine.RequestEngine` over all its problems: up to N
+Each method runs as one :class:`~hf_rstitch.serving.RequestEngine` over all its problems: up to N
 problems decode together, and a problem that finishes hands its row to the next one at once.
 Greedy outputs equal the batch-size-1 harness's (each request equals its solo ``generate``), so
 accuracy and token counts are those of :mod:`.runner`; ``latency_s`` is the request's own wall
@@ -32,45 +32,48 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
                    save_traces: bool = False) -> list[dict[str, Any]]:
     """Every engine-capable method on every problem not already in ``store``; the new records.
 
-    ``engine``: any ``stitch_engine`` spec (:func:`hf_rstitch.engine.protocol.resolve_engine`; None: eager);
-    ``rstitch eval`` passes the engine it resolved once, so one fast engine serves every method (the lanes and
-    graphs are built once), and with ``warmup`` every batch and length bucket is captured before the first
-    timed request.
-    """
-    from hf_rstitch.engine import Request, RequestEngine
-    from hf_rstitch.engine.protocol import is_eager
+    ``engine``: any ``stitch_engine`` spec (:func:`hf_rstitch.decode.engines.resolve_engine`; None: eager);
+    ``rstitch eval`` passes the engine it resolved once, so one fast engine serves every method (lanes and graphs
+    built once), and with ``warmup`` every batch and length bucket is captured before the first timed request."""
+    from hf_rstitch.decode.engines import is_eager
+    from hf_rstitch.serving import RequestEngine
 
     done = store.done()
     todo = {m.name: [p for p in problems if (p.dataset, p.id, m.name) not in done] for m in methods}
-    total = sum(len(v) for v in todo.values())
-    if total == 0:
+    if (total := sum(len(v) for v in todo.values())) == 0:
         return []
     prompts = {(p.dataset, p.id): prompt_ids(tokenizer, p.problem, instruction, chat_template) for p in problems}
     records: list[dict[str, Any]] = []
     longest = max(len(ids) for ids in prompts.values()) + max(m.settings.max_new_tokens for m in methods)
     engine = "default" if engine is None else engine
-    warmed = is_eager(engine) or not warmup
+    warmed = is_eager(engine) or not warmup  # else every batch and length bucket is captured before timed requests
     with _progress(total, progress) as bar:
         for method in methods:
             if not todo[method.name]:
                 continue
-            spec, s = method.engine_spec(), method.settings
-            eos = eos_ids(method.llm, method.slm)
+            spec, s, eos = method.engine_spec(), method.settings, eos_ids(method.llm, method.slm)
             requests = RequestEngine(method.llm, method.slm, max_batch=batch_size, policy=spec.get("policy"),
                                      schedule=schedule, engine=engine, max_length=longest)
             if not warmed:
                 for lane in requests.lanes.values():
-                    lane.warm_up()  # every batch and length bucket now, not inside a timed request
+                    lane.warm_up()
                 warmed = True
             for i, p in enumerate(todo[method.name]):
-                requests.submit(Request(prompts[(p.dataset, p.id)], max_new_tokens=s.max_new_tokens, eos_token_id=sorted(eos),
-                                        do_sample=s.do_sample, temperature=s.temperature, top_p=s.top_p,
-                                        seed=s.seed if s.do_sample else None, request_id=str(i), role=spec.get("role")))
+                requests.submit(_request(prompts[(p.dataset, p.id)], s, eos, str(i), spec.get("role")))
             for rec in _drain(requests, method, todo[method.name], prompts, tokenizer, eos, batch_size, save_traces):
                 store.append(rec)
                 records.append(rec)
                 tick(bar, rec, f"B={batch_size}")
     return records
+
+
+def _request(prompt: list[int], s, eos: set[int], request_id: str, role):
+    """One problem as a :class:`~hf_rstitch.serving.Request` with a method's generation settings ``s``."""
+    from hf_rstitch.serving import Request
+
+    return Request(prompt, max_new_tokens=s.max_new_tokens, eos_token_id=sorted(eos), do_sample=s.do_sample,
+                   temperature=s.temperature, top_p=s.top_p, seed=s.seed if s.do_sample else None,
+                   request_id=request_id, role=role)
 
 
 def _drain(engine, method: Method, problems: list[Problem], prompts: dict, tokenizer: Any, eos: set[int], batch_size: int,

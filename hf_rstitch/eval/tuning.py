@@ -10,7 +10,7 @@ is :func:`hf_rstitch.eval.choose.choose`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -20,18 +20,19 @@ from .choose import SweepPoint, choose, table
 from .data import Problem, default_instruction, load_problems
 from .methods import GenSettings
 
-DEV_SEED = 0  # the shipped pair's valid split: rstitch toyworld data --split valid --seed 0
+ToySplit = Callable[[int], "tuple[list[dict], str]"]  # n -> (the toy world's dev rows, a name for them)
 
 
-def dev_set(cfg, toy: bool) -> tuple[list[Problem], str, str]:
-    """The dev problems, the instruction and a name for the split. The shipped pair's problems are graded as
-    the toy world's (a ``\\boxed{}`` integer), a file's by its name as ``rstitch eval`` grades it."""
+def dev_set(cfg, toy_split: ToySplit | None = None) -> tuple[list[Problem], str, str]:
+    """The dev problems, the instruction and a name for the split: ``cfg.data``'s, else (the shipped pair)
+    ``toy_split(cfg.n)``'s -- the caller's, since evaluation does not import the toy world. The shipped pair's
+    problems are graded as the toy world's (a ``\\boxed{}`` integer), a file's by its name as ``rstitch eval``
+    grades it."""
     if cfg.data:
         problems, name = load_problems(cfg.data, limit=cfg.n, columns=cfg.columns), cfg.data
-    elif toy:
-        from ..toyworld.tasks import make_split
-
-        problems, name = as_problems(make_split("valid", cfg.n, DEV_SEED)), f"toyworld valid split (seed {DEV_SEED})"
+    elif toy_split is not None:
+        rows, name = toy_split(cfg.n)
+        problems = as_problems(rows)
     else:
         raise ValueError("--data is required (a dev split: JSONL file, local file or Hub dataset) unless the pair is "
                          "the shipped one.")
@@ -80,15 +81,17 @@ def measure(cfg, llm, slm, tok, problems: list[Problem], instruction: str, laten
 
 
 @torch.no_grad()
-def tune(cfg) -> dict[str, Any]:
-    """Run the sweep described by a :class:`~hf_rstitch.cli.tune.TuneConfig`; returns the JSON result plus ``table``."""
+def tune(cfg, toy_split: ToySplit | None = None) -> dict[str, Any]:
+    """Run the sweep described by a :class:`~hf_rstitch.cli.tune.TuneConfig`; returns the JSON result plus ``table``.
+    ``toy_split``: the shipped pair's dev rows when ``cfg.data`` is empty (:func:`dev_set`)."""
     from ..hf.loading import resolve_device
     from ..latency import LatencyModel
     from .provenance import model_provenance
 
     latency = LatencyModel.load(resolve(cfg.latency)) if cfg.latency else None
     device = resolve_device(cfg.device)
-    problems, instruction, data_name = dev_set(cfg, is_shipped_pair(cfg))  # a bad file fails before loading
+    # the dev split first: a bad file fails before the models load
+    problems, instruction, data_name = dev_set(cfg, toy_split if is_shipped_pair(cfg) else None)
     llm, slm, tok = load(cfg, device)
     if latency is not None:
         latency.check_models(slm=slm, llm=llm, check_name=False)

@@ -6,7 +6,7 @@ and has been proven on its architecture and GPU (:mod:`.support`; kept on the LL
 :func:`release` frees it), the eager engine otherwise, the reason logged (:func:`choose_engine`), and the
 eager engine again for a call whose fast run fails (:mod:`hf_rstitch.hf.fallback`). ``stitch_engine="default"`` (or ``HF_RSTITCH_ENGINE=default``)
 keeps the eager engine; ``"fast"``, a :class:`FastConfig` or a :class:`FastEngine` of your own asks
-for this one. It swaps the eager :class:`~hf_rstitch.engine.Lane` (forwards over a DynamicCache,
+for this one. It swaps the eager :class:`~hf_rstitch.decode.Lane` (forwards over a DynamicCache,
 host-bound at a few hundred kernel launches per token) for :class:`FastLane`: a static KV cache,
 one-token steps and bucketed catch-up prefills replayed as CUDA graphs per batch bucket, attention that reads only
 the written slots (:mod:`hf_rstitch.fast.kernels.decode_attention`), linear products of up to 64 rows through tuned Triton
@@ -20,10 +20,10 @@ how the CPU tests check it against the default engine. See docs/fast-engine.md.
 """
 
 from .buckets import bucket_for, bucket_sizes
-from .engine import AUTO, NO_TRITON, FastEngine, choose_engine, engine_for, release, why_not_fast, why_not_triton
+from .engine import (AUTO, NO_TRITON, FastEngine, choose_engine, engine_for, fast_engine, release, why_not_fast,
+                     why_not_triton)
 from .lane import FastConfig, FastLane, check_supported
 from .plan import FastPlan, plan_for
-from .resolve import fast_engine
 from .static_kv import StaticKV, static_attention, static_attention_sdpa
 
 __all__ = ["AUTO", "NO_TRITON", "FastConfig", "FastEngine", "FastLane", "FastPlan", "StaticKV", "bucket_for",

@@ -37,7 +37,7 @@ class FastConfig:
     # where the step is not compiled whole: the rotary cos/sin of each call read from a table of every slot's
     # position (.rotary_table; one gather instead of ~8 kernels), for modules whose values it reproduces
     rotary_table: bool = True
-    # the generate loop may advance a lane one step early (hf_rstitch.engine.loop); None: with graphs
+    # the generate loop may advance a lane one step early (hf_rstitch.decode.loop); None: with graphs
     run_ahead: bool | None = None
     # with compile="parts": each residual add of a pre-norm layer and the norm after it as one compiled piece
     # (.add_norm); None: on with compile="parts"

@@ -10,6 +10,8 @@ for that configuration is kept on the LLM itself (``llm._rstitch_fast_engines``)
 ``generate`` calls on the same pair reuse its graphs, and it goes when the LLM goes (or with
 :func:`release`). ``stitch_engine="auto"`` (what a call naming no engine runs) uses it with
 :data:`AUTO` where it can, and the eager engine otherwise, logging why (:func:`choose_engine`).
+:func:`fast_engine` is the fast engine's half of the one resolver
+(:func:`hf_rstitch.decode.engines.resolve_engine`): what it hands any spec that does not name the eager lanes.
 
 The engine holds its models; drop it to free the caches and graphs.
 """
@@ -23,6 +25,8 @@ import shutil
 from transformers import PreTrainedModel
 
 from ..core.roles import Role
+from ..decode.engines import is_eager
+from ..decode.protocol import EagerEngine, LaneBuilder
 from .blocks import blocks_for
 from .lane import FastConfig, FastLane, check_supported
 from .plan import FastPlan
@@ -179,3 +183,42 @@ def _say(message: str) -> None:
     """INFO the first time in this process, DEBUG after."""
     log.log(logging.DEBUG if message in _SAID else logging.INFO, message)
     _SAID.add(message)
+
+
+def fast_engine(llm, slm, spec, batch: int = 1, own: bool = False) -> LaneBuilder:
+    """The lane builder (``.lanes(llm, slm, vocab, batch, capacity, timing)``) that runs ``spec`` for this pair.
+
+    Args:
+        spec: ``"auto"`` (:func:`choose_engine`), ``"fast"``, a :class:`FastConfig` or a :class:`FastEngine`.
+        batch: rows the lanes must hold (``"auto"`` checks the pair at this batch size).
+        own: a fast spec gets a new :class:`FastEngine` for ``batch`` rows (the request engine keeps its
+            own); without it, the engine kept on the LLM for that configuration (:func:`engine_for`), which
+            later ``generate`` calls reuse.
+    """
+    spec = choose_engine(llm, slm, spec, batch)
+    if is_eager(spec):
+        return spec if isinstance(spec, EagerEngine) else EagerEngine()
+    if isinstance(spec, FastEngine):
+        return spec
+    if isinstance(spec, str) and spec == "fast":
+        spec = FastConfig()
+    if not isinstance(spec, FastConfig):
+        raise ValueError(
+            f"stitch_engine must be None, 'auto', 'default', 'fast', a hf_rstitch.fast.FastConfig, a "
+            f"hf_rstitch.fast.FastEngine or a hf_rstitch.decode.EagerEngine, got {spec!r}.")
+    return FastEngine(spec, max_batch=batch) if own else _EngineOnModel(spec)
+
+
+class _EngineOnModel:
+    """A FastConfig for ``generate``: the LLM's own engine for that configuration, made on first use."""
+
+    single_device = True
+
+    def __init__(self, config: FastConfig):
+        self.config = config
+
+    def __repr__(self) -> str:
+        return repr(self.config)
+
+    def lanes(self, llm, slm, vocab, batch_size, capacity, timing=False) -> dict:
+        return engine_for(llm, self.config).lanes(llm, slm, vocab, batch_size, capacity, timing)

@@ -11,7 +11,7 @@ and the pair is remembered as failed (:func:`.support.remember_failure`: later `
 FastConfig or FastEngine) is never replaced: its errors are raised, and it is not warmed up here.
 
 What it does not do: a failure after the warm-up (a later batch bucket's capture) fails the step it happens
-in, as any failed step does (the running requests end with an ``error`` event; :mod:`hf_rstitch.engine.requests`).
+in, as any failed step does (the running requests end with an ``error`` event; :mod:`hf_rstitch.serving.requests`).
 """
 
 from __future__ import annotations

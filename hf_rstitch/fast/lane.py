@@ -1,4 +1,4 @@
-"""FastLane: a :class:`~hf_rstitch.engine.Lane` for CUDA, built for speed, at any batch size.
+"""FastLane: a :class:`~hf_rstitch.decode.Lane` for CUDA, built for speed, at any batch size.
 
 Same contract as ``Lane.advance`` -- bring every row of the batch up to date over the columns of
 the shared sequence it has not seen, return the last column's logits -- with these changes underneath:
@@ -57,8 +57,8 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 
 from ..core.roles import Role
-from ..engine.lane import left_padding
-from ..engine.step import to_device
+from ..decode.lane import left_padding
+from ..decode.step import to_device
 from . import compile_cache
 from .patches import experts, linears, products, regions, rotary_table
 from .kernels import rope_store, triton_support
@@ -198,14 +198,14 @@ class FastLane(Outputs, RowOps):
 
     @property
     def run_ahead(self) -> bool:
-        """The loop may call :meth:`advance` a step early (see :mod:`hf_rstitch.engine.protocol`); never while
+        """The loop may call :meth:`advance` a step early (see :mod:`hf_rstitch.decode.protocol`); never while
         timing, whose calls wait for the device anyway."""
         return self._run_ahead and not self.timing
 
     # ---- the Lane interface -------------------------------------------------------------------
     def advance(self, seq: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, resumed: torch.Tensor,
                 want_hidden: bool = False):
-        """As :meth:`hf_rstitch.engine.Lane.advance`: every row catches up columns ``[seen, T)``."""
+        """As :meth:`hf_rstitch.decode.Lane.advance`: every row catches up columns ``[seen, T)``."""
         total = seq.shape[1]
         width = total - self.seen
         if width <= 0:

@@ -1,5 +1,5 @@
 """Continuous batching for :class:`~hf_rstitch.fast.lane.FastLane`: rows join, wait, leave, and the shared columns
-grow or shrink on the left (the verbs of the lane protocol beyond ``advance``, :mod:`hf_rstitch.engine.protocol`);
+grow or shrink on the left (the verbs of the lane protocol beyond ``advance``, :mod:`hf_rstitch.decode.protocol`);
 with a paged cache, the blocks each row owns follow it (:mod:`hf_rstitch.fast.paged_kv`).
 
 A mixin over the lane's state: its static cache (``cache``), per-cache-row padding mask and count
@@ -13,8 +13,8 @@ import dataclasses
 
 import torch
 
-from ..engine.lane import left_padding
-from ..engine.step import to_device
+from ..decode.lane import left_padding
+from ..decode.step import to_device
 from . import joins
 
 
@@ -50,7 +50,7 @@ class RowOps:
     def add_rows(self, seq: torch.Tensor, mask: torch.Tensor, staged: list[int] | None = None) -> None:
         """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free
         cache rows. Their first ``seen`` columns are prefilled now, all the step's joining rows together (logits
-        discarded, as :meth:`hf_rstitch.engine.Lane.add_rows`), or, with ``staged``, copied from these rows of
+        discarded, as :meth:`hf_rstitch.decode.Lane.add_rows`), or, with ``staged``, copied from these rows of
         the stage (:meth:`stage_rows`, read to the end); the rest is read at the next :meth:`advance`. Their
         trace records count from nothing seen, as in a solo run."""
         if self.seen == 0:  # nothing read yet: the first advance reads every row's padding from its mask
@@ -123,7 +123,7 @@ class RowOps:
         self.rows.solo_seen = [max(s - n, 0) for s in self.rows.solo_seen]
 
     def hold_rows(self, index: list[int]) -> None:
-        """As :meth:`hf_rstitch.engine.Lane.hold_rows`: live rows ``index`` gain no token this step; their
+        """As :meth:`hf_rstitch.decode.Lane.hold_rows`: live rows ``index`` gain no token this step; their
         written slots move one to the right (one copy over every layer), a masked slot in front, and the
         last seen column is read again at the next call."""
         if not index or self.seen == 0:  # nothing written: the first call reads the padding from the mask

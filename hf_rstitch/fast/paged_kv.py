@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.step import to_device
+from ..decode.step import to_device
 from .blocks import BLOCK_TOKENS, TRASH, BlockAllocator, BlockTables, blocks_for
 
 

@@ -85,7 +85,7 @@ class RowSlots:
 
     def records(self, role: Role, total: int, taking: list[bool], resumed: list[bool],
                 seconds: float | None) -> dict[int, ForwardCall]:
-        """Per taking-part row, as if it ran alone (as :meth:`hf_rstitch.engine.Lane._records`): real
+        """Per taking-part row, as if it ran alone (as :meth:`hf_rstitch.decode.Lane._records`): real
         tokens read (``n_inf``) and held before (``n_kv``); the taking rows' solo view moves to ``total``."""
         calls = solo_calls(role, total, taking, self.solo_seen, self.pad, resumed, seconds)
         for r in calls:

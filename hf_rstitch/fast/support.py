@@ -25,6 +25,7 @@ import weakref
 import torch
 from transformers import PreTrainedModel
 
+from ..core.devices import describe, is_sharded
 from ..core.roles import Role
 from .config import check_supported
 
@@ -62,8 +63,6 @@ def why_not_fast(llm: PreTrainedModel, slm: PreTrainedModel, batch: int = 1) -> 
 def model_refusal(model: PreTrainedModel, batch: int = 1) -> str | None:
     """Why one model of a pair does not run on the fast engine under ``"auto"`` (``": ..."`` or ``" is ..."``,
     to follow its role); None when it does."""
-    from ..hf.placement import describe, is_sharded
-
     try:
         check_supported(model, batch)
     except ValueError as err:

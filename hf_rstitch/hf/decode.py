@@ -3,7 +3,7 @@
 transformers prepares everything (generation config, logits processors with the sampling
 warpers, stopping criteria with EOS / max length) and then calls this function with the
 LLM as ``model``. It builds one lane per model, resolves the routing policy and runs
-:func:`hf_rstitch.engine.stitch_loop`.
+:func:`hf_rstitch.decode.stitch_loop`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from ..core.policies import EntropyPolicy, RoutingPolicy, checked
 from ..core.sampling import pad_vocab
-from ..core.engines import requested_engine
-from ..engine.loop import stitch_loop
-from ..engine.protocol import EagerEngine, resolve_engine
+from ..decode.loop import stitch_loop
+from ..decode.engines import resolve_engine
 from .checks import check_pair, check_request, streamer_from_generate
 from .fallback import run_with_fallback
 from .placement import check_placement
@@ -129,8 +128,7 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     policy = resolve_policy(stitch_threshold, stitch_policy, generation_config, stitch_router, slm)
     vocab = min(logit_width(model), logit_width(slm))  # ids either model may emit
     check_request(input_ids, generation_config, model_kwargs, vocab)
-    auto = requested_engine(stitch_engine) == "auto"
-    engine = resolve_engine(model, slm, stitch_engine, input_ids.shape[0], fast=_fast_engine)
+    engine, auto = resolve_engine(model, slm, stitch_engine, input_ids.shape[0], fast=_fast_engine)
     check_placement(model, slm, input_ids, do_sample=bool(generation_config.do_sample), engine=engine)
     mask = model_kwargs.get("attention_mask")
     if mask is None:
@@ -159,7 +157,7 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
             drop_finished=finished_rows_unseen(generation_config, logits_processor, stopping_criteria),
         )
 
-    if auto and not isinstance(engine, EagerEngine):
+    if auto:
         result = run_with_fallback(model, slm, engine, attempt)  # a fast-engine failure reruns eagerly
     else:
         result = attempt(engine, 0, [0])

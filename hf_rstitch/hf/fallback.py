@@ -21,7 +21,7 @@ import logging
 
 import torch
 
-from ..engine.protocol import EagerEngine
+from ..decode.protocol import EagerEngine
 
 log = logging.getLogger("hf_rstitch.fast")
 

@@ -20,53 +20,11 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from ..core.devices import describe, devices, is_sharded, tp_mesh
 from ..core.roles import Role
-from ..engine.protocol import is_eager
+from ..decode.engines import is_eager
 
 _OFFLOAD = ("cpu", "disk")
-
-
-def tp_mesh(model: torch.nn.Module):
-    """The tensor-parallel ``DeviceMesh`` the model is sharded over, or None.
-
-    transformers records it on the model (``_device_mesh``, ``_tp_size``); a model sharded by
-    hand with ``torch.distributed.tensor.parallelize_module`` is recognised by its DTensor
-    parameters.
-    """
-    mesh = getattr(model, "_device_mesh", None)
-    if mesh is not None and (getattr(model, "_tp_size", None) or 1) > 1:
-        names = mesh.mesh_dim_names or ()
-        return mesh["tp"] if mesh.ndim > 1 and "tp" in names else mesh
-    for param in model.parameters():
-        mesh = getattr(param, "device_mesh", None)  # DTensor
-        if mesh is not None and mesh.size() > 1:
-            return mesh
-    return None
-
-
-def devices(model: torch.nn.Module) -> set[torch.device]:
-    """Devices holding the model's parameters (``meta`` for ones accelerate offloaded)."""
-    return {p.device for p in model.parameters()}
-
-
-def is_sharded(model: torch.nn.Module) -> bool:
-    """Split over several devices (device_map) or ranks (tensor parallelism)."""
-    dispatched = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
-    return tp_mesh(model) is not None or len(dispatched) > 1 or len(devices(model) - {torch.device("meta")}) > 1
-
-
-def describe(model: torch.nn.Module) -> str:
-    """One line for logs and benchmark tables, e.g. ``tensor-parallel x2 (this rank: cuda:1)``."""
-    mesh = tp_mesh(model)
-    if mesh is not None:
-        return f"tensor-parallel x{mesh.size()} (this rank: {model.device})"
-    dmap = getattr(model, "hf_device_map", None) or {}
-    if len({str(d) for d in dmap.values()}) > 1:
-        counts: dict[str, int] = {}
-        for d in dmap.values():
-            counts[str(d)] = counts.get(str(d), 0) + 1
-        return "device_map " + ", ".join(f"{d}: {n} modules" for d, n in counts.items())
-    return str(model.device)
 
 
 def check_placement(
@@ -83,7 +41,7 @@ def check_placement(
         input_ids: ``[B, T]`` the prompt; under tensor parallelism it must be the same on all ranks.
         do_sample: sampling is requested; under tensor parallelism every rank's RNG must agree.
         engine: the ``stitch_engine`` argument or the engine
-            :func:`hf_rstitch.engine.protocol.resolve_engine` made of it;
+            :func:`hf_rstitch.decode.engines.resolve_engine` made of it;
             only the eager lanes run sharded models.
 
     Under tensor parallelism this makes one small collective (a fingerprint of the prompt and the

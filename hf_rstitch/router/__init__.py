@@ -5,14 +5,13 @@
     llm.generate(**inputs, assistant_model=slm, stitch_router=router)          # threshold from router.config
     llm.generate(**inputs, assistant_model=slm, stitch_policy=RouterPolicy(router, 0.001))
 
-Training: :func:`hf_rstitch.router.train.train_router` / ``rstitch train-router``. The names below
+Training: :func:`hf_rstitch.training.router.train_router` / ``rstitch train-router``. The names below
 load torch on first use only, so ``hf_rstitch.router.config`` stays torch-free.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy import lazy_names
 
 _LAZY = {"Router": ".model", "load_router": ".model", "RouterPolicy": ".policy", "assign_rows": ".policy",
          "policy_from_router": ".policy"}
@@ -20,11 +19,4 @@ _LAZY = {"Router": ".model", "load_router": ".model", "RouterPolicy": ".policy",
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:  # tab completion and dir() show the lazy names too
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

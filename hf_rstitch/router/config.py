@@ -1,7 +1,7 @@
 """``RouterTrainConfig``: every knob of router training, with help text and validation.
 
 The CLI (``rstitch train-router``) is generated from this dataclass and the Python API
-(:func:`hf_rstitch.router.train.train_router`) takes it. Importing it is cheap (no torch).
+(:func:`hf_rstitch.training.router.train_router`) takes it. Importing it is cheap (no torch).
 Defaults follow the paper (lambda = 5e-6, tau = 0.001, 32 prompts per batch, G = 8); the
 shipped router used other values for lambda (see docs/router.md).
 """

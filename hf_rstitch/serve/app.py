@@ -26,7 +26,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..engine.request_types import QueueFull
+from ..serving.request_types import QueueFull
 from .driver import EngineDriver, ShuttingDown
 from .errors import ERROR_RESPONSES, error, install
 from .protocol import ChatCompletionRequest, CompletionRequest
@@ -229,7 +229,7 @@ def token_budget(requested: int | None, n_prompt: int, settings: ServerSettings,
 
 def build_request(body, ids: list[int], request_id: str, settings: ServerSettings):
     """The engine request for one HTTP request."""
-    from ..engine.requests import Request as EngineRequest
+    from ..serving.requests import Request as EngineRequest
 
     if not ids:
         raise BadRequest("the prompt tokenized to nothing; send some text", param="prompt")

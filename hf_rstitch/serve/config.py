@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.engines import engine_option
+from ..decode.engines import engine_option, is_eager
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -136,12 +136,11 @@ def load_models(cfg: ServeConfig):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not cfg.llm:
-        from ..toyworld.pair import load_pair
+    if not cfg.llm:  # the shipped pair
+        from ..hf.loading import load_pair
+        from ..resources import shipped
 
-        llm, slm, tok = load_pair(cfg.device)
-        dtype = getattr(torch, cfg.dtype)
-        return llm.to(dtype), slm.to(dtype), tok
+        return load_pair(str(shipped("llm")), str(shipped("slm")), cfg.dtype, cfg.device)
     dtype = getattr(torch, cfg.dtype)
     llm = AutoModelForCausalLM.from_pretrained(cfg.llm, dtype=dtype).to(cfg.device).eval()
     slm = AutoModelForCausalLM.from_pretrained(cfg.slm, dtype=dtype).to(cfg.device).eval()
@@ -160,7 +159,7 @@ def kv_plan(cfg: ServeConfig, llm, slm) -> tuple[int, int | None]:
     cut to it."""
     context = getattr(llm.config.get_text_config(), "max_position_embeddings", None) or DEFAULT_CONTEXT
     max_length = min(context, cfg.max_model_len or context)
-    if cfg.engine == "default":  # eager lanes: caches that grow as rows write, no pool
+    if is_eager(cfg.engine):  # eager lanes: caches that grow as rows write, no pool
         return max_length, None
     if llm.device.type != "cuda":
         kv_tokens = cfg.max_batch * CPU_ROW_TOKENS
@@ -183,7 +182,7 @@ def kv_plan(cfg: ServeConfig, llm, slm) -> tuple[int, int | None]:
 def build_engine(cfg: ServeConfig, llm, slm):
     """The request engine over the pair (continuous batching, ``cfg.max_batch`` rows); with
     ``cfg.router``, every request routes with that R-Stitch+ router."""
-    from ..engine.requests import RequestEngine
+    from ..serving.requests import RequestEngine
 
     policy = None
     if cfg.router:

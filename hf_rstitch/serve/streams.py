@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from ..engine.request_types import KV_FULL
+from ..serving.request_types import KV_FULL
 from .driver import EngineDriver
 from .errors import error, error_body
 from .responses import Transcript, chat_body, chat_chunk, completion_body, completion_chunk, usage_chunk

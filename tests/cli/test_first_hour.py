@@ -108,14 +108,14 @@ def test_published_layouts_are_recognised_by_their_columns(tmp_path):
 
 
 def test_eval_and_tune_prompt_the_shipped_pair_alike():
-    from hf_rstitch.cli.tune import TuneConfig
+    from hf_rstitch.cli.tune import TuneConfig, toy_dev_split
     from hf_rstitch.eval import EvalConfig
     from hf_rstitch.eval.data import DEFAULT_INSTRUCTION
     from hf_rstitch.eval.tuning import dev_set
 
     shipped_eval = EvalConfig(llm="shipped:llm", slm="shipped:slm", data=["x.jsonl"])
     tune = TuneConfig(llm="shipped:llm", slm="shipped:slm", max_drop=1, n=1)
-    assert shipped_eval.instruction == dev_set(tune, toy=True)[1] == ""
+    assert shipped_eval.instruction == dev_set(tune, toy_dev_split)[1] == ""
     assert EvalConfig(llm="owner/llm", slm="owner/slm", data=["x.jsonl"]).instruction == DEFAULT_INSTRUCTION
 
 

@@ -206,7 +206,7 @@ class _RoutePerRequest:
 
 @gpu
 def test_fp32_requests_that_wait_for_the_llm_equal_those_that_do_not():
-    from hf_rstitch.engine import Request, RequestEngine
+    from hf_rstitch.serving import Request, RequestEngine
 
     llm, slm = _pair(torch.float32)
     fast = FastEngine(FastConfig(max_bucket=16), capacity=128, max_batch=4)
@@ -230,7 +230,7 @@ def test_fp32_requests_that_wait_for_the_llm_equal_those_that_do_not():
 def test_fp32_generate_naming_no_engine_runs_the_fast_engine_and_keeps_it(monkeypatch):
     """What CUDA users get without asking: no ``stitch_engine`` means "auto", the fast engine (kept on the LLM)
     with the eager engine's tokens; the second call reuses its lanes. Entropy routing, so routes must match too."""
-    from hf_rstitch.core.engines import ENGINE_ENV
+    from hf_rstitch.decode.engines import ENGINE_ENV
     from hf_rstitch.fast import choose_engine
     from hf_rstitch.fast.engine import ATTRIBUTE
     from tiny_models import make_pair, prompt
@@ -259,7 +259,7 @@ def test_fp32_run_ahead_on_cuda_equals_default(logits, monkeypatch):
     """On CUDA the loop runs the SLM ahead (graphs): the stopping flags come back through a page-locked buffer
     while the early call runs. Three rows, end tokens stopping two of them early, routes with all-SLM
     stretches: tokens, roles and per-row records equal the eager engine's, logits within 1e-3."""
-    from hf_rstitch.engine import loop
+    from hf_rstitch.decode import loop
     from tiny_models import left_pad, make_pair, prompt
 
     runs = []
@@ -294,7 +294,7 @@ def test_fp32_entropy_routing_on_cuda_equals_default(monkeypatch):
     a step whose SLM decisions are still on the device queues the LLM first where a row is the LLM's already.
     Four rows, three thresholds: tokens, roles and per-row records equal the eager engine's."""
     from hf_rstitch.core.policies import EntropyPolicy
-    from hf_rstitch.engine import step
+    from hf_rstitch.decode import step
     from tiny_models import left_pad, make_pair, prompt
 
     early = []
@@ -321,7 +321,7 @@ def test_fp32_greedy_tokens_come_from_the_lanes_read_out(monkeypatch):
     """Greedy, no logits processor: each step's tokens are the argmax the lanes found reading their logits out of
     the graphs (no argmax in the loop) while every row is in the lanes, mixed writers included; once a row
     has finished and left, the loop picks them itself. Tokens, roles and logits equal the eager engine's."""
-    from hf_rstitch.engine import loop
+    from hf_rstitch.decode import loop
     from tiny_models import left_pad, make_pair, prompt
 
     picked = []

@@ -118,6 +118,7 @@ def test_windowed_pairs_equal_the_eager_engine(arch, dtype, device):
     assert any(len(set(t.roles)) > 1 for t in ref.stitch)  # some row switched models
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("arch", ["gemma2", "gpt_oss"])
 def test_split_kernel_lanes_equal_matmul_lanes(arch):
     """The split kernel inside the lanes (its steps build no mask: windows, softcap and sinks are the kernel's) gives

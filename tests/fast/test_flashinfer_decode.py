@@ -16,6 +16,7 @@ def test_why_not_names_the_reason():
     assert "head sizes" in fd.why_not("cuda", 96, torch.bfloat16)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="checked after the device")
 def test_cuda_cores_refuse_a_group_they_lack():
     keys = torch.zeros(1, 4, 16, 128, dtype=torch.bfloat16, device="cuda")

@@ -1,4 +1,4 @@
-"""The generate loop's run-ahead (hf_rstitch.engine.loop.run_ahead): the next step's first lane advanced
+"""The generate loop's run-ahead (hf_rstitch.decode.loop.run_ahead): the next step's first lane advanced
 before the stopping check when the host knows which lane that is -- the SLM when some row's token was the
 SLM's (or a host-deciding policy sends a row back), the LLM when it keeps every row on the host's word. On CUDA the fast engine does it by default;
 here CPU FastLanes are told to (``FastConfig(run_ahead=True)``) and every output must equal the eager
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hf_rstitch import ReplayPolicy, Role
-from hf_rstitch.engine import loop
+from hf_rstitch.decode import loop
 from hf_rstitch.fast import FastConfig, FastEngine
 from tiny_models import left_pad, make_pair, prompt
 
@@ -217,7 +217,7 @@ def test_entropy_routing_runs_the_next_steps_first_lane_ahead(lanes_ahead):
 
 def test_next_lane_waits_for_a_hand_back_decided_on_the_device():
     """Where the LLM's hand-back is still on the device (a GPU policy), only an SLM row makes the next lane known."""
-    from hf_rstitch.engine.step import StepOut
+    from hf_rstitch.decode.step import StepOut
 
     def out(writer, back):
         w = torch.tensor(writer)

@@ -6,7 +6,7 @@ import torch
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import Role
-from hf_rstitch.engine import Lane
+from hf_rstitch.decode import Lane
 from hf_rstitch.hf.placement import check_placement, describe
 
 from multigpu.cases import batch_with_early_stop, mixing_tau, stitched, tiny_pair, write_case

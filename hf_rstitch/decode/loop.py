@@ -1,0 +1,285 @@
+"""The stitched decode loop (the seed paper's Algorithm 1) for one ``generate`` call.
+
+Per step, every row of the caller's batch gains one token, as in plain ``generate``:
+
+1. :func:`~hf_rstitch.decode.step.run_step` runs the lanes and lets the policy pick each row's
+   writer -- where a switch is decided: its two ``policy.hand_to_*`` calls, nowhere else.
+2. The writer logits of the *whole* batch (the caller's rows, in the caller's order) go through
+   the logits processors; a token is picked; finished rows get the pad token; the stopping
+   criteria see the whole batch. Processors, stopping criteria and streamers therefore see
+   exactly what plain ``generate`` shows them.
+
+Finished rows: plain ``generate`` keeps running them. Here they leave the lanes (no model runs
+for them) when nothing can tell (``drop_finished``: no scores or logits returned and only
+transformers' own row-wise processors and criteria); their processor input is then zeros
+instead of logits, and their token is the pad token either way. Otherwise they keep running,
+routed by the policy as before, so their scores equal plain ``generate``'s; they are left out
+of the traces either way.
+
+Run-ahead: when the next step's first lane call is known before this step's stopping check -- the
+SLM's, if any row's token was the SLM's (that row stays with the SLM) or the policy sent a row back
+on the host; the LLM's, if it wrote every row's token and the policy kept every row with it on the
+host -- a lane that allows it (``run_ahead``: the fast engine's graphs) is advanced before that
+check and its host wait (:func:`run_ahead`): the device decodes the next token while the host
+records this one. A lane runs every row either way, so the early call serves the next step whoever
+takes part; its records are made then (``account``). If rows finished meanwhile, their part of the
+early call is dropped; if every row finished, the whole call is (the lane has read one column more,
+which the next generation's reset forgets). Outputs and traces do not change.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..core.policies import RoutingPolicy
+from ..core.roles import Role
+from ..core.sampling import pick_tokens
+from ..core.trace import StitchTrace
+from .step import Ahead, Routing, StepOut, call_early, run_step, to_device
+
+# (sequence [B, T], raw logits [B, V]) -> processed scores [B, V]
+Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# (sequence [B, T], processed scores [B, V]) -> done [B] bool
+Stopper = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class StitchResult:
+    sequences: torch.Tensor  # [B, T_prompt + new], finished rows padded with pad_token_id
+    traces: list[StitchTrace]  # one per row
+    scores: list[torch.Tensor] = field(default_factory=list)  # per step, [B, V] processed
+    logits: list[torch.Tensor] = field(default_factory=list)  # per step, [B, V] raw
+
+
+def stitch_loop(
+    lanes: dict,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    policy: RoutingPolicy,
+    process: Processor | None,
+    should_stop: Stopper,
+    do_sample: bool = False,
+    pad_token_id: int = 0,
+    on_token: Callable[[torch.Tensor], None] | None = None,
+    keep_scores: bool = False,
+    keep_logits: bool = False,
+    drop_finished: bool = True,
+) -> StitchResult:
+    """Decode until ``should_stop`` says so for every row, alternating the SLM and LLM lanes.
+
+    Args:
+        lanes: ``{Role.SLM: lane, Role.LLM: lane}``, fresh (nothing seen yet), sized for the batch.
+        input_ids: ``[B, T]`` prompt ids (left-padded when rows differ in length).
+        attention_mask: ``[B, T]`` prompt mask.
+        policy: decides the hand-overs (see :mod:`hf_rstitch.core.policies`).
+        process: logits processor, called on the whole batch each step; None: none (the scores are the
+            logits, and greedy tokens may come from the lanes, which found them reading the logits out).
+        should_stop: stopping rule on (sequence, processed scores) -> ``[B]`` done, whole batch.
+        do_sample: sample instead of argmax.
+        pad_token_id: the token of rows that already finished.
+        on_token: called with each step's tokens ``[B]`` (pad for finished rows), e.g. streamers.
+        keep_scores / keep_logits: keep processed scores / raw logits of every step.
+        drop_finished: stop running finished rows through the models (see the module docstring).
+    """
+    batch = input_ids.shape[0]
+    seq, mask = input_ids, attention_mask  # [B, T]: the caller's rows, all of them, all along
+    room = _MaskRoom(attention_mask)
+    unfinished = torch.ones(batch, dtype=torch.bool)  # [B] host
+    in_lanes = torch.arange(batch)  # [b] caller row of each lane row
+    at = None  # in_lanes on the device, once rows have left the lanes (copied once per change, not per step)
+    live = None  # [B] unfinished on the device, once a row has finished (derived there: no per-step copy)
+    routing = Routing.start(batch)
+    book = _TraceBook(batch, repr(policy))
+    scores_kept, logits_kept = [], []
+    policy.reset()
+    ahead = None  # the next step's first lane call, run early (run_ahead)
+    flags = _HostFlags(batch)
+    every = torch.ones(batch, dtype=torch.bool)  # [B] host, read only: `accounted` while no row has finished
+    for index in itertools.count():
+        accounted = every if live is None else unfinished[in_lanes]
+        out = run_step(lanes, seq if at is None else seq[at], mask if at is None else mask[at], routing, policy,
+                       index, in_lanes, accounted, ahead=ahead)
+        logits = out.logits if at is None else out.logits.new_zeros(batch, out.logits.shape[-1]).index_copy_(0, at, out.logits)
+        scores = logits if process is None else process(seq, logits)
+        found = out.greedy if process is None and not do_sample and at is None else None  # the lanes' argmax
+        tokens = found if found is not None else pick_tokens(scores, do_sample)  # [B]
+        if live is not None:
+            tokens = torch.where(live, tokens, torch.full_like(tokens, pad_token_id))
+        seq = torch.cat([seq, tokens[:, None]], dim=-1)
+        mask = room.take(seq.shape[1])
+        if on_token is not None:
+            on_token(tokens)
+        stop = should_stop(seq, scores)
+        flags.start(stop, out.back)  # to the host, queued before any early call: waiting for it waits for no more
+        ahead = run_ahead(lanes, out, seq if at is None else seq[at], mask if at is None else mask[at],
+                          policy.needs_hidden)
+        book.record(in_lanes, accounted, out, live is None)
+        if keep_scores:
+            scores_kept.append(scores)
+        if keep_logits:
+            logits_kept.append(logits)
+        done, back = flags.wait()  # the step's one wait for the device
+        routing.after(out.writer_llm, back, no_llm=out.no_llm)
+        if not bool(done.any()):  # the common step: nothing else to update
+            continue
+        unfinished = unfinished & ~done
+        if not unfinished.any():
+            break
+        live = (torch.ones_like(tokens, dtype=torch.bool) if live is None else live) & ~stop.to(tokens.device).bool()
+        if drop_finished and not bool(unfinished[in_lanes].all()):
+            in_lanes, ahead = _drop_finished(lanes, routing, unfinished, in_lanes, ahead)
+            at = in_lanes.to(seq.device)
+    return StitchResult(seq, book.finish(), scores_kept, logits_kept)
+
+
+def _drop_finished(lanes: dict, routing: Routing, unfinished: torch.Tensor, in_lanes: torch.Tensor, ahead):
+    """Finished rows leave the lanes, the routing and a run-ahead output; returns the rows left
+    (caller row of each lane row) and the cut run-ahead output."""
+    keep = unfinished[in_lanes].nonzero().flatten()
+    routing.keep(keep)
+    for lane in lanes.values():
+        lane.keep_rows(keep)
+    return in_lanes[keep], keep_ahead(ahead, keep)
+
+
+def next_lane(out: StepOut) -> Role | None:
+    """The lane the step after ``out`` calls first, if the host knows it now: the SLM's when some row will
+    be the SLM's (it wrote the row's token, or the LLM hands the row back and the policy said so on the
+    host); the LLM's when it keeps every row and the host knows it; else None (the LLM's decision to hand
+    back is still on the device)."""
+    back = out.back
+    if back is None or back.device.type != "cpu":
+        every_llm = out.all_llm if out.all_llm is not None else bool(out.writer_llm.all())
+        return Role.SLM if not every_llm else None
+    llm_next = out.writer_llm & ~back
+    return Role.LLM if bool(llm_next.all()) else Role.SLM
+
+
+def run_ahead(lanes: dict, out: StepOut, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool) -> Ahead | None:
+    """The next step's first lane call over ``seq`` (this step's tokens appended), run now, when the host
+    knows which lane it is (:func:`next_lane`) and that lane allows it; else None."""
+    role = next_lane(out)
+    if role is None:
+        return None
+    lane = lanes[role]
+    if lane.capacity is not None and seq.shape[1] > lane.capacity:  # a last step past the cache: never needed
+        return None
+    return call_early(lane, seq, mask, want_hidden and role is Role.SLM)
+
+
+def keep_ahead(ahead: Ahead | None, keep: torch.Tensor) -> Ahead | None:
+    """A run-ahead output cut to the lane rows ``keep`` (CPU long)."""
+    if ahead is None:
+        return None
+    hidden = ahead.hidden.index_select(0, to_device(keep, ahead.hidden.device)) if ahead.hidden is not None else None
+    return Ahead(ahead.role, ahead.logits.index_select(0, to_device(keep, ahead.logits.device)), hidden)
+
+
+class _MaskRoom:
+    """The attention mask grown by a column of ones a step: views of a buffer with room for :data:`ROOM` more
+    columns at a time, so that most steps launch no kernel for it (lanes read the mask, never write it)."""
+
+    ROOM = 256
+
+    def __init__(self, mask: torch.Tensor):
+        self.buffer = mask
+
+    def take(self, width: int) -> torch.Tensor:
+        """The mask of a sequence ``width`` columns long: the prompt's, then ones."""
+        if width > self.buffer.shape[1]:
+            ones = self.buffer.new_ones(self.buffer.shape[0], max(self.ROOM, width - self.buffer.shape[1]))
+            self.buffer = torch.cat([self.buffer, ones], dim=-1)
+        return self.buffer.narrow(1, 0, width)  # one view op, where [:, :width] takes two
+
+
+class _HostFlags:
+    """Each step's stopping flags (and the LLM's hand-back decisions) on their way to the host.
+
+    On CUDA the copy goes to a kept page-locked buffer and an event marks its end, so :meth:`wait`
+    waits for the kernels queued before it, not for an early SLM call queued after it; elsewhere it is
+    a plain copy. ``back`` on another device than the flags (a model split over GPUs) is copied apart.
+    """
+
+    def __init__(self, batch: int):
+        self.buffer: torch.Tensor | None = None  # [2 * batch] bool, pinned, made at the first CUDA step
+        self.event: torch.cuda.Event | None = None  # marks the copy's end; recorded again each step
+        self.batch = batch
+        self.pending = None
+
+    def start(self, finished: torch.Tensor, back: torch.Tensor | None) -> None:
+        rows = len(finished)
+        apart = back.cpu() if back is not None and back.device != finished.device else None
+        both = finished.bool() if back is None or apart is not None else torch.cat([finished.bool(), back])
+        if both.device.type != "cuda":
+            self.pending = (both.cpu(), None, rows, back is not None and apart is None, apart)
+            return
+        if self.buffer is None:
+            self.buffer = torch.empty(2 * self.batch, dtype=torch.bool, pin_memory=True)
+            self.event = torch.cuda.Event()
+        host = self.buffer[: len(both)]
+        host.copy_(both, non_blocking=True)
+        self.event.record(torch.cuda.current_stream(both.device))  # the flags' device, not the current one
+        self.pending = (host, self.event, rows, back is not None and apart is None, apart)
+
+    def wait(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        host, event, rows, with_back, apart = self.pending
+        if event is not None:
+            event.synchronize()
+            host = host.clone()  # the page-locked buffer is reused by the next step
+        done = host if host.shape[0] == rows else host[:rows]  # no view op where the flags are all there is
+        return done, (host[rows:] if with_back else apart)
+
+
+class _TraceBook:
+    """Per caller row, the trace of the tokens it really generated (finished rows add nothing).
+
+    Each step is kept as it came (host lists, device entropies) and written into the traces at the end:
+    :meth:`record` does no per-row work and no tensor op while every row of the lanes is accounted."""
+
+    def __init__(self, batch: int, policy: str):
+        self.traces = [StitchTrace(policy=policy) for _ in range(batch)]
+        self.steps: list[tuple] = []  # (rows, calls, writer, handed, entropy, slm entropy), one per step
+        self._rows: tuple[torch.Tensor, list[int]] | None = None  # in_lanes and its list, converted once a change
+
+    def record(self, in_lanes: torch.Tensor, accounted: torch.Tensor, out: StepOut, every: bool) -> None:
+        """The step's records; ``every``: every lane row is accounted (``accounted`` is all True)."""
+        if self._rows is None or self._rows[0] is not in_lanes:
+            self._rows = (in_lanes, in_lanes.tolist())  # in_lanes changes only when rows leave
+        caller = self._rows[1]
+        calls = [(caller[r], call) for r, call in out.calls]
+        writer, handed = out.writer_llm, out.handed
+        entropy, slm_h = out.entropy, out.slm_entropy
+        if not every:
+            take = accounted.nonzero().flatten()
+            caller = in_lanes[take].tolist()
+            writer, handed = writer[take], handed[take] if handed is not None else None
+            entropy = entropy[take.to(entropy.device)]
+            slm_h = slm_h[take.to(slm_h.device)] if slm_h is not None else None
+        self.steps.append((caller, calls, writer.tolist(), handed.tolist() if handed is not None else None,
+                           entropy, slm_h))
+
+    def finish(self) -> list[StitchTrace]:
+        """Fill the traces after decoding: one device-to-host copy of the entropies for the whole generation."""
+        steps, traces = self.steps, self.traces
+        if not steps:
+            return traces
+        flat = torch.cat([h for *_, h, _ in steps] + [s for *_, s in steps if s is not None]).cpu().tolist()
+        n_writer = sum(len(rows) for rows, *_ in steps)
+        writer_h, slm = iter(flat[:n_writer]), iter(flat[n_writer:])
+        for rows, calls, writer, handed, _, slm_h in steps:
+            for r, call in calls:
+                traces[r].calls.append(call)
+            handed = handed if handed is not None else [False] * len(rows)
+            slm_values = [next(slm) for _ in rows] if slm_h is not None else [None] * len(rows)
+            for r, llm, hand, h, sh in zip(rows, writer, handed, writer_h, slm_values):
+                t = traces[r]
+                t.roles.append(Role.LLM if llm else Role.SLM)
+                t.handovers.append(hand)
+                t.entropies.append(h)
+                # the SLM's own entropy where it was consulted: it wrote the token, or handed it over
+                t.slm_entropies.append(sh if (not llm or hand) else None)
+        return traces

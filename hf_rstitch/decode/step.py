@@ -1,0 +1,272 @@
+"""One stitched step over the rows of a batch: run the lanes, ask the policy, pick each row's writer.
+
+This is where every switch is decided -- the two ``policy.hand_to_*`` calls in :func:`run_step`:
+
+1. Rows the SLM controls run the SLM (partial prefill + next-token logits); the policy decides
+   per row whether to keep its proposal or discard it (hand-over to the LLM).
+2. Rows the LLM controls -- or that were just handed over -- run the LLM; its token is always
+   kept, and the policy decides per row whether control returns to the SLM for the next step.
+
+A schedule (:mod:`hf_rstitch.core.scheduling`, the request engine's option) may defer step 2: then
+the rows that need the LLM gain no token this step (``StepOut.held``) and wait for a later LLM call
+that serves more of them. Which model decides each token does not change, only when.
+
+The step knows nothing about logits processors, stopping or finished rows: the callers (the
+``generate`` loop in :mod:`.loop`, the request engine in :mod:`.requests`) pick the tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from ..core.policies import RoutingPolicy, StepView
+from ..core.roles import Role
+from ..core.scheduling import LLMDemand, LLMSchedule
+from ..core.trace import ForwardCall
+
+
+@dataclass
+class Routing:
+    """Who controls each row of the lanes, on the host (``[b]`` bool each)."""
+
+    llm_on: torch.Tensor  # the LLM decodes the row's next token
+    last_llm: torch.Tensor  # the LLM wrote the row's latest token
+    waited: torch.Tensor  # [b] long: steps the row has waited for the LLM (a schedule deferred it)
+    waiting: bool = False  # some row of ``waited`` may be nonzero (else the generate loop's steps skip zeroing it)
+    slm_only: bool = False  # no row is the LLM's, known on the host without reading ``llm_on`` (False: not known)
+
+    @classmethod
+    def start(cls, rows: int) -> "Routing":
+        """Every row starts with the SLM (the seed paper's Algorithm 1)."""
+        return cls(torch.zeros(rows, dtype=torch.bool), torch.zeros(rows, dtype=torch.bool),
+                   torch.zeros(rows, dtype=torch.long), slm_only=True)
+
+    def after(self, writer_llm: torch.Tensor, back: torch.Tensor | None, held: torch.Tensor | None = None,
+              no_llm: bool | None = None) -> None:
+        """Record who wrote this step's tokens; LLM rows handed back give control to the SLM.
+        ``held`` rows wrote nothing: they keep waiting for the LLM. ``no_llm``: the host knows no row's token
+        was the LLM's (``StepOut.no_llm``)."""
+        self.slm_only = bool(no_llm) and held is None
+        if held is not None:  # the LLM did not run: held == writer_llm, every other row is the SLM's
+            self.waited = torch.where(held, self.waited + 1, 0)
+            self.waiting = True
+            self.last_llm = self.last_llm & held
+            self.llm_on = held
+            return
+        if self.waiting:
+            self.waited.zero_()
+            self.waiting = False
+        self.last_llm = writer_llm
+        self.llm_on = writer_llm & ~back if back is not None else writer_llm
+
+    def keep(self, index: torch.Tensor) -> None:
+        self.llm_on, self.last_llm, self.waited = self.llm_on[index], self.last_llm[index], self.waited[index]
+
+    def add(self, llm_first: list[bool]) -> None:
+        """Append rows; each starts with the SLM unless ``llm_first`` (a row pinned to the LLM)."""
+        first = torch.tensor(llm_first, dtype=torch.bool)
+        self.slm_only = self.slm_only and not any(llm_first)
+        self.llm_on = torch.cat([self.llm_on, first])
+        self.last_llm = torch.cat([self.last_llm, torch.zeros_like(first)])
+        self.waited = torch.cat([self.waited, torch.zeros(len(first), dtype=torch.long)])
+
+
+@dataclass
+class StepOut:
+    """One step's outcome per lane row (``[b]``); the writer is the model whose token is kept."""
+
+    logits: torch.Tensor  # [b, V] raw logits of each row's writer
+    entropy: torch.Tensor  # [b] writer's normalized entropy (on the logits' device)
+    writer_llm: torch.Tensor  # [b] bool, host: the LLM writes the row's token
+    handed: torch.Tensor | None  # [b] bool, host: the SLM's proposal was discarded (None: SLM did not run)
+    slm_entropy: torch.Tensor | None  # [b] the SLM's entropy where it ran
+    back: torch.Tensor | None  # [b] bool (any device): after its token the LLM hands back (None: LLM did not run)
+    calls: list[tuple[int, ForwardCall]]  # (lane row, call) for every accounted row
+    held: torch.Tensor | None = None  # [b] bool, host: rows that gain no token this step (waiting for the LLM)
+    greedy: torch.Tensor | None = None  # [b] long: argmax of ``logits``, where the lanes found it (read-out)
+    all_llm: bool | None = None  # writer_llm.all() and not writer_llm.any(), on the host (None: not known)
+    no_llm: bool | None = None
+
+
+@dataclass
+class Ahead:
+    """A lane's ``advance`` run a step early (the loop's run-ahead, :func:`hf_rstitch.decode.loop.run_ahead`)
+    with no rows taking part: its records are made when the step that uses it knows its rows."""
+
+    role: Role
+    logits: torch.Tensor  # [b, V]
+    hidden: torch.Tensor | None
+
+
+def run_step(
+    lanes: dict, seq: torch.Tensor, mask: torch.Tensor, routing: Routing, policy: RoutingPolicy,
+    index: int, rows: torch.Tensor, accounted: torch.Tensor | None = None, schedule: LLMSchedule | None = None,
+    ahead: Ahead | None = None,
+) -> StepOut:
+    """Advance the lanes by one token for every row of ``seq [b, T]`` and choose each row's writer.
+
+    Args:
+        lanes: ``{Role.SLM: lane, Role.LLM: lane}`` holding exactly these ``b`` rows.
+        seq, mask: ``[b, T]`` the rows' shared columns (left-padded) and attention mask.
+        routing: the rows' control state (read here; the caller applies :meth:`Routing.after`).
+        policy: decides the hand-overs.
+        index: position of the token being decided among the new tokens (``StepView.index``).
+        rows: ``[b]`` CPU long, the caller's id of each row (``StepView.rows``).
+        accounted: ``[b]`` bool (CPU), rows whose forward calls are recorded (default: all); rows
+            that only run so their logits exist (finished rows, kept as plain ``generate`` keeps
+            them) are left out.
+        schedule: whether the LLM runs now for the rows that need it (default: always); when it
+            does not, those rows are ``held`` and the caller moves them one column right
+            (``hold_rows`` of each lane) instead of appending a token.
+        ahead: one lane's ``advance`` for these rows, already run (the loop's run-ahead): used instead
+            of advancing that lane. Unused when the rows that needed it finished meanwhile: the lane
+            has read the column early, which its next call skips; no records were made.
+    """
+    accounted = _every(len(rows)) if accounted is None else accounted
+    llm_on, calls = routing.llm_on, []
+    some_llm = not routing.slm_only and bool(llm_on.any())  # host flags read once: a tensor op costs microseconds
+    slm_rows = ~llm_on if some_llm else None  # None: every row is the SLM's
+    slm_h = handed = slm_logits = None
+    if slm_rows is None or slm_rows.any():
+        taking = accounted if slm_rows is None else slm_rows & accounted
+        slm_logits, hidden, got = _advance(lanes[Role.SLM], ahead, seq, mask, taking, routing.last_llm,
+                                           policy.needs_hidden)
+        calls += got.items()
+        slm_h = lanes[Role.SLM].entropy(slm_logits)
+        decision = policy.hand_to_llm(StepView(index, slm_h, hidden, rows))
+        pending = send_to_host(decision)  # queued before an early LLM call: waiting for it waits for no more
+        if ahead is None or ahead.role is not Role.LLM:
+            ahead = _llm_before_decision(lanes[Role.LLM], decision, some_llm, schedule, seq, mask)
+        handed = on_host(pending).bool() if slm_rows is None else on_host(pending) & slm_rows
+        llm_on = llm_on | handed if some_llm else handed  # discard these proposals: the LLM decodes the same position
+        some_llm = bool(llm_on.any())
+    llm_h = back = llm_logits = held = None
+    if some_llm and _llm_now(schedule, llm_on, routing.waited):
+        llm_logits, _, got = _advance(lanes[Role.LLM], ahead, seq, mask, llm_on & accounted, ~routing.last_llm, False)
+        calls += got.items()
+        llm_h = lanes[Role.LLM].entropy(llm_logits)
+        back = policy.hand_to_slm(StepView(index, llm_h, rows=rows))  # host copy deferred to the caller's sync
+    elif some_llm:
+        held = llm_on.clone()  # no LLM call: these rows wait; their logits below are the SLM's, unused
+    by_writer = _ByWriter(llm_on, some_llm)
+    return StepOut(by_writer(llm_logits, slm_logits), by_writer(llm_h, slm_h), llm_on, handed, slm_h, back, calls,
+                   held, _greedy(lanes, by_writer, llm_logits, slm_logits), by_writer.all, by_writer.none)
+
+
+def _greedy(lanes: dict, by_writer: "_ByWriter", llm_logits, slm_logits) -> torch.Tensor | None:
+    """Each row's argmax of its writer's logits where the lanes that wrote found it reading them out (the fast
+    lane's ``greedy``), else None: the caller computes it."""
+    found = {}
+    for role, logits in ((Role.LLM, llm_logits), (Role.SLM, slm_logits)):
+        if logits is not None:
+            found[role] = lanes[role].greedy(logits)
+            if found[role] is None:
+                return None
+    return by_writer(found.get(Role.LLM), found.get(Role.SLM))
+
+
+def _llm_before_decision(lane, decision: torch.Tensor, some_llm: bool, schedule, seq, mask) -> Ahead | None:
+    """The LLM's call, queued before the host reads the SLM's hand-over decisions from the device, when the
+    step calls the LLM whatever they say (some row is the LLM's already) and its lane runs every row anyway
+    (``run_ahead``): the device goes on from the SLM to the LLM instead of waiting for the host. ``some_llm``:
+    some row is the LLM's before the decisions."""
+    if decision.device.type == "cpu" or schedule is not None or not some_llm:
+        return None
+    return call_early(lane, seq, mask)
+
+
+def call_early(lane, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool = False) -> Ahead | None:
+    """``lane``'s next ``advance`` over ``seq``, queued before the host knows which rows take part, where the
+    lane allows it (``run_ahead``: it runs every row anyway); else None. No rows take part in the call: the
+    step that uses it makes their records (``Lane.account``)."""
+    if not lane.run_ahead:
+        return None
+    nobody = _nobody(seq.shape[0])
+    logits, hidden, _ = lane.advance(seq, mask, nobody, nobody, want_hidden=want_hidden)
+    return Ahead(lane.role, logits, hidden)
+
+
+@functools.lru_cache(maxsize=64)
+def _nobody(rows: int) -> torch.Tensor:
+    """``[rows]`` False on the host, made once a size (lanes read their ``rows`` / ``resumed``, never write them)."""
+    return torch.zeros(rows, dtype=torch.bool)
+
+
+@functools.lru_cache(maxsize=64)
+def _every(rows: int) -> torch.Tensor:
+    """``[rows]`` True on the host, made once a size (read only, as :func:`_nobody`)."""
+    return torch.ones(rows, dtype=torch.bool)
+
+
+def send_to_host(values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """``values``' copy to the host, queued now: on CUDA into page-locked memory, with an event after it."""
+    if values.device.type != "cuda":
+        return values, None
+    host = values.to("cpu", non_blocking=True)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(values.device))
+    return host, done
+
+
+def to_device(values, device: torch.device) -> torch.Tensor:
+    """A CPU tensor (or a list of ints) on ``device`` without waiting for the kernels queued there: a blocking
+    copy from the host waits for the device's stream, which holds a step run ahead (tens of ms); a
+    non-blocking one from pageable memory is staged and queued at once."""
+    values = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
+    return values.to(device, non_blocking=True)
+
+
+def on_host(pending: tuple[torch.Tensor, torch.cuda.Event | None]) -> torch.Tensor:
+    """The copy :func:`send_to_host` queued, once there: waits for the kernels queued before it, not for a
+    lane call queued after it."""
+    host, done = pending
+    if done is None:
+        return host.cpu()
+    done.synchronize()
+    return host
+
+
+def _advance(lane, ahead: Ahead | None, seq, mask, rows: torch.Tensor, resumed: torch.Tensor, want_hidden: bool):
+    """``lane.advance(...)``, or the lane's early call when ``ahead`` is it (then only its records are made)."""
+    if ahead is None or ahead.role is not lane.role:
+        return lane.advance(seq, mask, rows, resumed, want_hidden=want_hidden)
+    return ahead.logits, ahead.hidden, lane.account(seq.shape[1], rows, resumed)
+
+
+def _llm_now(schedule: LLMSchedule | None, llm_on: torch.Tensor, waited: torch.Tensor) -> bool:
+    if schedule is None:  # the generate loop: every step
+        return True
+    need = int(llm_on.sum())
+    if need == len(llm_on):  # waiting would stall every row: never
+        return True
+    return schedule.run_now(LLMDemand(need=need, rows=len(llm_on), waited=int(waited[llm_on].max())))
+
+
+class _ByWriter:
+    """Per row, the LLM's value where it writes and the SLM's elsewhere (either may be absent), for the step's
+    logits, entropies and greedy tokens alike.
+
+    ``writer_llm`` is ``[b]`` bool on the host. When every row has the same writer no mask goes to the
+    device; otherwise it goes once per device, queued without waiting for the device's stream (``to_device``).
+    """
+
+    def __init__(self, writer_llm: torch.Tensor, some: bool):
+        self.writer_llm = writer_llm  # ``some``: writer_llm.any(), known already
+        self.none = not some
+        self.all = some and bool(writer_llm.all())
+        self._picks: dict[torch.device, torch.Tensor] = {}
+
+    def __call__(self, llm_value: torch.Tensor | None, slm_value: torch.Tensor | None):
+        if llm_value is None or slm_value is None:
+            return slm_value if llm_value is None else llm_value
+        if self.all:
+            return llm_value
+        if self.none:
+            return slm_value
+        pick = self._picks.get(llm_value.device)
+        if pick is None:
+            pick = self._picks[llm_value.device] = to_device(self.writer_llm, llm_value.device)
+        return torch.where(pick.view(-1, *[1] * (llm_value.dim() - 1)), llm_value, slm_value)

@@ -1,0 +1,12 @@
+"""The request engine: requests joining and leaving one continuous batch, each with an explicit
+:class:`RequestStatus` (waiting, running, preempted, finished), one admission rule and one queue limit.
+
+It drives the decode layer's step (:mod:`hf_rstitch.decode`) over the lanes the one engine resolver
+builds, and knows nothing of HTTP: :mod:`hf_rstitch.serve` is the OpenAI-compatible server over it,
+:mod:`hf_rstitch.eval.continuous` the evaluation driver.
+"""
+
+from .request_types import Completion, Event, QueueFull, Request, RequestStatus
+from .requests import RequestEngine
+
+__all__ = ["Completion", "Event", "QueueFull", "Request", "RequestEngine", "RequestStatus"]
