@@ -72,7 +72,7 @@ class Lane:
         timing: record device-synchronised wall seconds of every forward call.
     """
 
-    run_ahead = False  # each call runs only the rows that take part (engine.protocol)
+    run_ahead = False  # each call runs only the rows that take part (decode.protocol)
     capacity = None  # a DynamicCache grows: no bound
 
     def __init__(self, model: PreTrainedModel, role: Role, vocab: int, batch_size: int = 1, timing: bool = False):

@@ -137,7 +137,7 @@ class FastLane(Outputs, RowOps):
         if config.graphs is None and not plan.graphs:
             _warn_eager(dev)
         self.graphs = GraphRunner(dev) if plan.graphs else None  # raises off CUDA
-        self._run_ahead = plan.run_ahead  # see engine.protocol
+        self._run_ahead = plan.run_ahead  # see decode.protocol
         self.buckets = plan.length_buckets
         self.slot_ids = torch.arange(n_slots, device=dev)  # [S]
         self.valid = torch.ones(max_rows, n_slots, dtype=torch.bool, device=dev)  # False on left-padding slots
