@@ -83,10 +83,24 @@ def start(cfg: ServeConfig, ray_init: dict[str, Any] | None = None,
     ``cfg.replicas`` replicas (``build``: see :func:`application`); returns once every replica is ready."""
     import ray
 
+    init, local = dict(ray_init or {}), not ray.is_initialized() and not cfg.ray_address
     if not ray.is_initialized():
-        ray.init(address=cfg.ray_address or None, include_dashboard=False, **(ray_init or {}))
+        if local and cfg.replica_gpus > 0 and "num_gpus" not in init:
+            init["num_gpus"] = local_gpus()  # Ray's own look (NVML) can miss a container's GPUs
+        ray.init(address=cfg.ray_address or None, include_dashboard=False, **init)
+    problem = cfg.placement_problem(ray.cluster_resources()) if local else None  # a cluster may grow
+    if problem:  # else serve.run would wait forever for replicas Ray cannot place
+        ray.shutdown()
+        raise RuntimeError(problem)
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     serve.run(application(cfg, build), name=APP_NAME, route_prefix="/")
+
+
+def local_gpus() -> int:
+    """CUDA devices this process sees (what a local Ray instance is told it has)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def stop() -> None:
@@ -95,6 +109,8 @@ def stop() -> None:
     proxy; ``serve.shutdown()`` alone stops the proxy under them."""
     import ray
 
+    if not ray.is_initialized():  # start() failed before Serve ran, or stop() ran already
+        return
     serve.delete(APP_NAME, _blocking=True)
     serve.shutdown()
     ray.shutdown()
