@@ -1,20 +1,24 @@
 """Replicas of the stitched server on Ray Serve, one a GPU: N replicas against one on the same load, and a
 replica killed under load (issue #38). Run through ``serve_reasoning.py --replicas``:
 
-    PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --out-dir $OUT --scale 0.05 \\
-        --max-batch 64 --replica-concurrency 128 --warmup-s 4 --window-s 12       # two GPUs, one call
+    bash benchmarks/serve_replicas_gpu.sh            # two GPUs, one call: installs the carried Ray bundle, then
+    PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --out-dir $OUT --scale 0.05 \
+        --max-batch 64 --replica-concurrency 128 --warmup-s 4 --window-s 12 --replace-timeout-s 100
     PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --dry-run-cpu --out-dir /tmp/sr  # CPU check
 
 Each replica builds the random-weight pair with replayed routes of ``serve_reasoning.py`` (:class:`Builder`, run
 inside the replica), warms its batch buckets up and serves the app of ``rstitch serve`` behind
 :mod:`hf_rstitch.serve.replicas` (Ray's proxy, front replicas, engine replicas with ``num_gpus=1`` each). For
 each replica count: a closed loop of ``--replica-concurrency`` streaming clients (``--warmup-s`` excluded, then
-``--window-s``), requests/s counted as completed inside the window. Then, at the largest count, the kill test:
-the same load runs while one engine replica's process is killed (SIGKILL, ``--warmup-s`` into the load); every
-request must either complete or end with the clean error of a lost replica (a 503 OpenAI error, or an error event
-and ``[DONE]`` in its stream), and Ray must start a replacement (``/health`` shows a new pid).
+``--window-s``), requests/s counted as completed inside the window, with the requests each replica completed (how
+Ray spread them) and the CPU cores each of Ray Serve's processes used in the window (proxy, front replicas,
+engine replicas: a process near one core is what a replica count that does not scale waits on). Then, at the
+largest count, the kill test: the same load runs while one engine replica's process is killed (SIGKILL,
+``--warmup-s`` into the load); every request must either complete or end with the clean error of a lost replica
+(a 503 OpenAI error, or an error event and ``[DONE]`` in its stream) -- or a 429 if the survivor's rows and queue
+are full -- and Ray must start a replacement (``/health`` shows a new pid).
 
-Writes ``serve_replicas_<gpu>.json`` (``rows``: per replica count; ``kill``) and ``.md``.
+Writes ``serve_replicas_<gpu>.json`` (``rows``: per replica count; ``kill``) and ``.md`` after each stage.
 """
 
 from __future__ import annotations
@@ -143,13 +147,16 @@ def kill_test(url: str, bodies: list[dict], args, n: int, seen: set[int]) -> dic
         if now - before - seen and victim not in now:
             replaced = time.monotonic() - t_kill
         time.sleep(1.0)
+    from hf_rstitch.serve.relay import LOST
+
     recs = out["records"]
-    lost = [r for r in recs if not r["complete"] and "replica" in str(r.get("error"))]
-    unclean = [r for r in recs if not r["complete"] and r not in lost]
+    lost = [r for r in recs if not r["complete"] and LOST in str(r.get("error"))]
+    full = [r for r in recs if not r["complete"] and r["status"] == 429]  # the survivors' queues full: retry later
+    unclean = [r for r in recs if not r["complete"] and r not in lost and r not in full]
     after = [r for r in recs if r["start"] > t_kill + 1.0]  # sent once the victim was known dead or soon after
     return {"replicas": n, "victim_pid": victim, "pids_before": sorted(before | seen), "requests": len(recs),
             "completed": sum(r["complete"] for r in recs), "ended_with_replica_lost_error": len(lost),
-            "lost_statuses": sorted({r["status"] for r in lost}), "unclean": len(unclean),
+            "lost_statuses": sorted({r["status"] for r in lost}), "at_capacity_429": len(full), "unclean": len(unclean),
             "unclean_examples": [str(r.get("error"))[:200] for r in unclean[:3]],
             "sent_after_kill": len(after), "sent_after_kill_completed": sum(r["complete"] for r in after),
             "replaced_after_s": replaced, "pids_after": sorted(replica_pids(url))}
@@ -239,7 +246,8 @@ def markdown(doc: dict) -> str:
     if k:
         lines += ["", f"Kill test ({k['replicas']} replicas, pid {k['victim_pid']} killed under load): "
                   f"{k['requests']} requests ended, {k['completed']} complete, {k['ended_with_replica_lost_error']} "
-                  f"with the lost-replica error (statuses {k['lost_statuses']}), {k['unclean']} otherwise; "
+                  f"with the lost-replica error (statuses {k['lost_statuses']}), {k.get('at_capacity_429', 0)} with a "
+                  f"429 (the survivor full), {k['unclean']} otherwise; "
                   f"{k['sent_after_kill_completed']} / {k['sent_after_kill']} sent after the kill completed; "
                   f"replacement answering after {f(k['replaced_after_s'], 0)} s."]
     return "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from ray import serve
 
 from .config import ServeConfig, build_server
-from .relay import call_app, front_app
+from .relay import AtCapacity, call_app, front_app
 
 APP_NAME = "rstitch"
 
@@ -50,11 +50,25 @@ class RStitchFront:
     """A front replica: relays each request to the engine replicas (``replica``: their deployment handle)."""
 
     def __init__(self, replica):
-        handle = replica.options(stream=True)
-        self._app = front_app(lambda head, body: handle.forward.remote(head, body))
+        self._app = front_app(forward_to(replica.options(stream=True)))
 
     def __serve_build_asgi_app__(self):
         return self._app
+
+
+def forward_to(handle):
+    """The front app's ``forward`` over Ray's streaming deployment ``handle``: a request Ray drops because every
+    engine replica's queue is full (``BackPressureError``) is :class:`~.relay.AtCapacity` (a 429), not a lost replica."""
+    from ray.serve.exceptions import BackPressureError
+
+    async def forward(head: dict[str, Any], body: bytes):
+        try:
+            async for item in handle.forward.remote(head, body):
+                yield item
+        except BackPressureError as err:
+            raise AtCapacity(str(err)) from err
+
+    return forward
 
 
 def deployment(cfg: ServeConfig):
