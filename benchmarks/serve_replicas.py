@@ -190,7 +190,8 @@ def main(args) -> int:
     gpu = "cpu" if args.dry_run_cpu else torch.cuda.get_device_name()
     doc = {**environment(), "gpu": gpu, "gpus": 0 if args.dry_run_cpu else torch.cuda.device_count(),
            "args": vars(args), "method": method, "max_batch": max_batch, "rows": rows, "kill": None,
-           "pair": "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu else f"random Qwen2 7B / 1.5B, {args.dtype}"}
+           "pair": ("tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu
+                    else f"random Qwen2 7B / 1.5B, {args.dtype}")}
     stem = out / f"serve_replicas_{gpu.lower().replace(' ', '_')}"
     for n in args.replicas:
         port = sc.free_port()

@@ -5,16 +5,18 @@
 #
 #   bash benchmarks/serve_replicas_gpu.sh          # two GPUs (nvidia-h100-x2): 1 vs 2 replicas + kill test, <= 480 s
 #   bash benchmarks/serve_replicas_gpu.sh smoke    # one GPU: install, Ray, one small replica, <= 120 s
-# Run from the repository root with .ray carried.
+# Run from the repository root with .ray carried. On CPU, to check the script itself:
+#   SITE=/tmp/site311 EXTRA=--dry-run-cpu bash benchmarks/serve_replicas_gpu.sh smoke   (.ray built for --python 3.11)
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 t0=$SECONDS
-if ! bash .ray/install.sh /tmp/site >"$OUT/install.log" 2>&1; then
+SITE="${SITE:-/tmp/site}"
+if ! bash .ray/install.sh "$SITE" >"$OUT/install.log" 2>&1; then
   tail -30 "$OUT/install.log"; echo "FAILED: .ray/install.sh (is .ray carried?)"; exit 1
 fi
-export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 echo "installed in $((SECONDS - t0)) s: $(tail -1 "$OUT/install.log")"
 python3 -c 'import torch, grpc, google.protobuf as p; print("torch", torch.__version__, "gpus", torch.cuda.device_count(), "grpc", grpc.__version__, "protobuf", p.__version__)'
 if [ "${1:-full}" = smoke ]; then
@@ -25,7 +27,7 @@ else
         --replace-timeout-s 100)
   limit=$((470 - (SECONDS - t0)))
 fi
-timeout -k 10 "$limit" python3 benchmarks/serve_reasoning.py "${args[@]}" --out-dir "$OUT" 2>&1 | tee "$OUT/run.log" | \
+timeout -k 10 "$limit" python3 benchmarks/serve_reasoning.py "${args[@]}" ${EXTRA:-} --out-dir "$OUT" 2>&1 | tee "$OUT/run.log" | \
   grep -E "^\[|Error|error|Traceback" | cut -c1-600
 rc=${PIPESTATUS[0]}
 if [ "$rc" != 0 ]; then  # what Ray's processes said: the raylet, GCS, Serve's controller, proxy and replicas
@@ -36,6 +38,7 @@ if [ "$rc" != 0 ]; then  # what Ray's processes said: the raylet, GCS, Serve's c
   done
   tail -40 "$OUT/run.log"
 fi
+timeout 30 python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1  # whatever Ray left running after a time-out
 echo "rc $rc after $((SECONDS - t0)) s"
 cat "$OUT"/serve_replicas_*.md 2>/dev/null
 exit "$rc"

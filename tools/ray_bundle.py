@@ -61,19 +61,26 @@ PYTHONPATH="$site" python3 -c 'import ray, ray.serve, fastapi; print("ray", ray.
 
 
 def download(spec: str, python: str, dest: Path) -> Path:
-    """The wheel of ``spec`` (``name==version``) for CPython ``python`` on x86-64 Linux, from the package index."""
+    """The wheel of ``spec`` (``name==version``) for CPython ``python`` on x86-64 Linux: from ``dest`` when there,
+    else from the package index."""
+    name, version = spec.split("==")
+    prefix = f"{name.replace('-', '_').lower()}-{version}-"
     dest.mkdir(parents=True, exist_ok=True)
-    before = set(dest.iterdir())
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
-           python, "--implementation", "cp", "-d", str(dest), spec]
-    for p in PLATFORMS:
-        cmd[-1:-1] = ["--platform", p]
-    subprocess.run(cmd, check=True)
-    name = spec.split("==")[0].replace("-", "_").lower()
-    got = [p for p in dest.iterdir() if p.name.lower().startswith(name + "-")]
-    if not got:
-        raise SystemExit(f"pip download {spec} left no wheel named {name}-* in {dest} (new: {set(dest.iterdir()) - before})")
-    return max(got, key=lambda p: p.stat().st_mtime)
+    tag = "cp" + python.replace(".", "")
+
+    def found():
+        return [p for p in dest.iterdir() if p.name.lower().startswith(prefix) and p.suffix == ".whl"
+                and (f"-{tag}-" in p.name or "-py3-none-" in p.name or "-abi3-" in p.name)]
+
+    if not found():
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+               python, "--implementation", "cp", "-d", str(dest), spec]
+        for p in PLATFORMS:
+            cmd[-1:-1] = ["--platform", p]
+        subprocess.run(cmd, check=True)
+    if not found():
+        raise SystemExit(f"pip download {spec} left no wheel named {prefix}* for {tag} in {dest}; check the spelling")
+    return found()[0]
 
 
 def _record_line(name: str, data: bytes) -> str:

@@ -5,8 +5,9 @@ A replica (:mod:`.replicas`) holds the app of ``rstitch serve`` and answers :fun
 run through the app's ASGI interface in the replica's own process, yielding the response's head (status,
 headers), then its body chunks as the app sends them (a stream's events one by one). The front app
 (:func:`front_app`) receives the client's request, sends it to a replica through ``forward`` -- any callable
-returning such an async iterator; Ray Serve's deployment handle in :mod:`.replicas` -- and relays the answer.
-When the replica fails instead (its process died, or every replica's queue is full), the client gets what the
+returning such an async iterator; Ray Serve's deployment handle through :func:`.replicas.forward_to` -- and
+relays the answer.
+When the replica fails instead (its process died, its GPU was lost), the client gets what the
 server itself answers when it cannot serve: a 503 with OpenAI's error body before the answer has begun, or an
 error event and ``data: [DONE]`` in a stream that has begun. Requests on other replicas are not touched. A request
 that no replica may take (every one holds its rows and queue, ``forward`` raises :class:`AtCapacity`) gets what a

@@ -58,7 +58,8 @@ class RStitchFront:
 
 def forward_to(handle):
     """The front app's ``forward`` over Ray's streaming deployment ``handle``: a request Ray drops because every
-    engine replica's queue is full (``BackPressureError``) is :class:`~.relay.AtCapacity` (a 429), not a lost replica."""
+    engine replica's queue is full (``BackPressureError``) is :class:`~.relay.AtCapacity` (a 429), not a lost
+    replica."""
     from ray.serve.exceptions import BackPressureError
 
     async def forward(head: dict[str, Any], body: bytes):
