@@ -235,7 +235,7 @@ def markdown(doc: dict) -> str:
              f"a replica, closed loop of {a['replica_concurrency']} streaming clients, {a['warmup_s']} s warm-up then "
              f"a {a['window_s']} s window.", "",
              "| replicas | requests/s | x one replica | tokens/s | p50 (s) | p99 (s) | TTFT p50 (s) | start (s) "
-             "| completed by replica | CPU cores: proxy / front / engine |",
+             "| completed by replica (warm-up + window) | CPU cores in the window: proxy / front / engine |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in doc["rows"]:

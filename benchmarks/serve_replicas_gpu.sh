@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/serve_replicas_gpu.sh          # two GPUs (nvidia-h100-x2): 1 vs 2 replicas + kill test, <= 480 s
 #   bash benchmarks/serve_replicas_gpu.sh smoke    # one GPU: install, Ray, one small replica, <= 120 s
-# Run from the repository root with .ray carried. On CPU, to check the script itself:
+# Run from the repository root (or a copy of it in a folder of the checkout) with .ray carried. On CPU, to check the script itself:
 #   SITE=/tmp/site311 EXTRA=--dry-run-cpu bash benchmarks/serve_replicas_gpu.sh smoke   (.ray built for --python 3.11)
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
@@ -13,11 +13,15 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 t0=$SECONDS
 SITE="${SITE:-/tmp/site}"
-if ! bash .ray/install.sh "$SITE" >"$OUT/install.log" 2>&1; then
-  tail -30 "$OUT/install.log"; echo "FAILED: .ray/install.sh (is .ray carried?)"; exit 1
+bundle="${RAY_BUNDLE:-}"  # .ray here, or in a folder above (a copy of this tree inside another checkout)
+for d in .ray ../.ray ../../.ray ../../../.ray; do
+  [ -z "$bundle" ] && [ -f "$d/install.sh" ] && bundle="$d"
+done
+if [ -z "$bundle" ] || ! bash "$bundle/install.sh" "$SITE" >"$OUT/install.log" 2>&1; then
+  tail -30 "$OUT/install.log" 2>/dev/null; echo "FAILED: no Ray bundle installed from '${bundle:-.ray}' (carry .ray)"; exit 1
 fi
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-echo "installed in $((SECONDS - t0)) s: $(tail -1 "$OUT/install.log")"
+echo "installed $bundle in $((SECONDS - t0)) s: $(tail -1 "$OUT/install.log")"
 python3 -c 'import torch, grpc, google.protobuf as p; print("torch", torch.__version__, "gpus", torch.cuda.device_count(), "grpc", grpc.__version__, "protobuf", p.__version__)'
 if [ "${1:-full}" = smoke ]; then
   args=(--replicas 1 --no-kill --scale 0.05 --max-batch 8 --replica-concurrency 16 --warmup-s 2 --window-s 4)
