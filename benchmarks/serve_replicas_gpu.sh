@@ -12,6 +12,7 @@ OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 t0=$SECONDS
+python3 -c 'import grpc, google.protobuf as p; print("image: grpc", grpc.__version__, "protobuf", p.__version__)' 2>&1 | tail -1
 SITE="${SITE:-/tmp/site}"
 bundle="${RAY_BUNDLE:-}"  # .ray here, or in a folder above (a copy of this tree inside another checkout)
 for d in .ray ../.ray ../../.ray ../../../.ray; do
