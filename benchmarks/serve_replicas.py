@@ -1,20 +1,24 @@
 """Replicas of the stitched server on Ray Serve, one a GPU: N replicas against one on the same load, and a
 replica killed under load (issue #38). Run through ``serve_reasoning.py --replicas``:
 
-    PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --out-dir $OUT --scale 0.05 \\
-        --max-batch 64 --replica-concurrency 128 --warmup-s 4 --window-s 12       # two GPUs, one call
+    bash benchmarks/serve_replicas_gpu.sh            # two GPUs, one call: installs the carried Ray bundle, then
+    PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --out-dir $OUT --scale 0.05 \
+        --max-batch 64 --replica-concurrency 128 --warmup-s 4 --window-s 12 --replace-timeout-s 100
     PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --dry-run-cpu --out-dir /tmp/sr  # CPU check
 
 Each replica builds the random-weight pair with replayed routes of ``serve_reasoning.py`` (:class:`Builder`, run
 inside the replica), warms its batch buckets up and serves the app of ``rstitch serve`` behind
 :mod:`hf_rstitch.serve.replicas` (Ray's proxy, front replicas, engine replicas with ``num_gpus=1`` each). For
 each replica count: a closed loop of ``--replica-concurrency`` streaming clients (``--warmup-s`` excluded, then
-``--window-s``), requests/s counted as completed inside the window. Then, at the largest count, the kill test:
-the same load runs while one engine replica's process is killed (SIGKILL, ``--warmup-s`` into the load); every
-request must either complete or end with the clean error of a lost replica (a 503 OpenAI error, or an error event
-and ``[DONE]`` in its stream), and Ray must start a replacement (``/health`` shows a new pid).
+``--window-s``), requests/s counted as completed inside the window, with the requests each replica completed (how
+Ray spread them) and the CPU cores each of Ray Serve's processes used in the window (proxy, front replicas,
+engine replicas: a process near one core is what a replica count that does not scale waits on). Then, at the
+largest count, the kill test: the same load runs while one engine replica's process is killed (SIGKILL,
+``--warmup-s`` into the load); every request must either complete or end with the clean error of a lost replica
+(a 503 OpenAI error, or an error event and ``[DONE]`` in its stream) -- or a 429 if the survivor's rows and queue
+are full -- and Ray must start a replacement (``/health`` shows a new pid).
 
-Writes ``serve_replicas_<gpu>.json`` (``rows``: per replica count; ``kill``) and ``.md``.
+Writes ``serve_replicas_<gpu>.json`` (``rows``: per replica count; ``kill``) and ``.md`` after each stage.
 """
 
 from __future__ import annotations
@@ -51,20 +55,76 @@ class Builder:
         return create_app(engine, sc.IdTokenizer(), settings)
 
 
-def replica_pids(url: str, tries: int = 32) -> set[int]:
-    """The pids of the engine replicas that answer /health (asked 8 at a time: Ray spreads concurrent requests)."""
+def replica_health(url: str, tries: int = 32) -> dict[int, dict]:
+    """``/health`` of each engine replica that answers, by pid (asked 8 at a time: Ray spreads concurrent requests)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
-    def pid(_):
+    def health(_):
         try:
-            return httpx.get(url + "/health", timeout=5).json()["pid"]
-        except (httpx.HTTPError, ValueError, KeyError):
+            return httpx.get(url + "/health", timeout=5).json()
+        except (httpx.HTTPError, ValueError):
             return None
 
     with ThreadPoolExecutor(8) as pool:
-        return {p for p in pool.map(pid, range(tries)) if p is not None}
+        return {h["pid"]: h for h in pool.map(health, range(tries)) if h and "pid" in h}
+
+
+def replica_pids(url: str, tries: int = 32) -> set[int]:
+    return set(replica_health(url, tries))
+
+
+ROLES = (("proxy", "ProxyActor"), ("front", "RStitchFront"), ("engine", "RStitchReplica"))
+
+
+def serve_processes() -> dict[int, str]:
+    """Ray Serve's processes on this machine by role (``proxy``, ``front``, ``engine``), from their titles."""
+    import psutil
+
+    found = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        title = " ".join(proc.info["cmdline"] or [])
+        found.update({proc.pid: role for role, key in ROLES if key in title})
+    return found
+
+
+def cpu_seconds(pids) -> dict[int, float]:
+    import psutil
+
+    out = {}
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            out[pid] = t.user + t.system
+        except psutil.Error:
+            pass
+    return out
+
+
+def measured_window(url: str, bodies: list[dict], args) -> dict:
+    """The closed loop's summary, plus the CPU cores each role of Ray Serve's processes used in the window (a
+    role near 1.0 a process is what a replica count that does not scale waits on) and each replica's share."""
+    roles, cpu = serve_processes(), {}
+
+    def sample():
+        time.sleep(args.warmup_s)
+        cpu["t0"], cpu["a"] = time.monotonic(), cpu_seconds(roles)
+        time.sleep(args.window_s)
+        cpu["t1"], cpu["b"] = time.monotonic(), cpu_seconds(roles)
+
+    before = {pid: h.get("completed", 0) for pid, h in replica_health(url).items()}
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    s = sc.closed_loop(url, bodies, args.replica_concurrency, args.warmup_s, args.window_s, args.client_procs)
+    sampler.join()
+    cores: dict[str, list[float]] = {}
+    for pid, role in roles.items():
+        if pid in cpu.get("a", {}) and pid in cpu.get("b", {}):
+            cores.setdefault(role, []).append((cpu["b"][pid] - cpu["a"][pid]) / (cpu["t1"] - cpu["t0"]))
+    after = {pid: h.get("completed", 0) for pid, h in replica_health(url).items()}
+    return {**s, "cpu_cores_by_role": {r: [round(c, 2) for c in v] for r, v in sorted(cores.items())},
+            "completed_by_replica": {str(pid): n - before.get(pid, 0) for pid, n in sorted(after.items())}}
 
 
 def kill_test(url: str, bodies: list[dict], args, n: int, seen: set[int]) -> dict:
@@ -87,13 +147,16 @@ def kill_test(url: str, bodies: list[dict], args, n: int, seen: set[int]) -> dic
         if now - before - seen and victim not in now:
             replaced = time.monotonic() - t_kill
         time.sleep(1.0)
+    from hf_rstitch.serve.relay import LOST
+
     recs = out["records"]
-    lost = [r for r in recs if not r["complete"] and "replica" in str(r.get("error"))]
-    unclean = [r for r in recs if not r["complete"] and r not in lost]
+    lost = [r for r in recs if not r["complete"] and LOST in str(r.get("error"))]
+    full = [r for r in recs if not r["complete"] and r["status"] == 429]  # the survivors' queues full: retry later
+    unclean = [r for r in recs if not r["complete"] and r not in lost and r not in full]
     after = [r for r in recs if r["start"] > t_kill + 1.0]  # sent once the victim was known dead or soon after
     return {"replicas": n, "victim_pid": victim, "pids_before": sorted(before | seen), "requests": len(recs),
             "completed": sum(r["complete"] for r in recs), "ended_with_replica_lost_error": len(lost),
-            "lost_statuses": sorted({r["status"] for r in lost}), "unclean": len(unclean),
+            "lost_statuses": sorted({r["status"] for r in lost}), "at_capacity_429": len(full), "unclean": len(unclean),
             "unclean_examples": [str(r.get("error"))[:200] for r in unclean[:3]],
             "sent_after_kill": len(after), "sent_after_kill_completed": sum(r["complete"] for r in after),
             "replaced_after_s": replaced, "pids_after": sorted(replica_pids(url))}
@@ -104,7 +167,7 @@ def main(args) -> int:
 
     from hf_rstitch.serve import replicas
     from hf_rstitch.serve.config import ServeConfig
-    from lab import environment, write_result
+    from lab import environment
 
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -119,10 +182,17 @@ def main(args) -> int:
               for p, n in zip(sr.prompts(len(shape[method]), shape["prompt"]), shape[method])]
     path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")) if p)
     env = {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}  # the replicas import this lab
-    ray_init = {"log_to_driver": False, "runtime_env": {"env_vars": env}}
+    # requests and answers are small objects: a small object store starts fast wherever /dev/shm is small
+    ray_init = {"log_to_driver": False, "runtime_env": {"env_vars": env}, "object_store_memory": 2 * 1024**3}
     if args.dry_run_cpu:
         ray_init.update(num_cpus=2, object_store_memory=100 * 1024**2)
-    rows, kill = [], None
+    rows = []
+    gpu = "cpu" if args.dry_run_cpu else torch.cuda.get_device_name()
+    doc = {**environment(), "gpu": gpu, "gpus": 0 if args.dry_run_cpu else torch.cuda.device_count(),
+           "args": vars(args), "method": method, "max_batch": max_batch, "rows": rows, "kill": None,
+           "pair": ("tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu
+                    else f"random Qwen2 7B / 1.5B, {args.dtype}")}
+    stem = out / f"serve_replicas_{gpu.lower().replace(' ', '_')}"
     for n in args.replicas:
         port = sc.free_port()
         url = f"http://127.0.0.1:{port}"
@@ -132,26 +202,30 @@ def main(args) -> int:
         try:
             replicas.start(cfg, ray_init, build=Builder(bench))
             started = time.monotonic() - t0
-            s = sc.closed_loop(url, bodies, args.replica_concurrency, args.warmup_s, args.window_s, args.client_procs)
+            s = measured_window(url, bodies, args)
             rows.append({"replicas": n, "concurrency": args.replica_concurrency, "startup_s": started,
                          "pids": sorted(replica_pids(url)), **s})
             print(f"[{n} replicas] {rows[-1]}", file=sys.stderr, flush=True)
+            report(doc, stem)  # what is measured so far survives a later stage's failure or time-out
             if n == max(args.replicas) and n >= 2 and not args.no_kill:
-                kill = kill_test(url, bodies, args, n, set(rows[-1]["pids"]))
+                kill = doc["kill"] = kill_test(url, bodies, args, n, set(rows[-1]["pids"]))
                 print(f"[kill] {kill}", file=sys.stderr, flush=True)
         finally:
             replicas.stop()
-    one = next((r for r in rows if r["replicas"] == 1), None)
-    for r in rows:
-        r["speedup_vs_one"] = r["requests_per_s"] / one["requests_per_s"] if one and one["requests_per_s"] else None
-    gpu = "cpu" if args.dry_run_cpu else torch.cuda.get_device_name()
-    doc = {**environment(), "gpu": gpu, "gpus": 0 if args.dry_run_cpu else torch.cuda.device_count(),
-           "args": vars(args), "method": method,
-           "pair": "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu else f"random Qwen2 7B / 1.5B, {args.dtype}", "max_batch": max_batch, "rows": rows, "kill": kill}
-    md = markdown(doc)
-    write_result(out / f"serve_replicas_{gpu.lower().replace(' ', '_')}", doc, md)
-    print(md)
+    print(report(doc, stem))
     return 0
+
+
+def report(doc: dict, stem: Path) -> str:
+    """Write ``stem.json`` / ``.md`` from ``doc`` (speed-ups against one replica filled in); returns the table."""
+    from lab import write_result
+
+    one = next((r for r in doc["rows"] if r["replicas"] == 1), None)
+    for r in doc["rows"]:
+        r["speedup_vs_one"] = r["requests_per_s"] / one["requests_per_s"] if one and one["requests_per_s"] else None
+    md = markdown(doc)
+    write_result(stem, doc, md)
+    return md
 
 
 def markdown(doc: dict) -> str:
@@ -160,18 +234,21 @@ def markdown(doc: dict) -> str:
              f"{doc['pair']} with replayed routes (requests x{a['scale']}), --max-batch {doc['max_batch']} "
              f"a replica, closed loop of {a['replica_concurrency']} streaming clients, {a['warmup_s']} s warm-up then "
              f"a {a['window_s']} s window.", "",
-             "| replicas | requests/s | x one replica | tokens/s | p50 (s) | p99 (s) | TTFT p50 (s) | start (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| replicas | requests/s | x one replica | tokens/s | p50 (s) | p99 (s) | TTFT p50 (s) | start (s) "
+             "| completed by replica (warm-up + window) | CPU cores in the window: proxy / front / engine |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in doc["rows"]:
         lines.append(f"| {r['replicas']} | {f(r['requests_per_s'])} | {f(r['speedup_vs_one'])} | "
                      f"{f(r['tokens_per_s'], 0)} | {f(r['p50_s'])} | {f(r['p99_s'])} | {f(r['ttft_p50_s'])} | "
-                     f"{f(r['startup_s'], 0)} |")
+                     f"{f(r['startup_s'], 0)} | {' / '.join(map(str, r['completed_by_replica'].values()))} | "
+                     f"{' / '.join(str(r['cpu_cores_by_role'].get(k, '-')) for k in ('proxy', 'front', 'engine'))} |")
     k = doc["kill"]
     if k:
         lines += ["", f"Kill test ({k['replicas']} replicas, pid {k['victim_pid']} killed under load): "
                   f"{k['requests']} requests ended, {k['completed']} complete, {k['ended_with_replica_lost_error']} "
-                  f"with the lost-replica error (statuses {k['lost_statuses']}), {k['unclean']} otherwise; "
+                  f"with the lost-replica error (statuses {k['lost_statuses']}), {k.get('at_capacity_429', 0)} with a "
+                  f"429 (the survivor full), {k['unclean']} otherwise; "
                   f"{k['sent_after_kill_completed']} / {k['sent_after_kill']} sent after the kill completed; "
                   f"replacement answering after {f(k['replaced_after_s'], 0)} s."]
     return "\n".join(lines) + "\n"

@@ -120,6 +120,18 @@ class ServeConfig:
             return self.gpus_per_replica
         return 1.0 if self.device.startswith("cuda") else 0.0
 
+    def placement_problem(self, resources: dict[str, float]) -> str | None:
+        """Why Ray could never place ``replicas`` engine replicas on a local instance of ``resources`` (Ray's
+        ``cluster_resources()``: ``GPU``, ``CPU`` totals), or None when it can (a cluster may grow: not asked there)."""
+        for key, each, flag in (("GPU", self.replica_gpus, "--gpus-per-replica"),
+                                ("CPU", self.cpus_per_replica, "--cpus-per-replica")):
+            need, have = self.replicas * each, resources.get(key, 0.0)
+            if need > have + 1e-9:
+                return (f"--replicas {self.replicas} with {each:g} {key}(s) each need {need:g} {key}s; this Ray "
+                        f"instance has {have:g}. Pass fewer --replicas, a smaller {flag}, or run on a Ray cluster "
+                        "(--ray-address)")
+        return None
+
     @property
     def served_names(self) -> tuple[str, ...]:
         """The served model's name, then its aliases."""

@@ -5,10 +5,13 @@ A replica (:mod:`.replicas`) holds the app of ``rstitch serve`` and answers :fun
 run through the app's ASGI interface in the replica's own process, yielding the response's head (status,
 headers), then its body chunks as the app sends them (a stream's events one by one). The front app
 (:func:`front_app`) receives the client's request, sends it to a replica through ``forward`` -- any callable
-returning such an async iterator; Ray Serve's deployment handle in :mod:`.replicas` -- and relays the answer.
-When the replica fails instead (its process died, or every replica's queue is full), the client gets what the
+returning such an async iterator; Ray Serve's deployment handle through :func:`.replicas.forward_to` -- and
+relays the answer.
+When the replica fails instead (its process died, its GPU was lost), the client gets what the
 server itself answers when it cannot serve: a 503 with OpenAI's error body before the answer has begun, or an
-error event and ``data: [DONE]`` in a stream that has begun. Requests on other replicas are not touched.
+error event and ``data: [DONE]`` in a stream that has begun. Requests on other replicas are not touched. A request
+that no replica may take (every one holds its rows and queue, ``forward`` raises :class:`AtCapacity`) gets what a
+full server answers: a 429 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ from .errors import error, error_body
 
 log = logging.getLogger("hf_rstitch.serve")
 Forward = Callable[[dict[str, Any], bytes], AsyncIterator[Any]]  # (request head, body) -> head, then body chunks
+LOST = "the server replica handling this request stopped"  # how every lost-replica error begins
+
+
+class AtCapacity(Exception):
+    """Raised by ``forward`` when every replica holds as many requests as it may (nothing was started)."""
 
 
 async def call_app(app, head: dict[str, Any], body: bytes) -> AsyncIterator[Any]:
@@ -76,7 +84,7 @@ async def call_app(app, head: dict[str, Any], body: bytes) -> AsyncIterator[Any]
 
 def lost(err: BaseException) -> str:
     first = (str(err).strip().splitlines() or [""])[0][:200]  # Ray's messages go on for lines
-    return (f"the server replica handling this request stopped ({type(err).__name__}: {first}); "
+    return (f"{LOST} ({type(err).__name__}: {first}); "
             "retry: another replica, or this one restarted, will take it")
 
 
@@ -93,6 +101,9 @@ def front_app(forward: Forward, title: str = "hf-rstitch replicas"):
         try:
             answer = forward(head, body)
             start = await anext(answer)
+        except AtCapacity as err:  # what the app itself answers when its rows and queue are full
+            return error(429, f"the server is at capacity: every replica holds as many requests as it may ({err})",
+                         headers={"Retry-After": "1"})
         except Exception as err:  # noqa: BLE001 -- no answer began: the request may be retried as a whole
             log.warning("relay: %s", lost(err))
             return error(503, lost(err), headers={"Retry-After": "1"})

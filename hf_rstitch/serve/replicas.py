@@ -22,7 +22,7 @@ from typing import Any, Callable
 from ray import serve
 
 from .config import ServeConfig, build_server
-from .relay import call_app, front_app
+from .relay import AtCapacity, call_app, front_app
 
 APP_NAME = "rstitch"
 
@@ -50,11 +50,26 @@ class RStitchFront:
     """A front replica: relays each request to the engine replicas (``replica``: their deployment handle)."""
 
     def __init__(self, replica):
-        handle = replica.options(stream=True)
-        self._app = front_app(lambda head, body: handle.forward.remote(head, body))
+        self._app = front_app(forward_to(replica.options(stream=True)))
 
     def __serve_build_asgi_app__(self):
         return self._app
+
+
+def forward_to(handle):
+    """The front app's ``forward`` over Ray's streaming deployment ``handle``: a request Ray drops because every
+    engine replica's queue is full (``BackPressureError``) is :class:`~.relay.AtCapacity` (a 429), not a lost
+    replica."""
+    from ray.serve.exceptions import BackPressureError
+
+    async def forward(head: dict[str, Any], body: bytes):
+        try:
+            async for item in handle.forward.remote(head, body):
+                yield item
+        except BackPressureError as err:
+            raise AtCapacity(str(err)) from err
+
+    return forward
 
 
 def deployment(cfg: ServeConfig):
@@ -83,10 +98,24 @@ def start(cfg: ServeConfig, ray_init: dict[str, Any] | None = None,
     ``cfg.replicas`` replicas (``build``: see :func:`application`); returns once every replica is ready."""
     import ray
 
+    init, local = dict(ray_init or {}), not ray.is_initialized() and not cfg.ray_address
     if not ray.is_initialized():
-        ray.init(address=cfg.ray_address or None, include_dashboard=False, **(ray_init or {}))
+        if local and cfg.replica_gpus > 0 and "num_gpus" not in init:
+            init["num_gpus"] = local_gpus()  # Ray's own look (NVML) can miss a container's GPUs
+        ray.init(address=cfg.ray_address or None, include_dashboard=False, **init)
+    problem = cfg.placement_problem(ray.cluster_resources()) if local else None  # a cluster may grow
+    if problem:  # else serve.run would wait forever for replicas Ray cannot place
+        ray.shutdown()
+        raise RuntimeError(problem)
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     serve.run(application(cfg, build), name=APP_NAME, route_prefix="/")
+
+
+def local_gpus() -> int:
+    """CUDA devices this process sees (what a local Ray instance is told it has)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def stop() -> None:
@@ -95,6 +124,8 @@ def stop() -> None:
     proxy; ``serve.shutdown()`` alone stops the proxy under them."""
     import ray
 
+    if not ray.is_initialized():  # start() failed before Serve ran, or stop() ran already
+        return
     serve.delete(APP_NAME, _blocking=True)
     serve.shutdown()
     ray.shutdown()

@@ -77,3 +77,44 @@ def test_replica_lost_mid_stream_ends_it_with_an_error_event_and_done():
         events = sse_events(r.iter_lines())
     assert r.status_code == 200 and events[:2] == [chunk, chunk] and events[-1] == "[DONE]" and len(events) == 4
     assert events[2]["error"]["code"] == "replica_lost" and "ActorDiedError" in events[2]["error"]["message"]
+
+
+def test_no_replica_free_is_the_429_of_a_full_server_not_a_lost_replica():
+    from hf_rstitch.serve.relay import AtCapacity
+
+    async def full(head, body):
+        raise AtCapacity("Request dropped due to backpressure (num_queued_requests=2, max_queued_requests=2).")
+        yield  # noqa: unreachable -- an async generator
+
+    r = front(full).post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["type"] == "rate_limit_exceeded"
+    assert "at capacity" in err["message"] and "stopped" not in err["message"]
+
+
+def test_ray_s_backpressure_is_at_capacity_and_a_dead_replica_is_not():
+    """The front replica's forward over Ray's handle: BackPressureError (every replica's queue full) becomes
+    AtCapacity; any other failure (the replica's process died) passes through, to be answered as lost."""
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'hf-rstitch[serve-ray]'")
+    from ray.serve.exceptions import BackPressureError
+
+    from hf_rstitch.serve.relay import AtCapacity
+    from hf_rstitch.serve.replicas import forward_to
+
+    class Handle:  # Ray's streaming DeploymentHandle, as forward_to uses it: handle.forward.remote(head, body)
+        def __init__(self, err):
+            self.forward = self
+            self.err = err
+
+        async def remote(self, head, body):
+            yield {"status": 200, "headers": []}
+            raise self.err
+
+    async def drain(forward):
+        return [item async for item in forward({"method": "GET", "path": "/health"}, b"")]
+
+    with pytest.raises(AtCapacity, match="backpressure"):
+        asyncio.run(drain(forward_to(Handle(BackPressureError(num_queued_requests=2, max_queued_requests=2)))))
+    with pytest.raises(RuntimeError, match="ActorDiedError"):
+        asyncio.run(drain(forward_to(Handle(RuntimeError("ActorDiedError: the actor died")))))

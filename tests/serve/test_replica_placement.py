@@ -27,3 +27,29 @@ def test_ray_deployment_reserves_one_gpu_a_replica():
 
     opts = replicas.deployment(ServeConfig(device="cuda", replicas=2)).ray_actor_options
     assert opts["num_gpus"] == 1.0 and replicas.deployment(ServeConfig(replicas=2)).ray_actor_options["num_gpus"] == 0
+
+
+def test_replicas_beyond_a_local_instance_are_named_not_waited_for():
+    two = ServeConfig(device="cuda", replicas=2)
+    assert two.placement_problem({"GPU": 2.0, "CPU": 32.0}) is None
+    msg = two.placement_problem({"GPU": 1.0, "CPU": 32.0})
+    assert "need 2 GPUs" in msg and "has 1" in msg and "--replicas" in msg
+    assert "need 2 GPUs" in two.placement_problem({"CPU": 32.0})  # no GPU at all: Ray's dict has no key
+    assert "need 4 CPUs" in ServeConfig(replicas=4).placement_problem({"CPU": 2.0})
+    assert ServeConfig(replicas=4, cpus_per_replica=0.5).placement_problem({"CPU": 2.0}) is None
+
+
+@pytest.mark.slow
+def test_start_refuses_gpu_replicas_ray_cannot_place(monkeypatch):
+    """On a machine with fewer GPUs than replicas, start() raises at once instead of serve.run waiting forever."""
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'hf-rstitch[serve-ray]'")
+    import ray
+
+    from hf_rstitch.serve import replicas
+
+    monkeypatch.setattr(replicas, "local_gpus", lambda: 1)  # a one-GPU machine, whatever this one has
+    cfg = ServeConfig(device="cuda", replicas=2, cpus_per_replica=0.5)
+    with pytest.raises(RuntimeError, match="need 2 GPUs; this Ray instance has 1"):
+        replicas.start(cfg, dict(num_cpus=2, object_store_memory=100 * 1024**2, log_to_driver=False))
+    assert not ray.is_initialized()
+    replicas.stop()  # nothing to stop: returns
