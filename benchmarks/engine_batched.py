@@ -50,7 +50,7 @@ import transformers
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy
 from hf_rstitch.core.roles import Role
-from hf_rstitch.fast import FastConfig, FastEngine
+from hf_rstitch.fast import AUTO, FastConfig, FastEngine
 from hf_rstitch.fast.kernels import decode_attention, triton_support
 from hf_rstitch.fast.buckets import bucket_for
 from hf_rstitch.fast.routes import route, switches
@@ -74,7 +74,7 @@ PAIRS = {  # --pair -> (LLM config, SLM config), as (transformers config class n
                                          num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
                                          query_pre_attn_scalar=256, max_position_embeddings=32768))),
 }
-VARIANTS = {"graphs": FastConfig(), "graphs-batched-experts": FastConfig(experts="batched_mm"), "parts": FastConfig(compile="parts"), "compiled-decode": FastConfig(compile="decode"),
+VARIANTS = {"auto": AUTO, "graphs": FastConfig(), "graphs-batched-experts": FastConfig(experts="batched_mm"), "parts": FastConfig(compile="parts"), "compiled-decode": FastConfig(compile="decode"),
             "graphs-matmul": FastConfig(attention="matmul")}
 
 
@@ -266,16 +266,17 @@ def experts_section(llm, slm, args, res, budget):
         return
     vocab = min(llm.config.vocab_size, slm.config.vocab_size)
     n, batches = args.experts_steps, args.experts_batches
-    for kind in sorted(experts.DISPATCHES, key=lambda k: k != experts.expert_gemv.NAME):  # ours first: the budget
-        engine = FastEngine(replace(VARIANTS[args.variant], experts=kind), capacity=args.prompt + n + 8,
-                            max_batch=max(batches))
+    kinds = sorted(args.experts_dispatches or experts.DISPATCHES, key=lambda k: k != experts.expert_gemv.NAME)
+    for kind, router in [(k, r) for k in kinds for r in args.experts_routers]:  # ours first: the budget
+        engine = FastEngine(replace(VARIANTS[args.variant], experts=kind, fuse_router=router),
+                            capacity=args.prompt + n + 8, max_batch=max(batches))
         for batch in batches:
             if not budget.allows(25):
                 res["skipped"].append(f"experts {kind} B={batch}: time budget")
                 continue
             ids = eb.prompt_ids(vocab, args.prompt).expand(batch, -1).contiguous()
             ids = (ids + torch.arange(batch, device=ids.device)[:, None]) % vocab  # rows differ
-            row = {"experts": kind, "batch": batch, "steps": n}
+            row = {"experts": kind, "router_kernels": router, "batch": batch, "steps": n}
             try:
                 row["first_call_s"], _ = eb.timed(lambda: generate(llm, slm, ids, [["llm"] * 8] * batch, engine, 8))
                 sec, _ = eb.timed(lambda: generate(llm, slm, ids, [["llm"] * n] * batch, engine, n))
@@ -372,7 +373,8 @@ def markdown(res) -> str:
                      + ", ".join(f"B={b}: {(step_read_bytes(llm, b) - llm['dense_read_bytes']) / 1e9:.2f} GB"
                                  for b in res["args"]["batches"]) + f"; dispatch `{res.get('experts')}`.")
     for r in res.get("experts_dispatch", []):
-        lines.append(f"\nLLM alone, B={r.get('batch', 1)}, experts dispatch `{r['experts']}`: " + (
+        router = {True: ", router kernels", False: ", the routers' own code"}.get(r.get("router_kernels"), "")
+        lines.append(f"\nLLM alone, B={r.get('batch', 1)}, experts dispatch `{r['experts']}`{router}: " + (
             f"{r['ms_per_step']:.2f} ms/step, {r['ms_per_step'] / r['floor_ms']:.2f}x its floor ({r['floor_ms']:.2f} ms)"
             if "ms_per_step" in r else f"failed: {r.get('error')}"))
         if r.get("kernels"):
@@ -456,6 +458,11 @@ def main() -> None:
                     help="MoE LLM: also profile 16 B = 1 steps of each dispatch (device us a step per kernel)")
     ap.add_argument("--experts-batches", type=int, nargs="+", default=[1],
                     help="MoE LLM: the batch sizes --experts-steps times")
+    ap.add_argument("--experts-dispatches", nargs="+", default=None,
+                    help="MoE LLM: the experts implementations --experts-steps times (default: every on-device one)")
+    ap.add_argument("--experts-routers", type=lambda v: v == "kernels", nargs="+", default=[True],
+                    metavar="{kernels,model}", help="MoE LLM: time the routers as the router kernels (FastConfig."
+                    "fuse_router), as the model's own code, or both (kernels model)")
     ap.add_argument("--experts-only", action="store_true",
                     help="MoE LLM: only the --experts-steps section (no batched runs, no baselines)")
     ap.add_argument("--budget-s", type=float, default=540)
