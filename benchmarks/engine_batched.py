@@ -267,7 +267,9 @@ def experts_section(llm, slm, args, res, budget):
     vocab = min(llm.config.vocab_size, slm.config.vocab_size)
     n, batches = args.experts_steps, args.experts_batches
     kinds = sorted(args.experts_dispatches or experts.DISPATCHES, key=lambda k: k != experts.expert_gemv.NAME)
-    for kind, router in [(k, r) for k in kinds for r in args.experts_routers]:  # ours first: the budget
+    for kind, setting in [(k, t) for k in kinds for t in args.experts_settings]:  # ours first: the budget
+        router = setting != "model-router"
+        experts.expert_gemv.BY_EXPERT = setting != "pair-kernels"  # read when a forward runs (captured per engine)
         engine = FastEngine(replace(VARIANTS[args.variant], experts=kind, fuse_router=router),
                             capacity=args.prompt + n + 8, max_batch=max(batches))
         for batch in batches:
@@ -276,7 +278,7 @@ def experts_section(llm, slm, args, res, budget):
                 continue
             ids = eb.prompt_ids(vocab, args.prompt).expand(batch, -1).contiguous()
             ids = (ids + torch.arange(batch, device=ids.device)[:, None]) % vocab  # rows differ
-            row = {"experts": kind, "router_kernels": router, "batch": batch, "steps": n}
+            row = {"experts": kind, "setting": setting, "batch": batch, "steps": n}
             try:
                 row["first_call_s"], _ = eb.timed(lambda: generate(llm, slm, ids, [["llm"] * 8] * batch, engine, 8))
                 sec, _ = eb.timed(lambda: generate(llm, slm, ids, [["llm"] * n] * batch, engine, n))
@@ -293,6 +295,7 @@ def experts_section(llm, slm, args, res, budget):
             res["experts_dispatch"].append(row)
             print(f"[experts {kind}] {row}", flush=True)
         del engine
+        experts.expert_gemv.BY_EXPERT = True
         torch.cuda.empty_cache() if eb.DEVICE == "cuda" else None
         res["save"]()
 
@@ -373,7 +376,8 @@ def markdown(res) -> str:
                      + ", ".join(f"B={b}: {(step_read_bytes(llm, b) - llm['dense_read_bytes']) / 1e9:.2f} GB"
                                  for b in res["args"]["batches"]) + f"; dispatch `{res.get('experts')}`.")
     for r in res.get("experts_dispatch", []):
-        router = {True: ", router kernels", False: ", the routers' own code"}.get(r.get("router_kernels"), "")
+        router = {"all": ", router kernels, several rows by expert", "model-router": ", the routers' own code",
+                  "pair-kernels": ", router kernels, pair kernels at every batch"}.get(r.get("setting"), "")
         lines.append(f"\nLLM alone, B={r.get('batch', 1)}, experts dispatch `{r['experts']}`{router}: " + (
             f"{r['ms_per_step']:.2f} ms/step, {r['ms_per_step'] / r['floor_ms']:.2f}x its floor ({r['floor_ms']:.2f} ms)"
             if "ms_per_step" in r else f"failed: {r.get('error')}"))
@@ -460,9 +464,12 @@ def main() -> None:
                     help="MoE LLM: the batch sizes --experts-steps times")
     ap.add_argument("--experts-dispatches", nargs="+", default=None,
                     help="MoE LLM: the experts implementations --experts-steps times (default: every on-device one)")
-    ap.add_argument("--experts-routers", type=lambda v: v == "kernels", nargs="+", default=[True],
-                    metavar="{kernels,model}", help="MoE LLM: time the routers as the router kernels (FastConfig."
-                    "fuse_router), as the model's own code, or both (kernels model)")
+    ap.add_argument("--experts-settings", nargs="+", default=["all"], choices=["all", "model-router", "pair-kernels"],
+                    help="MoE LLM, rstitch_gemv: each setting timed -- all (router kernels, FastConfig.fuse_router; several "
+                    "rows one program an expert, expert_gemv.BY_EXPERT), model-router (the routers' own code), "
+                    "pair-kernels (the pair kernels at every batch size)")
+    ap.add_argument("--experts-first", action="store_true", help="MoE LLM: the --experts-steps section before the "
+                    "batched runs (a short budget spends itself on it first)")
     ap.add_argument("--experts-only", action="store_true",
                     help="MoE LLM: only the --experts-steps section (no batched runs, no baselines)")
     ap.add_argument("--budget-s", type=float, default=540)
@@ -518,11 +525,13 @@ def main() -> None:
     res["save"] = save
     llm, slm = models["llm"], models["slm"]
     with torch.no_grad():
+        if args.experts_steps and args.experts_first:
+            experts_section(llm, slm, args, res, budget)
         t0 = time.perf_counter()
         if not args.experts_only:
             fast_section(llm, slm, args, res, budget)
         res["fast_section_s"] = time.perf_counter() - t0
-        if args.experts_steps:
+        if args.experts_steps and not args.experts_first:
             experts_section(llm, slm, args, res, budget)
         if not (args.skip_baselines or args.experts_only):
             baseline_section(llm, args, res, budget)

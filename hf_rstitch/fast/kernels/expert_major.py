@@ -52,8 +52,8 @@ def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, ids: torch.Tensor, laun
     w = gate_up_proj.contiguous()
     _kernels()[0][(experts, -(-inter // launch.block_n))](
         x.contiguous(), w, ids.reshape(-1).contiguous(), out, hidden, inter, ids.shape[-1], pairs, w.stride(0),
-        UPCAST=interpreted(), BLOCK_P=max(16, next_pow2(pairs)), BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
-        num_warps=launch.warps)
+        UPCAST=interpreted(), PRECISION=_precision(x), BLOCK_P=max(16, next_pow2(pairs)), BLOCK_M=launch.block_m,
+        BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, num_warps=launch.warps)
     return out
 
 
@@ -68,9 +68,15 @@ def down(act: torch.Tensor, down_proj: torch.Tensor, ids: torch.Tensor, weights:
     w = down_proj.contiguous()
     _kernels()[1][(experts, -(-hidden // launch.block_n))](
         act.contiguous(), w, ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous(), terms, hidden, inter,
-        ids.numel(), w.stride(0), ROUND_TERMS=round_terms, UPCAST=interpreted(), BLOCK_P=max(16, next_pow2(ids.numel())),
-        BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, num_warps=launch.warps)
+        ids.numel(), w.stride(0), ROUND_TERMS=round_terms, UPCAST=interpreted(), PRECISION=_precision(act),
+        BLOCK_P=max(16, next_pow2(ids.numel())), BLOCK_M=launch.block_m, BLOCK_N=launch.block_n,
+        BLOCK_K=launch.block_k, num_warps=launch.warps)
     return terms.sum(dim=1).to(act.dtype)  # a sum of a low-precision dtype accumulates in float32, as the eager one
+
+
+def _precision(x: torch.Tensor) -> str:
+    """``tl.dot``'s input precision: IEEE for float32 operands (no TF32 rounding), Triton's default otherwise."""
+    return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
 @functools.lru_cache(maxsize=1)
@@ -93,7 +99,8 @@ def _kernels():
         return tl.sum((tl.load(ids_ptr + p, mask=p < P, other=-1) == e).to(tl.int32), axis=0)
 
     @triton.jit
-    def _gate_up(x_ptr, w_ptr, ids_ptr, out_ptr, H, I, TOP_K, P, stride_e, UPCAST: tl.constexpr, BLOCK_P: tl.constexpr,
+    def _gate_up(x_ptr, w_ptr, ids_ptr, out_ptr, H, I, TOP_K, P, stride_e, UPCAST: tl.constexpr,
+                 PRECISION: tl.constexpr, BLOCK_P: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # expert e, BLOCK_N of its I outputs, for every pair that chose it, BLOCK_M pairs at a time
         e = tl.program_id(0)
@@ -116,8 +123,8 @@ def _kernels():
                 wu = tl.load(up_cols + k[:, None], mask=inside, other=0.0)
                 if UPCAST:  # the interpreter's bfloat16 dot is wrong; a float32 one is exact for these products
                     xk, wg, wu = xk.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
-                acc_g = tl.dot(xk, wg, acc_g, input_precision="ieee")
-                acc_u = tl.dot(xk, wu, acc_u, input_precision="ieee")
+                acc_g = tl.dot(xk, wg, acc_g, input_precision=PRECISION)
+                acc_u = tl.dot(xk, wu, acc_u, input_precision=PRECISION)
             g = acc_g.to(dtype).to(tl.float32)
             u = acc_u.to(dtype).to(tl.float32)
             silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
@@ -126,7 +133,8 @@ def _kernels():
 
     @triton.jit
     def _down(a_ptr, w_ptr, ids_ptr, wts_ptr, out_ptr, H, I, P, stride_e, ROUND_TERMS: tl.constexpr,
-              UPCAST: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+              UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                 BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # expert e, BLOCK_N of its H outputs: each pair's weighted term, to out[pair] (summed over top_k after)
         e = tl.program_id(0)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -144,7 +152,7 @@ def _kernels():
                 wt = tl.load(cols + k[:, None], mask=(k[:, None] < I) & (n[None, :] < H), other=0.0)
                 if UPCAST:
                     ak, wt = ak.to(tl.float32), wt.to(tl.float32)
-                acc = tl.dot(ak, wt, acc, input_precision="ieee")
+                acc = tl.dot(ak, wt, acc, input_precision=PRECISION)
             weight = tl.load(wts_ptr + pair, mask=live, other=0.0).to(tl.float32)
             term = acc.to(dtype).to(tl.float32) * weight[:, None]
             if ROUND_TERMS:
