@@ -27,13 +27,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import lab  # noqa: E402
 
-from hf_rstitch.fast.kernels import expert_gemv  # noqa: E402
+from hf_rstitch.fast.kernels import expert_gemv, expert_major  # noqa: E402
 
 SHAPE = dict(experts=128, top_k=8, hidden=2048, inter=768)  # Qwen3-30B-A3B
 L = expert_gemv.Launch
 GATE_UP = (L(16, 256, 4), L(16, 512, 4), L(32, 256, 8), L(8, 512, 4))  # candidates for each kernel alone
 DOWN = (L(4, 512, 4), L(8, 256, 4), L(8, 512, 4), L(16, 256, 4))
 SPLIT = (L(16, 256, 4), L(8, 256, 4), L(8, 512, 4), L(32, 128, 4), L(16, 512, 8))
+M = expert_major.Launch  # one program an expert (several rows): pairs together, columns, reduction chunk, warps
+MAJOR_GATE_UP = (M(16, 32, 128, 4), M(16, 16, 256, 4), M(16, 64, 64, 4), M(16, 32, 256, 8), M(32, 32, 128, 4))
+MAJOR_DOWN = (M(16, 64, 128, 4), M(16, 32, 128, 4), M(16, 128, 64, 4), M(16, 64, 256, 8), M(16, 16, 256, 4))
 
 
 def experts_module(shape, device, dtype, seed):
@@ -70,6 +73,14 @@ def dispatches():
 
     fns = {"grouped_mm": moe.grouped_mm_experts_forward, "batched_mm": moe.batched_mm_experts_forward,
            expert_gemv.NAME: expert_gemv.forward}
+    fns[f"{expert_gemv.NAME} pair kernels"] = _pair_kernels
+    major = lambda c: f"{c.block_m}x{c.block_n}x{c.block_k}w{c.warps}"  # noqa: E731
+    for c in MAJOR_GATE_UP:
+        fns[f"by-expert gate_up only {major(c)}"] = lambda m, x, ids, w, c=c: expert_major.gate_up(x, m.gate_up_proj,
+                                                                                                    ids, c)
+    for c in MAJOR_DOWN:
+        fns[f"by-expert down only {major(c)}"] = (
+            lambda m, x, ids, w, c=c: expert_major.down(_act(x, m, ids), m.down_proj, ids, w, c))
     name = lambda c: f"{c.block_n}x{c.block_k}w{c.warps}"  # noqa: E731
     for c in GATE_UP:
         fns[f"gate_up only {name(c)}"] = lambda m, x, ids, w, c=c: expert_gemv.gate_up(x, m.gate_up_proj, ids, c)
@@ -78,6 +89,15 @@ def dispatches():
             fns[f"down{' split' if split else ''} only {name(c)}"] = (
                 lambda m, x, ids, w, c=c, split=split: expert_gemv.down(_act(x, m, ids), m.down_proj, ids, w, c, split))
     return fns
+
+
+def _pair_kernels(module, x, ids, w):
+    """``expert_gemv.forward`` with the pair kernels at every batch size (``BY_EXPERT`` off while it records)."""
+    expert_gemv.BY_EXPERT = False
+    try:
+        return expert_gemv.forward(module, x, ids, w)
+    finally:
+        expert_gemv.BY_EXPERT = True
 
 
 _ACTS = {}
@@ -128,6 +148,8 @@ def main():
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--max-pairs", type=int, default=expert_gemv.MAX_PAIRS,
                     help="expert_gemv.MAX_PAIRS for the rstitch_gemv rows (pairs past it run grouped_mm)")
+    ap.add_argument("--only", nargs="*", default=None,
+                    help="time only the dispatches whose name contains one of these (default: all)")
     args = ap.parse_args()
     import engine_bench as eb
 
@@ -136,6 +158,8 @@ def main():
     bw = eb.copy_bandwidth(2 << 30)
     modules = [experts_module(SHAPE, device, dtype, seed) for seed in range(args.layers)]
     rows, fns = [], dispatches()
+    if args.only:
+        fns = {k: v for k, v in fns.items() if k == "grouped_mm" or any(o in k for o in args.only)}
     with torch.no_grad():
         for batch in args.batches:
             inputs = routing(batch, SHAPE, args.layers, device, dtype, 100 + batch)
