@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import platform
 import re
@@ -213,6 +214,7 @@ def fast_section(llm, slm, args, res, budget):
             torch.cuda.empty_cache()
     res["lane_rows"] = {str(r): lane.max_rows for r, lane in engine._lanes.items()}
     del engine
+    gc.collect()
     torch.cuda.empty_cache() if eb.DEVICE == "cuda" else None
 
 
@@ -296,6 +298,7 @@ def experts_section(llm, slm, args, res, budget):
             print(f"[experts {kind}] {row}", flush=True)
         del engine
         experts.expert_gemv.BY_EXPERT = True
+        gc.collect()  # lanes and graphs may hold each other: free the engine's memory before the next one
         torch.cuda.empty_cache() if eb.DEVICE == "cuda" else None
         res["save"]()
 
