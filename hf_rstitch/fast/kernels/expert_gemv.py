@@ -12,6 +12,9 @@ pair is a matrix-vector product:
   routing weights' scaled sum fused (no atomics: one program owns its output columns, so it is deterministic);
   for one-row steps split a program a pair (each weighted term stored, then their sum), which fills the GPU.
 
+Forwards of several rows (up to :data:`MAX_PAIRS` pairs) run :mod:`.expert_major`'s kernels instead (one program an
+expert: each selected expert read once however many rows chose it; :data:`BY_EXPERT`).
+
 Expert ids and routing weights are read on the device and the grid depends on shapes only, so a CUDA graph
 holds both kernels. Rounding follows the batched dispatch in the weights' dtype (each product, the
 activation and each weighted term rounded as the eager modules round them; sums in float32).
