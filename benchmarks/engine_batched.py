@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import platform
 import re
@@ -50,7 +51,7 @@ import transformers
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy
 from hf_rstitch.core.roles import Role
-from hf_rstitch.fast import FastConfig, FastEngine
+from hf_rstitch.fast import AUTO, FastConfig, FastEngine
 from hf_rstitch.fast.kernels import decode_attention, triton_support
 from hf_rstitch.fast.buckets import bucket_for
 from hf_rstitch.fast.routes import route, switches
@@ -79,7 +80,7 @@ PAIRS = {  # --pair -> (LLM config, SLM config), as (transformers config class n
                                          num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
                                          query_pre_attn_scalar=256, max_position_embeddings=32768))),
 }
-VARIANTS = {"graphs": FastConfig(), "graphs-batched-experts": FastConfig(experts="batched_mm"), "parts": FastConfig(compile="parts"), "compiled-decode": FastConfig(compile="decode"),
+VARIANTS = {"auto": AUTO, "graphs": FastConfig(), "graphs-batched-experts": FastConfig(experts="batched_mm"), "parts": FastConfig(compile="parts"), "compiled-decode": FastConfig(compile="decode"),
             "graphs-matmul": FastConfig(attention="matmul")}
 
 
@@ -218,6 +219,7 @@ def fast_section(llm, slm, args, res, budget):
             torch.cuda.empty_cache()
     res["lane_rows"] = {str(r): lane.max_rows for r, lane in engine._lanes.items()}
     del engine
+    gc.collect()
     torch.cuda.empty_cache() if DEVICE == "cuda" else None
 
 
@@ -271,16 +273,19 @@ def experts_section(llm, slm, args, res, budget):
         return
     vocab = min(llm.config.vocab_size, slm.config.vocab_size)
     n, batches = args.experts_steps, args.experts_batches
-    for kind in sorted(experts.DISPATCHES, key=lambda k: k != experts.expert_gemv.NAME):  # ours first: the budget
-        engine = FastEngine(replace(VARIANTS[args.variant], experts=kind), capacity=args.prompt + n + 8,
-                            max_batch=max(batches))
+    kinds = sorted(args.experts_dispatches or experts.DISPATCHES, key=lambda k: k != experts.expert_gemv.NAME)
+    for kind, setting in [(k, t) for k in kinds for t in args.experts_settings]:  # ours first: the budget
+        router = setting != "model-router"
+        experts.expert_gemv.BY_EXPERT = setting != "pair-kernels"  # read when a forward runs (captured per engine)
+        engine = FastEngine(replace(VARIANTS[args.variant], experts=kind, fuse_router=router),
+                            capacity=args.prompt + n + 8, max_batch=max(batches))
         for batch in batches:
             if not budget.allows(25):
                 res["skipped"].append(f"experts {kind} B={batch}: time budget")
                 continue
             ids = lab.prompt_ids(vocab, args.prompt, DEVICE).expand(batch, -1).contiguous()
             ids = (ids + torch.arange(batch, device=ids.device)[:, None]) % vocab  # rows differ
-            row = {"experts": kind, "batch": batch, "steps": n}
+            row = {"experts": kind, "setting": setting, "batch": batch, "steps": n}
             try:
                 row["first_call_s"], _ = timed(lambda: generate(llm, slm, ids, [["llm"] * 8] * batch, engine, 8))
                 sec, _ = timed(lambda: generate(llm, slm, ids, [["llm"] * n] * batch, engine, n))
@@ -297,6 +302,8 @@ def experts_section(llm, slm, args, res, budget):
             res["experts_dispatch"].append(row)
             print(f"[experts {kind}] {row}", flush=True)
         del engine
+        experts.expert_gemv.BY_EXPERT = True
+        gc.collect()  # lanes and graphs may hold each other: free the engine's memory before the next one
         torch.cuda.empty_cache() if DEVICE == "cuda" else None
         res["save"]()
 
@@ -377,7 +384,9 @@ def markdown(res) -> str:
                      + ", ".join(f"B={b}: {(step_read_bytes(llm, b) - llm['dense_read_bytes']) / 1e9:.2f} GB"
                                  for b in res["args"]["batches"]) + f"; dispatch `{res.get('experts')}`.")
     for r in res.get("experts_dispatch", []):
-        lines.append(f"\nLLM alone, B={r.get('batch', 1)}, experts dispatch `{r['experts']}`: " + (
+        router = {"all": ", router kernels, several rows by expert", "model-router": ", the routers' own code",
+                  "pair-kernels": ", router kernels, pair kernels at every batch"}.get(r.get("setting"), "")
+        lines.append(f"\nLLM alone, B={r.get('batch', 1)}, experts dispatch `{r['experts']}`{router}: " + (
             f"{r['ms_per_step']:.2f} ms/step, {r['ms_per_step'] / r['floor_ms']:.2f}x its floor ({r['floor_ms']:.2f} ms)"
             if "ms_per_step" in r else f"failed: {r.get('error')}"))
         if r.get("kernels"):
@@ -461,6 +470,14 @@ def main() -> None:
                     help="MoE LLM: also profile 16 B = 1 steps of each dispatch (device us a step per kernel)")
     ap.add_argument("--experts-batches", type=int, nargs="+", default=[1],
                     help="MoE LLM: the batch sizes --experts-steps times")
+    ap.add_argument("--experts-dispatches", nargs="+", default=None,
+                    help="MoE LLM: the experts implementations --experts-steps times (default: every on-device one)")
+    ap.add_argument("--experts-settings", nargs="+", default=["all"], choices=["all", "model-router", "pair-kernels"],
+                    help="MoE LLM, rstitch_gemv: each setting timed -- all (router kernels, FastConfig.fuse_router; several "
+                    "rows one program an expert, expert_gemv.BY_EXPERT), model-router (the routers' own code), "
+                    "pair-kernels (the pair kernels at every batch size)")
+    ap.add_argument("--experts-first", action="store_true", help="MoE LLM: the --experts-steps section before the "
+                    "batched runs (a short budget spends itself on it first)")
     ap.add_argument("--experts-only", action="store_true",
                     help="MoE LLM: only the --experts-steps section (no batched runs, no baselines)")
     ap.add_argument("--budget-s", type=float, default=540)
@@ -517,11 +534,13 @@ def main() -> None:
     res["save"] = save
     llm, slm = models["llm"], models["slm"]
     with torch.no_grad():
+        if args.experts_steps and args.experts_first:
+            experts_section(llm, slm, args, res, budget)
         t0 = time.perf_counter()
         if not args.experts_only:
             fast_section(llm, slm, args, res, budget)
         res["fast_section_s"] = time.perf_counter() - t0
-        if args.experts_steps:
+        if args.experts_steps and not args.experts_first:
             experts_section(llm, slm, args, res, budget)
         if not (args.skip_baselines or args.experts_only):
             baseline_section(llm, args, res, budget)

@@ -46,6 +46,9 @@ class FastConfig:
     # (decode-step kernels, .kernels.expert_gemv); None: rstitch_gemv on CUDA with Triton where the experts' layout
     # allows, else grouped_mm for bfloat16 on CUDA from capability 9.0, batched_mm elsewhere (.experts)
     experts: str | None = None
+    # MoE routers of Qwen3-MoE's and Mixtral's form (softmax -> top-k -> renormalize) as two Triton kernels where
+    # Triton runs (.patches.routers); False: the routers' own code
+    fuse_router: bool = True
     # KV cache in blocks that rows own as they write (.paged_kv): memory follows the tokens written, not
     # rows x capacity. The request engine always pages (its pool sized by its kv_tokens); generate() keeps the
     # static cache unless this is set (then the pool holds every row's capacity: same memory, same outputs)

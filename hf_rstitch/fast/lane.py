@@ -157,7 +157,8 @@ class FastLane(Outputs, RowOps):
         self.gemv_layers = product_layers(model, config, max_rows)  # [] keeps cuBLAS everywhere
         self.gemv_tune_seconds = time.perf_counter() - start
         self._attention = self._register_attention(plan.attention)
-        self._experts = experts.plan(model, plan.experts)  # MoE: a dispatch that stays on the device (.experts)
+        # MoE: a dispatch that stays on the device, the routers as kernels (.experts)
+        self._experts = experts.plan(model, plan.experts, plan.fuse_router)
         # the split kernel masks by the write offset and padding counts: no step builds a mask it would not read
         self._no_mask = torch.ones(1, 1, n_slots, dtype=torch.bool, device=dev) if plan.mask_free else None
         params = inspect.signature(model.forward).parameters

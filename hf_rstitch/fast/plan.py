@@ -63,6 +63,7 @@ class FastPlan:
     rotary_table: bool  # rotary cos / sin gathered from a table (where the module's values are reproduced)
     windows: tuple[int | None, ...]  # each layer's sliding window (None: full attention)
     experts: str | None  # transformers' experts implementation (None: no experts)
+    fuse_router: bool  # MoE routers as the two router kernels (where their form allows: .patches.routers)
     read_out: str  # "fused" (logits, entropy and greedy token in two kernels) or "eager"
     pdl: str  # programmatic dependent launch of the Triton kernels ("off", "one-row", "all")
     run_ahead: bool  # the loop may advance the lane a step early
@@ -92,7 +93,7 @@ class FastPlan:
             ("norms", self._norms()),
             ("rotary", self._rotary()),
             ("windows", self._windows()),
-            ("experts", self.experts or "none"),
+            ("experts", (self.experts or "none") + ("; routers as Triton kernels" if self.fuse_router else "")),
             ("read-out", "fused (entropy and greedy token in two kernels)" if self.read_out == "fused"
              else "eager"),
             ("launch", f"PDL {self.pdl}; run-ahead {'on' if self.run_ahead else 'off'}"),
@@ -141,6 +142,7 @@ def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head
     partial = config.compile in (None, "parts")  # the step is not compiled whole
     rope = config.fuse_rope_store and partial and triton
     add_norm = config.compile == "parts" and config.adds_with_norms
+    moe = experts.plan(model, config.experts, routers=config.fuse_router)
     return FastPlan(
         model=type(model).__name__, device=str(device), dtype=str(dtype), max_rows=max_rows, graphs=graphs,
         batch_buckets=batch_sizes(max_rows), length_buckets=bucket_sizes(config.max_bucket), compile=config.compile,
@@ -151,7 +153,7 @@ def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head
         fuse_qkv=kernels and config.fuse_qkv, fuse_mlp=kernels and config.fuse_mlp,
         add_norm=add_norm, fold_norms=add_norm and kernels and config.fuse_qkv and config.fuse_mlp and folds.ENABLED,
         rope_store=rope, defer_rotation=rope and rope_store.DEFER, rotary_table=config.rotary_table and partial,
-        windows=tuple(layer_windows(model.config)), experts=experts.plan(model, config.experts).kind,
+        windows=tuple(layer_windows(model.config)), experts=moe.kind, fuse_router=bool(moe.routers),
         read_out="fused" if device.type == "cuda" and triton and dtype != torch.float64 else "eager",
         pdl=triton_support.PDL if triton_support.pdl(device, 1) else "off",
         run_ahead=graphs if config.run_ahead is None else config.run_ahead,

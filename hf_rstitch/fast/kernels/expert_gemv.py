@@ -12,6 +12,9 @@ pair is a matrix-vector product:
   routing weights' scaled sum fused (no atomics: one program owns its output columns, so it is deterministic);
   for one-row steps split a program a pair (each weighted term stored, then their sum), which fills the GPU.
 
+Forwards of several rows (up to :data:`MAX_PAIRS` pairs) run :mod:`.expert_major`'s kernels instead (one program an
+expert: each selected expert read once however many rows chose it; :data:`BY_EXPERT`).
+
 Expert ids and routing weights are read on the device and the grid depends on shapes only, so a CUDA graph
 holds both kernels. Rounding follows the batched dispatch in the weights' dtype (each product, the
 activation and each weighted term rounded as the eager modules round them; sums in float32).
@@ -34,6 +37,7 @@ from typing import NamedTuple
 
 import torch
 
+from . import expert_major
 from .triton_support import _triton, available
 
 NAME = "rstitch_gemv"  # the key in transformers' ExpertsInterface (config._experts_implementation)
@@ -55,6 +59,9 @@ GATE_UP = Launch(16, 256, 4)  # the best of 7 at 8, 64 and 256 pairs (results/ex
 DOWN = Launch(8, 256, 4)  # rows > SPLIT_ROWS: one program sums a row's top_k experts (best at 64 and 256 pairs)
 DOWN_SPLIT = Launch(16, 256, 4)  # rows <= SPLIT_ROWS: one program a pair, then a sum over top_k
 SPLIT_ROWS = 1  # one row's down product alone gives too few programs to fill the GPU
+# several rows (up to MAX_PAIRS pairs): one program an expert (.expert_major), each selected expert read once;
+# False: the pair kernels here for every forward
+BY_EXPERT = True
 
 
 def why_not(module: torch.nn.Module) -> str | None:
@@ -99,9 +106,8 @@ def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_
     runs = (available(hidden_states.device) and hidden_states.dtype != torch.float64 and why_not(self) is None)
     if not runs or (top_k_index.numel() > MAX_PAIRS and fused(hidden_states)):
         return fallback(hidden_states)(self, hidden_states, top_k_index, top_k_weights)
-    act = gate_up(hidden_states, self.gate_up_proj, top_k_index, GATE_UP)
-    split = hidden_states.shape[0] <= SPLIT_ROWS
-    return down(act, self.down_proj, top_k_index, top_k_weights, DOWN_SPLIT if split else DOWN, split)
+    act = gate_up(hidden_states, self.gate_up_proj, top_k_index)
+    return down(act, self.down_proj, top_k_index, top_k_weights)
 
 
 def register() -> None:
@@ -111,9 +117,20 @@ def register() -> None:
     moe.ALL_EXPERTS_FUNCTIONS.register(NAME, forward)
 
 
-def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, ids: torch.Tensor, launch: Launch = GATE_UP) -> torch.Tensor:
+def by_expert(ids: torch.Tensor) -> bool:
+    """Whether a forward of these ``ids`` [T, top_k] runs :mod:`.expert_major`'s kernels (several rows, up to
+    :data:`MAX_PAIRS` pairs: each selected expert read once) rather than the pair kernels here."""
+    return BY_EXPERT and 1 < ids.shape[0] and ids.numel() <= MAX_PAIRS
+
+
+def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, ids: torch.Tensor, launch: Launch | None = None) -> torch.Tensor:
     """``silu(gate) * up`` of every pair: x [T, H], gate_up_proj [E, 2I, H] (gate rows first), ids [T, top_k]
-    -> [T * top_k, I] in x's dtype."""
+    -> [T * top_k, I] in x's dtype. ``launch``: the pair kernel's; None: :mod:`.expert_major`'s kernel where
+    :func:`by_expert`, else the pair kernel with :data:`GATE_UP`."""
+    if launch is None:
+        if by_expert(ids):
+            return expert_major.gate_up(x, gate_up_proj, ids)
+        launch = GATE_UP
     tokens, hidden = x.shape
     inter = gate_up_proj.shape[1] // 2
     pairs = ids.numel()
@@ -126,11 +143,17 @@ def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, ids: torch.Tensor, laun
 
 
 def down(act: torch.Tensor, down_proj: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-         launch: Launch = DOWN, split: bool = False) -> torch.Tensor:
+         launch: Launch | None = None, split: bool = False) -> torch.Tensor:
     """``sum_k weights[t, k] * down_proj[ids[t, k]] @ act[t * top_k + k]`` of every row: act [T * top_k, I],
     down_proj [E, H, I], ids / weights [T, top_k] -> [T, H] in act's dtype. ``split``: one program a pair
     (each weighted term to a buffer [T, top_k, H], as rounded as the eager terms, then their sum) instead of
-    one a row."""
+    one a row. ``launch`` None: :mod:`.expert_major`'s kernel where :func:`by_expert`, else the pair kernels,
+    split up to :data:`SPLIT_ROWS` rows."""
+    if launch is None:
+        if by_expert(ids):
+            return expert_major.down(act, down_proj, ids, weights)
+        split = ids.shape[0] <= SPLIT_ROWS
+        launch = DOWN_SPLIT if split else DOWN
     tokens, top_k = ids.shape
     hidden, inter = down_proj.shape[1], down_proj.shape[2]
     round_terms = weights.dtype == act.dtype  # weights in the hidden dtype: each weighted term is rounded there

@@ -18,7 +18,9 @@ the ``use_experts_implementation`` decorator; both exist from transformers 5.17)
   layout its kernels cover): decode steps of up to ``expert_gemv.MAX_PAIRS`` (row, expert) pairs run two Triton
   kernels that read only the selected experts' weights; larger forwards run the dispatch above.
 
-The routers of Qwen3-MoE, Mixtral and gpt-oss (linear, top-k, softmax) already stay on the device.
+The routers of Qwen3-MoE, Mixtral and gpt-oss (linear, top-k, softmax) already stay on the device; those of
+Qwen3-MoE's and Mixtral's form run two Triton kernels instead of six to eight PyTorch ones where Triton runs
+(:mod:`.routers`); the lane installs them with the dispatch (:func:`experts_on`).
 
 What it does not do: MoE blocks that do not dispatch through transformers' experts interface (their
 loops read the routing on the host): :func:`why_not` names them, and the engine refuses them.
@@ -33,6 +35,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..kernels import expert_gemv
+from . import routers as moe_routers
 
 # experts implementations that stay on the device: transformers' two, and ours for decode steps (..kernels.expert_gemv)
 DISPATCHES = ("grouped_mm", "batched_mm", expert_gemv.NAME)
@@ -81,11 +84,12 @@ def implementation(model: PreTrainedModel) -> str | None:
 class Plan(NamedTuple):
     kind: str | None  # the experts implementation (None: no experts)
     configs: tuple  # the configs the experts modules read it from
+    routers: tuple = ()  # (router, forward) pairs running the router kernels (.routers)
 
 
-def plan(model: PreTrainedModel, kind: str | None = None) -> Plan:
+def plan(model: PreTrainedModel, kind: str | None = None, routers: bool = True) -> Plan:
     """What a lane sets while it runs ``model``: ``kind`` (default :func:`implementation`) on its experts'
-    configs."""
+    configs, and with ``routers`` the router kernels' forwards where they run (:mod:`.routers`)."""
     modules = expert_modules(model)
     if kind is not None and kind not in DISPATCHES:
         raise ValueError(f"FastConfig.experts must be None or one of {DISPATCHES}, got {kind!r}")
@@ -93,22 +97,31 @@ def plan(model: PreTrainedModel, kind: str | None = None) -> Plan:
     kind = (kind or implementation(model)) if modules else None
     if kind == expert_gemv.NAME:
         expert_gemv.register()
-    return Plan(kind, tuple(configs.values()))
+    fused = tuple(moe_routers.plan(model)) if modules and routers else ()
+    return Plan(kind, tuple(configs.values()), fused)
 
 
 @contextlib.contextmanager
 def experts_on(plan: Plan):
-    """Dispatch the experts through ``plan.kind`` inside the block (no experts: nothing changes).
+    """Dispatch the experts through ``plan.kind`` and the routers through their kernels inside the block (no
+    experts: nothing changes).
 
     Only Python-side dispatch changes; a CUDA graph captured inside keeps the kernels it recorded.
     """
     configs = dict(enumerate(plan.configs)) if plan.kind is not None else {}
     kind = plan.kind
     before = {key: config._experts_implementation for key, config in configs.items()}
+    patched = []
     try:
         for config in configs.values():
             config._experts_implementation = kind
+        for router, forward in plan.routers:
+            if "forward" not in router.__dict__:
+                router.forward = forward
+                patched.append(router)
         yield
     finally:
         for key, config in configs.items():
             config._experts_implementation = before[key]
+        for router in patched:
+            del router.forward

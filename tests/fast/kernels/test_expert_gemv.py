@@ -169,3 +169,29 @@ def test_layouts_the_kernels_do_not_cover_are_named():
     model = GptOssForCausalLM(GptOssConfig(**SHAPE, num_local_experts=4, num_experts_per_tok=2))
     reason = expert_gemv.why_not(fast_experts.expert_modules(model)[0])
     assert reason is not None and "GptOss" in reason
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tokens", [2, 5, 20])
+def test_expert_major_kernels_equal_the_pair_kernels(device, tokens):
+    """Several rows run one program an expert (expert_major): the same activations and outputs as the pair
+    kernels, with experts chosen by one pair, by many (past one BLOCK_M of 16) and by none; shapes past one block."""
+    from hf_rstitch.fast.kernels import expert_major
+
+    torch.manual_seed(tokens)
+    experts, hidden, inter, top_k = 6, 300, 70, 3
+    x = torch.randn(tokens, hidden, device=device)
+    gate_up_proj = torch.randn(experts, 2 * inter, hidden, device=device) / hidden ** 0.5
+    down_proj = torch.randn(experts, hidden, inter, device=device) / inter ** 0.5
+    ids = torch.stack([torch.randperm(experts - 1, device=device)[:top_k] for _ in range(tokens)])  # expert 5: none
+    ids[:, 0] = 2  # every row chooses expert 2: 20 rows are past one block of pairs
+    weights = torch.rand(tokens, top_k, device=device)
+    assert expert_gemv.by_expert(ids)
+    ref_act = expert_gemv.gate_up(x, gate_up_proj, ids, expert_gemv.GATE_UP)
+    act = expert_gemv.gate_up(x, gate_up_proj, ids)
+    torch.testing.assert_close(act, ref_act, atol=1e-5, rtol=1e-5)
+    ref = expert_gemv.down(ref_act, down_proj, ids, weights, expert_gemv.DOWN)
+    torch.testing.assert_close(expert_gemv.down(act, down_proj, ids, weights), ref, atol=1e-5, rtol=1e-5)
+    for launch in (expert_major.Launch(16, 16, 64, 4), expert_major.Launch(32, 64, 32, 4)):
+        torch.testing.assert_close(expert_major.gate_up(x, gate_up_proj, ids, launch), ref_act, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(expert_major.down(act, down_proj, ids, weights, launch), ref, atol=1e-5, rtol=1e-5)

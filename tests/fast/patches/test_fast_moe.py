@@ -126,3 +126,28 @@ def test_bf16_experts_are_captured_and_replay_what_they_run_eagerly():
     outs = [generate_n(llm, slm, ids, mask, FastEngine(FastConfig(max_bucket=4, graphs=graphs), max_batch=3), N_NEW,
                        stitch_policy=ReplayPolicy(ROUTES)) for graphs in (True, False)]
     assert torch.equal(outs[0].sequences, outs[1].sequences)
+
+
+@pytest.mark.skipif(not expert_gemv.available("cpu"), reason="the Triton norms and router kernels: TRITON_INTERPRET=1")
+def test_moe_layers_get_the_dense_layers_kernels_under_compile_parts(monkeypatch):
+    """``compile="parts"`` (AUTO's) on a Qwen3-MoE LLM: its layers' norms run the Triton norm kernels, each residual
+    add with the norm after it as one piece, q / k norms in the rotation kernel, the routers as their kernels, the
+    experts by the decode kernels -- and the pair (B = 3 left-padded) equals the eager engine."""
+    from hf_rstitch.fast.kernels import moe_router, norms
+    from hf_rstitch.fast.plan import plan_for
+
+    llm = _build("qwen3_moe", 64, 2, 4, 0, torch.float32, "cpu")
+    slm = _build("qwen3", 32, 2, 2, 1000, torch.float32, "cpu")
+    config = FastConfig(max_bucket=4, graphs=False, compile="parts", experts=expert_gemv.NAME)
+    plan = plan_for(llm, config, max_rows=3)
+    assert plan.add_norm and plan.rope_store and plan.fuse_router and plan.experts == expert_gemv.NAME
+    ids, mask = left_pad([prompt(k, seed=20 + i) for i, k in enumerate([7, 13, 4])])
+    ref = generate_n(llm, slm, ids, mask, "default", N_NEW, stitch_policy=ReplayPolicy(ROUTES))
+    ran = {"norm_forward": 0, "add_norm_piece": 0, "route": 0}
+    for module, name in ((norms, "norm_forward"), (norms, "add_norm_piece"), (moe_router, "route")):
+        fn = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, fn=fn, name=name, **k: ran.__setitem__(name, ran[name] + 1)
+                            or fn(*a, **k))
+    out = generate_n(llm, slm, ids, mask, FastEngine(config, max_batch=3), N_NEW, stitch_policy=ReplayPolicy(ROUTES))
+    assert_same(out, ref, 2e-4)
+    assert all(ran.values()), ran
