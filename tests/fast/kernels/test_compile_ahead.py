@@ -155,3 +155,32 @@ def test_attention_launches_after_precompile_build_nothing(monkeypatch):
         assert len(built) == ahead
     finally:
         da._kernels.cache_clear()
+
+
+class FakeCompiled:
+    """A compiled Triton kernel as prepare_launchers sees it: an argument signature and a lazy launcher."""
+
+    def __init__(self, signature, fails=False):
+        self.src = type("Src", (), {"signature": signature})()
+        self._run, self.fails, self.prepared = None, fails, 0
+
+    def _init_handles(self):
+        self.prepared += 1
+        if self.fails:
+            raise RuntimeError("out of resources")
+        self._run = "launcher"
+
+
+def test_prepare_launchers_builds_one_per_signature():
+    """One launcher per distinct argument signature is built ahead (constexpr values do not change a launcher);
+    kernels already prepared are left alone, and one that cannot be prepared is left for its launch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    a = [FakeCompiled({"x": "*bf16", "N": "i32", "BLOCK": "constexpr"}) for _ in range(3)]
+    b = FakeCompiled({"x": "*bf16", "N": "i64", "BLOCK": "constexpr"})
+    done = FakeCompiled({"y": "*fp32"})
+    done._run = "launcher"
+    bad = FakeCompiled({"z": "*fp16"}, fails=True)
+    with ThreadPoolExecutor(2) as pool:
+        assert ts.prepare_launchers(a + [b, done, bad, object()], pool) == 2
+    assert [k.prepared for k in a] == [1, 0, 0] and b.prepared == 1 and done.prepared == 0 and bad.prepared == 1
