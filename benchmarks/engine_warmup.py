@@ -71,6 +71,7 @@ def child(args) -> dict:
     from hf_rstitch.fast.kernels import triton_support
 
     triton_compiles = listen_to_triton()
+    phases = count_phases()
     start = time.perf_counter()
     if args.load_artifacts:
         torch.compiler.load_cache_artifacts(Path(args.load_artifacts).read_bytes())
@@ -80,7 +81,7 @@ def child(args) -> dict:
     settings = dict(VARIANTS[args.variant])
     folds.ENABLED = settings.pop("folds", folds.ENABLED)
     cfg = FastConfig(**settings, **({"graphs": False, "max_bucket": 8} if args.dry_run_cpu else {}))
-    llm, slm = lab.random_pair("tiny" if args.dry_run_cpu else "qwen2", device)
+    llm, slm = models(args.pair, device, args.dry_run_cpu)
     for m in (llm, slm):
         m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0
     bw = eb.copy_bandwidth(2 << 30 if device == "cuda" else 1 << 24)
@@ -95,6 +96,7 @@ def child(args) -> dict:
     res = {"variant": args.variant, "mode": args.mode, "config": repr(cfg), "folds": folds.ENABLED, "load_artifacts_s": loaded_s,
            "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "bandwidth_gbps": bw}
     res["first_call_s"], _ = lab.timed(lambda: generate(["slm", "llm", "slm", "llm"], 4), device)
+    res["phases"] = first_call_phases(engine, phases, res["first_call_s"])
     graphs = engine.graph_count()
     # a second call whose route needs catch-ups the first did not (runs of 9 and 33 tokens): its seconds, and the
     # graphs it captured mid-way (none where the lanes were warmed up when built)
@@ -138,6 +140,62 @@ def child(args) -> dict:
     return res
 
 
+def models(pair: str, device: str, tiny: bool):
+    """``(llm, slm)`` of ``pair`` ("LLM/SLM" names of :data:`engine_shapes.SHAPES`), random, bf16, seeded; the
+    Qwen2 pair as :func:`lab.random_pair` makes it."""
+    if pair == "qwen2-7b/qwen2-1.5b" or tiny:
+        return lab.random_pair("tiny" if tiny else "qwen2", device)
+    from engine_shapes import build
+
+    big, small = pair.split("/")
+    return build(big, device, seed=0), build(small, device, seed=1)
+
+
+def count_phases() -> dict:
+    """Tallies of what a first call does besides Triton's kernel builds (:func:`listen_to_triton`): the tuner's
+    timings (``triton_support.graph_ms``: graphs of a candidate's launches) and Triton's launcher builds (its C
+    compiler, ``triton.runtime.build._build``), each a count and host seconds."""
+    from hf_rstitch.fast.kernels import triton_support
+
+    tally = {"tuner_timings": [0, 0.0], "launcher_builds": [0, 0.0]}
+
+    def counted(fn, name):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                tally[name][0] += 1
+                tally[name][1] += time.perf_counter() - start
+        return run
+
+    triton_support.graph_ms = counted(triton_support.graph_ms, "tuner_timings")
+    try:
+        from triton.runtime import build
+        build._build = counted(build._build, "launcher_builds")
+    except (ImportError, AttributeError):
+        pass
+    return tally
+
+
+def first_call_phases(engine, tally: dict, first_call_s: float) -> dict:
+    """Where the first call's seconds went: each lane's build (kernels built ahead, the tuner, the rest of the
+    lane) and warm-up (every graph captured), the rest of the call (prompts, decode steps); the tuner's timings,
+    the launcher builds, the tuning table's answers from a shipped table."""
+    from hf_rstitch.core.roles import Role
+    from hf_rstitch.fast.patches import products
+
+    out = {tag: dict(getattr(lane, "build_seconds", {})) for tag, lane in
+           (("slm", engine._lanes.get(Role.SLM)), ("llm", engine._lanes.get(Role.LLM))) if lane is not None}
+    built = sum(p.get("lane", 0.0) + p.get("warm_up", 0.0) for p in out.values())
+    out["rest_of_call_s"] = first_call_s - built
+    out["captures_s"] = engine.capture_seconds()
+    out["tuner_timings"], out["tuner_timing_s"] = tally["tuner_timings"]
+    out["launcher_builds"], out["launcher_build_s"] = tally["launcher_builds"]
+    out["from_shipped_table"] = getattr(products.TABLE, "from_shipped", 0)
+    return dict(out)
+
+
 def listen_to_triton() -> dict:
     """Tallies of the Triton compiles this process runs: kernels built, loaded from Triton's disk cache, and the
     seconds each took (summed: parallel compiles overlap), per kernel name."""
@@ -176,6 +234,7 @@ def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: 
     cmd = [sys.executable, __file__, "--child", "--variant", variant, "--mode", mode, "--prompt", str(args.prompt),
            "--new", str(args.new), "--profile-steps", str(args.profile_steps), "--then-batch", str(args.then_batch)]
     cmd += ["--dry-run-cpu"] if args.dry_run_cpu else []
+    cmd += ["--pair", args.pair]
     cmd += ["--save-artifacts", str(artifacts)] if mode == "cold" else []
     cmd += ["--load-artifacts", str(artifacts)] if mode == "mega" else []
     cmd += ["--profile"] if args.profile and mode == "warm" else []
@@ -183,6 +242,8 @@ def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: 
            "HF_RSTITCH_TUNING_CACHE": str(cache / "gemv_tuning.json")}
     if threads:
         env["HF_RSTITCH_COMPILE_THREADS"] = str(threads)
+    if args.no_shipped:  # every shape timed, as on a GPU kind the package ships no table for
+        env["HF_RSTITCH_SHIPPED_TUNING"] = "off"
     if args.own_triton_cache:  # cold: Triton's kernels built from nothing, even on a used machine
         env["TRITON_CACHE_DIR"] = str(cache / "triton")
     t0 = time.perf_counter()
@@ -198,10 +259,13 @@ def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: 
 
 def markdown(doc: dict) -> str:
     env = doc["environment"]
-    lines = [f"# Fast engine warm-up in a fresh process: random Qwen2 7B (LLM) / 1.5B (SLM), bf16, "
+    llm, slm = doc["args"].get("pair", "qwen2-7b/qwen2-1.5b").split("/")
+    shipped = "no shipped tuning table" if doc["args"].get("no_shipped") else "the shipped tuning table read"
+    lines = [f"# Fast engine warm-up in a fresh process: random {llm} (LLM) / {slm} (SLM), bf16, "
              f"{', '.join(env['devices'])}", "",
              f"torch {env['torch']}, transformers {env['transformers']}, {env['date']}; batch 1, prompt "
-             f"{doc['args']['prompt']} tokens, {doc['args']['new']} new tokens timed. cold: empty compile cache; "
+             f"{doc['args']['prompt']} tokens, {doc['args']['new']} new tokens timed; {shipped}. cold: empty "
+             "compile caches (the tuner's, inductor's, and Triton's with `--own-triton-cache`: a fresh machine); "
              "warm: the cache the cold process filled; mega: empty cache plus the cold process's "
              "`save_cache_artifacts` loaded first. ms/token: a decoded token through `generate` (the difference "
              f"of calls of {doc['args']['new']} and {doc['args']['new'] // 2} new tokens: the prompt's prefill and "
@@ -231,6 +295,7 @@ def markdown(doc: dict) -> str:
                      f"{r['warm_up_every_bucket_s']:.1f} | "
                      f"{cell('llm')} | {r['llm']['x_floor']:.2f} | {cell('slm')} | {r['slm']['x_floor']:.2f} | "
                      f"{batch} |")
+    lines += phase_table(doc["runs"])
     for r in doc["runs"]:
         for tag in ("llm", "slm"):
             p = r.get(tag, {}).get("profile")
@@ -244,11 +309,36 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def phase_table(runs: list) -> list[str]:
+    """Where each process's first call went (seconds): per lane its build -- kernels built ahead, the tuner
+    (timing, table look-ups), the rest -- and warm-up (graphs captured); the rest of the call; the tuner's
+    timings, Triton's launcher builds (count, seconds) and the table's answers from a shipped table."""
+    lines = ["", "Where the first call went (s): per lane, build: all of it, of which kernels built ahead and the tuner "
+             "(timing, table look-ups); warm-up: every graph captured. Tuner timings and launcher builds: count (s).", "",
+             "| cache | first call | SLM ahead | SLM tuner | SLM build | SLM warm-up | LLM ahead | LLM tuner | "
+             "LLM build | LLM warm-up | rest of call | captures | tuner timings | launcher builds | "
+             "from shipped table |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        p = r.get("phases")
+        if not p:
+            continue
+        lane = lambda t: " | ".join(f"{p.get(t, {}).get(k, float('nan')):.2f}"  # noqa: E731
+                                    for k in ("precompile", "tune", "lane", "warm_up"))
+        lines.append(f"| {r['mode']} | {r['first_call_s']:.2f} | {lane('slm')} | {lane('llm')} | "
+                     f"{p['rest_of_call_s']:.2f} | {p['captures_s']:.2f} | {p['tuner_timings']} "
+                     f"({p['tuner_timing_s']:.2f}) | {p['launcher_builds']} ({p['launcher_build_s']:.2f}) | "
+                     f"{p['from_shipped_table']} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default=str(lab.RESULTS))
     ap.add_argument("--variants", nargs="+", default=["parts", "compiled-decode"], choices=list(VARIANTS))
     ap.add_argument("--modes", nargs="+", default=["cold", "warm", "mega"], choices=["cold", "warm", "mega"])
+    ap.add_argument("--pair", default="qwen2-7b/qwen2-1.5b", help="LLM/SLM, names of engine_shapes.SHAPES")
+    ap.add_argument("--no-shipped", action="store_true", help="children ignore the shipped tuning tables "
+                                                               "(HF_RSTITCH_SHIPPED_TUNING=off)")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=512, help="new tokens per timed generate")
     ap.add_argument("--profile", action="store_true", help="profile decode replays in the warm process")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 
 from transformers import PreTrainedModel
 
@@ -77,12 +78,14 @@ class FastEngine:
                 or lane.kv_blocks != kv_blocks):  # a pool of another size (or none) than asked for
             self._lanes.pop(role, None)  # free the old buffers before allocating new ones
             room = -(-max(capacity, self.capacity, 1) // self.capacity_step) * self.capacity_step
+            start = time.perf_counter()
             lane = FastLane(model, role, vocab, room, self.config, max_rows=max(batch, self.max_batch, 1),
                             kv_blocks=kv_blocks)
+            lane.build_seconds["lane"] = time.perf_counter() - start
             self._lanes[role], self._weights[role] = lane, weights
             self.builds += 1
             if self.config.warm_up:  # every bucket now: no generation pays a capture or compile mid-way
-                lane.warm_up()
+                lane.build_seconds["warm_up"] = lane.warm_up()
         else:
             lane.reset()
         lane.timing = timing

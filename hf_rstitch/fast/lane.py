@@ -153,8 +153,12 @@ class FastLane(Outputs, RowOps):
         self._read = None  # (logits, entropy, greedy) of the last read-out (_read_out)
         start = time.perf_counter()
         self._precompile()
+        built = time.perf_counter()
         self.gemv_layers = product_layers(model, config, max_rows)  # [] keeps cuBLAS everywhere
         self.gemv_tune_seconds = time.perf_counter() - start
+        # where a lane's build went (host seconds): kernels built ahead, the tuner's timing and table look-ups;
+        # FastEngine adds the whole build and the warm-up's captures
+        self.build_seconds = {"precompile": built - start, "tune": start + self.gemv_tune_seconds - built}
         self._attention = self._register_attention(plan.attention)
         self._experts = experts.plan(model, plan.experts)  # MoE: a dispatch that stays on the device (.experts)
         # the split kernel masks by the write offset and padding counts: no step builds a mask it would not read

@@ -16,8 +16,9 @@ from ..kernels.gemv import MAX_ROWS
 from . import folds, linears
 
 
-def pending(model: torch.nn.Module, table: dict, max_rows: int = MAX_ROWS) -> list[tuple]:
-    """``(candidates, run)`` for each MLP shape and tier that :func:`plan` would tune (not in ``table``); see
+def pending(model: torch.nn.Module, table: dict, max_rows: int = MAX_ROWS, held: bool = False) -> list[tuple]:
+    """``(candidates, run)`` for each MLP shape and tier that :func:`plan` would tune (not in ``table``; with
+    ``held``: ``((choice,), run)`` for those it holds a kernel's configuration for); see
     :func:`hf_rstitch.fast.patches.linears.pending`."""
     jobs, seen = [], set()
     for m in model.modules():
@@ -26,10 +27,11 @@ def pending(model: torch.nn.Module, table: dict, max_rows: int = MAX_ROWS) -> li
         gate, up = m.gate_proj.weight, m.up_proj.weight
         for top, tuned in zip(gemv.TIERS, gemv.tiers_for(max_rows)):
             key = _key(gate, top)
-            if tuned and key not in seen and key not in table:
+            if tuned and key not in seen and (key in table) == held:
                 seen.add(key)
-                jobs.append((TIER_CANDIDATES[top], functools.partial(launch, gate.new_empty(top, gate.shape[1]),
-                                                                     gate, up)))
+                candidates = TIER_CANDIDATES[top] if not held else tuple(c for c in (table[key],) if c is not None)
+                run = functools.partial(launch, gate.new_empty(top, gate.shape[1]), gate, up)
+                jobs += [(candidates, run)] if candidates else []
     return jobs
 
 

@@ -184,3 +184,26 @@ def test_prepare_launchers_builds_one_per_signature():
     with ThreadPoolExecutor(2) as pool:
         assert ts.prepare_launchers(a + [b, done, bad, object()], pool) == 2
     assert [k.prepared for k in a] == [1, 0, 0] and b.prepared == 1 and done.prepared == 0 and bad.prepared == 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_pending_held_lists_the_choices_the_table_holds(arch):
+    """With held=True, pending names each shape and tier the table holds a kernel's configuration for, with that
+    one configuration (built ahead, not at the first capture); a tier where cuBLAS won needs no kernel."""
+    from tiny_models import kernel_model
+
+    from hf_rstitch.fast.kernels import gated, gemv
+    from hf_rstitch.fast.patches import gated_mlp, linears
+
+    model = kernel_model("cpu", arch)
+    assert linears.pending(model, {}, True, 1, held=True) == [] and gated_mlp.pending(model, {}, 1, held=True) == []
+    table = {}
+    linears.plan(model, table, fuse=True, max_rows=1)
+    gated_mlp.plan(model, table, max_rows=1)
+    cublas = next(k for k in table if k[-1] == gemv.MAX_ROWS)
+    table[cublas] = None
+    jobs = linears.pending(model, table, True, 1, held=True) + gated_mlp.pending(model, table, 1, held=True)
+    keys = [gemv.shape_key(run.args[1], run.args[2], run.args[0].shape[0]) if run.func is gemv.launch
+            else gated._key(run.args[1], run.args[0].shape[0]) for _, run in jobs]
+    assert sorted(map(repr, keys)) == sorted(repr(k) for k, v in table.items() if v is not None)
+    assert all(candidates == (table[key],) for (candidates, _), key in zip(jobs, keys))
