@@ -95,7 +95,11 @@ def child(args) -> dict:
 
     res = {"variant": args.variant, "mode": args.mode, "config": repr(cfg), "folds": folds.ENABLED, "load_artifacts_s": loaded_s,
            "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "bandwidth_gbps": bw}
-    res["first_call_s"], _ = lab.timed(lambda: generate(["slm", "llm", "slm", "llm"], 4), device)
+    first = lambda: generate(["slm", "llm", "slm", "llm"], 4)  # noqa: E731
+    if args.profile_first_call:  # host profile (slows the Python-heavy parts: for where, not how long)
+        first, res["first_call_profile"] = host_profiled(first, args.profile_first_call)
+    res["first_call_s"], _ = lab.timed(first, device)
+    res["first_call_profile"] = res.get("first_call_profile", lambda: None)()
     res["phases"] = first_call_phases(engine, phases, res["first_call_s"])
     graphs = engine.graph_count()
     # a second call whose route needs catch-ups the first did not (runs of 9 and 33 tokens): its seconds, and the
@@ -149,6 +153,30 @@ def models(pair: str, device: str, tiny: bool):
 
     big, small = pair.split("/")
     return build(big, device, seed=0), build(small, device, seed=1)
+
+
+def host_profiled(fn, top: int):
+    """``(profiled fn, report)``: ``fn`` under cProfile, and a function giving its ``top`` functions by cumulative
+    and by own host seconds (``[seconds, own seconds, calls, "file:line(function)"]``) once it ran."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+
+    def run():
+        prof.enable()
+        try:
+            return fn()
+        finally:
+            prof.disable()
+
+    def report():
+        stats = pstats.Stats(prof).stats
+        rows = [[round(ct, 3), round(tt, 3), nc, f"{Path(f).name}:{line}({name})"]
+                for (f, line, name), (_, nc, tt, ct, _) in stats.items()]
+        return {"cumulative": sorted(rows, reverse=True)[:top], "own": sorted(rows, key=lambda r: -r[1])[:top]}
+
+    return run, report
 
 
 def count_phases() -> dict:
@@ -238,6 +266,8 @@ def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: 
     cmd += ["--save-artifacts", str(artifacts)] if mode == "cold" else []
     cmd += ["--load-artifacts", str(artifacts)] if mode == "mega" else []
     cmd += ["--profile"] if args.profile and mode == "warm" else []
+    if args.profile_first_call and mode in args.profile_first_call_modes:
+        cmd += ["--profile-first-call", str(args.profile_first_call)]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache),  # and the GEMV tuner's choices beside it
            "HF_RSTITCH_TUNING_CACHE": str(cache / "gemv_tuning.json")}
     if threads:
@@ -297,6 +327,12 @@ def markdown(doc: dict) -> str:
                      f"{batch} |")
     lines += phase_table(doc["runs"])
     for r in doc["runs"]:
+        if r.get("first_call_profile"):
+            for order, rows in r["first_call_profile"].items():
+                lines += ["", f"Host profile of the {r['mode']} process's first call (cProfile: slows Python-heavy "
+                          f"parts), by {order} seconds: cumulative | own | calls | function", ""]
+                lines += [f"    {ct:8.3f} {tt:8.3f} {nc:7} {where}" for ct, tt, nc, where in rows]
+    for r in doc["runs"]:
         for tag in ("llm", "slm"):
             p = r.get(tag, {}).get("profile")
             if p:
@@ -343,6 +379,10 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=512, help="new tokens per timed generate")
     ap.add_argument("--profile", action="store_true", help="profile decode replays in the warm process")
     ap.add_argument("--profile-steps", type=int, default=16)
+    ap.add_argument("--profile-first-call", type=int, default=0, metavar="TOP",
+                    help="host-profile the first call (cProfile) of the --profile-first-call-modes processes, "
+                         "keeping its TOP functions by cumulative seconds (0: no profile)")
+    ap.add_argument("--profile-first-call-modes", nargs="+", default=["warm"], choices=["cold", "warm", "mega"])
     ap.add_argument("--then-batch", type=int, default=8, help="then time a first call at this batch size (0: none)")
     ap.add_argument("--compile-threads", nargs="+", type=int, default=[0],
                     help="HF_RSTITCH_COMPILE_THREADS of the child processes, one sweep of --modes each (0: the "
@@ -388,7 +428,7 @@ def main() -> None:
     print(markdown(doc))
     print(json.dumps({"device": name, "runs": [{k: r.get(k) for k in ("variant", "threads", "mode", "first_call_s",
                                                                          "new_route_call_s", "new_route_captures",
-                                                                         "dynamo_graphs")} |
+                                                                         "dynamo_graphs", "phases")} |
                                                {t: r.get(t, {}).get("generate_decode_ms_per_token") for t in ("llm", "slm")}
                                                for r in doc["runs"]]}))
 

@@ -1,7 +1,7 @@
 """What the fast engine's Triton kernels share: Triton itself (optional), where it runs, block sizes, the
 device's multiprocessors, the timers that tune launch configurations (:func:`fastest`), the parallel
-compiles of the candidates they time and of their launchers (:func:`compile_ahead`), and the switch for programmatic dependent
-launch (:data:`PDL`)."""
+compiles of the candidates they time and of their launchers (:func:`compile_ahead`), and the switch for
+programmatic dependent launch (:data:`PDL`)."""
 
 from __future__ import annotations
 
