@@ -258,7 +258,8 @@ def profile_replays(lane, ids, steps: int, device: str, decode_steps) -> dict:
 
 
 # ---- the parent: fresh processes one after another -------------------------------------------------------
-def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: float, threads: int) -> dict:
+def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: float, threads: int,
+          profiled: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--child", "--variant", variant, "--mode", mode, "--prompt", str(args.prompt),
            "--new", str(args.new), "--profile-steps", str(args.profile_steps), "--then-batch", str(args.then_batch)]
     cmd += ["--dry-run-cpu"] if args.dry_run_cpu else []
@@ -266,8 +267,7 @@ def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: 
     cmd += ["--save-artifacts", str(artifacts)] if mode == "cold" else []
     cmd += ["--load-artifacts", str(artifacts)] if mode == "mega" else []
     cmd += ["--profile"] if args.profile and mode == "warm" else []
-    if args.profile_first_call and mode in args.profile_first_call_modes:
-        cmd += ["--profile-first-call", str(args.profile_first_call)]
+    cmd += ["--profile-first-call", str(args.profile_first_call)] if profiled else []
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache),  # and the GEMV tuner's choices beside it
            "HF_RSTITCH_TUNING_CACHE": str(cache / "gemv_tuning.json")}
     if threads:
@@ -284,7 +284,8 @@ def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: 
     lines = [l for l in done.stdout.splitlines() if l.startswith(RESULT)]
     if done.returncode or not lines:
         return {"variant": variant, "mode": mode, "threads": threads, "error": (done.stderr or done.stdout)[-2000:]}
-    return {**json.loads(lines[-1][len(RESULT):]), "threads": threads, "process_s": time.perf_counter() - t0}
+    return {**json.loads(lines[-1][len(RESULT):]), "threads": threads, "process_s": time.perf_counter() - t0,
+            "profiled": profiled}
 
 
 def markdown(doc: dict) -> str:
@@ -320,7 +321,7 @@ def markdown(doc: dict) -> str:
         batch = f"{r['first_batch_call_s']:.1f}" if "first_batch_call_s" in r else "-"
         tc = r.get("triton_compiles", {})
         kernels = f"{tc.get('built', 0)} ({tc.get('build_s', 0):.1f}) / {tc.get('from_disk', 0)}"
-        lines.append(f"| {r['variant']} | {threads} | {r['mode']} | {r['first_call_s']:.1f} | {r['gemv_tune_s']:.1f} | "
+        lines.append(f"| {r['variant']} | {threads} | {mode_of(r)} | {r['first_call_s']:.1f} | {r['gemv_tune_s']:.1f} | "
                      f"{kernels} | {r.get('new_route_call_s', float('nan')):.2f} ({r.get('new_route_captures', '-')}) | "
                      f"{r['warm_up_every_bucket_s']:.1f} | "
                      f"{cell('llm')} | {r['llm']['x_floor']:.2f} | {cell('slm')} | {r['slm']['x_floor']:.2f} | "
@@ -345,6 +346,10 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def mode_of(r: dict) -> str:
+    return r["mode"] + (" (profiled)" if r.get("profiled") else "")
+
+
 def phase_table(runs: list) -> list[str]:
     """Where each process's first call went (seconds): per lane its build -- kernels built ahead, the tuner
     (timing, table look-ups), the rest -- and warm-up (graphs captured); the rest of the call; the tuner's
@@ -360,7 +365,7 @@ def phase_table(runs: list) -> list[str]:
             continue
         lane = lambda t: " | ".join(f"{p.get(t, {}).get(k, float('nan')):.2f}"  # noqa: E731
                                     for k in ("precompile", "tune", "lane", "warm_up"))
-        lines.append(f"| {r['mode']} | {r['first_call_s']:.2f} | {lane('slm')} | {lane('llm')} | "
+        lines.append(f"| {mode_of(r)} | {r['first_call_s']:.2f} | {lane('slm')} | {lane('llm')} | "
                      f"{p['rest_of_call_s']:.2f} | {p['captures_s']:.2f} | {p['tuner_timings']} "
                      f"({p['tuner_timing_s']:.2f}) | {p['launcher_builds']} ({p['launcher_build_s']:.2f}) | "
                      f"{p['from_shipped_table']} |")
@@ -380,9 +385,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="profile decode replays in the warm process")
     ap.add_argument("--profile-steps", type=int, default=16)
     ap.add_argument("--profile-first-call", type=int, default=0, metavar="TOP",
-                    help="host-profile the first call (cProfile) of the --profile-first-call-modes processes, "
-                         "keeping its TOP functions by cumulative seconds (0: no profile)")
-    ap.add_argument("--profile-first-call-modes", nargs="+", default=["warm"], choices=["cold", "warm", "mega"])
+                    help="host-profile the first call (cProfile) of the last process of each sweep (--modes cold "
+                         "warm warm: a second warm one), keeping its TOP functions by cumulative and by own seconds "
+                         "(0: no profile)")
     ap.add_argument("--then-batch", type=int, default=8, help="then time a first call at this batch size (0: none)")
     ap.add_argument("--compile-threads", nargs="+", type=int, default=[0],
                     help="HF_RSTITCH_COMPILE_THREADS of the child processes, one sweep of --modes each (0: the "
@@ -415,13 +420,15 @@ def main() -> None:
     for variant, threads in ((v, t) for v in args.variants for t in args.compile_threads):
         sweep = f"{variant}-t{threads}"
         cache, artifacts = root / sweep, root / f"{sweep}.artifacts"
-        for mode in args.modes:
+        for i, mode in enumerate(args.modes):
             left = args.budget_s - (time.perf_counter() - start)
             if left < 30:
                 doc["skipped"].append(f"{variant} {mode} threads {threads}: time budget")
                 continue
             run_cache = root / f"{sweep}-mega" if mode == "mega" else cache  # mega: an empty directory
-            doc["runs"].append(spawn(args, variant, mode, run_cache, artifacts, timeout=left, threads=threads))
+            profiled = bool(args.profile_first_call) and i == len(args.modes) - 1
+            doc["runs"].append(spawn(args, variant, mode, run_cache, artifacts, timeout=left, threads=threads,
+                                     profiled=profiled))
             print(json.dumps(doc["runs"][-1], default=str)[:2000], flush=True)
             lab.write_result(stem, doc, markdown(doc))
     lab.write_result(stem, doc, markdown(doc))

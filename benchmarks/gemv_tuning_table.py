@@ -103,15 +103,21 @@ def main() -> None:
         print(json.dumps({"model": model_name, "seconds": round(doc["models"][model_name]["seconds"], 1),
                           "shapes_tuned": len(timings) - first}), flush=True)
         del model
-    table_dir.mkdir(parents=True, exist_ok=True)
-    entries = json.loads(scratch.read_text())["entries"]
-    (table_dir / f"{gpu}.json").write_text(json.dumps({"format": tuning_cache.FORMAT, "entries": entries}, indent=0)
-                                          + "\n")
-    doc["table"] = str(table_dir / f"{gpu}.json")
-    doc["entries"] = len(entries)
-    lab.write_result(Path(args.out_dir) / f"gemv_candidates_{gpu}", doc, markdown(doc, name))
+        entries = ship(scratch, table_dir / f"{gpu}.json")  # after each model: a cut-short run keeps what it has
+        doc.update(table=str(table_dir / f"{gpu}.json"), entries=len(entries))
+        lab.write_result(Path(args.out_dir) / f"gemv_candidates_{gpu}", doc, markdown(doc, name))
     print(json.dumps({"device": name, "entries": len(entries), "table": doc["table"],
                       "seconds": {m: round(v["seconds"], 1) for m, v in doc["models"].items()}}))
+
+
+def ship(scratch: Path, table: Path) -> dict:
+    """Replace ``table`` with the entries tuned so far (``scratch``, the tuner's file); returns them."""
+    entries = json.loads(scratch.read_text())["entries"] if scratch.exists() else {}
+    table.parent.mkdir(parents=True, exist_ok=True)
+    from hf_rstitch.fast.kernels import tuning_cache
+
+    table.write_text(json.dumps({"format": tuning_cache.FORMAT, "entries": entries}, indent=0) + "\n")
+    return entries
 
 
 def markdown(doc: dict, name: str) -> str:
