@@ -221,6 +221,8 @@ def first_call_phases(engine, tally: dict, first_call_s: float) -> dict:
     out["tuner_timings"], out["tuner_timing_s"] = tally["tuner_timings"]
     out["launcher_builds"], out["launcher_build_s"] = tally["launcher_builds"]
     out["from_shipped_table"] = getattr(products.TABLE, "from_shipped", 0)
+    out["steps_ahead_errors"] = [lane.ahead_error for lane in engine._lanes.values()
+                                 if getattr(lane, "ahead_error", None)]
     return dict(out)
 
 
@@ -321,8 +323,9 @@ def markdown(doc: dict) -> str:
         batch = f"{r['first_batch_call_s']:.1f}" if "first_batch_call_s" in r else "-"
         tc = r.get("triton_compiles", {})
         kernels = f"{tc.get('built', 0)} ({tc.get('build_s', 0):.1f}) / {tc.get('from_disk', 0)}"
-        lines.append(f"| {r['variant']} | {threads} | {mode_of(r)} | {r['first_call_s']:.1f} | {r['gemv_tune_s']:.1f} | "
-                     f"{kernels} | {r.get('new_route_call_s', float('nan')):.2f} ({r.get('new_route_captures', '-')}) | "
+        lines.append(f"| {r['variant']} | {threads} | {mode_of(r)} | {r['first_call_s']:.1f} | "
+                     f"{r['gemv_tune_s']:.1f} | {kernels} | {r.get('new_route_call_s', float('nan')):.2f} "
+                     f"({r.get('new_route_captures', '-')}) | "
                      f"{r['warm_up_every_bucket_s']:.1f} | "
                      f"{cell('llm')} | {r['llm']['x_floor']:.2f} | {cell('slm')} | {r['slm']['x_floor']:.2f} | "
                      f"{batch} |")
@@ -354,17 +357,19 @@ def phase_table(runs: list) -> list[str]:
     """Where each process's first call went (seconds): per lane its build -- kernels built ahead, the tuner
     (timing, table look-ups), the rest -- and warm-up (graphs captured); the rest of the call; the tuner's
     timings, Triton's launcher builds (count, seconds) and the table's answers from a shipped table."""
-    lines = ["", "Where the first call went (s): per lane, build: all of it, of which kernels built ahead and the tuner "
-             "(timing, table look-ups); warm-up: every graph captured. Tuner timings and launcher builds: count (s).", "",
-             "| cache | first call | SLM ahead | SLM tuner | SLM build | SLM warm-up | LLM ahead | LLM tuner | "
-             "LLM build | LLM warm-up | rest of call | captures | tuner timings | launcher builds | "
-             "from shipped table |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["", "Where the first call went (s): per lane, build: all of it, of which the products' kernels built "
+             "ahead (ahead), the tuner (timing, table look-ups) and the steps' other kernels built ahead (steps); "
+             "warm-up: every graph captured. Tuner timings and launcher builds: count (s).", "",
+             "| cache | first call | SLM ahead | SLM tuner | SLM steps | SLM build | SLM warm-up | LLM ahead | "
+             "LLM tuner | LLM steps | LLM build | LLM warm-up | rest of call | captures | tuner timings | "
+             "launcher builds | "
+             "from shipped table |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         p = r.get("phases")
         if not p:
             continue
         lane = lambda t: " | ".join(f"{p.get(t, {}).get(k, float('nan')):.2f}"  # noqa: E731
-                                    for k in ("precompile", "tune", "lane", "warm_up"))
+                                    for k in ("precompile", "tune", "steps_ahead", "lane", "warm_up"))
         lines.append(f"| {mode_of(r)} | {r['first_call_s']:.2f} | {lane('slm')} | {lane('llm')} | "
                      f"{p['rest_of_call_s']:.2f} | {p['captures_s']:.2f} | {p['tuner_timings']} "
                      f"({p['tuner_timing_s']:.2f}) | {p['launcher_builds']} ({p['launcher_build_s']:.2f}) | "

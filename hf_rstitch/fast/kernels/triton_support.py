@@ -164,13 +164,20 @@ def prepare_launchers(kernels, pool, device: torch.device | None = None) -> int:
     return sum(pool.map(prepare, firsts.values()))
 
 
+def ahead_possible(device: torch.device | str) -> bool:
+    """Whether :func:`compile_ahead` can build kernels for ``device``: CUDA (not the interpreter), more than one
+    compile thread, and a Triton with asynchronous compiles (3.4 and later)."""
+    return (torch.device(device).type == "cuda" and not interpreted() and COMPILE_THREADS > 1
+            and _async_mode() is not None)
+
+
 def precompile(jobs, device) -> None:
     """Compile the kernels of every candidate of every ``(candidates, run)`` job in one parallel batch, before
     :func:`fastest` times them one by one: a fresh machine otherwise builds dozens of kernels in a row (~0.2 s
     each) while tuning. Kernels already built (this process) or on Triton's disk cache cost a lookup."""
     device = torch.device(device)
     count = sum(len(candidates) for candidates, _ in jobs)
-    if device.type != "cuda" or interpreted() or COMPILE_THREADS <= 1 or _async_mode() is None or count < 2:
+    if not ahead_possible(device) or count < 2:
         return
     with compile_ahead(count, device):
         for candidates, run in jobs:
