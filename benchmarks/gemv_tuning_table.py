@@ -120,6 +120,43 @@ def ship(scratch: Path, table: Path) -> dict:
     return entries
 
 
+def cover(tunings: list, tol: float) -> list[str]:
+    """The fewest candidates (greedy set cover) among which every tuning's fastest is within ``tol`` of its best
+    candidate (or of its baseline, where the baseline won): a candidate list that would have chosen as well."""
+    need = []
+    for t in tunings:
+        best = min([*t["ms"].values(), *([t["baseline_ms"]] if t["baseline_ms"] is not None else [])], default=None)
+        ok = {c for c, ms in t["ms"].items() if ms <= best * (1 + tol)}
+        if best is not None and not (t["baseline_ms"] is not None and t["baseline_ms"] <= best * (1 + tol)):
+            need.append(ok)  # where the baseline is within tol, no candidate is needed
+    chosen = []
+    while need:
+        counts = {}
+        for ok in need:
+            for c in ok:
+                counts[c] = counts.get(c, 0) + 1
+        if not counts:
+            break
+        pick = max(sorted(counts), key=counts.get)
+        chosen.append(pick)
+        need = [ok for ok in need if pick not in ok]
+    return chosen
+
+
+def covers(doc: dict) -> list[str]:
+    """Per kernel and tier: the candidates timed, and the greedy covers at 1, 2 and 3 %."""
+    tunings = [t for m in doc["models"].values() for t in m["tunings"]]
+    lines = ["", "Fewest candidates that choose within 1 / 2 / 3 % of the best for every shape above (greedy cover):",
+             ""]
+    for kind, rows in sorted({(t.get("kind"), t["rows"]) for t in tunings}, key=str):
+        group = [t for t in tunings if (t.get("kind"), t["rows"]) == (kind, rows)]
+        timed = max(len(t["ms"]) for t in group)
+        lines.append(f"- {kind}, {rows} rows ({len(group)} shapes, {timed} candidates): "
+                     + "; ".join(f"{tol:.0%}: {len(c)} -- " + ", ".join(c) for tol in (0.01, 0.02, 0.03)
+                                 for c in [cover(group, tol)]))
+    return lines
+
+
 def markdown(doc: dict, name: str) -> str:
     """Per tuned shape: the candidates timed, the chosen one, and how close the runner-up came."""
     env = doc["environment"]
@@ -136,7 +173,7 @@ def markdown(doc: dict, name: str) -> str:
             best = f"{times[0]:.4f}" if times else "-"
             lines.append(f"| {model} | {t.get('kind')} | {t.get('n')} x {t.get('k')} | {t['rows']} | {len(t['ms'])} | "
                          f"{t['chosen']} | {best} | {base} | {second} |")
-    return "\n".join(lines)
+    return "\n".join(lines + covers(doc))
 
 
 if __name__ == "__main__":
