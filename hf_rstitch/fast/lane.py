@@ -49,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import logging
 import time
 import warnings
 import weakref
@@ -61,15 +60,15 @@ from ..core.roles import Role
 from ..engine.lane import left_padding
 from ..engine.step import to_device
 from . import compile_cache
-from .patches import experts, linears, products, regions, rotary_table
-from .kernels import rope_store, triton_support
+from .patches import experts, linears, regions, rotary_table
+from .kernels import rope_store
 from .blocks import blocks_for
 from .buckets import bucket_for, round_up
 from .config import FastConfig, check_supported
 from .kernels.decode_attention import decode_attention, refuse_fallback
-from .kernels.decode_attention import pending as attention_pending
 from .graphs import GraphRunner
 from .kv_shapes import kv_shape
+from .lane_ahead import Ahead
 from .lane_outputs import Outputs
 from .lane_rows import RowOps
 from .plan import FastPlan, plan_for
@@ -77,9 +76,6 @@ from .paged_kv import BlockPool, PagedKV
 from .patches.products import product_layers
 from .rows import RowSlots
 from .static_kv import KV_CHUNK, StaticKV, static_attention, static_attention_on, static_attention_sdpa
-
-
-log = logging.getLogger("hf_rstitch.fast")
 
 
 def _sync(device: torch.device) -> None:
@@ -100,7 +96,7 @@ def _allow_recompiles(limit: int) -> None:
     setattr(config, name, max(getattr(config, name), limit))
 
 
-class FastLane(Outputs, RowOps):
+class FastLane(Outputs, RowOps, Ahead):
     """One model with a static cache and captured steps, advanced over a shared sequence.
 
     Args:
@@ -171,11 +167,11 @@ class FastLane(Outputs, RowOps):
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
         self._rotation(plan, n_slots)
         self._compile(plan)
+        start = time.perf_counter()
+        self._steps_ahead(deferrable=bool(self._rotary) and plan.defer_rotation)  # before the probe's first launches
+        self.build_seconds["steps_ahead"] = time.perf_counter() - start
         # rotation and cache store as one kernel a layer, for models whose layers allow it (rope_store)
         self._defer = bool(self._rotary) and plan.defer_rotation and rope_store.defers_exactly(model, self._probe)
-        start, self.ahead_error = time.perf_counter(), None  # ahead_error: why the steps were not built ahead
-        self._steps_ahead()
-        self.build_seconds["steps_ahead"] = time.perf_counter() - start
 
     def _rotation(self, plan: FastPlan, n_slots: int) -> None:
         """The rotary patches ``plan`` names: the rope_store kernels in place of the modelling modules'
@@ -297,42 +293,6 @@ class FastLane(Outputs, RowOps):
         self.valid[:b].fill_(True)
         self.valid[:b, :t].copy_(to_device(host, self.device))
         self._slot_index = None
-
-    def _precompile(self) -> None:
-        """Build at once, in parallel threads, the Triton kernels this lane would build one by one: the tuner's
-        candidates and the split attention of every batch and length bucket (results/engine_warmup_*.md)."""
-        jobs = products.pending(self.model, self.config, self.max_rows)
-        if self.plan.attention == "split":
-            heads = self.model.config.get_text_config().num_attention_heads
-            jobs += attention_pending(self.cache.keys[0], self.cache.values[0], self.cache.pos, self.n_pad,
-                                      heads, self.rows.sizes, sorted(set(self.buckets) | {1}),
-                                      list(self.plan.windows), self.cache.table if self.paged else None)
-        triton_support.precompile(jobs, self.device)
-
-    def _steps_ahead(self) -> None:
-        """Build at once, in parallel threads, every Triton kernel the steps of a few length buckets launch -- the
-        norms, rotations, cache stores and read-outs besides the products -- by running those steps eagerly
-        with each launch compiled instead of run (:func:`~hf_rstitch.fast.kernels.triton_support.compile_ahead`),
-        rather than one after another at the first captures. Lanes of whole-step compiles, a paged cache or
-        experts skip it; the cache it wrote into is zeroed and the lane reset. Anything it meets is left for the
-        captures."""
-        if not (triton_support.ahead_possible(self.device) and not self.paged and self.plan.compile in (None, "parts")
-                and self._experts.kind is None):  # experts: their kernels launch directly, over routed indices
-            return
-        sizes = sorted({1, 2, min(16, self.config.max_bucket), self.config.max_bucket} & (set(self.buckets) | {1}))
-        try:
-            with torch.no_grad(), triton_support.compile_ahead(1 << 10, self.device):
-                for size in sizes:
-                    self.rows.start([0])
-                    with self._model_code():
-                        logits, _ = self._forward(self.ids[:1, :size], 1 if size == 1 else self.n_real, False)
-                    self._read_out(logits, self.device)
-                    self.cache.pos.zero_()
-        except Exception as err:  # noqa: BLE001 - the captures build what is left, one kernel after another
-            self.ahead_error = f"{type(err).__name__}: {err}"
-            log.debug("hf_rstitch: %s lane's kernels not built ahead (%s)", self.role, self.ahead_error)
-        self.cache.states.zero_()
-        self.reset()
 
     def _register_attention(self, kind: str) -> str:
         """The attention this lane runs (``plan.attention``), by registered name: a per-lane function bound to this
