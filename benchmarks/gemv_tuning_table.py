@@ -8,8 +8,9 @@ The question: which launch configuration each product of a 0.6-8B model runs on 
 (same GPU, torch, Triton and kernel code: the table's keys say so) skips the timing and builds only the chosen
 kernels. Each model of :data:`engine_shapes.SHAPES` is made with one layer (the products' shapes do not depend
 on the depth) and planned as ``stitch_engine="auto"`` plans it, for lanes of ``--max-rows`` rows, with an empty
-table; every timing the tuner makes is recorded too (``gemv_candidates_<gpu>.json``: which candidates win where,
-the data for pruning the candidate lists).
+table, timing every candidate of the search space (``HF_RSTITCH_TUNE=full``, not the lanes' shortlist); every
+timing is recorded too (``gemv_candidates_<gpu>.json``: which candidates win where, and the greedy covers the
+shortlists are made of).
 
 Writes ``hf_rstitch/assets/gemv_tuning/<gpu>.json`` (``--table-dir``; replaced whole) and
 ``gemv_candidates_<gpu>.{json,md}`` under ``--out-dir``; prints one compact JSON last.
@@ -78,7 +79,8 @@ def main() -> None:
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models under Triton's interpreter on CPU: "
                                                                 "checks the script, times nothing")
     args = ap.parse_args()
-    os.environ["HF_RSTITCH_SHIPPED_TUNING"] = "off"  # time everything: no shipped answer is read
+    os.environ["HF_RSTITCH_SHIPPED_TUNING"] = "off"  # time everything: no shipped answer is read,
+    os.environ["HF_RSTITCH_TUNE"] = "full"  # every candidate of the search space, not the lanes' shortlist
     if args.dry_run_cpu:
         os.environ["TRITON_INTERPRET"] = "1"
     from hf_rstitch.fast import AUTO

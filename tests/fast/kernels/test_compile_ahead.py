@@ -207,3 +207,20 @@ def test_pending_held_lists_the_choices_the_table_holds(arch):
             else gated._key(run.args[1], run.args[0].shape[0]) for _, run in jobs]
     assert sorted(map(repr, keys)) == sorted(repr(k) for k, v in table.items() if v is not None)
     assert all(candidates == (table[key],) for (candidates, _), key in zip(jobs, keys))
+
+
+def test_lanes_time_the_shortlist_and_full_tuning_the_search_space(monkeypatch):
+    """A lane times each tier's shortlist; HF_RSTITCH_TUNE=full times the whole search space (what the shipped
+    tables are made with); anything else says what it takes. Every shortlisted candidate is in the space."""
+    from hf_rstitch.fast.kernels import gated, gemv
+
+    for module in (gemv, gated):
+        for top in gemv.TIERS:
+            assert set(module.SHORTLIST[top]) <= set(module.TIER_CANDIDATES[top])
+            monkeypatch.delenv(gemv.TUNE_ENV, raising=False)
+            assert module.tier_candidates(top) == module.SHORTLIST[top]
+            monkeypatch.setenv(gemv.TUNE_ENV, "full")
+            assert module.tier_candidates(top) == module.TIER_CANDIDATES[top]
+    monkeypatch.setenv(gemv.TUNE_ENV, "all of them")
+    with pytest.raises(ValueError, match="'full'"):
+        gemv.tier_candidates(1)
