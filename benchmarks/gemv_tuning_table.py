@@ -80,7 +80,7 @@ def main() -> None:
                                                                 "checks the script, times nothing")
     args = ap.parse_args()
     os.environ["HF_RSTITCH_SHIPPED_TUNING"] = "off"  # time everything: no shipped answer is read,
-    os.environ["HF_RSTITCH_TUNE"] = "full"  # every candidate of the search space, not the lanes' shortlist
+    os.environ["HF_RSTITCH_TUNE"] = "full"  # every candidate of the search space, not the lanes' shortlists
     if args.dry_run_cpu:
         os.environ["TRITON_INTERPRET"] = "1"
     from hf_rstitch.fast import AUTO

@@ -30,7 +30,6 @@ optional: without it :func:`available` is False and the fast engine keeps cuBLAS
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -343,19 +342,4 @@ def tiers_for(max_rows: int) -> tuple[bool, ...]:
     return tuple(i < 2 or TIERS[i - 1] < max_rows for i in range(len(TIERS)))
 
 
-TIER_CANDIDATES = {1: CANDIDATES, MAX_ROWS: FEW_ROWS, WIDE_ROWS: WIDE}  # the search space
-# what a lane times for a shape no table holds: the candidates that chose within 2 % of the search space's best
-# for every product shape of the zoo's models (a greedy cover, benchmarks/results/gemv_candidates_<gpu>.md); the
-# whole search space with HF_RSTITCH_TUNE=full (benchmarks/gemv_tuning_table.py, which makes the shipped tables)
-SHORTLIST = dict(TIER_CANDIDATES)
-TUNE_ENV = "HF_RSTITCH_TUNE"
-
-
-def tier_candidates(top: int, space: dict | None = None, shortlist: dict | None = None) -> tuple:
-    """The candidates the tuner times for tier ``top``: the shortlist's (default :data:`SHORTLIST`), or the whole
-    search space's (default :data:`TIER_CANDIDATES`) where ``HF_RSTITCH_TUNE=full``."""
-    setting = os.environ.get(TUNE_ENV, "").strip().lower()
-    if setting not in ("", "short", "full"):
-        raise ValueError(f"{TUNE_ENV} must be 'full' (every candidate) or 'short' (the default: the shortlist), "
-                         f"got {setting!r}")
-    return (space or TIER_CANDIDATES)[top] if setting == "full" else (shortlist or SHORTLIST)[top]
+TIER_CANDIDATES = {1: CANDIDATES, MAX_ROWS: FEW_ROWS, WIDE_ROWS: WIDE}  # the search space (a lane times .shortlist's)

@@ -66,7 +66,8 @@ def shipped_paths() -> list[Path]:
 
 @functools.lru_cache(maxsize=1)
 def _code_hash() -> str:
-    """The kernels' source files and candidate lists: a change to either is a new tuning."""
+    """The kernels' source files and candidate lists (their search spaces; not :mod:`.shortlist`, which only
+    decides what a lane times): a change to either is a new tuning."""
     from . import gated, gemv, triton_support
 
     digest = hashlib.sha256()

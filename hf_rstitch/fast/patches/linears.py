@@ -15,9 +15,8 @@ import functools
 import torch
 
 from . import folds
-from ..kernels import gemv
-from ..kernels.gemv import (DTYPES, MAX_ROWS, TIERS, GemvConfig, _reference, launch, shape_key, tier,
-                           tier_candidates, tiers_for)
+from ..kernels import gemv, shortlist
+from ..kernels.gemv import DTYPES, MAX_ROWS, TIERS, GemvConfig, _reference, launch, shape_key, tier, tiers_for
 
 
 def readable(m: torch.nn.Module) -> bool:
@@ -36,7 +35,7 @@ def config_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None, blo
     tuned on first sight."""
     key = shape_key(weight, bias, block_m)
     if key not in table:
-        table[key] = gemv.tune(weight, bias, tier_candidates(block_m))
+        table[key] = gemv.tune(weight, bias, shortlist.candidates("gemv", block_m))
     return table[key]
 
 
@@ -167,7 +166,7 @@ def pending(model: torch.nn.Module, table: dict, fuse: bool = True, max_rows: in
             key = shape_key(weight, bias, top)
             if tuned and key not in seen and (key in table) == held:
                 seen.add(key)
-                candidates = tier_candidates(top) if not held else tuple(c for c in (table[key],) if c is not None)
+                candidates = shortlist.candidates("gemv", top) if not held else tuple(c for c in (table[key],) if c is not None)
                 x = weight.new_empty(top, weight.shape[1])
                 jobs += [(candidates, functools.partial(launch, x, weight, bias))] if candidates else []
     return jobs

@@ -67,13 +67,13 @@ def test_pending_lists_what_the_plans_tune(arch, fuse, rows):
     candidates of its tier; and nothing once the table holds them."""
     from tiny_models import kernel_model
 
-    from hf_rstitch.fast.kernels import gated, gemv
+    from hf_rstitch.fast.kernels import gated, gemv, shortlist
     from hf_rstitch.fast.patches import gated_mlp, linears
 
     model = kernel_model("cpu", arch)
     jobs = linears.pending(model, {}, fuse, rows)
     keys = [gemv.shape_key(run.args[1], run.args[2], run.args[0].shape[0]) for _, run in jobs]
-    assert all(candidates == gemv.TIER_CANDIDATES[key[-1]] for (candidates, _), key in zip(jobs, keys))
+    assert all(candidates == shortlist.candidates("gemv", key[-1]) for (candidates, _), key in zip(jobs, keys))
     mlp_jobs = gated_mlp.pending(model, {}, rows)
     keys += [gated._key(run.args[1], run.args[0].shape[0]) for _, run in mlp_jobs]
     table = {}
@@ -210,17 +210,19 @@ def test_pending_held_lists_the_choices_the_table_holds(arch):
 
 
 def test_lanes_time_the_shortlist_and_full_tuning_the_search_space(monkeypatch):
-    """A lane times each tier's shortlist; HF_RSTITCH_TUNE=full times the whole search space (what the shipped
-    tables are made with); anything else says what it takes. Every shortlisted candidate is in the space."""
-    from hf_rstitch.fast.kernels import gated, gemv
+    """A lane times each tier's shortlist (the whole space where it has none); HF_RSTITCH_TUNE=full times the whole
+    search space (what the shipped tables are made with); anything else says what it takes. Every shortlisted
+    candidate is in the space."""
+    from hf_rstitch.fast.kernels import gemv, shortlist
 
-    for module in (gemv, gated):
+    for kind in ("gemv", "gated"):
         for top in gemv.TIERS:
-            assert set(module.SHORTLIST[top]) <= set(module.TIER_CANDIDATES[top])
-            monkeypatch.delenv(gemv.TUNE_ENV, raising=False)
-            assert module.tier_candidates(top) == module.SHORTLIST[top]
-            monkeypatch.setenv(gemv.TUNE_ENV, "full")
-            assert module.tier_candidates(top) == module.TIER_CANDIDATES[top]
-    monkeypatch.setenv(gemv.TUNE_ENV, "all of them")
+            short = shortlist.SHORTLISTS[kind][top]
+            assert short is None or set(short) <= set(shortlist.space(kind)[top])
+            monkeypatch.delenv(shortlist.ENV, raising=False)
+            assert shortlist.candidates(kind, top) == (short or shortlist.space(kind)[top])
+            monkeypatch.setenv(shortlist.ENV, "full")
+            assert shortlist.candidates(kind, top) == shortlist.space(kind)[top]
+    monkeypatch.setenv(shortlist.ENV, "all of them")
     with pytest.raises(ValueError, match="'full'"):
-        gemv.tier_candidates(1)
+        shortlist.candidates("gemv", 1)

@@ -1,0 +1,40 @@
+"""The candidates the GEMV tuner times for a shape no tuning table holds: a shortlist per kernel and tier.
+
+Why: each candidate is a Triton kernel to build (~0.7 s of a compile thread) and a graph to time; the search
+spaces (:data:`hf_rstitch.fast.kernels.gemv.TIER_CANDIDATES`, :data:`hf_rstitch.fast.kernels.gated.TIER_CANDIDATES`)
+hold 6-20 candidates a tier, and a fresh machine's first call spent most of its seconds building and timing them.
+The shortlists keep the candidates that chose within 2 % of the whole space's best for every product shape of the
+zoo's models (a greedy cover of the timings ``benchmarks/gemv_tuning_table.py`` records,
+``benchmarks/results/gemv_candidates_<gpu>.md``); None keeps the whole space. ``HF_RSTITCH_TUNE=full`` times the
+whole space (the shipped tables of :mod:`.tuning_cache` are made so).
+
+This module is not part of the tuning table's key (:func:`.tuning_cache.identity` hashes the kernels and their
+spaces): a shortlist decides what a lane times, not what a configuration means.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV = "HF_RSTITCH_TUNE"  # "full": every candidate of the space; "short" (default): the shortlist
+# kernel -> {tier rows: candidates (None: the whole space)}
+SHORTLISTS: dict[str, dict[int, tuple | None]] = {"gemv": {1: None, 16: None, 64: None},
+                                                  "gated": {1: None, 16: None, 64: None}}
+
+
+def space(kind: str) -> dict:
+    """The search space of ``kind`` ("gemv" or "gated"): tier rows -> candidates."""
+    from . import gated, gemv
+
+    return {"gemv": gemv.TIER_CANDIDATES, "gated": gated.TIER_CANDIDATES}[kind]
+
+
+def candidates(kind: str, top: int) -> tuple:
+    """What the tuner times for ``kind``'s tier ``top``: its shortlist, or the whole space where there is none or
+    ``HF_RSTITCH_TUNE=full``."""
+    setting = os.environ.get(ENV, "").strip().lower()
+    if setting not in ("", "short", "full"):
+        raise ValueError(f"{ENV} must be 'full' (every candidate) or 'short' (the default: the shortlist), "
+                         f"got {setting!r}")
+    short = SHORTLISTS[kind].get(top)
+    return space(kind)[top] if setting == "full" or short is None else short
