@@ -252,6 +252,6 @@ def configs_for(table: dict, gate: torch.Tensor, up: torch.Tensor, max_rows: int
     for top, tuned in zip(gemv.TIERS, gemv.tiers_for(max_rows)):
         key = _key(gate, top)
         if tuned and key not in table:
-            table[key] = tune(gate, up, shortlist.candidates("gated", top))
+            table[key] = tune(gate, up, shortlist.candidates("gated", top, TIER_CANDIDATES))
         out.append(table[key] if tuned else None)
     return tuple(out)

@@ -22,19 +22,12 @@ SHORTLISTS: dict[str, dict[int, tuple | None]] = {"gemv": {1: None, 16: None, 64
                                                   "gated": {1: None, 16: None, 64: None}}
 
 
-def space(kind: str) -> dict:
-    """The search space of ``kind`` ("gemv" or "gated"): tier rows -> candidates."""
-    from . import gated, gemv
-
-    return {"gemv": gemv.TIER_CANDIDATES, "gated": gated.TIER_CANDIDATES}[kind]
-
-
-def candidates(kind: str, top: int) -> tuple:
-    """What the tuner times for ``kind``'s tier ``top``: its shortlist, or the whole space where there is none or
-    ``HF_RSTITCH_TUNE=full``."""
+def candidates(kind: str, top: int, space: dict) -> tuple:
+    """What the tuner times for ``kind``'s tier ``top``: its shortlist, or the whole ``space`` (``kind``'s search
+    space, tier rows -> candidates) where there is none or ``HF_RSTITCH_TUNE=full``."""
     setting = os.environ.get(ENV, "").strip().lower()
     if setting not in ("", "short", "full"):
         raise ValueError(f"{ENV} must be 'full' (every candidate) or 'short' (the default: the shortlist), "
                          f"got {setting!r}")
     short = SHORTLISTS[kind].get(top)
-    return space(kind)[top] if setting == "full" or short is None else short
+    return space[top] if setting == "full" or short is None else short

@@ -10,8 +10,7 @@ import functools
 
 import torch
 
-from ..kernels import gemv
-from ..kernels import shortlist
+from ..kernels import gated, gemv, shortlist
 from ..kernels.gated import _key, configs_for, launch
 from ..kernels.gemv import MAX_ROWS
 from . import folds, linears
@@ -30,7 +29,8 @@ def pending(model: torch.nn.Module, table: dict, max_rows: int = MAX_ROWS, held:
             key = _key(gate, top)
             if tuned and key not in seen and (key in table) == held:
                 seen.add(key)
-                candidates = shortlist.candidates("gated", top) if not held else tuple(c for c in (table[key],) if c is not None)
+                candidates = (shortlist.candidates("gated", top, gated.TIER_CANDIDATES) if not held
+                              else tuple(c for c in (table[key],) if c is not None))
                 run = functools.partial(launch, gate.new_empty(top, gate.shape[1]), gate, up)
                 jobs += [(candidates, run)] if candidates else []
     return jobs

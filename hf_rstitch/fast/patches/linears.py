@@ -35,7 +35,7 @@ def config_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None, blo
     tuned on first sight."""
     key = shape_key(weight, bias, block_m)
     if key not in table:
-        table[key] = gemv.tune(weight, bias, shortlist.candidates("gemv", block_m))
+        table[key] = gemv.tune(weight, bias, shortlist.candidates("gemv", block_m, gemv.TIER_CANDIDATES))
     return table[key]
 
 
@@ -166,7 +166,8 @@ def pending(model: torch.nn.Module, table: dict, fuse: bool = True, max_rows: in
             key = shape_key(weight, bias, top)
             if tuned and key not in seen and (key in table) == held:
                 seen.add(key)
-                candidates = shortlist.candidates("gemv", top) if not held else tuple(c for c in (table[key],) if c is not None)
+                candidates = (shortlist.candidates("gemv", top, gemv.TIER_CANDIDATES) if not held
+                              else tuple(c for c in (table[key],) if c is not None))
                 x = weight.new_empty(top, weight.shape[1])
                 jobs += [(candidates, functools.partial(launch, x, weight, bias))] if candidates else []
     return jobs

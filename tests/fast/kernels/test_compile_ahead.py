@@ -73,7 +73,7 @@ def test_pending_lists_what_the_plans_tune(arch, fuse, rows):
     model = kernel_model("cpu", arch)
     jobs = linears.pending(model, {}, fuse, rows)
     keys = [gemv.shape_key(run.args[1], run.args[2], run.args[0].shape[0]) for _, run in jobs]
-    assert all(candidates == shortlist.candidates("gemv", key[-1]) for (candidates, _), key in zip(jobs, keys))
+    assert all(candidates == shortlist.candidates("gemv", key[-1], gemv.TIER_CANDIDATES) for (candidates, _), key in zip(jobs, keys))
     mlp_jobs = gated_mlp.pending(model, {}, rows)
     keys += [gated._key(run.args[1], run.args[0].shape[0]) for _, run in mlp_jobs]
     table = {}
@@ -213,16 +213,16 @@ def test_lanes_time_the_shortlist_and_full_tuning_the_search_space(monkeypatch):
     """A lane times each tier's shortlist (the whole space where it has none); HF_RSTITCH_TUNE=full times the whole
     search space (what the shipped tables are made with); anything else says what it takes. Every shortlisted
     candidate is in the space."""
-    from hf_rstitch.fast.kernels import gemv, shortlist
+    from hf_rstitch.fast.kernels import gated, gemv, shortlist
 
-    for kind in ("gemv", "gated"):
+    for kind, space in (("gemv", gemv.TIER_CANDIDATES), ("gated", gated.TIER_CANDIDATES)):
         for top in gemv.TIERS:
             short = shortlist.SHORTLISTS[kind][top]
-            assert short is None or set(short) <= set(shortlist.space(kind)[top])
+            assert short is None or set(short) <= set(space[top])
             monkeypatch.delenv(shortlist.ENV, raising=False)
-            assert shortlist.candidates(kind, top) == (short or shortlist.space(kind)[top])
+            assert shortlist.candidates(kind, top, space) == (short or space[top])
             monkeypatch.setenv(shortlist.ENV, "full")
-            assert shortlist.candidates(kind, top) == shortlist.space(kind)[top]
+            assert shortlist.candidates(kind, top, space) == space[top]
     monkeypatch.setenv(shortlist.ENV, "all of them")
     with pytest.raises(ValueError, match="'full'"):
-        shortlist.candidates("gemv", 1)
+        shortlist.candidates("gemv", 1, gemv.TIER_CANDIDATES)
