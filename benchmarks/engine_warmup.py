@@ -17,14 +17,18 @@ once per value of ``HF_RSTITCH_COMPILE_THREADS`` (kernels built ahead in paralle
   ``torch.compiler.save_cache_artifacts`` loaded first (``load_cache_artifacts``) -- a cache shipped
   to another machine of the same kind and versions.
 
-Each process builds the random Qwen2 7B / 1.5B bf16 pair (not timed), then times: the first
+Each process builds the random Qwen2 7B / 1.5B bf16 pair (``--pair``; not timed), then times: the first
 ``generate`` (batch 1, 128-token prompt, a 4-token stitched route: lanes built, GEMV kernels tuned,
 steps compiled, decode and prompt graphs captured), ``FastLane.warm_up()`` of both lanes (every
 other length bucket), then the LLM alone and the SLM alone through ``generate`` -- a decoded token as the
 difference of a ``--new`` and a ``--new // 2`` token call (the prompt's prefill and the call's set-up cancel;
 the floor ratio is of this), and the whole ``--new`` call per token -- and through a bare lane loop (no
 policy, no per-token sync), then the first call at a
-larger batch (``--then-batch``, 8: its graphs, and any compile a new batch size needs). Floor: the
+larger batch (``--then-batch``, 8: its graphs, and any compile a new batch size needs). Where the first call's
+seconds went is a table of its own: each lane's build (kernels built ahead, the tuner, the steps' kernels built
+ahead) and warm-up captures, the rest of the call, the tuner's timings, Triton's launcher builds and the answers
+a shipped tuning table gave (``--no-shipped``: none; ``--profile-first-call TOP``: the last process of each sweep
+host-profiled too). ``--pair`` takes another pair of :data:`engine_shapes.SHAPES`. Floor: the
 bytes a decode step reads (weights) over the measured copy bandwidth. With ``--profile``, the warm
 process also profiles ``--profile-steps`` decode graph replays of each model (kernels grouped by
 family, as ``engine_profile.py``). Writes ``engine_warmup_<gpu>.json`` and ``.md``; prints one compact JSON last.
