@@ -133,8 +133,9 @@ def engine_for(llm: PreTrainedModel, config: FastConfig | None = None) -> FastEn
     engines = llm.__dict__.setdefault(ATTRIBUTE, {})
     if config not in engines:
         log.info("hf_rstitch: the fast engine (%s) is built for this LLM on first use: the first generate pays its "
-                 "warm-up (GEMV tuning, Triton kernel builds, every graph captured: ~21 s for a 7B pair on a fresh "
-                 "machine, ~5 s once its caches are warm), later ones reuse it; "
+                 "warm-up (GEMV tuning, Triton kernel builds, every graph captured: ~13 s for a 7B pair on a fresh "
+                 "H100 with the shipped tuning table, more where none ships, ~6 s once its caches are warm), "
+                 "later ones reuse it; "
                  "hf_rstitch.fast.release(llm) frees it, stitch_engine='default' or HF_RSTITCH_ENGINE=default "
                  "runs the eager engine", config)
         engines[config] = FastEngine(config)
