@@ -17,14 +17,18 @@ once per value of ``HF_RSTITCH_COMPILE_THREADS`` (kernels built ahead in paralle
   ``torch.compiler.save_cache_artifacts`` loaded first (``load_cache_artifacts``) -- a cache shipped
   to another machine of the same kind and versions.
 
-Each process builds the random Qwen2 7B / 1.5B bf16 pair (not timed), then times: the first
+Each process builds the random Qwen2 7B / 1.5B bf16 pair (``--pair``; not timed), then times: the first
 ``generate`` (batch 1, 128-token prompt, a 4-token stitched route: lanes built, GEMV kernels tuned,
 steps compiled, decode and prompt graphs captured), ``FastLane.warm_up()`` of both lanes (every
 other length bucket), then the LLM alone and the SLM alone through ``generate`` -- a decoded token as the
 difference of a ``--new`` and a ``--new // 2`` token call (the prompt's prefill and the call's set-up cancel;
 the floor ratio is of this), and the whole ``--new`` call per token -- and through a bare lane loop (no
 policy, no per-token sync), then the first call at a
-larger batch (``--then-batch``, 8: its graphs, and any compile a new batch size needs). Floor: the
+larger batch (``--then-batch``, 8: its graphs, and any compile a new batch size needs). Where the first call's
+seconds went is a table of its own: each lane's build (kernels built ahead, the tuner, the steps' kernels built
+ahead) and warm-up captures, the rest of the call, the tuner's timings, Triton's launcher builds and the answers
+a shipped tuning table gave (``--no-shipped``: none; ``--profile-first-call TOP``: the last process of each sweep
+host-profiled too). ``--pair`` takes another pair of :data:`engine_shapes.SHAPES`. Floor: the
 bytes a decode step reads (weights) over the measured copy bandwidth. With ``--profile``, the warm
 process also profiles ``--profile-steps`` decode graph replays of each model (kernels grouped by
 family, as ``engine_profile.py``). Writes ``engine_warmup_<gpu>.json`` and ``.md``; prints one compact JSON last.
@@ -70,6 +74,7 @@ def child(args) -> dict:
     from hf_rstitch.fast.kernels import triton_support
 
     triton_compiles = listen_to_triton()
+    phases = count_phases()
     start = time.perf_counter()
     if args.load_artifacts:
         torch.compiler.load_cache_artifacts(Path(args.load_artifacts).read_bytes())
@@ -78,7 +83,7 @@ def child(args) -> dict:
     settings = dict(VARIANTS[args.variant])
     folds.ENABLED = settings.pop("folds", folds.ENABLED)
     cfg = FastConfig(**settings, **({"graphs": False, "max_bucket": 8} if args.dry_run_cpu else {}))
-    llm, slm = lab.random_pair("tiny" if args.dry_run_cpu else "qwen2", device)
+    llm, slm = models(args.pair, device, args.dry_run_cpu)
     for m in (llm, slm):
         m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0
     bw = lab.copy_bandwidth(device)
@@ -92,7 +97,12 @@ def child(args) -> dict:
 
     res = {"variant": args.variant, "mode": args.mode, "config": repr(cfg), "folds": folds.ENABLED, "load_artifacts_s": loaded_s,
            "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "bandwidth_gbps": bw}
-    res["first_call_s"], _ = lab.timed(lambda: generate(["slm", "llm", "slm", "llm"], 4), device)
+    first = lambda: generate(["slm", "llm", "slm", "llm"], 4)  # noqa: E731
+    if args.profile_first_call:  # host profile (slows the Python-heavy parts: for where, not how long)
+        first, res["first_call_profile"] = host_profiled(first, args.profile_first_call)
+    res["first_call_s"], _ = lab.timed(first, device)
+    res["first_call_profile"] = res.get("first_call_profile", lambda: None)()
+    res["phases"] = first_call_phases(engine, phases, res["first_call_s"])
     graphs = engine.graph_count()
     # a second call whose route needs catch-ups the first did not (runs of 9 and 33 tokens): its seconds, and the
     # graphs it captured mid-way (none where the lanes were warmed up when built)
@@ -136,6 +146,88 @@ def child(args) -> dict:
     return res
 
 
+def models(pair: str, device: str, tiny: bool):
+    """``(llm, slm)`` of ``pair`` ("LLM/SLM" names of :data:`engine_shapes.SHAPES`), random, bf16, seeded; the
+    Qwen2 pair as :func:`lab.random_pair` makes it."""
+    if pair == "qwen2-7b/qwen2-1.5b" or tiny:
+        return lab.random_pair("tiny" if tiny else "qwen2", device)
+    from engine_shapes import build
+
+    big, small = pair.split("/")
+    return build(big, device, seed=0), build(small, device, seed=1)
+
+
+def host_profiled(fn, top: int):
+    """``(profiled fn, report)``: ``fn`` under cProfile, and a function giving its ``top`` functions by cumulative
+    and by own host seconds (``[seconds, own seconds, calls, "file:line(function)"]``) once it ran."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+
+    def run():
+        prof.enable()
+        try:
+            return fn()
+        finally:
+            prof.disable()
+
+    def report():
+        stats = pstats.Stats(prof).stats
+        rows = [[round(ct, 3), round(tt, 3), nc, f"{Path(f).name}:{line}({name})"]
+                for (f, line, name), (_, nc, tt, ct, _) in stats.items()]
+        return {"cumulative": sorted(rows, reverse=True)[:top], "own": sorted(rows, key=lambda r: -r[1])[:top]}
+
+    return run, report
+
+
+def count_phases() -> dict:
+    """Tallies of what a first call does besides Triton's kernel builds (:func:`listen_to_triton`): the tuner's
+    timings (``triton_support.graph_ms``: graphs of a candidate's launches) and Triton's launcher builds (its C
+    compiler, ``triton.runtime.build._build``), each a count and host seconds."""
+    from hf_rstitch.fast.kernels import triton_support
+
+    tally = {"tuner_timings": [0, 0.0], "launcher_builds": [0, 0.0]}
+
+    def counted(fn, name):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                tally[name][0] += 1
+                tally[name][1] += time.perf_counter() - start
+        return run
+
+    triton_support.graph_ms = counted(triton_support.graph_ms, "tuner_timings")
+    try:
+        from triton.runtime import build
+        build._build = counted(build._build, "launcher_builds")
+    except (ImportError, AttributeError):
+        pass
+    return tally
+
+
+def first_call_phases(engine, tally: dict, first_call_s: float) -> dict:
+    """Where the first call's seconds went: each lane's build (kernels built ahead, the tuner, the rest of the
+    lane) and warm-up (every graph captured), the rest of the call (prompts, decode steps); the tuner's timings,
+    the launcher builds, the tuning table's answers from a shipped table."""
+    from hf_rstitch.core.roles import Role
+    from hf_rstitch.fast.patches import products
+
+    out = {tag: dict(getattr(lane, "build_seconds", {})) for tag, lane in
+           (("slm", engine._lanes.get(Role.SLM)), ("llm", engine._lanes.get(Role.LLM))) if lane is not None}
+    built = sum(p.get("lane", 0.0) + p.get("warm_up", 0.0) for p in out.values())
+    out["rest_of_call_s"] = first_call_s - built
+    out["captures_s"] = engine.capture_seconds()
+    out["tuner_timings"], out["tuner_timing_s"] = tally["tuner_timings"]
+    out["launcher_builds"], out["launcher_build_s"] = tally["launcher_builds"]
+    out["from_shipped_table"] = getattr(products.TABLE, "from_shipped", 0)
+    out["steps_ahead_errors"] = [lane.ahead_error for lane in engine._lanes.values()
+                                 if getattr(lane, "ahead_error", None)]
+    return dict(out)
+
+
 def listen_to_triton() -> dict:
     """Tallies of the Triton compiles this process runs: kernels built, loaded from Triton's disk cache, and the
     seconds each took (summed: parallel compiles overlap), per kernel name."""
@@ -170,17 +262,22 @@ def profile_replays(lane, ids, steps: int, device: str, decode_steps) -> dict:
 
 
 # ---- the parent: fresh processes one after another -------------------------------------------------------
-def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: float, threads: int) -> dict:
+def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: float, threads: int,
+          profiled: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--child", "--variant", variant, "--mode", mode, "--prompt", str(args.prompt),
            "--new", str(args.new), "--profile-steps", str(args.profile_steps), "--then-batch", str(args.then_batch)]
     cmd += ["--dry-run-cpu"] if args.dry_run_cpu else []
+    cmd += ["--pair", args.pair]
     cmd += ["--save-artifacts", str(artifacts)] if mode == "cold" else []
     cmd += ["--load-artifacts", str(artifacts)] if mode == "mega" else []
     cmd += ["--profile"] if args.profile and mode == "warm" else []
+    cmd += ["--profile-first-call", str(args.profile_first_call)] if profiled else []
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache),  # and the GEMV tuner's choices beside it
            "HF_RSTITCH_TUNING_CACHE": str(cache / "gemv_tuning.json")}
     if threads:
         env["HF_RSTITCH_COMPILE_THREADS"] = str(threads)
+    if args.no_shipped:  # every shape timed, as on a GPU kind the package ships no table for
+        env["HF_RSTITCH_SHIPPED_TUNING"] = "off"
     if args.own_triton_cache:  # cold: Triton's kernels built from nothing, even on a used machine
         env["TRITON_CACHE_DIR"] = str(cache / "triton")
     t0 = time.perf_counter()
@@ -191,15 +288,19 @@ def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: 
     lines = [l for l in done.stdout.splitlines() if l.startswith(RESULT)]
     if done.returncode or not lines:
         return {"variant": variant, "mode": mode, "threads": threads, "error": (done.stderr or done.stdout)[-2000:]}
-    return {**json.loads(lines[-1][len(RESULT):]), "threads": threads, "process_s": time.perf_counter() - t0}
+    return {**json.loads(lines[-1][len(RESULT):]), "threads": threads, "process_s": time.perf_counter() - t0,
+            "profiled": profiled}
 
 
 def markdown(doc: dict) -> str:
     env = doc["environment"]
-    lines = [f"# Fast engine warm-up in a fresh process: random Qwen2 7B (LLM) / 1.5B (SLM), bf16, "
+    llm, slm = doc["args"].get("pair", "qwen2-7b/qwen2-1.5b").split("/")
+    shipped = "no shipped tuning table" if doc["args"].get("no_shipped") else "the shipped tuning table read"
+    lines = [f"# Fast engine warm-up in a fresh process: random {llm} (LLM) / {slm} (SLM), bf16, "
              f"{', '.join(env['devices'])}", "",
              f"torch {env['torch']}, transformers {env['transformers']}, {env['date']}; batch 1, prompt "
-             f"{doc['args']['prompt']} tokens, {doc['args']['new']} new tokens timed. cold: empty compile cache; "
+             f"{doc['args']['prompt']} tokens, {doc['args']['new']} new tokens timed; {shipped}. cold: empty "
+             "compile caches (the tuner's, inductor's, and Triton's with `--own-triton-cache`: a fresh machine); "
              "warm: the cache the cold process filled; mega: empty cache plus the cold process's "
              "`save_cache_artifacts` loaded first. ms/token: a decoded token through `generate` (the difference "
              f"of calls of {doc['args']['new']} and {doc['args']['new'] // 2} new tokens: the prompt's prefill and "
@@ -224,11 +325,19 @@ def markdown(doc: dict) -> str:
         batch = f"{r['first_batch_call_s']:.1f}" if "first_batch_call_s" in r else "-"
         tc = r.get("triton_compiles", {})
         kernels = f"{tc.get('built', 0)} ({tc.get('build_s', 0):.1f}) / {tc.get('from_disk', 0)}"
-        lines.append(f"| {r['variant']} | {threads} | {r['mode']} | {r['first_call_s']:.1f} | {r['gemv_tune_s']:.1f} | "
-                     f"{kernels} | {r.get('new_route_call_s', float('nan')):.2f} ({r.get('new_route_captures', '-')}) | "
+        lines.append(f"| {r['variant']} | {threads} | {mode_of(r)} | {r['first_call_s']:.1f} | "
+                     f"{r['gemv_tune_s']:.1f} | {kernels} | {r.get('new_route_call_s', float('nan')):.2f} "
+                     f"({r.get('new_route_captures', '-')}) | "
                      f"{r['warm_up_every_bucket_s']:.1f} | "
                      f"{cell('llm')} | {r['llm']['x_floor']:.2f} | {cell('slm')} | {r['slm']['x_floor']:.2f} | "
                      f"{batch} |")
+    lines += phase_table(doc["runs"])
+    for r in doc["runs"]:
+        if r.get("first_call_profile"):
+            for order, rows in r["first_call_profile"].items():
+                lines += ["", f"Host profile of the {r['mode']} process's first call (cProfile: slows Python-heavy "
+                          f"parts), by {order} seconds: cumulative | own | calls | function", ""]
+                lines += [f"    {ct:8.3f} {tt:8.3f} {nc:7} {where}" for ct, tt, nc, where in rows]
     for r in doc["runs"]:
         for tag in ("llm", "slm"):
             p = r.get(tag, {}).get("profile")
@@ -242,15 +351,50 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def mode_of(r: dict) -> str:
+    return r["mode"] + (" (profiled)" if r.get("profiled") else "")
+
+
+def phase_table(runs: list) -> list[str]:
+    """Where each process's first call went (seconds): per lane its build -- kernels built ahead, the tuner
+    (timing, table look-ups), the rest -- and warm-up (graphs captured); the rest of the call; the tuner's
+    timings, Triton's launcher builds (count, seconds) and the table's answers from a shipped table."""
+    lines = ["", "Where the first call went (s): per lane, build: all of it, of which the products' kernels built "
+             "ahead (ahead), the tuner (timing, table look-ups) and the steps' other kernels built ahead (steps); "
+             "warm-up: every graph captured. Tuner timings and launcher builds: count (s).", "",
+             "| cache | first call | SLM ahead | SLM tuner | SLM steps | SLM build | SLM warm-up | LLM ahead | "
+             "LLM tuner | LLM steps | LLM build | LLM warm-up | rest of call | captures | tuner timings | "
+             "launcher builds | "
+             "from shipped table |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        p = r.get("phases")
+        if not p:
+            continue
+        lane = lambda t: " | ".join(f"{p.get(t, {}).get(k, float('nan')):.2f}"  # noqa: E731
+                                    for k in ("precompile", "tune", "steps_ahead", "lane", "warm_up"))
+        lines.append(f"| {mode_of(r)} | {r['first_call_s']:.2f} | {lane('slm')} | {lane('llm')} | "
+                     f"{p['rest_of_call_s']:.2f} | {p['captures_s']:.2f} | {p['tuner_timings']} "
+                     f"({p['tuner_timing_s']:.2f}) | {p['launcher_builds']} ({p['launcher_build_s']:.2f}) | "
+                     f"{p['from_shipped_table']} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default=str(lab.RESULTS))
     ap.add_argument("--variants", nargs="+", default=["parts", "compiled-decode"], choices=list(VARIANTS))
     ap.add_argument("--modes", nargs="+", default=["cold", "warm", "mega"], choices=["cold", "warm", "mega"])
+    ap.add_argument("--pair", default="qwen2-7b/qwen2-1.5b", help="LLM/SLM, names of engine_shapes.SHAPES")
+    ap.add_argument("--no-shipped", action="store_true", help="children ignore the shipped tuning tables "
+                                                               "(HF_RSTITCH_SHIPPED_TUNING=off)")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=512, help="new tokens per timed generate")
     ap.add_argument("--profile", action="store_true", help="profile decode replays in the warm process")
     ap.add_argument("--profile-steps", type=int, default=16)
+    ap.add_argument("--profile-first-call", type=int, default=0, metavar="TOP",
+                    help="host-profile the first call (cProfile) of the last process of each sweep (--modes cold "
+                         "warm warm: a second warm one), keeping its TOP functions by cumulative and by own seconds "
+                         "(0: no profile)")
     ap.add_argument("--then-batch", type=int, default=8, help="then time a first call at this batch size (0: none)")
     ap.add_argument("--compile-threads", nargs="+", type=int, default=[0],
                     help="HF_RSTITCH_COMPILE_THREADS of the child processes, one sweep of --modes each (0: the "
@@ -283,20 +427,22 @@ def main() -> None:
     for variant, threads in ((v, t) for v in args.variants for t in args.compile_threads):
         sweep = f"{variant}-t{threads}"
         cache, artifacts = root / sweep, root / f"{sweep}.artifacts"
-        for mode in args.modes:
+        for i, mode in enumerate(args.modes):
             left = args.budget_s - (time.perf_counter() - start)
             if left < 30:
                 doc["skipped"].append(f"{variant} {mode} threads {threads}: time budget")
                 continue
             run_cache = root / f"{sweep}-mega" if mode == "mega" else cache  # mega: an empty directory
-            doc["runs"].append(spawn(args, variant, mode, run_cache, artifacts, timeout=left, threads=threads))
+            profiled = bool(args.profile_first_call) and i == len(args.modes) - 1
+            doc["runs"].append(spawn(args, variant, mode, run_cache, artifacts, timeout=left, threads=threads,
+                                     profiled=profiled))
             print(json.dumps(doc["runs"][-1], default=str)[:2000], flush=True)
             lab.write_result(stem, doc, markdown(doc))
     lab.write_result(stem, doc, markdown(doc))
     print(markdown(doc))
     print(json.dumps({"device": name, "runs": [{k: r.get(k) for k in ("variant", "threads", "mode", "first_call_s",
                                                                          "new_route_call_s", "new_route_captures",
-                                                                         "dynamo_graphs")} |
+                                                                         "dynamo_graphs", "phases")} |
                                                {t: r.get(t, {}).get("generate_decode_ms_per_token") for t in ("llm", "slm")}
                                                for r in doc["runs"]]}))
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 
 from transformers import PreTrainedModel
 
@@ -81,12 +82,14 @@ class FastEngine:
                 or lane.kv_blocks != kv_blocks):  # a pool of another size (or none) than asked for
             self._lanes.pop(role, None)  # free the old buffers before allocating new ones
             room = -(-max(capacity, self.capacity, 1) // self.capacity_step) * self.capacity_step
+            start = time.perf_counter()
             lane = FastLane(model, role, vocab, room, self.config, max_rows=max(batch, self.max_batch, 1),
                             kv_blocks=kv_blocks)
+            lane.build_seconds["lane"] = time.perf_counter() - start
             self._lanes[role], self._weights[role] = lane, weights
             self.builds += 1
             if self.config.warm_up:  # every bucket now: no generation pays a capture or compile mid-way
-                lane.warm_up()
+                lane.build_seconds["warm_up"] = lane.warm_up()
         else:
             lane.reset()
         lane.timing = timing
@@ -134,8 +137,9 @@ def engine_for(llm: PreTrainedModel, config: FastConfig | None = None) -> FastEn
     engines = llm.__dict__.setdefault(ATTRIBUTE, {})
     if config not in engines:
         log.info("hf_rstitch: the fast engine (%s) is built for this LLM on first use: the first generate pays its "
-                 "warm-up (GEMV tuning, Triton kernel builds, every graph captured: ~21 s for a 7B pair on a fresh "
-                 "machine, ~5 s once its caches are warm), later ones reuse it; "
+                 "warm-up (GEMV tuning, Triton kernel builds, every graph captured: ~13 s for a 7B pair on a fresh "
+                 "H100 with the shipped tuning table, more where none ships, ~6 s once its caches are warm), "
+                 "later ones reuse it; "
                  "hf_rstitch.fast.release(llm) frees it, stitch_engine='default' or HF_RSTITCH_ENGINE=default "
                  "runs the eager engine", config)
         engines[config] = FastEngine(config)

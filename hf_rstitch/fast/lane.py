@@ -60,15 +60,15 @@ from ..core.roles import Role
 from ..decode.lane import left_padding
 from ..decode.step import to_device
 from . import compile_cache
-from .patches import experts, linears, products, regions, rotary_table
-from .kernels import rope_store, triton_support
+from .patches import experts, linears, regions, rotary_table
+from .kernels import rope_store
 from .blocks import blocks_for
 from .buckets import bucket_for, round_up
 from .config import FastConfig, check_supported
 from .kernels.decode_attention import decode_attention, refuse_fallback
-from .kernels.decode_attention import pending as attention_pending
 from .graphs import GraphRunner
 from .kv_shapes import kv_shape
+from .lane_ahead import Ahead
 from .lane_outputs import Outputs
 from .lane_rows import RowOps
 from .plan import FastPlan, plan_for
@@ -96,7 +96,7 @@ def _allow_recompiles(limit: int) -> None:
     setattr(config, name, max(getattr(config, name), limit))
 
 
-class FastLane(Outputs, RowOps):
+class FastLane(Outputs, RowOps, Ahead):
     """One model with a static cache and captured steps, advanced over a shared sequence.
 
     Args:
@@ -154,8 +154,12 @@ class FastLane(Outputs, RowOps):
         self._read = None  # (logits, entropy, greedy) of the last read-out (_read_out)
         start = time.perf_counter()
         self._precompile()
+        built = time.perf_counter()
         self.gemv_layers = product_layers(model, config, max_rows)  # [] keeps cuBLAS everywhere
         self.gemv_tune_seconds = time.perf_counter() - start
+        # where a lane's build went (host seconds): kernels built ahead, the tuner's timing and table look-ups;
+        # FastEngine adds the whole build and the warm-up's captures
+        self.build_seconds = {"precompile": built - start, "tune": start + self.gemv_tune_seconds - built}
         self._attention = self._register_attention(plan.attention)
         # MoE: a dispatch that stays on the device, the routers as kernels (.experts)
         self._experts = experts.plan(model, plan.experts, plan.fuse_router)
@@ -165,6 +169,9 @@ class FastLane(Outputs, RowOps):
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
         self._rotation(plan, n_slots)
         self._compile(plan)
+        start = time.perf_counter()
+        self._steps_ahead(deferrable=bool(self._rotary) and plan.defer_rotation)  # before the probe's first launches
+        self.build_seconds["steps_ahead"] = time.perf_counter() - start
         # rotation and cache store as one kernel a layer, for models whose layers allow it (rope_store)
         self._defer = bool(self._rotary) and plan.defer_rotation and rope_store.defers_exactly(model, self._probe)
 
@@ -289,17 +296,6 @@ class FastLane(Outputs, RowOps):
         self.valid[:b].fill_(True)
         self.valid[:b, :t].copy_(to_device(host, self.device))
         self._slot_index = None
-
-    def _precompile(self) -> None:
-        """Build at once, in parallel threads, the Triton kernels this lane would build one by one: the tuner's
-        candidates and the split attention of every batch and length bucket (results/engine_warmup_*.md)."""
-        jobs = products.pending(self.model, self.config, self.max_rows)
-        if self.plan.attention == "split":
-            heads = self.model.config.get_text_config().num_attention_heads
-            jobs += attention_pending(self.cache.keys[0], self.cache.values[0], self.cache.pos, self.n_pad,
-                                      heads, self.rows.sizes, sorted(set(self.buckets) | {1}),
-                                      list(self.plan.windows), self.cache.table if self.paged else None)
-        triton_support.precompile(jobs, self.device)
 
     def _register_attention(self, kind: str) -> str:
         """The attention this lane runs (``plan.attention``), by registered name: a per-lane function bound to this

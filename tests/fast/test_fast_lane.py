@@ -223,3 +223,33 @@ def test_warm_up_at_build_leaves_no_graph_for_a_later_call_to_capture(monkeypatc
             llm.generate(ids, assistant_model=slm, stitch_policy=ReplayPolicy(route * 3), stitch_engine=engine,
                          max_new_tokens=len(route) * 3)
     assert engine.builds == 2 and first_runs[captured:] == []
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_kernels_built_ahead_change_nothing(monkeypatch, fails):
+    """The eager steps a lane runs at build to compile its kernels ahead (FastLane._steps_ahead; on CUDA each launch
+    compiled, not run) leave no trace: the same tokens and logits as the default engine, the cache zeroed, the
+    lane reset; and a failure in them only leaves the kernels to the captures."""
+    import contextlib
+
+    from hf_rstitch.fast.kernels import triton_support
+
+    entered = []
+
+    @contextlib.contextmanager
+    def compile_ahead(jobs, device=None):
+        entered.append(device)
+        if fails:
+            raise RuntimeError("a compile that fails")
+        yield
+
+    monkeypatch.setattr(triton_support, "ahead_possible", lambda device: True)
+    monkeypatch.setattr(triton_support, "compile_ahead", compile_ahead)
+    llm, slm = make_pair("llama")
+    ids = prompt(12)
+    ref = _generate(llm, slm, ids, "default")
+    engine = FastEngine(CPU)
+    _same(_generate(llm, slm, ids, engine), ref)
+    assert len(entered) == 2 and all(lane.build_seconds["steps_ahead"] >= 0 for lane in engine._lanes.values())
+    assert [lane.ahead_error for lane in engine._lanes.values()] == ["RuntimeError: a compile that fails" if fails
+                                                                     else None] * 2

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from .triton_support import _triton, available, next_pow2
+from .triton_support import _triton, available, next_pow2, start
 from .triton_support import sm_count as _sm_count  # a module name the tests can patch
 
 BLOCK = 2048  # logits a program reads per inner step
@@ -169,8 +169,8 @@ def _launch(x: torch.Tensor, index: torch.Tensor | None, copy: bool, top: bool):
     # Triton launches on the current device: make it the logits' (a pair split over GPUs); a context only then
     away = dev.type == "cuda" and dev.index is not None and dev.index != torch.cuda.current_device()
     with torch.cuda.device(dev) if away else contextlib.nullcontext():
-        chunk_kernel[(rows, splits)](x, part, vocab, x.stride(0), chunk, index if index is not None else part, out,
-                                     BLOCK=BLOCK, GATHER=index is not None, COPY=copy, TOP=top, num_warps=8)
-        merge_kernel[(rows,)](part, entropy, greedy if top else entropy, splits, math.log(vocab),
-                              BLOCK_S=max(16, next_pow2(splits)), TOP=top, num_warps=1)
+        start(chunk_kernel, (rows, splits))(x, part, vocab, x.stride(0), chunk, index if index is not None else part,
+                                            out, BLOCK=BLOCK, GATHER=index is not None, COPY=copy, TOP=top, num_warps=8)
+        start(merge_kernel, (rows,))(part, entropy, greedy if top else entropy, splits, math.log(vocab),
+                                     BLOCK_S=max(16, next_pow2(splits)), TOP=top, num_warps=1)
     return (out if copy else None), entropy, greedy

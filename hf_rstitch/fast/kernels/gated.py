@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import gemv
+from . import gemv, shortlist
 from .gemv import MAX_ROWS, WIDE_ROWS, GemvConfig
 from .triton_support import _triton, available, fastest, interpreted, pdl, start
 
@@ -238,7 +238,7 @@ def tune(gate: torch.Tensor, up: torch.Tensor, candidates, calls: int = 20) -> O
     return best
 
 
-TIER_CANDIDATES = {1: CANDIDATES, MAX_ROWS: FEW_ROWS, WIDE_ROWS: WIDE}
+TIER_CANDIDATES = {1: CANDIDATES, MAX_ROWS: FEW_ROWS, WIDE_ROWS: WIDE}  # the search space (a lane times .shortlist's)
 
 
 def _key(gate: torch.Tensor, top: int) -> tuple:
@@ -252,6 +252,6 @@ def configs_for(table: dict, gate: torch.Tensor, up: torch.Tensor, max_rows: int
     for top, tuned in zip(gemv.TIERS, gemv.tiers_for(max_rows)):
         key = _key(gate, top)
         if tuned and key not in table:
-            table[key] = tune(gate, up, TIER_CANDIDATES[top])
+            table[key] = tune(gate, up, shortlist.candidates("gated", top, TIER_CANDIDATES))
         out.append(table[key] if tuned else None)
     return tuple(out)

@@ -342,4 +342,4 @@ def tiers_for(max_rows: int) -> tuple[bool, ...]:
     return tuple(i < 2 or TIERS[i - 1] < max_rows for i in range(len(TIERS)))
 
 
-TIER_CANDIDATES = {1: CANDIDATES, MAX_ROWS: FEW_ROWS, WIDE_ROWS: WIDE}
+TIER_CANDIDATES = {1: CANDIDATES, MAX_ROWS: FEW_ROWS, WIDE_ROWS: WIDE}  # the search space (a lane times .shortlist's)

@@ -22,7 +22,7 @@ import inspect
 
 import torch
 
-from .triton_support import _triton, available, next_pow2
+from .triton_support import _triton, available, next_pow2, start
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 BLOCK = 1024  # columns a program reads per step
@@ -106,8 +106,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.contiguous()
     y = torch.empty_like(x)
     k = x.shape[-1]
-    _kernels()[0][(x.numel() // k,)](x, x, weight, x, y, float(eps), k, ADD=False, BLOCK_K=min(BLOCK, next_pow2(k)),
-                                     num_warps=4)
+    start(_kernels()[0], (x.numel() // k,))(x, x, weight, x, y, float(eps), k, ADD=False,
+                                           BLOCK_K=min(BLOCK, next_pow2(k)), num_warps=4)
     return y
 
 
@@ -123,8 +123,8 @@ def add_rms_norm(residual: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
     residual, h = residual.contiguous(), h.contiguous()
     total, y = torch.empty_like(residual), torch.empty_like(residual)
     k = residual.shape[-1]
-    _kernels()[0][(residual.numel() // k,)](residual, h, weight, total, y, float(eps), k, ADD=True,
-                                            BLOCK_K=min(BLOCK, next_pow2(k)), num_warps=4)
+    start(_kernels()[0], (residual.numel() // k,))(residual, h, weight, total, y, float(eps), k, ADD=True,
+                                                   BLOCK_K=min(BLOCK, next_pow2(k)), num_warps=4)
     return total, y
 
 
@@ -139,7 +139,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     gate, up = gate.contiguous(), up.contiguous()
     y = torch.empty_like(gate)
     n = gate.numel()
-    _kernels()[1][(-(-n // BLOCK),)](gate, up, y, n, BLOCK_N=BLOCK, num_warps=4)
+    start(_kernels()[1], (-(-n // BLOCK),))(gate, up, y, n, BLOCK_N=BLOCK, num_warps=4)
     return y
 
 

@@ -35,7 +35,7 @@ import weakref
 import torch
 
 from .gemv import DTYPES
-from .triton_support import _triton, available, next_pow2, pdl
+from .triton_support import _triton, available, next_pow2, pdl, start
 
 
 @functools.lru_cache(maxsize=1)
@@ -170,7 +170,7 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
     on = pdl(q.device, b * s)
     table_, pad_, page, st_b, strides = _paging(keys, slots, table, pad)
     norm = q_norm is not None and k_norm is not None
-    _rotate_kernel()[(b * s, hq + k.shape[1])](
+    start(_rotate_kernel(), (b * s, hq + k.shape[1]))(
         q, k, v, cos, sin, q_out, keys, slots, values, table_, pad_, q_norm if norm else q, k_norm if norm else q,
         float(eps), s, hq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], cos.stride(0), cos.stride(1),
         sin.stride(0), sin.stride(1), *strides, st_b, HALF=dim // 2, BLOCK=next_pow2(dim // 2), STORE=True,
@@ -322,7 +322,7 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     b, hq, s, dim = q.shape
     qo, ko = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     on = pdl(q.device, b * s)
-    _rotate_kernel()[(b * s, hq + k.shape[1])](
+    start(_rotate_kernel(), (b * s, hq + k.shape[1]))(
         q, k, k, cos, sin, qo, ko, cos, ko, cos, cos, q, q, 0.0, s, hq, *q.stride()[:3], *k.stride()[:3],
         *k.stride()[:3], cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), 0, 0, 0, 0,
         HALF=dim // 2, BLOCK=next_pow2(dim // 2), STORE=False, num_warps=1, PDL=on, launch_pdl=on, PAGE=0, NORM=False)
@@ -342,7 +342,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, keys: torch.
     b, h, q, dim = k.shape
     on = pdl(k.device, b * q)
     table_, pad_, page, st_b, strides = _paging(keys, slots, table, pad)
-    _store_kernel()[(b * h * q,)](
+    start(_store_kernel(), (b * h * q,))(
         k, v, slots, keys, values, table_, pad_, h, q, *k.stride()[:3], *v.stride()[:3], *strides, st_b,
         D=dim, BLOCK=next_pow2(dim), num_warps=1, PDL=on, launch_pdl=on, PAGE=page)
 

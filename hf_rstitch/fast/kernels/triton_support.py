@@ -1,7 +1,7 @@
 """What the fast engine's Triton kernels share: Triton itself (optional), where it runs, block sizes, the
 device's multiprocessors, the timers that tune launch configurations (:func:`fastest`), the parallel
-compiles of the candidates they time (:func:`compile_ahead`), and the switch for programmatic dependent
-launch (:data:`PDL`)."""
+compiles of the candidates they time and of their launchers (:func:`compile_ahead`), and the switch for
+programmatic dependent launch (:data:`PDL`)."""
 
 from __future__ import annotations
 
@@ -114,18 +114,61 @@ def _async_mode():
 
 
 @contextlib.contextmanager
-def compile_ahead(jobs: int):
+def compile_ahead(jobs: int, device: torch.device | None = None):
     """Within the block, kernel launches made through :func:`start` are compiled in :data:`COMPILE_THREADS`
-    threads (at most ``jobs``) and not run; leaving it waits for every compile. Compiles that fail are left
-    for the real launch to raise. Off CUDA, under the interpreter, with one thread or an older Triton the
-    block is skipped by the caller (:func:`precompile`)."""
+    threads (at most ``jobs``) and not run; leaving it waits for every compile, then prepares their launchers
+    for ``device`` (:func:`prepare_launchers`). Compiles that fail are left for the real launch to raise. Off
+    CUDA, under the interpreter, with one thread or an older Triton the block is skipped by the caller
+    (:func:`precompile`)."""
     mode = _async_mode()
-    with ThreadPoolExecutor(max(1, min(COMPILE_THREADS, jobs))) as pool, mode(pool, ignore_errors=True):
-        _ahead.on = True
+    with ThreadPoolExecutor(max(1, min(COMPILE_THREADS, jobs))) as pool:
+        with mode(pool, ignore_errors=True) as compiling:
+            _ahead.on = True
+            try:
+                yield
+            finally:
+                _ahead.on = False
+        built = [k.kernel for k in compiling.future_kernels.values() if getattr(k, "kernel", None) is not None]
+        prepare_launchers(built, pool, device)
+
+
+def launcher_key(kernel):
+    """What a compiled kernel's launcher (a small C module Triton builds with the host's C compiler at the
+    kernel's first launch) depends on: the types of its arguments, not its constexpr values; None when this
+    Triton keeps no argument signature."""
+    signature = getattr(getattr(kernel, "src", None), "signature", None)
+    return None if signature is None else repr(sorted(signature.items(), key=str))
+
+
+def prepare_launchers(kernels, pool, device: torch.device | None = None) -> int:
+    """Build, in ``pool``'s threads, the launcher of one kernel per distinct :func:`launcher_key` among
+    ``kernels`` (Triton's compiled kernels), so that their first launches -- the tuner's timing loop, the first
+    graph capture -- load a launcher from Triton's cache instead of running the C compiler one kernel after
+    another on a fresh machine. Launchers Triton cannot prepare (a kernel the device cannot run)
+    are left for the real launch to report; ``device``: the CUDA device they load on (None: each thread's
+    current one). Returns how many it prepared."""
+    firsts = {}
+    for kernel in kernels:
+        key = launcher_key(kernel)
+        if key is not None and getattr(kernel, "_run", 1) is None:  # not prepared yet
+            firsts.setdefault(key, kernel)
+
+    def prepare(kernel) -> bool:
         try:
-            yield
-        finally:
-            _ahead.on = False
+            with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
+                kernel._init_handles()
+            return True
+        except Exception:  # noqa: BLE001 - the launch meets it again (out of resources: the tuner skips it)
+            return False
+
+    return sum(pool.map(prepare, firsts.values()))
+
+
+def ahead_possible(device: torch.device | str) -> bool:
+    """Whether :func:`compile_ahead` can build kernels for ``device``: CUDA (not the interpreter), more than one
+    compile thread, and a Triton with asynchronous compiles (3.4 and later)."""
+    return (torch.device(device).type == "cuda" and not interpreted() and COMPILE_THREADS > 1
+            and _async_mode() is not None)
 
 
 def precompile(jobs, device) -> None:
@@ -134,9 +177,9 @@ def precompile(jobs, device) -> None:
     each) while tuning. Kernels already built (this process) or on Triton's disk cache cost a lookup."""
     device = torch.device(device)
     count = sum(len(candidates) for candidates, _ in jobs)
-    if device.type != "cuda" or interpreted() or COMPILE_THREADS <= 1 or _async_mode() is None or count < 2:
+    if not ahead_possible(device) or count < 2:
         return
-    with compile_ahead(count):
+    with compile_ahead(count, device):
         for candidates, run in jobs:
             for cfg in candidates:
                 try:

@@ -13,6 +13,13 @@ its own entries. Unreadable or foreign files are ignored (with a warning), never
 lives in memory as before. Several processes may write at once (each merges, then replaces the file);
 one may lose another's new entries, which are tuned again next time.
 
+Shipped choices: the package carries tables of the same format for the GPUs it was measured on
+(``hf_rstitch/assets/gemv_tuning/<gpu>.json``, the common model shapes; :data:`SHIPPED_DIR`), read when
+this machine's file has no entry for a key. Their keys hold the same identity, so they count only for the
+same GPU, torch, Triton and kernel code -- a kernel or candidate change misses them, and the shape is timed as
+before. ``benchmarks/gemv_tuning_table.py`` regenerates them on a GPU in one command;
+``HF_RSTITCH_SHIPPED_TUNING=off`` ignores them.
+
 What it does not do: carry Triton's compiled kernels (Triton's own cache does), or choose across
 machines: delete the file (or set ``HF_RSTITCH_TUNING_CACHE=off``) to time everything again.
 """
@@ -30,8 +37,13 @@ from pathlib import Path
 
 import torch
 
+from ...resources import ASSETS
+
 ENV = "HF_RSTITCH_TUNING_CACHE"  # a file path, or "off" / "0" / "" for memory only
+SHIPPED_ENV = "HF_RSTITCH_SHIPPED_TUNING"  # "off" / "0": ignore the shipped tables
+SHIPPED_DIR = ASSETS / "gemv_tuning"  # <gpu>.json: tables measured on that GPU kind, in this module's format
 FORMAT = 1
+OFF = ("", "0", "off", "false", "no")
 
 log = logging.getLogger("hf_rstitch.fast")
 
@@ -40,14 +52,22 @@ def default_path() -> Path | None:
     """The file the choices live in (None: memory only, ``HF_RSTITCH_TUNING_CACHE=off``)."""
     setting = os.environ.get(ENV)
     if setting is not None:
-        return None if setting.strip().lower() in ("", "0", "off", "false", "no") else Path(setting).expanduser()
+        return None if setting.strip().lower() in OFF else Path(setting).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "hf_rstitch" / "gemv_tuning.json"
 
 
+def shipped_paths() -> list[Path]:
+    """The shipped tables (:data:`SHIPPED_DIR`), none with ``HF_RSTITCH_SHIPPED_TUNING=off``."""
+    if os.environ.get(SHIPPED_ENV, "on").strip().lower() in OFF or not SHIPPED_DIR.is_dir():
+        return []
+    return sorted(SHIPPED_DIR.glob("*.json"))
+
+
 @functools.lru_cache(maxsize=1)
 def _code_hash() -> str:
-    """The kernels' source files and candidate lists: a change to either is a new tuning."""
+    """The kernels' source files and candidate lists (their search spaces; not :mod:`.shortlist`, which only
+    decides what a lane times): a change to either is a new tuning."""
     from . import gated, gemv, triton_support
 
     digest = hashlib.sha256()
@@ -97,15 +117,19 @@ def _decode_value(value):
 class TuningTable(dict):
     """The tuner's table (``key -> GemvConfig | None``), backed by a JSON file (see the module docstring).
 
-    ``key in table`` also finds choices an earlier process wrote for this machine and code; setting a key
-    writes it to the file. Only keys of the device types in :attr:`kept` go to the file."""
+    ``key in table`` also finds choices an earlier process wrote for this machine and code, then those of the
+    ``shipped`` tables (default: :func:`shipped_paths`); setting a key writes it to the file. Only keys of the
+    device types in :attr:`kept` go to the file."""
 
     kept = ("cuda",)
 
-    def __init__(self, path: Path | None | str = "default"):
+    def __init__(self, path: Path | None | str = "default", shipped: list | str = "default"):
         super().__init__()
         self.path = default_path() if path == "default" else (Path(path) if path is not None else None)
+        self.shipped = shipped_paths() if shipped == "default" else [Path(p) for p in shipped]
         self._disk: dict[str, dict | None] | None = None  # encoded key -> encoded value, read on first use
+        self._shipped: dict[str, dict | None] | None = None  # the shipped tables' entries, merged
+        self.from_shipped = 0  # keys found in a shipped table
         self._warned: set[str] = set()
 
     def __contains__(self, key) -> bool:
@@ -125,37 +149,53 @@ class TuningTable(dict):
 
     # ---- the file -------------------------------------------------------------------------------
     def _load(self, key) -> bool:
-        """Put the file's choice for ``key`` in memory; False when the file has none."""
-        encoded = _encode_key(key, self.kept) if self.path is not None else None
-        if encoded is None or encoded not in self._entries():
+        """Put the file's choice for ``key`` in memory, else a shipped table's; False when neither has one."""
+        encoded = _encode_key(key, self.kept) if self.path is not None or self.shipped else None
+        if encoded is None:
             return False
-        try:
-            value = _decode_value(self._entries()[encoded])
-        except (TypeError, ValueError) as err:
-            self._warn("entry", f"an entry of {self.path} is not a configuration ({err}); tuning that shape again")
-            return False
-        super().__setitem__(key, value)
-        return True
+        for entries, where in ((self._entries() if self.path is not None else {}, self.path),
+                               (self._shipped_entries(), "a shipped tuning table")):
+            if encoded not in entries:
+                continue
+            try:
+                value = _decode_value(entries[encoded])
+            except (TypeError, ValueError) as err:
+                self._warn("entry", f"an entry of {where} is not a configuration ({err}); tuning that shape again")
+                return False
+            super().__setitem__(key, value)
+            self.from_shipped += entries is self._shipped
+            return True
+        return False
+
+    def _shipped_entries(self) -> dict:
+        if self._shipped is None:
+            self._shipped = {}
+            for path in self.shipped:
+                self._shipped.update(self._read(warn=True, path=path))
+        return self._shipped
 
     def _entries(self) -> dict:
         if self._disk is None:
             self._disk = self._read(warn=True)
         return self._disk
 
-    def _read(self, warn: bool) -> dict:
-        """The file's entries ({} when there is none, or it is unreadable or foreign: a warning if ``warn``)."""
+    def _read(self, warn: bool, path: Path | None = None) -> dict:
+        """The entries of the file (or of ``path``): {} when there is none, or it is unreadable or foreign (a
+        warning if ``warn``)."""
+        path = path or self.path
         try:
-            data = json.loads(self.path.read_text())
+            data = json.loads(path.read_text())
         except (FileNotFoundError, NotADirectoryError):  # none yet (the write says if it cannot be made)
             return {}
         except (OSError, ValueError) as err:
             if warn:
-                self._warn("read", f"cannot read {self.path} ({err}); tuning again and writing a new one")
+                self._warn(f"read {path}", f"cannot read {path} ({err}); tuning again"
+                           + (" and writing a new one" if path == self.path else ""))
             return {}
         if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
             if warn:
-                self._warn("read", f"{self.path} is not a tuning table of format {FORMAT}; tuning again and "
-                           "replacing it")
+                self._warn(f"read {path}", f"{path} is not a tuning table of format {FORMAT}; tuning again"
+                           + (" and replacing it" if path == self.path else ""))
             return {}
         return dict(data["entries"])
 

@@ -10,14 +10,15 @@ import functools
 
 import torch
 
-from ..kernels import gemv
-from ..kernels.gated import TIER_CANDIDATES, _key, configs_for, launch
+from ..kernels import gated, gemv, shortlist
+from ..kernels.gated import _key, configs_for, launch
 from ..kernels.gemv import MAX_ROWS
 from . import folds, linears
 
 
-def pending(model: torch.nn.Module, table: dict, max_rows: int = MAX_ROWS) -> list[tuple]:
-    """``(candidates, run)`` for each MLP shape and tier that :func:`plan` would tune (not in ``table``); see
+def pending(model: torch.nn.Module, table: dict, max_rows: int = MAX_ROWS, held: bool = False) -> list[tuple]:
+    """``(candidates, run)`` for each MLP shape and tier that :func:`plan` would tune (not in ``table``; with
+    ``held``: ``((choice,), run)`` for those it holds a kernel's configuration for); see
     :func:`hf_rstitch.fast.patches.linears.pending`."""
     jobs, seen = [], set()
     for m in model.modules():
@@ -26,10 +27,12 @@ def pending(model: torch.nn.Module, table: dict, max_rows: int = MAX_ROWS) -> li
         gate, up = m.gate_proj.weight, m.up_proj.weight
         for top, tuned in zip(gemv.TIERS, gemv.tiers_for(max_rows)):
             key = _key(gate, top)
-            if tuned and key not in seen and key not in table:
+            if tuned and key not in seen and (key in table) == held:
                 seen.add(key)
-                jobs.append((TIER_CANDIDATES[top], functools.partial(launch, gate.new_empty(top, gate.shape[1]),
-                                                                     gate, up)))
+                candidates = (shortlist.candidates("gated", top, gated.TIER_CANDIDATES) if not held
+                              else tuple(c for c in (table[key],) if c is not None))
+                run = functools.partial(launch, gate.new_empty(top, gate.shape[1]), gate, up)
+                jobs += [(candidates, run)] if candidates else []
     return jobs
 
 

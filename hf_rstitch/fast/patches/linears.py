@@ -15,9 +15,8 @@ import functools
 import torch
 
 from . import folds
-from ..kernels import gemv
-from ..kernels.gemv import (DTYPES, MAX_ROWS, TIER_CANDIDATES, TIERS, GemvConfig, _reference, launch, shape_key, tier,
-                   tiers_for)
+from ..kernels import gemv, shortlist
+from ..kernels.gemv import DTYPES, MAX_ROWS, TIERS, GemvConfig, _reference, launch, shape_key, tier, tiers_for
 
 
 def readable(m: torch.nn.Module) -> bool:
@@ -36,7 +35,7 @@ def config_for(table: dict, weight: torch.Tensor, bias: torch.Tensor | None, blo
     tuned on first sight."""
     key = shape_key(weight, bias, block_m)
     if key not in table:
-        table[key] = gemv.tune(weight, bias, TIER_CANDIDATES[block_m])
+        table[key] = gemv.tune(weight, bias, shortlist.candidates("gemv", block_m, gemv.TIER_CANDIDATES))
     return table[key]
 
 
@@ -145,10 +144,13 @@ def plan(model: torch.nn.Module, table: dict, fuse: bool = True,
     return patches
 
 
-def pending(model: torch.nn.Module, table: dict, fuse: bool = True, max_rows: int = MAX_ROWS) -> list[tuple]:
+def pending(model: torch.nn.Module, table: dict, fuse: bool = True, max_rows: int = MAX_ROWS,
+            held: bool = False) -> list[tuple]:
     """``(candidates, run)`` for each shape and tier that :func:`plan` would tune (not in ``table``), for
-    :func:`~hf_rstitch.fast.kernels.triton_support.precompile` to build every candidate's kernels at once. A fused
-    group's weight stands in as one empty tensor of its shape (kernels compile for shapes, not values)."""
+    :func:`~hf_rstitch.fast.kernels.triton_support.precompile` to build every candidate's kernels at once; with
+    ``held``, instead ``((choice,), run)`` for each shape and tier ``table`` already holds a kernel's configuration
+    for (its kernel is built ahead too, not at its first capture). A fused group's weight stands in as one empty
+    tensor of its shape (kernels compile for shapes, not values)."""
     groups = fused_groups(model) if fuse else []
     grouped = {id(m) for members in groups for m in members}
     products = [(m.weight, m.bias) for m in linear_modules(model) if id(m) not in grouped]
@@ -162,10 +164,12 @@ def pending(model: torch.nn.Module, table: dict, fuse: bool = True, max_rows: in
     for weight, bias in list(shapes.values()) + products:
         for top, tuned in zip(TIERS, tiers_for(max_rows)):
             key = shape_key(weight, bias, top)
-            if tuned and key not in seen and key not in table:
+            if tuned and key not in seen and (key in table) == held:
                 seen.add(key)
+                candidates = (shortlist.candidates("gemv", top, gemv.TIER_CANDIDATES) if not held
+                              else tuple(c for c in (table[key],) if c is not None))
                 x = weight.new_empty(top, weight.shape[1])
-                jobs.append((TIER_CANDIDATES[top], functools.partial(launch, x, weight, bias)))
+                jobs += [(candidates, functools.partial(launch, x, weight, bias))] if candidates else []
     return jobs
 
 

@@ -36,12 +36,16 @@ def kernels_run(model: torch.nn.Module, config: FastConfig) -> bool:
 
 
 def pending(model: torch.nn.Module, config: FastConfig, max_rows: int) -> list:
-    """The tuning jobs :func:`product_layers` will time (shapes not in :data:`TABLE`), as ``(candidates, run)``
-    for :func:`~hf_rstitch.fast.kernels.triton_support.precompile` to build all their kernels at once beforehand."""
+    """The tuning jobs :func:`product_layers` will time (shapes not in :data:`TABLE`), and the choices it holds
+    (this machine's earlier tuning, or a shipped table), as ``(candidates, run)`` for
+    :func:`~hf_rstitch.fast.kernels.triton_support.precompile` to build all their kernels at once beforehand."""
     if not kernels_run(model, config):
         return []
-    jobs = linears.pending(model, TABLE, config.fuse_qkv, max_rows)
-    return jobs + (gated_mlp.pending(model, TABLE, max_rows) if config.fuse_mlp else [])
+    jobs = []
+    for held in (False, True):
+        jobs += linears.pending(model, TABLE, config.fuse_qkv, max_rows, held)
+        jobs += gated_mlp.pending(model, TABLE, max_rows, held) if config.fuse_mlp else []
+    return jobs
 
 
 def product_layers(model: torch.nn.Module, config: FastConfig, max_rows: int) -> list:

@@ -67,13 +67,13 @@ def test_pending_lists_what_the_plans_tune(arch, fuse, rows):
     candidates of its tier; and nothing once the table holds them."""
     from tiny_models import kernel_model
 
-    from hf_rstitch.fast.kernels import gated, gemv
+    from hf_rstitch.fast.kernels import gated, gemv, shortlist
     from hf_rstitch.fast.patches import gated_mlp, linears
 
     model = kernel_model("cpu", arch)
     jobs = linears.pending(model, {}, fuse, rows)
     keys = [gemv.shape_key(run.args[1], run.args[2], run.args[0].shape[0]) for _, run in jobs]
-    assert all(candidates == gemv.TIER_CANDIDATES[key[-1]] for (candidates, _), key in zip(jobs, keys))
+    assert all(candidates == shortlist.candidates("gemv", key[-1], gemv.TIER_CANDIDATES) for (candidates, _), key in zip(jobs, keys))
     mlp_jobs = gated_mlp.pending(model, {}, rows)
     keys += [gated._key(run.args[1], run.args[0].shape[0]) for _, run in mlp_jobs]
     table = {}
@@ -155,3 +155,74 @@ def test_attention_launches_after_precompile_build_nothing(monkeypatch):
         assert len(built) == ahead
     finally:
         da._kernels.cache_clear()
+
+
+class FakeCompiled:
+    """A compiled Triton kernel as prepare_launchers sees it: an argument signature and a lazy launcher."""
+
+    def __init__(self, signature, fails=False):
+        self.src = type("Src", (), {"signature": signature})()
+        self._run, self.fails, self.prepared = None, fails, 0
+
+    def _init_handles(self):
+        self.prepared += 1
+        if self.fails:
+            raise RuntimeError("out of resources")
+        self._run = "launcher"
+
+
+def test_prepare_launchers_builds_one_per_signature():
+    """One launcher per distinct argument signature is built ahead (constexpr values do not change a launcher);
+    kernels already prepared are left alone, and one that cannot be prepared is left for its launch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    a = [FakeCompiled({"x": "*bf16", "N": "i32", "BLOCK": "constexpr"}) for _ in range(3)]
+    b = FakeCompiled({"x": "*bf16", "N": "i64", "BLOCK": "constexpr"})
+    done = FakeCompiled({"y": "*fp32"})
+    done._run = "launcher"
+    bad = FakeCompiled({"z": "*fp16"}, fails=True)
+    with ThreadPoolExecutor(2) as pool:
+        assert ts.prepare_launchers(a + [b, done, bad, object()], pool) == 2
+    assert [k.prepared for k in a] == [1, 0, 0] and b.prepared == 1 and done.prepared == 0 and bad.prepared == 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_pending_held_lists_the_choices_the_table_holds(arch):
+    """With held=True, pending names each shape and tier the table holds a kernel's configuration for, with that
+    one configuration (built ahead, not at the first capture); a tier where cuBLAS won needs no kernel."""
+    from tiny_models import kernel_model
+
+    from hf_rstitch.fast.kernels import gated, gemv
+    from hf_rstitch.fast.patches import gated_mlp, linears
+
+    model = kernel_model("cpu", arch)
+    assert linears.pending(model, {}, True, 1, held=True) == [] and gated_mlp.pending(model, {}, 1, held=True) == []
+    table = {}
+    linears.plan(model, table, fuse=True, max_rows=1)
+    gated_mlp.plan(model, table, max_rows=1)
+    cublas = next(k for k in table if k[-1] == gemv.MAX_ROWS)
+    table[cublas] = None
+    jobs = linears.pending(model, table, True, 1, held=True) + gated_mlp.pending(model, table, 1, held=True)
+    keys = [gemv.shape_key(run.args[1], run.args[2], run.args[0].shape[0]) if run.func is gemv.launch
+            else gated._key(run.args[1], run.args[0].shape[0]) for _, run in jobs]
+    assert sorted(map(repr, keys)) == sorted(repr(k) for k, v in table.items() if v is not None)
+    assert all(candidates == (table[key],) for (candidates, _), key in zip(jobs, keys))
+
+
+def test_lanes_time_the_shortlist_and_full_tuning_the_search_space(monkeypatch):
+    """A lane times each tier's shortlist (the whole space where it has none); HF_RSTITCH_TUNE=full times the whole
+    search space (what the shipped tables are made with); anything else says what it takes. Every shortlisted
+    candidate is in the space."""
+    from hf_rstitch.fast.kernels import gated, gemv, shortlist
+
+    for kind, space in (("gemv", gemv.TIER_CANDIDATES), ("gated", gated.TIER_CANDIDATES)):
+        for top in gemv.TIERS:
+            short = shortlist.SHORTLISTS[kind][top]
+            assert short is None or set(short) <= set(space[top])
+            monkeypatch.delenv(shortlist.ENV, raising=False)
+            assert shortlist.candidates(kind, top, space) == (short or space[top])
+            monkeypatch.setenv(shortlist.ENV, "full")
+            assert shortlist.candidates(kind, top, space) == space[top]
+    monkeypatch.setenv(shortlist.ENV, "all of them")
+    with pytest.raises(ValueError, match="'full'"):
+        shortlist.candidates("gemv", 1, gemv.TIER_CANDIDATES)

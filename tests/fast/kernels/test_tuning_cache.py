@@ -102,3 +102,34 @@ def test_the_tuner_times_a_shape_once_across_processes(tmp_path, monkeypatch):
     for _ in range(2):  # two "processes": each its own table over the same file
         assert linears.config_for(_table(path), weight, None, 1) == GemvConfig(4, 256, 2, 2, 1)
     assert timed == [torch.Size([64, 32])]
+
+
+def test_a_shipped_table_answers_what_this_machine_has_not_tuned(tmp_path, monkeypatch):
+    """A shipped table (same format, same identity) answers keys this machine's file lacks, without being copied
+    into it; this machine's own choice wins; a shipped entry of another machine or code does not count; and
+    HF_RSTITCH_SHIPPED_TUNING=off ignores the shipped tables."""
+    shipped = tmp_path / "gpu.json"
+    maker = _table(shipped)
+    maker.shipped = []
+    maker[KEY] = GemvConfig(2, 1024, 4, 2, 1)
+    maker[GATED] = GemvConfig(32, 64, 4, 2, 16)
+    mine = tmp_path / "mine.json"
+    table = TuningTable(mine, shipped=[shipped])
+    table.kept = ("cpu",)
+    table[GATED] = None  # tuned here: wins over the shipped choice
+    assert table[KEY] == GemvConfig(2, 1024, 4, 2, 1) and table.from_shipped == 1
+    assert _table_with(mine, shipped)[GATED] is None
+    assert len(json.loads(mine.read_text())["entries"]) == 1  # the shipped choice was not copied
+    monkeypatch.setattr(tuning_cache, "identity", lambda device: "another GPU")
+    assert KEY not in _table_with(mine, shipped)
+    monkeypatch.undo()
+    monkeypatch.setattr(tuning_cache, "SHIPPED_DIR", tmp_path)
+    assert tuning_cache.shipped_paths() == [shipped, mine]
+    monkeypatch.setenv(tuning_cache.SHIPPED_ENV, "off")
+    assert tuning_cache.shipped_paths() == []
+
+
+def _table_with(path, shipped) -> TuningTable:
+    table = TuningTable(path, shipped=[shipped])
+    table.kept = ("cpu",)
+    return table
