@@ -34,12 +34,22 @@ class Transcript:
         self.stopped = False
         self._cut: int | None = None  # where the text ends (a stop string begins there)
 
+    def add_all(self, events: list) -> str:
+        """:meth:`add` for several events of one request, in order: the new text they make, decoded once when no
+        stop string can end the text early (with stop strings, event by event: the first stop string found wins,
+        as it does streaming one event at a time)."""
+        if self.stop or len(events) == 1:
+            return "".join(self.add(ev) for ev in events)
+        if self.stopped:
+            return ""
+        for ev in events[:-1]:
+            self._append(ev)
+        return self.add(events[-1])
+
     def add(self, event: Any) -> str:
         if self.stopped:
             return ""
-        if event.token is not None:
-            self.tokens.append(int(event.token))
-            self.roles.append(event.role)
+        self._append(event)
         text = self._decoded()  # one decode per event: the stop search and the delta read the same text
         if self.stop and self._find_stop(text):
             self.finish_reason, self.trace = "stop", getattr(event, "trace", None)
@@ -49,6 +59,11 @@ class Transcript:
             self.error_code = getattr(event, "error_code", None)
             return self._delta(text, final=True)
         return self._delta(text, final=False) if event.token is not None else ""
+
+    def _append(self, event: Any) -> None:
+        if event.token is not None:
+            self.tokens.append(int(event.token))
+            self.roles.append(event.role)
 
     def _find_stop(self, text: str) -> bool:
         start = max(0, len(self.sent) - max(map(len, self.stop)))  # a stop string may end in new text only
