@@ -192,7 +192,7 @@ def serve_worker(cfg: dict) -> int:
     Path(cfg["alone_out"]).write_text(json.dumps(alone))
     settings = ServerSettings(model_name="random-pair", max_context=cfg["max_length"], vocab_size=vocab,
                               default_max_tokens=16, pin="llm" if cfg["method"] == "llm_only" else None,
-                              **cfg.get("settings", {}))  # e.g. {"stream_writes_per_s": 0} to compare
+                              **cfg.get("settings", {}))
     run(create_app(engine, sc.IdTokenizer(), settings), "127.0.0.1", cfg["port"], log_level="warning")
     return 0
 
@@ -255,7 +255,9 @@ def run_method(method: str, args, shape: dict, work: Path, budget: Budget) -> tu
                "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
                "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method],
                "alone_levels": fit, "warmup_s": args.warmup_s, "window_s": args.window_s, "port": sc.free_port(),
-               "alone_out": str(work / f"alone_{method}.json"), "standin": standin_timing(args)}
+               "alone_out": str(work / f"alone_{method}.json"), "standin": standin_timing(args),
+               "settings": {k: v for k, v in (("stream_interval_s", args.stream_interval),
+                                              ("stream_writes_per_s", args.stream_writes_per_s)) if v is not None}}
         t0, alone_s = time.monotonic(), len(fit) * (args.warmup_s + args.window_s)
         proc, err = start_server(cfg, work, args.startup_s + alone_s + 2 * len(fit))
         if proc is not None:  # what the next method's start reserves: this one's load and warm-up, with a margin
@@ -384,6 +386,10 @@ def main(argv=None) -> int:
                     help="--replicas: how long the kill test waits for Ray's replacement replica")
     ap.add_argument("--no-kill", action="store_true", help="--replicas: skip the kill test")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny pair on CPU, tiny counts: checks the whole path")
+    ap.add_argument("--stream-interval", type=float, default=None,
+                    help="the server's --stream-interval (default: rstitch serve's; 0: a write per step)")
+    ap.add_argument("--stream-writes-per-s", type=float, default=None,
+                    help="the server's --stream-writes-per-s (default: rstitch serve's; 0: no limit)")
     ap.add_argument("--standin", action="store_true",
                     help="no model: a stand-in engine writes tokens at a set rate (serve_standin.py), on CPU; measures "
                          "the server's own ceiling against the same engine alone")
