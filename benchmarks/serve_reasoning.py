@@ -373,7 +373,7 @@ def main(argv=None) -> int:
                     help="a server's start (load, warm-up) at most; the budget reserves it for the first server, "
                          "1.5x the first's actual start for the next")
     ap.add_argument("--max-batch", type=int, default=None, help="server rows (default: the largest level)")
-    ap.add_argument("--client-procs", type=int, default=0, help="client processes (0: one per 32 clients, <= 8)")
+    ap.add_argument("--client-procs", type=int, default=0, help="client processes (0: one per 16 clients, <= 8)")
     ap.add_argument("--engine", default="fast", choices=["fast", "default"])
     ap.add_argument("--decisions", default="device", choices=["device", "host"],
                     help="where the replayed routes' decisions come back (device: as an entropy policy's)")
