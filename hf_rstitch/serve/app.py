@@ -54,7 +54,7 @@ class ServerSettings:
     pin: str | None = None  # "llm" / "slm": every request decoded by that model alone; None: stitched
     disconnect_poll_s: float = 0.25  # how often a waiting handler checks that its client is still there
     stream_interval_s: float = 0.02  # an answer writes at most this often, the tokens since in one chunk (Pacer)
-    stream_writes_per_s: float = 2000.0  # and all answers together at most this many times a second; 0s: every step
+    stream_writes_per_s: float = 1000.0  # and all answers together at most this many times a second; 0s: every step
     error_ttl_s: float = 300.0  # how long /health shows the last failed step's error
 
 

@@ -69,7 +69,7 @@ class ServeConfig:
     stream_interval: float = field(default=0.02, metadata={
         "help": "seconds an answer waits after a write before its next, which carries every token written meanwhile "
                 "(the first token and the end go out at once); 0: a write per engine step"})
-    stream_writes_per_s: float = field(default=2000.0, metadata={
+    stream_writes_per_s: float = field(default=1000.0, metadata={
         "help": "writes a second of all answers together at most: with many streams open each writes less often, "
                 "several tokens a chunk, so that the HTTP side's Python leaves the engine its GIL; 0: no limit"})
     drain_timeout: float = field(default=30.0, metadata={

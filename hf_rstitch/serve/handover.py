@@ -1,9 +1,9 @@
 """Events from the driver thread to the handlers on the event loop, one wake-up of the loop per engine step.
 
 The driver delivers an engine step's events one by one, on its own thread, to each request's sink. A sink that
-woke the event loop per event (``call_soon_threadsafe`` per token) costs a self-pipe write and a loop callback
-per token, and a handler that wakes per token writes one server-sent event per token: at a few hundred rows the
-event loop then holds the GIL most of the time and the driver waits for it between kernel launches. Here a
+woke the event loop per event (``call_soon_threadsafe`` per token) would cost a self-pipe write and a loop
+callback per token, and a handler woken per token writes one server-sent event per token: at a few hundred rows
+the event loop would hold the GIL most of the time while the driver waits for it between kernel launches. Here a
 request's sink is a :class:`Mailbox`: the driver thread appends to it, and all the mailboxes of one
 :class:`PostOffice` (one per event loop) that received something are woken by one loop callback, scheduled at
 the first event after the last one ran. A handler takes every event that arrived since it last looked
@@ -104,8 +104,8 @@ class Pacer:
     written meanwhile (the finishing event never waits): ``max(interval_s, open / writes_per_s)``, ``open`` the
     answers in progress. The floor keeps a few streams from writing a chunk per token (the event loop's work per
     write holds the GIL that the engine's host code needs); the share keeps all the answers together at most
-    ``writes_per_s`` writes a second, however many are open (256 streams at 2000 writes a second: a write every
-    0.128 s each). Zeros: a write per engine step."""
+    ``writes_per_s`` writes a second, however many are open (256 streams at 1000 writes a second: a write every
+    0.256 s each). Zeros: a write per engine step."""
 
     def __init__(self, interval_s: float = 0.0, writes_per_s: float = 0.0):
         if interval_s < 0 or writes_per_s < 0:
