@@ -93,3 +93,33 @@ def test_a_paced_stream_sends_several_tokens_a_chunk_and_the_same_text(tokenizer
     assert events[-1] == "[DONE]" and "".join(c["choices"][0]["text"] for c in chunks) == plain["choices"][0]["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]["completion_tokens"] == 24
     assert len(chunks) <= 12  # 24 tokens at >= 10 ms a step, a write at most every 60 ms (the first at once)
+
+
+def _byte_level_tokenizer():
+    """A byte-level BPE trained here on text with multi-byte characters, so that tokens split characters."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["Tom has 12 apples, über 7 more: 19 ✓ — größer. 你好世界 🙂 naïve café"] * 20
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+@pytest.mark.parametrize("which", ["shipped", "byte_level"])
+def test_long_answers_decode_a_window_and_stream_the_same_text(tokenizer, which):
+    import random
+
+    tok = tokenizer if which == "shipped" else _byte_level_tokenizer()
+    rng = random.Random(0)
+    ids = [rng.randrange(4, len(tok)) for _ in range(300)]
+    events = [Event("r", t, Role.SLM) for t in ids[:-1]] + [Event("r", ids[-1], Role.LLM, True, "length")]
+    one, together = Transcript(tok, 3), Transcript(tok, 3)
+    streamed = "".join(one.add(ev) for ev in events)
+    batched = "".join(together.add_all(events[i:i + 7]) for i in range(0, len(events), 7))
+    want = tok.decode(ids, skip_special_tokens=True)
+    assert streamed == batched == one.text == want
+    assert 0 < one._settled < len(ids)  # the settled prefix moved: later writes decoded a window only
