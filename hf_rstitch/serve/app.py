@@ -52,7 +52,7 @@ class ServerSettings:
     threshold: float | None = None  # the engine's default tau, reported by /health
     router: str | None = None  # the R-Stitch+ router every request routes with (then no per-request tau)
     pin: str | None = None  # "llm" / "slm": every request decoded by that model alone; None: stitched
-    disconnect_poll_s: float = 0.25  # how often a waiting handler checks that its client is still there
+    disconnect_poll_s: float = 0.25  # how often a non-streaming handler checks that its client is still there
     stream_interval_s: float = 0.02  # an answer writes at most this often, the tokens since in one chunk (Pacer)
     stream_writes_per_s: float = 1000.0  # and all answers together at most this many times a second; 0s: every step
     error_ttl_s: float = 300.0  # how long /health shows the last failed step's error
@@ -142,7 +142,7 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
             return error(503, str(err))
         except ValueError as err:  # the engine's own validation
             return error(400, f"the engine refused the request: {err}")
-        events = follow(driver, rid, box, request, settings.disconnect_poll_s, pacer)
+        events = follow(driver, rid, box, request, None if body.stream else settings.disconnect_poll_s, pacer)
         transcript = Transcript(tokenizer, len(ids), body.stop_strings)
         model = settings.model_name
         if body.stream:

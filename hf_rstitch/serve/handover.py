@@ -79,19 +79,20 @@ class Mailbox:
             out.append(self._events.popleft())
         return out
 
-    async def wait(self, timeout_s: float, final_only: bool = False) -> None:
-        """Until an event arrives (with ``final_only``: the finishing one) or ``timeout_s`` passes; at once if one
-        is there already."""
+    async def wait(self, timeout_s: float | None, final_only: bool = False) -> None:
+        """Until an event arrives (with ``final_only``: the finishing one) or ``timeout_s`` passes (None: no
+        limit); at once if one is there already."""
         if self._final or (self._events and not final_only):
             return
         loop = asyncio.get_running_loop()
         self._final_only = final_only
         self._waiter = waiter = loop.create_future()
-        timer = loop.call_later(max(0.0, timeout_s), _resolve, waiter)
+        timer = None if timeout_s is None else loop.call_later(max(0.0, timeout_s), _resolve, waiter)
         try:
             await waiter
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             self._waiter = None
 
     def _wake(self) -> None:

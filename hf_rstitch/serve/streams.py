@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import logging
 import time
 from typing import Any, AsyncIterator
@@ -28,15 +29,17 @@ from .responses import Transcript, chat_body, chat_chunk, completion_body, compl
 log = logging.getLogger("hf_rstitch.serve")
 
 
-async def follow(driver: EngineDriver, rid: str, box: Mailbox, request: Request, poll_s: float,
+async def follow(driver: EngineDriver, rid: str, box: Mailbox, request: Request, poll_s: float | None,
                  pacer: Pacer | None = None) -> AsyncIterator[list]:
     """This request's events until the finishing one, in lists: every event that arrived since the last list was
     taken -- several when the reader fell behind the engine, or when ``pacer`` spaces this answer's writes (the
-    finishing event is taken at once). Cancels the row if the client leaves first (noticed by polling) or the
+    finishing event is taken at once). Cancels the row if the client leaves first (noticed by polling every
+    ``poll_s``; None: no polling, for a stream, whose responder closes this iterator when its client leaves) or the
     reader stops early (``aclose``)."""
     loop = asyncio.get_running_loop()
     pacer = pacer or Pacer()
-    finished, next_check, hold_until = False, loop.time() + poll_s, 0.0
+    finished, hold_until = False, 0.0
+    next_check = math.inf if poll_s is None else loop.time() + poll_s
     pacer.open += 1
     try:
         while True:
@@ -50,7 +53,7 @@ async def follow(driver: EngineDriver, rid: str, box: Mailbox, request: Request,
                 continue
             events = box.take()
             if not events:
-                await box.wait(next_check - now)
+                await box.wait(None if poll_s is None else next_check - now)
                 continue
             finished = events[-1].finished
             yield events
