@@ -66,9 +66,13 @@ def wait_idle(url: str, timeout_s: float) -> bool:
     return False
 
 
-async def one_request(client, url: str, body: dict) -> dict:
-    """One streaming completion: status, start / end, (time, tokens) of each chunk, whether it completed."""
+async def one_request(client, url: str, body: dict, into: list | None = None) -> dict:
+    """One streaming completion: status, start / end, (time, tokens) of each chunk, whether it completed. The
+    record goes into ``into`` when it starts, so that a request still streaming when the clients stop counts the
+    tokens it received (as the engine alone counts its requests in flight)."""
     rec = {"status": None, "start": time.monotonic(), "end": None, "ttft_s": None, "chunks": [], "complete": False}
+    if into is not None:
+        into.append(rec)
     done = reason = None
     try:
         async with client.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
@@ -110,7 +114,7 @@ async def _clients(url: str, bodies: list[dict], first: int, step: int, n: int, 
     async def client_loop(client, k: int):
         i = k
         while True:
-            records.append(await one_request(client, url, bodies[i % len(bodies)]))
+            await one_request(client, url, bodies[i % len(bodies)], records)
             i += step * n
 
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
@@ -130,7 +134,7 @@ def _client_proc(url, bodies, first, step, n, t_start, t_end):
 
 def run_clients(url: str, bodies: list[dict], concurrency: int, seconds: float, procs: int = 0) -> tuple[list, float]:
     """``concurrency`` clients in a closed loop for ``seconds``: (every request's record, when they started)."""
-    procs = procs or max(1, min(8, concurrency // 32))
+    procs = procs or max(1, min(8, concurrency // 16))
     procs = min(procs, concurrency)
     t_start = time.monotonic() + 1.0 + 0.2 * procs  # the client processes start meanwhile
     share = [concurrency // procs + (p < concurrency % procs) for p in range(procs)]

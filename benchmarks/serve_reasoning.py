@@ -104,6 +104,10 @@ def build_pair(cfg: dict):
 
 
 def build_engine(cfg: dict, llm, slm):
+    if cfg["engine"] == "standin":  # no model: tokens at a set rate (the server's own ceiling)
+        from serve_standin import StandinEngine, StandinTiming
+
+        return StandinEngine(cfg["max_batch"], timing=StandinTiming(**cfg["standin"]))
     from hf_rstitch.serving.requests import RequestEngine
 
     policy = replay_policy(cfg["max_batch"], cfg["llm_share"], llm.device if cfg["decisions"] == "device" else None)
@@ -177,8 +181,8 @@ def serve_worker(cfg: dict) -> int:
     from hf_rstitch.serve.app import ServerSettings, create_app
     from hf_rstitch.serve.server import run
 
-    llm, slm = build_pair(cfg)
-    vocab = min(llm.config.vocab_size, slm.config.vocab_size)
+    llm, slm = build_pair(cfg) if cfg["engine"] != "standin" else (None, None)
+    vocab = min(llm.config.vocab_size, slm.config.vocab_size) if llm is not None else PROMPT_VOCAB
     engine = build_engine(cfg, llm, slm)
     warm_s = warm(engine, cfg)
     alone = {"warm_up_s": warm_s, "levels": {}}
@@ -187,9 +191,18 @@ def serve_worker(cfg: dict) -> int:
         print(f"[engine alone {cfg['method']} c={c}] {json.dumps(alone['levels'][c])}", file=sys.stderr, flush=True)
     Path(cfg["alone_out"]).write_text(json.dumps(alone))
     settings = ServerSettings(model_name="random-pair", max_context=cfg["max_length"], vocab_size=vocab,
-                              default_max_tokens=16, pin="llm" if cfg["method"] == "llm_only" else None)
+                              default_max_tokens=16, pin="llm" if cfg["method"] == "llm_only" else None,
+                              **cfg.get("settings", {}))
     run(create_app(engine, sc.IdTokenizer(), settings), "127.0.0.1", cfg["port"], log_level="warning")
     return 0
+
+
+def standin_timing(args) -> dict | None:
+    """``--standin``: the stand-in's :class:`~serve_standin.StandinTiming` fields; None otherwise."""
+    if not getattr(args, "standin", False):
+        return None
+    base, row, host = args.standin_ms or (6.0, 0.04, 2.0)
+    return {"base_ms": base, "row_ms": row, "host_ms": host}
 
 
 # ---- the sweep ---------------------------------------------------------------------------------
@@ -242,7 +255,9 @@ def run_method(method: str, args, shape: dict, work: Path, budget: Budget) -> tu
                "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
                "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method],
                "alone_levels": fit, "warmup_s": args.warmup_s, "window_s": args.window_s, "port": sc.free_port(),
-               "alone_out": str(work / f"alone_{method}.json")}
+               "alone_out": str(work / f"alone_{method}.json"), "standin": standin_timing(args),
+               "settings": {k: v for k, v in (("stream_interval_s", args.stream_interval),
+                                              ("stream_writes_per_s", args.stream_writes_per_s)) if v is not None}}
         t0, alone_s = time.monotonic(), len(fit) * (args.warmup_s + args.window_s)
         proc, err = start_server(cfg, work, args.startup_s + alone_s + 2 * len(fit))
         if proc is not None:  # what the next method's start reserves: this one's load and warm-up, with a margin
@@ -358,7 +373,7 @@ def main(argv=None) -> int:
                     help="a server's start (load, warm-up) at most; the budget reserves it for the first server, "
                          "1.5x the first's actual start for the next")
     ap.add_argument("--max-batch", type=int, default=None, help="server rows (default: the largest level)")
-    ap.add_argument("--client-procs", type=int, default=0, help="client processes (0: one per 32 clients, <= 8)")
+    ap.add_argument("--client-procs", type=int, default=0, help="client processes (0: one per 16 clients, <= 8)")
     ap.add_argument("--engine", default="fast", choices=["fast", "default"])
     ap.add_argument("--decisions", default="device", choices=["device", "host"],
                     help="where the replayed routes' decisions come back (device: as an entropy policy's)")
@@ -371,6 +386,16 @@ def main(argv=None) -> int:
                     help="--replicas: how long the kill test waits for Ray's replacement replica")
     ap.add_argument("--no-kill", action="store_true", help="--replicas: skip the kill test")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny pair on CPU, tiny counts: checks the whole path")
+    ap.add_argument("--stream-interval", type=float, default=None,
+                    help="the server's --stream-interval (default: rstitch serve's; 0: a write per step)")
+    ap.add_argument("--stream-writes-per-s", type=float, default=None,
+                    help="the server's --stream-writes-per-s (default: rstitch serve's; 0: no limit)")
+    ap.add_argument("--standin", action="store_true",
+                    help="no model: a stand-in engine writes tokens at a set rate (serve_standin.py), on CPU; measures "
+                         "the server's own ceiling against the same engine alone")
+    ap.add_argument("--standin-ms", type=float, nargs=3, default=None, metavar=("BASE", "ROW", "HOST"),
+                    help="--standin: a step takes BASE + ROW x rows ms, HOST ms of it Python holding the GIL "
+                         "(default 6 0.04 2: 256 rows at 16k tokens/s)")
     args = ap.parse_args(argv)
     if args.dry_run_cpu:
         args.device, args.dtype, args.engine = "cpu", "float32", "default"
@@ -380,6 +405,8 @@ def main(argv=None) -> int:
         args.warmup_s, args.window_s = min(args.warmup_s, 1.0), min(args.window_s, 2.0)
         args.replica_concurrency = min(args.replica_concurrency, 4)
         args.max_batch = args.max_batch or (2 if args.replicas else None)
+    if args.standin:
+        args.device, args.dtype, args.engine = "cpu", "float32", "standin"
     if args.replicas:
         import serve_replicas
 
@@ -400,9 +427,11 @@ def main(argv=None) -> int:
 
     from lab import environment, write_result
 
-    gpu = "cpu" if args.dry_run_cpu else torch.cuda.get_device_name()
-    doc = {**environment(), "gpu": gpu, "args": vars(args),
-           "pair": "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu else f"random Qwen2 7B / 1.5B, {args.dtype}",
+    gpu = "cpu_standin" if args.standin else "cpu" if args.dry_run_cpu else torch.cuda.get_device_name()
+    pair = ("a stand-in engine, no model (serve_standin.py: step ms = {} + {} x rows, {} of it host Python)".format(
+        *standin_timing(args).values()) if args.standin else "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu
+        else f"random Qwen2 7B / 1.5B, {args.dtype}")
+    doc = {**environment(), "gpu": gpu, "args": vars(args), "pair": pair,
            "prompt_tokens": shape["prompt"], "llm_share": shape["llm_share"],
            "mean_tokens": {m: sum(shape[m]) / len(shape[m]) for m in METHODS},
            "rows": sorted(rows, key=lambda r: (r["concurrency"], r["method"])), "skipped": skipped, "details": details}

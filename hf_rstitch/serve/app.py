@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ..serving.request_types import QueueFull
 from .driver import EngineDriver, ShuttingDown
 from .errors import ERROR_RESPONSES, error, install
+from .handover import Pacer, PostOffice
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import Transcript
 from .streams import follow, stream_chat, stream_text, whole_response
@@ -51,7 +52,9 @@ class ServerSettings:
     threshold: float | None = None  # the engine's default tau, reported by /health
     router: str | None = None  # the R-Stitch+ router every request routes with (then no per-request tau)
     pin: str | None = None  # "llm" / "slm": every request decoded by that model alone; None: stitched
-    disconnect_poll_s: float = 0.25  # how often a waiting handler checks that its client is still there
+    disconnect_poll_s: float = 0.25  # how often a non-streaming handler checks that its client is still there
+    stream_interval_s: float = 0.02  # an answer writes at most this often, the tokens since in one chunk (Pacer)
+    stream_writes_per_s: float = 1000.0  # and all answers together at most this many times a second; 0s: every step
     error_ttl_s: float = 300.0  # how long /health shows the last failed step's error
 
 
@@ -75,6 +78,15 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
     settings = settings or ServerSettings()
     driver = EngineDriver(engine)
     chars_per_token = max(map(len, tokenizer.get_vocab()), default=1) if hasattr(tokenizer, "get_vocab") else None
+    pacer = Pacer(settings.stream_interval_s, settings.stream_writes_per_s)
+    offices: dict[asyncio.AbstractEventLoop, PostOffice] = {}  # one per event loop serving the app (usually one)
+
+    def post_office() -> PostOffice:
+        loop = asyncio.get_running_loop()
+        if loop not in offices:
+            offices.clear()  # a new loop (tests run the app on one loop after another); a box keeps its own office
+            offices[loop] = PostOffice(loop)
+        return offices[loop]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -118,9 +130,8 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
             check_prompt_size(body, kind, settings, chars_per_token)
             ids = await asyncio.to_thread(prompt_ids, tokenizer, body, kind, settings)
             engine_request = build_request(body, ids, rid, settings)
-            queue: asyncio.Queue = asyncio.Queue()
-            loop = asyncio.get_running_loop()
-            driver.submit(engine_request, lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev))
+            box = post_office().mailbox()
+            driver.submit(engine_request, box)
         except UnknownModel as err:
             return error(404, str(err), kind="invalid_request_error", param="model", code="model_not_found")
         except BadRequest as err:
@@ -131,7 +142,7 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
             return error(503, str(err))
         except ValueError as err:  # the engine's own validation
             return error(400, f"the engine refused the request: {err}")
-        events = follow(driver, rid, queue, request, settings.disconnect_poll_s)
+        events = follow(driver, rid, box, request, None if body.stream else settings.disconnect_poll_s, pacer)
         transcript = Transcript(tokenizer, len(ids), body.stop_strings)
         model = settings.model_name
         if body.stream:

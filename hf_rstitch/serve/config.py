@@ -66,6 +66,12 @@ class ServeConfig:
                 "model get 404"})
     max_body_bytes: int = field(default=4 * 2**20, metadata={
         "help": "largest request body in bytes; larger ones get 413 before they are read in full"})
+    stream_interval: float = field(default=0.02, metadata={
+        "help": "seconds an answer waits after a write before its next, which carries every token written meanwhile "
+                "(the first token and the end go out at once); 0: a write per engine step"})
+    stream_writes_per_s: float = field(default=1000.0, metadata={
+        "help": "writes a second of all answers together at most: with many streams open each writes less often, "
+                "several tokens a chunk, so that the HTTP side's Python leaves the engine its GIL; 0: no limit"})
     drain_timeout: float = field(default=30.0, metadata={
         "help": "on SIGTERM, seconds that running requests get to finish before they are cancelled"})
     replicas: int = field(default=1, metadata={
@@ -110,6 +116,9 @@ class ServeConfig:
         if self.replicas > 1 and self.replica_gpus > 0 and self.device not in ("cuda", "cuda:0"):
             raise ValueError(f"--device {self.device} with --replicas {self.replicas}: Ray shows each replica only its "
                              "own GPUs, numbered from cuda:0; pass --device cuda")
+        for name in ("stream_interval", "stream_writes_per_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: off), got {getattr(self, name)}")
         if self.drain_timeout < 0:
             raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout}")
 
@@ -216,7 +225,8 @@ def settings_for(cfg: ServeConfig, llm) -> Any:
         model_name=cfg.served_name, model_aliases=cfg.served_names[1:], default_max_tokens=cfg.max_tokens,
         max_context=getattr(llm.config.get_text_config(), "max_position_embeddings", None),
         vocab_size=int(llm.config.get_text_config().vocab_size), max_body_bytes=cfg.max_body_bytes,
-        drain_timeout_s=cfg.drain_timeout, do_sample=bool(gen.do_sample),
+        drain_timeout_s=cfg.drain_timeout, stream_interval_s=cfg.stream_interval,
+        stream_writes_per_s=cfg.stream_writes_per_s, do_sample=bool(gen.do_sample),
         temperature=float(gen.temperature if gen.temperature is not None else 1.0),
         top_p=float(gen.top_p if gen.top_p is not None else 1.0), threshold=None if cfg.router else cfg.threshold,
         router=cfg.router or None, pin=None if cfg.pin == "none" else cfg.pin)

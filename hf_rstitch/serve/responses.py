@@ -15,6 +15,8 @@ from typing import Any
 
 from ..core.roles import Role
 
+CONTEXT = 8  # tokens decoded again before the unsettled ones (Transcript._decoded)
+
 
 class Transcript:
     """One request's output so far. ``add(event)`` returns the new text to stream (possibly ""); once a stop
@@ -33,13 +35,24 @@ class Transcript:
         self.trace = None
         self.stopped = False
         self._cut: int | None = None  # where the text ends (a stop string begins there)
+        self._settled, self._settled_text = 0, ""  # tokens whose text no later token changes, and that text
+
+    def add_all(self, events: list) -> str:
+        """:meth:`add` for several events of one request, in order: the new text they make, decoded once when no
+        stop string can end the text early (with stop strings, event by event: the first stop string found wins,
+        as it does streaming one event at a time)."""
+        if self.stop or len(events) == 1:
+            return "".join(self.add(ev) for ev in events)
+        if self.stopped:
+            return ""
+        for ev in events[:-1]:
+            self._append(ev)
+        return self.add(events[-1])
 
     def add(self, event: Any) -> str:
         if self.stopped:
             return ""
-        if event.token is not None:
-            self.tokens.append(int(event.token))
-            self.roles.append(event.role)
+        self._append(event)
         text = self._decoded()  # one decode per event: the stop search and the delta read the same text
         if self.stop and self._find_stop(text):
             self.finish_reason, self.trace = "stop", getattr(event, "trace", None)
@@ -49,6 +62,11 @@ class Transcript:
             self.error_code = getattr(event, "error_code", None)
             return self._delta(text, final=True)
         return self._delta(text, final=False) if event.token is not None else ""
+
+    def _append(self, event: Any) -> None:
+        if event.token is not None:
+            self.tokens.append(int(event.token))
+            self.roles.append(event.role)
 
     def _find_stop(self, text: str) -> bool:
         start = max(0, len(self.sent) - max(map(len, self.stop)))  # a stop string may end in new text only
@@ -74,7 +92,26 @@ class Transcript:
                     if text.endswith(s[:n])), default=0)
 
     def _decoded(self) -> str:
-        return self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        """The text of every token so far, decoding only the tokens after the settled prefix (with ``CONTEXT``
+        tokens before them, whose text is cut off again: a token's text may depend on the one before, e.g. a
+        leading space): a long answer costs the same per write as a short one. Where the context's text is not a
+        prefix of the window's, the whole answer is decoded."""
+        start = max(0, self._settled - CONTEXT)
+        head = self._decode(self.tokens[start:self._settled])
+        window = self._decode(self.tokens[start:])
+        if not window.startswith(head):
+            return self._decode(self.tokens)
+        if len(self.tokens) - self._settled >= 4 * CONTEXT:  # settle all but the last CONTEXT tokens
+            cut = len(self.tokens) - CONTEXT
+            part = self._decode(self.tokens[start:cut])
+            if part.startswith(head) and not part.endswith("\ufffd") and window.startswith(part):
+                self._settled_text += part[len(head):]
+                self._settled = cut
+                head = part
+        return self._settled_text + window[len(head):]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     @property
     def text(self) -> str:
