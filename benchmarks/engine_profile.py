@@ -313,6 +313,102 @@ def profile_shape(shape: str, args, device: str, bw_gbps: float) -> dict:
     return row
 
 
+# --ab: named switch settings (module, attribute, value), each timed against "base" (no switch) on one machine
+VARIANTS = {
+    "base": (),
+    "combine": (("hf_rstitch.fast.kernels.decode_attention", "COMBINE_IN_SPLIT", True),),
+    "cold": (("hf_rstitch.fast.kernels.triton_support", "COLD_TUNING", True),),
+    "fill1": (("hf_rstitch.fast.kernels.decode_attention", "FILL", 1),),
+    "prefetch": (("hf_rstitch.fast.kernels.gemv", "PREFETCH_L2", True),),
+    "combine+prefetch": (("hf_rstitch.fast.kernels.decode_attention", "COMBINE_IN_SPLIT", True),
+                         ("hf_rstitch.fast.kernels.gemv", "PREFETCH_L2", True)),
+    "combine+cold": (("hf_rstitch.fast.kernels.decode_attention", "COMBINE_IN_SPLIT", True),
+                     ("hf_rstitch.fast.kernels.triton_support", "COLD_TUNING", True)),
+}
+
+
+def switched(name: str):
+    """Set variant ``name``'s switches; returns the function that restores them."""
+    import importlib
+
+    old = []
+    for module, attr, value in VARIANTS[name]:
+        owner = importlib.import_module(module)
+        old.append((owner, attr, getattr(owner, attr)))
+        setattr(owner, attr, value)
+    return lambda: [setattr(owner, attr, value) for owner, attr, value in reversed(old)]
+
+
+def ab_variant(model, ids, name: str, device: str) -> dict:
+    """One variant of the ``"auto"`` engine on ``model``: tuned afresh (an in-memory table), then the replayed loop
+    a token, the bare step graph and the greedy tokens of a 64-token call."""
+    from hf_rstitch.fast.kernels.tuning_cache import TuningTable
+    from hf_rstitch.fast.patches import products
+
+    restore = switched(name)
+    table, products.TABLE = products.TABLE, TuningTable(None)
+    try:
+        engine = FastEngine(config(device), capacity=1024)
+        row = {"variant": name}
+        row["first_call_s"], _ = lab.timed(lambda: generate_once(model, engine, ids, 4, "replay"), device)
+        row["tune_s"] = first_call_parts(engine)["tune_s"]
+        if device == "cuda":
+            row.update(bare_graph(engine._lanes[Role.SLM]))
+        row["tokens"] = generate_once(model, engine, ids, 64, "replay")[0, ids.shape[1]:].tolist()
+        t_short, _ = lab.timed(lambda: generate_once(model, engine, ids, 32, "replay"), device, repeats=2)
+        t_long, _ = lab.timed(lambda: generate_once(model, engine, ids, 160, "replay"), device, repeats=2)
+        row["loop_ms"] = 1e3 * (t_long - t_short) / 128
+        del engine
+        return row
+    except Exception as err:  # noqa: BLE001 - a variant that fails on this device is reported, the others still run
+        return {"variant": name, "error": f"{type(err).__name__}: {err}"[:2000]}
+    finally:
+        products.TABLE = table
+        restore()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def ab_shape(shape: str, variants: list[str], device: str, bw_gbps: float, deadline: float) -> dict:
+    """Every variant on one model of ``shape`` (``deadline``: perf_counter past which variants are skipped)."""
+    from engine_bench import weight_bytes
+
+    model = build(shape, device)
+    row = {"shape": shape, "floor_ms": 1e3 * weight_bytes(model)["decode_read_bytes"] / (bw_gbps * 1e9),
+           "variants": [], "skipped": []}
+    ids = torch.randint(10, model.config.vocab_size - 10, (1, PROMPT),
+                        generator=torch.Generator().manual_seed(0)).to(device)
+    for name in variants:
+        if time.perf_counter() > deadline:
+            row["skipped"].append(name)
+            continue
+        row["variants"].append(ab_variant(model, ids, name, device))
+        print(json.dumps({"shape": shape, **{k: v for k, v in row["variants"][-1].items() if k != "tokens"}}),
+              flush=True)
+    del model
+    return row
+
+
+def ab_table(rows: list[dict]) -> list[dict]:
+    """Per shape and variant: ms a token (loop, bare graph), x floor, change against the first variant, and how
+    many of the 64 greedy tokens agree with the first variant's (random weights: near ties may flip)."""
+    out = []
+    for r in rows:
+        base = r["variants"][0] if r["variants"] else None
+        for v in r["variants"]:
+            if "error" in v or "error" in base:
+                out.append({"shape": r["shape"], "variant": v["variant"], "error": v.get("error", "first failed")})
+                continue
+            same = sum(a == b for a, b in zip(v["tokens"], base["tokens"]))
+            out.append({"shape": r["shape"], "variant": v["variant"], "loop_ms": round(v["loop_ms"], 3),
+                        "graph_ms": round(v.get("graph_ms", float("nan")), 3),
+                        "x_floor": round(v["loop_ms"] / r["floor_ms"], 2),
+                        "vs_first": round(v["loop_ms"] / base["loop_ms"], 3),
+                        "graph_vs_first": round(v.get("graph_ms", 0.0) / base.get("graph_ms", 1.0), 3),
+                        "same_tokens": f"{same}/{len(v['tokens'])}", "tune_s": round(v["tune_s"], 1)})
+    return out
+
+
 def table(rows: list[dict]) -> list[dict]:
     keys = ("floor_ms", "graph_ms", "graph_readout_ms")
     out = []
@@ -335,6 +431,9 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=110, help="skip shapes once this many seconds have passed")
     ap.add_argument("--cpu-smoke", action="store_true", help="a tiny model on the CPU, no graphs: checks the script")
     ap.add_argument("--out", default="benchmarks/results/engine_profile.json")
+    ap.add_argument("--ab", nargs="+", choices=sorted(VARIANTS), metavar="VARIANT",
+                    help=f"instead of the profile: time these switch settings against each other per shape "
+                         f"(the first is the reference; one of {sorted(VARIANTS)})")
     args = ap.parse_args()
     device = "cpu" if args.cpu_smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
@@ -346,6 +445,8 @@ def main() -> int:
 
     bw = copy_bandwidth(2 << 30) if device == "cuda" else 100.0
     doc = {**lab.environment([device]), "bandwidth_gbps": bw, "rows": [], "skipped": []}
+    if args.ab:
+        return run_ab(args, doc, device, bw, start)
     for shape in args.shapes:
         if time.perf_counter() - start > args.budget_s:
             doc["skipped"].append(shape)
@@ -357,6 +458,24 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     print(json.dumps({"device": doc["devices"], "bandwidth_gbps": round(bw), "skipped": doc["skipped"],
                       "rows": table(doc["rows"])}))
+    return 0
+
+
+def run_ab(args, doc: dict, device: str, bw: float, start: float) -> int:
+    """``--ab``: each shape's variants, then the table (JSON) as the last line."""
+    for i, shape in enumerate(args.shapes):  # each shape its share of what is left of the budget
+        left = start + args.budget_s - time.perf_counter()
+        if left <= 0:
+            doc["skipped"].append(shape)
+            continue
+        deadline = time.perf_counter() + left / (len(args.shapes) - i)
+        doc["rows"].append(ab_shape(shape, args.ab, device, bw, deadline))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    doc["seconds"] = time.perf_counter() - start
+    Path(args.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(json.dumps({"device": doc["devices"], "bandwidth_gbps": round(bw), "skipped": doc["skipped"],
+                      "ab": ab_table(doc["rows"])}))
     return 0
 
 

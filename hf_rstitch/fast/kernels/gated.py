@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from . import gemv
 from .gemv import MAX_ROWS, WIDE_ROWS, GemvConfig
-from .triton_support import _triton, available, fastest, interpreted, pdl, start
+from .triton_support import _triton, available, cold_copies, fastest, interpreted, pdl, start
 
 # two [BLOCK_N, BLOCK_K] float32 accumulators a program: the one-row candidates that fit registers twice
 CANDIDATES = tuple(c for c in gemv.CANDIDATES if c.block_n * c.block_k <= 4096)
@@ -42,12 +42,13 @@ WIDE = tuple(GemvConfig(n, k, w, s, WIDE_ROWS) for n, k, w, s in (
 @functools.lru_cache(maxsize=1)
 def _kernel():
     triton, tl = _triton()
-    globals()["_rstd"], globals()["_input"] = gemv._norm_parts()  # names the kernel calls, in this module's globals
+    globals()["_rstd"], globals()["_input"], globals()["_prefetch"] = gemv._norm_parts()  # names the kernel calls,
+    # in this module's globals
 
     @triton.jit
     def gated_kernel(x_ptr, g_ptr, u_ptr, y_ptr, nw_ptr, eps, N, K, stride_g, stride_u, EVEN_N: tl.constexpr,
                      EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                     NORM: tl.constexpr):
+                     NORM: tl.constexpr, PREFETCH: tl.constexpr = 0, STEP: tl.constexpr = 64):
         # y[n] = silu(sum_k g[n, k] x[k]) * sum_k u[n, k] x[k] for the BLOCK_N rows of this program; NORM: x is
         # RMS-normalized with weight nw first, as in gemv's one-row kernel
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -55,6 +56,9 @@ def _kernel():
         acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         start = 0
+        if PREFETCH > 0:  # gemv.PREFETCH_L2: the first PREFETCH lines of each weight row on their way to L2
+            _prefetch(g_ptr, rows, N, K, stride_g, PREFETCH, STEP)
+            _prefetch(u_ptr, rows, N, K, stride_u, PREFETCH, STEP)
         if PDL and EVEN_N and EVEN_K:  # the first weight tiles are read while the kernel before finishes
             wg0 = tl.load(g_ptr + rows[:, None] * stride_g + cols[None, :])
             wu0 = tl.load(u_ptr + rows[:, None] * stride_u + cols[None, :])
@@ -189,7 +193,7 @@ def launch(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, cfg: GemvConfi
             x.contiguous(), gate, up, y, norm if norm is not None else gate, float(eps), n, k, gate.stride(0),
             up.stride(0), EVEN_N=n % cfg.block_n == 0, EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=on, NORM=norm is not None,
-            launch_pdl=on)
+            launch_pdl=on, PREFETCH=gemv.prefetch_lines(gate, up), STEP=128 // gate.element_size())
         return y
     x2 = x.reshape(rows, k).contiguous()
     chunk, splits, part = gemv.split_reduction(k, 2 * n, cfg, x.device)  # partials of both products
@@ -231,8 +235,9 @@ def tune(gate: torch.Tensor, up: torch.Tensor, candidates, calls: int = 20) -> O
     if gate.device.type != "cuda":
         return candidates[0]
     x = torch.randn(rows, gate.shape[1], dtype=gate.dtype, device=gate.device)
-    baseline = (lambda: reference(x, gate, up)) if rows > 1 else None
-    best = fastest(candidates, lambda cfg: launch(x, gate, up, cfg), baseline, calls)
+    turn = cold_copies((gate, up), calls)  # triton_support.COLD_TUNING: the timing reads from memory
+    baseline = (lambda: reference(x, *turn())) if rows > 1 else None
+    best = fastest(candidates, lambda cfg: launch(x, *turn(), cfg), baseline, calls)
     if best is None and rows == 1:
         raise RuntimeError(f"no gated gemv configuration runs for weights of shape {tuple(gate.shape)}")
     return best

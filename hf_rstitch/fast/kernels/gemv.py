@@ -36,8 +36,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .triton_support import (_triton, available, fastest, interpreted, next_pow2, pdl,  # noqa: F401  (shared by
-                             start)  # the kernels)
+from .triton_support import (_triton, available, cold_copies, fastest, interpreted, next_pow2,  # noqa: F401
+                             pdl, start)  # (shared by the kernels)
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,9 @@ def tier(rows: int) -> int | None:
 
 @functools.lru_cache(maxsize=1)
 def _norm_parts():
-    """The RMSNorm prologue the one-row kernels share: :func:`_rstd` of the whole input, then each chunk of the
-    input normalized (:func:`_input`) as the eager RMSNorm rounds it."""
+    """What the one-row kernels share: the RMSNorm prologue (:func:`_rstd` of the whole input, then each chunk of
+    the input normalized by :func:`_input` as the eager RMSNorm rounds it) and the L2 prefetch of a program's
+    weight rows (:func:`_prefetch`, :data:`PREFETCH_L2`)."""
     triton, tl = _triton()
 
     @triton.jit
@@ -115,10 +116,20 @@ def _norm_parts():
             x = (tl.load(nw_ptr + k, mask=inside, other=0.0).to(tl.float32) * xn).to(dtype)
         return x.to(tl.float32)
 
+    @triton.jit
+    def _prefetch(w_ptr, rows, N, K, stride_n, LINES: tl.constexpr, STEP: tl.constexpr):
+        # asks the L2 cache for the first LINES 128-byte lines (STEP elements each) of this program's rows of w,
+        # all at once, ahead of the loads that read them (PTX prefetch: no registers held, nothing returned)
+        at = tl.arange(0, LINES) * STEP
+        ok = (rows[:, None] < N) & (at[None, :] < K)
+        lines = w_ptr + tl.where(ok, rows[:, None] * stride_n + at[None, :], 0)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [lines], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
     # Triton resolves the names a kernel calls in its module's globals (the interpreter too), not in a closure;
     # the interpreter also looks for triton.language there when another module's kernel calls these
-    globals()["_rstd"], globals()["_input"], globals()["tl"] = _rstd, _input, tl
-    return _rstd, _input
+    globals()["_rstd"], globals()["_input"], globals()["_prefetch"], globals()["tl"] = _rstd, _input, _prefetch, tl
+    return _rstd, _input, _prefetch
 
 
 @functools.lru_cache(maxsize=1)
@@ -130,7 +141,7 @@ def _kernel():
     def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, nw_ptr, r_ptr, eps, N, K, stride_n,
                     HAS_BIAS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr,
-                    ADD: tl.constexpr):
+                    ADD: tl.constexpr, PREFETCH: tl.constexpr = 0, STEP: tl.constexpr = 64):
         # y[n] = sum_k w[n, k] * x[k] (+ b[n]) for the BLOCK_N rows of this program, fp32 accumulator. NORM: x is
         # first RMS-normalized with weight nw (as the eager RMSNorm rounds: x * rstd to x's dtype, times nw to
         # x's dtype). ADD: r is added to the rounded product (a residual add after the layer)
@@ -139,6 +150,8 @@ def _kernel():
         dtype = y_ptr.dtype.element_ty
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         start = 0
+        if PREFETCH > 0:  # the first PREFETCH lines of each weight row on their way to L2 (before the PDL wait)
+            _prefetch(w_ptr, rows, N, K, stride_n, PREFETCH, STEP)
         if PDL and EVEN_N and EVEN_K:  # the first weight tile is read while the kernel before finishes
             w0 = tl.load(w_ptr + rows[:, None] * stride_n + cols[None, :])
             tl.extra.cuda.gdc_wait()
@@ -253,6 +266,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
             HAS_BIAS=bias is not None, EVEN_N=n % cfg.block_n == 0, EVEN_K=k % cfg.block_k == 0,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             PDL=on, NORM=norm is not None, ADD=residual is not None, launch_pdl=on,
+            PREFETCH=prefetch_lines(weight), STEP=128 // weight.element_size(),
         )
         return y
     x2 = x.reshape(rows, k).contiguous()
@@ -269,6 +283,37 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
             part, b, y, rows, n, splits, n, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=SUM_BLOCK_N,
             num_warps=4, PDL=on, launch_pdl=on)
     return y
+
+
+# PREFETCH_L2: each program of a one-row kernel first asks the L2 cache for its weight rows (PTX prefetch), all at
+# once and, with programmatic dependent launch, before it waits for the kernel before it: a small product's weight
+# streams in while the attention or the product before it still runs, and the loads after the wait hit L2. At most
+# PREFETCH_MAX_BYTES of a weight (the first lines of every row): the L2 cache holds ~50 MB. Off by default until
+# an A/B on the device shows it gains (benchmarks/engine_profile.py --ab base prefetch).
+PREFETCH_L2 = False
+PREFETCH_MAX_BYTES = 16 << 20
+LINE = 128  # bytes an L2 prefetch asks for
+
+
+def prefetch_lines(*weights: torch.Tensor) -> int:
+    """:func:`lines_to_prefetch` for one-row kernels over ``weights`` (of one shape); 0 without :data:`PREFETCH_L2`,
+    off CUDA or under the interpreter (the prefetch is PTX)."""
+    w = weights[0]
+    if not PREFETCH_L2 or w.device.type != "cuda" or interpreted():
+        return 0
+    return lines_to_prefetch(w.shape[0], w.shape[1], w.element_size(), len(weights))
+
+
+def lines_to_prefetch(n: int, k: int, element_size: int, count: int = 1, budget: int | None = None) -> int:
+    """The :data:`LINE`-byte lines of each row a kernel over ``count`` weights of ``n`` x ``k`` elements prefetches:
+    the whole row (rounded up to a power of two; the kernel masks the rest) where the weights fit ``budget``
+    (:data:`PREFETCH_MAX_BYTES`), else the most lines, a power of two, that do (0: not one line a row)."""
+    budget = PREFETCH_MAX_BYTES if budget is None else budget
+    per_row = -(-k * element_size // LINE)
+    fits = budget // (LINE * n * count)
+    if per_row <= fits:
+        return next_pow2(per_row)
+    return 1 << (fits.bit_length() - 1) if fits >= 1 else 0
 
 
 def split_reduction(k: int, width: int, cfg: GemvConfig, device) -> tuple[int, int, torch.Tensor]:
@@ -326,8 +371,9 @@ def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES,
         return GemvConfig(block_m=rows) if rows == 1 else GemvConfig(32, 128, 4, 2, rows)
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
     # few rows: cuBLAS is the baseline to beat, and often wins (results/gemv_*.md)
-    baseline = (lambda: F.linear(x, weight, bias)) if rows > 1 else None
-    best = fastest(candidates, lambda cfg: launch(x, weight, bias, cfg), baseline, calls)
+    turn = cold_copies((weight,), calls)  # triton_support.COLD_TUNING: the timing reads the weight from memory
+    baseline = (lambda: F.linear(x, turn()[0], bias)) if rows > 1 else None
+    best = fastest(candidates, lambda cfg: launch(x, turn()[0], bias, cfg), baseline, calls)
     if best is None and rows == 1:
         raise RuntimeError(f"no gemv configuration runs for a weight of shape {tuple(weight.shape)}")
     return best

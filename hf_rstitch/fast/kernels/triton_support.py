@@ -145,6 +145,35 @@ def precompile(jobs, device) -> None:
                     continue
 
 
+# The tuners time each candidate over ``calls`` launches in one CUDA graph. With the same weight every launch, a
+# weight smaller than the L2 cache (every product of a sub-2B model, a 7B's attention projections) is read from L2
+# after the first launch, while a decode step reads it from memory. COLD_TUNING: the launches take turns over
+# copies of the weights (:func:`cold_copies`) that together exceed the L2 cache twice over, so the timing sees
+# memory reads. Off by default until an A/B on the device shows it picks faster steps
+# (benchmarks/engine_profile.py --ab).
+COLD_TUNING = False
+L2_SPAN = 2  # the copies a cold tuning takes turns over hold at least this many L2 caches
+
+
+@functools.lru_cache(maxsize=8)
+def l2_bytes(device: torch.device) -> int:
+    """The L2 cache of ``device`` in bytes (50 MiB off CUDA: an H100's, for the interpreter)."""
+    if device.type != "cuda":
+        return 50 << 20
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20))
+
+
+def cold_copies(tensors: tuple[torch.Tensor, ...], calls: int):
+    """A function returning, call after call, ``tensors`` or one of its copies in turn: with
+    :data:`COLD_TUNING`, enough copies (at most ``calls``) that the bytes between two uses of one copy exceed
+    :data:`L2_SPAN` L2 caches; without it, ``tensors`` every time."""
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    want = -(-L2_SPAN * l2_bytes(tensors[0].device) // max(1, size)) if COLD_TUNING else 1
+    sets = [tensors] + [tuple(t.clone() for t in tensors) for _ in range(min(calls, want) - 1)]
+    turn = iter(range(1 << 62))
+    return lambda: sets[next(turn) % len(sets)]
+
+
 def fastest(candidates, run, baseline=None, calls: int = 20):
     """The candidate whose ``run(cfg)`` takes least time in a CUDA graph, or None when ``baseline()`` (if
     given) beats every one; candidates the device cannot run are skipped. A lane builds their kernels
