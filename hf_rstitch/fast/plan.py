@@ -52,10 +52,13 @@ class FastPlan:
     compile: str | None  # None, "parts", "decode" or "all" (FastConfig.compile)
     attention: str  # "split" (Triton, written slots only), "matmul" or "sdpa" (every slot)
     mask_free: bool  # every attention call runs the split kernel: steps build no mask
+    combine_in_split: bool  # the split kernel's last program combines the splits (decode_attention.COMBINE_IN_SPLIT)
     products: str  # "triton" (tuned GEMV / gated-MLP kernels) or "cublas"
     gemv_tiers: tuple[int, ...]  # rows of the GEMV tiers tuned (cuBLAS past the last, or where it timed faster)
     fuse_qkv: bool  # q/k/v as one product
     fuse_mlp: bool  # a SiLU MLP's gate, up and activation as one kernel
+    l2_prefetch: bool  # one-row products prefetch their weight rows to L2 before the PDL wait (gemv.PREFETCH_L2)
+    cold_tuning: bool  # the tuner times its candidates reading weights from memory (triton_support.COLD_TUNING)
     add_norm: bool  # each residual add with the norm after it as one compiled piece
     fold_norms: bool  # at one row, norms and adds folded into the products (where foldable)
     rope_store: bool  # k and v stored by one kernel; q and k rotated by one where the dtype and the model allow
@@ -84,8 +87,9 @@ class FastPlan:
             ("compile", {None: "none", "parts": "parts (norm, rotary, gated activation; symbolic shapes)",
                          "decode": "decode (whole one-token steps)", "all": "all (whole steps, buckets too)"}
              [self.compile]),
-            ("attention", {"split": "split (Triton, written slots only" + ("; steps build no mask)" if self.mask_free
-                                                                            else "; masked fallback)"),
+            ("attention", {"split": "split (Triton, written slots only" + ("; steps build no mask" if self.mask_free
+                                                                            else "; masked fallback")
+                           + ("; splits combined in the split kernel)" if self.combine_in_split else ")"),
                            "matmul": "matmul (chunked products over every slot)",
                            "sdpa": "sdpa (one fused call over every slot)"}[self.attention]),
             ("products", self._products()),
@@ -106,6 +110,8 @@ class FastPlan:
                  "timed faster)"]
         parts += ["q/k/v fused"] if self.fuse_qkv else []
         parts += ["gated MLP fused"] if self.fuse_mlp else []
+        parts += ["one-row weights prefetched to L2"] if self.l2_prefetch else []
+        parts += ["tuned reading weights from memory"] if self.cold_tuning else []
         return "; ".join(parts)
 
     def _norms(self) -> str:
@@ -146,9 +152,12 @@ def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head
         batch_buckets=batch_sizes(max_rows), length_buckets=bucket_sizes(config.max_bucket), compile=config.compile,
         attention=attention,
         mask_free=attention == "split" and decode_attention.runs_for(head_dim, dtype, device),
+        combine_in_split=attention == "split" and triton and decode_attention.COMBINE_IN_SPLIT,
         products="triton" if kernels else "cublas",
         gemv_tiers=tuple(top for top, tuned in zip(gemv.TIERS, gemv.tiers_for(max_rows)) if tuned) if kernels else (),
         fuse_qkv=kernels and config.fuse_qkv, fuse_mlp=kernels and config.fuse_mlp,
+        l2_prefetch=kernels and device.type == "cuda" and not triton_support.interpreted() and gemv.PREFETCH_L2,
+        cold_tuning=kernels and device.type == "cuda" and triton_support.COLD_TUNING,
         add_norm=add_norm, fold_norms=add_norm and kernels and config.fuse_qkv and config.fuse_mlp and folds.ENABLED,
         rope_store=rope, defer_rotation=rope and rope_store.DEFER, rotary_table=config.rotary_table and partial,
         windows=tuple(layer_windows(model.config)), experts=experts.plan(model, config.experts).kind,
