@@ -57,7 +57,7 @@ class FastPlan:
     gemv_tiers: tuple[int, ...]  # rows of the GEMV tiers tuned (cuBLAS past the last, or where it timed faster)
     fuse_qkv: bool  # q/k/v as one product
     fuse_mlp: bool  # a SiLU MLP's gate, up and activation as one kernel
-    l2_prefetch: bool  # one-row products prefetch their weight rows to L2 before the PDL wait (gemv.PREFETCH_L2)
+    l2_prefetch: str  # one-row products prefetch weight rows to L2 before the PDL wait: gemv.PREFETCH_L2's mode
     cold_tuning: bool  # the tuner times its candidates reading weights from memory (triton_support.COLD_TUNING)
     add_norm: bool  # each residual add with the norm after it as one compiled piece
     fold_norms: bool  # at one row, norms and adds folded into the products (where foldable)
@@ -110,7 +110,7 @@ class FastPlan:
                  "timed faster)"]
         parts += ["q/k/v fused"] if self.fuse_qkv else []
         parts += ["gated MLP fused"] if self.fuse_mlp else []
-        parts += ["one-row weights prefetched to L2"] if self.l2_prefetch else []
+        parts += [f"one-row weights prefetched to L2 ({self.l2_prefetch})"] if self.l2_prefetch != "off" else []
         parts += ["tuned reading weights from memory"] if self.cold_tuning else []
         return "; ".join(parts)
 
@@ -156,7 +156,7 @@ def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head
         products="triton" if kernels else "cublas",
         gemv_tiers=tuple(top for top, tuned in zip(gemv.TIERS, gemv.tiers_for(max_rows)) if tuned) if kernels else (),
         fuse_qkv=kernels and config.fuse_qkv, fuse_mlp=kernels and config.fuse_mlp,
-        l2_prefetch=kernels and device.type == "cuda" and not triton_support.interpreted() and gemv.PREFETCH_L2,
+        l2_prefetch=gemv.PREFETCH_L2 if kernels and device.type == "cuda" and not triton_support.interpreted() else "off",
         cold_tuning=kernels and device.type == "cuda" and triton_support.COLD_TUNING,
         add_norm=add_norm, fold_norms=add_norm and kernels and config.fuse_qkv and config.fuse_mlp and folds.ENABLED,
         rope_store=rope, defer_rotation=rope and rope_store.DEFER, rotary_table=config.rotary_table and partial,

@@ -25,7 +25,7 @@ def test_plan_on_cpu_names_the_eager_kernels():
     assert plan.batch_buckets == (1, 2, 3) and plan.length_buckets == (1, 2, 4)
     assert plan.windows == (None, None) and plan.experts is None and plan.rotary_table
     assert plan.pdl == "off" and not plan.run_ahead  # run-ahead follows graphs
-    assert not (plan.combine_in_split or plan.l2_prefetch or plan.cold_tuning)  # off by default (and off CUDA)
+    assert not (plan.combine_in_split or plan.cold_tuning) and plan.l2_prefetch == "off"  # off by default (and off CUDA)
     assert plan_for(model, CPU, max_rows=3) == plan  # pure: the same answer twice, nothing built
     assert FastPlan(**plan.as_dict()) == plan
 

@@ -288,31 +288,39 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
 # PREFETCH_L2: each program of a one-row kernel first asks the L2 cache for its weight rows (PTX prefetch), all at
 # once and, with programmatic dependent launch, before it waits for the kernel before it: a small product's weight
 # streams in while the attention or the product before it still runs, and the loads after the wait hit L2. At most
-# PREFETCH_MAX_BYTES of a weight (the first lines of every row): the L2 cache holds ~50 MB. Off by default until
-# an A/B on the device shows it gains (benchmarks/engine_profile.py --ab base prefetch).
-PREFETCH_L2 = False
+# PREFETCH_MAX_BYTES of a weight (the L2 cache holds ~50 MB): "whole" prefetches only weights that fit it whole
+# (the products of sub-2B models; a 7B's none), "all" also the first lines of every row of larger ones, "off"
+# none. Off by default until an A/B on the device shows it gains (benchmarks/engine_profile.py --ab).
+PREFETCH_L2 = "off"
+_PREFETCH_MODES = ("off", "whole", "all")
 PREFETCH_MAX_BYTES = 16 << 20
 LINE = 128  # bytes an L2 prefetch asks for
 
 
 def prefetch_lines(*weights: torch.Tensor) -> int:
-    """:func:`lines_to_prefetch` for one-row kernels over ``weights`` (of one shape); 0 without :data:`PREFETCH_L2`,
-    off CUDA or under the interpreter (the prefetch is PTX)."""
+    """:func:`lines_to_prefetch` for one-row kernels over ``weights`` (of one shape) under :data:`PREFETCH_L2`;
+    0 off CUDA or under the interpreter (the prefetch is PTX)."""
+    if PREFETCH_L2 not in _PREFETCH_MODES:
+        raise ValueError(f"gemv.PREFETCH_L2 must be one of {list(_PREFETCH_MODES)}, got {PREFETCH_L2!r}")
     w = weights[0]
-    if not PREFETCH_L2 or w.device.type != "cuda" or interpreted():
+    if PREFETCH_L2 == "off" or w.device.type != "cuda" or interpreted():
         return 0
-    return lines_to_prefetch(w.shape[0], w.shape[1], w.element_size(), len(weights))
+    return lines_to_prefetch(w.shape[0], w.shape[1], w.element_size(), len(weights), whole=PREFETCH_L2 == "whole")
 
 
-def lines_to_prefetch(n: int, k: int, element_size: int, count: int = 1, budget: int | None = None) -> int:
+def lines_to_prefetch(n: int, k: int, element_size: int, count: int = 1, budget: int | None = None,
+                      whole: bool = False) -> int:
     """The :data:`LINE`-byte lines of each row a kernel over ``count`` weights of ``n`` x ``k`` elements prefetches:
     the whole row (rounded up to a power of two; the kernel masks the rest) where the weights fit ``budget``
-    (:data:`PREFETCH_MAX_BYTES`), else the most lines, a power of two, that do (0: not one line a row)."""
+    (:data:`PREFETCH_MAX_BYTES`), else (unless ``whole``: then 0) the most lines, a power of two, that do (0: not
+    one line a row)."""
     budget = PREFETCH_MAX_BYTES if budget is None else budget
     per_row = -(-k * element_size // LINE)
     fits = budget // (LINE * n * count)
     if per_row <= fits:
         return next_pow2(per_row)
+    if whole:
+        return 0
     return 1 << (fits.bit_length() - 1) if fits >= 1 else 0
 
 

@@ -24,14 +24,18 @@ CUDA = torch.cuda.is_available() and gemv.available("cuda")
 ])
 def test_lines_to_prefetch(n, k, size, count, budget, lines):
     assert gemv.lines_to_prefetch(n, k, size, count, budget) == lines
+    whole = gemv.lines_to_prefetch(n, k, size, count, budget, whole=True)  # "whole": only weights that fit whole
+    assert whole == (lines if -(-k * size // gemv.LINE) <= lines else 0)
 
 
 def test_no_prefetch_off_cuda_or_switched_off(monkeypatch):
     w = torch.zeros(8, 64)
+    for mode in ("all", "whole", "off"):
+        monkeypatch.setattr(gemv, "PREFETCH_L2", mode)
+        assert gemv.prefetch_lines(w) == 0  # CPU (and the interpreter): no PTX
     monkeypatch.setattr(gemv, "PREFETCH_L2", True)
-    assert gemv.prefetch_lines(w) == 0  # CPU (and the interpreter): no PTX
-    monkeypatch.setattr(gemv, "PREFETCH_L2", False)
-    assert gemv.prefetch_lines(w) == 0
+    with pytest.raises(ValueError, match="must be one of"):
+        gemv.prefetch_lines(w)
 
 
 def _ptx(kernel, pointers: dict, scalars: dict, constexprs: dict) -> str:
@@ -88,7 +92,7 @@ def test_prefetch_changes_no_product(monkeypatch, n, k, cfg):
                 gated.launch(x, g, u, cfg, nw, 1e-6))
 
     plain = run()
-    monkeypatch.setattr(gemv, "PREFETCH_L2", True)
+    monkeypatch.setattr(gemv, "PREFETCH_L2", "all")
     assert gemv.prefetch_lines(w) > 0
     for a, b in zip(plain, run()):
         assert torch.equal(a, b)
