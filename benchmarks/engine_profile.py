@@ -2,6 +2,12 @@
 
     PYTHONPATH=$PWD python benchmarks/engine_profile.py --shapes qwen3-0.6b qwen2-1.5b qwen2-7b --out $OUT/p.json
     PYTHONPATH=$PWD python benchmarks/engine_profile.py --cpu-smoke --out /tmp/p.json   # checks the script
+    PYTHONPATH=$PWD python benchmarks/engine_profile.py --ab base combine prefetch --out $OUT/engine_ab.json
+
+``--ab`` replaces the profile by an A/B of switch settings (:data:`VARIANTS`: module attributes such as
+``decode_attention.COMBINE_IN_SPLIT`` or ``gemv.PREFETCH_L2``), each shape's engine built afresh for each, on
+one machine in one process: ms a token through ``generate`` and of the bare step graph against the first
+variant, and whether the greedy tokens agree (``engine_ab.json`` / ``.md``).
 
 For each shape (random weights, bf16, one model as both halves of the pair, the ``"auto"`` engine's
 configuration, :data:`hf_rstitch.fast.engine.AUTO`) it measures, at B = 1:
@@ -477,10 +483,29 @@ def run_ab(args, doc: dict, device: str, bw: float, start: float) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     doc["seconds"] = time.perf_counter() - start
-    Path(args.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    print(json.dumps({"device": doc["devices"], "bandwidth_gbps": round(bw), "skipped": doc["skipped"],
-                      "ab": ab_table(doc["rows"])}))
+    rows = ab_table(doc["rows"])
+    lab.write_result(Path(args.out).with_suffix(""), doc, ab_markdown(doc, rows))
+    print(json.dumps({"device": doc["devices"], "bandwidth_gbps": round(bw), "skipped": doc["skipped"], "ab": rows}))
     return 0
+
+
+def ab_markdown(doc: dict, rows: list[dict]) -> str:
+    """The ``--ab`` table as markdown, with the device, versions and date."""
+    cols = ("shape", "variant", "loop_ms", "graph_ms", "x_floor", "vs_first", "graph_vs_first", "same_tokens",
+            "tune_s", "error")
+    cols = [c for c in cols if any(c in r for r in rows)]
+    lines = [f"# Switch settings of the fast engine against each other: random weights, bf16, B = 1, "
+             f"{', '.join(doc['devices'])}", "",
+             f"torch {doc['torch']}, transformers {doc['transformers']}, {doc['date']}; copy bandwidth "
+             f"{doc['bandwidth_gbps']:.0f} GB/s. Each variant builds the `\"auto\"` engine afresh (tuned in memory); "
+             "loop: ms a token through `generate` (replayed route, (160 - 32 tokens) / 128); graph: the bare step "
+             "graph; `vs_first`: against the first variant; `same_tokens`: greedy tokens equal to the first "
+             "variant's (random weights: near ties may flip).", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    if doc["skipped"]:
+        lines += ["", f"Skipped (budget): {', '.join(doc['skipped'])}"]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
