@@ -321,7 +321,10 @@ def profile_shape(shape: str, args, device: str, bw_gbps: float) -> dict:
 
 # --ab: named switch settings (module, attribute, value), each timed against "base" (no switch) on one machine
 VARIANTS = {
-    "base": (),
+    "base": (),  # the defaults
+    "off": (("hf_rstitch.fast.kernels.decode_attention", "COMBINE_IN_SPLIT", False),  # issue 39's switches off
+            ("hf_rstitch.fast.kernels.gemv", "PREFETCH_L2", "off"),
+            ("hf_rstitch.fast.kernels.triton_support", "COLD_TUNING", False)),
     "combine": (("hf_rstitch.fast.kernels.decode_attention", "COMBINE_IN_SPLIT", True),),
     "cold": (("hf_rstitch.fast.kernels.triton_support", "COLD_TUNING", True),),
     "fill1": (("hf_rstitch.fast.kernels.decode_attention", "FILL", 1),),
