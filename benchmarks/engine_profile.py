@@ -352,16 +352,22 @@ def switched(name: str):
     return lambda: [setattr(owner, attr, value) for owner, attr, value in reversed(old)]
 
 
-def ab_variant(model, ids, name: str, device: str) -> dict:
-    """One variant of the ``"auto"`` engine on ``model``: tuned afresh (an in-memory table), then the replayed loop
-    a token, the bare step graph and the greedy tokens of a 64-token call."""
+def ab_variant(model, ids, name: str, device: str, tables: dict) -> dict:
+    """One variant of the ``"auto"`` engine on ``model`` (graphs captured on first use, not every bucket ahead):
+    tuned afresh in memory (``tables``: one table per setting of the switches that change the products' timing,
+    shared by the variants that agree on them), then the bare step graph, the greedy tokens of a 64-token call
+    and the replayed loop a token."""
+    import dataclasses
+
+    from hf_rstitch.fast.kernels import gemv, triton_support
     from hf_rstitch.fast.kernels.tuning_cache import TuningTable
     from hf_rstitch.fast.patches import products
 
     restore = switched(name)
-    table, products.TABLE = products.TABLE, TuningTable(None)
+    tuning = tables.setdefault((gemv.PREFETCH_L2, triton_support.COLD_TUNING), TuningTable(None))
+    table, products.TABLE = products.TABLE, tuning
     try:
-        engine = FastEngine(config(device), capacity=1024)
+        engine = FastEngine(dataclasses.replace(config(device), warm_up=False), capacity=1024)
         row = {"variant": name}
         row["first_call_s"], _ = lab.timed(lambda: generate_once(model, engine, ids, 4, "replay"), device)
         row["tune_s"] = first_call_parts(engine)["tune_s"]
@@ -391,11 +397,12 @@ def ab_shape(shape: str, variants: list[str], device: str, bw_gbps: float, deadl
            "variants": [], "skipped": []}
     ids = torch.randint(10, model.config.vocab_size - 10, (1, PROMPT),
                         generator=torch.Generator().manual_seed(0)).to(device)
+    tables: dict = {}
     for name in variants:
         if time.perf_counter() > deadline:
             row["skipped"].append(name)
             continue
-        row["variants"].append(ab_variant(model, ids, name, device))
+        row["variants"].append(ab_variant(model, ids, name, device, tables))
         print(json.dumps({"shape": shape, **{k: v for k, v in row["variants"][-1].items() if k != "tokens"}}),
               flush=True)
     del model
