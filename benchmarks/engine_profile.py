@@ -328,6 +328,7 @@ VARIANTS = {
     "combine": (("hf_rstitch.fast.kernels.decode_attention", "COMBINE_IN_SPLIT", True),),
     "cold": (("hf_rstitch.fast.kernels.triton_support", "COLD_TUNING", True),),
     "fill1": (("hf_rstitch.fast.kernels.decode_attention", "FILL", 1),),
+    "direct": (("hf_rstitch.fast.kernels.decode_attention", "ONE_SPLIT", 0.0),),  # one split, no combine, any length
     "prefetch": (("hf_rstitch.fast.kernels.gemv", "PREFETCH_L2", "all"),),
     "prefetch-whole": (("hf_rstitch.fast.kernels.gemv", "PREFETCH_L2", "whole"),),
     "combine+prefetch": (("hf_rstitch.fast.kernels.decode_attention", "COMBINE_IN_SPLIT", True),
