@@ -420,13 +420,14 @@ def ab_table(rows: list[dict]) -> list[dict]:
             if "error" in v or "error" in base:
                 out.append({"shape": r["shape"], "variant": v["variant"], "error": v.get("error", "first failed")})
                 continue
-            same = sum(a == b for a, b in zip(v["tokens"], base["tokens"]))
+            same = sum(a == b for a, b in zip(v.get("tokens", []), base.get("tokens", [])))
             out.append({"shape": r["shape"], "variant": v["variant"], "loop_ms": round(v["loop_ms"], 3),
                         "graph_ms": round(v.get("graph_ms", float("nan")), 3),
                         "x_floor": round(v["loop_ms"] / r["floor_ms"], 2),
                         "vs_first": round(v["loop_ms"] / base["loop_ms"], 3),
                         "graph_vs_first": round(v.get("graph_ms", 0.0) / base.get("graph_ms", 1.0), 3),
-                        "same_tokens": f"{same}/{len(v['tokens'])}", "tune_s": round(v["tune_s"], 1)})
+                        "same_tokens": f"{same}/{len(v['tokens'])}" if "tokens" in v else "n/a",
+                        "tune_s": round(v["tune_s"], 1)})
     return out
 
 

@@ -338,8 +338,8 @@ def _launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: to
 # With several splits the split kernel's last program of each (row, KV head, row block) combines the splits itself
 # (LAST_COMBINES: one kernel a layer, not two), counting finished splits in a kept ticket buffer (int32, zero between
 # calls: the combining program resets its ticket). Off by default: correct on CUDA (GPU tests), but one program then
-# reads every split's partials alone, and the only timing so far (H200, bare B = 1 lanes, not an A/B on one machine:
-# results/engine_warmup_auto_*.md) had the Qwen2 7B / 1.5B steps 0.06-0.14 ms slower than earlier runs without it.
+# reads every split's partials alone, and an A/B on one H100 (results/engine_ab_nvidia_h100_80gb_hbm3.md) timed the
+# B = 1 step graph slower with it: Qwen3-0.6B 0.872 -> 0.958 ms, Qwen2-1.5B 1.521 -> 1.610, Qwen2-7B 5.236 -> 5.523.
 COMBINE_IN_SPLIT = False
 TICKETS = 1 << 16  # tickets kept a device: batch x KV heads x row blocks of one call at most, else the 2nd kernel
 _TICKETS: dict = {}  # device -> int32 [TICKETS], made outside any capture and kept (graphs record its address)

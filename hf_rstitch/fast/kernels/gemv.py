@@ -290,7 +290,8 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg
 # streams in while the attention or the product before it still runs, and the loads after the wait hit L2. At most
 # PREFETCH_MAX_BYTES of a weight (the L2 cache holds ~50 MB): "whole" prefetches only weights that fit it whole
 # (the products of sub-2B models; a 7B's none), "all" also the first lines of every row of larger ones, "off"
-# none. Off by default until an A/B on the device shows it gains (benchmarks/engine_profile.py --ab).
+# none. Off: an A/B on one H100 (results/engine_ab_nvidia_h100_80gb_hbm3.md) timed "all" slower (Qwen2-1.5B step
+# graph 1.521 -> 1.575 ms; 0.6B +0.058 ms on top of COMBINE_IN_SPLIT); "whole" was not timed.
 PREFETCH_L2 = "off"
 _PREFETCH_MODES = ("off", "whole", "all")
 PREFETCH_MAX_BYTES = 16 << 20

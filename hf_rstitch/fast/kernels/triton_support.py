@@ -149,8 +149,8 @@ def precompile(jobs, device) -> None:
 # weight smaller than the L2 cache (every product of a sub-2B model, a 7B's attention projections) is read from L2
 # after the first launch, while a decode step reads it from memory. COLD_TUNING: the launches take turns over
 # copies of the weights (:func:`cold_copies`) that together exceed the L2 cache twice over, so the timing sees
-# memory reads. Off by default until an A/B on the device shows it picks faster steps
-# (benchmarks/engine_profile.py --ab).
+# memory reads. Off: on one H100 it timed within noise of the default (Qwen2-1.5B step graph 1.513 against 1.521
+# ms; results/engine_ab_nvidia_h100_80gb_hbm3.md); the 0.6B and 7B were not timed with it.
 COLD_TUNING = False
 L2_SPAN = 2  # the copies a cold tuning takes turns over hold at least this many L2 caches
 
