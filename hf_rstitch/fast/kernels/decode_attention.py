@@ -338,8 +338,7 @@ def _launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: to
 # With several splits the split kernel's last program of each (row, KV head, row block) combines the splits itself
 # (LAST_COMBINES: one kernel a layer, not two), counting finished splits in a kept ticket buffer (int32, zero between
 # calls: the combining program resets its ticket). Off by default: correct on CUDA (GPU tests), but one program then
-# reads every split's partials alone, and the only timing so far (H200, bare B = 1 lanes, not an A/B on one machine:
-# results/engine_warmup_auto_*.md) had the Qwen2 7B / 1.5B steps 0.06-0.14 ms slower than earlier runs without it.
+# reads every split's partials alone, and an A/B on one H100 had every step graph slower with it (docs/fast-engine.md).
 COMBINE_IN_SPLIT = False
 TICKETS = 1 << 16  # tickets kept a device: batch x KV heads x row blocks of one call at most, else the 2nd kernel
 _TICKETS: dict = {}  # device -> int32 [TICKETS], made outside any capture and kept (graphs record its address)
