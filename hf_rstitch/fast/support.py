@@ -31,18 +31,20 @@ from .config import check_supported
 
 # fast == eager token for token in tests/zoo (CPU, float32) and under "auto" (or by name, then re-run under "auto")
 # on an H100 (9.0, torch 2.11, transformers 5.17; benchmarks/zoo.py, B = 1 and 3): extend it from a newer
-# benchmarks/results/zoo_<gpu>.json, whose `fast_by_name` rows say what the fast engine proves there
+# benchmarks/results/zoo_<gpu>.json, whose `fast_by_name` rows say what the fast engine proves there (a composite
+# model's text model_type too, as emu3's emu3_text_model: auto looks its text config up)
 PROVEN = frozenset({
     "afmoe", "apertus", "arcee", "bert", "bert-generation", "biogpt", "bitnet", "camembert", "cohere2", "cohere2_moe",
-    "ctrl", "cwm", "data2vec-text", "diffllama", "dots1", "electra", "emu3", "ernie", "ernie4_5", "ernie4_5_moe",
-    "exaone4", "exaone_moe", "flex_olmo", "fuyu", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
-    "gemma4_unified", "gemma4_unified_text", "glm", "glm4", "glm4_moe", "got_ocr2", "gpt-sw3", "gpt2", "gpt_bigcode",
-    "gpt_neox", "gpt_oss", "granite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared", "helium",
-    "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "jais2", "lfm2", "llama", "mellum", "minimax_m2",
-    "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "modernbert-decoder", "nanochat",
-    "nemotron", "olmo", "olmo2", "olmo3", "olmoe", "opt", "persimmon", "phi", "phi3", "phi4_multimodal", "phimoe",
-    "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "roberta", "roberta-prelayernorm", "roc_bert", "seed_oss", "smollm3",
-    "solar_open", "stablelm", "starcoder2", "vaultgemma", "xlm-roberta", "xlm-roberta-xl"
+    "ctrl", "cwm", "data2vec-text", "diffllama", "dots1", "electra", "emu3", "emu3_text_model", "ernie", "ernie4_5",
+    "ernie4_5_moe", "exaone4", "exaone_moe", "flex_olmo", "fuyu", "gemma", "gemma2", "gemma3", "gemma3_text",
+    "gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text", "glm", "glm4", "glm4_moe", "got_ocr2",
+    "gpt-sw3", "gpt2", "gpt_bigcode", "gpt_neox", "gpt_oss", "granite", "granite_swa", "granitemoe", "granitemoe_swa",
+    "granitemoeshared", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "jais2", "lfm2",
+    "llama", "mellum", "minimax_m2", "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral",
+    "modernbert-decoder", "nanochat", "nemotron", "olmo", "olmo2", "olmo3", "olmoe", "opt", "persimmon", "phi",
+    "phi3", "phi4_multimodal", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "roberta",
+    "roberta-prelayernorm", "roc_bert", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "vaultgemma",
+    "xlm-roberta", "xlm-roberta-xl"
 })
 PROVEN_CAPABILITIES = frozenset({(9, 0)})  # H100 / H200: where every fast-engine result so far was measured
 FAILED = "_rstitch_fast_failed"  # on the LLM: WeakKeyDictionary {slm: reason} of pairs that failed fast
