@@ -29,7 +29,7 @@ from ..core.devices import describe, is_sharded
 from ..core.roles import Role
 from .config import check_supported
 
-# fast == eager token for token in tests/zoo (CPU, float32) and under "auto" (or by name, then re-run under "auto")
+# fast == eager token for token in tests/zoo (CPU, float32) and under "auto" (or by name, with auto's configuration)
 # on an H100 (9.0, torch 2.11, transformers 5.17; benchmarks/zoo.py, B = 1 and 3): extend it from a newer
 # benchmarks/results/zoo_<gpu>.json, whose `fast_by_name` rows say what the fast engine proves there (a composite
 # model's text model_type too, as emu3's emu3_text_model: auto looks its text config up)
