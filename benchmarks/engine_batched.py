@@ -57,6 +57,7 @@ from hf_rstitch.fast.buckets import bucket_for
 from hf_rstitch.fast.routes import route, switches
 
 sys.path.insert(0, str(Path(__file__).parent))
+import engine_shapes  # noqa: E402
 import lab  # noqa: E402  (the lab's shared helpers: bandwidth, weight bytes, timing)
 
 MATH = lab.MATH
@@ -65,43 +66,17 @@ DEVICE = "cuda"  # "cpu" for --dry-run-cpu
 
 def timed(fn):
     return lab.timed(fn, DEVICE)
-QWEN3 = dict(vocab_size=151936, head_dim=128, max_position_embeddings=40960, rope_theta=1e6)
-PAIRS = {  # --pair -> (LLM config, SLM config), as (transformers config class name, fields)
-    "qwen3-moe": (("Qwen3MoeConfig", dict(QWEN3, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-                                          num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
-                                          num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
-                                          tie_word_embeddings=False)),
-                  ("Qwen3Config", dict(QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True))),
-    "gemma3": (("Gemma3TextConfig", dict(vocab_size=262208, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48,
-                                         num_attention_heads=16, num_key_value_heads=8, head_dim=256, sliding_window=1024,
-                                         query_pre_attn_scalar=256, max_position_embeddings=131072)),
-               ("Gemma3TextConfig", dict(vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
-                                         num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
-                                         query_pre_attn_scalar=256, max_position_embeddings=32768))),
-}
+
+
+PAIRS = {"qwen3-moe": ("qwen3-30b-a3b", "qwen3-0.6b"), "gemma3": ("gemma3-12b", "gemma3-1b")}  # --pair -> LLM, SLM
 VARIANTS = {"auto": AUTO, "graphs": FastConfig(), "graphs-batched-experts": FastConfig(experts="batched_mm"), "parts": FastConfig(compile="parts"), "compiled-decode": FastConfig(compile="decode"),
             "graphs-matmul": FastConfig(attention="matmul")}
 
 
-def random_model(spec, device="cuda", seed=0):
-    """A random-weight causal LM from a :data:`PAIRS` entry, made directly on ``device`` in bf16."""
-    from transformers import AutoModelForCausalLM
-
-    name, fields = spec
-    config = getattr(transformers, name)(**fields)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-
-
-def tiny(spec):
-    """A :data:`PAIRS` entry shrunk for ``--dry-run-cpu`` (same architecture, a few MB)."""
-    name, fields = spec
-    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=16, vocab_size=512, max_position_embeddings=4096)
-    small.update({k: v for k, v in (("moe_intermediate_size", 32), ("num_experts", 8), ("sliding_window", 8)) if k in fields})
-    return name, {**fields, **small}
+def random_model(name: str, device: str = "cuda"):
+    """A random-weight bf16 model of :data:`engine_shapes.SHAPES` ``[name]`` on ``device``; on the CPU, a few-MB
+    model of the same architecture with six layers (Gemma 3's sliding and full attention both present)."""
+    return engine_shapes.build(name, device, seed=0, layers=6 if device == "cpu" else None, tiny=device == "cpu")
 
 
 def kv_bytes_per_token(model) -> int:
@@ -507,13 +482,13 @@ def main() -> None:
         from hf_rstitch.latency.profiler import random_qwen2
         models = {"slm": random_qwen2("1.5b"), "llm": random_qwen2("7b")}
     elif DEVICE == "cuda":
-        llm_spec, slm_spec = PAIRS[args.pair]
-        models = {"slm": random_model(slm_spec), "llm": random_model(llm_spec)}
+        llm_name, slm_name = PAIRS[args.pair]
+        models = {"slm": random_model(slm_name), "llm": random_model(llm_name)}
     elif args.pair == "qwen2":
         llm, slm = lab.random_pair("tiny", "cpu")
         models = {"slm": slm, "llm": llm}
     else:
-        models = {role: random_model(tiny(spec), "cpu") for role, spec in zip(("llm", "slm"), PAIRS[args.pair])}
+        models = {role: random_model(name, "cpu") for role, name in zip(("llm", "slm"), PAIRS[args.pair])}
     res["models"] = {}
     with torch.no_grad():
         for tag, m in models.items():
