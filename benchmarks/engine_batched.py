@@ -29,8 +29,7 @@ never reads them from the device. ``--decisions device`` returns the same decisi
 entropy policy's are: the loop then pays the reads R-Stitch pays in use (and cannot run the LLM ahead).
 
 Writes ``engine_batched_<gpu>.json`` (``rows``: ``{"batch", "method", "seconds", "floor_seconds"}``
-plus details, device, versions, date), ``.md`` and ``.png`` (``--replot JSON`` redraws a figure
-without a GPU); prints one compact JSON document last.
+plus details, device, versions, date), ``.md`` and ``.png``; prints one compact JSON document last.
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy
 from hf_rstitch.core.roles import Role
 from hf_rstitch.fast import AUTO, FastConfig, FastEngine
-from hf_rstitch.fast.kernels import decode_attention, triton_support
+from hf_rstitch.fast.kernels import triton_support
 from hf_rstitch.fast.buckets import bucket_for
 from hf_rstitch.fast.routes import route, switches
 
@@ -177,8 +176,7 @@ def fast_section(llm, slm, args, res, budget):
     # lanes for up to 64 rows first (as before B = 128, 256 came); a larger batch rebuilds them for its rows
     first = max([b for b in args.batches if b <= 64] or [min(args.batches)])
     engine = FastEngine(VARIANTS[args.variant], capacity=capacity(args), max_batch=first)
-    res["variant"] = {"name": args.variant, "config": repr(engine.config), "split_basis": args.split_basis,
-                      "pdl": args.pdl, "decisions": args.decisions}
+    res["variant"] = {"name": args.variant, "config": repr(engine.config), "pdl": args.pdl, "decisions": args.decisions}
     from hf_rstitch.fast.patches import experts
     res["experts"] = experts.plan(llm, engine.config.experts).kind
     for batch in args.batches:
@@ -417,7 +415,6 @@ def plot(path: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default="benchmarks/results")
-    ap.add_argument("--replot", metavar="JSON", help="only draw the figure of an earlier run's JSON (no GPU)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256],
                     help="batch sizes, in order (past 64 rows the products are cuBLAS GEMMs: fast.gemv.GEMM_ROWS; at "
                          "--scale 1 B=256 needs about 68 GB of KV caches on the Qwen2 pair: an H200, or a smaller --scale; "
@@ -430,9 +427,6 @@ def main() -> None:
     ap.add_argument("--variant", default="graphs", choices=list(VARIANTS))
     ap.add_argument("--pair", default="qwen2", choices=["qwen2", *PAIRS],
                     help="model shapes: Qwen2 7B / 1.5B, Qwen3-30B-A3B / 0.6B (MoE) or Gemma 3 12B / 1B (hybrid)")
-    ap.add_argument("--split-basis", default="written", choices=["written", "capacity"],
-                    help="what the split attention's splits share (hf_rstitch.fast.kernels.decode_attention.SPLIT_BASIS): "
-                         "the written slots (the default) or the capacity (the earlier plan, to compare)")
     ap.add_argument("--pdl", default=triton_support.PDL, choices=["off", "one-row", "all"],
                     help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.kernels.triton_support.PDL; default: its default)")
     ap.add_argument("--decisions", default="host", choices=["host", "device"],
@@ -459,10 +453,6 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
     args = ap.parse_args()
-    if args.replot:
-        print(plot(Path(args.replot)))
-        return
-    decode_attention.SPLIT_BASIS = args.split_basis
     triton_support.PDL = args.pdl
     global DECISIONS, DEVICE
     DECISIONS = args.decisions
