@@ -29,8 +29,7 @@ never reads them from the device. ``--decisions device`` returns the same decisi
 entropy policy's are: the loop then pays the reads R-Stitch pays in use (and cannot run the LLM ahead).
 
 Writes ``engine_batched_<gpu>.json`` (``rows``: ``{"batch", "method", "seconds", "floor_seconds"}``
-plus details, device, versions, date), ``.md`` and ``.png`` (``--replot JSON`` redraws a figure
-without a GPU); prints one compact JSON document last.
+plus details, device, versions, date), ``.md`` and ``.png``; prints one compact JSON document last.
 """
 
 from __future__ import annotations
@@ -52,11 +51,12 @@ import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy
 from hf_rstitch.core.roles import Role
 from hf_rstitch.fast import AUTO, FastConfig, FastEngine
-from hf_rstitch.fast.kernels import decode_attention, triton_support
+from hf_rstitch.fast.kernels import triton_support
 from hf_rstitch.fast.buckets import bucket_for
 from hf_rstitch.fast.routes import route, switches
 
 sys.path.insert(0, str(Path(__file__).parent))
+import engine_shapes  # noqa: E402
 import lab  # noqa: E402  (the lab's shared helpers: bandwidth, weight bytes, timing)
 
 MATH = lab.MATH
@@ -65,43 +65,17 @@ DEVICE = "cuda"  # "cpu" for --dry-run-cpu
 
 def timed(fn):
     return lab.timed(fn, DEVICE)
-QWEN3 = dict(vocab_size=151936, head_dim=128, max_position_embeddings=40960, rope_theta=1e6)
-PAIRS = {  # --pair -> (LLM config, SLM config), as (transformers config class name, fields)
-    "qwen3-moe": (("Qwen3MoeConfig", dict(QWEN3, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-                                          num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
-                                          num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
-                                          tie_word_embeddings=False)),
-                  ("Qwen3Config", dict(QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True))),
-    "gemma3": (("Gemma3TextConfig", dict(vocab_size=262208, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48,
-                                         num_attention_heads=16, num_key_value_heads=8, head_dim=256, sliding_window=1024,
-                                         query_pre_attn_scalar=256, max_position_embeddings=131072)),
-               ("Gemma3TextConfig", dict(vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
-                                         num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
-                                         query_pre_attn_scalar=256, max_position_embeddings=32768))),
-}
+
+
+PAIRS = {"qwen3-moe": ("qwen3-30b-a3b", "qwen3-0.6b"), "gemma3": ("gemma3-12b", "gemma3-1b")}  # --pair -> LLM, SLM
 VARIANTS = {"auto": AUTO, "graphs": FastConfig(), "graphs-batched-experts": FastConfig(experts="batched_mm"), "parts": FastConfig(compile="parts"), "compiled-decode": FastConfig(compile="decode"),
             "graphs-matmul": FastConfig(attention="matmul")}
 
 
-def random_model(spec, device="cuda", seed=0):
-    """A random-weight causal LM from a :data:`PAIRS` entry, made directly on ``device`` in bf16."""
-    from transformers import AutoModelForCausalLM
-
-    name, fields = spec
-    config = getattr(transformers, name)(**fields)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-
-
-def tiny(spec):
-    """A :data:`PAIRS` entry shrunk for ``--dry-run-cpu`` (same architecture, a few MB)."""
-    name, fields = spec
-    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=16, vocab_size=512, max_position_embeddings=4096)
-    small.update({k: v for k, v in (("moe_intermediate_size", 32), ("num_experts", 8), ("sliding_window", 8)) if k in fields})
-    return name, {**fields, **small}
+def random_model(name: str, device: str = "cuda"):
+    """A random-weight bf16 model of :data:`engine_shapes.SHAPES` ``[name]`` on ``device``; on the CPU, a few-MB
+    model of the same architecture with six layers (Gemma 3's sliding and full attention both present)."""
+    return engine_shapes.build(name, device, seed=0, layers=6 if device == "cpu" else None, tiny=device == "cpu")
 
 
 def kv_bytes_per_token(model) -> int:
@@ -202,8 +176,7 @@ def fast_section(llm, slm, args, res, budget):
     # lanes for up to 64 rows first (as before B = 128, 256 came); a larger batch rebuilds them for its rows
     first = max([b for b in args.batches if b <= 64] or [min(args.batches)])
     engine = FastEngine(VARIANTS[args.variant], capacity=capacity(args), max_batch=first)
-    res["variant"] = {"name": args.variant, "config": repr(engine.config), "split_basis": args.split_basis,
-                      "pdl": args.pdl, "decisions": args.decisions}
+    res["variant"] = {"name": args.variant, "config": repr(engine.config), "pdl": args.pdl, "decisions": args.decisions}
     from hf_rstitch.fast.patches import experts
     res["experts"] = experts.plan(llm, engine.config.experts).kind
     for batch in args.batches:
@@ -442,7 +415,6 @@ def plot(path: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default="benchmarks/results")
-    ap.add_argument("--replot", metavar="JSON", help="only draw the figure of an earlier run's JSON (no GPU)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256],
                     help="batch sizes, in order (past 64 rows the products are cuBLAS GEMMs: fast.gemv.GEMM_ROWS; at "
                          "--scale 1 B=256 needs about 68 GB of KV caches on the Qwen2 pair: an H200, or a smaller --scale; "
@@ -455,9 +427,6 @@ def main() -> None:
     ap.add_argument("--variant", default="graphs", choices=list(VARIANTS))
     ap.add_argument("--pair", default="qwen2", choices=["qwen2", *PAIRS],
                     help="model shapes: Qwen2 7B / 1.5B, Qwen3-30B-A3B / 0.6B (MoE) or Gemma 3 12B / 1B (hybrid)")
-    ap.add_argument("--split-basis", default="written", choices=["written", "capacity"],
-                    help="what the split attention's splits share (hf_rstitch.fast.kernels.decode_attention.SPLIT_BASIS): "
-                         "the written slots (the default) or the capacity (the earlier plan, to compare)")
     ap.add_argument("--pdl", default=triton_support.PDL, choices=["off", "one-row", "all"],
                     help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.kernels.triton_support.PDL; default: its default)")
     ap.add_argument("--decisions", default="host", choices=["host", "device"],
@@ -484,10 +453,6 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
     args = ap.parse_args()
-    if args.replot:
-        print(plot(Path(args.replot)))
-        return
-    decode_attention.SPLIT_BASIS = args.split_basis
     triton_support.PDL = args.pdl
     global DECISIONS, DEVICE
     DECISIONS = args.decisions
@@ -507,13 +472,13 @@ def main() -> None:
         from hf_rstitch.latency.profiler import random_qwen2
         models = {"slm": random_qwen2("1.5b"), "llm": random_qwen2("7b")}
     elif DEVICE == "cuda":
-        llm_spec, slm_spec = PAIRS[args.pair]
-        models = {"slm": random_model(slm_spec), "llm": random_model(llm_spec)}
+        llm_name, slm_name = PAIRS[args.pair]
+        models = {"slm": random_model(slm_name), "llm": random_model(llm_name)}
     elif args.pair == "qwen2":
         llm, slm = lab.random_pair("tiny", "cpu")
         models = {"slm": slm, "llm": llm}
     else:
-        models = {role: random_model(tiny(spec), "cpu") for role, spec in zip(("llm", "slm"), PAIRS[args.pair])}
+        models = {role: random_model(name, "cpu") for role, name in zip(("llm", "slm"), PAIRS[args.pair])}
     res["models"] = {}
     with torch.no_grad():
         for tag, m in models.items():

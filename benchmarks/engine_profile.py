@@ -42,35 +42,13 @@ from pathlib import Path
 import torch
 
 import hf_rstitch  # noqa: F401  (patches generate)
+import engine_shapes
 import lab
 from hf_rstitch import ReplayPolicy
 from hf_rstitch.core.roles import Role
 from hf_rstitch.fast import FastConfig, FastEngine, FastLane
 
-# name -> (transformers config class, fields); random weights, built directly on the device
-SHAPES = {
-    "qwen3-0.6b": ("Qwen3Config", dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                                       num_key_value_heads=8, head_dim=128, intermediate_size=3072,
-                                       vocab_size=151936, tie_word_embeddings=True)),
-    "qwen3-1.7b": ("Qwen3Config", dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
-                                       num_key_value_heads=8, head_dim=128, intermediate_size=6144,
-                                       vocab_size=151936, tie_word_embeddings=True)),
-    "qwen3-8b": ("Qwen3Config", dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
-                                     num_key_value_heads=8, head_dim=128, intermediate_size=12288,
-                                     vocab_size=151936, tie_word_embeddings=False)),
-    "qwen2-1.5b": ("Qwen2Config", dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
-                                       num_key_value_heads=2, intermediate_size=8960, vocab_size=151936,
-                                       tie_word_embeddings=True)),
-    "qwen2-7b": ("Qwen2Config", dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
-                                     num_key_value_heads=4, intermediate_size=18944, vocab_size=152064,
-                                     tie_word_embeddings=False)),
-    "llama3.2-1b": ("LlamaConfig", dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
-                                        num_key_value_heads=8, head_dim=64, intermediate_size=8192,
-                                        vocab_size=128256, tie_word_embeddings=True)),
-    "tiny-qwen3": ("Qwen3Config", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                       num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=512,
-                                       tie_word_embeddings=True)),
-}
+SHAPES = [*engine_shapes.SHAPES, "tiny-qwen3"]  # engine_shapes' published shapes, and a tiny one for the CPU
 FAMILIES = (  # first match wins; names as CUDA / CPU profilers print them
     ("attention", ("attention", "fmha", "flash", "softmax", "sdpa", "split_kernel", "combine_kernel")),
     ("gemv/gemm", ("gemv", "gated", "gemm", "matmul", "mm", "cublas", "cutlass", "linear", "nvjet", "sm90")),
@@ -122,17 +100,10 @@ def decode_steps(lane, ids: torch.Tensor, n: int, sync) -> float:
 
 
 def build(shape: str, device: str):
-    import transformers
-
-    cls, fields = SHAPES[shape]
-    cfg = getattr(transformers, cls)(**fields, max_position_embeddings=32768)
-    cfg._name_or_path = f"random-{shape}"
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    model.generation_config.eos_token_id = None  # decode every asked token
-    model.generation_config.pad_token_id = 0
-    return model.eval()
+    """A random-weight bf16 model of ``shape`` (:data:`SHAPES`; ``tiny-qwen3``: a few-MB Qwen3) on ``device``."""
+    if shape == "tiny-qwen3":
+        return engine_shapes.build("qwen3-0.6b", device, tiny=True)
+    return engine_shapes.build(shape, device)
 
 
 def config(device: str) -> FastConfig:

@@ -77,6 +77,19 @@ SHAPES = {
                                         num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                                         tie_word_embeddings=False, rope_parameters={**LLAMA3["rope_parameters"],
                                                                                     "factor": 8.0})),
+    # engine_batched.py's MoE and hybrid-attention pairs (Qwen3-0.6B is the MoE's SLM)
+    "qwen3-30b-a3b": ("Qwen3MoeConfig", dict(QWEN3, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                             num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                                             num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                                             tie_word_embeddings=False)),
+    "gemma3-12b": ("Gemma3TextConfig", dict(vocab_size=262208, hidden_size=3840, intermediate_size=15360,
+                                            num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=8,
+                                            head_dim=256, sliding_window=1024, query_pre_attn_scalar=256,
+                                            max_position_embeddings=131072)),
+    "gemma3-1b": ("Gemma3TextConfig", dict(vocab_size=262144, hidden_size=1152, intermediate_size=6912,
+                                           num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
+                                           head_dim=256, sliding_window=512, query_pre_attn_scalar=256,
+                                           max_position_embeddings=32768)),
 }
 PAIRS = ["qwen3-8b/qwen3-0.6b", "qwen2-7b/qwen2-1.5b", "llama3.1-8b/llama3.2-1b"]  # LLM/SLM
 SLMS = {p.split("/")[1] for p in PAIRS} | {"qwen3-1.7b"}  # rows run these as the SLM
@@ -98,6 +111,8 @@ def build(name: str, device: str, seed: int = 0, layers: int | None = None, tiny
     if tiny:
         fields.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=16, vocab_size=512)
+        fields.update({k: v for k, v in (("moe_intermediate_size", 32), ("num_experts", 8), ("sliding_window", 8))
+                       if k in fields})
     if layers is not None:
         fields["num_hidden_layers"] = layers
     config = getattr(transformers, cls)(**fields)

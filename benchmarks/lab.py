@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import shlex
 import statistics
@@ -64,6 +65,16 @@ def environment(devices: Iterable[torch.device | str] = ()) -> dict[str, Any]:
             "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command()}
+
+
+def device_name(device: str) -> str:
+    """A GPU's name, or the CPU's model and core count (the ``device`` field of a result)."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(0)
+    info = Path("/proc/cpuinfo")
+    model = next((line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+                  if line.startswith("model name")), "") if info.exists() else ""
+    return f"CPU ({model or platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()})"
 
 
 def write_result(stem: str | Path, doc: dict[str, Any], markdown: str = "") -> None:

@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import statistics
 import sys
 from pathlib import Path
 
 from hf_rstitch.toyworld.pair import ASSETS
-from lab import timed
+from lab import device_name, timed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,22 +68,6 @@ def per_token_ms(model, tokenizer, problems: list[str], new_tokens: int) -> floa
             if i:  # the first is the warm-up
                 times.append(seconds * 1000 / new_tokens)
     return statistics.median(times)
-
-
-def device_name(device: str) -> str:
-    import torch
-
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(0)
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
 
 
 def parse_args(argv: list[str] | None):

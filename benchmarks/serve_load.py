@@ -22,7 +22,6 @@ import asyncio
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
 sys.path.insert(0, str(ROOT))
+from lab import device_name  # noqa: E402
 from serve_clients import IdTokenizer, free_port, percentile, wait_healthy  # noqa: E402  (shared with serve_reasoning)
 
 
@@ -230,16 +230,6 @@ def markdown(meta: dict, s: dict) -> str:
             f"max_tokens {meta['max_tokens']}, greedy, streaming, server threads {meta['server_threads']}.\n"
             f"Command: `{meta['command']}`\n\n")
     return head + "| | |\n| --- | ---: |\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
-
-
-def device_name(device: str) -> str:
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.get_device_name(0)
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "") if Path("/proc/cpuinfo").exists() else ""
-    return f"CPU ({model or platform.machine()}, {os.cpu_count()} cores)"
 
 
 def main(argv=None) -> int:

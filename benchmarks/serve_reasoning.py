@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lab  # noqa: E402
 import serve_clients as sc  # noqa: E402  (the closed-loop HTTP clients and the window's summary)
 
 MATH = {"llm_only": 2753, "stitched_llm": 344, "stitched_slm": 771, "llm_run": 4.0, "prompt": 128}
@@ -206,14 +207,6 @@ def standin_timing(args) -> dict | None:
 
 
 # ---- the sweep ---------------------------------------------------------------------------------
-class Budget:
-    def __init__(self, seconds: float):
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return self.end - time.monotonic()
-
-
 def start_server(cfg: dict, out: Path, timeout_s: float) -> tuple[subprocess.Popen | None, str]:
     """The server process for ``cfg``; (None, its last stderr lines) if it exits before it is healthy."""
     log = out / f"server_{cfg['method']}_b{cfg['max_batch']}.log"
@@ -238,7 +231,7 @@ def stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
-def run_method(method: str, args, shape: dict, work: Path, budget: Budget) -> tuple[list, list, dict]:
+def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list, list, dict]:
     """One method's rows, skipped levels and details; tries ``args.max_batch``, then halves it on a failed start
     unless the same failure repeats (the rows that worked stay in ``args.max_batch`` for the next method). Server
     logs and the engine-alone numbers go through ``work``, a scratch folder."""
@@ -411,7 +404,7 @@ def main(argv=None) -> int:
         import serve_replicas
 
         return serve_replicas.main(args)
-    budget, out = Budget(args.budget_s), Path(args.out_dir)
+    budget, out = lab.Budget(args.budget_s), Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="serve_reasoning_"))  # server logs: only the results go to --out-dir
     shape = shapes(args.scale)

@@ -3,8 +3,9 @@
 flashinfer-python``; it builds its kernels with nvcc on first use). The engine does not use it (docs/kernels.md).
 
 Why it exists: to measure the field's library against our split-K kernel on the caches the engine holds
-(``benchmarks/kernels_vs_flashinfer.py``), and to run it where it wins; :func:`why_not` says why it cannot
-run (FlashInfer missing, not CUDA, a head size or dtype it lacks) and the caller keeps our kernel.
+(the benchmark that did, retired: ``git show 409c85c:benchmarks/kernels_vs_flashinfer.py``), and to run it
+where it wins; :func:`why_not` says why it cannot run (FlashInfer missing, not CUDA, a head size or dtype it
+lacks) and the caller keeps our kernel.
 
 How: a static cache layer ``[rows, kv_heads, slots, dim]`` is, to FlashInfer, ``rows`` pages of ``slots``
 entries in its ``HND`` layout, page ``b`` for row ``b``: nothing is copied. FlashInfer plans a step on the
