@@ -185,10 +185,7 @@ def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
     tree = ast.parse(source)
     lines = source.splitlines()
     replace: dict[int, tuple[int, str | None]] = {}  # first line (0-based) -> (end line, replacement)
-    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
-        doc = tree.body[0]  # kept as a comment: it says why the section exists
-        comment = "\n".join(("# " + line).rstrip() for line in doc.value.value.strip().splitlines())
-        replace[doc.lineno - 1] = (doc.end_lineno, comment)
+    replace.update(_doc_comment(tree))
     defined = _top_level_names(tree)
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
@@ -214,6 +211,22 @@ def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
             raise ExportError(f"{name}:{node.lineno}: lazy import of .{target} has no template fallback")
         indent = lines[node.lineno - 1][: node.col_offset]
         replace[node.lineno - 1] = (node.end_lineno, _optional_import(target, [a.name for a in node.names], indent))
+    return _splice(lines, replace), defined
+
+
+def _doc_comment(tree: ast.Module) -> dict[int, tuple[int, str | None]]:
+    """The module docstring's lines, as :func:`flatten_module`'s ``replace`` holds them, to become a comment (it says
+    why the section exists); empty without a docstring."""
+    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
+        doc = tree.body[0]
+        comment = "\n".join(("# " + line).rstrip() for line in doc.value.value.strip().splitlines())
+        return {doc.lineno - 1: (doc.end_lineno, comment)}
+    return {}
+
+
+def _splice(lines: list[str], replace: dict[int, tuple[int, str | None]]) -> str:
+    """``lines`` with each ``replace[first] = (end, text)`` span (0-based first line, end exclusive) replaced by
+    ``text`` (None: dropped), as one text ending in a newline."""
     out: list[str] = []
     i = 0
     while i < len(lines):
@@ -225,7 +238,7 @@ def flatten_module(source: str, name: str) -> tuple[str, set[str]]:
             continue
         out.append(lines[i])
         i += 1
-    return "\n".join(out).strip("\n") + "\n", defined
+    return "\n".join(out).strip("\n") + "\n"
 
 
 def _flattened(name: str, level: int, target: str) -> bool:

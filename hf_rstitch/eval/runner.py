@@ -177,6 +177,14 @@ def tick(bar: Any, rec: dict[str, Any], note: str = "") -> None:
         bar.update(1)
 
 
+def _check_unique(names: list[str]) -> None:
+    """Refuse (ValueError) methods named twice: each (dataset, problem, method) is one record."""
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"methods {twice} appear more than once; each (dataset, problem, method) is one record. "
+                         "List every threshold / p / router once.")
+
+
 def run_eval(methods: list[Method], problems: Iterable[Problem], tokenizer: Any, store: RecordStore, *,
              device: torch.device | str = "cpu", instruction: str = "", chat_template: bool = True,
              max_new_tokens: int = 8192, warmup: bool = True, progress: bool = True,
@@ -188,11 +196,7 @@ def run_eval(methods: list[Method], problems: Iterable[Problem], tokenizer: Any,
     """
     device = torch.device(device)
     problems = list(problems)
-    names = [m.name for m in methods]
-    if len(set(names)) != len(names):
-        twice = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(f"methods {twice} appear more than once; each (dataset, problem, method) is one record. "
-                         "List every threshold / p / router once.")
+    _check_unique([m.name for m in methods])
     done = store.done()
     todo = [(p, m) for p in problems for m in methods if (p.dataset, p.id, m.name) not in done]
     if not todo:

@@ -47,35 +47,29 @@ weight addresses, so replace no parameter tensors of a model while a lane for it
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import time
-import warnings
-import weakref
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import PreTrainedModel
 
 from ..core.roles import Role
 from ..decode.lane import left_padding
 from ..decode.step import to_device
-from . import compile_cache
-from .patches import experts, linears, regions, rotary_table
+from .patches import experts, linears, regions
 from .kernels import rope_store
-from .blocks import blocks_for
 from .buckets import bucket_for, round_up
 from .config import FastConfig, check_supported
-from .kernels.decode_attention import decode_attention, refuse_fallback
 from .graphs import GraphRunner
-from .kv_shapes import kv_shape
 from .lane_ahead import Ahead
+from .lane_build import Build, _warn_eager
 from .lane_outputs import Outputs
 from .lane_rows import RowOps
 from .plan import FastPlan, plan_for
-from .paged_kv import BlockPool, PagedKV
+from .paged_kv import BlockPool
 from .patches.products import product_layers
 from .rows import RowSlots
-from .static_kv import KV_CHUNK, StaticKV, static_attention, static_attention_on, static_attention_sdpa
+from .static_kv import KV_CHUNK, static_attention_on
 
 
 def _sync(device: torch.device) -> None:
@@ -83,20 +77,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _warn_eager(device: torch.device) -> None:
-    warnings.warn(f"the fast engine runs its static-cache steps eagerly on {device} (CUDA graphs need CUDA): same "
-                  "outputs, no speed-up. Pass FastConfig(graphs=False) to silence this.", stacklevel=3)
-
-
-def _allow_recompiles(limit: int) -> None:
-    """Every lane compiles its own step (guards name the lane's buffers): raise dynamo's per-function
-    recompile limit (default 8, i.e. two pairs of lanes) so later lanes are compiled, not run eagerly."""
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(getattr(config, name), limit))
-
-
-class FastLane(Outputs, RowOps, Ahead):
+class FastLane(Outputs, RowOps, Ahead, Build):
     """One model with a static cache and captured steps, advanced over a shared sequence.
 
     Args:
@@ -123,14 +104,7 @@ class FastLane(Outputs, RowOps, Ahead):
         self.rows = RowSlots(max_rows)  # live row -> cache row, per-row trace bookkeeping
         n_slots = round_up(capacity + config.max_bucket, KV_CHUNK)  # padded writes stay inside; whole chunks
         self.n_pad = torch.zeros(max_rows, dtype=torch.long, device=dev)  # left-padding columns of each cache row
-        self.paged = config.paged or kv_blocks is not None or kv_pool is not None
-        self.kv_blocks = kv_blocks  # as asked for (None: a static cache, or config.paged's full rows)
-        if self.paged:  # blocks as rows write them (.paged_kv)
-            pool = kv_pool or BlockPool(kv_shape(model), kv_blocks or 1 + max_rows * blocks_for(n_slots), model.dtype,
-                                        dev)
-            self.cache = PagedKV(pool, max_rows, n_slots, self.n_pad)
-        else:
-            self.cache = StaticKV(model.config, n_slots, model.dtype, dev, rows=max_rows, shape=kv_shape(model))
+        self._build_cache(model, max_rows, n_slots, kv_blocks, kv_pool)
         self.plan = plan = plan_for(model, config, max_rows, self.cache.head_dim)  # every kernel and patch it runs
         if self.paged:
             self.cache.gather = not plan.mask_free  # the split kernel reads the blocks, eager attentions a copy
@@ -152,20 +126,25 @@ class FastLane(Outputs, RowOps, Ahead):
         self._stage = None  # joining prompts read over several steps in the join twin (.joins.Stage)
         self._join_lane = None  # a lane of the same model that prefills joining rows (lane_rows, .joins)
         self._read = None  # (logits, entropy, greedy) of the last read-out (_read_out)
+        self._build_steps(plan, n_slots, max_rows)
+
+    def _build_steps(self, plan: FastPlan, n_slots: int, max_rows: int) -> None:
+        """The lane's steps as ``plan`` names them: kernels built ahead, tuned products, attention, experts,
+        rotation, compiled steps; their host seconds in ``build_seconds``."""
         start = time.perf_counter()
         self._precompile()
         built = time.perf_counter()
-        self.gemv_layers = product_layers(model, config, max_rows)  # [] keeps cuBLAS everywhere
+        self.gemv_layers = product_layers(self.model, self.config, max_rows)  # [] keeps cuBLAS everywhere
         self.gemv_tune_seconds = time.perf_counter() - start
         # where a lane's build went (host seconds): kernels built ahead, the tuner's timing and table look-ups;
         # FastEngine adds the whole build and the warm-up's captures
         self.build_seconds = {"precompile": built - start, "tune": start + self.gemv_tune_seconds - built}
         self._attention = self._register_attention(plan.attention)
         # MoE: a dispatch that stays on the device, the routers as kernels (.experts)
-        self._experts = experts.plan(model, plan.experts, plan.fuse_router)
+        self._experts = experts.plan(self.model, plan.experts, plan.fuse_router)
         # the split kernel masks by the write offset and padding counts: no step builds a mask it would not read
-        self._no_mask = torch.ones(1, 1, n_slots, dtype=torch.bool, device=dev) if plan.mask_free else None
-        params = inspect.signature(model.forward).parameters
+        self._no_mask = torch.ones(1, 1, n_slots, dtype=torch.bool, device=self.device) if plan.mask_free else None
+        params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
         self._rotation(plan, n_slots)
         self._compile(plan)
@@ -173,32 +152,7 @@ class FastLane(Outputs, RowOps, Ahead):
         self._steps_ahead(deferrable=bool(self._rotary) and plan.defer_rotation)  # before the probe's first launches
         self.build_seconds["steps_ahead"] = time.perf_counter() - start
         # rotation and cache store as one kernel a layer, for models whose layers allow it (rope_store)
-        self._defer = bool(self._rotary) and plan.defer_rotation and rope_store.defers_exactly(model, self._probe)
-
-    def _rotation(self, plan: FastPlan, n_slots: int) -> None:
-        """The rotary patches ``plan`` names: the rope_store kernels in place of the modelling modules'
-        ``apply_rotary_pos_emb`` (module globals to swap, as regions do) with the cache's one-kernel store, and
-        the cos / sin tables of its ``n_slots`` positions (instance forwards)."""
-        self._rotary = rope_store.plan(self.model) if plan.rope_store else []
-        self._qk_norms = rope_store.norm_plan(self.model) if self._rotary else []  # normalized in the same kernel
-        self.cache.fused_store = plan.rope_store
-        self._rotary_tables = rotary_table.plan(self.model, n_slots) if plan.rotary_table else []
-
-    def _compile(self, plan: FastPlan) -> None:
-        """The steps and pieces ``plan.compile`` names: the elementwise regions (``"parts"``), or the one-token
-        step and, with ``"all"``, every bucket's, compiled whole before capture."""
-        self._decode_step = self._compiled_bucket = self._forward  # eager kernels (recorded in graphs on CUDA)
-        self._regions = None
-        if plan.compile is not None:
-            compile_cache.use_persistent_cache()  # a later process reuses the kernels compiled here
-            _allow_recompiles(64)  # a new model or norm class is a new compile (a symbolic length took minutes on 7B)
-        if plan.compile == "parts":
-            self._regions = regions.plan(self.model, keep_rotary=[m for m, _, _ in self._rotary],
-                                         add_norm=plan.add_norm, products=self.gemv_layers, fold=plan.fold_norms)
-        elif plan.compile is not None:  # static compiles: 1-token steps, and with "all" each bucket size
-            self._decode_step = torch.compile(self._forward, fullgraph=True, dynamic=False)
-        if plan.compile == "all":
-            self._compiled_bucket = torch.compile(self._forward, fullgraph=True, dynamic=False)
+        self._defer = bool(self._rotary) and plan.defer_rotation and rope_store.defers_exactly(self.model, self._probe)
 
     @property
     def max_rows(self) -> int:
@@ -296,25 +250,6 @@ class FastLane(Outputs, RowOps, Ahead):
         self.valid[:b].fill_(True)
         self.valid[:b, :t].copy_(to_device(host, self.device))
         self._slot_index = None
-
-    def _register_attention(self, kind: str) -> str:
-        """The attention this lane runs (``plan.attention``), by registered name: a per-lane function bound to this
-        lane's write offset, padding counts (``"split"``) and the model's layer windows (unregistered when the
-        lane goes). Where the plan says every call runs the split kernel (``mask_free``), its fallback refuses."""
-        windows = list(self.plan.windows)
-        if kind == "split":
-            fallback = refuse_fallback if self.plan.mask_free else functools.partial(static_attention, pos=self.cache.pos,
-                                                                                 windows=windows)
-            table = self.cache.table if self.paged and not self.cache.gather else None  # the kernel reads the blocks
-            function = functools.partial(decode_attention, pos=self.cache.pos, pad=self.n_pad, fallback=fallback,
-                                         windows=windows, table=table)
-        else:
-            base = static_attention_sdpa if kind == "sdpa" else static_attention
-            function = functools.partial(base, pos=self.cache.pos, windows=windows)
-        name = f"rstitch_{kind}_{id(self)}"
-        AttentionInterface.register(name, function)
-        weakref.finalize(self, AttentionInterface._global_mapping.pop, name, None)
-        return name
 
     def _run(self, new_ids: torch.Tensor, want_hidden: bool):
         width, top = new_ids.shape[1], self.config.max_bucket

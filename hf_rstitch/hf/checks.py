@@ -53,6 +53,33 @@ def check_tokenizers(tokenizer, assistant_tokenizer) -> None:
 
 def check_request(input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict, vocab: int | None = None) -> None:
     """Prompt shape and ids, decoding mode, options and cache type this version supports."""
+    _check_prompt(input_ids, model_kwargs, vocab)
+    _check_unsupported_options(config)
+    if (config.num_beams or 1) > 1:
+        raise ValueError("stitched decoding does not support beam search; set num_beams=1.")
+    if (config.num_return_sequences or 1) > 1:
+        raise ValueError("stitched decoding returns one sequence; set num_return_sequences=1 and call it repeatedly.")
+    if config.cache_implementation not in (None, "dynamic"):
+        raise ValueError(
+            f"cache_implementation={config.cache_implementation!r} is not supported by stitched decoding; each model "
+            "keeps its own DynamicCache. Remove `cache_implementation` (static caches come with the fast engine)."
+        )
+    cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))  # "cache" from transformers 5.24
+    if cache is not None and (not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0):
+        raise ValueError(
+            "stitched decoding builds one fresh DynamicCache per model; do not pass `cache` (`past_key_values` "
+            "before transformers 5.24) "
+            f"(got {type(cache).__name__} holding {cache.get_seq_length()} tokens)."
+        )
+    if config.output_attentions or config.output_hidden_states:
+        raise ValueError(
+            "output_attentions / output_hidden_states are not supported by stitched decoding (the two models differ "
+            "in shape); use output_scores / output_logits, and out.stitch for provenance."
+        )
+
+
+def _check_prompt(input_ids: torch.Tensor, model_kwargs: dict, vocab: int | None) -> None:
+    """Token ids (no embeddings) of shape [batch, length], both non-empty, inside the shared vocabulary."""
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError(
             "stitched decoding does not take `inputs_embeds`: the two models embed tokens differently, so each "
@@ -76,28 +103,6 @@ def check_request(input_ids: torch.Tensor, config: GenerationConfig, model_kwarg
                 f"(0..{vocab - 1}). Tokenize with the pair's shared tokenizer; if the LLM's vocabulary is larger "
                 "than the SLM's, its extra ids cannot be stitched."
             )
-    _check_unsupported_options(config)
-    if (config.num_beams or 1) > 1:
-        raise ValueError("stitched decoding does not support beam search; set num_beams=1.")
-    if (config.num_return_sequences or 1) > 1:
-        raise ValueError("stitched decoding returns one sequence; set num_return_sequences=1 and call it repeatedly.")
-    if config.cache_implementation not in (None, "dynamic"):
-        raise ValueError(
-            f"cache_implementation={config.cache_implementation!r} is not supported by stitched decoding; each model "
-            "keeps its own DynamicCache. Remove `cache_implementation` (static caches come with the fast engine)."
-        )
-    cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))  # "cache" from transformers 5.24
-    if cache is not None and (not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0):
-        raise ValueError(
-            "stitched decoding builds one fresh DynamicCache per model; do not pass `cache` (`past_key_values` "
-            "before transformers 5.24) "
-            f"(got {type(cache).__name__} holding {cache.get_seq_length()} tokens)."
-        )
-    if config.output_attentions or config.output_hidden_states:
-        raise ValueError(
-            "output_attentions / output_hidden_states are not supported by stitched decoding (the two models differ "
-            "in shape); use output_scores / output_logits, and out.stitch for provenance."
-        )
 
 
 def _check_unsupported_options(config: GenerationConfig) -> None:

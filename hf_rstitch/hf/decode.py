@@ -131,8 +131,7 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     engine, auto = resolve_engine(model, slm, stitch_engine, input_ids.shape[0], fast=_fast_engine)
     check_placement(model, slm, input_ids, do_sample=bool(generation_config.do_sample), engine=engine)
     mask = model_kwargs.get("attention_mask")
-    if mask is None:
-        mask = torch.ones_like(input_ids)
+    mask = torch.ones_like(input_ids) if mask is None else mask
 
     def attempt(engine, skip: int, streamed: list[int]):
         """The call on ``engine``; the first ``skip`` steps are not streamed (a rerun's), ``streamed[0]`` counts."""
@@ -157,10 +156,8 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
             drop_finished=finished_rows_unseen(generation_config, logits_processor, stopping_criteria),
         )
 
-    if auto:
-        result = run_with_fallback(model, slm, engine, attempt)  # a fast-engine failure reruns eagerly
-    else:
-        result = attempt(engine, 0, [0])
+    # auto: a fast-engine failure reruns eagerly
+    result = run_with_fallback(model, slm, engine, attempt) if auto else attempt(engine, 0, [0])
     for trace in result.traces:
         trace.threshold = getattr(policy, "threshold", None)
     return to_output(result, model, generation_config)

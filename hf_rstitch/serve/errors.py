@@ -99,16 +99,7 @@ def install(app: FastAPI, max_body_bytes: int, adjust=None) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, err: HTTPException) -> JSONResponse:
-        message = str(err.detail)
-        if err.status_code == 404:
-            message = f"no route {request.url.path}; this server serves /v1/chat/completions, /v1/completions, " \
-                      "/v1/models and /health"
-        elif err.status_code == 405:
-            message = f"{request.method} is not allowed on {request.url.path} (allowed: {err.headers.get('Allow')})" \
-                if err.headers else f"{request.method} is not allowed on {request.url.path}"
-        elif err.status_code == 400:
-            message = f"{message}: send a JSON object in UTF-8 (nested at most a few hundred levels)"
-        return error(err.status_code, message, headers=err.headers)
+        return error(err.status_code, http_message(request, err), headers=err.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, err: Exception) -> JSONResponse:
@@ -131,6 +122,20 @@ def install(app: FastAPI, max_body_bytes: int, adjust=None) -> None:
         return app.openapi_schema
 
     app.openapi = openapi
+
+
+def http_message(request: Request, err: HTTPException) -> str:
+    """What an HTTP error of the framework's (no route, a method not allowed, an unreadable body) tells the client."""
+    message = str(err.detail)
+    if err.status_code == 404:
+        message = f"no route {request.url.path}; this server serves /v1/chat/completions, /v1/completions, " \
+                  "/v1/models and /health"
+    elif err.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path} (allowed: {err.headers.get('Allow')})" \
+            if err.headers else f"{request.method} is not allowed on {request.url.path}"
+    elif err.status_code == 400:
+        message = f"{message}: send a JSON object in UTF-8 (nested at most a few hundred levels)"
+    return message
 
 
 def validation_message(err: RequestValidationError) -> tuple[str | None, str]:

@@ -51,25 +51,14 @@ async def call_app(app, head: dict[str, Any], body: bytes) -> AsyncIterator[Any]
         await left.wait()
         return {"type": "http.disconnect"}
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": head["method"],
-             "scheme": "http", "path": head["path"], "raw_path": head["path"].encode(), "root_path": "",
-             "query_string": head.get("query", "").encode(), "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0),
-             "headers": [(k.lower().encode(), v.encode()) for k, v in head.get("headers", [])]}
-    task = asyncio.create_task(app(scope, receive, messages.put))
+    task = asyncio.create_task(app(_scope(head), receive, messages.put))
     task.add_done_callback(lambda _: messages.put_nowait(None))
     try:
         while (msg := await messages.get()) is not None:
             if msg["type"] == "http.response.start":
                 yield {"status": msg["status"], "headers": [(k.decode(), v.decode()) for k, v in msg["headers"]]}
             elif msg["type"] == "http.response.body":
-                chunk, more = bytearray(msg.get("body", b"")), msg.get("more_body", False)
-                while more and not messages.empty():  # events that queued while the last was relayed: one item
-                    nxt = messages.get_nowait()
-                    if nxt is None:
-                        more = False
-                        break
-                    chunk += nxt.get("body", b"")
-                    more = nxt.get("more_body", False)
+                chunk, more = _joined(msg, messages)
                 if chunk:
                     yield bytes(chunk)
                 if not more:
@@ -80,6 +69,28 @@ async def call_app(app, head: dict[str, Any], body: bytes) -> AsyncIterator[Any]
             await asyncio.wait_for(asyncio.shield(task), 5)
         except Exception:  # noqa: BLE001 -- the app's own error was answered (a 500) or it is cancelled below
             task.cancel()
+
+
+def _scope(head: dict[str, Any]) -> dict[str, Any]:
+    """The ASGI scope of an HTTP request from a local client (``head`` as :func:`call_app` takes it)."""
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": head["method"],
+            "scheme": "http", "path": head["path"], "raw_path": head["path"].encode(), "root_path": "",
+            "query_string": head.get("query", "").encode(), "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0),
+            "headers": [(k.lower().encode(), v.encode()) for k, v in head.get("headers", [])]}
+
+
+def _joined(msg: dict, messages: asyncio.Queue) -> tuple[bytearray, bool]:
+    """A body message's bytes joined with the body messages that queued behind it (events that queued while the
+    last was relayed: one item), and whether more body follows (False at the app's end, the queue's None)."""
+    chunk, more = bytearray(msg.get("body", b"")), msg.get("more_body", False)
+    while more and not messages.empty():
+        nxt = messages.get_nowait()
+        if nxt is None:
+            more = False
+            break
+        chunk += nxt.get("body", b"")
+        more = nxt.get("more_body", False)
+    return chunk, more
 
 
 def lost(err: BaseException) -> str:

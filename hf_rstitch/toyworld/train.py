@@ -278,8 +278,7 @@ def train(cfg: TrainConfig, tokenizer=None, log=print) -> dict:
     log(f"[{cfg.preset}] {cfg.arch} {n_params / 1e6:.2f}M params on {device}; style mix {cfg.style_mix}")
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
-                            weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     valid = tasks.make_split("valid", cfg.n_valid, cfg.seed)
     budget_s = cfg.max_minutes * 60 or float("inf")
     best, history, t0, data = None, [], time.perf_counter(), batches(cfg, tokenizer)
@@ -291,12 +290,7 @@ def train(cfg: TrainConfig, tokenizer=None, log=print) -> dict:
             best = _eval_and_select(model, tokenizer, valid, cfg, step, best, history, log)
         if done:
             break
-        for group in opt.param_groups:
-            group["lr"] = cfg.lr * lr_factor(progress, step, cfg.warmup_steps)
-        loss = step_loss(model, next(data), device)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = _optimizer_step(model, opt, next(data), device, cfg.lr * lr_factor(progress, step, cfg.warmup_steps))
         step += 1
         if step % cfg.log_every == 0 or step == 1:
             elapsed = time.perf_counter() - t0
@@ -310,6 +304,19 @@ def train(cfg: TrainConfig, tokenizer=None, log=print) -> dict:
     save(model, tokenizer, cfg, summary)
     log(f"[{cfg.preset}] saved to {cfg.out}; selected {summary['selected']}")
     return summary
+
+
+def _optimizer_step(model, opt, batch, device, lr: float) -> float:
+    """One update at learning rate ``lr`` (gradients clipped to norm 1); returns the batch's loss."""
+    import torch
+
+    for group in opt.param_groups:
+        group["lr"] = lr
+    loss = step_loss(model, batch, device)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
 
 
 def _eval_and_select(model, tokenizer, valid, cfg, step, best, history, log):

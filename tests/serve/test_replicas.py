@@ -30,9 +30,8 @@ def _stream(url: str, request: dict, started: threading.Event, out: list) -> Non
     out.extend(sse_events(lines))
 
 
-def test_two_cpu_replicas_on_ray_serve(one_thread):
-    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'hf-rstitch[serve-ray]'")
-    from hf_rstitch.serve import replicas
+def _two_replicas():
+    """``(ServeConfig, ray.init options, url)`` of two CPU replicas on a free local port."""
     from hf_rstitch.serve.config import ServeConfig
 
     with socket.socket() as s:
@@ -42,7 +41,14 @@ def test_two_cpu_replicas_on_ray_serve(one_thread):
     ray_init = dict(num_cpus=2, object_store_memory=100 * 1024**2, log_to_driver=False,
                     runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
                                               "OMP_NUM_THREADS": "1"}})
-    url = f"http://127.0.0.1:{port}"
+    return cfg, ray_init, f"http://127.0.0.1:{port}"
+
+
+def test_two_cpu_replicas_on_ray_serve(one_thread):
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'hf-rstitch[serve-ray]'")
+    from hf_rstitch.serve import replicas
+
+    cfg, ray_init, url = _two_replicas()
     started, drained, long = threading.Event(), [], None
     try:
         replicas.start(cfg, ray_init)
@@ -102,16 +108,8 @@ def test_a_replica_killed_under_load_is_replaced(one_thread):
     import time
 
     from hf_rstitch.serve import replicas
-    from hf_rstitch.serve.config import ServeConfig
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = ServeConfig(port=port, replicas=2, cpus_per_replica=0.5, max_batch=4, max_queue=8)
-    ray_init = dict(num_cpus=2, object_store_memory=100 * 1024**2, log_to_driver=False,
-                    runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-                                              "OMP_NUM_THREADS": "1"}})
-    url = f"http://127.0.0.1:{port}"
+    cfg, ray_init, url = _two_replicas()
     cases = [(i % 6, 0.0, 160) for i in range(8)]  # tau 0: the LLM writes every token, long enough to kill under
     out: dict = {}
     try:

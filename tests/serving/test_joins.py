@@ -8,6 +8,7 @@ import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch.core.roles import Role
 from hf_rstitch.serving.requests import Request, RequestEngine
 from hf_rstitch.fast import FastConfig, joins
+from request_events import gather
 from tiny_models import make_pair, prompt
 
 LENGTHS = [6, 4, 13, 3, 9, 5, 11, 7, 2]  # the 13-token prompt pads the batch on the left as it joins
@@ -43,11 +44,7 @@ def _run(llm, slm, join_rows, monkeypatch, **engine_kw):
         if k == 2:
             for r in rs[2:]:
                 engine.submit(r)
-        for e in engine.step():
-            if e.token is not None:
-                tokens.setdefault(e.request_id, []).append(e.token)
-            if e.finished:
-                done[e.request_id] = (tokens.pop(e.request_id, []), e.finish_reason, e.trace)
+        gather(engine.step(), tokens, done)
         engine.check_consistent()
         k += 1
     return done, engine
@@ -86,11 +83,7 @@ def _chunked(llm, slm, chunk, late_prompt=29, late_at=2):
         events = engine.step()
         engine.check_consistent()
         got.append({e.request_id for e in events if e.token is not None})
-        for e in events:
-            if e.token is not None:
-                tokens.setdefault(e.request_id, []).append(e.token)
-            if e.finished:
-                done[e.request_id] = (tokens.pop(e.request_id, []), e.finish_reason, e.trace)
+        gather(events, tokens, done)
         k += 1
     return got, done, engine
 

@@ -8,6 +8,7 @@ import torch
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import Role
 from hf_rstitch.serving.requests import QueueFull, Request, RequestEngine
+from request_events import gather
 from tiny_models import make_pair, prompt
 
 LENGTHS = [5, 11, 3, 8, 14, 2, 7]  # the 14-token prompt joins a narrower batch: it pads the batch on the left
@@ -193,11 +194,7 @@ def _through_fast(llm, slm, requests, ahead: bool, cancel_at: dict | None = None
             late.remove((step, r))
         if cancel_at and k in cancel_at:
             engine.cancel(cancel_at[k])
-        for e in engine.step():
-            if e.token is not None:
-                tokens.setdefault(e.request_id, []).append(e.token)
-            if e.finished:
-                done[e.request_id] = (tokens.pop(e.request_id, []), e.finish_reason, e.trace)
+        gather(engine.step(), tokens, done)
         assert_pads_mirror_the_mask(engine)
         k += 1
     return done, engine

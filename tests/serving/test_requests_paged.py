@@ -9,6 +9,7 @@ from hf_rstitch import Role
 from hf_rstitch.serving.kv_budget import KVBudget
 from hf_rstitch.serving.requests import Request, RequestEngine
 from hf_rstitch.fast import FastConfig
+from request_events import gather
 from tiny_models import make_pair, prompt
 
 CPU = FastConfig(graphs=False, max_bucket=4)
@@ -34,11 +35,7 @@ def _drive(engine, requests, cancel_at=None):
     while engine.has_work():
         if cancel_at and k in cancel_at:
             engine.cancel(cancel_at[k])
-        for e in engine.step():
-            if e.token is not None:
-                tokens.setdefault(e.request_id, []).append(e.token)
-            if e.finished:
-                done[e.request_id] = (tokens.pop(e.request_id, []), e.finish_reason, e.error)
+        gather(engine.step(), tokens, done, last=lambda e: e.error)
         engine.check_consistent()
         k += 1
     return done

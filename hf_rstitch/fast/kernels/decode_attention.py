@@ -37,7 +37,8 @@ from typing import NamedTuple
 
 import torch
 
-from .triton_support import _triton, available, interpreted, next_pow2, pdl, start
+from .attention_support import runs_for, supported
+from .triton_support import _triton, interpreted, next_pow2, pdl, start
 from ..windows import NO_WINDOW, call_window
 from .triton_support import sm_count as _sm_count  # a module name the tests can patch
 
@@ -222,23 +223,6 @@ def _kernels():
                  BLOCK_S, CHUNK_S, SINKS)
 
     return split_kernel, combine_kernel
-
-
-def runs_for(head_dim: int, dtype: torch.dtype, device) -> bool:
-    """The kernel runs for heads of this size and dtype on ``device``: CUDA (or Triton's interpreter), a
-    power-of-two head size >= 16, no float64."""
-    return available(device) and head_dim >= 16 and head_dim & (head_dim - 1) == 0 and dtype != torch.float64
-
-
-def supported(query: torch.Tensor, key: torch.Tensor) -> bool:
-    """The kernel runs for this call (:func:`runs_for`, and the head dimension contiguous)."""
-    return runs_for(query.shape[-1], query.dtype, query.device) and key.stride(-1) == 1 and query.stride(-1) == 1
-
-
-def refuse_fallback(*args, **kwargs):
-    """The fallback of a lane whose steps build no mask (every call of it runs the kernel): it never reads one."""
-    raise RuntimeError("the fast engine's split attention could not run a call its lane planned for it (its steps "
-                       "build no mask for the fallback). Please report it; FastConfig(attention='matmul') avoids it.")
 
 
 class Plan(NamedTuple):

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import warnings
 import weakref
 
 import torch
 
 from .gemv import DTYPES
+from .rotary_modules import rotary_functions
 from .triton_support import _triton, available, next_pow2, pdl, start
 
 
@@ -165,7 +165,7 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
     ``values[:b, :, slots] = v``; what :func:`rotate_qk` then :func:`store_kv` compute. With ``table`` (``[b, width]``
     int32) and ``pad`` (``[b]``) the cache is paged (:mod:`.paged_kv`): ``keys`` / ``values`` are a pool layer
     ``[blocks, H, BLOCK, D]`` and slot ``j`` of row ``r`` is token ``j - pad[r]`` of the row's blocks. With ``q_norm``
-    and ``k_norm`` (``[D]`` weights of per-head RMSNorms, Qwen3's) q and k are normalized first (:func:`norm_plan`)."""
+    and ``k_norm`` (``[D]`` weights of per-head RMSNorms, Qwen3's) q and k are normalized first (:func:`~.rotary_modules.norm_plan`)."""
     b, hq, s, dim = q.shape
     on = pdl(q.device, b * s)
     table_, pad_, page, st_b, strides = _paging(keys, slots, table, pad)
@@ -208,8 +208,8 @@ class Pending:
 DEFER = True
 _DEFER_TO = None  # the cache (StaticKV or PagedKV) whose update() completes the rotations, in deferring()
 _POISON = False  # deferring(..., poison=True): q starts as NaN until the store fills it
-# Inside deferring(), per-head q/k RMSNorms of norm_plan() put off to the same kernel when True (Qwen3: 56 kernels
-# fewer a step); their inputs wait here as (tensor, fallback norm) until the rotation takes them
+# Inside deferring(), per-head q/k RMSNorms of rotary_modules.norm_plan() put off to the same kernel when True
+# (Qwen3: 56 kernels fewer a step); their inputs wait here as (tensor, fallback norm) until the rotation takes them
 NORMS = True
 _MARKS: list = []
 _VERDICTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> defers_exactly's answer
@@ -220,7 +220,7 @@ def deferring(cache, poison: bool = False, norms=()):
     """Inside the block the installed rotary functions leave q and k to ``cache.update`` (one kernel for the
     rotation and the cache writes, :func:`rope_store`) where the shapes allow; ``cache`` None: no change.
     ``poison``: the q handed to the layer holds NaN until the store, so code that reads it early shows.
-    ``norms``: q/k norm modules (:func:`norm_plan`) whose normalization the same kernel does (with :data:`NORMS`);
+    ``norms``: q/k norm modules (:func:`~.rotary_modules.norm_plan`) whose normalization the same kernel does (with :data:`NORMS`);
     a norm whose output no rotation took is an error at the end of the block."""
     global _DEFER_TO, _POISON
     before = _DEFER_TO, _POISON
@@ -277,22 +277,6 @@ def _take_mark(t: torch.Tensor):
 def _normed(t: torch.Tensor, mark) -> torch.Tensor:
     """``t`` normalized now by the put-off norm ``mark`` (a norm over the last axis: transposes commute)."""
     return t if mark is None else mark[1](t)
-
-
-def norm_plan(model: torch.nn.Module) -> list:
-    """The per-head q/k norm modules (``q_norm`` / ``k_norm`` of an attention layer, Qwen3's) that the rotation
-    kernel may apply: both Llama's RMSNorm to the letter (:func:`hf_rstitch.fast.kernels.norms.llama_rms_norm`), of the
-    head size, one epsilon. A lane checks the model reads their outputs only through the rotation
-    (:func:`defers_exactly`)."""
-    from .norms import llama_rms_norm
-
-    found = []
-    for m in model.modules():
-        qn, kn = getattr(m, "q_norm", None), getattr(m, "k_norm", None)
-        if (type(m).__name__.endswith("Attention") and llama_rms_norm(qn) and llama_rms_norm(kn)
-                and qn.weight.shape == kn.weight.shape and qn.variance_epsilon == kn.variance_epsilon):
-            found += [qn, kn]
-    return found
 
 
 def defers_exactly(model: torch.nn.Module, forward) -> bool:
@@ -410,15 +394,3 @@ def plan(model: torch.nn.Module) -> list:
         return []
     return [(module, "apply_rotary_pos_emb", _rotary(fn)) for module, fn in rotary_functions(model)
             if _same_on_probe(fn, device, dtype)]
-
-
-def rotary_functions(model: torch.nn.Module) -> list:
-    """``(modelling module, its apply_rotary_pos_emb)`` for each module defining ``model``'s attention layers."""
-    found, seen = [], set()
-    for m in model.modules():
-        module = sys.modules.get(type(m).__module__)
-        fn = getattr(module, "apply_rotary_pos_emb", None)
-        if type(m).__name__.endswith("Attention") and callable(fn) and module not in seen:
-            seen.add(module)
-            found.append((module, fn))
-    return found

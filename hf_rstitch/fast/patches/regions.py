@@ -35,7 +35,7 @@ from .add_norm import plan as add_norm_plan
 from ..kernels.norms import llama_rms_norm
 from .gated_mlp import silu_mlp
 from ..kernels import norms
-from ..kernels.rope_store import rotary_functions
+from ..kernels.rotary_modules import rotary_functions
 
 _COMPILED: dict = {}  # one compiled function per piece (and norm class), shared by every lane of the process
 EAGER: dict = {}  # pieces torch.compile failed on -> the reason; they run their eager code (see _compiled)
