@@ -49,7 +49,6 @@ import transformers
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy
-from hf_rstitch.core.roles import Role
 from hf_rstitch.fast import AUTO, FastConfig, FastEngine
 from hf_rstitch.fast.kernels import triton_support
 from hf_rstitch.fast.buckets import bucket_for
@@ -140,7 +139,7 @@ def kv_read_bytes(f: dict, length: int) -> float:
 
 def stitched_routes(batch: int, scale: float) -> list[list[str]]:
     llm, slm = round(MATH["llm_tokens"] * scale), round(MATH["slm_tokens"] * scale)
-    return [route(llm + slm, llm, 4.0, seed=100 + r) for r in range(batch)]
+    return [route(llm + slm, llm, MATH["llm_run"], seed=100 + r) for r in range(batch)]
 
 
 def floor_seconds(routes: list[list[str]], prompt: int, facts: dict, bw: float) -> float:
@@ -468,17 +467,11 @@ def main() -> None:
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "args": vars(args),
            "rows": [], "transformers": [], "warm_up": [], "skipped": [], "experts_dispatch": []}
     res["bandwidth_gbps"] = bw = lab.copy_bandwidth(DEVICE)
-    if DEVICE == "cuda" and args.pair == "qwen2":
-        from hf_rstitch.latency.profiler import random_qwen2
-        models = {"slm": random_qwen2("1.5b"), "llm": random_qwen2("7b")}
-    elif DEVICE == "cuda":
-        llm_name, slm_name = PAIRS[args.pair]
-        models = {"slm": random_model(slm_name), "llm": random_model(llm_name)}
-    elif args.pair == "qwen2":
-        llm, slm = lab.random_pair("tiny", "cpu")
-        models = {"slm": slm, "llm": llm}
+    if args.pair == "qwen2":
+        llm, slm = lab.random_pair("qwen2" if DEVICE == "cuda" else "tiny", DEVICE)
     else:
-        models = {role: random_model(name, "cpu") for role, name in zip(("llm", "slm"), PAIRS[args.pair])}
+        llm, slm = (random_model(name, DEVICE) for name in PAIRS[args.pair])
+    models = {"slm": slm, "llm": llm}
     res["models"] = {}
     with torch.no_grad():
         for tag, m in models.items():
