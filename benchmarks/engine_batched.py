@@ -52,6 +52,7 @@ from hf_rstitch import ReplayPolicy
 from hf_rstitch.fast import AUTO, FastConfig, FastEngine
 from hf_rstitch.fast.kernels import triton_support
 from hf_rstitch.fast.buckets import bucket_for
+from hf_rstitch.fast.kv_memory import kv_bytes_per_token
 from hf_rstitch.fast.routes import route, switches
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -75,12 +76,6 @@ def random_model(name: str, device: str = "cuda"):
     """A random-weight bf16 model of :data:`engine_shapes.SHAPES` ``[name]`` on ``device``; on the CPU, a few-MB
     model of the same architecture with six layers (Gemma 3's sliding and full attention both present)."""
     return engine_shapes.build(name, device, seed=0, layers=6 if device == "cpu" else None, tiny=device == "cpu")
-
-
-def kv_bytes_per_token(model) -> int:
-    c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return c.num_hidden_layers * c.num_key_value_heads * head_dim * 2 * model.dtype.itemsize
 
 
 def expert_shares(model, tokens: int = 512) -> list[list[float]] | None:
