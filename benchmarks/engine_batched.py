@@ -49,10 +49,10 @@ import transformers
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy
-from hf_rstitch.core.roles import Role
 from hf_rstitch.fast import AUTO, FastConfig, FastEngine
 from hf_rstitch.fast.kernels import triton_support
 from hf_rstitch.fast.buckets import bucket_for
+from hf_rstitch.fast.kv_memory import kv_bytes_per_token
 from hf_rstitch.fast.routes import route, switches
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -76,12 +76,6 @@ def random_model(name: str, device: str = "cuda"):
     """A random-weight bf16 model of :data:`engine_shapes.SHAPES` ``[name]`` on ``device``; on the CPU, a few-MB
     model of the same architecture with six layers (Gemma 3's sliding and full attention both present)."""
     return engine_shapes.build(name, device, seed=0, layers=6 if device == "cpu" else None, tiny=device == "cpu")
-
-
-def kv_bytes_per_token(model) -> int:
-    c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return c.num_hidden_layers * c.num_key_value_heads * head_dim * 2 * model.dtype.itemsize
 
 
 def expert_shares(model, tokens: int = 512) -> list[list[float]] | None:
@@ -140,7 +134,7 @@ def kv_read_bytes(f: dict, length: int) -> float:
 
 def stitched_routes(batch: int, scale: float) -> list[list[str]]:
     llm, slm = round(MATH["llm_tokens"] * scale), round(MATH["slm_tokens"] * scale)
-    return [route(llm + slm, llm, 4.0, seed=100 + r) for r in range(batch)]
+    return [route(llm + slm, llm, MATH["llm_run"], seed=100 + r) for r in range(batch)]
 
 
 def floor_seconds(routes: list[list[str]], prompt: int, facts: dict, bw: float) -> float:
@@ -468,17 +462,11 @@ def main() -> None:
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "args": vars(args),
            "rows": [], "transformers": [], "warm_up": [], "skipped": [], "experts_dispatch": []}
     res["bandwidth_gbps"] = bw = lab.copy_bandwidth(DEVICE)
-    if DEVICE == "cuda" and args.pair == "qwen2":
-        from hf_rstitch.latency.profiler import random_qwen2
-        models = {"slm": random_qwen2("1.5b"), "llm": random_qwen2("7b")}
-    elif DEVICE == "cuda":
-        llm_name, slm_name = PAIRS[args.pair]
-        models = {"slm": random_model(slm_name), "llm": random_model(llm_name)}
-    elif args.pair == "qwen2":
-        llm, slm = lab.random_pair("tiny", "cpu")
-        models = {"slm": slm, "llm": llm}
+    if args.pair == "qwen2":
+        llm, slm = lab.random_pair("qwen2" if DEVICE == "cuda" else "tiny", DEVICE)
     else:
-        models = {role: random_model(name, "cpu") for role, name in zip(("llm", "slm"), PAIRS[args.pair])}
+        llm, slm = (random_model(name, DEVICE) for name in PAIRS[args.pair])
+    models = {"slm": slm, "llm": llm}
     res["models"] = {}
     with torch.no_grad():
         for tag, m in models.items():

@@ -42,7 +42,6 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -94,7 +93,6 @@ SHAPES = {
 PAIRS = ["qwen3-8b/qwen3-0.6b", "qwen2-7b/qwen2-1.5b", "llama3.1-8b/llama3.2-1b"]  # LLM/SLM
 SLMS = {p.split("/")[1] for p in PAIRS} | {"qwen3-1.7b"}  # rows run these as the SLM
 ROWS_ORDER = ["qwen3-0.6b", "qwen2-1.5b", "llama3.2-1b", "qwen3-1.7b", "qwen3-8b", "qwen2-7b", "llama3.1-8b"]
-RESULT = "RESULT "  # prefix of a child's result line
 NEED_S = {"row": 25, "pair": 45}  # seconds a process needs at least (warm caches): no start with less left
 
 
@@ -249,15 +247,7 @@ def spawn(args, kind: str, what: str, root: Path, timeout: float) -> dict:
         dirs = cache_dirs()
     caches = {k: {"dir": str(p), "empty": empty(p)} for k, p in dirs.items()}
     head = {"kind": kind, "what": what, "caches": caches, "fresh_machine": all(c["empty"] for c in caches.values())}
-    t0 = time.perf_counter()
-    try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {**head, "error": f"timed out after {timeout:.0f} s"}
-    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
-    if done.returncode or not lines:
-        return {**head, "error": (done.stderr or done.stdout)[-2000:]}
-    return {**head, **json.loads(lines[-1][len(RESULT):]), "process_s": time.perf_counter() - t0}
+    return {**head, **lab.run_child(cmd, env, timeout)}
 
 
 def to_rows(r: dict) -> list[dict]:
@@ -302,8 +292,9 @@ def markdown(doc: dict) -> str:
                      f"{r['fresh_machine']} | "
                      f"{r.get('engine', '-')}{err} |")
     scale = doc["args"]["scale"]
-    lines += ["", f"MATH-shaped route (scale {scale}): the LLM alone {round(2753 * scale)} tokens; stitched "
-              f"{round(344 * scale)} LLM + {round(771 * scale)} SLM tokens, LLM runs of ~4. Floors: weights each "
+    m = {k: round(v * scale) for k, v in lab.MATH.items()}
+    lines += ["", f"MATH-shaped route (scale {scale}): the LLM alone {m['llm_only_tokens']} tokens; stitched "
+              f"{m['llm_tokens']} LLM + {m['slm_tokens']} SLM tokens, LLM runs of ~4. Floors: weights each "
               "forward needs plus its KV reads, over the copy bandwidth.", "",
               "| LLM / SLM | stitched (s) | floor (s) | LLM alone (s) | floor (s) | speed-up | at floors | "
               "first call (s) | first route call (s) | fresh machine |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -340,7 +331,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         args.kind = args.child
-        print(RESULT + json.dumps(child(args), default=str), flush=True)
+        print(lab.CHILD_RESULT + json.dumps(child(args), default=str), flush=True)
         return
     root = Path(tempfile.mkdtemp(prefix="rstitch_shapes_"))
     paired = {m for p in args.pairs for m in p.split("/")}

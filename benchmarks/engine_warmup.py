@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,13 +59,13 @@ VARIANTS = {"parts": dict(compile="parts"), "compiled-decode": dict(compile="dec
             "parts-add-norm-apart": dict(compile="parts", fuse_add_norm=False),
             # the adds and norms as compiled pieces at one row too, not folded into the products (fast.folds)
             "parts-no-folds": dict(compile="parts", folds=False)}
-RESULT = "RESULT "  # prefix of the child's result line
 
 
 # ---- one child process ------------------------------------------------------------------------------------
 def child(args) -> dict:
     import hf_rstitch  # noqa: F401  (patches generate)
     from engine_profile import decode_steps
+    from engine_shapes import per_token
     from hf_rstitch import ReplayPolicy
     from hf_rstitch.core.roles import Role
     from hf_rstitch.fast import FastConfig, FastEngine
@@ -124,17 +123,14 @@ def child(args) -> dict:
                              if "cache" in k}
     res["dynamo_graphs"] = counters["stats"]["unique_graphs"]  # pieces torch.compile traced (0: none, regions.KERNELS)
     for tag, model, role in (("llm", llm, Role.LLM), ("slm", slm, Role.SLM)):
-        floor_s = lab.weight_bytes(model)["decode_read_bytes"] / (bw * 1e9)
-        half = args.new // 2
-        sec = min(lab.timed(lambda: generate([tag] * args.new, args.new), device)[0] for _ in range(2))
-        sec_half = min(lab.timed(lambda: generate([tag] * half, half), device)[0] for _ in range(2))
-        decode = (sec - sec_half) / (args.new - half)  # a token's decode: the prompt and the call's set-up cancel
+        t = per_token(tag, model, generate, args, device, bw)  # a token's decode: prompt and set-up cancel
         lane = engine._lanes[role]
         lane.reset()
-        bare = decode_steps(lane, ids, half, lambda: lab.sync(device))
-        res[tag] = {"floor_ms": 1e3 * floor_s, "generate_ms_per_token": 1e3 * sec / args.new,
-                    "call_x_floor": sec / args.new / floor_s, "generate_decode_ms_per_token": 1e3 * decode,
-                    "x_floor": decode / floor_s, "bare_lane_ms_per_token": 1e3 * bare, "bare_x_floor": bare / floor_s}
+        bare = 1e3 * decode_steps(lane, ids, args.new // 2, lambda: lab.sync(device))
+        res[tag] = {"floor_ms": t["floor_ms"], "generate_ms_per_token": t["call_ms_per_token"],
+                    "call_x_floor": t["call_ms_per_token"] / t["floor_ms"],
+                    "generate_decode_ms_per_token": t["ms_per_token"], "x_floor": t["ms_per_token"] / t["floor_ms"],
+                    "bare_lane_ms_per_token": bare, "bare_x_floor": bare / t["floor_ms"]}
         if args.profile:
             lane.reset()
             res[tag]["profile"] = profile_replays(lane, ids, args.profile_steps, device, decode_steps)
@@ -280,15 +276,7 @@ def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: 
         env["HF_RSTITCH_SHIPPED_TUNING"] = "off"
     if args.own_triton_cache:  # cold: Triton's kernels built from nothing, even on a used machine
         env["TRITON_CACHE_DIR"] = str(cache / "triton")
-    t0 = time.perf_counter()
-    try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"variant": variant, "mode": mode, "threads": threads, "error": f"timed out after {timeout:.0f} s"}
-    lines = [l for l in done.stdout.splitlines() if l.startswith(RESULT)]
-    if done.returncode or not lines:
-        return {"variant": variant, "mode": mode, "threads": threads, "error": (done.stderr or done.stdout)[-2000:]}
-    return {**json.loads(lines[-1][len(RESULT):]), "threads": threads, "process_s": time.perf_counter() - t0,
+    return {"variant": variant, "mode": mode, **lab.run_child(cmd, env, timeout), "threads": threads,
             "profiled": profiled}
 
 
@@ -415,7 +403,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         with torch.no_grad():
-            print(RESULT + json.dumps(child(args), default=str), flush=True)
+            print(lab.CHILD_RESULT + json.dumps(child(args), default=str), flush=True)
         return
     root = Path(args.cache_root or tempfile.mkdtemp(prefix="rstitch_warmup_"))
     device = "cpu" if args.dry_run_cpu else "cuda"

@@ -4,7 +4,9 @@ Stand-in lanes (:class:`StandIn`: fixed logits, entropy and greedy token, the fa
 every lane call free, so what is timed is the ``generate`` loop itself, the step, the policy and the stopping
 check; plus one :class:`~hf_rstitch.fast.FastLane` call's host path with its model call stubbed out, and the
 request engine's tensor operations a step outside its lanes' calls. CPU time of this process (steadier than the
-wall on a shared machine) and tensor-operation counts (the same on any machine).
+wall on a shared machine) and tensor-operation counts (the same on any machine). :class:`StandIn` and
+:func:`aten_ops` are also the lanes and the counter of ``tests/decode/test_host_ops.py`` (it imports this module,
+which therefore imports the rest of the lab only inside the functions that time things).
 """
 
 from __future__ import annotations
@@ -15,10 +17,7 @@ from pathlib import Path
 
 import torch
 
-import lab
-from engine_profile import PROMPT, build
 from hf_rstitch.core.roles import Role
-from hf_rstitch.fast import FastConfig, FastLane
 
 
 class StandIn:
@@ -28,12 +27,12 @@ class StandIn:
     run_ahead = True
     capacity = None
 
-    def __init__(self, role: Role, vocab: int = 512):
+    def __init__(self, role: Role, vocab: int = 512, entropy: float = 0.3):
         from hf_rstitch.fast.rows import RowSlots
 
         self.role, self.vocab, self.rows, self.seen = role, vocab, RowSlots(1), 0
         self.logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0))
-        self.h, self.top = torch.tensor([0.3]), self.logits.argmax(-1)
+        self.h, self.top = torch.tensor([entropy]), self.logits.argmax(-1)
 
     def advance(self, seq, mask, rows, resumed, want_hidden=False):
         if self.seen == 0:
@@ -62,6 +61,7 @@ def host_cpu(repeats: int = 5) -> dict:
     """Host microseconds a step of ``stitch_loop`` over stand-in lanes, and of one FastLane call's host path."""
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 
+    from engine_profile import PROMPT
     from hf_rstitch.core.policies import EntropyPolicy
     from hf_rstitch.decode.loop import stitch_loop
     from hf_rstitch.hf import decode
@@ -90,7 +90,7 @@ def host_cpu(repeats: int = 5) -> dict:
 
     loop(64)
     best = {n: min(cpu_seconds(lambda: loop(n)) for _ in range(repeats)) for n in (32, 544)}
-    ops = {n: aten_ops(lambda: loop(n)) for n in (32, 544)}
+    ops = {n: aten_ops(lambda: loop(n))[0] for n in (32, 544)}
     lane_steps(64)
     return {"loop_us": 1e6 * (best[544] - best[32]) / 512, "loop_ops": (ops[544] - ops[32]) / 512,
             "lane_us": 1e6 * min(lane_steps(512) for _ in range(repeats)) / 512, "request_ops": request_ops()}
@@ -99,6 +99,7 @@ def host_cpu(repeats: int = 5) -> dict:
 def request_ops() -> float:
     """Tensor operations a step of the request engine (one request, greedy, the SLM writing every token) outside
     its lanes' calls (eager tiny lanes; their calls are not counted)."""
+    from engine_profile import PROMPT, build
     from hf_rstitch.serving.request_types import Request
     from hf_rstitch.serving.requests import RequestEngine
 
@@ -118,12 +119,12 @@ def request_ops() -> float:
     def run(new: int):
         engine.run([Request(input_ids=list(range(10, 10 + PROMPT)), max_new_tokens=new, eos_token_id=[])])
 
-    return (aten_ops(lambda: run(160), skip=inside) - aten_ops(lambda: run(32), skip=inside)) / 128
+    return (aten_ops(lambda: run(160), skip=inside)[0] - aten_ops(lambda: run(32), skip=inside)[0]) / 128
 
 
-def aten_ops(fn, skip: list | None = None) -> int:
-    """Tensor operations ``fn`` dispatches (each costs the host microseconds, on any device), not counting those
-    while ``skip[0]`` is true."""
+def aten_ops(fn, skip: list | None = None) -> tuple[int, object]:
+    """Tensor operations ``fn()`` dispatches (each costs the host microseconds, on any device), not counting those
+    while ``skip[0]`` is true; and what ``fn()`` returned."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
@@ -134,8 +135,8 @@ def aten_ops(fn, skip: list | None = None) -> int:
             return func(*args, **(kwargs or {}))
 
     with Count():
-        fn()
-    return Count.n
+        out = fn()
+    return Count.n, out
 
 
 HOST_RESULT = "benchmarks/results/engine_host_cpu"
@@ -143,6 +144,8 @@ HOST_RESULT = "benchmarks/results/engine_host_cpu"
 
 def write_host_rows(stem: Path, row: dict) -> None:
     """``--host-cpu``'s result: one row per label (a re-run replaces its label's row), as JSON and a table."""
+    import lab
+
     stem = stem.with_suffix("")
     path = stem.with_suffix(".json")
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
@@ -162,6 +165,9 @@ def write_host_rows(stem: Path, row: dict) -> None:
 def stubbed_lane(n: int):
     """A FastLane (eager, CPU) of the tiny shape whose model call is a stub: its host path alone."""
     import contextlib
+
+    from engine_profile import PROMPT, build
+    from hf_rstitch.fast import FastConfig, FastLane
 
     model = build("tiny-qwen3", "cpu")
     lane = FastLane(model, Role.SLM, model.config.vocab_size, PROMPT + n + 8, FastConfig(graphs=False))

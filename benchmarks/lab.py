@@ -87,6 +87,25 @@ def write_result(stem: str | Path, doc: dict[str, Any], markdown: str = "") -> N
         stem.with_suffix(".md").write_text(markdown.rstrip() + f"\n\nRegenerate: `{doc['command']}`\n")
 
 
+CHILD_RESULT = "RESULT "  # prefix of the line a child process prints its result on (:func:`run_child`)
+
+
+def run_child(cmd: list[str], env: dict, timeout: float) -> dict:
+    """Run ``cmd`` (a script in a fresh process); its last ``CHILD_RESULT`` line as a dict plus ``process_s``, or
+    ``{"error": ...}`` (the time-out, or the end of its output when it failed or printed no result)."""
+    import subprocess
+
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith(CHILD_RESULT)]
+    if done.returncode or not lines:
+        return {"error": (done.stderr or done.stdout)[-2000:]}
+    return {**json.loads(lines[-1][len(CHILD_RESULT):]), "process_s": time.perf_counter() - t0}
+
+
 def tiny_qwen2(hidden: int, layers: int, seed: int, device: str = "cpu", dtype: torch.dtype = torch.float32,
                vocab: int = 256):
     """A seeded random Qwen2 for CPU smoke runs of the GPU benchmarks."""
@@ -120,7 +139,8 @@ def switch_route(n: int, n_switches: int, seed: int) -> list[str]:
     return route(n, llm_tokens, max(1.0, llm_tokens / max(1, (n_switches + 1) // 2)), seed=seed)
 
 
-MATH = {"llm_only_tokens": 2753, "llm_tokens": 344, "slm_tokens": 771}  # paper, MATH, 7B pair, 8k budget
+# paper, MATH, 7B pair, 8k budget: tokens a problem, LLM runs of ~4 tokens; the benchmarks' 128-token prompts
+MATH = {"llm_only_tokens": 2753, "llm_tokens": 344, "slm_tokens": 771, "llm_run": 4.0, "prompt": 128}
 
 
 class Budget:

@@ -36,15 +36,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def load_pair(args):
-    from transformers import AutoModelForCausalLM
-
+    """``(slm, llm)``: random Qwen2 1.5B / 7B shapes, or the two checkpoints (:func:`hf_rstitch.hf.loading.load_pair`)."""
+    from hf_rstitch.hf.loading import load_pair as load
     from hf_rstitch.latency.profiler import random_qwen2
 
-    dtype = getattr(torch, args.dtype)
     if args.random_qwen2_pair:
+        dtype = getattr(torch, args.dtype)
         return (random_qwen2("1.5b", dtype, args.device, seed=args.seed),
                 random_qwen2("7b", dtype, args.device, seed=args.seed))
-    return tuple(AutoModelForCausalLM.from_pretrained(p, dtype=dtype).to(args.device).eval() for p in (args.slm, args.llm))
+    llm, slm, _ = load(args.llm, args.slm, args.dtype, args.device)
+    return slm, llm
 
 
 def stitched(llm, slm, prompt, route, timing: bool):

@@ -7,15 +7,18 @@ stitched run replays one drawn route (ReplayPolicy, about 30% LLM tokens); greed
    teacher-forced argmax over that output, and per-token latency of LLM-only and stitched decoding.
 2. device_map over ``--devices`` (the LLM's layers split evenly, embeddings on the first device,
    the SLM on the first device too): the same output and latencies.
-3. Saves both checkpoints and the reference for ``multigpu_tp_worker.py``, which repeats both
-   under tensor parallelism (``torchrun --nproc-per-node 2``) and merges its rows into the table.
+3. Saves both checkpoints and the reference (``--save-dir``) for ``--tp-worker``: one process per GPU under
+   ``torchrun --nproc-per-node 2``, every rank loads the LLM the way a user would (``from_pretrained`` with
+   ``DistributedConfig(tp_plan="auto")``, transformers' tensor-parallel plan) and its own whole SLM, runs the
+   same stitched generate on the same prompt and route; rank 0 checks that all ranks produced the same tokens,
+   compares them with the 1-GPU reference, times both and adds a ``tensor-parallel`` row to the table.
 
 "Equal" means token-for-token equal greedy output. Where an output differs, the first differing
 step and the reference's top-2 logit margin there are reported: a split model reduces sums in
 another order, so a near-tie can break the other way (device_map does not change any sum).
 
     python benchmarks/multigpu_bench.py --out benchmarks/results --save-dir /tmp/mg
-    torchrun --nproc-per-node 2 benchmarks/multigpu_tp_worker.py --out benchmarks/results --save-dir /tmp/mg
+    torchrun --nproc-per-node 2 benchmarks/multigpu_bench.py --tp-worker --out benchmarks/results --save-dir /tmp/mg
     python benchmarks/multigpu_bench.py --shape tiny --devices cpu cpu --new-tokens 32 --llm-share 0.5 \\
         --out /tmp/o --save-dir /tmp/mg  # CPU smoke run
 """
@@ -211,12 +214,17 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--llm-share", type=float, default=0.3, help="share of LLM tokens in the replayed route")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=None, help="default 3; --tp-worker: as the 1-GPU run")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES),
                     help="float32: equality with the 1-GPU run holds up to far smaller rounding (TP sums in another order)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    ap.add_argument("--save-dir", default=None, help="save the pair and the reference here for multigpu_tp_worker.py")
+    ap.add_argument("--save-dir", default=None, help="save the pair and the reference here for --tp-worker; "
+                                                     "with --tp-worker, where they were saved")
+    ap.add_argument("--tp-worker", action="store_true", help="a tensor-parallel rank under torchrun (step 3)")
     args = ap.parse_args(argv)
+    if args.tp_worker:
+        return tp_worker(Path(args.save_dir), Path(args.out), args.repeats)
+    args.repeats = args.repeats or 3
     devices = args.devices
     llm, slm = build_pair(args.shape, devices[0], DTYPES[args.dtype])
     ids, route = request(min(llm.config.vocab_size, slm.config.vocab_size), args)
@@ -243,6 +251,59 @@ def main(argv=None) -> int:
     write(result, Path(args.out))
     print(markdown(result))
     print(json.dumps({"slug": result["slug"], "rows": rows}))
+    return 0
+
+
+def load_tp(path: Path, dtype: torch.dtype = torch.bfloat16):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        from transformers.distributed import DistributedConfig
+
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, distributed_config=DistributedConfig(tp_plan="auto"))
+    except ImportError:  # transformers without DistributedConfig (tp_plan was a from_pretrained argument)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, tp_plan="auto")
+
+
+def same_on_all_ranks(values: list[int], device) -> bool:
+    import torch.distributed as dist
+
+    t = torch.tensor(values, device=device)
+    both = torch.stack([t, -t])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return bool(torch.equal(both[0], -both[1]))
+
+
+def tp_worker(save: Path, out: Path, repeats: int | None) -> int:
+    """``--tp-worker``: this rank's part of step 3 (``repeats``: default, as the 1-GPU run)."""
+    import os
+
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    ref = json.loads((save / "reference.json").read_text())
+    dtype = ref.get("dtype", "bfloat16")
+    llm = load_tp(save / "llm", DTYPES[dtype]).eval()
+    slm = AutoModelForCausalLM.from_pretrained(save / "slm", dtype=DTYPES[dtype], device_map={"": device}).eval()
+    world = dist.get_world_size()
+    slug = gpu_slug([str(device)] * world, dtype)
+    result = json.loads((out / f"multigpu_{slug}.json").read_text())
+    m = result["meta"]
+    run_args = argparse.Namespace(new_tokens=m["new_tokens"], repeats=repeats or m["repeats"])
+    ids = torch.tensor(ref["ids"], device=device)
+    torch.manual_seed(0)  # greedy here; a sampled run would need the same seed on every rank
+    row, mine = measure(f"tensor-parallel x{world}", llm, slm, ids, ref["route"], [device], run_args, ref,
+                        barrier=dist.barrier)
+    row["ranks_agree"] = same_on_all_ranks(mine["run"]["sequence"], device)
+    if dist.get_rank() == 0:
+        result["rows"] = [r for r in result["rows"] if not r["mode"].startswith("tensor-parallel")] + [row]
+        write(result, out)
+        print(markdown(result))
+        print(json.dumps({"slug": slug, "tp_row": row}))
+    dist.barrier()
+    dist.destroy_process_group()
     return 0
 
 

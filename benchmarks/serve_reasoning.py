@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lab  # noqa: E402
 import serve_clients as sc  # noqa: E402  (the closed-loop HTTP clients and the window's summary)
 
-MATH = {"llm_only": 2753, "stitched_llm": 344, "stitched_slm": 771, "llm_run": 4.0, "prompt": 128}
+MATH = lab.MATH
 METHODS = ("llm_only", "stitched")
 PROMPT_VOCAB = 200  # prompt token ids below this: valid for every pair here (the tiny one has 256)
 
@@ -59,11 +59,11 @@ def shapes(scale: float, n: int = 512, seed: int = 0) -> dict:
 
     rng = random.Random(seed)
     factors = [rng.uniform(0.5, 1.5) for _ in range(n)]
-    stitched = (MATH["stitched_llm"] + MATH["stitched_slm"]) * scale
+    stitched = (MATH["llm_tokens"] + MATH["slm_tokens"]) * scale
     return {"prompt": max(8, round(MATH["prompt"] * scale)),
-            "llm_only": [max(1, round(MATH["llm_only"] * scale * f)) for f in factors],
+            "llm_only": [max(1, round(MATH["llm_only_tokens"] * scale * f)) for f in factors],
             "stitched": [max(1, round(stitched * f)) for f in factors],
-            "llm_share": MATH["stitched_llm"] / (MATH["stitched_llm"] + MATH["stitched_slm"])}
+            "llm_share": MATH["llm_tokens"] / (MATH["llm_tokens"] + MATH["slm_tokens"])}
 
 
 def prompts(n: int, length: int, vocab: int = PROMPT_VOCAB, seed: int = 1) -> list[list[int]]:

@@ -151,6 +151,23 @@ def profile_model(
     Returns:
         A :class:`ModelProfile`; ``.to_dict()`` is the JSON profile.
     """
+    n_inf, n_kv = _checked_grid(n_inf, n_kv, repeats, warmup)
+    device = next(model.parameters()).device
+    torch.manual_seed(seed)
+    model.eval()
+    t_start = time.perf_counter()
+    report = progress if callable(progress) else (_log_progress if progress else None)
+    grid = _time_grid(model, n_inf, n_kv, repeats, warmup, logits_to_keep, report)
+    points = [(g["n_inf"], g["n_kv"], g["median_ms"]) for g in grid]
+    full = fit(points, relative=relative_fit)
+    decode = fit_decode(points) if len(n_kv) >= 2 and n_inf[0] == 1 else None
+    meta = _meta(model, device, repeats, warmup, logits_to_keep, time.perf_counter() - t_start)
+    meta["fit_residuals"] = "relative (1/ms weights)" if relative_fit else "absolute (plain least squares, as the paper)"
+    return ModelProfile(fit=full, decode_fit=decode, model=model_facts(model, name), grid=grid, meta=meta)
+
+
+def _checked_grid(n_inf: Sequence[int], n_kv: Sequence[int], repeats: int, warmup: int) -> tuple[list, list]:
+    """The grid's axes sorted and deduplicated, or :class:`LatencyProfileError` saying why Eq. 4 cannot be fit."""
     n_inf = sorted({int(x) for x in n_inf})
     n_kv = sorted({int(x) for x in n_kv})
     if not n_inf or not n_kv:
@@ -162,32 +179,26 @@ def profile_model(
             f"grid N_inf={n_inf} x N_kv={n_kv} cannot determine Eq. 4's four coefficients; use at least 3 distinct "
             "N_inf values (one > 1) and 2 distinct N_kv values."
         )
-    device = next(model.parameters()).device
-    vocab = model.config.vocab_size
-    report = progress if callable(progress) else (_log_progress if progress else None)
-    torch.manual_seed(seed)
-    model.eval()
-    # One throwaway pass so CUDA context, cuBLAS handles and kernel selection stay out of the first cell.
+    return n_inf, n_kv
+
+
+def _time_grid(model, n_inf: list[int], n_kv: list[int], repeats: int, warmup: int, logits_to_keep: int,
+               report: Callable | None) -> list[dict]:
+    """Per cell ``(n_inf, n_kv)``: the median and the samples of ``repeats`` timed calls (ms), after one
+    throwaway pass so CUDA context, cuBLAS handles and kernel selection stay out of the first cell."""
+    device, vocab = next(model.parameters()).device, model.config.vocab_size
     time_cell(model, _prefill(model, min(n_kv[-1], 64), vocab, device, logits_to_keep), min(n_inf[-1], 64), vocab,
               device, repeats=0, warmup=2, logits_to_keep=logits_to_keep)
-
-    grid, total, done, t_start = [], len(n_inf) * len(n_kv), 0, time.perf_counter()
+    grid, total = [], len(n_inf) * len(n_kv)
     for kv in n_kv:
         cache = _prefill(model, kv, vocab, device, logits_to_keep)
         for ni in n_inf:
             samples = time_cell(model, cache, ni, vocab, device, repeats, warmup, logits_to_keep)
-            med = statistics.median(samples)
-            grid.append({"n_inf": ni, "n_kv": kv, "median_ms": med, "samples_ms": samples})
-            done += 1
+            grid.append({"n_inf": ni, "n_kv": kv, "median_ms": statistics.median(samples), "samples_ms": samples})
             if report:
-                report(done, total, ni, kv, med)
+                report(len(grid), total, ni, kv, grid[-1]["median_ms"])
         del cache
-    points = [(g["n_inf"], g["n_kv"], g["median_ms"]) for g in grid]
-    full = fit(points, relative=relative_fit)
-    decode = fit_decode(points) if len(n_kv) >= 2 and n_inf[0] == 1 else None
-    meta = _meta(model, device, repeats, warmup, logits_to_keep, time.perf_counter() - t_start)
-    meta["fit_residuals"] = "relative (1/ms weights)" if relative_fit else "absolute (plain least squares, as the paper)"
-    return ModelProfile(fit=full, decode_fit=decode, model=model_facts(model, name), grid=grid, meta=meta)
+    return grid
 
 
 def _meta(model, device: torch.device, repeats: int, warmup: int, logits_to_keep: int, seconds: float) -> dict:

@@ -77,16 +77,7 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
     """The ASGI app serving ``engine`` (a ``RequestEngine``) with ``tokenizer``'s chat template."""
     settings = settings or ServerSettings()
     driver = EngineDriver(engine)
-    chars_per_token = max(map(len, tokenizer.get_vocab()), default=1) if hasattr(tokenizer, "get_vocab") else None
-    pacer = Pacer(settings.stream_interval_s, settings.stream_writes_per_s)
-    offices: dict[asyncio.AbstractEventLoop, PostOffice] = {}  # one per event loop serving the app (usually one)
-
-    def post_office() -> PostOffice:
-        loop = asyncio.get_running_loop()
-        if loop not in offices:
-            offices.clear()  # a new loop (tests run the app on one loop after another); a box keeps its own office
-            offices[loop] = PostOffice(loop)
-        return offices[loop]
+    complete = _Completions(driver, tokenizer, settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -100,15 +91,7 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
 
     @app.get("/health", responses={503: {"model": dict, "description": "draining, stopped or unhealthy"}})
     async def health() -> JSONResponse:
-        ok = driver.alive and driver.accepting and driver.healthy
-        status = "ok" if ok else ("stopped" if not driver.alive else "draining" if not driver.accepting else "unhealthy")
-        recent = driver.last_error_at is not None and time.monotonic() - driver.last_error_at < settings.error_ttl_s
-        body = {"status": status, "model": settings.model_name, "pid": os.getpid(), "threshold": settings.threshold,
-                "router": settings.router, "pin": settings.pin, "running": engine.running, "waiting": engine.waiting,
-                "in_flight": driver.in_flight, "max_pending": driver.capacity, "steps": driver.steps,
-                "completed": driver.completed, "failed_steps_in_a_row": driver.failed_in_a_row,
-                "last_error": driver.last_error if recent else None}
-        return JSONResponse(body, status_code=200 if ok else 503)
+        return _health(driver, engine, settings)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -117,42 +100,78 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
 
     @app.post("/v1/chat/completions", responses={**_JSON_OR_SSE, **ERROR_RESPONSES})
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return await _complete(request, body, "chat")
+        return await complete(request, body, "chat")
 
     @app.post("/v1/completions", responses={**_JSON_OR_SSE, **ERROR_RESPONSES})
     async def completions(body: CompletionRequest, request: Request):
-        return await _complete(request, body, "text")
+        return await complete(request, body, "text")
 
-    async def _complete(request: Request, body, kind: str):
+    return app
+
+
+class _Completions:
+    """The two completion endpoints: check, tokenize and submit a request, then answer from its events."""
+
+    def __init__(self, driver: EngineDriver, tokenizer: Any, settings: ServerSettings):
+        self.driver, self.tokenizer, self.settings = driver, tokenizer, settings
+        self.chars_per_token = (max(map(len, tokenizer.get_vocab()), default=1) if hasattr(tokenizer, "get_vocab")
+                                else None)
+        self.pacer = Pacer(settings.stream_interval_s, settings.stream_writes_per_s)
+        self.offices: dict[asyncio.AbstractEventLoop, PostOffice] = {}  # one per event loop serving the app
+
+    def post_office(self) -> PostOffice:
+        loop = asyncio.get_running_loop()
+        if loop not in self.offices:
+            self.offices.clear()  # a new loop (tests run the app on one loop after another); a box keeps its office
+            self.offices[loop] = PostOffice(loop)
+        return self.offices[loop]
+
+    async def __call__(self, request: Request, body, kind: str):
+        driver, settings, tokenizer = self.driver, self.settings, self.tokenizer
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         try:
             check_model(body.model, settings)
-            check_prompt_size(body, kind, settings, chars_per_token)
+            check_prompt_size(body, kind, settings, self.chars_per_token)
             ids = await asyncio.to_thread(prompt_ids, tokenizer, body, kind, settings)
             engine_request = build_request(body, ids, rid, settings)
-            box = post_office().mailbox()
+            box = self.post_office().mailbox()
             driver.submit(engine_request, box)
-        except UnknownModel as err:
-            return error(404, str(err), kind="invalid_request_error", param="model", code="model_not_found")
-        except BadRequest as err:
-            return error(400, str(err), param=err.param)
-        except QueueFull as err:
-            return error(429, f"the server is at capacity: {err}", headers={"Retry-After": "1"})
-        except ShuttingDown as err:
-            return error(503, str(err))
-        except ValueError as err:  # the engine's own validation
-            return error(400, f"the engine refused the request: {err}")
-        events = follow(driver, rid, box, request, None if body.stream else settings.disconnect_poll_s, pacer)
+        except (UnknownModel, BadRequest, QueueFull, ShuttingDown, ValueError) as err:
+            return _refusal(err)
+        events = follow(driver, rid, box, request, None if body.stream else settings.disconnect_poll_s, self.pacer)
         transcript = Transcript(tokenizer, len(ids), body.stop_strings)
-        model = settings.model_name
         if body.stream:
-            sse = (stream_chat if kind == "chat" else stream_text)(rid, model, body.include_usage_chunk, transcript,
-                                                                   events)
+            sse = (stream_chat if kind == "chat" else stream_text)(rid, settings.model_name, body.include_usage_chunk,
+                                                                   transcript, events)
             return StreamingResponse(sse, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await whole_response(rid, kind, model, transcript, events)
+        return await whole_response(rid, kind, settings.model_name, transcript, events)
 
-    return app
+
+def _health(driver: EngineDriver, engine: Any, settings: ServerSettings) -> JSONResponse:
+    """``GET /health``: 200 while the driver runs, accepts and is healthy, else 503 with which of them failed."""
+    ok = driver.alive and driver.accepting and driver.healthy
+    status = "ok" if ok else ("stopped" if not driver.alive else "draining" if not driver.accepting else "unhealthy")
+    recent = driver.last_error_at is not None and time.monotonic() - driver.last_error_at < settings.error_ttl_s
+    body = {"status": status, "model": settings.model_name, "pid": os.getpid(), "threshold": settings.threshold,
+            "router": settings.router, "pin": settings.pin, "running": engine.running, "waiting": engine.waiting,
+            "in_flight": driver.in_flight, "max_pending": driver.capacity, "steps": driver.steps,
+            "completed": driver.completed, "failed_steps_in_a_row": driver.failed_in_a_row,
+            "last_error": driver.last_error if recent else None}
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+def _refusal(err: Exception) -> JSONResponse:
+    """The error response of a request refused before it reached the engine's batch (checked in this order)."""
+    if isinstance(err, UnknownModel):
+        return error(404, str(err), kind="invalid_request_error", param="model", code="model_not_found")
+    if isinstance(err, BadRequest):
+        return error(400, str(err), param=err.param)
+    if isinstance(err, QueueFull):
+        return error(429, f"the server is at capacity: {err}", headers={"Retry-After": "1"})
+    if isinstance(err, ShuttingDown):
+        return error(503, str(err))
+    return error(400, f"the engine refused the request: {err}")  # the engine's own validation (a ValueError)
 
 
 def _publish_limits(schema: dict[str, Any], settings: ServerSettings) -> None:

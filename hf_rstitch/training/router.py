@@ -239,10 +239,8 @@ def train_router(cfg: RouterTrainConfig, *, llm=None, slm=None, tokenizer=None, 
     """Train (or resume training) a router; returns it. Models/data may be passed in (tests)."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(cfg.device)
     if llm is None or slm is None or tokenizer is None:
-        llm, slm, tokenizer = load_models(cfg, device)
-    device = str(next(llm.parameters()).device)
+        llm, slm, tokenizer = load_models(cfg, resolve_device(cfg.device))
     rows = load_rows(cfg) if rows is None else rows
     if grader is None:  # the toy world's answers are plain integers in \boxed{}
         from ..toyworld.pair import grade as toy_grade
@@ -252,7 +250,33 @@ def train_router(cfg: RouterTrainConfig, *, llm=None, slm=None, tokenizer=None, 
         latency_model = load_latency_model(cfg, llm, slm, out)
     latency_model.save(out / "latency.json")
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
+    router, optimizer, start = _router_and_optimizer(cfg, slm, str(next(llm.parameters()).device), out, log)
+    prompts = encode_prompts(tokenizer, [r["problem"] for r in rows], cfg.instruction)
+    answers = [str(r["answer"]) for r in rows]
+    t_start = time.perf_counter()
+    with open(out / "metrics.jsonl", "a") as metrics_file:
+        for step in range(start, cfg.steps):
+            idx = batch_indices(len(rows), cfg.batch_prompts, step, cfg.seed)
+            m, groups = _train_step(cfg, llm, slm, tokenizer, router, optimizer, latency_model, grader,
+                                    [prompts[i] for i in idx], [answers[i] for i in idx], step)
+            metrics_file.write(json.dumps(m) + "\n")
+            metrics_file.flush()
+            if cfg.progress:
+                log(_progress_line(m, cfg.steps, groups))
+            done = step + 1
+            timed_out = cfg.max_minutes > 0 and time.perf_counter() - t_start > 60 * cfg.max_minutes
+            if done % cfg.checkpoint_every == 0 or done == cfg.steps or timed_out:
+                save_checkpoint(out / "checkpoint", router, optimizer, done)
+            if timed_out:
+                log(f"stopping after {cfg.max_minutes} min at step {done} (resume with the same --out)")
+                break
+    router.save_pretrained(out / "router")
+    return router
 
+
+def _router_and_optimizer(cfg: RouterTrainConfig, slm, device: str, out: Path, log) -> tuple[Router, Any, int]:
+    """A fresh router (seeded) and its optimizer, or both resumed from ``out``'s last checkpoint; the first step to
+    run. Metrics past that step (written after the checkpoint) are dropped."""
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     hidden = slm.config.get_text_config().hidden_size
@@ -265,34 +289,24 @@ def train_router(cfg: RouterTrainConfig, *, llm=None, slm=None, tokenizer=None, 
         log(f"resumed from {checkpoint} at step {start}")
     trim_metrics(out / "metrics.jsonl", start)
     router.eval()
-    prompts = encode_prompts(tokenizer, [r["problem"] for r in rows], cfg.instruction)
-    answers = [str(r["answer"]) for r in rows]
-    t_start, step = time.perf_counter(), start
-    with open(out / "metrics.jsonl", "a") as metrics_file:
-        for step in range(start, cfg.steps):
-            t0 = time.perf_counter()
-            idx = batch_indices(len(rows), cfg.batch_prompts, step, cfg.seed)
-            groups = rollout(llm, slm, tokenizer, router, [prompts[i] for i in idx], [answers[i] for i in idx],
-                             group_size=cfg.group_size, threshold=cfg.threshold, latency_model=latency_model,
-                             max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample,
-                             temperature=cfg.temperature, top_p=cfg.top_p, grader=grader)
-            t_roll = time.perf_counter() - t0
-            stats = update(router, optimizer, groups, cfg)
-            m = {"step": step + 1, **step_metrics(groups, cfg.lam), **stats,
-                 "rollout_s": t_roll, "step_s": time.perf_counter() - t0}
-            metrics_file.write(json.dumps(m) + "\n")
-            metrics_file.flush()
-            if cfg.progress:
-                log(f"step {step + 1}/{cfg.steps} reward {m['reward']:.3f} acc {m['accuracy']:.3f} "
-                    f"llm_share {m['llm_token_share']:.3f} L_hat {m['latency_ms']:.1f}ms "
-                    f"votes_llm {m['llm_vote_rate']:.3f} kept {m['kept_groups']}/{len(groups)} "
-                    f"loss {m['loss']:.4f} ({m['step_s']:.1f}s)")
-            done = step + 1
-            timed_out = cfg.max_minutes > 0 and time.perf_counter() - t_start > 60 * cfg.max_minutes
-            if done % cfg.checkpoint_every == 0 or done == cfg.steps or timed_out:
-                save_checkpoint(out / "checkpoint", router, optimizer, done)
-            if timed_out:
-                log(f"stopping after {cfg.max_minutes} min at step {done} (resume with the same --out)")
-                break
-    router.save_pretrained(out / "router")
-    return router
+    return router, optimizer, start
+
+
+def _train_step(cfg: RouterTrainConfig, llm, slm, tokenizer, router: Router, optimizer, latency_model, grader,
+                prompts: list, answers: list[str], step: int) -> tuple[dict, int]:
+    """One DAPO step: roll out groups on ``prompts``, update the router; the step's metrics and its groups."""
+    t0 = time.perf_counter()
+    groups = rollout(llm, slm, tokenizer, router, prompts, answers, group_size=cfg.group_size,
+                     threshold=cfg.threshold, latency_model=latency_model, max_new_tokens=cfg.max_new_tokens,
+                     do_sample=cfg.do_sample, temperature=cfg.temperature, top_p=cfg.top_p, grader=grader)
+    t_roll = time.perf_counter() - t0
+    stats = update(router, optimizer, groups, cfg)
+    return {"step": step + 1, **step_metrics(groups, cfg.lam), **stats, "rollout_s": t_roll,
+            "step_s": time.perf_counter() - t0}, len(groups)
+
+
+def _progress_line(m: dict, steps: int, groups: int) -> str:
+    return (f"step {m['step']}/{steps} reward {m['reward']:.3f} acc {m['accuracy']:.3f} "
+            f"llm_share {m['llm_token_share']:.3f} L_hat {m['latency_ms']:.1f}ms "
+            f"votes_llm {m['llm_vote_rate']:.3f} kept {m['kept_groups']}/{groups} "
+            f"loss {m['loss']:.4f} ({m['step_s']:.1f}s)")
