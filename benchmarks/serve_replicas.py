@@ -138,6 +138,7 @@ def kill_test(url: str, bodies: list[dict], args, n: int, seen: set[int]) -> dic
     load.start()
     time.sleep(1.0 + args.warmup_s + 0.2 * max(1, min(8, args.replica_concurrency // 32)))
     victim = min(before)
+    held = replica_health(url, 16).get(victim, {}).get("in_flight")  # what the victim holds (read just before)
     t_kill = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     load.join()
@@ -147,19 +148,44 @@ def kill_test(url: str, bodies: list[dict], args, n: int, seen: set[int]) -> dic
         if now - before - seen and victim not in now:
             replaced = time.monotonic() - t_kill
         time.sleep(1.0)
+    return {"replicas": n, "victim_pid": victim, "pids_before": sorted(before | seen),
+            "victim_in_flight_at_kill": held, **ended(out["records"], t_kill),
+            "replaced_after_s": replaced, "pids_after": sorted(replica_pids(url))}
+
+
+OUTCOMES = ("complete", "replica_lost", "at_capacity", "still_streaming", "unclean")
+
+
+def outcome(rec: dict) -> str:
+    """How one request of the kill test ended: ``complete``; ``replica_lost`` (the clean error of a lost replica: a
+    503, or an error event and ``[DONE]`` in its stream); ``at_capacity`` (a 429: the survivor full, retry later);
+    ``still_streaming`` (``end`` None: cancelled when the load's clients stopped -- the benchmark's doing, not an
+    error); else ``unclean``."""
     from hf_rstitch.serve.relay import LOST
 
-    recs = out["records"]
-    lost = [r for r in recs if not r["complete"] and LOST in str(r.get("error"))]
-    full = [r for r in recs if not r["complete"] and r["status"] == 429]  # the survivors' queues full: retry later
-    unclean = [r for r in recs if not r["complete"] and r not in lost and r not in full]
-    after = [r for r in recs if r["start"] > t_kill + 1.0]  # sent once the victim was known dead or soon after
-    return {"replicas": n, "victim_pid": victim, "pids_before": sorted(before | seen), "requests": len(recs),
-            "completed": sum(r["complete"] for r in recs), "ended_with_replica_lost_error": len(lost),
-            "lost_statuses": sorted({r["status"] for r in lost}), "at_capacity_429": len(full), "unclean": len(unclean),
-            "unclean_examples": [str(r.get("error"))[:200] for r in unclean[:3]],
-            "sent_after_kill": len(after), "sent_after_kill_completed": sum(r["complete"] for r in after),
-            "replaced_after_s": replaced, "pids_after": sorted(replica_pids(url))}
+    if rec["complete"]:
+        return "complete"
+    if rec.get("end") is None:
+        return "still_streaming"
+    if LOST in str(rec.get("error")):
+        return "replica_lost"
+    return "at_capacity" if rec["status"] == 429 else "unclean"
+
+
+def ended(records: list[dict], t_kill: float) -> dict:
+    """The kill test's requests by :func:`outcome`, overall and for those in flight at ``t_kill`` (on either
+    replica) or sent a second after it; ``clean`` is the verdict: no request ended ``unclean``."""
+    def count(recs):
+        kinds = [outcome(r) for r in recs]
+        return {k: kinds.count(k) for k in OUTCOMES}
+
+    held = [r for r in records if r["start"] <= t_kill and (r.get("end") is None or r["end"] > t_kill)]
+    after = [r for r in records if r["start"] > t_kill + 1.0]  # sent once the victim was known dead or soon after
+    bad = [r for r in records if outcome(r) == "unclean"]
+    return {"requests": len(records), **count(records), "in_flight_at_kill": count(held), "sent_after_kill": count(after),
+            "lost_statuses": sorted({r["status"] for r in records if outcome(r) == "replica_lost"}),
+            "unclean_examples": [f"status {r['status']}: {str(r.get('error'))[:200]}" for r in bad[:3]],
+            "clean": not bad}
 
 
 def main(args) -> int:
@@ -243,12 +269,22 @@ def markdown(doc: dict) -> str:
                      f"{f(r['tokens_per_s'], 0)} | {f(r['p50_s'])} | {f(r['p99_s'])} | {f(r['ttft_p50_s'])} | "
                      f"{f(r['startup_s'], 0)} | {' / '.join(map(str, r['completed_by_replica'].values()))} | "
                      f"{' / '.join(str(r['cpu_cores_by_role'].get(k, '-')) for k in ('proxy', 'front', 'engine'))} |")
-    k = doc["kill"]
-    if k:
-        lines += ["", f"Kill test ({k['replicas']} replicas, pid {k['victim_pid']} killed under load): "
-                  f"{k['requests']} requests ended, {k['completed']} complete, {k['ended_with_replica_lost_error']} "
-                  f"with the lost-replica error (statuses {k['lost_statuses']}), {k.get('at_capacity_429', 0)} with a "
-                  f"429 (the survivor full), {k['unclean']} otherwise; "
-                  f"{k['sent_after_kill_completed']} / {k['sent_after_kill']} sent after the kill completed; "
-                  f"replacement answering after {f(k['replaced_after_s'], 0)} s."]
+    if doc["kill"]:
+        lines += ["", kill_verdict(doc["kill"])]
     return "\n".join(lines) + "\n"
+
+
+def kill_verdict(k: dict) -> str:
+    """The kill test in words: how every request ended, and whether each one that did not complete ended cleanly."""
+    held, after = k["in_flight_at_kill"], k["sent_after_kill"]
+    verdict = ("CLEAN: every request that did not complete ended with the lost-replica error or a 429"
+               if k["clean"] else f"NOT CLEAN: {k['unclean']} requests ended otherwise, e.g. {k['unclean_examples']}")
+    return (f"Kill test ({k['replicas']} replicas, pid {k['victim_pid']} killed under load, holding "
+            f"{k['victim_in_flight_at_kill']} requests by its /health just before): {k['requests']} requests, "
+            f"{k['complete']} complete, {k['replica_lost']} with the lost-replica error (statuses {k['lost_statuses']}), "
+            f"{k['at_capacity']} with a 429 (the survivor full), {k['still_streaming']} still streaming when the load "
+            f"ended (cancelled by the benchmark, not errors), {k['unclean']} otherwise. Of the {sum(held.values())} in "
+            f"flight at the kill: {held['complete']} complete, {held['replica_lost']} lost-replica error, "
+            f"{held['still_streaming']} still streaming at the end; {after['complete']} / {sum(after.values())} sent "
+            f"after the kill completed; replacement answering after "
+            f"{'-' if k['replaced_after_s'] is None else round(k['replaced_after_s'])} s. {verdict}.")
