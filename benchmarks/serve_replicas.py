@@ -3,7 +3,7 @@ replica killed under load (issue #38). Run through ``serve_reasoning.py --replic
 
     bash benchmarks/serve_replicas_gpu.sh            # two GPUs, one call: installs the carried Ray bundle, then
     PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --out-dir $OUT --scale 0.05 \
-        --max-batch 64 --replica-concurrency 128 --warmup-s 4 --window-s 12 --replace-timeout-s 100
+        --max-batch 64 --replica-concurrency 160 --warmup-s 4 --window-s 12 --replace-timeout-s 100
     PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --dry-run-cpu --out-dir /tmp/sr  # CPU check
 
 Each replica builds the random-weight pair with replayed routes of ``serve_reasoning.py`` (:class:`Builder`, run
@@ -45,12 +45,13 @@ class Builder:
     def __call__(self, cfg):
         from hf_rstitch.serve.app import ServerSettings, create_app
 
-        llm, slm = sr.build_pair(self.bench)
-        vocab = min(llm.config.vocab_size, slm.config.vocab_size)
+        llm, slm = sr.build_pair(self.bench) if self.bench["engine"] != "standin" else (None, None)
+        vocab = min(llm.config.vocab_size, slm.config.vocab_size) if llm is not None else sr.PROMPT_VOCAB
         engine = sr.build_engine(self.bench, llm, slm)
         sr.warm(engine, self.bench)
         settings = ServerSettings(model_name="random-pair", max_context=self.bench["max_length"], vocab_size=vocab,
                                   default_max_tokens=16, drain_timeout_s=cfg.drain_timeout,
+                                  stream_interval_s=cfg.stream_interval, stream_writes_per_s=cfg.stream_writes_per_s,
                                   pin="llm" if self.bench["method"] == "llm_only" else None)
         return create_app(engine, sc.IdTokenizer(), settings)
 
@@ -203,27 +204,32 @@ def main(args) -> int:
     bench = {"method": method, "pair": "tiny" if args.dry_run_cpu else "qwen2", "device": args.device,
              "dtype": args.dtype, "engine": args.engine, "decisions": args.decisions, "max_batch": max_batch,
              "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
-             "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method]}
+             "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method],
+             "standin": sr.standin_timing(args)}
     bodies = [{"prompt": p, "max_tokens": n, "temperature": 0}
               for p, n in zip(sr.prompts(len(shape[method]), shape["prompt"]), shape[method])]
     path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")) if p)
     env = {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}  # the replicas import this lab
     # requests and answers are small objects: a small object store starts fast wherever /dev/shm is small
     ray_init = {"log_to_driver": False, "runtime_env": {"env_vars": env}, "object_store_memory": 2 * 1024**3}
-    if args.dry_run_cpu:
+    cpu = args.dry_run_cpu or args.engine == "standin"
+    if cpu:
         ray_init.update(num_cpus=2, object_store_memory=100 * 1024**2)
     rows = []
-    gpu = "cpu" if args.dry_run_cpu else torch.cuda.get_device_name()
-    doc = {**environment(), "gpu": gpu, "gpus": 0 if args.dry_run_cpu else torch.cuda.device_count(),
+    gpu = ("cpu_standin" if args.engine == "standin" else "cpu") if cpu else torch.cuda.get_device_name()
+    doc = {**environment(), "gpu": gpu, "gpus": 0 if cpu else torch.cuda.device_count(),
            "args": vars(args), "method": method, "max_batch": max_batch, "rows": rows, "kill": None,
-           "pair": ("tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu
+           "pair": ("the stand-in engine (no model)" if args.engine == "standin"
+                    else "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu
                     else f"random Qwen2 7B / 1.5B, {args.dtype}")}
     stem = out / f"serve_replicas_{gpu.lower().replace(' ', '_')}"
     for n in args.replicas:
         port = sc.free_port()
         url = f"http://127.0.0.1:{port}"
         cfg = ServeConfig(port=port, replicas=n, device=args.device, dtype=args.dtype, max_batch=max_batch,
-                          max_queue=max_batch, drain_timeout=5.0, cpus_per_replica=0.5 if args.dry_run_cpu else 1.0)
+                          max_queue=max_batch, drain_timeout=5.0, cpus_per_replica=0.5 if cpu else 1.0,
+                          **{k: v for k, v in (("stream_interval", args.stream_interval),
+                                               ("stream_writes_per_s", args.stream_writes_per_s)) if v is not None})
         t0 = time.monotonic()
         try:
             replicas.start(cfg, ray_init, build=Builder(bench))
