@@ -3,7 +3,8 @@ replica killed under load (issue #38). Run through ``serve_reasoning.py --replic
 
     bash benchmarks/serve_replicas_gpu.sh            # two GPUs, one call: installs the carried Ray bundle, then
     PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --out-dir $OUT --scale 0.05 \
-        --max-batch 64 --replica-concurrency 160 --warmup-s 4 --window-s 12 --replace-timeout-s 100
+        --max-batch 64 --replica-concurrency 160 --warmup-s 4 --window-s 12 --stream-writes-per-s 500 \
+        --replace-timeout-s 100
     PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --dry-run-cpu --out-dir /tmp/sr  # CPU check
 
 Each replica builds the random-weight pair with replayed routes of ``serve_reasoning.py`` (:class:`Builder`, run
@@ -265,19 +266,28 @@ def markdown(doc: dict) -> str:
     lines = [f"# Ray Serve replicas, one a GPU: {doc['method']} server, {doc['gpu']} x {doc['gpus']}", "",
              f"{doc['pair']} with replayed routes (requests x{a['scale']}), --max-batch {doc['max_batch']} "
              f"a replica, closed loop of {a['replica_concurrency']} streaming clients, {a['warmup_s']} s warm-up then "
-             f"a {a['window_s']} s window.", "",
+             f"a {a['window_s']} s window; {a.get('stream_writes_per_s') or 1000:g} stream writes a second in all "
+             "(each replica its share).", "",
              "| replicas | requests/s | x one replica | tokens/s | p50 (s) | p99 (s) | TTFT p50 (s) | start (s) "
-             "| completed by replica (warm-up + window) | CPU cores in the window: proxy / front / engine |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| completed by replica (warm-up + window) | CPU cores in the window: proxy / front / engine "
+             "| CPU ms a request: proxy / front / engine |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in doc["rows"]:
         lines.append(f"| {r['replicas']} | {f(r['requests_per_s'])} | {f(r['speedup_vs_one'])} | "
                      f"{f(r['tokens_per_s'], 0)} | {f(r['p50_s'])} | {f(r['p99_s'])} | {f(r['ttft_p50_s'])} | "
                      f"{f(r['startup_s'], 0)} | {' / '.join(map(str, r['completed_by_replica'].values()))} | "
-                     f"{' / '.join(str(r['cpu_cores_by_role'].get(k, '-')) for k in ('proxy', 'front', 'engine'))} |")
+                     f"{' / '.join(str(r['cpu_cores_by_role'].get(k, '-')) for k in ('proxy', 'front', 'engine'))} | "
+                     f"{' / '.join(cpu_ms(r, k) for k in ('proxy', 'front', 'engine'))} |")
     if doc["kill"]:
         lines += ["", kill_verdict(doc["kill"])]
     return "\n".join(lines) + "\n"
+
+
+def cpu_ms(row: dict, role: str) -> str:
+    """CPU milliseconds a completed request cost ``role``'s processes together in the window."""
+    cores = row["cpu_cores_by_role"].get(role)
+    return "-" if not cores or not row["requests_per_s"] else f"{1e3 * sum(cores) / row['requests_per_s']:.0f}"
 
 
 def kill_verdict(k: dict) -> str:
