@@ -3,7 +3,8 @@ replica killed under load (issue #38). Run through ``serve_reasoning.py --replic
 
     bash benchmarks/serve_replicas_gpu.sh            # two GPUs, one call: installs the carried Ray bundle, then
     PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --out-dir $OUT --scale 0.05 \
-        --max-batch 64 --replica-concurrency 128 --warmup-s 4 --window-s 12 --replace-timeout-s 100
+        --max-batch 64 --replica-concurrency 160 --warmup-s 4 --window-s 12 --stream-writes-per-s 500 \
+        --replace-timeout-s 100
     PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --dry-run-cpu --out-dir /tmp/sr  # CPU check
 
 Each replica builds the random-weight pair with replayed routes of ``serve_reasoning.py`` (:class:`Builder`, run
@@ -45,12 +46,13 @@ class Builder:
     def __call__(self, cfg):
         from hf_rstitch.serve.app import ServerSettings, create_app
 
-        llm, slm = sr.build_pair(self.bench)
-        vocab = min(llm.config.vocab_size, slm.config.vocab_size)
+        llm, slm = sr.build_pair(self.bench) if self.bench["engine"] != "standin" else (None, None)
+        vocab = min(llm.config.vocab_size, slm.config.vocab_size) if llm is not None else sr.PROMPT_VOCAB
         engine = sr.build_engine(self.bench, llm, slm)
         sr.warm(engine, self.bench)
         settings = ServerSettings(model_name="random-pair", max_context=self.bench["max_length"], vocab_size=vocab,
                                   default_max_tokens=16, drain_timeout_s=cfg.drain_timeout,
+                                  stream_interval_s=cfg.stream_interval, stream_writes_per_s=cfg.stream_writes_per_s,
                                   pin="llm" if self.bench["method"] == "llm_only" else None)
         return create_app(engine, sc.IdTokenizer(), settings)
 
@@ -138,6 +140,7 @@ def kill_test(url: str, bodies: list[dict], args, n: int, seen: set[int]) -> dic
     load.start()
     time.sleep(1.0 + args.warmup_s + 0.2 * max(1, min(8, args.replica_concurrency // 32)))
     victim = min(before)
+    held = replica_health(url, 16).get(victim, {}).get("in_flight")  # what the victim holds (read just before)
     t_kill = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     load.join()
@@ -147,19 +150,44 @@ def kill_test(url: str, bodies: list[dict], args, n: int, seen: set[int]) -> dic
         if now - before - seen and victim not in now:
             replaced = time.monotonic() - t_kill
         time.sleep(1.0)
+    return {"replicas": n, "victim_pid": victim, "pids_before": sorted(before | seen),
+            "victim_in_flight_at_kill": held, **ended(out["records"], t_kill),
+            "replaced_after_s": replaced, "pids_after": sorted(replica_pids(url))}
+
+
+OUTCOMES = ("complete", "replica_lost", "at_capacity", "still_streaming", "unclean")
+
+
+def outcome(rec: dict) -> str:
+    """How one request of the kill test ended: ``complete``; ``replica_lost`` (the clean error of a lost replica: a
+    503, or an error event and ``[DONE]`` in its stream); ``at_capacity`` (a 429: the survivor full, retry later);
+    ``still_streaming`` (``end`` None: cancelled when the load's clients stopped -- the benchmark's doing, not an
+    error); else ``unclean``."""
     from hf_rstitch.serve.relay import LOST
 
-    recs = out["records"]
-    lost = [r for r in recs if not r["complete"] and LOST in str(r.get("error"))]
-    full = [r for r in recs if not r["complete"] and r["status"] == 429]  # the survivors' queues full: retry later
-    unclean = [r for r in recs if not r["complete"] and r not in lost and r not in full]
-    after = [r for r in recs if r["start"] > t_kill + 1.0]  # sent once the victim was known dead or soon after
-    return {"replicas": n, "victim_pid": victim, "pids_before": sorted(before | seen), "requests": len(recs),
-            "completed": sum(r["complete"] for r in recs), "ended_with_replica_lost_error": len(lost),
-            "lost_statuses": sorted({r["status"] for r in lost}), "at_capacity_429": len(full), "unclean": len(unclean),
-            "unclean_examples": [str(r.get("error"))[:200] for r in unclean[:3]],
-            "sent_after_kill": len(after), "sent_after_kill_completed": sum(r["complete"] for r in after),
-            "replaced_after_s": replaced, "pids_after": sorted(replica_pids(url))}
+    if rec["complete"]:
+        return "complete"
+    if rec.get("end") is None:
+        return "still_streaming"
+    if LOST in str(rec.get("error")):
+        return "replica_lost"
+    return "at_capacity" if rec["status"] == 429 else "unclean"
+
+
+def ended(records: list[dict], t_kill: float) -> dict:
+    """The kill test's requests by :func:`outcome`, overall and for those in flight at ``t_kill`` (on either
+    replica) or sent a second after it; ``clean`` is the verdict: no request ended ``unclean``."""
+    def count(recs):
+        kinds = [outcome(r) for r in recs]
+        return {k: kinds.count(k) for k in OUTCOMES}
+
+    held = [r for r in records if r["start"] <= t_kill and (r.get("end") is None or r["end"] > t_kill)]
+    after = [r for r in records if r["start"] > t_kill + 1.0]  # sent once the victim was known dead or soon after
+    bad = [r for r in records if outcome(r) == "unclean"]
+    return {"requests": len(records), **count(records), "in_flight_at_kill": count(held), "sent_after_kill": count(after),
+            "lost_statuses": sorted({r["status"] for r in records if outcome(r) == "replica_lost"}),
+            "unclean_examples": [f"status {r['status']}: {str(r.get('error'))[:200]}" for r in bad[:3]],
+            "clean": not bad}
 
 
 def main(args) -> int:
@@ -177,27 +205,32 @@ def main(args) -> int:
     bench = {"method": method, "pair": "tiny" if args.dry_run_cpu else "qwen2", "device": args.device,
              "dtype": args.dtype, "engine": args.engine, "decisions": args.decisions, "max_batch": max_batch,
              "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
-             "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method]}
+             "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method],
+             "standin": sr.standin_timing(args)}
     bodies = [{"prompt": p, "max_tokens": n, "temperature": 0}
               for p, n in zip(sr.prompts(len(shape[method]), shape["prompt"]), shape[method])]
     path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")) if p)
     env = {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}  # the replicas import this lab
     # requests and answers are small objects: a small object store starts fast wherever /dev/shm is small
     ray_init = {"log_to_driver": False, "runtime_env": {"env_vars": env}, "object_store_memory": 2 * 1024**3}
-    if args.dry_run_cpu:
+    cpu = args.dry_run_cpu or args.engine == "standin"
+    if cpu:
         ray_init.update(num_cpus=2, object_store_memory=100 * 1024**2)
     rows = []
-    gpu = "cpu" if args.dry_run_cpu else torch.cuda.get_device_name()
-    doc = {**environment(), "gpu": gpu, "gpus": 0 if args.dry_run_cpu else torch.cuda.device_count(),
+    gpu = ("cpu_standin" if args.engine == "standin" else "cpu") if cpu else torch.cuda.get_device_name()
+    doc = {**environment(), "gpu": gpu, "gpus": 0 if cpu else torch.cuda.device_count(),
            "args": vars(args), "method": method, "max_batch": max_batch, "rows": rows, "kill": None,
-           "pair": ("tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu
+           "pair": ("the stand-in engine (no model)" if args.engine == "standin"
+                    else "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu
                     else f"random Qwen2 7B / 1.5B, {args.dtype}")}
     stem = out / f"serve_replicas_{gpu.lower().replace(' ', '_')}"
     for n in args.replicas:
         port = sc.free_port()
         url = f"http://127.0.0.1:{port}"
         cfg = ServeConfig(port=port, replicas=n, device=args.device, dtype=args.dtype, max_batch=max_batch,
-                          max_queue=max_batch, drain_timeout=5.0, cpus_per_replica=0.5 if args.dry_run_cpu else 1.0)
+                          max_queue=max_batch, drain_timeout=5.0, cpus_per_replica=0.5 if cpu else 1.0,
+                          **{k: v for k, v in (("stream_interval", args.stream_interval),
+                                               ("stream_writes_per_s", args.stream_writes_per_s)) if v is not None})
         t0 = time.monotonic()
         try:
             replicas.start(cfg, ray_init, build=Builder(bench))
@@ -233,22 +266,41 @@ def markdown(doc: dict) -> str:
     lines = [f"# Ray Serve replicas, one a GPU: {doc['method']} server, {doc['gpu']} x {doc['gpus']}", "",
              f"{doc['pair']} with replayed routes (requests x{a['scale']}), --max-batch {doc['max_batch']} "
              f"a replica, closed loop of {a['replica_concurrency']} streaming clients, {a['warmup_s']} s warm-up then "
-             f"a {a['window_s']} s window.", "",
+             f"a {a['window_s']} s window; {a.get('stream_writes_per_s') or 1000:g} stream writes a second in all "
+             "(each replica its share).", "",
              "| replicas | requests/s | x one replica | tokens/s | p50 (s) | p99 (s) | TTFT p50 (s) | start (s) "
-             "| completed by replica (warm-up + window) | CPU cores in the window: proxy / front / engine |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| completed by replica (warm-up + window) | CPU cores in the window: proxy / front / engine "
+             "| CPU ms a request: proxy / front / engine |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in doc["rows"]:
         lines.append(f"| {r['replicas']} | {f(r['requests_per_s'])} | {f(r['speedup_vs_one'])} | "
                      f"{f(r['tokens_per_s'], 0)} | {f(r['p50_s'])} | {f(r['p99_s'])} | {f(r['ttft_p50_s'])} | "
                      f"{f(r['startup_s'], 0)} | {' / '.join(map(str, r['completed_by_replica'].values()))} | "
-                     f"{' / '.join(str(r['cpu_cores_by_role'].get(k, '-')) for k in ('proxy', 'front', 'engine'))} |")
-    k = doc["kill"]
-    if k:
-        lines += ["", f"Kill test ({k['replicas']} replicas, pid {k['victim_pid']} killed under load): "
-                  f"{k['requests']} requests ended, {k['completed']} complete, {k['ended_with_replica_lost_error']} "
-                  f"with the lost-replica error (statuses {k['lost_statuses']}), {k.get('at_capacity_429', 0)} with a "
-                  f"429 (the survivor full), {k['unclean']} otherwise; "
-                  f"{k['sent_after_kill_completed']} / {k['sent_after_kill']} sent after the kill completed; "
-                  f"replacement answering after {f(k['replaced_after_s'], 0)} s."]
+                     f"{' / '.join(str(r['cpu_cores_by_role'].get(k, '-')) for k in ('proxy', 'front', 'engine'))} | "
+                     f"{' / '.join(cpu_ms(r, k) for k in ('proxy', 'front', 'engine'))} |")
+    if doc["kill"]:
+        lines += ["", kill_verdict(doc["kill"])]
     return "\n".join(lines) + "\n"
+
+
+def cpu_ms(row: dict, role: str) -> str:
+    """CPU milliseconds a completed request cost ``role``'s processes together in the window."""
+    cores = row["cpu_cores_by_role"].get(role)
+    return "-" if not cores or not row["requests_per_s"] else f"{1e3 * sum(cores) / row['requests_per_s']:.0f}"
+
+
+def kill_verdict(k: dict) -> str:
+    """The kill test in words: how every request ended, and whether each one that did not complete ended cleanly."""
+    held, after = k["in_flight_at_kill"], k["sent_after_kill"]
+    verdict = ("CLEAN: every request that did not complete ended with the lost-replica error or a 429"
+               if k["clean"] else f"NOT CLEAN: {k['unclean']} requests ended otherwise, e.g. {k['unclean_examples']}")
+    return (f"Kill test ({k['replicas']} replicas, pid {k['victim_pid']} killed under load, holding "
+            f"{k['victim_in_flight_at_kill']} requests by its /health just before): {k['requests']} requests, "
+            f"{k['complete']} complete, {k['replica_lost']} with the lost-replica error (statuses {k['lost_statuses']}), "
+            f"{k['at_capacity']} with a 429 (the survivor full), {k['still_streaming']} still streaming when the load "
+            f"ended (cancelled by the benchmark, not errors), {k['unclean']} otherwise. Of the {sum(held.values())} in "
+            f"flight at the kill: {held['complete']} complete, {held['replica_lost']} lost-replica error, "
+            f"{held['still_streaming']} still streaming at the end; {after['complete']} / {sum(after.values())} sent "
+            f"after the kill completed; replacement answering after "
+            f"{'-' if k['replaced_after_s'] is None else round(k['replaced_after_s'])} s. {verdict}.")

@@ -3,7 +3,7 @@
 # (tools/ray_bundle.py), then runs serve_replicas.py through serve_reasoning.py --replicas and prints its table
 # last. Results under $OUT: serve_replicas_<gpu>.{json,md}, install.log, run.log, ray_logs/ (tails, on failure).
 #
-#   bash benchmarks/serve_replicas_gpu.sh          # two GPUs (nvidia-h100-x2): 1 vs 2 replicas + kill test, <= 480 s
+#   bash benchmarks/serve_replicas_gpu.sh          # two GPUs (nvidia-h100-x2): 1 vs 2 replicas + kill test, ~200 s
 #   bash benchmarks/serve_replicas_gpu.sh smoke    # one GPU: install, Ray, one small replica, <= 120 s
 # Run from the repository root (or a copy of it in a folder of the checkout) with .ray carried. On CPU, to check the script itself:
 #   SITE=/tmp/site311 EXTRA=--dry-run-cpu bash benchmarks/serve_replicas_gpu.sh smoke   (.ray built for --python 3.11)
@@ -28,8 +28,12 @@ if [ "${1:-full}" = smoke ]; then
   args=(--replicas 1 --no-kill --scale 0.05 --max-batch 8 --replica-concurrency 16 --warmup-s 2 --window-s 4)
   limit=100
 else
-  args=(--replicas 1 2 --scale 0.05 --max-batch 64 --replica-concurrency 128 --warmup-s 4 --window-s 12
-        --replace-timeout-s 100)
+  # 160 clients: more than the two replicas' 2 x 64 rows, so that rows stay full while a finished request's
+  # client sends its next through Ray (at 128 every row idles for that round trip); one replica holds 128, Ray queues 32.
+  # 500 writes a second through Ray's proxy for both counts (2 replicas: 250 each, a write every 0.256 s per stream
+  # at 64 rows): every chunk crosses three processes (engine replica, front, proxy), each paying Ray's per-item cost
+  args=(--replicas 1 2 --scale 0.05 --max-batch 64 --replica-concurrency 160 --warmup-s 4 --window-s 12
+        --stream-writes-per-s 500 --replace-timeout-s 100)
   limit=$((470 - (SECONDS - t0)))
 fi
 timeout -k 10 "$limit" python3 benchmarks/serve_reasoning.py "${args[@]}" ${EXTRA:-} --out-dir "$OUT" 2>&1 | tee "$OUT/run.log" | \

@@ -15,6 +15,7 @@ of N processes: docs/serving.md.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 from typing import Any, Callable
@@ -31,6 +32,7 @@ class RStitchReplica:
     """One engine replica: the pair, its request engine and the OpenAI app around them, called in-process."""
 
     def __init__(self, cfg: ServeConfig, build: Callable[[ServeConfig], Any] | None = None):
+        cfg = replica_config(cfg)
         self._app = (build or build_server)(cfg)
         self._drain_s = cfg.drain_timeout
         self._app.state.driver.start()  # what the app's lifespan does under uvicorn
@@ -43,6 +45,17 @@ class RStitchReplica:
         driver = getattr(getattr(getattr(self, "_app", None), "state", None), "driver", None)
         if driver is not None:
             driver.drain(self._drain_s)
+
+
+def replica_config(cfg: ServeConfig) -> ServeConfig:
+    """An engine replica's own config: ``--stream-writes-per-s`` bounds the writes of all answers together, and
+    every replica's answers pass through the same proxy (one a machine, a Python process) and front replicas, each
+    write an item of a Ray stream at each hop -- so each replica gets its share of the budget, and the proxy carries
+    as many writes as one server's uvicorn would (2 replicas at the default 1000: 500 each; 64 streams on a replica
+    then write every 0.128 s, several tokens a chunk). The first token and the end still go out at once."""
+    if cfg.replicas > 1 and cfg.stream_writes_per_s > 0:
+        return dataclasses.replace(cfg, stream_writes_per_s=cfg.stream_writes_per_s / cfg.replicas)
+    return cfg
 
 
 @serve.ingress()

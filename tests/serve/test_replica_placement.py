@@ -53,3 +53,22 @@ def test_start_refuses_gpu_replicas_ray_cannot_place(monkeypatch):
         replicas.start(cfg, dict(num_cpus=2, object_store_memory=100 * 1024**2, log_to_driver=False))
     assert not ray.is_initialized()
     replicas.stop()  # nothing to stop: returns
+
+
+@pytest.mark.parametrize("replicas, given, want", [(1, 1000.0, 1000.0), (2, 1000.0, 500.0), (4, 600.0, 150.0),
+                                                   (2, 0.0, 0.0)])
+def test_each_engine_replica_writes_its_share_of_the_stream_budget(replicas, given, want):
+    """--stream-writes-per-s bounds all answers together: every replica's writes pass through the same proxy."""
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'hf-rstitch[serve-ray]'")
+    from types import SimpleNamespace
+
+    from hf_rstitch.serve import replicas as rep
+
+    built = []
+
+    def build(cfg):
+        built.append(cfg)
+        return SimpleNamespace(state=SimpleNamespace(driver=SimpleNamespace(start=lambda: None, drain=lambda s: None)))
+
+    rep.RStitchReplica(ServeConfig(replicas=replicas, stream_writes_per_s=given), build)
+    assert built[0].stream_writes_per_s == want and built[0].replicas == replicas
