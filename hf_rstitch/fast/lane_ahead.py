@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from .kernels import triton_support
+from .kernels import triton_cache, triton_support
 from .kernels.decode_attention import pending as attention_pending
 from .patches import products
 
@@ -31,7 +31,9 @@ class Ahead:
 
     def _precompile(self) -> None:
         """Build at once, in parallel threads, the Triton kernels this lane would build one by one: the tuner's
-        candidates, the choices its table holds, and the split attention of every batch and length bucket."""
+        candidates, the choices its table holds, and the split attention of every batch and length bucket. Triton's
+        cache gets the package's compiled kernels for this machine first, where it ships them (:mod:`.triton_cache`)."""
+        triton_cache.seed(self.device)
         jobs = products.pending(self.model, self.config, self.max_rows)
         if self.plan.attention == "split":
             heads = self.model.config.get_text_config().num_attention_heads
