@@ -26,9 +26,10 @@ the floor ratio is of this), and the whole ``--new`` call per token -- and throu
 policy, no per-token sync), then the first call at a
 larger batch (``--then-batch``, 8: its graphs, and any compile a new batch size needs). Where the first call's
 seconds went is a table of its own: each lane's build (kernels built ahead, the tuner, the steps' kernels built
-ahead) and warm-up captures, the rest of the call, the tuner's timings, Triton's launcher builds and the answers
-a shipped tuning table gave (``--no-shipped``: none; ``--profile-first-call TOP``: the last process of each sweep
-host-profiled too). ``--pair`` takes another pair of :data:`engine_shapes.SHAPES`. Floor: the
+ahead) and warm-up captures, the rest of the call, the tuner's timings, Triton's launcher builds, the answers
+a shipped tuning table gave and the Triton cache entries the shipped kernels seeded (``--no-shipped``: neither;
+``--profile-first-call TOP``: the last process of each sweep host-profiled too). A cold process is a fresh machine
+with the package installed: its shipped assets in, every cache of its own empty. ``--pair`` takes another pair of :data:`engine_shapes.SHAPES`. Floor: the
 bytes a decode step reads (weights) over the measured copy bandwidth. With ``--profile``, the warm
 process also profiles ``--profile-steps`` decode graph replays of each model (kernels grouped by
 family, as ``engine_profile.py``). Writes ``engine_warmup_<gpu>.json`` and ``.md``; prints one compact JSON last.
@@ -213,6 +214,7 @@ def first_call_phases(engine, tally: dict, first_call_s: float) -> dict:
     lane) and warm-up (every graph captured), the rest of the call (prompts, decode steps); the tuner's timings,
     the launcher builds, the tuning table's answers from a shipped table."""
     from hf_rstitch.core.roles import Role
+    from hf_rstitch.fast.kernels import triton_cache
     from hf_rstitch.fast.patches import products
 
     out = {tag: dict(getattr(lane, "build_seconds", {})) for tag, lane in
@@ -223,6 +225,7 @@ def first_call_phases(engine, tally: dict, first_call_s: float) -> dict:
     out["tuner_timings"], out["tuner_timing_s"] = tally["tuner_timings"]
     out["launcher_builds"], out["launcher_build_s"] = tally["launcher_builds"]
     out["from_shipped_table"] = getattr(products.TABLE, "from_shipped", 0)
+    out["kernels_seeded"] = sum(triton_cache._SEEDED.values())  # Triton cache entries from the shipped archive
     out["steps_ahead_errors"] = [lane.ahead_error for lane in engine._lanes.values()
                                  if getattr(lane, "ahead_error", None)]
     return dict(out)
@@ -276,8 +279,8 @@ def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: 
            "HF_RSTITCH_TUNING_CACHE": str(cache / "gemv_tuning.json")}
     if threads:
         env["HF_RSTITCH_COMPILE_THREADS"] = str(threads)
-    if args.no_shipped:  # every shape timed, as on a GPU kind the package ships no table for
-        env["HF_RSTITCH_SHIPPED_TUNING"] = "off"
+    if args.no_shipped:  # every shape timed and every kernel built, as on a GPU kind the package ships nothing for
+        env.update(HF_RSTITCH_SHIPPED_TUNING="off", HF_RSTITCH_SHIPPED_KERNELS="off")
     if args.own_triton_cache:  # cold: Triton's kernels built from nothing, even on a used machine
         env["TRITON_CACHE_DIR"] = str(cache / "triton")
     t0 = time.perf_counter()
@@ -295,7 +298,8 @@ def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: 
 def markdown(doc: dict) -> str:
     env = doc["environment"]
     llm, slm = doc["args"].get("pair", "qwen2-7b/qwen2-1.5b").split("/")
-    shipped = "no shipped tuning table" if doc["args"].get("no_shipped") else "the shipped tuning table read"
+    shipped = ("no shipped tuning table or Triton kernels" if doc["args"].get("no_shipped")
+               else "the shipped tuning table and Triton kernels read (cold: a fresh machine with the package installed)")
     lines = [f"# Fast engine warm-up in a fresh process: random {llm} (LLM) / {slm} (SLM), bf16, "
              f"{', '.join(env['devices'])}", "",
              f"torch {env['torch']}, transformers {env['transformers']}, {env['date']}; batch 1, prompt "
@@ -358,14 +362,15 @@ def mode_of(r: dict) -> str:
 def phase_table(runs: list) -> list[str]:
     """Where each process's first call went (seconds): per lane its build -- kernels built ahead, the tuner
     (timing, table look-ups), the rest -- and warm-up (graphs captured); the rest of the call; the tuner's
-    timings, Triton's launcher builds (count, seconds) and the table's answers from a shipped table."""
+    timings, Triton's launcher builds (count, seconds), the table's answers from a shipped table and the Triton
+    cache entries seeded from the shipped kernels."""
     lines = ["", "Where the first call went (s): per lane, build: all of it, of which the products' kernels built "
              "ahead (ahead), the tuner (timing, table look-ups) and the steps' other kernels built ahead (steps); "
              "warm-up: every graph captured. Tuner timings and launcher builds: count (s).", "",
              "| cache | first call | SLM ahead | SLM tuner | SLM steps | SLM build | SLM warm-up | LLM ahead | "
              "LLM tuner | LLM steps | LLM build | LLM warm-up | rest of call | captures | tuner timings | "
-             "launcher builds | "
-             "from shipped table |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "launcher builds | from shipped table | shipped kernels seeded |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         p = r.get("phases")
         if not p:
@@ -375,7 +380,7 @@ def phase_table(runs: list) -> list[str]:
         lines.append(f"| {mode_of(r)} | {r['first_call_s']:.2f} | {lane('slm')} | {lane('llm')} | "
                      f"{p['rest_of_call_s']:.2f} | {p['captures_s']:.2f} | {p['tuner_timings']} "
                      f"({p['tuner_timing_s']:.2f}) | {p['launcher_builds']} ({p['launcher_build_s']:.2f}) | "
-                     f"{p['from_shipped_table']} |")
+                     f"{p['from_shipped_table']} | {p.get('kernels_seeded', '-')} |")
     return lines
 
 
@@ -385,8 +390,9 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["parts", "compiled-decode"], choices=list(VARIANTS))
     ap.add_argument("--modes", nargs="+", default=["cold", "warm", "mega"], choices=["cold", "warm", "mega"])
     ap.add_argument("--pair", default="qwen2-7b/qwen2-1.5b", help="LLM/SLM, names of engine_shapes.SHAPES")
-    ap.add_argument("--no-shipped", action="store_true", help="children ignore the shipped tuning tables "
-                                                               "(HF_RSTITCH_SHIPPED_TUNING=off)")
+    ap.add_argument("--no-shipped", action="store_true", help="children ignore the shipped tuning tables and "
+                                                               "Triton kernels (HF_RSTITCH_SHIPPED_TUNING=off, "
+                                                               "HF_RSTITCH_SHIPPED_KERNELS=off)")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=512, help="new tokens per timed generate")
     ap.add_argument("--profile", action="store_true", help="profile decode replays in the warm process")
