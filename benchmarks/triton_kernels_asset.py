@@ -60,6 +60,8 @@ def main() -> None:
     ap.add_argument("--capacities", nargs="+", type=int, default=[1024, 2048, 4096, 8192],
                     help="cache lengths (tokens) whose split attention is built")
     ap.add_argument("--max-batch", type=int, default=1, help="lanes of this many rows")
+    ap.add_argument("--budget-s", type=float, default=600, help="no pair starts past this many seconds (the "
+                                                                "archive holds the pairs run)")
     ap.add_argument("--asset-dir", default=None, help="where the archive goes (default: the package's)")
     ap.add_argument("--out-dir", default=str(lab.RESULTS))
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU, a fake cache packed: checks "
@@ -76,9 +78,12 @@ def main() -> None:
     device = "cpu" if args.dry_run_cpu else "cuda"
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu dry run"
     stem = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
-    seconds = {}
+    seconds, began = {}, time.perf_counter()
     for pair in args.pairs:
         start = time.perf_counter()
+        if start - began > args.budget_s:
+            print(json.dumps({"pair": pair, "skipped": "time budget"}), flush=True)
+            continue
         graphs = first_calls(pair, args.capacities, args.max_batch, device, args.dry_run_cpu)
         seconds[pair] = round(time.perf_counter() - start, 1)
         print(json.dumps({"pair": pair, "seconds": seconds[pair], "graphs": graphs}), flush=True)
@@ -87,7 +92,9 @@ def main() -> None:
         (scratch / "triton" / "DRYRUN" / "dry.json").write_text("{}")
     asset_dir = Path(args.asset_dir) if args.asset_dir else triton_cache.SHIPPED_DIR
     machine = triton_cache.identity(device) if device == "cuda" else "cpu dry run"
-    about = triton_cache.pack(scratch / "triton", machine, stem, asset_dir)
+    made = {"made_by": "benchmarks/triton_kernels_asset.py", "pairs": list(seconds), "capacities": args.capacities,
+            "max_batch": args.max_batch}
+    about = triton_cache.pack(scratch / "triton", machine, stem, asset_dir, made)
     out = Path(args.out_dir) / "triton_kernels"
     out.mkdir(parents=True, exist_ok=True)
     for suffix in (".tar.xz", ".json"):

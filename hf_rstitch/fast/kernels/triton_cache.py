@@ -183,10 +183,11 @@ def _move_in(tar: tarfile.TarFile, name: str, members, scratch: Path, target: Pa
 
 
 # ---- making an archive (benchmarks/triton_kernels_asset.py) --------------------------------------------------
-def pack(source: Path, machine: str, stem: str, out_dir: Path | None = None) -> dict:
+def pack(source: Path, machine: str, stem: str, out_dir: Path | None = None, about: dict | None = None) -> dict:
     """Write ``<stem>.tar.xz`` and ``<stem>.json`` under ``out_dir`` from the Triton cache directory ``source``
     (a cache a process filled from empty): every entry, with only what Triton reads back, group indices holding
-    child names instead of ``source``'s paths. Returns the index it wrote (plus the archive's bytes)."""
+    child names instead of ``source``'s paths; ``about``: more for the index (what made it). Returns the index it
+    wrote (plus the archive's bytes)."""
     out_dir = SHIPPED_DIR if out_dir is None else out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     archive = out_dir / f"{stem}.tar.xz"
@@ -206,7 +207,7 @@ def pack(source: Path, machine: str, stem: str, out_dir: Path | None = None) -> 
             kernels += bool(groups)
             launchers += any(f.suffix == ".so" for f in files)
             names += [entry.name] if files else []
-    about = {"format": FORMAT, "identity": machine, "archive": archive.name, "kernels": kernels,
+    about = {"format": FORMAT, "identity": machine, "archive": archive.name, **(about or {}), "kernels": kernels,
              "shared_objects": launchers, "entries": names}
     (out_dir / f"{stem}.json").write_text(json.dumps(about, indent=1) + "\n")
     return {**about, "bytes": archive.stat().st_size}
