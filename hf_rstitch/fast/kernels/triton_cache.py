@@ -59,12 +59,6 @@ def identity(device: str) -> str:
     return f"{hardware(device)}|torch {torch.__version__}|triton {triton.__version__}"
 
 
-def slug(device: str) -> str:
-    """The archive's file stem for ``device``'s GPU kind (``nvidia_h100_80gb_hbm3``)."""
-    name = torch.cuda.get_device_name(torch.device(device)) if torch.device(device).type == "cuda" else "cpu"
-    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
-
-
 def enabled() -> bool:
     return os.environ.get(ENV, "on").strip().lower() not in OFF
 
