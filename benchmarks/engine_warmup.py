@@ -226,6 +226,7 @@ def first_call_phases(engine, tally: dict, first_call_s: float) -> dict:
     out["launcher_builds"], out["launcher_build_s"] = tally["launcher_builds"]
     out["from_shipped_table"] = getattr(products.TABLE, "from_shipped", 0)
     out["kernels_seeded"] = sum(triton_cache._SEEDED.values())  # Triton cache entries from the shipped archive
+    out["steps_marked"] = [str(lane.role) for lane in engine._lanes.values() if getattr(lane, "steps_marked", False)]
     out["steps_ahead_errors"] = [lane.ahead_error for lane in engine._lanes.values()
                                  if getattr(lane, "ahead_error", None)]
     return dict(out)
@@ -369,8 +370,8 @@ def phase_table(runs: list) -> list[str]:
              "warm-up: every graph captured. Tuner timings and launcher builds: count (s).", "",
              "| cache | first call | SLM ahead | SLM tuner | SLM steps | SLM build | SLM warm-up | LLM ahead | "
              "LLM tuner | LLM steps | LLM build | LLM warm-up | rest of call | captures | tuner timings | "
-             "launcher builds | from shipped table | shipped kernels seeded |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "launcher builds | from shipped table | shipped kernels seeded | steps' kernels known cached |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         p = r.get("phases")
         if not p:
@@ -380,7 +381,8 @@ def phase_table(runs: list) -> list[str]:
         lines.append(f"| {mode_of(r)} | {r['first_call_s']:.2f} | {lane('slm')} | {lane('llm')} | "
                      f"{p['rest_of_call_s']:.2f} | {p['captures_s']:.2f} | {p['tuner_timings']} "
                      f"({p['tuner_timing_s']:.2f}) | {p['launcher_builds']} ({p['launcher_build_s']:.2f}) | "
-                     f"{p['from_shipped_table']} | {p.get('kernels_seeded', '-')} |")
+                     f"{p['from_shipped_table']} | {p.get('kernels_seeded', '-')} | "
+                     f"{', '.join(p.get('steps_marked', [])) or '-'} |")
     return lines
 
 

@@ -16,6 +16,10 @@ C source, compiler flags, include paths and platform). A kernel whose code chang
 looks for another name and is compiled as before; entries nobody asks for cost only disk. Entries keep only
 what Triton reads back (metadata and the GPU binary, launchers' shared objects), not the intermediate IRs.
 
+The same cache holds markers (:func:`steps_marker`): a lane that built the kernels of its steps ahead
+(:mod:`hf_rstitch.fast.lane_ahead`) notes it there for its machine, kernel code and signature, so that a later
+lane of the same signature skips that work; archives carry them like Triton's entries.
+
 What it does not do: touch a cache Triton does not keep in plain files (``TRITON_CACHE_MANAGER`` set: remote
 or custom caches), overwrite an entry, or seed off CUDA. ``HF_RSTITCH_SHIPPED_KERNELS=off`` turns it off.
 ``benchmarks/triton_kernels_asset.py`` writes the archive on a GPU in one command.
@@ -24,6 +28,7 @@ or custom caches), overwrite an entry, or seed off CUDA. ``HF_RSTITCH_SHIPPED_KE
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import json
 import logging
@@ -174,6 +179,46 @@ def _move_in(tar: tarfile.TarFile, name: str, members, scratch: Path, target: Pa
     except OSError:  # there now (another process), or a file of that name
         return 0
     return 1
+
+
+# ---- markers: a lane's steps' kernels are in this cache (lane_ahead._steps_ahead) ----------------------------
+STEPS = "hf_rstitch_steps_"  # entry name prefix of a marker (packed and seeded like Triton's entries)
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels_hash() -> str:
+    """The Triton kernels' source files (every module of this package): a change is a new marker."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def steps_marker(device: torch.device | str, signature: str) -> Path | None:
+    """The marker file saying that every kernel the steps of a lane of ``signature`` launch (its shapes, plan,
+    cache length, ...) is in Triton's cache, for this machine and kernel code; None where Triton's cache is not
+    plain files (nothing is skipped then)."""
+    target = cache_dir()
+    if target is None or torch.device(device).type != "cuda":
+        return None
+    key = f"{identity(str(device))}|{_kernels_hash()}|{signature}"
+    return target / f"{STEPS}{hashlib.sha256(key.encode()).hexdigest()[:32]}" / "steps.json"
+
+
+def mark(marker: Path, signature: str) -> None:
+    """Write ``marker`` (whole, with one rename; an existing one stays); a cache that cannot be written costs
+    nothing but the next process's steps built ahead again."""
+    root = marker.parent.parent
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(dir=root, prefix=f"tmp.hf_rstitch_{os.getpid()}_"))
+    except OSError:
+        return
+    try:
+        (staged / marker.name).write_text(json.dumps({"signature": signature}) + "\n")
+        os.rename(staged, marker.parent)
+    except OSError:  # there already (another process), or the cache cannot be written
+        shutil.rmtree(staged, ignore_errors=True)
 
 
 # ---- making an archive (benchmarks/triton_kernels_asset.py) --------------------------------------------------

@@ -124,3 +124,55 @@ def test_a_broken_archive_costs_a_warning(tmp_path, monkeypatch):
     assert triton_cache.seed_from(bad, tmp_path / "cache") == 0
     assert seen and "compiled instead" in seen[0]
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []
+
+
+def test_a_steps_marker_is_per_machine_code_and_signature_and_travels_with_the_archive(tmp_path, monkeypatch):
+    cache = tmp_path / "made"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    monkeypatch.setattr(triton_cache, "identity", lambda device: MACHINE)
+    assert triton_cache.steps_marker("cpu", "qwen2") is None  # nothing is built ahead off CUDA
+    marker = triton_cache.steps_marker("cuda:0", "qwen2")
+    assert marker == triton_cache.steps_marker("cuda:0", "qwen2") != triton_cache.steps_marker("cuda:0", "llama")
+    monkeypatch.setattr(triton_cache, "identity", lambda device: MACHINE + "x")
+    assert triton_cache.steps_marker("cuda:0", "qwen2") != marker  # another machine
+    monkeypatch.setattr(triton_cache, "identity", lambda device: MACHINE)
+    assert marker.parent.parent == cache and not marker.exists()
+    triton_cache.mark(marker, "qwen2")
+    triton_cache.mark(marker, "qwen2")  # there already: left as it is
+    assert json.loads(marker.read_text()) == {"signature": "qwen2"}
+    assert [p.name for p in cache.iterdir()] == [marker.parent.name]  # no scratch left behind
+    about = triton_cache.pack(cache, MACHINE, "h100", tmp_path / "assets")
+    assert about["entries"] == [marker.parent.name] and about["kernels"] == 0
+    fresh = tmp_path / "fresh"
+    triton_cache.seed_from(triton_cache.archive_for(MACHINE, tmp_path / "assets")[0], fresh)
+    assert (fresh / marker.parent.name / marker.name).read_text() == marker.read_text()
+
+
+def test_a_marker_that_cannot_be_written_costs_nothing(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    triton_cache.mark(blocked / "entry" / "steps.json", "qwen2")  # no error
+    assert blocked.read_text() == "not a directory"
+
+
+def test_a_lanes_steps_signature_ignores_depth_only():
+    """FastLane._steps_signature (the steps marker's key): two models of the same layer shapes but another number
+    of layers share it (the shipped archive is made with one-layer models); another width or cache length does not."""
+    import sys
+
+    sys.path.insert(0, "tests")
+    from tiny_models import make_model
+
+    from hf_rstitch import Role
+    from hf_rstitch.fast import FastConfig, FastLane
+
+    config = FastConfig(max_bucket=4, graphs=False)
+
+    def signature(hidden, layers, capacity=32):
+        lane = FastLane(make_model("qwen2", hidden, layers, seed=0), Role.LLM, 96, capacity, config)
+        return lane._steps_signature([(False, 1), (True, 4)])
+
+    assert signature(32, 1) == signature(32, 3)
+    assert signature(32, 1) != signature(64, 1)
+    assert signature(32, 1) != signature(32, 1, capacity=1024)
+    json.loads(signature(32, 1))
