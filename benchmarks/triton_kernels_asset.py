@@ -11,7 +11,7 @@ layers' shapes, not their number), a first ``stitch_engine="auto"``-configured c
 ``--capacities`` (the split attention's plan depends on the cache's length: 1024 to 8192 tokens cover its
 variants at batch 1), every graph captured; then packs the cache it filled.
 
-Writes ``hf_rstitch/assets/triton_kernels/<gpu>.{tar.xz,json}`` (``--asset-dir``; replaced whole) and a copy
+Writes ``hf_rstitch/assets/triton_kernels/<gpu>.{tar.gz,json}`` (``--asset-dir``; replaced whole) and a copy
 under ``--out-dir``; prints one compact JSON last (entries, bytes, seconds).
 """
 
@@ -78,7 +78,12 @@ def main() -> None:
     device = "cpu" if args.dry_run_cpu else "cuda"
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu dry run"
     stem = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
-    seconds, began = {}, time.perf_counter()
+    asset_dir = Path(args.asset_dir) if args.asset_dir else triton_cache.SHIPPED_DIR
+    machine = triton_cache.identity(device) if device == "cuda" else "cpu dry run"
+    if args.dry_run_cpu:  # nothing compiles on CPU: a one-entry stand-in shows the packing works
+        (scratch / "triton" / "DRYRUN").mkdir(parents=True, exist_ok=True)
+        (scratch / "triton" / "DRYRUN" / "dry.json").write_text("{}")
+    seconds, began, about = {}, time.perf_counter(), None
     for pair in args.pairs:
         start = time.perf_counter()
         if start - began > args.budget_s:
@@ -86,25 +91,30 @@ def main() -> None:
             continue
         graphs = first_calls(pair, args.capacities, args.max_batch, device, args.dry_run_cpu)
         seconds[pair] = round(time.perf_counter() - start, 1)
-        print(json.dumps({"pair": pair, "seconds": seconds[pair], "graphs": graphs}), flush=True)
-    if args.dry_run_cpu:  # nothing compiles on CPU: a one-entry stand-in shows the packing works
-        (scratch / "triton" / "DRYRUN").mkdir(parents=True, exist_ok=True)
-        (scratch / "triton" / "DRYRUN" / "dry.json").write_text("{}")
-    asset_dir = Path(args.asset_dir) if args.asset_dir else triton_cache.SHIPPED_DIR
-    machine = triton_cache.identity(device) if device == "cuda" else "cpu dry run"
-    made = {"made_by": "benchmarks/triton_kernels_asset.py", "pairs": list(seconds), "capacities": args.capacities,
-            "max_batch": args.max_batch}
-    about = triton_cache.pack(scratch / "triton", machine, stem, asset_dir, made)
-    out = Path(args.out_dir) / "triton_kernels"
-    out.mkdir(parents=True, exist_ok=True)
-    for suffix in (".tar.xz", ".json"):
-        shutil.copy(asset_dir / f"{stem}{suffix}", out / f"{stem}{suffix}")
+        made = {"made_by": "benchmarks/triton_kernels_asset.py", "pairs": list(seconds),
+                "capacities": args.capacities, "max_batch": args.max_batch}
+        about = ship(scratch / "triton", machine, stem, asset_dir, made, Path(args.out_dir))  # a cut-short run keeps it
+        print(json.dumps({"pair": pair, "seconds": seconds[pair], "graphs": graphs, "bytes": about["bytes"]}),
+              flush=True)
+    if about is None:
+        raise SystemExit("no pair ran within --budget-s: nothing packed")
     built = sum(1 for p in (scratch / "triton").iterdir() if p.is_dir())
     shutil.rmtree(scratch, ignore_errors=True)
     print(json.dumps({"device": name, "identity": machine, "cache_entries": built, "kernels": about["kernels"],
                       "shared_objects": about["shared_objects"], "bytes": about["bytes"],
                       "archive": str(asset_dir / about["archive"]), "seconds": seconds}))
 
+
+def ship(cache: Path, machine: str, stem: str, asset_dir: Path, made: dict, out_dir: Path) -> dict:
+    """Pack ``cache`` as the shipped archive under ``asset_dir`` and copy it under ``out_dir/triton_kernels``."""
+    from hf_rstitch.fast.kernels import triton_cache
+
+    about = triton_cache.pack(cache, machine, stem, asset_dir, made)
+    out = out_dir / "triton_kernels"
+    out.mkdir(parents=True, exist_ok=True)
+    for suffix in (".tar.gz", ".json"):
+        shutil.copy(asset_dir / f"{stem}{suffix}", out / f"{stem}{suffix}")
+    return about
 
 if __name__ == "__main__":
     main()

@@ -4,7 +4,7 @@ Why: on a fresh machine a lane's first build compiles every Triton kernel it lau
 pair: ~30 s of compiles, ~8 s of the first call with 16 threads) and builds their launchers with the host's C
 compiler -- most of the first call (``benchmarks/results/engine_warmup_*.md``). The package therefore carries,
 for the GPUs it was measured on, Triton's own cache entries for the kernels of the common model shapes
-(``hf_rstitch/assets/triton_kernels/<gpu>.tar.xz``, with ``<gpu>.json`` saying what it holds: :data:`SHIPPED_DIR`).
+(``hf_rstitch/assets/triton_kernels/<gpu>.tar.gz``, with ``<gpu>.json`` saying what it holds: :data:`SHIPPED_DIR`).
 Before a lane builds its first kernel (:func:`seed`), the entries of the archive whose identity is exactly this
 machine's -- GPU (name, compute capability, multiprocessors, memory), torch and Triton versions -- are copied
 into Triton's cache directory (``TRITON_CACHE_DIR``, else ``~/.triton/cache``) where it has none of the same
@@ -44,7 +44,7 @@ import torch
 from ...resources import ASSETS
 
 ENV = "HF_RSTITCH_SHIPPED_KERNELS"  # "off" / "0": never seed Triton's cache
-SHIPPED_DIR = ASSETS / "triton_kernels"  # <gpu>.json (identity, archive name) + <gpu>.tar.xz
+SHIPPED_DIR = ASSETS / "triton_kernels"  # <gpu>.json (identity, archive name) + <gpu>.tar.gz
 FORMAT = 1
 OFF = ("", "0", "off", "false", "no")
 KEPT_SUFFIXES = (".json", ".cubin", ".hsaco", ".so")  # what Triton reads back: metadata, binaries, launchers
@@ -223,16 +223,16 @@ def mark(marker: Path, signature: str) -> None:
 
 # ---- making an archive (benchmarks/triton_kernels_asset.py) --------------------------------------------------
 def pack(source: Path, machine: str, stem: str, out_dir: Path | None = None, about: dict | None = None) -> dict:
-    """Write ``<stem>.tar.xz`` and ``<stem>.json`` under ``out_dir`` from the Triton cache directory ``source``
+    """Write ``<stem>.tar.gz`` and ``<stem>.json`` under ``out_dir`` from the Triton cache directory ``source``
     (a cache a process filled from empty): every entry, with only what Triton reads back, group indices holding
     child names instead of ``source``'s paths; ``about``: more for the index (what made it). Returns the index it
     wrote (plus the archive's bytes)."""
     out_dir = SHIPPED_DIR if out_dir is None else out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    archive = out_dir / f"{stem}.tar.xz"
+    archive = out_dir / f"{stem}.tar.gz"
     kernels = launchers = 0
     names = []
-    with tarfile.open(archive, "w:xz", preset=9) as tar:
+    with tarfile.open(archive, "w:gz", compresslevel=9) as tar:  # gzip: a few times faster to read back than xz
         for entry in sorted(p for p in source.iterdir() if p.is_dir() and not p.name.startswith("tmp.")):
             files = sorted(f for f in entry.iterdir() if f.is_file() and f.suffix in KEPT_SUFFIXES)
             groups = [f for f in files if f.name.startswith(GROUP)]

@@ -41,7 +41,7 @@ def test_pack_keeps_what_triton_reads_back(shipped):
     assets, about = shipped
     assert about["identity"] == MACHINE and about["kernels"] == 1 and about["shared_objects"] == 1
     assert sorted(about["entries"]) == ["AAAA", "BBBB"]
-    assert json.loads((assets / "h100.json").read_text())["archive"] == "h100.tar.xz"
+    assert json.loads((assets / "h100.json").read_text())["archive"] == "h100.tar.gz"
 
 
 def test_seeding_rewrites_the_group_index_to_the_new_cache(shipped, tmp_path):
@@ -119,7 +119,7 @@ def test_seed_does_nothing_switched_off_elsewhere_or_on_another_machine(shipped,
 def test_a_broken_archive_costs_a_warning(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(triton_cache.log, "warning", lambda fmt, *args: seen.append(fmt % args))
-    bad = tmp_path / "bad.tar.xz"
+    bad = tmp_path / "bad.tar.gz"
     bad.write_bytes(b"not an archive")
     assert triton_cache.seed_from(bad, tmp_path / "cache") == 0
     assert seen and "compiled instead" in seen[0]
