@@ -225,7 +225,7 @@ def first_call_phases(engine, tally: dict, first_call_s: float) -> dict:
     out["tuner_timings"], out["tuner_timing_s"] = tally["tuner_timings"]
     out["launcher_builds"], out["launcher_build_s"] = tally["launcher_builds"]
     out["from_shipped_table"] = getattr(products.TABLE, "from_shipped", 0)
-    out["kernels_seeded"] = sum(triton_cache._SEEDED.values())  # Triton cache entries from the shipped archive
+    out["kernels_seeded"] = triton_cache.seeded()  # Triton cache entries from the shipped archive
     out["steps_marked"] = [str(lane.role) for lane in engine._lanes.values() if getattr(lane, "steps_marked", False)]
     out["steps_ahead_errors"] = [lane.ahead_error for lane in engine._lanes.values()
                                  if getattr(lane, "ahead_error", None)]

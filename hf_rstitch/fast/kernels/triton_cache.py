@@ -121,6 +121,11 @@ def seed(device: torch.device | str) -> int:
     return _SEEDED[machine]
 
 
+def seeded() -> int:
+    """Entries this process put into Triton's cache from the shipped archive (:func:`seed`)."""
+    return sum(_SEEDED.values())
+
+
 def seed_from(archive: Path, target: Path) -> int:
     """Put each entry of ``archive`` that ``target`` lacks into it (whole entries, each moved in with one
     rename, so a concurrent process or Triton never sees half of one); unreadable archives or an unwritable

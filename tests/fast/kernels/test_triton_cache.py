@@ -99,7 +99,7 @@ def test_seed_fills_tritons_cache_once_a_process(shipped, tmp_path, monkeypatch)
     assets, _ = shipped
     target = tmp_path / "fresh"
     assert _seed_on(monkeypatch, assets, target) == 2
-    assert triton_cache.seed("cuda:0") == 2  # remembered: the archive is not read again
+    assert triton_cache.seed("cuda:0") == 2 == triton_cache.seeded()  # remembered: the archive is not read again
     monkeypatch.setattr(triton_cache, "_SEEDED", {})
     assert triton_cache.seed("cuda:0") == 0  # a later process: every entry there, the archive stays shut
 
