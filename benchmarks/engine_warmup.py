@@ -29,10 +29,11 @@ seconds went is a table of its own: each lane's build (kernels built ahead, the 
 ahead) and warm-up captures, the rest of the call, the tuner's timings, Triton's launcher builds, the answers
 a shipped tuning table gave and the Triton cache entries the shipped kernels seeded (``--no-shipped``: neither;
 ``--profile-first-call TOP``: the last process of each sweep host-profiled too). A cold process is a fresh machine
-with the package installed: its shipped assets in, every cache of its own empty. ``--pair`` takes another pair of :data:`engine_shapes.SHAPES`. Floor: the
-bytes a decode step reads (weights) over the measured copy bandwidth. With ``--profile``, the warm
-process also profiles ``--profile-steps`` decode graph replays of each model (kernels grouped by
-family, as ``engine_profile.py``). Writes ``engine_warmup_<gpu>.json`` and ``.md``; prints one compact JSON last.
+with the package installed: its shipped assets in, every cache of its own empty. ``--pair`` takes another pair
+of :data:`engine_shapes.SHAPES`. Floor: the bytes a decode step reads (weights) over the measured copy bandwidth.
+With ``--profile``, the warm process also profiles ``--profile-steps`` decode graph replays of each model (kernels
+grouped by family, as ``engine_profile.py``). Writes ``engine_warmup_<gpu>.json`` and ``.md``; prints one compact
+JSON last.
 """
 
 from __future__ import annotations
@@ -222,6 +223,7 @@ def first_call_phases(engine, tally: dict, first_call_s: float) -> dict:
     built = sum(p.get("lane", 0.0) + p.get("warm_up", 0.0) for p in out.values())
     out["rest_of_call_s"] = first_call_s - built
     out["captures_s"] = engine.capture_seconds()
+    out["capture_warm_ups_s"] = sum(l.graphs.warm_seconds for l in engine._lanes.values() if l.graphs is not None)
     out["tuner_timings"], out["tuner_timing_s"] = tally["tuner_timings"]
     out["launcher_builds"], out["launcher_build_s"] = tally["launcher_builds"]
     out["from_shipped_table"] = getattr(products.TABLE, "from_shipped", 0)
@@ -300,7 +302,8 @@ def markdown(doc: dict) -> str:
     env = doc["environment"]
     llm, slm = doc["args"].get("pair", "qwen2-7b/qwen2-1.5b").split("/")
     shipped = ("no shipped tuning table or Triton kernels" if doc["args"].get("no_shipped")
-               else "the shipped tuning table and Triton kernels read (cold: a fresh machine with the package installed)")
+               else "the shipped tuning table and Triton kernels read (cold: a fresh machine with the package "
+                    "installed)")
     lines = [f"# Fast engine warm-up in a fresh process: random {llm} (LLM) / {slm} (SLM), bf16, "
              f"{', '.join(env['devices'])}", "",
              f"torch {env['torch']}, transformers {env['transformers']}, {env['date']}; batch 1, prompt "
@@ -367,7 +370,8 @@ def phase_table(runs: list) -> list[str]:
     cache entries seeded from the shipped kernels."""
     lines = ["", "Where the first call went (s): per lane, build: all of it, of which the products' kernels built "
              "ahead (ahead), the tuner (timing, table look-ups) and the steps' other kernels built ahead (steps); "
-             "warm-up: every graph captured. Tuner timings and launcher builds: count (s).", "",
+             "warm-up: every graph captured; captures: all of them (of which the real calls before each recording). "
+             "Tuner timings and launcher builds: count (s).", "",
              "| cache | first call | SLM ahead | SLM tuner | SLM steps | SLM build | SLM warm-up | LLM ahead | "
              "LLM tuner | LLM steps | LLM build | LLM warm-up | rest of call | captures | tuner timings | "
              "launcher builds | from shipped table | shipped kernels seeded | steps' kernels known cached |",
@@ -379,7 +383,9 @@ def phase_table(runs: list) -> list[str]:
         lane = lambda t: " | ".join(f"{p.get(t, {}).get(k, float('nan')):.2f}"  # noqa: E731
                                     for k in ("precompile", "tune", "steps_ahead", "lane", "warm_up"))
         lines.append(f"| {mode_of(r)} | {r['first_call_s']:.2f} | {lane('slm')} | {lane('llm')} | "
-                     f"{p['rest_of_call_s']:.2f} | {p['captures_s']:.2f} | {p['tuner_timings']} "
+                     f"{p['rest_of_call_s']:.2f} | {p['captures_s']:.2f} "
+                     f"({p.get('capture_warm_ups_s', float('nan')):.2f}) | "
+                     f"{p['tuner_timings']} "
                      f"({p['tuner_timing_s']:.2f}) | {p['launcher_builds']} ({p['launcher_build_s']:.2f}) | "
                      f"{p['from_shipped_table']} | {p.get('kernels_seeded', '-')} | "
                      f"{', '.join(p.get('steps_marked', [])) or '-'} |")

@@ -95,6 +95,7 @@ class GraphRunner:
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Any]] = {}
         self.capture_seconds = 0.0  # host seconds spent warming up and recording
+        self.warm_seconds = 0.0  # of which the real calls before each recording (the warm-ups)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.graphs
@@ -113,6 +114,7 @@ class GraphRunner:
         with torch.cuda.stream(self.stream):
             out = fn()  # the real call, doubling as the warm-up
         current.wait_stream(self.stream)
+        self.warm_seconds += time.perf_counter() - start
         graph = torch.cuda.CUDAGraph()
         with capturing(graph, keep_cache=True, pool=self.pool, stream=self.stream):
             static_out = fn()  # recorded, not executed
