@@ -73,7 +73,10 @@ def main() -> None:
                       HF_RSTITCH_SHIPPED_KERNELS="off",  # not seeded from an earlier archive
                       HF_RSTITCH_TUNING_CACHE="off")  # the shipped tuning table only: a fresh machine's choices
     import hf_rstitch  # noqa: F401  (patches generate)
-    from hf_rstitch.fast.kernels import triton_cache
+    from hf_rstitch.fast.kernels import triton_cache, tuning_cache
+    from hf_rstitch.fast.patches import products
+
+    products.TABLE = tuning_cache.TuningTable(None)  # memory only (made at import, maybe before the settings above)
 
     device = "cpu" if args.dry_run_cpu else "cuda"
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu dry run"
