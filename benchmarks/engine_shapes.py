@@ -27,7 +27,8 @@ Everything runs through ``generate(..., stitch_engine="auto")`` with a replayed 
   :func:`engine_batched.floor_seconds` (weights each forward needs plus the KV cache it reads, over the copy bandwidth).
 
 Caches: ``--fresh`` gives every process its own empty ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR`` and GEMV
-tuning table, so its first call is what a fresh machine pays (``fresh_machine: true``); without it the processes
+tuning table, so its first call is what a fresh machine with the package installed pays (``fresh_machine: true``;
+the package's shipped tuning tables and Triton kernels are read, as there); without it the processes
 use the machine's caches, and ``fresh_machine`` is true only where those were empty when the process started.
 The engine's capacity is set before the first call (``FastEngine.capacity`` of the engine ``"auto"`` keeps on
 the LLM) so no later call of the process rebuilds a lane. A process that does not fit what is left of

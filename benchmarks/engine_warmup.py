@@ -26,12 +26,14 @@ the floor ratio is of this), and the whole ``--new`` call per token -- and throu
 policy, no per-token sync), then the first call at a
 larger batch (``--then-batch``, 8: its graphs, and any compile a new batch size needs). Where the first call's
 seconds went is a table of its own: each lane's build (kernels built ahead, the tuner, the steps' kernels built
-ahead) and warm-up captures, the rest of the call, the tuner's timings, Triton's launcher builds and the answers
-a shipped tuning table gave (``--no-shipped``: none; ``--profile-first-call TOP``: the last process of each sweep
-host-profiled too). ``--pair`` takes another pair of :data:`engine_shapes.SHAPES`. Floor: the
-bytes a decode step reads (weights) over the measured copy bandwidth. With ``--profile``, the warm
-process also profiles ``--profile-steps`` decode graph replays of each model (kernels grouped by
-family, as ``engine_profile.py``). Writes ``engine_warmup_<gpu>.json`` and ``.md``; prints one compact JSON last.
+ahead) and warm-up captures, the rest of the call, the tuner's timings, Triton's launcher builds, the answers
+a shipped tuning table gave and the Triton cache entries the shipped kernels seeded (``--no-shipped``: neither;
+``--profile-first-call TOP``: the last process of each sweep host-profiled too). A cold process is a fresh machine
+with the package installed: its shipped assets in, every cache of its own empty. ``--pair`` takes another pair
+of :data:`engine_shapes.SHAPES`. Floor: the bytes a decode step reads (weights) over the measured copy bandwidth.
+With ``--profile``, the warm process also profiles ``--profile-steps`` decode graph replays of each model (kernels
+grouped by family, as ``engine_profile.py``). Writes ``engine_warmup_<gpu>.json`` and ``.md``; prints one compact
+JSON last.
 """
 
 from __future__ import annotations
@@ -209,6 +211,7 @@ def first_call_phases(engine, tally: dict, first_call_s: float) -> dict:
     lane) and warm-up (every graph captured), the rest of the call (prompts, decode steps); the tuner's timings,
     the launcher builds, the tuning table's answers from a shipped table."""
     from hf_rstitch.core.roles import Role
+    from hf_rstitch.fast.kernels import triton_cache
     from hf_rstitch.fast.patches import products
 
     out = {tag: dict(getattr(lane, "build_seconds", {})) for tag, lane in
@@ -216,9 +219,12 @@ def first_call_phases(engine, tally: dict, first_call_s: float) -> dict:
     built = sum(p.get("lane", 0.0) + p.get("warm_up", 0.0) for p in out.values())
     out["rest_of_call_s"] = first_call_s - built
     out["captures_s"] = engine.capture_seconds()
+    out["capture_warm_ups_s"] = sum(l.graphs.warm_seconds for l in engine._lanes.values() if l.graphs is not None)
     out["tuner_timings"], out["tuner_timing_s"] = tally["tuner_timings"]
     out["launcher_builds"], out["launcher_build_s"] = tally["launcher_builds"]
     out["from_shipped_table"] = getattr(products.TABLE, "from_shipped", 0)
+    out["kernels_seeded"] = triton_cache.seeded()  # Triton cache entries from the shipped archive
+    out["steps_marked"] = [str(lane.role) for lane in engine._lanes.values() if getattr(lane, "steps_marked", False)]
     out["steps_ahead_errors"] = [lane.ahead_error for lane in engine._lanes.values()
                                  if getattr(lane, "ahead_error", None)]
     return dict(out)
@@ -272,8 +278,8 @@ def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: 
            "HF_RSTITCH_TUNING_CACHE": str(cache / "gemv_tuning.json")}
     if threads:
         env["HF_RSTITCH_COMPILE_THREADS"] = str(threads)
-    if args.no_shipped:  # every shape timed, as on a GPU kind the package ships no table for
-        env["HF_RSTITCH_SHIPPED_TUNING"] = "off"
+    if args.no_shipped:  # every shape timed and every kernel built, as on a GPU kind the package ships nothing for
+        env.update(HF_RSTITCH_SHIPPED_TUNING="off", HF_RSTITCH_SHIPPED_KERNELS="off")
     if args.own_triton_cache:  # cold: Triton's kernels built from nothing, even on a used machine
         env["TRITON_CACHE_DIR"] = str(cache / "triton")
     return {"variant": variant, "mode": mode, **lab.run_child(cmd, env, timeout), "threads": threads,
@@ -283,7 +289,9 @@ def spawn(args, variant: str, mode: str, cache: Path, artifacts: Path, timeout: 
 def markdown(doc: dict) -> str:
     env = doc["environment"]
     llm, slm = doc["args"].get("pair", "qwen2-7b/qwen2-1.5b").split("/")
-    shipped = "no shipped tuning table" if doc["args"].get("no_shipped") else "the shipped tuning table read"
+    shipped = ("no shipped tuning table or Triton kernels" if doc["args"].get("no_shipped")
+               else "the shipped tuning table and Triton kernels read (cold: a fresh machine with the package "
+                    "installed)")
     lines = [f"# Fast engine warm-up in a fresh process: random {llm} (LLM) / {slm} (SLM), bf16, "
              f"{', '.join(env['devices'])}", "",
              f"torch {env['torch']}, transformers {env['transformers']}, {env['date']}; batch 1, prompt "
@@ -346,14 +354,16 @@ def mode_of(r: dict) -> str:
 def phase_table(runs: list) -> list[str]:
     """Where each process's first call went (seconds): per lane its build -- kernels built ahead, the tuner
     (timing, table look-ups), the rest -- and warm-up (graphs captured); the rest of the call; the tuner's
-    timings, Triton's launcher builds (count, seconds) and the table's answers from a shipped table."""
+    timings, Triton's launcher builds (count, seconds), the table's answers from a shipped table and the Triton
+    cache entries seeded from the shipped kernels."""
     lines = ["", "Where the first call went (s): per lane, build: all of it, of which the products' kernels built "
              "ahead (ahead), the tuner (timing, table look-ups) and the steps' other kernels built ahead (steps); "
-             "warm-up: every graph captured. Tuner timings and launcher builds: count (s).", "",
+             "warm-up: every graph captured; captures: all of them (of which the real calls before each recording). "
+             "Tuner timings and launcher builds: count (s).", "",
              "| cache | first call | SLM ahead | SLM tuner | SLM steps | SLM build | SLM warm-up | LLM ahead | "
              "LLM tuner | LLM steps | LLM build | LLM warm-up | rest of call | captures | tuner timings | "
-             "launcher builds | "
-             "from shipped table |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "launcher builds | from shipped table | shipped kernels seeded | steps' kernels known cached |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         p = r.get("phases")
         if not p:
@@ -361,9 +371,12 @@ def phase_table(runs: list) -> list[str]:
         lane = lambda t: " | ".join(f"{p.get(t, {}).get(k, float('nan')):.2f}"  # noqa: E731
                                     for k in ("precompile", "tune", "steps_ahead", "lane", "warm_up"))
         lines.append(f"| {mode_of(r)} | {r['first_call_s']:.2f} | {lane('slm')} | {lane('llm')} | "
-                     f"{p['rest_of_call_s']:.2f} | {p['captures_s']:.2f} | {p['tuner_timings']} "
+                     f"{p['rest_of_call_s']:.2f} | {p['captures_s']:.2f} "
+                     f"({p.get('capture_warm_ups_s', float('nan')):.2f}) | "
+                     f"{p['tuner_timings']} "
                      f"({p['tuner_timing_s']:.2f}) | {p['launcher_builds']} ({p['launcher_build_s']:.2f}) | "
-                     f"{p['from_shipped_table']} |")
+                     f"{p['from_shipped_table']} | {p.get('kernels_seeded', '-')} | "
+                     f"{', '.join(p.get('steps_marked', [])) or '-'} |")
     return lines
 
 
@@ -373,8 +386,9 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["parts", "compiled-decode"], choices=list(VARIANTS))
     ap.add_argument("--modes", nargs="+", default=["cold", "warm", "mega"], choices=["cold", "warm", "mega"])
     ap.add_argument("--pair", default="qwen2-7b/qwen2-1.5b", help="LLM/SLM, names of engine_shapes.SHAPES")
-    ap.add_argument("--no-shipped", action="store_true", help="children ignore the shipped tuning tables "
-                                                               "(HF_RSTITCH_SHIPPED_TUNING=off)")
+    ap.add_argument("--no-shipped", action="store_true", help="children ignore the shipped tuning tables and "
+                                                               "Triton kernels (HF_RSTITCH_SHIPPED_TUNING=off, "
+                                                               "HF_RSTITCH_SHIPPED_KERNELS=off)")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=512, help="new tokens per timed generate")
     ap.add_argument("--profile", action="store_true", help="profile decode replays in the warm process")

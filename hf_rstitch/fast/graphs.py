@@ -19,17 +19,22 @@ import torch
 
 
 @contextlib.contextmanager
-def capturing(graph: torch.cuda.CUDAGraph, **kwargs):
+def capturing(graph: torch.cuda.CUDAGraph, keep_cache: bool = False, **kwargs):
     """``torch.cuda.graph(graph, **kwargs)`` with no garbage collection inside. A collection during a capture
     can free another engine's CUDA graph, whose destructor (a graph reset) is not permitted while a stream
     captures and invalidates the capture (seen on an H200 in a long GPU test run; torch 2.11 no longer
     collects before capturing). ``thread_local``: CUDA calls other threads make meanwhile (a compiler's
-    worker loading its kernels) do not invalidate it either; this thread's own calls are still checked."""
+    worker loading its kernels) do not invalidate it either; this thread's own calls are still checked.
+    ``keep_cache`` (with a ``stream``): the same capture without what ``torch.cuda.graph`` does first -- wait for
+    the device and hand every cached block back to the driver -- which a lane capturing its buckets one after
+    another would pay before each (and its next warm-up run would allocate those blocks again)."""
     enabled = gc.isenabled()
     gc.disable()
     before = _stream_before(kwargs.get("stream"))
+    lean = keep_cache and kwargs.get("stream") is not None
     try:
-        with torch.cuda.graph(graph, capture_error_mode="thread_local", **kwargs):
+        with (_captured(graph, **kwargs) if lean else
+              torch.cuda.graph(graph, capture_error_mode="thread_local", **kwargs)):
             yield
     except BaseException:
         if before is not None:
@@ -38,6 +43,17 @@ def capturing(graph: torch.cuda.CUDAGraph, **kwargs):
     finally:
         if enabled:
             gc.enable()
+
+
+@contextlib.contextmanager
+def _captured(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, pool=None):
+    """What ``torch.cuda.graph`` does around a capture on ``stream``, less its device sync and cache release."""
+    with torch.cuda.stream(stream):
+        graph.capture_begin(*(() if pool is None else (pool,)), capture_error_mode="thread_local")
+        try:
+            yield
+        finally:
+            graph.capture_end()
 
 
 def _stream_before(capture_stream) -> torch.cuda.Stream | None:
@@ -79,6 +95,7 @@ class GraphRunner:
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Any]] = {}
         self.capture_seconds = 0.0  # host seconds spent warming up and recording
+        self.warm_seconds = 0.0  # of which the real calls before each recording (the warm-ups)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.graphs
@@ -97,8 +114,9 @@ class GraphRunner:
         with torch.cuda.stream(self.stream):
             out = fn()  # the real call, doubling as the warm-up
         current.wait_stream(self.stream)
+        self.warm_seconds += time.perf_counter() - start
         graph = torch.cuda.CUDAGraph()
-        with capturing(graph, pool=self.pool, stream=self.stream):
+        with capturing(graph, keep_cache=True, pool=self.pool, stream=self.stream):
             static_out = fn()  # recorded, not executed
         self.graphs[key] = (graph, static_out)
         self.capture_seconds += time.perf_counter() - start

@@ -76,18 +76,22 @@ def _code_hash() -> str:
     return digest.hexdigest()[:16]
 
 
+def hardware(device: str) -> str:
+    """``device``'s GPU as the keys name it: name, compute capability, multiprocessors, memory (a MIG slice or
+    another card of the same name differs); the device type off CUDA."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return dev.type
+    p = torch.cuda.get_device_properties(dev)
+    return f"{p.name}|sm{p.major}{p.minor}|{p.multi_processor_count}sm|{p.total_memory >> 20}MiB"
+
+
 @functools.lru_cache(maxsize=16)
 def identity(device: str) -> str:
     """What an entry chosen on ``device`` holds for: the GPU, torch, Triton and the kernels' code."""
     import triton
 
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        p = torch.cuda.get_device_properties(dev)
-        gpu = f"{p.name}|sm{p.major}{p.minor}|{p.multi_processor_count}sm|{p.total_memory >> 20}MiB"
-    else:
-        gpu = dev.type
-    return f"{gpu}|torch {torch.__version__}|triton {triton.__version__}|code {_code_hash()}"
+    return f"{hardware(device)}|torch {torch.__version__}|triton {triton.__version__}|code {_code_hash()}"
 
 
 def _encode_key(key: tuple, kept: tuple) -> str | None:

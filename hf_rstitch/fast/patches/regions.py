@@ -68,13 +68,17 @@ def _compile_errors() -> tuple:
 def _compiled(key, fn):
     """``fn`` compiled once per process with symbolic shapes; where torch.compile cannot compile it (a compiler bug
     of this torch, e.g. torch 2.11's ``KeyError: 'unbacked_bindings'`` lowering a ``repeat_interleave`` under
-    symbolic sizes: GLM / Cohere rotary functions), the piece runs ``fn`` eagerly from then on, said once."""
+    symbolic sizes: GLM / Cohere rotary functions), the piece runs ``fn`` eagerly from then on, said once.
+    ``torch.compile`` is called at the piece's first call, not before: where hand-written kernels take every
+    piece's place (:data:`KERNELS`) the process never pays its set-up (~0.3-0.6 s, the first in a process)."""
     if key not in _COMPILED:
-        compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+        compiled = None
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
+            nonlocal compiled
             if key not in EAGER:
+                compiled = compiled or torch.compile(fn, dynamic=True, fullgraph=True)
                 with fx_config.patch(_ONE_COMPILE):
                     try:
                         return compiled(*args, **kwargs)

@@ -61,3 +61,38 @@ def test_captures_run_without_garbage_collection(monkeypatch):
     with pytest.raises(RuntimeError), graphs.capturing("g"):
         raise RuntimeError("capture failed")
     assert gc.isenabled()
+
+
+def test_lane_captures_keep_the_allocator_cache(monkeypatch):
+    """graphs.capturing(keep_cache=True), a lane's captures: begun and ended on the capture stream with the graph's
+    pool and thread-local errors, no device sync or cache release first (torch.cuda.graph's), no collection
+    inside; a failed capture still ends it and turns collections back on."""
+    import contextlib
+    import gc
+
+    from hf_rstitch.fast import graphs
+
+    calls = []
+
+    class Graph:
+        def capture_begin(self, *pool, capture_error_mode):
+            calls.append(("begin", pool, capture_error_mode, gc.isenabled()))
+
+        def capture_end(self):
+            calls.append(("end",))
+
+    @contextlib.contextmanager
+    def on(stream):
+        calls.append(("stream", stream))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: pytest.fail("torch.cuda.graph syncs and empties"))
+    monkeypatch.setattr(graphs, "_stream_before", lambda stream: None)
+    with graphs.capturing(Graph(), keep_cache=True, pool="p", stream="s"):
+        assert not gc.isenabled()
+    assert calls == [("stream", "s"), ("begin", ("p",), "thread_local", False), ("end",)] and gc.isenabled()
+    calls.clear()
+    with pytest.raises(RuntimeError), graphs.capturing(Graph(), keep_cache=True, stream="s"):
+        raise RuntimeError("capture failed")
+    assert calls == [("stream", "s"), ("begin", (), "thread_local", False), ("end",)] and gc.isenabled()
