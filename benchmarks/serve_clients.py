@@ -3,9 +3,10 @@
 :func:`closed_loop` keeps ``c`` streaming /v1/completions requests in flight against a server (each client sends
 its next request when its last one ends), spread over several client processes so that parsing server-sent
 events never becomes the bottleneck. Every request's record keeps when it started, ended, and when each chunk
-of tokens arrived; :func:`summarize` turns the records into the numbers of one window: requests completed in
-it, tokens streamed in it, and latencies of the requests completed in it. Token-id prompts and token-id text
-(:class:`IdTokenizer`): a random-weight pair has no tokenizer.
+of tokens arrived; :func:`summarize` turns the records into the numbers of one window: tokens received in it,
+requests as the share of their tokens received in it, latencies of the requests completed in it. Client ``k``
+of ``c`` sends requests ``k, k + c, k + 2c, ...`` (the engine alone's closed loop replays the same sequence per
+slot). Token-id prompts and token-id text (:class:`IdTokenizer`): a random-weight pair has no tokenizer.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ async def one_request(client, url: str, body: dict, into: list | None = None) ->
     """One streaming completion: status, start / end, (time, tokens) of each chunk, whether it completed. The
     record goes into ``into`` when it starts, so that a request still streaming when the clients stop counts the
     tokens it received (as the engine alone counts its requests in flight)."""
-    rec = {"status": None, "start": time.monotonic(), "end": None, "ttft_s": None, "chunks": [], "complete": False}
+    rec = {"status": None, "start": time.monotonic(), "end": None, "ttft_s": None, "chunks": [], "complete": False,
+           "target": body.get("max_tokens")}
     if into is not None:
         into.append(rec)
     done = reason = None
@@ -106,7 +108,8 @@ async def one_request(client, url: str, body: dict, into: list | None = None) ->
 
 
 async def _clients(url: str, bodies: list[dict], first: int, step: int, n: int, t_start: float, t_end: float):
-    """``n`` clients (ids ``first``, ``first + step``, ...) in a closed loop from ``t_start`` to ``t_end``."""
+    """``n`` clients (ids ``first``, ``first + step``, ...; ``step * n`` clients in all) in a closed loop from
+    ``t_start`` to ``t_end``; client ``k`` sends bodies ``k, k + step * n, ...``."""
     import httpx
 
     records: list[dict] = []
@@ -136,7 +139,9 @@ def run_clients(url: str, bodies: list[dict], concurrency: int, seconds: float, 
     """``concurrency`` clients in a closed loop for ``seconds``: (every request's record, when they started)."""
     procs = procs or max(1, min(8, concurrency // 16))
     procs = min(procs, concurrency)
-    t_start = time.monotonic() + 1.0 + 0.2 * procs  # the client processes start meanwhile
+    while concurrency % procs:  # equal shares: client k of c then sends bodies k, k + c, ... (as the engine alone)
+        procs -= 1
+    t_start = time.monotonic() + 0.3 + 0.05 * procs  # the client processes start meanwhile (forked: ~10 ms each)
     share = [concurrency // procs + (p < concurrency % procs) for p in range(procs)]
     with ProcessPoolExecutor(procs, mp_context=get_context("fork")) as pool:
         futures = [pool.submit(_client_proc, url, bodies, p, procs, share[p], t_start, t_start + seconds)
@@ -159,17 +164,23 @@ def percentile(xs: list[float], q: float) -> float | None:
 
 
 def summarize(records: list[dict], t0: float, t1: float) -> dict:
-    """Requests completed in ``[t0, t1]`` per second, tokens streamed in it per second, and the latencies (end -
-    start) and first-token times of the requests completed in it; errors seen anywhere in the run."""
+    """One window ``[t0, t1]`` of a closed loop: tokens received in it per second; requests per second as the
+    requests' share written in it (a request of ``target`` tokens that received ``k`` of them in the window counts
+    ``k / target``: a smooth count that does not jump by whole requests when a window holds only a few, and reads
+    the same as completions per second in a steady state); latencies (end - start) and first-token times of the
+    requests completed in it; errors seen anywhere in the run. Records: ``start``, ``end``, ``chunks`` of
+    ``(time, tokens)``, ``target`` (tokens the request is to write), ``complete``, ``ttft_s``, ``status``."""
     window = t1 - t0
     done = [r for r in records if r.get("complete") and r.get("end") is not None and t0 <= r["end"] <= t1]
-    tokens = sum(n for r in records for t, n in r["chunks"] if t0 <= t <= t1)
+    in_window = [(r, sum(n for t, n in r["chunks"] if t0 <= t <= t1)) for r in records]
+    tokens = sum(k for _, k in in_window)
+    shares = sum(k / r["target"] for r, k in in_window if r.get("target"))
     errors = [r for r in records if r.get("end") is not None and not r.get("complete")
               and r.get("end") < t1 - 0.05 and (r.get("status") not in (None, 200) or r.get("error"))]
     lat = [r["end"] - r["start"] for r in done]
     ttft = [r["ttft_s"] for r in done if r["ttft_s"] is not None]
-    return {"window_s": window, "completed": len(done), "requests_per_s": len(done) / window,
-            "tokens_per_s": tokens / window, "p50_s": percentile(lat, 50), "p99_s": percentile(lat, 99),
-            "ttft_p50_s": percentile(ttft, 50), "started": len(records), "errors": len(errors),
-            "statuses": sorted({r["status"] for r in errors if r.get("status") is not None}),
+    return {"window_s": window, "completed": len(done), "completed_per_s": len(done) / window,
+            "requests_per_s": shares / window, "tokens_per_s": tokens / window, "p50_s": percentile(lat, 50),
+            "p99_s": percentile(lat, 99), "ttft_p50_s": percentile(ttft, 50), "started": len(records),
+            "errors": len(errors), "statuses": sorted({r["status"] for r in errors if r.get("status") is not None}),
             "first_error": next((r.get("error") for r in errors), None)}

@@ -136,20 +136,22 @@ def engine_closed_loop(engine, cfg: dict, concurrency: int, warmup_s: float, win
 
     lengths, role = cfg["lengths"], ("llm" if cfg["method"] == "llm_only" else None)
     ps = prompts(len(lengths), cfg["prompt"])
-    started, records, nxt = {}, [], 0
+    started, records, slot_of, nxt = {}, [], {}, list(range(concurrency))  # slot k sends k, k + c, ... (the clients')
 
-    def submit():
-        nonlocal nxt
-        i = nxt % len(lengths)
-        rid = engine.submit(Request(ps[i], max_new_tokens=lengths[i], role=role, request_id=f"alone-{nxt}"))
-        started[rid] = {"start": time.monotonic(), "chunks": [], "ttft_s": None}
-        nxt += 1
+    def submit(k: int):
+        i = nxt[k] % len(lengths)
+        nxt[k] += concurrency
+        rid = engine.submit(Request(ps[i], max_new_tokens=lengths[i], role=role, request_id=f"alone-c{concurrency}-{k}-{nxt[k]}"))
+        started[rid] = {"start": time.monotonic(), "chunks": [], "ttft_s": None, "target": lengths[i]}
+        slot_of[rid] = k
 
     t0 = time.monotonic()
     end = t0 + warmup_s + window_s
-    for _ in range(concurrency):
-        submit()
+    for k in range(concurrency):
+        submit(k)
+    probe, probing = (t0 + warmup_s / 2, t0 + warmup_s), None  # phases: the warm-up's second half, off the window
     while time.monotonic() < end:
+        probing = _probe(engine, probing, probe)
         try:
             events = engine.step()
         except Exception as err:  # noqa: BLE001 -- StepFailed: that batch's requests end with errors, the loop goes on
@@ -166,14 +168,36 @@ def engine_closed_loop(engine, cfg: dict, concurrency: int, warmup_s: float, win
                 rec.update(end=now, complete=ev.finish_reason == "length", status=200,
                            error=None if ev.finish_reason == "length" else ev.error or ev.finish_reason)
                 records.append(started.pop(ev.request_id))
-                submit()
+                submit(slot_of.pop(ev.request_id))
     for rid in list(started):
         engine.cancel(rid)
     while engine.has_work():
         engine.step()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return sc.summarize(records + list(started.values()), t0 + warmup_s, end)
+    if probing is not None and not probing.removed:  # the level ended before the span did
+        probing.remove()
+    phases = probing.summary() if probing is not None else None
+    return {**sc.summarize(records + list(started.values()), t0 + warmup_s, end), "phases": phases}
+
+
+def _probe(engine, probing, span: tuple[float, float]):
+    """The phase profile (:class:`serve_phases.Phases`) installed at ``span[0]``, removed at ``span[1]``; counts
+    the steps between (call before each step). Engines without lanes (the stand-in) are not probed."""
+    from serve_phases import Phases
+
+    now = time.monotonic()
+    if probing is None:
+        if not (span[0] <= now < span[1] and hasattr(engine, "lanes")):
+            return None
+        probing = Phases(engine).install()
+    if probing.removed:
+        return probing
+    if now >= span[1]:
+        probing.remove()
+    else:
+        probing.step()
+    return probing
 
 
 def serve_worker(cfg: dict) -> int:
@@ -322,6 +346,13 @@ def markdown(doc: dict) -> str:
                     f"{f(r['ttft_p50_s'])} | {f(gain)}x | {done} |".replace("| -x |", "| - |"))
     for s in doc["skipped"]:
         head.append(f"\nSkipped: {s['method']} at concurrency {s['concurrency']}: {s['reason']}")
+    if doc.get("phases"):
+        from serve_phases import table
+
+        head += ["", "The request engine alone, where a step's time goes (the second half of each level's warm-up; "
+                 "device ms a step between CUDA events around each lane call; batch: rows the lane's graph ran, "
+                 "rows: rows that took part, columns: columns read a call; other: host work the device did not "
+                 "overlap, and idle):", "", *table(doc["phases"])]
     return "\n".join(head) + "\n"
 
 
@@ -427,7 +458,9 @@ def main(argv=None) -> int:
     doc = {**environment(), "gpu": gpu, "args": vars(args), "pair": pair,
            "prompt_tokens": shape["prompt"], "llm_share": shape["llm_share"],
            "mean_tokens": {m: sum(shape[m]) / len(shape[m]) for m in METHODS},
-           "rows": sorted(rows, key=lambda r: (r["concurrency"], r["method"])), "skipped": skipped, "details": details}
+           "rows": sorted(rows, key=lambda r: (r["concurrency"], r["method"])), "skipped": skipped, "details": details,
+           "phases": {k: d["engine_alone"]["phases"] for k, d in details.items()
+                      if isinstance(d, dict) and d.get("engine_alone", {}).get("phases")}}
     stem = out / f"serve_reasoning_{gpu.lower().replace(' ', '_')}"
     write_result(stem, doc, markdown(doc))
     if doc["rows"]:
