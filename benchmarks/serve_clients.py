@@ -167,8 +167,8 @@ def summarize(records: list[dict], t0: float, t1: float) -> dict:
     """One window ``[t0, t1]`` of a closed loop: tokens received in it per second; requests per second as the
     requests' share written in it (a request of ``target`` tokens that received ``k`` of them in the window counts
     ``k / target``: a smooth count that does not jump by whole requests when a window holds only a few, and reads
-    the same as completions per second in a steady state); latencies (end - start) and first-token times of the
-    requests completed in it; errors seen anywhere in the run. Records: ``start``, ``end``, ``chunks`` of
+    the same as completions per second in a steady state); latencies (end - start) of the requests completed in it;
+    first-token times of the requests whose first token came in it; errors seen anywhere in the run. Records: ``start``, ``end``, ``chunks`` of
     ``(time, tokens)``, ``target`` (tokens the request is to write), ``complete``, ``ttft_s``, ``status``."""
     window = t1 - t0
     done = [r for r in records if r.get("complete") and r.get("end") is not None and t0 <= r["end"] <= t1]
@@ -178,7 +178,8 @@ def summarize(records: list[dict], t0: float, t1: float) -> dict:
     errors = [r for r in records if r.get("end") is not None and not r.get("complete")
               and r.get("end") < t1 - 0.05 and (r.get("status") not in (None, 200) or r.get("error"))]
     lat = [r["end"] - r["start"] for r in done]
-    ttft = [r["ttft_s"] for r in done if r["ttft_s"] is not None]
+    ttft = [r["ttft_s"] for r in records if r.get("ttft_s") is not None and t0 <= r["start"] + r["ttft_s"] <= t1
+            and not r.get("error")]  # first tokens in the window: not the level's first wave, all sent at once
     return {"window_s": window, "completed": len(done), "completed_per_s": len(done) / window,
             "requests_per_s": shares / window, "tokens_per_s": tokens / window, "p50_s": percentile(lat, 50),
             "p99_s": percentile(lat, 99), "ttft_p50_s": percentile(ttft, 50), "started": len(records),

@@ -1,7 +1,7 @@
 """Serving reasoning traffic: the same server pinned to the LLM alone vs stitched, at each concurrency (issue #38).
 
     PYTHONPATH=. python benchmarks/serve_reasoning.py --out-dir $OUT --scale 0.05 \\
-        --levels 1 8 32 64 128 256 --warmup-s 4 --window-s 8 --budget-s 400            # one GPU call, <= 420 s
+        --levels 1 8 32 64 128 256 --warmup-s 2.5 --window-s 4 --budget-s 235 --startup-s 45  # one GPU call, ~225 s
     PYTHONPATH=. python benchmarks/serve_reasoning.py --dry-run-cpu --out-dir /tmp/sr  # tiny pair on CPU, ~1 min
 
 Requests are MATH-shaped (the paper's 7B pair, 8k budget): the LLM alone writes 2753 tokens a request;
@@ -19,12 +19,15 @@ the decisions returned on the device as an entropy policy's are. Both methods ru
 Per method: the server process loads the pair, warms every batch bucket up, measures the request engine alone
 (no HTTP, :func:`engine_closed_loop`) at each concurrency on the same requests, then serves; the client
 (``--client-procs`` processes of asyncio + httpx streaming clients) runs a closed loop at each concurrency:
-``c`` clients, each sending its next request when the last one ends. A level runs ``--warmup-s`` (excluded)
-then ``--window-s``; requests/s counts requests that completed inside the window, tokens/s the tokens
-streamed inside it, latencies are those of the requests completed inside it -- the same rule for both methods
-and for the engine alone. ``--budget-s`` bounds the whole run: a level that would not fit is recorded as
-skipped, as is a concurrency above the rows the server could hold (it retries with half the rows when a
-``--max-batch`` fails to start).
+``c`` clients, client ``k`` sending requests ``k, k + c, ...`` one after another (the engine alone's slot ``k``
+the same). A level runs ``--warmup-s`` (excluded) then ``--window-s``; tokens/s counts the tokens received in
+the window (completed or not), requests/s each request's share of its tokens received in it (no jumps of a whole
+request in a short window), p50 / p99 the latencies of the requests completed in it, TTFT that of the requests
+whose first token came in it -- the same rule for both methods and for the engine alone. The engine alone also
+records its phase profile in the second half of each warm-up (:mod:`serve_phases`: the SLM and LLM lanes' device
+time, the batch each ran vs the rows that took part, joins, the rest). ``--budget-s`` bounds the whole run (the
+results are written after each method): a level that would not fit is recorded as skipped, as is a concurrency
+above the rows the server could hold (it retries with half the rows when a ``--max-batch`` fails to start).
 
 Writes ``serve_reasoning_<gpu>.json`` (``rows``: ``{"concurrency", "method", "requests_per_s",
 "tokens_per_s", "p50_s", "p99_s", "ttft_p50_s", "engine_alone_tokens_per_s"}``; ``details``, ``skipped``),
@@ -49,6 +52,7 @@ import serve_clients as sc  # noqa: E402  (the closed-loop HTTP clients and the 
 
 MATH = {"llm_only": 2753, "stitched_llm": 344, "stitched_slm": 771, "llm_run": 4.0, "prompt": 128}
 METHODS = ("llm_only", "stitched")
+LEVEL_OVERHEAD_S = 2.5  # a level beyond 2 x (warm-up + window), until measured: clients' start and records, drains
 PROMPT_VOCAB = 200  # prompt token ids below this: valid for every pair here (the tiny one has 256)
 
 
@@ -260,7 +264,8 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
     unless the same failure repeats (the rows that worked stay in ``args.max_batch`` for the next method). Server
     logs and the engine-alone numbers go through ``work``, a scratch folder."""
     rows, skipped, details = [], [], {}
-    per_level = 2 * (args.warmup_s + args.window_s) + 6  # the engine alone, then the server (clients' start, idle)
+    overhead = getattr(args, "level_overhead_s", LEVEL_OVERHEAD_S)  # measured by the first method, if any
+    per_level = 2 * (args.warmup_s + args.window_s) + overhead  # the engine alone, then the server
     levels = list(args.levels)
     max_batch, proc, why, last = max(levels) if args.max_batch is None else args.max_batch, None, "", None
     while proc is None and max_batch >= 1:
@@ -278,7 +283,7 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
         t0, alone_s = time.monotonic(), len(fit) * (args.warmup_s + args.window_s)
         proc, err = start_server(cfg, work, args.startup_s + alone_s + 2 * len(fit))
         if proc is not None:  # what the next method's start reserves: this one's load and warm-up, with a margin
-            args.reserve_s = max(20.0, 1.5 * (time.monotonic() - t0 - alone_s))
+            args.reserve_s = max(15.0, 1.15 * (time.monotonic() - t0 - alone_s) + 2)
         else:
             why = f"the server did not start with --max-batch {max_batch}: {err}"
             print(why, file=sys.stderr)
@@ -298,10 +303,11 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
             if c > max_batch:
                 skipped.append({"concurrency": c, "method": method, "reason": why or f"above --max-batch {max_batch}"})
                 continue
-            if c not in fit:
+            if c not in fit or budget.left() < args.warmup_s + args.window_s + overhead:
                 skipped.append({"concurrency": c, "method": method,
                                 "reason": f"time budget: {budget.left():.0f} s left of --budget-s {args.budget_s}"})
                 continue
+            t_level = time.monotonic()
             s = sc.closed_loop(url, bodies, c, args.warmup_s, args.window_s, args.client_procs)
             e = alone["levels"][str(c)]
             details[f"{method}@{c}"] = {"server": s, "engine_alone": e, "max_batch": max_batch}
@@ -315,7 +321,11 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
                              "ttft_p50_s": s["ttft_p50_s"], "engine_alone_tokens_per_s": e["tokens_per_s"]})
             print(f"[{method} c={c}] {json.dumps(details[f'{method}@{c}'])}", file=sys.stderr, flush=True)
             sc.wait_idle(url, 60)
+            details[f"{method}@{c}"]["server_level_s"] = time.monotonic() - t_level
         details[f"{method}@warm_up_s"] = alone["warm_up_s"]
+        spent = [d["server_level_s"] for d in details.values() if isinstance(d, dict) and "server_level_s" in d]
+        if spent:  # a server level's time beyond warm-up and window, and a margin for the engine alone's drain
+            args.level_overhead_s = max(0.5, sum(spent) / len(spent) - args.warmup_s - args.window_s) + 0.5
     finally:
         stop(proc)
     return rows, skipped, details
@@ -443,10 +453,16 @@ def main(argv=None) -> int:
         sys.exit(f"--scale {args.scale}: prompt + max_tokens reach {shape['prompt'] + max(shape['llm_only'])} tokens, "
                  "beyond the fast engine's 4096 a row; lower --scale")
     rows, skipped, details = [], [], {}
-    for method in args.methods:
+    for method in args.methods:  # the results are written after each method: a run cut short keeps what it did
         r, s, d = run_method(method, args, shape, work, budget)
         rows, skipped, details = rows + r, skipped + s, {**details, **d}
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+        text = report(args, shape, rows, skipped, details, out)
+    print(text)
+    return 0
+
+
+def report(args, shape: dict, rows: list, skipped: list, details: dict, out: Path) -> str:
+    """Writes ``serve_reasoning_<gpu>.{json,md,png}`` under ``out``; returns the markdown."""
     import torch
 
     from lab import environment, write_result
@@ -462,11 +478,11 @@ def main(argv=None) -> int:
            "phases": {k: d["engine_alone"]["phases"] for k, d in details.items()
                       if isinstance(d, dict) and d.get("engine_alone", {}).get("phases")}}
     stem = out / f"serve_reasoning_{gpu.lower().replace(' ', '_')}"
-    write_result(stem, doc, markdown(doc))
+    text = markdown(doc)
+    write_result(stem, doc, text)
     if doc["rows"]:
         plot(doc, stem.with_suffix(".png"))
-    print(markdown(doc))
-    return 0
+    return text
 
 
 if __name__ == "__main__":
