@@ -135,13 +135,15 @@ def _client_proc(url, bodies, first, step, n, t_start, t_end):
     return asyncio.run(_clients(url, bodies, first, step, n, t_start, t_end))
 
 
-def run_clients(url: str, bodies: list[dict], concurrency: int, seconds: float, procs: int = 0) -> tuple[list, float]:
-    """``concurrency`` clients in a closed loop for ``seconds``: (every request's record, when they started)."""
+def run_clients(url: str, bodies: list[dict], concurrency: int, seconds: float, procs: int = 0,
+                t_start: float | None = None) -> tuple[list, float]:
+    """``concurrency`` clients in a closed loop for ``seconds`` from ``t_start`` (default: once the client processes
+    have started): (every request's record, when they started)."""
     procs = procs or max(1, min(8, concurrency // 16))
     procs = min(procs, concurrency)
     while concurrency % procs:  # equal shares: client k of c then sends bodies k, k + c, ... (as the engine alone)
         procs -= 1
-    t_start = time.monotonic() + 0.3 + 0.05 * procs  # the client processes start meanwhile (forked: ~10 ms each)
+    t_start = t_start or time.monotonic() + 0.3 + 0.05 * procs  # the processes start meanwhile (forked: ~10 ms each)
     share = [concurrency // procs + (p < concurrency % procs) for p in range(procs)]
     with ProcessPoolExecutor(procs, mp_context=get_context("fork")) as pool:
         futures = [pool.submit(_client_proc, url, bodies, p, procs, share[p], t_start, t_start + seconds)
@@ -151,9 +153,29 @@ def run_clients(url: str, bodies: list[dict], concurrency: int, seconds: float, 
 
 def closed_loop(url: str, bodies: list[dict], concurrency: int, warmup_s: float, window_s: float,
                 procs: int = 0) -> dict:
-    """``concurrency`` clients for ``warmup_s + window_s``; the window's summary (:func:`summarize`)."""
-    records, t_start = run_clients(url, bodies, concurrency, warmup_s + window_s, procs)
-    return summarize(records, t_start + warmup_s, t_start + warmup_s + window_s)
+    """``concurrency`` clients for ``warmup_s + window_s``; the window's summary (:func:`summarize`), with the
+    server's engine steps a second in the window (its /health ``steps``, read at the window's ends)."""
+    import threading
+
+    t_start = time.monotonic() + 0.8  # up to 8 client processes start meanwhile
+    t0, t1, steps = t_start + warmup_s, t_start + warmup_s + window_s, []
+    watch = threading.Thread(target=lambda: steps.extend(_steps_at(url, t) for t in (t0, t1)), daemon=True)
+    watch.start()
+    records, _ = run_clients(url, bodies, concurrency, warmup_s + window_s, procs, t_start)
+    watch.join(5)
+    ok = len(steps) == 2 and None not in steps
+    return {**summarize(records, t0, t1), "steps_per_s": (steps[1] - steps[0]) / window_s if ok else None}
+
+
+def _steps_at(url: str, when: float) -> int | None:
+    """The server's engine steps so far (/health), read at ``when`` (time.monotonic())."""
+    import httpx
+
+    time.sleep(max(0.0, when - time.monotonic()))
+    try:
+        return httpx.get(url + "/health", timeout=2).json().get("steps")
+    except (httpx.HTTPError, ValueError):
+        return None
 
 
 def percentile(xs: list[float], q: float) -> float | None:

@@ -154,8 +154,10 @@ def engine_closed_loop(engine, cfg: dict, concurrency: int, warmup_s: float, win
     for k in range(concurrency):
         submit(k)
     probe, probing = (t0 + warmup_s / 2, t0 + warmup_s), None  # phases: the warm-up's second half, off the window
+    steps = 0  # in the window
     while time.monotonic() < end:
         probing = _probe(engine, probing, probe)
+        steps += time.monotonic() >= t0 + warmup_s
         try:
             events = engine.step()
         except Exception as err:  # noqa: BLE001 -- StepFailed: that batch's requests end with errors, the loop goes on
@@ -182,7 +184,8 @@ def engine_closed_loop(engine, cfg: dict, concurrency: int, warmup_s: float, win
     if probing is not None and not probing.removed:  # the level ended before the span did
         probing.remove()
     phases = probing.summary() if probing is not None else None
-    return {**sc.summarize(records + list(started.values()), t0 + warmup_s, end), "phases": phases}
+    return {**sc.summarize(records + list(started.values()), t0 + warmup_s, end), "phases": phases,
+            "steps_per_s": steps / window_s}
 
 
 def _probe(engine, probing, span: tuple[float, float]):
@@ -340,8 +343,8 @@ def markdown(doc: dict) -> str:
             f"{doc['llm_share']:.2f}, runs of ~4, prompts of {doc['prompt_tokens']}); closed loop, "
             f"{a['warmup_s']} s warm-up then a {a['window_s']} s window per level; decisions on the {a['decisions']}.",
             "", "| concurrency | method | requests/s | tokens/s | engine alone tokens/s | server / engine | "
-            "p50 (s) | p99 (s) | TTFT p50 (s) | stitched / LLM alone requests/s | completed in window (server / engine) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "p50 (s) | p99 (s) | TTFT p50 (s) | stitched / LLM alone requests/s | completed in window (server / engine) | "
+            "ms a step (server / engine) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["concurrency"], r["method"]): r for r in doc["rows"]}
     f = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in doc["rows"]:
@@ -351,9 +354,11 @@ def markdown(doc: dict) -> str:
         ratio = r["tokens_per_s"] / r["engine_alone_tokens_per_s"] if r["engine_alone_tokens_per_s"] else None
         d = doc["details"].get(f"{r['method']}@{r['concurrency']}", {})
         done = f"{d.get('server', {}).get('completed', '-')} / {d.get('engine_alone', {}).get('completed', '-')}"
+        ms = [1e3 / x if x else None for x in (d.get("server", {}).get("steps_per_s"),
+                                                d.get("engine_alone", {}).get("steps_per_s"))]
         head.append(f"| {r['concurrency']} | {r['method']} | {f(r['requests_per_s'])} | {f(r['tokens_per_s'], 0)} | "
                     f"{f(r['engine_alone_tokens_per_s'], 0)} | {f(ratio)} | {f(r['p50_s'])} | {f(r['p99_s'])} | "
-                    f"{f(r['ttft_p50_s'])} | {f(gain)}x | {done} |".replace("| -x |", "| - |"))
+                    f"{f(r['ttft_p50_s'])} | {f(gain)}x | {done} | {f(ms[0])} / {f(ms[1])} |".replace("| -x |", "| - |"))
     for s in doc["skipped"]:
         head.append(f"\nSkipped: {s['method']} at concurrency {s['concurrency']}: {s['reason']}")
     if doc.get("phases"):
