@@ -4,7 +4,7 @@
 ``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions``. Every request
 becomes one row of the engine's continuous batch (driven by :class:`~.driver.EngineDriver` on
 one background thread); handlers check the body, tokenize (on a worker thread, never on the event
-loop, and not at all when the prompt is too long to fit whatever it tokenizes to), submit, and
+loop, and not at all when the prompt is too long to fit whatever it tokenizes to, or is token ids), submit, and
 turn events into JSON or server-sent events. Faults stay with their request: a bad body is a 400,
 an unknown model a 404, a body over the size limit a 413, a full server a 429, a draining one a
 503, every one in OpenAI's error shape (:mod:`.errors`); a client that disconnects has its row
@@ -128,7 +128,10 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
         try:
             check_model(body.model, settings)
             check_prompt_size(body, kind, settings, chars_per_token)
-            ids = await asyncio.to_thread(prompt_ids, tokenizer, body, kind, settings)
+            if kind == "text" and not isinstance(body.prompt, str):  # token ids: nothing to tokenize, no thread hop
+                ids = text_prompt_ids(tokenizer, body, settings)
+            else:
+                ids = await asyncio.to_thread(prompt_ids, tokenizer, body, kind, settings)
             engine_request = build_request(body, ids, rid, settings)
             box = post_office().mailbox()
             driver.submit(engine_request, box)
