@@ -132,13 +132,16 @@ async def _clients(url: str, bodies: list[dict], first: int, step: int, n: int, 
 
 
 def _client_proc(url, bodies, first, step, n, t_start, t_end):
-    return asyncio.run(_clients(url, bodies, first, step, n, t_start, t_end))
+    """One client process's records, and the share of the closed loop's time it spent on a CPU."""
+    cpu = time.process_time()
+    records = asyncio.run(_clients(url, bodies, first, step, n, t_start, t_end))
+    return records, (time.process_time() - cpu) / max(1e-9, t_end - t_start)
 
 
 def run_clients(url: str, bodies: list[dict], concurrency: int, seconds: float, procs: int = 0,
-                t_start: float | None = None) -> tuple[list, float]:
+                t_start: float | None = None) -> tuple[list, float, float]:
     """``concurrency`` clients in a closed loop for ``seconds`` from ``t_start`` (default: once the client processes
-    have started): (every request's record, when they started)."""
+    have started): (every request's record, when they started, the busiest client process's CPU share)."""
     procs = procs or max(1, min(8, concurrency // 16))
     procs = min(procs, concurrency)
     while concurrency % procs:  # equal shares: client k of c then sends bodies k, k + c, ... (as the engine alone)
@@ -148,7 +151,9 @@ def run_clients(url: str, bodies: list[dict], concurrency: int, seconds: float, 
     with ProcessPoolExecutor(procs, mp_context=get_context("fork")) as pool:
         futures = [pool.submit(_client_proc, url, bodies, p, procs, share[p], t_start, t_start + seconds)
                    for p in range(procs)]
-        return [r for f in futures for r in f.result()], t_start
+        done = [f.result() for f in futures]
+    busiest = max(cpu for _, cpu in done)  # the busiest client process's CPU share (1: saturated)
+    return [r for records, _ in done for r in records], t_start, busiest
 
 
 def closed_loop(url: str, bodies: list[dict], concurrency: int, warmup_s: float, window_s: float,
@@ -161,10 +166,11 @@ def closed_loop(url: str, bodies: list[dict], concurrency: int, warmup_s: float,
     t0, t1, steps = t_start + warmup_s, t_start + warmup_s + window_s, []
     watch = threading.Thread(target=lambda: steps.extend(_steps_at(url, t) for t in (t0, t1)), daemon=True)
     watch.start()
-    records, _ = run_clients(url, bodies, concurrency, warmup_s + window_s, procs, t_start)
+    records, _, busiest = run_clients(url, bodies, concurrency, warmup_s + window_s, procs, t_start)
     watch.join(5)
     ok = len(steps) == 2 and None not in steps
-    return {**summarize(records, t0, t1), "steps_per_s": (steps[1] - steps[0]) / window_s if ok else None}
+    return {**summarize(records, t0, t1), "steps_per_s": (steps[1] - steps[0]) / window_s if ok else None,
+            "client_cpu_max": busiest}
 
 
 def _steps_at(url: str, when: float) -> int | None:
