@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ..serving.request_types import QueueFull
 from .driver import EngineDriver, ShuttingDown
 from .errors import ERROR_RESPONSES, error, install
-from .handover import Pacer, PostOffice
+from .handover import STREAM_INTERVAL_S, STREAM_WRITES_PER_S, Pacer, PostOffice
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import Transcript
 from .streams import follow, stream_chat, stream_text, whole_response
@@ -53,8 +53,8 @@ class ServerSettings:
     router: str | None = None  # the R-Stitch+ router every request routes with (then no per-request tau)
     pin: str | None = None  # "llm" / "slm": every request decoded by that model alone; None: stitched
     disconnect_poll_s: float = 0.25  # how often a non-streaming handler checks that its client is still there
-    stream_interval_s: float = 0.02  # an answer writes at most this often, the tokens since in one chunk (Pacer)
-    stream_writes_per_s: float = 1000.0  # and all answers together at most this many times a second; 0s: every step
+    stream_interval_s: float = STREAM_INTERVAL_S  # an answer writes at most this often, the tokens since in one chunk (Pacer)
+    stream_writes_per_s: float = STREAM_WRITES_PER_S  # and all answers together at most this many times a second; 0s: every step
     error_ttl_s: float = 300.0  # how long /health shows the last failed step's error
 
 
