@@ -3,9 +3,10 @@
 :func:`closed_loop` keeps ``c`` streaming /v1/completions requests in flight against a server (each client sends
 its next request when its last one ends), spread over several client processes so that parsing server-sent
 events never becomes the bottleneck. Every request's record keeps when it started, ended, and when each chunk
-of tokens arrived; :func:`summarize` turns the records into the numbers of one window: requests completed in
-it, tokens streamed in it, and latencies of the requests completed in it. Token-id prompts and token-id text
-(:class:`IdTokenizer`): a random-weight pair has no tokenizer.
+of tokens arrived; :func:`summarize` turns the records into the numbers of one window: tokens received in it,
+requests as the share of their tokens received in it, latencies of the requests completed in it. Client ``k``
+of ``c`` sends requests ``k, k + c, k + 2c, ...`` (the engine alone's closed loop replays the same sequence per
+slot). Token-id prompts and token-id text (:class:`IdTokenizer`): a random-weight pair has no tokenizer.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ async def one_request(client, url: str, body: dict, into: list | None = None) ->
     """One streaming completion: status, start / end, (time, tokens) of each chunk, whether it completed. The
     record goes into ``into`` when it starts, so that a request still streaming when the clients stop counts the
     tokens it received (as the engine alone counts its requests in flight)."""
-    rec = {"status": None, "start": time.monotonic(), "end": None, "ttft_s": None, "chunks": [], "complete": False}
+    rec = {"status": None, "start": time.monotonic(), "end": None, "ttft_s": None, "chunks": [], "complete": False,
+           "target": body.get("max_tokens")}
     if into is not None:
         into.append(rec)
     done = reason = None
@@ -106,7 +108,8 @@ async def one_request(client, url: str, body: dict, into: list | None = None) ->
 
 
 async def _clients(url: str, bodies: list[dict], first: int, step: int, n: int, t_start: float, t_end: float):
-    """``n`` clients (ids ``first``, ``first + step``, ...) in a closed loop from ``t_start`` to ``t_end``."""
+    """``n`` clients (ids ``first``, ``first + step``, ...; ``step * n`` clients in all) in a closed loop from
+    ``t_start`` to ``t_end``; client ``k`` sends bodies ``k, k + step * n, ...``."""
     import httpx
 
     records: list[dict] = []
@@ -129,26 +132,56 @@ async def _clients(url: str, bodies: list[dict], first: int, step: int, n: int, 
 
 
 def _client_proc(url, bodies, first, step, n, t_start, t_end):
-    return asyncio.run(_clients(url, bodies, first, step, n, t_start, t_end))
+    """One client process's records, and the share of the closed loop's time it spent on a CPU."""
+    cpu = time.process_time()
+    records = asyncio.run(_clients(url, bodies, first, step, n, t_start, t_end))
+    return records, (time.process_time() - cpu) / max(1e-9, t_end - t_start)
 
 
-def run_clients(url: str, bodies: list[dict], concurrency: int, seconds: float, procs: int = 0) -> tuple[list, float]:
-    """``concurrency`` clients in a closed loop for ``seconds``: (every request's record, when they started)."""
+def run_clients(url: str, bodies: list[dict], concurrency: int, seconds: float, procs: int = 0,
+                t_start: float | None = None) -> tuple[list, float, float]:
+    """``concurrency`` clients in a closed loop for ``seconds`` from ``t_start`` (default: once the client processes
+    have started): (every request's record, when they started, the busiest client process's CPU share)."""
     procs = procs or max(1, min(8, concurrency // 16))
     procs = min(procs, concurrency)
-    t_start = time.monotonic() + 1.0 + 0.2 * procs  # the client processes start meanwhile
+    while concurrency % procs:  # equal shares: client k of c then sends bodies k, k + c, ... (as the engine alone)
+        procs -= 1
+    t_start = t_start or time.monotonic() + 0.3 + 0.05 * procs  # the processes start meanwhile (forked: ~10 ms each)
     share = [concurrency // procs + (p < concurrency % procs) for p in range(procs)]
     with ProcessPoolExecutor(procs, mp_context=get_context("fork")) as pool:
         futures = [pool.submit(_client_proc, url, bodies, p, procs, share[p], t_start, t_start + seconds)
                    for p in range(procs)]
-        return [r for f in futures for r in f.result()], t_start
+        done = [f.result() for f in futures]
+    busiest = max(cpu for _, cpu in done)  # the busiest client process's CPU share (1: saturated)
+    return [r for records, _ in done for r in records], t_start, busiest
 
 
 def closed_loop(url: str, bodies: list[dict], concurrency: int, warmup_s: float, window_s: float,
                 procs: int = 0) -> dict:
-    """``concurrency`` clients for ``warmup_s + window_s``; the window's summary (:func:`summarize`)."""
-    records, t_start = run_clients(url, bodies, concurrency, warmup_s + window_s, procs)
-    return summarize(records, t_start + warmup_s, t_start + warmup_s + window_s)
+    """``concurrency`` clients for ``warmup_s + window_s``; the window's summary (:func:`summarize`), with the
+    server's engine steps a second in the window (its /health ``steps``, read at the window's ends)."""
+    import threading
+
+    t_start = time.monotonic() + 0.8  # up to 8 client processes start meanwhile
+    t0, t1, steps = t_start + warmup_s, t_start + warmup_s + window_s, []
+    watch = threading.Thread(target=lambda: steps.extend(_steps_at(url, t) for t in (t0, t1)), daemon=True)
+    watch.start()
+    records, _, busiest = run_clients(url, bodies, concurrency, warmup_s + window_s, procs, t_start)
+    watch.join(5)
+    ok = len(steps) == 2 and None not in steps
+    return {**summarize(records, t0, t1), "steps_per_s": (steps[1] - steps[0]) / window_s if ok else None,
+            "client_cpu_max": busiest}
+
+
+def _steps_at(url: str, when: float) -> int | None:
+    """The server's engine steps so far (/health), read at ``when`` (time.monotonic())."""
+    import httpx
+
+    time.sleep(max(0.0, when - time.monotonic()))
+    try:
+        return httpx.get(url + "/health", timeout=2).json().get("steps")
+    except (httpx.HTTPError, ValueError):
+        return None
 
 
 def percentile(xs: list[float], q: float) -> float | None:
@@ -159,17 +192,24 @@ def percentile(xs: list[float], q: float) -> float | None:
 
 
 def summarize(records: list[dict], t0: float, t1: float) -> dict:
-    """Requests completed in ``[t0, t1]`` per second, tokens streamed in it per second, and the latencies (end -
-    start) and first-token times of the requests completed in it; errors seen anywhere in the run."""
+    """One window ``[t0, t1]`` of a closed loop: tokens received in it per second; requests per second as the
+    requests' share written in it (a request of ``target`` tokens that received ``k`` of them in the window counts
+    ``k / target``: a smooth count that does not jump by whole requests when a window holds only a few, and reads
+    the same as completions per second in a steady state); latencies (end - start) of the requests completed in it;
+    first-token times of the requests whose first token came in it; errors seen anywhere in the run. Records: ``start``, ``end``, ``chunks`` of
+    ``(time, tokens)``, ``target`` (tokens the request is to write), ``complete``, ``ttft_s``, ``status``."""
     window = t1 - t0
     done = [r for r in records if r.get("complete") and r.get("end") is not None and t0 <= r["end"] <= t1]
-    tokens = sum(n for r in records for t, n in r["chunks"] if t0 <= t <= t1)
+    in_window = [(r, sum(n for t, n in r["chunks"] if t0 <= t <= t1)) for r in records]
+    tokens = sum(k for _, k in in_window)
+    shares = sum(k / r["target"] for r, k in in_window if r.get("target"))
     errors = [r for r in records if r.get("end") is not None and not r.get("complete")
               and r.get("end") < t1 - 0.05 and (r.get("status") not in (None, 200) or r.get("error"))]
     lat = [r["end"] - r["start"] for r in done]
-    ttft = [r["ttft_s"] for r in done if r["ttft_s"] is not None]
-    return {"window_s": window, "completed": len(done), "requests_per_s": len(done) / window,
-            "tokens_per_s": tokens / window, "p50_s": percentile(lat, 50), "p99_s": percentile(lat, 99),
-            "ttft_p50_s": percentile(ttft, 50), "started": len(records), "errors": len(errors),
-            "statuses": sorted({r["status"] for r in errors if r.get("status") is not None}),
+    ttft = [r["ttft_s"] for r in records if r.get("ttft_s") is not None and t0 <= r["start"] + r["ttft_s"] <= t1
+            and not r.get("error")]  # first tokens in the window: not the level's first wave, all sent at once
+    return {"window_s": window, "completed": len(done), "completed_per_s": len(done) / window,
+            "requests_per_s": shares / window, "tokens_per_s": tokens / window, "p50_s": percentile(lat, 50),
+            "p99_s": percentile(lat, 99), "ttft_p50_s": percentile(ttft, 50), "started": len(records),
+            "errors": len(errors), "statuses": sorted({r["status"] for r in errors if r.get("status") is not None}),
             "first_error": next((r.get("error") for r in errors), None)}

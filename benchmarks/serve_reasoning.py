@@ -1,7 +1,7 @@
 """Serving reasoning traffic: the same server pinned to the LLM alone vs stitched, at each concurrency (issue #38).
 
     PYTHONPATH=. python benchmarks/serve_reasoning.py --out-dir $OUT --scale 0.05 \\
-        --levels 1 8 32 64 128 256 --warmup-s 4 --window-s 8 --budget-s 400            # one GPU call, <= 420 s
+        --levels 1 8 32 64 128 256 --warmup-s 2.5 --window-s 4 --budget-s 235 --startup-s 45  # one GPU call, ~225 s
     PYTHONPATH=. python benchmarks/serve_reasoning.py --dry-run-cpu --out-dir /tmp/sr  # tiny pair on CPU, ~1 min
 
 Requests are MATH-shaped (the paper's 7B pair, 8k budget): the LLM alone writes 2753 tokens a request;
@@ -19,12 +19,15 @@ the decisions returned on the device as an entropy policy's are. Both methods ru
 Per method: the server process loads the pair, warms every batch bucket up, measures the request engine alone
 (no HTTP, :func:`engine_closed_loop`) at each concurrency on the same requests, then serves; the client
 (``--client-procs`` processes of asyncio + httpx streaming clients) runs a closed loop at each concurrency:
-``c`` clients, each sending its next request when the last one ends. A level runs ``--warmup-s`` (excluded)
-then ``--window-s``; requests/s counts requests that completed inside the window, tokens/s the tokens
-streamed inside it, latencies are those of the requests completed inside it -- the same rule for both methods
-and for the engine alone. ``--budget-s`` bounds the whole run: a level that would not fit is recorded as
-skipped, as is a concurrency above the rows the server could hold (it retries with half the rows when a
-``--max-batch`` fails to start).
+``c`` clients, client ``k`` sending requests ``k, k + c, ...`` one after another (the engine alone's slot ``k``
+the same). A level runs ``--warmup-s`` (excluded) then ``--window-s``; tokens/s counts the tokens received in
+the window (completed or not), requests/s each request's share of its tokens received in it (no jumps of a whole
+request in a short window), p50 / p99 the latencies of the requests completed in it, TTFT that of the requests
+whose first token came in it -- the same rule for both methods and for the engine alone. The engine alone also
+records its phase profile in the second half of each warm-up (:mod:`serve_phases`: the SLM and LLM lanes' device
+time, the batch each ran vs the rows that took part, joins, the rest). ``--budget-s`` bounds the whole run (the
+results are written after each method): a level that would not fit is recorded as skipped, as is a concurrency
+above the rows the server could hold (it retries with half the rows when a ``--max-batch`` fails to start).
 
 Writes ``serve_reasoning_<gpu>.json`` (``rows``: ``{"concurrency", "method", "requests_per_s",
 "tokens_per_s", "p50_s", "p99_s", "ttft_p50_s", "engine_alone_tokens_per_s"}``; ``details``, ``skipped``),
@@ -49,6 +52,7 @@ import serve_clients as sc  # noqa: E402  (the closed-loop HTTP clients and the 
 
 MATH = lab.MATH
 METHODS = ("llm_only", "stitched")
+LEVEL_OVERHEAD_S = 2.5  # a level beyond 2 x (warm-up + window), until measured: clients' start and records, drains
 PROMPT_VOCAB = 200  # prompt token ids below this: valid for every pair here (the tiny one has 256)
 
 
@@ -136,20 +140,24 @@ def engine_closed_loop(engine, cfg: dict, concurrency: int, warmup_s: float, win
 
     lengths, role = cfg["lengths"], ("llm" if cfg["method"] == "llm_only" else None)
     ps = prompts(len(lengths), cfg["prompt"])
-    started, records, nxt = {}, [], 0
+    started, records, slot_of, nxt = {}, [], {}, list(range(concurrency))  # slot k sends k, k + c, ... (the clients')
 
-    def submit():
-        nonlocal nxt
-        i = nxt % len(lengths)
-        rid = engine.submit(Request(ps[i], max_new_tokens=lengths[i], role=role, request_id=f"alone-{nxt}"))
-        started[rid] = {"start": time.monotonic(), "chunks": [], "ttft_s": None}
-        nxt += 1
+    def submit(k: int):
+        i = nxt[k] % len(lengths)
+        nxt[k] += concurrency
+        rid = engine.submit(Request(ps[i], max_new_tokens=lengths[i], role=role, request_id=f"alone-c{concurrency}-{k}-{nxt[k]}"))
+        started[rid] = {"start": time.monotonic(), "chunks": [], "ttft_s": None, "target": lengths[i]}
+        slot_of[rid] = k
 
     t0 = time.monotonic()
     end = t0 + warmup_s + window_s
-    for _ in range(concurrency):
-        submit()
+    for k in range(concurrency):
+        submit(k)
+    probe, probing = (t0 + warmup_s / 2, t0 + warmup_s), None  # phases: the warm-up's second half, off the window
+    steps = 0  # in the window
     while time.monotonic() < end:
+        probing = _probe(engine, probing, probe)
+        steps += time.monotonic() >= t0 + warmup_s
         try:
             events = engine.step()
         except Exception as err:  # noqa: BLE001 -- StepFailed: that batch's requests end with errors, the loop goes on
@@ -166,14 +174,37 @@ def engine_closed_loop(engine, cfg: dict, concurrency: int, warmup_s: float, win
                 rec.update(end=now, complete=ev.finish_reason == "length", status=200,
                            error=None if ev.finish_reason == "length" else ev.error or ev.finish_reason)
                 records.append(started.pop(ev.request_id))
-                submit()
+                submit(slot_of.pop(ev.request_id))
     for rid in list(started):
         engine.cancel(rid)
     while engine.has_work():
         engine.step()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return sc.summarize(records + list(started.values()), t0 + warmup_s, end)
+    if probing is not None and not probing.removed:  # the level ended before the span did
+        probing.remove()
+    phases = probing.summary() if probing is not None else None
+    return {**sc.summarize(records + list(started.values()), t0 + warmup_s, end), "phases": phases,
+            "steps_per_s": steps / window_s}
+
+
+def _probe(engine, probing, span: tuple[float, float]):
+    """The phase profile (:class:`serve_phases.Phases`) installed at ``span[0]``, removed at ``span[1]``; counts
+    the steps between (call before each step). Engines without lanes (the stand-in) are not probed."""
+    from serve_phases import Phases
+
+    now = time.monotonic()
+    if probing is None:
+        if not (span[0] <= now < span[1] and hasattr(engine, "lanes")):
+            return None
+        probing = Phases(engine).install()
+    if probing.removed:
+        return probing
+    if now >= span[1]:
+        probing.remove()
+    else:
+        probing.step()
+    return probing
 
 
 def serve_worker(cfg: dict) -> int:
@@ -236,7 +267,8 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
     unless the same failure repeats (the rows that worked stay in ``args.max_batch`` for the next method). Server
     logs and the engine-alone numbers go through ``work``, a scratch folder."""
     rows, skipped, details = [], [], {}
-    per_level = 2 * (args.warmup_s + args.window_s) + 6  # the engine alone, then the server (clients' start, idle)
+    overhead = getattr(args, "level_overhead_s", LEVEL_OVERHEAD_S)  # measured by the first method, if any
+    per_level = 2 * (args.warmup_s + args.window_s) + overhead  # the engine alone, then the server
     levels = list(args.levels)
     max_batch, proc, why, last = max(levels) if args.max_batch is None else args.max_batch, None, "", None
     while proc is None and max_batch >= 1:
@@ -254,7 +286,7 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
         t0, alone_s = time.monotonic(), len(fit) * (args.warmup_s + args.window_s)
         proc, err = start_server(cfg, work, args.startup_s + alone_s + 2 * len(fit))
         if proc is not None:  # what the next method's start reserves: this one's load and warm-up, with a margin
-            args.reserve_s = max(20.0, 1.5 * (time.monotonic() - t0 - alone_s))
+            args.reserve_s = max(15.0, 1.15 * (time.monotonic() - t0 - alone_s) + 2)
         else:
             why = f"the server did not start with --max-batch {max_batch}: {err}"
             print(why, file=sys.stderr)
@@ -274,10 +306,11 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
             if c > max_batch:
                 skipped.append({"concurrency": c, "method": method, "reason": why or f"above --max-batch {max_batch}"})
                 continue
-            if c not in fit:
+            if c not in fit or budget.left() < args.warmup_s + args.window_s + overhead:
                 skipped.append({"concurrency": c, "method": method,
                                 "reason": f"time budget: {budget.left():.0f} s left of --budget-s {args.budget_s}"})
                 continue
+            t_level = time.monotonic()
             s = sc.closed_loop(url, bodies, c, args.warmup_s, args.window_s, args.client_procs)
             e = alone["levels"][str(c)]
             details[f"{method}@{c}"] = {"server": s, "engine_alone": e, "max_batch": max_batch}
@@ -291,7 +324,11 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
                              "ttft_p50_s": s["ttft_p50_s"], "engine_alone_tokens_per_s": e["tokens_per_s"]})
             print(f"[{method} c={c}] {json.dumps(details[f'{method}@{c}'])}", file=sys.stderr, flush=True)
             sc.wait_idle(url, 60)
+            details[f"{method}@{c}"]["server_level_s"] = time.monotonic() - t_level
         details[f"{method}@warm_up_s"] = alone["warm_up_s"]
+        spent = [d["server_level_s"] for d in details.values() if isinstance(d, dict) and "server_level_s" in d]
+        if spent:  # a server level's time beyond warm-up and window, and a margin for the engine alone's drain
+            args.level_overhead_s = max(0.5, sum(spent) / len(spent) - args.warmup_s - args.window_s) + 0.5
     finally:
         stop(proc)
     return rows, skipped, details
@@ -306,8 +343,8 @@ def markdown(doc: dict) -> str:
             f"{doc['llm_share']:.2f}, runs of ~4, prompts of {doc['prompt_tokens']}); closed loop, "
             f"{a['warmup_s']} s warm-up then a {a['window_s']} s window per level; decisions on the {a['decisions']}.",
             "", "| concurrency | method | requests/s | tokens/s | engine alone tokens/s | server / engine | "
-            "p50 (s) | p99 (s) | TTFT p50 (s) | stitched / LLM alone requests/s | completed in window (server / engine) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "p50 (s) | p99 (s) | TTFT p50 (s) | stitched / LLM alone requests/s | completed in window (server / engine) | "
+            "ms a step (server / engine) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["concurrency"], r["method"]): r for r in doc["rows"]}
     f = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in doc["rows"]:
@@ -317,11 +354,20 @@ def markdown(doc: dict) -> str:
         ratio = r["tokens_per_s"] / r["engine_alone_tokens_per_s"] if r["engine_alone_tokens_per_s"] else None
         d = doc["details"].get(f"{r['method']}@{r['concurrency']}", {})
         done = f"{d.get('server', {}).get('completed', '-')} / {d.get('engine_alone', {}).get('completed', '-')}"
+        ms = [1e3 / x if x else None for x in (d.get("server", {}).get("steps_per_s"),
+                                                d.get("engine_alone", {}).get("steps_per_s"))]
         head.append(f"| {r['concurrency']} | {r['method']} | {f(r['requests_per_s'])} | {f(r['tokens_per_s'], 0)} | "
                     f"{f(r['engine_alone_tokens_per_s'], 0)} | {f(ratio)} | {f(r['p50_s'])} | {f(r['p99_s'])} | "
-                    f"{f(r['ttft_p50_s'])} | {f(gain)}x | {done} |".replace("| -x |", "| - |"))
+                    f"{f(r['ttft_p50_s'])} | {f(gain)}x | {done} | {f(ms[0])} / {f(ms[1])} |".replace("| -x |", "| - |"))
     for s in doc["skipped"]:
         head.append(f"\nSkipped: {s['method']} at concurrency {s['concurrency']}: {s['reason']}")
+    if doc.get("phases"):
+        from serve_phases import table
+
+        head += ["", "The request engine alone, where a step's time goes (the second half of each level's warm-up; "
+                 "device ms a step between CUDA events around each lane call; batch: rows the lane's graph ran, "
+                 "rows: rows that took part, columns: columns read a call; other: host work the device did not "
+                 "overlap, and idle):", "", *table(doc["phases"])]
     return "\n".join(head) + "\n"
 
 
@@ -412,10 +458,16 @@ def main(argv=None) -> int:
         sys.exit(f"--scale {args.scale}: prompt + max_tokens reach {shape['prompt'] + max(shape['llm_only'])} tokens, "
                  "beyond the fast engine's 4096 a row; lower --scale")
     rows, skipped, details = [], [], {}
-    for method in args.methods:
+    for method in args.methods:  # the results are written after each method: a run cut short keeps what it did
         r, s, d = run_method(method, args, shape, work, budget)
         rows, skipped, details = rows + r, skipped + s, {**details, **d}
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+        text = report(args, shape, rows, skipped, details, out)
+    print(text)
+    return 0
+
+
+def report(args, shape: dict, rows: list, skipped: list, details: dict, out: Path) -> str:
+    """Writes ``serve_reasoning_<gpu>.{json,md,png}`` under ``out``; returns the markdown."""
     import torch
 
     from lab import environment, write_result
@@ -427,13 +479,15 @@ def main(argv=None) -> int:
     doc = {**environment(), "gpu": gpu, "args": vars(args), "pair": pair,
            "prompt_tokens": shape["prompt"], "llm_share": shape["llm_share"],
            "mean_tokens": {m: sum(shape[m]) / len(shape[m]) for m in METHODS},
-           "rows": sorted(rows, key=lambda r: (r["concurrency"], r["method"])), "skipped": skipped, "details": details}
+           "rows": sorted(rows, key=lambda r: (r["concurrency"], r["method"])), "skipped": skipped, "details": details,
+           "phases": {k: d["engine_alone"]["phases"] for k, d in details.items()
+                      if isinstance(d, dict) and d.get("engine_alone", {}).get("phases")}}
     stem = out / f"serve_reasoning_{gpu.lower().replace(' ', '_')}"
-    write_result(stem, doc, markdown(doc))
+    text = markdown(doc)
+    write_result(stem, doc, text)
     if doc["rows"]:
         plot(doc, stem.with_suffix(".png"))
-    print(markdown(doc))
-    return 0
+    return text
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ def kill_test(url: str, bodies: list[dict], args, n: int, seen: set[int]) -> dic
     load = threading.Thread(target=lambda: out.update(zip(("records", "t0"), sc.run_clients(
         url, bodies, args.replica_concurrency, args.warmup_s + args.window_s, args.client_procs))))
     load.start()
-    time.sleep(1.0 + args.warmup_s + 0.2 * max(1, min(8, args.replica_concurrency // 32)))
+    time.sleep(0.3 + args.warmup_s + 0.05 * max(1, min(8, args.replica_concurrency // 16)))  # run_clients: its start
     victim = min(before)
     held = replica_health(url, 16).get(victim, {}).get("in_flight")  # what the victim holds (read just before)
     t_kill = time.monotonic()

@@ -4,7 +4,7 @@
 ``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions``. Every request
 becomes one row of the engine's continuous batch (driven by :class:`~.driver.EngineDriver` on
 one background thread); handlers check the body, tokenize (on a worker thread, never on the event
-loop, and not at all when the prompt is too long to fit whatever it tokenizes to), submit, and
+loop, and not at all when the prompt is too long to fit whatever it tokenizes to, or is token ids), submit, and
 turn events into JSON or server-sent events. Faults stay with their request: a bad body is a 400,
 an unknown model a 404, a body over the size limit a 413, a full server a 429, a draining one a
 503, every one in OpenAI's error shape (:mod:`.errors`); a client that disconnects has its row
@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ..serving.request_types import QueueFull
 from .driver import EngineDriver, ShuttingDown
 from .errors import ERROR_RESPONSES, error, install
-from .handover import Pacer, PostOffice
+from .handover import STREAM_INTERVAL_S, STREAM_WRITES_PER_S, Pacer, PostOffice
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import Transcript
 from .streams import follow, stream_chat, stream_text, whole_response
@@ -53,8 +53,8 @@ class ServerSettings:
     router: str | None = None  # the R-Stitch+ router every request routes with (then no per-request tau)
     pin: str | None = None  # "llm" / "slm": every request decoded by that model alone; None: stitched
     disconnect_poll_s: float = 0.25  # how often a non-streaming handler checks that its client is still there
-    stream_interval_s: float = 0.02  # an answer writes at most this often, the tokens since in one chunk (Pacer)
-    stream_writes_per_s: float = 1000.0  # and all answers together at most this many times a second; 0s: every step
+    stream_interval_s: float = STREAM_INTERVAL_S  # an answer writes at most this often, the tokens since in one chunk (Pacer)
+    stream_writes_per_s: float = STREAM_WRITES_PER_S  # and all answers together at most this many times a second; 0s: every step
     error_ttl_s: float = 300.0  # how long /health shows the last failed step's error
 
 
@@ -132,7 +132,10 @@ class _Completions:
         try:
             check_model(body.model, settings)
             check_prompt_size(body, kind, settings, self.chars_per_token)
-            ids = await asyncio.to_thread(prompt_ids, tokenizer, body, kind, settings)
+            if kind == "text" and not isinstance(body.prompt, str):  # token ids: nothing to tokenize, no thread hop
+                ids = text_prompt_ids(tokenizer, body, settings)
+            else:
+                ids = await asyncio.to_thread(prompt_ids, tokenizer, body, kind, settings)
             engine_request = build_request(body, ids, rid, settings)
             box = self.post_office().mailbox()
             driver.submit(engine_request, box)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..decode.engines import engine_option, is_eager
+from .handover import STREAM_INTERVAL_S, STREAM_WRITES_PER_S
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -66,10 +67,10 @@ class ServeConfig:
                 "model get 404"})
     max_body_bytes: int = field(default=4 * 2**20, metadata={
         "help": "largest request body in bytes; larger ones get 413 before they are read in full"})
-    stream_interval: float = field(default=0.02, metadata={
+    stream_interval: float = field(default=STREAM_INTERVAL_S, metadata={
         "help": "seconds an answer waits after a write before its next, which carries every token written meanwhile "
                 "(the first token and the end go out at once); 0: a write per engine step"})
-    stream_writes_per_s: float = field(default=1000.0, metadata={
+    stream_writes_per_s: float = field(default=STREAM_WRITES_PER_S, metadata={
         "help": "writes a second of all answers together at most: with many streams open each writes less often, "
                 "several tokens a chunk, so that the HTTP side's Python leaves the engine its GIL; 0: no limit"})
     drain_timeout: float = field(default=30.0, metadata={

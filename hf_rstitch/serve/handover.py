@@ -19,6 +19,9 @@ import threading
 from collections import deque
 from typing import Any
 
+STREAM_INTERVAL_S = 0.02  # rstitch serve's --stream-interval: an answer's writes at most this often
+STREAM_WRITES_PER_S = 500.0  # its --stream-writes-per-s: all answers' writes together at most this many a second
+
 
 class PostOffice:
     """The mailboxes of one event loop, and the one pending wake-up that serves them all."""
@@ -105,8 +108,8 @@ class Pacer:
     written meanwhile (the finishing event never waits): ``max(interval_s, open / writes_per_s)``, ``open`` the
     answers in progress. The floor keeps a few streams from writing a chunk per token (the event loop's work per
     write holds the GIL that the engine's host code needs); the share keeps all the answers together at most
-    ``writes_per_s`` writes a second, however many are open (256 streams at 1000 writes a second: a write every
-    0.256 s each). Zeros: a write per engine step."""
+    ``writes_per_s`` writes a second, however many are open (256 streams at 500 writes a second: a write every
+    0.512 s each). Zeros: a write per engine step."""
 
     def __init__(self, interval_s: float = 0.0, writes_per_s: float = 0.0):
         if interval_s < 0 or writes_per_s < 0:

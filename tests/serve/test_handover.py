@@ -123,3 +123,20 @@ def test_long_answers_decode_a_window_and_stream_the_same_text(tokenizer, which)
     want = tok.decode(ids, skip_special_tokens=True)
     assert streamed == batched == one.text == want
     assert 0 < one._settled < len(ids)  # the settled prefix moved: later writes decoded a window only
+
+
+def test_one_pacing_default_for_the_cli_and_the_app_and_its_spacing():
+    """`rstitch serve` and a bare app pace alike (one home: handover.STREAM_*); at the defaults all answers write at
+    most 500 times a second: 64 open answers write every 0.128 s each, 4 every 0.02 s (the interval's floor)."""
+    from hf_rstitch.serve.app import ServerSettings
+    from hf_rstitch.serve.config import ServeConfig
+    from hf_rstitch.serve.handover import STREAM_INTERVAL_S, STREAM_WRITES_PER_S
+
+    cfg, settings = ServeConfig(), ServerSettings()
+    assert (cfg.stream_interval, cfg.stream_writes_per_s) == (STREAM_INTERVAL_S, STREAM_WRITES_PER_S)
+    assert (settings.stream_interval_s, settings.stream_writes_per_s) == (STREAM_INTERVAL_S, STREAM_WRITES_PER_S)
+    pacer = Pacer(STREAM_INTERVAL_S, STREAM_WRITES_PER_S)
+    pacer.open = 64
+    assert pacer.spacing() == pytest.approx(0.128)
+    pacer.open = 4
+    assert pacer.spacing() == pytest.approx(0.02)

@@ -14,20 +14,31 @@ import serve_clients as sc  # noqa: E402
 import serve_reasoning as sr  # noqa: E402
 
 
-def rec(start, end, chunks, complete=True, status=200, error=None):
+def rec(start, end, chunks, complete=True, status=200, error=None, target=None):
     return {"start": start, "end": end, "chunks": chunks, "complete": complete, "status": status, "error": error,
-            "ttft_s": chunks[0][0] - start if chunks else None}
+            "ttft_s": chunks[0][0] - start if chunks else None,
+            "target": sum(n for _, n in chunks) if target is None else target}
 
 
-def test_window_counts_completions_and_tokens_inside_it():
+def test_window_counts_tokens_and_request_shares_inside_it():
     records = [rec(0.0, 1.5, [(0.5, 1), (1.0, 1), (1.5, 1)]),  # before the window: nothing counted
-               rec(1.0, 3.0, [(2.0, 2), (3.0, 1)]),  # completes inside: 3 tokens inside
-               rec(2.5, 6.0, [(3.5, 4), (5.5, 1)]),  # ends after: 4 tokens inside, not a completion
-               rec(2.0, 2.8, [(2.4, 1)], complete=False, status=503, error="replica lost")]
+               rec(1.0, 3.0, [(1.5, 1), (2.0, 2), (3.0, 1)]),  # completes inside: 3 of its 4 tokens inside
+               rec(2.5, 6.0, [(3.5, 4), (5.5, 1)], target=8),  # ends after: 4 of its 8 tokens inside
+               rec(2.0, 2.8, [(2.4, 1)], complete=False, status=503, error="replica lost", target=2)]
     s = sc.summarize(records, 2.0, 4.0)
-    assert s["completed"] == 1 and s["requests_per_s"] == 0.5
+    assert s["completed"] == 1 and s["completed_per_s"] == 0.5
+    assert s["requests_per_s"] == pytest.approx((3 / 4 + 4 / 8 + 1 / 2) / 2.0)  # shares, not whole completions
     assert s["tokens_per_s"] == (2 + 1 + 4 + 1) / 2.0
-    assert s["p50_s"] == 2.0 and s["ttft_p50_s"] == 1.0 and s["errors"] == 1 and s["statuses"] == [503]
+    assert s["p50_s"] == 2.0 and s["errors"] == 1 and s["statuses"] == [503]
+    assert s["ttft_p50_s"] == 1.0  # first tokens inside the window (2.5 + 1.0); the first one (1.5) came before it
+
+
+def test_request_shares_read_as_completions_in_a_steady_state():
+    """Back-to-back requests of 4 tokens, one a second: 0.25 requests/s whatever the window's phase."""
+    records = [rec(t, t + 4, [(t + k + 1, 1) for k in range(4)]) for t in range(0, 40, 4)]
+    for t0 in (8.0, 8.5, 9.3):
+        s = sc.summarize(records, t0, t0 + 6)
+        assert s["requests_per_s"] == pytest.approx(s["tokens_per_s"] / 4)
 
 
 def test_shapes_scale_both_methods_alike():

@@ -1,0 +1,127 @@
+"""Where a request engine step's time goes while it serves a closed loop: the serving benchmarks' phase profile.
+
+:class:`Phases` wraps, while installed, each lane's ``advance`` and ``account`` and the engine's ``_admit`` (joins
+and their prefill) of one :class:`~hf_rstitch.serving.requests.RequestEngine`; per lane it counts calls, the
+batch a call ran (the fast lane's graph runs every row of its batch bucket, whichever take part:
+:mod:`hf_rstitch.decode.protocol`, ``run_ahead``), the rows that took part (the records the call made, or its
+run-ahead's ``account``), the columns read, and the device time between CUDA events recorded around the call
+(from when the device reached it: the lane's kernels, plus any wait for the host in between). ``summary`` gives
+ms a step and the share of the step's wall time of each: ``slm``, ``llm``, ``joins``, and ``other`` (host work
+the device did not overlap -- sampling, hand-over reads, bookkeeping -- and idle time). On CPU (no CUDA) the
+times are the host's around each call.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class Phases:
+    """Install on an engine, call :meth:`step` after each ``engine.step()``, :meth:`remove`, then :meth:`summary`."""
+
+    def __init__(self, engine):
+        import torch
+
+        self.engine, self.torch = engine, torch
+        self.cuda = torch.cuda.is_available()
+        self.calls: dict[str, list] = {}  # phase -> [(host s, start event, end event, batch, columns, rows)]
+        self.steps, self.wall_s, self._t0, self.removed = 0, 0.0, None, False
+
+    def install(self) -> "Phases":
+        for role, lane in self.engine.lanes.items():
+            name = str(role)
+            lane.advance = self._timed(name, lane.advance, lane)
+            if hasattr(lane, "account"):  # lanes that run ahead (the fast lane)
+                lane.account = self._counted(name, lane.account)
+        self.engine._admit = self._timed("joins", self.engine._admit, None)
+        self._t0 = time.perf_counter()
+        return self
+
+    def step(self) -> None:
+        self.steps += 1
+
+    def remove(self) -> None:
+        self.wall_s, self.removed = time.perf_counter() - self._t0, True
+        for lane in self.engine.lanes.values():
+            for attr in ("advance", "account"):
+                lane.__dict__.pop(attr, None)
+        self.engine.__dict__.pop("_admit", None)
+
+    def _event(self):
+        if not self.cuda:
+            return None
+        ev = self.torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def _timed(self, name: str, fn, lane):
+        calls = self.calls.setdefault(name, [])
+
+        def timed(*args, **kwargs):
+            seen = _seen(lane, args[0]) if lane is not None else 0
+            start, t0 = self._event(), time.perf_counter()
+            out = fn(*args, **kwargs)
+            host, end = time.perf_counter() - t0, self._event()
+            if lane is None:
+                calls.append([host, start, end, 0, 0, 0])
+            else:
+                seq, rows = args[0], args[2]
+                batch = getattr(getattr(lane, "rows", None), "bucket", seq.shape[0])  # the fast lane's batch bucket
+                calls.append([host, start, end, batch, seq.shape[1] - seen, int(rows.sum())])
+            return out
+        return timed
+
+    def _counted(self, name: str, fn):
+        calls = self.calls.setdefault(name, [])
+
+        def counted(total, rows, resumed):
+            if calls:  # a run-ahead's rows, known one step later: the latest call of this lane
+                calls[-1][5] += int(rows.sum())
+            return fn(total, rows, resumed)
+        return counted
+
+    def summary(self) -> dict:
+        """Per phase: calls a step, ms a step (device where CUDA, else host), share of the step's wall time; per
+        lane also the mean batch a call ran, rows that took part and columns read."""
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        steps = max(1, self.steps)
+        step_ms = 1e3 * self.wall_s / steps
+        out = {"steps": self.steps, "step_ms": step_ms}
+        busy = 0.0
+        for name, calls in self.calls.items():
+            ms = sum(s.elapsed_time(e) if s is not None else 1e3 * h for h, s, e, *_ in calls)
+            busy += ms
+            n = max(1, len(calls))
+            out[name] = {"calls_per_step": len(calls) / steps, "ms_per_step": ms / steps,
+                         "share": ms / max(1e-9, 1e3 * self.wall_s)}
+            if name != "joins":
+                out[name].update(batch=sum(c[3] for c in calls) / n, rows=sum(c[5] for c in calls) / n,
+                                 columns=sum(c[4] for c in calls) / n)
+        out["other"] = {"ms_per_step": max(0.0, step_ms - busy / steps),
+                        "share": max(0.0, 1 - busy / max(1e-9, 1e3 * self.wall_s))}
+        return out
+
+
+def _seen(lane, seq) -> int:
+    """Columns the lane had read before this call (0 where it does not say)."""
+    seen = getattr(lane, "n_seen", getattr(lane, "seen", None))  # the eager lane's n_seen, the fast lane's seen
+    return seen if isinstance(seen, int) else seq.shape[1] - 1
+
+
+def table(levels: dict) -> list[str]:
+    """Markdown rows, one per (method, concurrency): ``levels`` maps ``"method@c"`` to a :meth:`Phases.summary`."""
+    lines = ["| method | concurrency | step ms | SLM: ms (share), batch / rows / columns | LLM: ms (share), calls a "
+             "step, batch / rows / columns | joins ms (share) | other ms (share) |", "|---|---|---|---|---|---|---|"]
+    for key, p in levels.items():
+        method, c = key.split("@")
+        cell = {}
+        for name in ("slm", "llm"):
+            x = p.get(name)
+            cell[name] = "-" if not x or not x["calls_per_step"] else (f"{x['ms_per_step']:.2f} ({x['share']:.0%}), "
+                                            + (f"{x['calls_per_step']:.2f}, " if name == "llm" else "")
+                                            + f"{x['batch']:.0f} / {x['rows']:.1f} / {x['columns']:.1f}")
+        j, o = p.get("joins", {"ms_per_step": 0, "share": 0}), p["other"]
+        lines.append(f"| {method} | {c} | {p['step_ms']:.2f} | {cell['slm']} | {cell['llm']} | "
+                     f"{j['ms_per_step']:.2f} ({j['share']:.0%}) | {o['ms_per_step']:.2f} ({o['share']:.0%}) |")
+    return lines
