@@ -31,9 +31,10 @@ class Phases:
         self.engine, self.torch = engine, torch
         self.cuda = torch.cuda.is_available()
         self.calls: dict[str, list] = {}  # phase -> [(host s, start event, end event, batch, columns, rows)]
-        self.steps, self.wall_s, self._t0, self.removed = 0, 0.0, None, False
+        self.steps, self.wall_s, self._t0, self.removed, self.failed = 0, 0.0, None, False, False
 
     def install(self) -> "Phases":
+        self._t0 = time.perf_counter()
         for role, lane in self.engine.lanes.items():
             name = str(role)
             lane.advance = self._timed(name, lane.advance, lane)
@@ -67,13 +68,16 @@ class Phases:
             seen = _seen(lane, args[0]) if lane is not None else 0
             start, t0 = self._event(), time.perf_counter()
             out = fn(*args, **kwargs)
-            host, end = time.perf_counter() - t0, self._event()
-            if lane is None:
-                calls.append([host, start, end, 0, 0, 0])
-            else:
-                seq, rows = args[0], args[2]
-                batch = getattr(getattr(lane, "rows", None), "bucket", seq.shape[0])  # the fast lane's batch bucket
-                calls.append([host, start, end, batch, seq.shape[1] - seen, int(rows.sum())])
+            try:  # the probe never fails a step
+                host, end = time.perf_counter() - t0, self._event()
+                if lane is None:
+                    calls.append([host, start, end, 0, 0, 0])
+                else:
+                    seq, rows = args[0], args[2]
+                    batch = getattr(getattr(lane, "rows", None), "bucket", seq.shape[0])  # the fast lane's bucket
+                    calls.append([host, start, end, batch, seq.shape[1] - seen, int(rows.sum())])
+            except Exception:  # noqa: BLE001
+                pass
             return out
         return timed
 
@@ -81,7 +85,7 @@ class Phases:
         calls = self.calls.setdefault(name, [])
 
         def counted(total, rows, resumed):
-            if calls:  # a run-ahead's rows, known one step later: the latest call of this lane
+            if calls and hasattr(rows, "sum"):  # a run-ahead's rows, known one step later: the lane's latest call
                 calls[-1][5] += int(rows.sum())
             return fn(total, rows, resumed)
         return counted
@@ -187,7 +191,11 @@ def engine_closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: 
         torch.cuda.synchronize()
     if probing is not None and not probing.removed:  # the level ended before the span did
         probing.remove()
-    phases = probing.summary() if probing is not None else None
+    try:  # the phase profile is a diagnosis: its failure costs the level nothing
+        phases = probing.summary() if probing is not None and not probing.failed else None
+    except Exception as err:  # noqa: BLE001
+        phases = None
+        print(f"phase profile failed: {type(err).__name__}: {err}", flush=True)
     return {**sc.summarize(records + list(started.values()), t0 + warmup_s, end), "phases": phases,
             "steps_per_s": steps / window_s}
 
@@ -199,7 +207,13 @@ def _probe(engine, probing, span: tuple[float, float]):
     if probing is None:
         if not (span[0] <= now < span[1] and hasattr(engine, "lanes")):
             return None
-        probing = Phases(engine).install()
+        probing = Phases(engine)
+        try:
+            probing.install()
+        except Exception as err:  # noqa: BLE001 -- a diagnosis: the level runs unprobed
+            print(f"phase profile not installed: {type(err).__name__}: {err}", flush=True)
+            probing.remove()
+            probing.failed = True
     if probing.removed:
         return probing
     if now >= span[1]:
