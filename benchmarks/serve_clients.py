@@ -196,8 +196,9 @@ def summarize(records: list[dict], t0: float, t1: float) -> dict:
     requests' share written in it (a request of ``target`` tokens that received ``k`` of them in the window counts
     ``k / target``: a smooth count that does not jump by whole requests when a window holds only a few, and reads
     the same as completions per second in a steady state); latencies (end - start) of the requests completed in it;
-    first-token times of the requests whose first token came in it; errors seen anywhere in the run. Records: ``start``, ``end``, ``chunks`` of
-    ``(time, tokens)``, ``target`` (tokens the request is to write), ``complete``, ``ttft_s``, ``status``."""
+    first-token times of the requests whose first token came in it; errors seen anywhere in the run. Records:
+    ``start``, ``end``, ``chunks`` of ``(time, tokens)``, ``target`` (tokens the request is to write), ``complete``,
+    ``ttft_s``, ``status``."""
     window = t1 - t0
     done = [r for r in records if r.get("complete") and r.get("end") is not None and t0 <= r["end"] <= t1]
     in_window = [(r, sum(n for t, n in r["chunks"] if t0 <= t <= t1)) for r in records]

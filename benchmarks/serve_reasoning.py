@@ -17,14 +17,14 @@ the decisions returned on the device as an entropy policy's are. Both methods ru
 ``rstitch serve`` runs it), the LLM-only one with every request pinned to the LLM (``rstitch serve --pin llm``).
 
 Per method: the server process loads the pair, warms every batch bucket up, measures the request engine alone
-(no HTTP, :func:`engine_closed_loop`) at each concurrency on the same requests, then serves; the client
+(no HTTP, :func:`serve_alone.engine_closed_loop`) at each concurrency on the same requests, then serves; the client
 (``--client-procs`` processes of asyncio + httpx streaming clients) runs a closed loop at each concurrency:
 ``c`` clients, client ``k`` sending requests ``k, k + c, ...`` one after another (the engine alone's slot ``k``
 the same). A level runs ``--warmup-s`` (excluded) then ``--window-s``; tokens/s counts the tokens received in
 the window (completed or not), requests/s each request's share of its tokens received in it (no jumps of a whole
 request in a short window), p50 / p99 the latencies of the requests completed in it, TTFT that of the requests
 whose first token came in it -- the same rule for both methods and for the engine alone. The engine alone also
-records its phase profile in the second half of each warm-up (:mod:`serve_phases`: the SLM and LLM lanes' device
+records its phase profile in the second half of each warm-up (:mod:`serve_alone`: the SLM and LLM lanes' device
 time, the batch each ran vs the rows that took part, joins, the rest). ``--budget-s`` bounds the whole run (the
 results are written after each method): a level that would not fit is recorded as skipped, as is a concurrency
 above the rows the server could hold (it retries with half the rows when a ``--max-batch`` fails to start).
@@ -49,6 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lab  # noqa: E402
 import serve_clients as sc  # noqa: E402  (the closed-loop HTTP clients and the window's summary)
+from serve_alone import engine_closed_loop  # noqa: E402  (the engine alone's closed loop and phase profile)
 
 MATH = lab.MATH
 METHODS = ("llm_only", "stitched")
@@ -132,81 +133,6 @@ def warm(engine, cfg: dict) -> float:
     return time.perf_counter() - t0
 
 
-def engine_closed_loop(engine, cfg: dict, concurrency: int, warmup_s: float, window_s: float) -> dict:
-    """The request engine alone (no HTTP): ``concurrency`` requests in flight, a new one submitted as one ends."""
-    import torch
-
-    from hf_rstitch.serving.requests import Request
-
-    lengths, role = cfg["lengths"], ("llm" if cfg["method"] == "llm_only" else None)
-    ps = prompts(len(lengths), cfg["prompt"])
-    started, records, slot_of, nxt = {}, [], {}, list(range(concurrency))  # slot k sends k, k + c, ... (the clients')
-
-    def submit(k: int):
-        i = nxt[k] % len(lengths)
-        nxt[k] += concurrency
-        rid = engine.submit(Request(ps[i], max_new_tokens=lengths[i], role=role, request_id=f"alone-c{concurrency}-{k}-{nxt[k]}"))
-        started[rid] = {"start": time.monotonic(), "chunks": [], "ttft_s": None, "target": lengths[i]}
-        slot_of[rid] = k
-
-    t0 = time.monotonic()
-    end = t0 + warmup_s + window_s
-    for k in range(concurrency):
-        submit(k)
-    probe, probing = (t0 + warmup_s / 2, t0 + warmup_s), None  # phases: the warm-up's second half, off the window
-    steps = 0  # in the window
-    while time.monotonic() < end:
-        probing = _probe(engine, probing, probe)
-        steps += time.monotonic() >= t0 + warmup_s
-        try:
-            events = engine.step()
-        except Exception as err:  # noqa: BLE001 -- StepFailed: that batch's requests end with errors, the loop goes on
-            events = getattr(err, "events", None) or []
-            if not events:
-                raise
-        now = time.monotonic()
-        for ev in events:
-            rec = started[ev.request_id]
-            if ev.token is not None:
-                rec["chunks"].append((now, 1))
-                rec["ttft_s"] = rec["ttft_s"] if rec["ttft_s"] is not None else now - rec["start"]
-            if ev.finished:
-                rec.update(end=now, complete=ev.finish_reason == "length", status=200,
-                           error=None if ev.finish_reason == "length" else ev.error or ev.finish_reason)
-                records.append(started.pop(ev.request_id))
-                submit(slot_of.pop(ev.request_id))
-    for rid in list(started):
-        engine.cancel(rid)
-    while engine.has_work():
-        engine.step()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    if probing is not None and not probing.removed:  # the level ended before the span did
-        probing.remove()
-    phases = probing.summary() if probing is not None else None
-    return {**sc.summarize(records + list(started.values()), t0 + warmup_s, end), "phases": phases,
-            "steps_per_s": steps / window_s}
-
-
-def _probe(engine, probing, span: tuple[float, float]):
-    """The phase profile (:class:`serve_phases.Phases`) installed at ``span[0]``, removed at ``span[1]``; counts
-    the steps between (call before each step). Engines without lanes (the stand-in) are not probed."""
-    from serve_phases import Phases
-
-    now = time.monotonic()
-    if probing is None:
-        if not (span[0] <= now < span[1] and hasattr(engine, "lanes")):
-            return None
-        probing = Phases(engine).install()
-    if probing.removed:
-        return probing
-    if now >= span[1]:
-        probing.remove()
-    else:
-        probing.step()
-    return probing
-
-
 def serve_worker(cfg: dict) -> int:
     """Server mode: pair, engine, warm-up, the engine alone at each level (written to ``cfg['alone_out']``), then
     the app of ``rstitch serve`` on draining uvicorn until SIGTERM."""
@@ -218,8 +144,9 @@ def serve_worker(cfg: dict) -> int:
     engine = build_engine(cfg, llm, slm)
     warm_s = warm(engine, cfg)
     alone = {"warm_up_s": warm_s, "levels": {}}
+    ps = prompts(len(cfg["lengths"]), cfg["prompt"])
     for c in cfg["alone_levels"]:
-        alone["levels"][c] = engine_closed_loop(engine, cfg, c, cfg["warmup_s"], cfg["window_s"])
+        alone["levels"][c] = engine_closed_loop(engine, cfg, ps, c, cfg["warmup_s"], cfg["window_s"])
         print(f"[engine alone {cfg['method']} c={c}] {json.dumps(alone['levels'][c])}", file=sys.stderr, flush=True)
     Path(cfg["alone_out"]).write_text(json.dumps(alone))
     settings = ServerSettings(model_name="random-pair", max_context=cfg["max_length"], vocab_size=vocab,
@@ -362,7 +289,7 @@ def markdown(doc: dict) -> str:
     for s in doc["skipped"]:
         head.append(f"\nSkipped: {s['method']} at concurrency {s['concurrency']}: {s['reason']}")
     if doc.get("phases"):
-        from serve_phases import table
+        from serve_alone import table
 
         head += ["", "The request engine alone, where a step's time goes (the second half of each level's warm-up; "
                  "device ms a step between CUDA events around each lane call; batch: rows the lane's graph ran, "

@@ -1,4 +1,8 @@
-"""Where a request engine step's time goes while it serves a closed loop: the serving benchmarks' phase profile.
+"""The request engine alone in the serving benchmarks' closed loop, and where its step's time goes.
+
+:func:`engine_closed_loop` runs the closed loop of :mod:`serve_clients` with no HTTP (the "engine alone" that
+``serve_reasoning.py`` holds the server against), counting its window by the same rule
+(:func:`serve_clients.summarize`).
 
 :class:`Phases` wraps, while installed, each lane's ``advance`` and ``account`` and the engine's ``_admit`` (joins
 and their prefill) of one :class:`~hf_rstitch.serving.requests.RequestEngine`; per lane it counts calls, the
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import time
 
+import serve_clients as sc
+
 
 class Phases:
     """Install on an engine, call :meth:`step` after each ``engine.step()``, :meth:`remove`, then :meth:`summary`."""
@@ -25,9 +31,10 @@ class Phases:
         self.engine, self.torch = engine, torch
         self.cuda = torch.cuda.is_available()
         self.calls: dict[str, list] = {}  # phase -> [(host s, start event, end event, batch, columns, rows)]
-        self.steps, self.wall_s, self._t0, self.removed = 0, 0.0, None, False
+        self.steps, self.wall_s, self._t0, self.removed, self.failed = 0, 0.0, None, False, False
 
     def install(self) -> "Phases":
+        self._t0 = time.perf_counter()
         for role, lane in self.engine.lanes.items():
             name = str(role)
             lane.advance = self._timed(name, lane.advance, lane)
@@ -61,13 +68,16 @@ class Phases:
             seen = _seen(lane, args[0]) if lane is not None else 0
             start, t0 = self._event(), time.perf_counter()
             out = fn(*args, **kwargs)
-            host, end = time.perf_counter() - t0, self._event()
-            if lane is None:
-                calls.append([host, start, end, 0, 0, 0])
-            else:
-                seq, rows = args[0], args[2]
-                batch = getattr(getattr(lane, "rows", None), "bucket", seq.shape[0])  # the fast lane's batch bucket
-                calls.append([host, start, end, batch, seq.shape[1] - seen, int(rows.sum())])
+            try:  # the probe never fails a step
+                host, end = time.perf_counter() - t0, self._event()
+                if lane is None:
+                    calls.append([host, start, end, 0, 0, 0])
+                else:
+                    seq, rows = args[0], args[2]
+                    batch = getattr(getattr(lane, "rows", None), "bucket", seq.shape[0])  # the fast lane's bucket
+                    calls.append([host, start, end, batch, seq.shape[1] - seen, int(rows.sum())])
+            except Exception:  # noqa: BLE001
+                pass
             return out
         return timed
 
@@ -75,7 +85,7 @@ class Phases:
         calls = self.calls.setdefault(name, [])
 
         def counted(total, rows, resumed):
-            if calls:  # a run-ahead's rows, known one step later: the latest call of this lane
+            if calls and hasattr(rows, "sum"):  # a run-ahead's rows, known one step later: the lane's latest call
                 calls[-1][5] += int(rows.sum())
             return fn(total, rows, resumed)
         return counted
@@ -125,3 +135,89 @@ def table(levels: dict) -> list[str]:
         lines.append(f"| {method} | {c} | {p['step_ms']:.2f} | {cell['slm']} | {cell['llm']} | "
                      f"{j['ms_per_step']:.2f} ({j['share']:.0%}) | {o['ms_per_step']:.2f} ({o['share']:.0%}) |")
     return lines
+
+
+def engine_closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: float, window_s: float) -> dict:
+    """The request engine alone (no HTTP): ``concurrency`` requests in flight, a new one submitted as one ends (slot
+    ``k`` sends requests ``k, k + c, ...`` of ``ps`` / ``cfg["lengths"]``, as the HTTP clients do); the window's
+    summary (:func:`serve_clients.summarize`), its steps a second, and the phase profile of the warm-up's second
+    half (:class:`Phases`)."""
+    import torch
+
+    from hf_rstitch.serving.requests import Request
+
+    lengths, role = cfg["lengths"], ("llm" if cfg["method"] == "llm_only" else None)
+    started, records, slot_of, nxt = {}, [], {}, list(range(concurrency))  # slot k sends k, k + c, ... (the clients')
+
+    def submit(k: int):
+        i = nxt[k] % len(lengths)
+        nxt[k] += concurrency
+        rid = engine.submit(Request(ps[i], max_new_tokens=lengths[i], role=role,
+                                    request_id=f"alone-c{concurrency}-{k}-{nxt[k]}"))
+        started[rid] = {"start": time.monotonic(), "chunks": [], "ttft_s": None, "target": lengths[i]}
+        slot_of[rid] = k
+
+    t0 = time.monotonic()
+    end = t0 + warmup_s + window_s
+    for k in range(concurrency):
+        submit(k)
+    probe, probing = (t0 + warmup_s / 2, t0 + warmup_s), None  # phases: the warm-up's second half, off the window
+    steps = 0  # in the window
+    while time.monotonic() < end:
+        probing = _probe(engine, probing, probe)
+        steps += time.monotonic() >= t0 + warmup_s
+        try:
+            events = engine.step()
+        except Exception as err:  # noqa: BLE001 -- StepFailed: that batch's requests end with errors, the loop goes on
+            events = getattr(err, "events", None) or []
+            if not events:
+                raise
+        now = time.monotonic()
+        for ev in events:
+            rec = started[ev.request_id]
+            if ev.token is not None:
+                rec["chunks"].append((now, 1))
+                rec["ttft_s"] = rec["ttft_s"] if rec["ttft_s"] is not None else now - rec["start"]
+            if ev.finished:
+                rec.update(end=now, complete=ev.finish_reason == "length", status=200,
+                           error=None if ev.finish_reason == "length" else ev.error or ev.finish_reason)
+                records.append(started.pop(ev.request_id))
+                submit(slot_of.pop(ev.request_id))
+    for rid in list(started):
+        engine.cancel(rid)
+    while engine.has_work():
+        engine.step()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    if probing is not None and not probing.removed:  # the level ended before the span did
+        probing.remove()
+    try:  # the phase profile is a diagnosis: its failure costs the level nothing
+        phases = probing.summary() if probing is not None and not probing.failed else None
+    except Exception as err:  # noqa: BLE001
+        phases = None
+        print(f"phase profile failed: {type(err).__name__}: {err}", flush=True)
+    return {**sc.summarize(records + list(started.values()), t0 + warmup_s, end), "phases": phases,
+            "steps_per_s": steps / window_s}
+
+
+def _probe(engine, probing, span: tuple[float, float]):
+    """The phase profile (:class:`Phases`) installed at ``span[0]``, removed at ``span[1]``; counts
+    the steps between (call before each step). Engines without lanes (the stand-in) are not probed."""
+    now = time.monotonic()
+    if probing is None:
+        if not (span[0] <= now < span[1] and hasattr(engine, "lanes")):
+            return None
+        probing = Phases(engine)
+        try:
+            probing.install()
+        except Exception as err:  # noqa: BLE001 -- a diagnosis: the level runs unprobed
+            print(f"phase profile not installed: {type(err).__name__}: {err}", flush=True)
+            probing.remove()
+            probing.failed = True
+    if probing.removed:
+        return probing
+    if now >= span[1]:
+        probing.remove()
+    else:
+        probing.step()
+    return probing
