@@ -3,7 +3,7 @@ replica killed under load (issue #38). Run through ``serve_reasoning.py --replic
 
     bash benchmarks/serve_replicas_gpu.sh            # two GPUs, one call: installs the carried Ray bundle, then
     PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --out-dir $OUT --scale 0.05 \
-        --max-batch 64 --replica-concurrency 160 --warmup-s 4 --window-s 12 --stream-writes-per-s 500 \
+        --max-batch 64 --replica-concurrency 128 --warmup-s 4 --window-s 12 --stream-writes-per-s 500 \
         --replace-timeout-s 100
     PYTHONPATH=. python benchmarks/serve_reasoning.py --replicas 1 2 --dry-run-cpu --out-dir /tmp/sr  # CPU check
 
