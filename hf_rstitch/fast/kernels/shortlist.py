@@ -4,7 +4,7 @@ Why: each candidate is a Triton kernel to build (~0.7 s of a compile thread) and
 spaces (:data:`hf_rstitch.fast.kernels.gemv.TIER_CANDIDATES`, :data:`hf_rstitch.fast.kernels.gated.TIER_CANDIDATES`)
 hold 6-20 candidates a tier, and a fresh machine's first call spent most of its seconds building and timing them.
 A shortlist keeps the candidates that chose within 1 % of the whole space's best for every product shape of the
-zoo's models (a greedy cover of the timings ``benchmarks/gemv_tuning_table.py`` records,
+zoo's models (a greedy cover of the timings ``tools/gemv_tuning_table.py`` records,
 ``benchmarks/results/gemv_candidates_<gpu>.md``); None keeps the whole space. ``HF_RSTITCH_TUNE=full`` times the
 whole space (the shipped tables of :mod:`.tuning_cache` are made so).
 

@@ -22,7 +22,7 @@ lane of the same signature skips that work; archives carry them like Triton's en
 
 What it does not do: touch a cache Triton does not keep in plain files (``TRITON_CACHE_MANAGER`` set: remote
 or custom caches), overwrite an entry, or seed off CUDA. ``HF_RSTITCH_SHIPPED_KERNELS=off`` turns it off.
-``benchmarks/triton_kernels_asset.py`` writes the archive on a GPU in one command.
+``tools/triton_kernels_asset.py`` writes the archive on a GPU in one command.
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def mark(marker: Path, signature: str) -> None:
         shutil.rmtree(staged, ignore_errors=True)
 
 
-# ---- making an archive (benchmarks/triton_kernels_asset.py) --------------------------------------------------
+# ---- making an archive (tools/triton_kernels_asset.py) --------------------------------------------------
 def pack(source: Path, machine: str, stem: str, out_dir: Path | None = None, about: dict | None = None) -> dict:
     """Write ``<stem>.tar.gz`` and ``<stem>.json`` under ``out_dir`` from the Triton cache directory ``source``
     (a cache a process filled from empty): every entry, with only what Triton reads back, group indices holding

@@ -17,7 +17,7 @@ Shipped choices: the package carries tables of the same format for the GPUs it w
 (``hf_rstitch/assets/gemv_tuning/<gpu>.json``, the common model shapes; :data:`SHIPPED_DIR`), read when
 this machine's file has no entry for a key. Their keys hold the same identity, so they count only for the
 same GPU, torch, Triton and kernel code -- a kernel or candidate change misses them, and the shape is timed as
-before. ``benchmarks/gemv_tuning_table.py`` regenerates them on a GPU in one command;
+before. ``tools/gemv_tuning_table.py`` regenerates them on a GPU in one command;
 ``HF_RSTITCH_SHIPPED_TUNING=off`` ignores them.
 
 What it does not do: carry Triton's compiled kernels (Triton's own cache does), or choose across

@@ -1,7 +1,7 @@
 """The shipped GEMV tuning table of this GPU kind: every candidate of every product shape of the zoo's models, timed.
 
-    PYTHONPATH=$PWD:benchmarks python benchmarks/gemv_tuning_table.py            # writes the shipped table
-    PYTHONPATH=$PWD:benchmarks python benchmarks/gemv_tuning_table.py --out-dir $OUT --models qwen2-7b
+    PYTHONPATH=$PWD python tools/gemv_tuning_table.py            # writes the shipped table
+    PYTHONPATH=$PWD python tools/gemv_tuning_table.py --out-dir $OUT --models qwen2-7b
 
 The question: which launch configuration each product of a 0.6-8B model runs on this GPU -- the tuner's answer
 (:mod:`hf_rstitch.fast.kernels.tuning_cache`), shipped in the package so that a fresh machine of the same kind
@@ -26,10 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import sys
+
 import torch
 
-import lab
-from engine_shapes import ROWS_ORDER, SHAPES, build
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the lab: model shapes, helpers
+import lab  # noqa: E402
+from engine_shapes import ROWS_ORDER, SHAPES, build  # noqa: E402
 
 
 def record_timings(log: list):

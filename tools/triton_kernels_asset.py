@@ -1,7 +1,7 @@
 """The shipped Triton kernels of this GPU kind: every kernel the engine's first calls on the benchmark pairs build.
 
-    PYTHONPATH=$PWD:benchmarks python benchmarks/triton_kernels_asset.py            # writes the shipped archive
-    PYTHONPATH=$PWD:benchmarks python benchmarks/triton_kernels_asset.py --out-dir $OUT --pairs qwen2-7b/qwen2-1.5b
+    PYTHONPATH=$PWD python tools/triton_kernels_asset.py            # writes the shipped archive
+    PYTHONPATH=$PWD python tools/triton_kernels_asset.py --out-dir $OUT --pairs qwen2-7b/qwen2-1.5b
 
 The question: which compiled kernels a fresh machine of this kind (same GPU, torch and Triton) can load instead of
 building -- Triton's own cache entries, shipped in the package (:mod:`hf_rstitch.fast.kernels.triton_cache`).
@@ -26,10 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import sys
+
 import torch
 
-import lab
-from engine_shapes import PAIRS, build
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the lab: model shapes, helpers
+import lab  # noqa: E402
+from engine_shapes import PAIRS, build  # noqa: E402
 
 
 def first_calls(pair: str, capacities: list[int], max_batch: int, device: str, tiny: bool) -> int:
@@ -94,7 +97,7 @@ def main() -> None:
             continue
         graphs = first_calls(pair, args.capacities, args.max_batch, device, args.dry_run_cpu)
         seconds[pair] = round(time.perf_counter() - start, 1)
-        made = {"made_by": "benchmarks/triton_kernels_asset.py", "pairs": list(seconds),
+        made = {"made_by": "tools/triton_kernels_asset.py", "pairs": list(seconds),
                 "capacities": args.capacities, "max_batch": args.max_batch}
         about = ship(scratch / "triton", machine, stem, asset_dir, made, Path(args.out_dir))  # a cut-short run keeps it
         print(json.dumps({"pair": pair, "seconds": seconds[pair], "graphs": graphs, "bytes": about["bytes"]}),
