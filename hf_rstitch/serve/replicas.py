@@ -51,8 +51,8 @@ def replica_config(cfg: ServeConfig) -> ServeConfig:
     """An engine replica's own config: ``--stream-writes-per-s`` bounds the writes of all answers together, and
     every replica's answers pass through the same proxy (one a machine, a Python process) and front replicas, each
     write an item of a Ray stream at each hop -- so each replica gets its share of the budget, and the proxy carries
-    as many writes as one server's uvicorn would (2 replicas at the default 1000: 500 each; 64 streams on a replica
-    then write every 0.128 s, several tokens a chunk). The first token and the end still go out at once."""
+    as many writes as one server's uvicorn would (2 replicas at the default 500: 250 each; 64 streams on a replica
+    then write every 0.256 s, several tokens a chunk). The first token and the end still go out at once."""
     if cfg.replicas > 1 and cfg.stream_writes_per_s > 0:
         return dataclasses.replace(cfg, stream_writes_per_s=cfg.stream_writes_per_s / cfg.replicas)
     return cfg
