@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from . import gemv, shortlist
 from .gemv import MAX_ROWS, WIDE_ROWS, GemvConfig
-from .triton_support import _triton, available, fastest, interpreted, pdl, start
+from .triton_support import _triton, available, cold_copies, cycling, fastest, interpreted, pdl, start
 
 # two [BLOCK_N, BLOCK_K] float32 accumulators a program: the one-row candidates that fit registers twice
 CANDIDATES = tuple(c for c in gemv.CANDIDATES if c.block_n * c.block_k <= 4096)
@@ -231,8 +231,9 @@ def tune(gate: torch.Tensor, up: torch.Tensor, candidates, calls: int = 20) -> O
     if gate.device.type != "cuda":
         return candidates[0]
     x = torch.randn(rows, gate.shape[1], dtype=gate.dtype, device=gate.device)
-    baseline = (lambda: reference(x, gate, up)) if rows > 1 else None
-    best = fastest(candidates, lambda cfg: launch(x, gate, up, cfg), baseline, calls)
+    nxt = cycling(cold_copies((gate, up), calls))  # weights read from memory, as in a step (not from L2)
+    baseline = (lambda: reference(x, *nxt())) if rows > 1 else None
+    best = fastest(candidates, lambda cfg: launch(x, *nxt(), cfg), baseline, calls)
     if best is None and rows == 1:
         raise RuntimeError(f"no gated gemv configuration runs for weights of shape {tuple(gate.shape)}")
     return best

@@ -188,6 +188,39 @@ def precompile(jobs, device) -> None:
                     continue
 
 
+L2_ENV = "HF_RSTITCH_TUNE_L2"  # "cold" (default): timed products read their weights from device memory; "warm"
+
+
+def cold_copies(tensors: tuple, calls: int) -> list[tuple]:
+    """``tensors`` (a product's weights; None kept) and copies of them, so many that a tuner cycling through them
+    (:func:`cycling`) reads its weights from device memory, not from the L2 cache: twice L2's bytes in all (at
+    most ``calls`` sets). A decode step reads each weight once, after a step's other weights went through L2; timed
+    on one weight, a 4-30 MB product (most of a sub-2B model's, fitting the H100's 50 MB L2) is timed at L2's
+    bandwidth and its fastest configuration is not the one that streams best from memory. ``HF_RSTITCH_TUNE_L2=warm``
+    times the tensors alone (the choice as it was made before, for comparisons)."""
+    mode = os.environ.get(L2_ENV, "cold").strip().lower()
+    if mode not in ("cold", "warm"):
+        raise ValueError(f"{L2_ENV} must be 'cold' (the default: weights read from device memory) or 'warm' "
+                         f"(weights left in L2 between timed calls), got {mode!r}")
+    real = [t for t in tensors if t is not None]
+    if mode == "warm" or not real or real[0].device.type != "cuda":
+        return [tuple(tensors)]
+    size = sum(t.numel() * t.element_size() for t in real)
+    l2 = torch.cuda.get_device_properties(real[0].device).L2_cache_size
+    n = max(1, min(calls, -(-2 * l2 // max(size, 1))))
+    return [tuple(tensors)] + [tuple(t.clone() if t is not None else None for t in tensors) for _ in range(n - 1)]
+
+
+def cycling(sets: list[tuple]):
+    """A function returning the next of ``sets`` at each call, round and round."""
+    state = {"i": -1}
+
+    def advance() -> tuple:
+        state["i"] = (state["i"] + 1) % len(sets)
+        return sets[state["i"]]
+    return advance
+
+
 def fastest(candidates, run, baseline=None, calls: int = 20):
     """The candidate whose ``run(cfg)`` takes least time in a CUDA graph, or None when ``baseline()`` (if
     given) beats every one; candidates the device cannot run are skipped. A lane builds their kernels

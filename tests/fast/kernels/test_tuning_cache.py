@@ -133,3 +133,28 @@ def _table_with(path, shipped) -> TuningTable:
     table = TuningTable(path, shipped=[shipped])
     table.kept = ("cpu",)
     return table
+
+
+def test_cold_copies_cycle_through_twice_the_l2_of_weights(monkeypatch):
+    """The tuner times each candidate on weights read from device memory: on CUDA, copies of a product's weights
+    totalling at least twice L2 (at most one set a timed call); off CUDA, and with HF_RSTITCH_TUNE_L2=warm, the
+    weights alone."""
+    from hf_rstitch.fast.kernels import triton_support
+
+    w = torch.randn(64, 32)
+    assert triton_support.cold_copies((w, None), 20) == [(w, None)]
+    nxt = triton_support.cycling([(1,), (2,), (3,)])
+    assert [nxt()[0] for _ in range(7)] == [1, 2, 3, 1, 2, 3, 1]
+    monkeypatch.setenv(triton_support.L2_ENV, "lukewarm")
+    with pytest.raises(ValueError, match="HF_RSTITCH_TUNE_L2 must be 'cold'"):
+        triton_support.cold_copies((w,), 20)
+    if not torch.cuda.is_available():
+        return
+    monkeypatch.setenv(triton_support.L2_ENV, "cold")
+    wc = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")  # 2 MB
+    sets = triton_support.cold_copies((wc, None), 64)
+    l2 = torch.cuda.get_device_properties(wc.device).L2_cache_size
+    assert len(sets) * 2 * 2**20 >= 2 * l2 and sets[0][0] is wc and all(torch.equal(s[0], wc) for s in sets)
+    assert len(triton_support.cold_copies((wc, None), 8)) == 8
+    monkeypatch.setenv(triton_support.L2_ENV, "warm")
+    assert triton_support.cold_copies((wc, None), 64) == [(wc, None)]
