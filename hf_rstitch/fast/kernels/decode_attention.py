@@ -19,8 +19,8 @@ Sliding windows, soft-capping and sinks (:mod:`hf_rstitch.fast.windows`): a laye
 before ``pos + i - W``; ``softcap`` caps the scaled scores (``softcap * tanh(s / softcap)``); gpt-oss's sink
 logit of each head joins the softmax's denominator where the output is normalised.
 
-The plan (:func:`_plan`): one split from ~one wave of programs; below that, splits of 128-slot blocks
-(measured: ``benchmarks/results/attention_sweep_*.md``).
+The plan (:func:`_plan`): one split from ~one wave of programs; below that, up to 16 splits of 64-slot blocks
+(measured: ``docs/kernels.md``, "Split attention").
 
 Same arithmetic as the eager attention where it matters: scores and softmax in float32 (eager
 attention rounds the scores to the model's dtype first), probabilities rounded to the values'
@@ -43,8 +43,11 @@ from ..windows import NO_WINDOW, call_window
 from .triton_support import sm_count as _sm_count  # a module name the tests can patch
 
 FILL = 2  # programs per SM the plan aims for with several splits
-MAX_SPLITS = 64  # splits a (row, KV head) at most
-SPLIT_BLOCK_N, SPLIT_STAGES = 128, 2  # several splits: slots per inner step, software-pipeline stages
+# several splits: at most MAX_SPLITS a (row, KV head), SPLIT_BLOCK_N slots an inner step in SPLIT_STAGES pipeline
+# stages. On an H200 (B = 1..8; 2, 4 and 8 KV heads; 1024 and 3000 slots written) 16 splits of 64-slot steps in 3
+# stages beat 64 splits of 128-slot steps in 2 in all 24 cases, by 1-28 % (docs/kernels.md, "Split attention")
+MAX_SPLITS = 16
+SPLIT_BLOCK_N, SPLIT_STAGES = 64, 3
 # from this many waves of programs (batch x KV heads x row blocks over the SMs) one split: the split kernel
 # writes the output itself and no combine runs
 ONE_SPLIT = 0.9

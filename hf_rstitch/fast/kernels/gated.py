@@ -225,15 +225,17 @@ def _(x, gate, up, block_n, block_k, num_warps, num_stages, block_m, split_k=1, 
     return x.new_empty(x.shape[:-1] + (gate.shape[0],))
 
 
-def tune(gate: torch.Tensor, up: torch.Tensor, candidates, calls: int = 20) -> Optional[GemvConfig]:
-    """The fastest candidate on the device; for few rows ``None`` when cuBLAS and the eager product win."""
+def tune(gate: torch.Tensor, up: torch.Tensor, candidates, calls: int = 20, norm: torch.Tensor | None = None,
+         eps: float = 0.0) -> Optional[GemvConfig]:
+    """The fastest candidate on the device; for few rows ``None`` when cuBLAS and the eager product win. One row may
+    be timed with the RMSNorm folded before it (``norm``, ``eps``; :mod:`hf_rstitch.fast.patches.fold_tuning`)."""
     rows = candidates[0].block_m
     if gate.device.type != "cuda":
         return candidates[0]
     x = torch.randn(rows, gate.shape[1], dtype=gate.dtype, device=gate.device)
     nxt = cycling(cold_copies((gate, up), calls))  # weights read from memory, as in a step (not from L2)
     baseline = (lambda: reference(x, *nxt())) if rows > 1 else None
-    best = fastest(candidates, lambda cfg: launch(x, *nxt(), cfg), baseline, calls)
+    best = fastest(candidates, lambda cfg: launch(x, *nxt(), cfg, norm, eps), baseline, calls)
     if best is None and rows == 1:
         raise RuntimeError(f"no gated gemv configuration runs for weights of shape {tuple(gate.shape)}")
     return best

@@ -313,9 +313,12 @@ def shape_key(weight: torch.Tensor, bias: torch.Tensor | None, block_m: int = 1)
     return (tuple(weight.shape), weight.dtype, bias is not None, str(weight.device), block_m)
 
 
-def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES, calls: int = 20) -> GemvConfig | None:
+def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES, calls: int = 20,
+         norm: torch.Tensor | None = None, eps: float = 0.0, add: bool = False) -> GemvConfig | None:
     """The fastest candidate for this weight on its device (~0.1 s per shape); for the few-rows
-    kernel ``None`` when cuBLAS (``F.linear``) beats every candidate.
+    kernel ``None`` when cuBLAS (``F.linear``) beats every candidate. One row may be timed with the fold it runs
+    with (:mod:`hf_rstitch.fast.patches.fold_tuning`): ``norm`` (an RMSNorm's weight) and ``eps`` before the product,
+    ``add`` a residual after it.
 
     Each candidate is timed as ``calls`` launches recorded in one CUDA graph: timed as separate
     launches, a few-microsecond kernel measures the host's launch rate, not the kernel.
@@ -325,10 +328,11 @@ def tune(weight: torch.Tensor, bias: torch.Tensor | None, candidates=CANDIDATES,
     if weight.device.type != "cuda":
         return GemvConfig(block_m=rows) if rows == 1 else GemvConfig(32, 128, 4, 2, rows)
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    residual = torch.randn(rows, weight.shape[0], dtype=weight.dtype, device=weight.device) if add else None
     nxt = cycling(cold_copies((weight, bias), calls))  # weights read from memory, as in a step (not from L2)
     # few rows: cuBLAS is the baseline to beat, and often wins (results/gemv_*.md)
     baseline = (lambda: F.linear(x, *nxt())) if rows > 1 else None
-    best = fastest(candidates, lambda cfg: launch(x, *nxt(), cfg), baseline, calls)
+    best = fastest(candidates, lambda cfg: launch(x, *nxt(), cfg, norm, eps, residual), baseline, calls)
     if best is None and rows == 1:
         raise RuntimeError(f"no gemv configuration runs for a weight of shape {tuple(weight.shape)}")
     return best

@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from . import add_norm, folds, gated_mlp, linears, regions
+from . import add_norm, fold_tuning, folds, gated_mlp, linears, regions
 from ..kernels import gated, gemv, triton_support
 from ..config import FastConfig
 from ..kernels.tuning_cache import TuningTable
@@ -59,7 +59,8 @@ def product_layers(model: torch.nn.Module, config: FastConfig, max_rows: int) ->
     if config.fuse_mlp:  # MLP forwards: installed with the linears' (gemv_linears_on), before the regions'
         act_mul = regions.silu_mul() if config.compile == "parts" else None
         layers += gated_mlp.plan(model, TABLE, act_mul, max_rows=max_rows)
-    if config.compile == "parts" and config.adds_with_norms:  # the layers fold at one row: their own kernels
+    if config.compile == "parts" and config.adds_with_norms:  # the layers fold at one row: their own kernels,
+        layers = fold_tuning.retune(model, layers, TABLE)  # tuned as they run
         triton_support.precompile(fold_jobs(model, layers), model.device)
     return layers
 

@@ -96,9 +96,11 @@ def test_unsupported_shapes_take_the_fallback(device):
 
 
 def test_plan_fills_the_device_and_caps_the_splits():
-    # 4 programs a split: FILL x 132 would want 66 splits, 3072 slots hold 24 of SPLIT_BLOCK_N
-    assert da._plan(batch=1, kv_heads=4, rows=7, slots=3072, sms=132) == (16, 1, 24, da.SPLIT_BLOCK_N,
+    # 4 programs a split: FILL x 132 would want 66 splits; capped at MAX_SPLITS (16), or at the blocks of
+    # SPLIT_BLOCK_N (64) slots the cache holds (640 slots: 10)
+    assert da._plan(batch=1, kv_heads=4, rows=7, slots=3072, sms=132) == (16, 1, da.MAX_SPLITS, da.SPLIT_BLOCK_N,
                                                                           da.SPLIT_STAGES)
+    assert da._plan(batch=1, kv_heads=4, rows=7, slots=640, sms=132).splits == 640 // da.SPLIT_BLOCK_N == 10
     assert da._plan(batch=8, kv_heads=4, rows=7, slots=3072, sms=132).splits == 9  # 32 programs, 9 x 32 >= 264
     # 256 programs are ~2 waves on 132 SMs: one split, its own block and pipeline depth
     assert da._plan(batch=64, kv_heads=4, rows=56, slots=3072, sms=132) == (64, 1, 1, da.ONE_BLOCK_N, da.ONE_STAGES)

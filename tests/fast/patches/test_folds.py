@@ -161,3 +161,44 @@ def test_folded_forward_after_precompile_builds_nothing(monkeypatch):
     finally:
         for module in (gemv, gated):
             module._kernel.cache_clear()
+
+
+@needs_kernels
+@pytest.mark.parametrize("device", DEVICES)
+def test_folded_products_are_tuned_as_they_run(device, monkeypatch):
+    """fold_tuning.retune: each folded product's one-row configuration is tuned with its fold (the q/k/v group and
+    the gated MLP with their norm, o and down with the add), kept under the fold's own key, installed in the lane's
+    forwards (several-row tiers unchanged), and the folded layers still give the model's logits."""
+    from hf_rstitch.fast.patches import fold_tuning
+
+    model = kernel_model(device, "qwen2")
+    table = {}
+    products, _ = _plan(model, table)
+    asked = []
+    marked = gemv.GemvConfig(2, 64, 2, 2)  # a configuration no shape tuning chooses off CUDA
+
+    def tune(kernel):
+        def run(*weights_and_candidates, norm=None, eps=0.0, add=False):
+            asked.append((kernel, norm is not None, add))
+            return marked
+        return run
+
+    monkeypatch.setattr(gemv, "tune", tune("gemv"))
+    monkeypatch.setattr(gated, "tune", tune("gated"))
+    tuned = fold_tuning.retune(model, products, table)
+    assert sorted(set(asked)) == [("gated", True, False), ("gemv", False, True), ("gemv", True, False)]
+    assert {k[0] for k in table if isinstance(k[0], str)} >= set(fold_tuning.KINDS)
+    installed = dict(tuned)
+    layer = model.model.layers[0]
+    group = installed[layer.self_attn.q_proj].func.__self__
+    for cfgs, before in ((group.cfgs, None), (installed[layer.self_attn.o_proj].args[1],
+                                              dict(products)[layer.self_attn.o_proj].args[1]),
+                         (installed[layer.mlp].args[1], dict(products)[layer.mlp].args[1])):
+        assert cfgs[0] == marked and (before is None or cfgs[1:] == before[1:])
+    layers = add_norm.plan(model, lambda key, fn: fn, tuned)
+    with torch.no_grad():
+        ids = torch.randint(0, 97, (1, 1), device=device)
+        want = model(ids).logits
+        with linears.gemv_linears_on(tuned + layers):
+            got = model(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
