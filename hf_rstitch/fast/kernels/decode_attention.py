@@ -20,7 +20,7 @@ before ``pos + i - W``; ``softcap`` caps the scaled scores (``softcap * tanh(s /
 logit of each head joins the softmax's denominator where the output is normalised.
 
 The plan (:func:`_plan`): one split from ~one wave of programs; below that, up to 16 splits of 64-slot blocks
-(measured: ``docs/kernels.md``, "Split attention").
+(measured: ``benchmarks/results/tuning_attention_nvidia_h200.md``).
 
 Same arithmetic as the eager attention where it matters: scores and softmax in float32 (eager
 attention rounds the scores to the model's dtype first), probabilities rounded to the values'
@@ -45,7 +45,7 @@ from .triton_support import sm_count as _sm_count  # a module name the tests can
 FILL = 2  # programs per SM the plan aims for with several splits
 # several splits: at most MAX_SPLITS a (row, KV head), SPLIT_BLOCK_N slots an inner step in SPLIT_STAGES pipeline
 # stages. On an H200 (B = 1..8; 2, 4 and 8 KV heads; 1024 and 3000 slots written) 16 splits of 64-slot steps in 3
-# stages beat 64 splits of 128-slot steps in 2 in all 24 cases, by 1-28 % (docs/kernels.md, "Split attention")
+# stages beat 64 splits of 128-slot steps in 2 in all 24 cases, by 1-28 % (results/tuning_attention_nvidia_h200.md)
 MAX_SPLITS = 16
 SPLIT_BLOCK_N, SPLIT_STAGES = 64, 3
 # from this many waves of programs (batch x KV heads x row blocks over the SMs) one split: the split kernel

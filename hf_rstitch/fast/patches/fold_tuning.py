@@ -4,7 +4,7 @@ Why: a folded product is not the kernel the tuner times by shape alone. The q/k/
 their whole input row for the RMSNorm (in every program), o and down add the residual in their epilogue, and the
 fastest configuration moves with that: on an H200 the Qwen3-8B gated MLP's configuration tuned by shape took
 57.1 us folded against 49.6 us for the best folded one, its q/k/v 15.2 against 14.0 us; Qwen3-0.6B's q/k/v 4.5
-against 3.8 us (``docs/kernels.md``, "Tuning as the step runs"). So for each shape of a foldable layer the one-row
+against 3.8 us (``benchmarks/results/tuning_attention_nvidia_h200.md``). So for each shape of a foldable layer the one-row
 tier is tuned again as it runs, under keys of their own (:data:`KINDS`), and the lane's forwards take those
 configurations. Catch-ups and batches (several rows) never fold and keep the shape's tiers.
 
