@@ -67,7 +67,8 @@ def record_timings(log: list):
 def labelled(tune, kind: str, shape: dict):
     """``tune`` that notes the kind and weight shape it times in ``shape`` (read by the timings' log)."""
     def run(weight, *args, **kwargs):
-        shape.update(kind=kind, n=weight.shape[0], k=weight.shape[1])
+        fold = "+norm" if kwargs.get("norm") is not None else "+add" if kwargs.get("add") else ""
+        shape.update(kind=kind + fold, n=weight.shape[0], k=weight.shape[1])
         return tune(weight, *args, **kwargs)
     return run
 
