@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD python tools/gemv_tuning_table.py            # writes the shipped table
     PYTHONPATH=$PWD python tools/gemv_tuning_table.py --out-dir $OUT --models qwen2-7b
+    PYTHONPATH=$PWD python tools/gemv_tuning_table.py --rekey hf_rstitch/assets/gemv_tuning/<gpu>.json   # no GPU
 
 The question: which launch configuration each product of a 0.6-8B model runs on this GPU -- the tuner's answer
 (:mod:`hf_rstitch.fast.kernels.tuning_cache`), shipped in the package so that a fresh machine of the same kind
@@ -82,7 +83,13 @@ def main() -> None:
     ap.add_argument("--out-dir", default=str(lab.RESULTS))
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models under Triton's interpreter on CPU: "
                                                                 "checks the script, times nothing")
+    ap.add_argument("--rekey", metavar="TABLE", help="rewrite TABLE's keys to this tree's kernel code and exit (no GPU): "
+                    "only after a change to the hashed files (gemv.py, gated.py, triton_support.py) that left every "
+                    "kernel and search space as it was (read the diff); the table keeps the code it was timed on")
     args = ap.parse_args()
+    if args.rekey:
+        print(json.dumps(rekey(Path(args.rekey))))
+        return
     os.environ["HF_RSTITCH_SHIPPED_TUNING"] = "off"  # time everything: no shipped answer is read,
     os.environ["HF_RSTITCH_TUNE"] = "full"  # every candidate of the search space, not the lanes' shortlists
     if args.dry_run_cpu:
@@ -124,6 +131,21 @@ def ship(scratch: Path, table: Path) -> dict:
 
     table.write_text(json.dumps({"format": tuning_cache.FORMAT, "entries": entries}, indent=0) + "\n")
     return entries
+
+
+def rekey(table: Path) -> dict:
+    """Give ``table``'s entries this tree's code hash (:func:`tuning_cache.identity`'s ``code`` part), noting in
+    ``timed_on_code`` the hashes they were timed with: a configuration keeps its meaning while the kernels and
+    their search spaces do not change, whatever else in the hashed files did (the tuner's timing method)."""
+    from hf_rstitch.fast.kernels import tuning_cache
+
+    data = json.loads(table.read_text())
+    code = tuning_cache._code_hash()
+    old = sorted({m.group(1) for k in data["entries"] for m in [re.search(r"\|code ([0-9a-f]+)", k)] if m})
+    data["entries"] = {re.sub(r"\|code [0-9a-f]+", f"|code {code}", k): v for k, v in data["entries"].items()}
+    data["timed_on_code"] = sorted(set(data.get("timed_on_code", [])) | set(old) - {code})
+    table.write_text(json.dumps(data, indent=0) + "\n")
+    return {"table": str(table), "entries": len(data["entries"]), "code": code, "timed_on_code": data["timed_on_code"]}
 
 
 def cover(tunings: list, tol: float) -> list[str]:

@@ -158,3 +158,27 @@ def test_cold_copies_cycle_through_twice_the_l2_of_weights(monkeypatch):
     assert len(triton_support.cold_copies((wc, None), 8)) == 8
     monkeypatch.setenv(triton_support.L2_ENV, "warm")
     assert triton_support.cold_copies((wc, None), 64) == [(wc, None)]
+
+
+def test_rekey_moves_a_table_to_this_code_and_notes_the_old(tmp_path):
+    """tools/gemv_tuning_table.py --rekey: every key gets this tree's code hash (so the table is read again), the
+    values are untouched, and the hash the choices were timed on is kept in the file."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    sys.path.insert(0, str(root / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("gemv_tuning_table", root / "tools" / "gemv_tuning_table.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    key = '[[8, 4], "torch.bfloat16", false, "GPU|sm90|132sm|1MiB|torch 2|triton 3|code 0123abcd", 1]'
+    value = {"type": "GemvConfig", "block_n": 2, "block_k": 512, "num_warps": 4, "num_stages": 2, "block_m": 1,
+             "split_k": 1}
+    table = tmp_path / "gpu.json"
+    table.write_text(json.dumps({"format": tuning_cache.FORMAT, "entries": {key: value}}))
+    out = tool.rekey(table)
+    data = json.loads(table.read_text())
+    code = tuning_cache._code_hash()
+    assert out["code"] == code and data["timed_on_code"] == ["0123abcd"]
+    assert data["entries"] == {key.replace("0123abcd", code): value}
