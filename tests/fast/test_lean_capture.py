@@ -69,3 +69,36 @@ def test_buckets_recorded_without_a_run_give_the_same_generation(arch):
     assert out.stitch.roles == ref.stitch.roles == [Role(r) for r in ROUTE]
     for a, b in zip(out.logits, ref.logits):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fp32_graphs_recorded_without_a_run_equal_those_run_first(monkeypatch):
+    """On CUDA: lanes warmed up with graphs recorded straight away give the tokens and logits (bit for bit) of lanes
+    whose every graph was run first, and every such recording took (none failed back to a real call)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from hf_rstitch.fast import graphs
+
+    def make(hidden, layers, seed):
+        torch.manual_seed(seed)
+        cfg = Qwen2Config(vocab_size=1024, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                          num_attention_heads=8, num_key_value_heads=2, initializer_range=0.1)
+        model = Qwen2ForCausalLM(cfg).to("cuda", torch.float32).eval()
+        model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
+        return model
+
+    llm, slm = make(256, 4, 0), make(128, 2, 1)
+    ids = torch.randint(0, 1024, (1, 37), device="cuda")
+    outs, lean = [], []
+    for on in (True, False):  # lean first: its recordings meet kernels this process has not launched yet
+        monkeypatch.setattr(graphs, "LEAN", on)
+        engine = FastEngine(FastConfig(max_bucket=32, attention="split", gemv=False, warm_up=True))
+        outs.append(llm.generate(ids, assistant_model=slm, stitch_policy=ReplayPolicy(ROUTE), stitch_engine=engine,
+                                 max_new_tokens=len(ROUTE), do_sample=False, return_dict_in_generate=True,
+                                 output_logits=True))
+        lean.append([(lane.graphs.lean, lane.graphs.lean_failed) for lane in engine._lanes.values()])
+    assert lean[0] == [(3, 0), (3, 0)] and lean[1] == [(0, 0), (0, 0)]  # buckets 4, 8 and 32 of each lane
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+    for a, b in zip(outs[0].logits, outs[1].logits):
+        assert torch.equal(a, b)
