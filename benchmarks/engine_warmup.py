@@ -220,6 +220,9 @@ def first_call_phases(engine, tally: dict, first_call_s: float) -> dict:
     out["rest_of_call_s"] = first_call_s - built
     out["captures_s"] = engine.capture_seconds()
     out["capture_warm_ups_s"] = sum(l.graphs.warm_seconds for l in engine._lanes.values() if l.graphs is not None)
+    out["lean_captures"] = sum(getattr(l.graphs, "lean", 0) for l in engine._lanes.values() if l.graphs is not None)
+    out["lean_failed"] = sum(getattr(l.graphs, "lean_failed", 0) for l in engine._lanes.values()
+                             if l.graphs is not None)
     out["tuner_timings"], out["tuner_timing_s"] = tally["tuner_timings"]
     out["launcher_builds"], out["launcher_build_s"] = tally["launcher_builds"]
     out["from_shipped_table"] = getattr(products.TABLE, "from_shipped", 0)
@@ -358,7 +361,8 @@ def phase_table(runs: list) -> list[str]:
     cache entries seeded from the shipped kernels."""
     lines = ["", "Where the first call went (s): per lane, build: all of it, of which the products' kernels built "
              "ahead (ahead), the tuner (timing, table look-ups) and the steps' other kernels built ahead (steps); "
-             "warm-up: every graph captured; captures: all of them (of which the real calls before each recording). "
+             "warm-up: every graph captured; captures: all of them (of which the real calls before each recording; "
+             "graphs recorded without a real call first / such recordings that failed and were made again). "
              "Tuner timings and launcher builds: count (s).", "",
              "| cache | first call | SLM ahead | SLM tuner | SLM steps | SLM build | SLM warm-up | LLM ahead | "
              "LLM tuner | LLM steps | LLM build | LLM warm-up | rest of call | captures | tuner timings | "
@@ -372,7 +376,8 @@ def phase_table(runs: list) -> list[str]:
                                     for k in ("precompile", "tune", "steps_ahead", "lane", "warm_up"))
         lines.append(f"| {mode_of(r)} | {r['first_call_s']:.2f} | {lane('slm')} | {lane('llm')} | "
                      f"{p['rest_of_call_s']:.2f} | {p['captures_s']:.2f} "
-                     f"({p.get('capture_warm_ups_s', float('nan')):.2f}) | "
+                     f"({p.get('capture_warm_ups_s', float('nan')):.2f}; {p.get('lean_captures', '-')} / "
+                     f"{p.get('lean_failed', '-')}) | "
                      f"{p['tuner_timings']} "
                      f"({p['tuner_timing_s']:.2f}) | {p['launcher_builds']} ({p['launcher_build_s']:.2f}) | "
                      f"{p['from_shipped_table']} | {p.get('kernels_seeded', '-')} | "

@@ -35,5 +35,13 @@ def bucket_for(width: int, sizes: tuple[int, ...]) -> int | None:
     return None
 
 
+def kernel_class(size: int) -> int:
+    """The bucket sizes whose steps launch the same kernels: Triton specializes an integer argument as 1, as a
+    multiple of 16 or as neither, and the compiled pieces (symbolic sizes) have one graph for 1 and one from 2 on.
+    A lane's warm-up runs one bucket of each class for real; the others are recorded as graphs straight away
+    (:meth:`hf_rstitch.fast.graphs.GraphRunner.record`)."""
+    return 1 if size == 1 else 16 if size % 16 == 0 else 2
+
+
 def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple

@@ -2,7 +2,9 @@
 
 The first call of a key runs the step for real on the capture stream (that run is the warm-up:
 it loads kernels and sets up cuBLAS workspaces for the stream), then records the same call as a
-graph; later calls replay it. Recording executes nothing, so the lane's state (cache slots,
+graph; later calls replay it. A warm-up whose outputs are thrown away (:meth:`GraphRunner.record`: a lane
+capturing its buckets ahead) records without the real call where an earlier call of the runner already ran the
+same kernels' specializations, and falls back to the real call where that recording fails. Recording executes nothing, so the lane's state (cache slots,
 write offset) advances exactly once per call either way. All graphs of a runner share one memory
 pool: they run one at a time on one stream, and every caller copies what it needs out of a
 graph's outputs before the next replay (the outputs are overwritten in place).
@@ -12,10 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import time
 from typing import Any, Callable, Hashable
 
 import torch
+
+# GraphRunner.record records without a real call first; HF_RSTITCH_LEAN_CAPTURE=0: always the real call first
+LEAN = os.environ.get("HF_RSTITCH_LEAN_CAPTURE", "1").strip() != "0"
 
 
 @contextlib.contextmanager
@@ -96,6 +102,8 @@ class GraphRunner:
         self.graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Any]] = {}
         self.capture_seconds = 0.0  # host seconds spent warming up and recording
         self.warm_seconds = 0.0  # of which the real calls before each recording (the warm-ups)
+        self.lean = 0  # graphs recorded without a real call first (record)
+        self.lean_failed = 0  # of those tried, recordings that failed and were made again after a real call
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.graphs
@@ -106,6 +114,29 @@ class GraphRunner:
             entry[0].replay()
             return entry[1]
         return self._capture(key, fn)
+
+    def record(self, key: Hashable, fn: Callable[[], Any]) -> None:
+        """Capture ``fn``'s graph for ``key`` now, for later replays, without running it: what a warm-up whose
+        outputs nobody reads needs, where every kernel ``fn`` launches already ran in this process (so nothing loads
+        or compiles while recording). A recording that fails anyway (a kernel or compile first met here) is
+        dropped, the process recovered as after any failed capture, and the key captured the usual way."""
+        if key in self.graphs:
+            return
+        if LEAN:
+            start = time.perf_counter()
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with capturing(graph, keep_cache=True, pool=self.pool, stream=self.stream):
+                    static_out = fn()  # recorded, not executed
+            except Exception:  # noqa: BLE001 - e.g. a kernel that loads at its first launch: warm it up for real
+                self.lean_failed += 1
+                torch.cuda.synchronize(self.device)
+            else:
+                self.graphs[key] = (graph, static_out)
+                self.lean += 1
+                self.capture_seconds += time.perf_counter() - start
+                return
+        self._capture(key, fn)
 
     def _capture(self, key: Hashable, fn: Callable[[], Any]) -> Any:
         start = time.perf_counter()

@@ -58,7 +58,7 @@ from ..decode.lane import left_padding
 from ..decode.step import to_device
 from .patches import experts, linears, regions
 from .kernels import rope_store
-from .buckets import bucket_for, round_up
+from .buckets import bucket_for, kernel_class, round_up
 from .config import FastConfig, check_supported
 from .graphs import GraphRunner
 from .lane_ahead import Ahead
@@ -126,6 +126,7 @@ class FastLane(Outputs, RowOps, Ahead, Build):
         self._stage = None  # joining prompts read over several steps in the join twin (.joins.Stage)
         self._join_lane = None  # a lane of the same model that prefills joining rows (lane_rows, .joins)
         self._read = None  # (logits, entropy, greedy) of the last read-out (_read_out)
+        self._record_only = False  # warm_up: a bucket whose kernels an earlier bucket ran, recorded without a run
         self._build_steps(plan, n_slots, max_rows)
 
     def _build_steps(self, plan: FastPlan, n_slots: int, max_rows: int) -> None:
@@ -225,12 +226,19 @@ class FastLane(Outputs, RowOps, Ahead, Build):
         ``batch_sizes`` (default: all of this lane's), now rather than on first use, so that no later
         generation pays for it mid-way. Returns the seconds it took."""
         start = time.perf_counter()
+        warmed = set()  # (batch bucket, kernel class) run for real once: the class's other buckets only recorded
         with torch.no_grad():
             for b in batch_sizes or self.rows.sizes:
                 self.reset()
                 self.rows.start([0] * b)
                 for size in sorted(set(self.buckets) | {1}):
-                    self._run(torch.ones(b, size, dtype=torch.long, device=self.device), want_hidden)
+                    cls = (self.rows.bucket, kernel_class(size))
+                    self._record_only = cls in warmed
+                    try:
+                        self._run(torch.ones(b, size, dtype=torch.long, device=self.device), want_hidden)
+                    finally:
+                        self._record_only = False
+                    warmed.add(cls)
                     self.cache.pos.zero_()  # dummy tokens: nothing to keep
         self.reset()
         _sync(self.device)
@@ -288,6 +296,8 @@ class FastLane(Outputs, RowOps, Ahead, Build):
         if self.graphs is not None and key in self.graphs:  # a replay runs no model code: no dispatch set-up
             return self.graphs.run(key, step)
         with self._model_code():
+            if self.graphs is not None and self._record_only:  # a warm-up's dummy call: nothing reads its outputs
+                return self.graphs.record(key, step)
             return step() if self.graphs is None else self.graphs.run(key, step)
 
     @contextlib.contextmanager

@@ -18,10 +18,10 @@ What it does not do: other norms (they keep the compiled piece), float64 (Triton
 from __future__ import annotations
 
 import functools
-import inspect
 
 import torch
 
+from ..source_text import source
 from .triton_support import _triton, available, next_pow2, start
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -87,15 +87,12 @@ def takes(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
 def _llama_norm_source() -> str:
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    return inspect.getsource(LlamaRMSNorm.forward)
+    return source(LlamaRMSNorm.forward)
 
 
 def llama_rms_norm(m) -> bool:
     """Llama's RMSNorm to the letter (``weight * (x * rsqrt(mean(x^2) + eps)).to(dtype)``), in any model."""
-    try:
-        same = m is not None and inspect.getsource(type(m).forward) == _llama_norm_source()
-    except (OSError, TypeError):
-        return False
+    same = m is not None and source(type(m).forward) == _llama_norm_source()
     return (same and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 1
             and isinstance(getattr(m, "variance_epsilon", None), float))
 

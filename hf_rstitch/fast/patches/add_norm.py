@@ -24,6 +24,7 @@ import inspect
 
 import torch
 
+from ..source_text import source
 from . import folds
 
 
@@ -37,7 +38,7 @@ def _add_norm(norm: torch.nn.Module, residual: torch.Tensor, h: torch.Tensor):
 def _pre_norm_source() -> str:
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    return inspect.getsource(LlamaDecoderLayer.forward)
+    return source(LlamaDecoderLayer.forward)
 
 
 def pre_norm_layer(m: torch.nn.Module) -> bool:
@@ -46,10 +47,8 @@ def pre_norm_layer(m: torch.nn.Module) -> bool:
     forward = type(m).__dict__.get("forward")
     if not type(m).__name__.endswith("DecoderLayer") or forward is None:
         return False
-    try:
-        return inspect.getsource(forward) == _pre_norm_source()
-    except (OSError, TypeError):
-        return False
+    text = source(forward)
+    return text is not None and text == _pre_norm_source()
 
 
 class _Carry:

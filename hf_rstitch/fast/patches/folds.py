@@ -23,10 +23,10 @@ Llama's RMSNorm to the letter, attention or MLP forwards that do more than proje
 from __future__ import annotations
 
 import contextlib
-import inspect
 
 import torch
 
+from ..source_text import source
 from ..kernels.norms import llama_rms_norm
 
 ENABLED = True  # fold where foldable() allows; False keeps the add+norm pieces at one row too
@@ -79,11 +79,8 @@ def folding(norm: tuple, add: tuple):
 
 def _projects_plainly(attn) -> bool:
     """The attention forward feeds its input straight to the q/k/v projections and returns o's output as is."""
-    try:
-        src = inspect.getsource(type(attn).forward)
-    except (OSError, TypeError):
-        return False
-    return ("self.q_proj(hidden_states)" in src and "attn_output = self.o_proj(attn_output)\n        return "
+    src = source(type(attn).forward)
+    return src is not None and ("self.q_proj(hidden_states)" in src and "attn_output = self.o_proj(attn_output)\n        return "
             "attn_output, attn_weights" in src)
 
 

@@ -16,10 +16,10 @@ where Triton does not run. The installed forward returns what the module returns
 from __future__ import annotations
 
 import functools
-import inspect
 
 import torch
 
+from ..source_text import source
 from ..kernels import moe_router
 
 
@@ -29,8 +29,8 @@ def _forms() -> dict:
     from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
-    return {inspect.getsource(Qwen3MoeTopKRouter.forward): ("qwen3_moe", False),
-            inspect.getsource(MixtralTopKRouter.forward): ("mixtral", True)}
+    return {source(Qwen3MoeTopKRouter.forward): ("qwen3_moe", False),
+            source(MixtralTopKRouter.forward): ("mixtral", True)}
 
 
 def form(m: torch.nn.Module) -> str | None:
@@ -38,10 +38,8 @@ def form(m: torch.nn.Module) -> str | None:
     forward = type(m).__dict__.get("forward")
     if forward is None or not isinstance(getattr(m, "weight", None), torch.nn.Parameter):
         return None
-    try:
-        found = _forms().get(inspect.getsource(forward))
-    except (OSError, TypeError):
-        return None
+    text = source(forward)
+    found = _forms().get(text) if text is not None else None
     return found[0] if found and m.weight.dim() == 2 and isinstance(getattr(m, "top_k", None), int) else None
 
 
