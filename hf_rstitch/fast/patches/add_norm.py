@@ -47,8 +47,7 @@ def pre_norm_layer(m: torch.nn.Module) -> bool:
     forward = type(m).__dict__.get("forward")
     if not type(m).__name__.endswith("DecoderLayer") or forward is None:
         return False
-    text = source(forward)
-    return text is not None and text == _pre_norm_source()
+    return source(forward) == _pre_norm_source()  # None (no source) never equals it
 
 
 class _Carry:

@@ -34,7 +34,19 @@ def _kernel(kind: str):
     return (gated, "gated") if kind == "gated+norm" else (gemv, "gemv")
 
 
-def _folded(layer, installed: dict) -> list[tuple]:
+def folded(model: torch.nn.Module, installed: dict) -> list[tuple]:
+    """:func:`_layer_folds` of every layer of ``model`` that folds at one row (``installed``: the lane's module ->
+    forward), in layer order."""
+    return [spec for layer in model.modules() if add_norm.pre_norm_layer(layer) and folds.foldable(layer, installed)
+            for spec in _layer_folds(layer, installed)]
+
+
+def one_row_config(target, installed: dict):
+    """The one-row configuration ``target`` (of :func:`folded`) runs with now."""
+    return installed[target].args[1][0] if isinstance(target, torch.nn.Module) else target.cfgs[0]
+
+
+def _layer_folds(layer, installed: dict) -> list[tuple]:
     """``(kind, target, weights, fold)`` of ``layer``'s four folded products: the fused q/k/v group (its input
     norm), o (the residual add), the gated MLP (the post-attention norm) and down (the add). ``target`` is what
     holds the configurations: the group, or the module whose installed forward carries them."""
@@ -49,7 +61,7 @@ def _folded(layer, installed: dict) -> list[tuple]:
             ("gemv+add", down, (down.weight, down.bias), dict(add=True))]
 
 
-def _run(kind: str, weights: tuple, fold: dict):
+def launch_for(kind: str, weights: tuple, fold: dict):
     """``run(cfg)``: one folded launch over stand-in inputs, for :func:`~.triton_support.precompile`."""
     w = weights[0]
     x = w.new_empty(1, w.shape[1])
@@ -74,15 +86,12 @@ def _with_one_row(forward: functools.partial, cfg) -> functools.partial:
 def retune(model: torch.nn.Module, products: list, table: dict) -> list:
     """``products`` (the lane's (module, forward) pairs) with the one-row configuration of every folded product
     of the foldable layers tuned folded (``table`` keeps the choices under :data:`KINDS`)."""
-    installed = dict(products)
-    found = [spec for layer in model.modules()
-             if add_norm.pre_norm_layer(layer) and folds.foldable(layer, installed)
-             for spec in _folded(layer, installed)]
+    found = folded(model, dict(products))
     todo = {}
     for kind, _, weights, fold in found:
         if _key(kind, weights) not in table:
             todo.setdefault(_key(kind, weights), (kind, weights, fold))
-    triton_support.precompile([(_candidates(kind), _run(kind, weights, fold)) for kind, weights, fold in todo.values()],
+    triton_support.precompile([(_candidates(kind), launch_for(kind, weights, fold)) for kind, weights, fold in todo.values()],
                               model.device)  # every candidate's kernel built at once, then timed one by one
     for key, (kind, weights, fold) in todo.items():
         table[key] = _kernel(kind)[0].tune(*weights, _candidates(kind), **fold)

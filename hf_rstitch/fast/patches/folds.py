@@ -79,9 +79,9 @@ def folding(norm: tuple, add: tuple):
 
 def _projects_plainly(attn) -> bool:
     """The attention forward feeds its input straight to the q/k/v projections and returns o's output as is."""
-    src = source(type(attn).forward)
-    return src is not None and ("self.q_proj(hidden_states)" in src and "attn_output = self.o_proj(attn_output)\n        return "
-            "attn_output, attn_weights" in src)
+    src = source(type(attn).forward) or ""
+    return ("self.q_proj(hidden_states)" in src
+            and "attn_output = self.o_proj(attn_output)\n        return attn_output, attn_weights" in src)
 
 
 def foldable(layer, products: dict) -> bool:

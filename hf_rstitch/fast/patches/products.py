@@ -10,12 +10,10 @@ what it has not seen; and kept on disk for later processes on the same machine
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from . import add_norm, fold_tuning, folds, gated_mlp, linears, regions
-from ..kernels import gated, gemv, triton_support
+from . import fold_tuning, gated_mlp, linears, regions
+from ..kernels import gemv, triton_support
 from ..config import FastConfig
 from ..kernels.tuning_cache import TuningTable
 
@@ -68,28 +66,13 @@ def product_layers(model: torch.nn.Module, config: FastConfig, max_rows: int) ->
 def fold_jobs(model: torch.nn.Module, products) -> list[tuple]:
     """``(candidates, run)`` for :func:`~hf_rstitch.fast.kernels.triton_support.precompile`: the folded one-row products
     (a norm before, an add after: kernels of their own) of each foldable layer shape, with the configurations
-    the tuner chose (``products``: the lane's installed (module, forward) pairs), built at once rather than one
-    by one at the first capture. Inputs stand in as empty tensors."""
+    the lane runs them with (``products``: the lane's installed (module, forward) pairs), built at once rather than
+    one by one at the first capture. Inputs stand in as empty tensors."""
     installed, jobs, seen = dict(products), [], set()
-    for layer in model.modules():
-        if not (add_norm.pre_norm_layer(layer) and folds.foldable(layer, installed)):
-            continue
-        attn, mlp, n1, n2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
-        group = installed[attn.q_proj].func.__self__
-        o, down = attn.o_proj, mlp.down_proj
-        cfgs = (group.cfgs[0],) + tuple(installed[m].args[1][0] for m in (o, mlp, down))  # the one-row tier's
-        shapes = (tuple(group.weight.shape), tuple(o.weight.shape), tuple(mlp.gate_proj.weight.shape)) + cfgs
-        if shapes in seen:
-            continue
-        seen.add(shapes)
-        x = group.weight.new_empty(1, group.weight.shape[1])
-        stream = o.weight.new_empty(1, o.out_features)  # the residual the adds read
-        runs = (functools.partial(gemv.launch, x, group.weight, group.bias, norm=n1.weight, eps=n1.variance_epsilon),
-                functools.partial(gemv.launch, o.weight.new_empty(1, o.in_features), o.weight, o.bias,
-                                  residual=stream),
-                functools.partial(gated.launch, x, mlp.gate_proj.weight, mlp.up_proj.weight, norm=n2.weight,
-                                  eps=n2.variance_epsilon),
-                functools.partial(gemv.launch, down.weight.new_empty(1, down.in_features), down.weight, down.bias,
-                                  residual=stream))
-        jobs += [((cfg,), run) for cfg, run in zip(cfgs, runs)]
+    for kind, target, weights, fold in fold_tuning.folded(model, installed):
+        cfg = fold_tuning.one_row_config(target, installed)
+        key = (kind, tuple(weights[0].shape), cfg)
+        if key not in seen:
+            seen.add(key)
+            jobs.append(((cfg,), fold_tuning.launch_for(kind, weights, fold)))
     return jobs

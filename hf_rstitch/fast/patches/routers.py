@@ -38,8 +38,7 @@ def form(m: torch.nn.Module) -> str | None:
     forward = type(m).__dict__.get("forward")
     if forward is None or not isinstance(getattr(m, "weight", None), torch.nn.Parameter):
         return None
-    text = source(forward)
-    found = _forms().get(text) if text is not None else None
+    found = _forms().get(source(forward))  # None (no source) is no form
     return found[0] if found and m.weight.dim() == 2 and isinstance(getattr(m, "top_k", None), int) else None
 
 
