@@ -31,6 +31,7 @@ from starlette.requests import ClientDisconnect
 from ..serving.request_types import QueueFull
 from .bodies import BodyReader
 from .driver import EngineDriver, ShuttingDown
+from .split import EngineClient
 from .errors import ERROR_RESPONSES, BadRequest, error, install, json_body
 from .handover import STREAM_INTERVAL_S, STREAM_WRITES_PER_S, Pacer, PostOffice
 from .protocol import ChatCompletionRequest, CompletionRequest
@@ -74,9 +75,10 @@ _JSON_OR_SSE = {200: {"description": "the completion (JSON), or with stream: tru
 
 
 def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = None) -> FastAPI:
-    """The ASGI app serving ``engine`` (a ``RequestEngine``) with ``tokenizer``'s chat template."""
+    """The ASGI app serving ``engine`` (a ``RequestEngine``, or an :class:`~.split.EngineClient` of one in another
+    process) with ``tokenizer``'s chat template."""
     settings = settings or ServerSettings()
-    driver = EngineDriver(engine)
+    driver = engine if isinstance(engine, EngineClient) else EngineDriver(engine)
     complete = _Completions(driver, tokenizer, settings)
 
     @asynccontextmanager
@@ -93,7 +95,7 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
 
     @app.get("/health", responses={503: {"model": dict, "description": "draining, stopped or unhealthy"}})
     async def health() -> JSONResponse:
-        return _health(driver, engine, settings)
+        return _health(driver, settings)
 
     app.head("/health", include_in_schema=False)(health)  # load balancers' probes (uvicorn sends no body)
 
@@ -147,7 +149,7 @@ class _Completions:
             ids, notes = await asyncio.to_thread(self.prompt, body, kind)
             engine_request = build_request(body, ids, rid, settings)
             box = self.post_office().mailbox()
-            driver.submit(engine_request, box)
+            await driver.admit(engine_request, box)
         except (UnknownModel, BadRequest, QueueFull, ShuttingDown, ValueError) as err:
             return _refusal(err)
         events = follow(driver, rid, box, request, None if body.stream else settings.disconnect_poll_s, self.pacer)
@@ -172,13 +174,13 @@ class _Completions:
         return ids, dropped_note(body, self.dropped_roles)
 
 
-def _health(driver: EngineDriver, engine: Any, settings: ServerSettings) -> JSONResponse:
+def _health(driver: EngineDriver | EngineClient, settings: ServerSettings) -> JSONResponse:
     """``GET /health``: 200 while the driver runs, accepts and is healthy, else 503 with which of them failed."""
     ok = driver.alive and driver.accepting and driver.healthy
     status = "ok" if ok else ("stopped" if not driver.alive else "draining" if not driver.accepting else "unhealthy")
     recent = driver.last_error_at is not None and time.monotonic() - driver.last_error_at < settings.error_ttl_s
     body = {"status": status, "model": settings.model_name, "pid": os.getpid(), "threshold": settings.threshold,
-            "router": settings.router, "pin": settings.pin, "running": engine.running, "waiting": engine.waiting,
+            "router": settings.router, "pin": settings.pin, "running": driver.running, "waiting": driver.waiting,
             "in_flight": driver.in_flight, "max_pending": driver.capacity, "steps": driver.steps,
             "completed": driver.completed, "failed_steps_in_a_row": driver.failed_in_a_row,
             "last_error": driver.last_error if recent else None}
