@@ -9,6 +9,7 @@ end drains (as one process does), then the engine process stops. docs/serving.md
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -110,14 +111,41 @@ def load_tokenizer(cfg):
     return AutoTokenizer.from_pretrained(str(shipped("llm")))
 
 
-def frontend_main(cfg, address: str, authkey: bytes, settings, sock: socket.socket) -> None:
-    """A front-end process: the app over an :class:`~.split.EngineClient`, uvicorn on the shared socket."""
+def frontend_main(cfg, address: str, authkey: bytes, settings, sock: socket.socket, on_exit=None) -> None:
+    """A front-end process: the app over an :class:`~.split.EngineClient`, uvicorn on the shared socket;
+    ``on_exit()`` runs once it has drained (before uvicorn re-raises the signal that stopped it)."""
     from .app import create_app
-    from .server import DrainingServer, config_for
+    from .server import config_for
     from .split import EngineClient
 
     app = create_app(EngineClient(address, authkey), load_tokenizer(cfg), settings)
-    DrainingServer(config_for(app, cfg.host, cfg.port)).run(sockets=[sock])
+    _FrontEnd(config_for(app, cfg.host, cfg.port), on_exit).run(sockets=[sock])
+
+
+def _front_end_class():
+    from .server import DrainingServer
+
+    class FrontEnd(DrainingServer):
+        """The draining server, with ``on_exit`` run after it drained, inside uvicorn's signal capture."""
+
+        def __init__(self, config, on_exit=None):
+            super().__init__(config)
+            self.on_exit = on_exit
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    if self.on_exit is not None:
+                        self.on_exit()
+
+    return FrontEnd
+
+
+def _FrontEnd(config, on_exit=None):  # noqa: N802 -- uvicorn is imported only where a front end runs
+    return _front_end_class()(config, on_exit)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -142,13 +170,18 @@ def run_split(cfg) -> int:
                           name=f"rstitch-frontend-{i + 1}") for i in range(cfg.frontend_procs - 1)]
     for proc in others:
         proc.start()
-    try:
-        frontend_main(cfg, engine.address, engine.authkey, engine.settings, sock)
-    finally:
-        for proc in others:  # each drains its own requests (uvicorn's SIGTERM), then exits
+
+    def stop_the_rest():  # this front end has drained: the others drain theirs, then the engine stops
+        for proc in others:
             if proc.is_alive():
                 os.kill(proc.pid, signal.SIGTERM)
         for proc in others:
             proc.join(cfg.drain_timeout + 10)
         engine.stop(0.0)
+
+    try:
+        frontend_main(cfg, engine.address, engine.authkey, engine.settings, sock, on_exit=stop_the_rest)
+    finally:
+        if engine.process.is_alive():  # the server failed to start, or returned without a signal
+            stop_the_rest()
     return 0

@@ -32,7 +32,7 @@ def _stream_text(events) -> str:
 
 
 def test_a_split_server_answers_as_one_process_does(tokenizer):
-    engine, app = _split(tokenizer)
+    engine, app = _split(tokenizer, engine_vocab=131, vocab_size=None)  # the engine, not the app, checks ids
     try:
         with LiveServer(app) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
             body = c.post("/v1/chat/completions", json=CHAT).json()
@@ -40,8 +40,8 @@ def test_a_split_server_answers_as_one_process_does(tokenizer):
             with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as s:
                 events = sse_events(s.iter_lines())
             assert events[-1] == "[DONE]" and _stream_text(events[:-1]) == SCRIPT_TEXT
-            r = c.post("/v1/completions", json={"prompt": [500]})  # the engine's own refusal crosses the socket
-            assert r.status_code == 400 and "token ids below 131" not in r.text or r.status_code == 400
+            r = c.post("/v1/completions", json={"prompt": [200]})  # the engine's own refusal crosses the socket
+            assert r.status_code == 400 and "token ids below 131" in r.json()["error"]["message"]
             health = c.get("/health").json()
             assert health["status"] == "ok" and health["steps"] > 0 and health["completed"] == 2
             assert health["max_pending"] == 64
@@ -109,3 +109,43 @@ def test_a_killed_engine_process_ends_every_request_cleanly(tokenizer):
                 assert status == 500 and "engine process exited" in out["error"]["message"]
     assert health.status_code == 503 and health.json()["status"] == "stopped"
     assert after.status_code == 503 and "engine process" in after.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--frontend-procs", "-1"], "--frontend-procs must be >= 0 (0: one process), got -1"),
+    (["--frontend-procs", "2", "--replicas", "2"], "--frontend-procs runs one server's HTTP side"),
+])
+def test_bad_frontend_flags_exit_2_with_a_message(argv, needle, capsys):
+    from hf_rstitch.cli.main import main
+
+    assert main(["serve", *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_rstitch_serve_frontend_procs_answers_equal_solo_generate():
+    """The CLI on the shipped pair with two front-end processes: greedy answers equal solo generate, SIGTERM
+    drains and every process exits."""
+    from hf_rstitch.toyworld.pair import assets_present
+    from serve.live import start_cli_server
+    from serve.pair_cases import CASES, SERVER_TAU, body, got, solo
+
+    if not assets_present():
+        pytest.skip("shipped toy-world pair absent")
+    proc, url = start_cli_server("--frontend-procs", "2", "--threshold", str(SERVER_TAU), timeout=400)
+    try:
+        pids, deadline = set(), time.monotonic() + 300
+        while len(pids) < 2 and time.monotonic() < deadline:  # a fresh connection each: the kernel picks a process
+            health = httpx.get(url + "/health", timeout=10).json()
+            assert health["status"] == "ok"
+            pids.add(health["pid"])
+            time.sleep(0.05)
+        assert len(pids) == 2  # both front ends serve the port
+        for case in CASES[:3]:
+            r = httpx.post(url + "/v1/chat/completions", json=body(*case), timeout=120)
+            assert got(r.json()) == solo(*case)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+    assert code in (0, -signal.SIGTERM)  # uvicorn re-raises the captured SIGTERM once it has shut down
+    out = proc.stdout.read()
+    assert out.count("Finished server process") == 2, out[-3000:]  # both front ends drained and finished
