@@ -5,32 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(*argv: str, cwd: Path = ROOT, env: dict | None = None, script: str | None = None):
-    """``python -m hf_rstitch ARGV`` (or ``python SCRIPT ARGV``) offline, as a user runs it."""
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    cmd = [sys.executable, script, *argv] if script else [sys.executable, "-m", "hf_rstitch", *argv]
-    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300)
-
-
-def one_line_error(done, *needles: str) -> str:
-    """The command failed with a single message line on stderr that holds every needle, and no traceback."""
-    assert done.returncode != 0, done.stdout
-    assert "Traceback" not in done.stderr, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip() and "CPU thread" not in line]
-    assert len(lines) == 1, done.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
+from user_runs import ROOT, one_line_error, run
 
 
 def test_export_refuses_the_shipped_slm_it_cannot_carry(tmp_path):
