@@ -37,6 +37,10 @@ def load_models(hub: bool = False, device: str | None = None):
         raise SystemExit("--hub needs the Hugging Face Hub, but HF_HUB_OFFLINE is set; drop --hub for the shipped pair.")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from hf_rstitch.sources import check_hub_source
+
+    for flag, model in (("LLM", HUB_LLM), ("SLM", HUB_SLM)):
+        check_hub_source(model, flag)  # one line at once (cache, or one short request), not a minute of retries
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     llm = AutoModelForCausalLM.from_pretrained(HUB_LLM, dtype=dtype).to(device).eval()

@@ -28,3 +28,27 @@ def one_line_error(done, *needles: str) -> str:
     for needle in needles:
         assert needle in lines[0], lines[0]
     return lines[0]
+
+
+PROBE = """import sys, time
+if sys.argv[1] == "torch":
+    import torch  # noqa: F401  (imported before the clock starts: its import is no part of what is timed)
+from hf_rstitch.cli.main import main
+start = time.perf_counter()
+rc = main(sys.argv[2:])
+print("PROBE", time.perf_counter() - start, *[m for m in ("torch", "transformers") if m in sys.modules])
+sys.exit(rc)
+"""
+
+
+def run_probed(*argv: str, env: dict | None = None, preload_torch: bool = False):
+    """``rstitch ARGV`` as :func:`run` does it, plus what it took: ``(done, seconds in the command, heavy modules
+    imported)``; with ``preload_torch`` torch is imported before the clock starts."""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if v is not None}
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    done = subprocess.run([sys.executable, "-c", PROBE, "torch" if preload_torch else "-", *argv], cwd=ROOT,
+                          env=full_env, capture_output=True, text=True, timeout=300)
+    probe = next(line for line in done.stdout.splitlines() if line.startswith("PROBE")).split()
+    done.stdout = "\n".join(line for line in done.stdout.splitlines() if not line.startswith("PROBE"))
+    return done, float(probe[1]), probe[2:]

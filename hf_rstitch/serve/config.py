@@ -156,19 +156,12 @@ class ServeConfig:
 
 
 def load_models(cfg: ServeConfig):
-    """``(llm, slm, tokenizer)`` on ``cfg.device`` in eval mode."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """``(llm, slm, tokenizer)`` on ``cfg.device`` in eval mode (the shipped pair by default), through the one
+    loader, which reports a model that cannot load in one line at once."""
+    from ..hf.loading import load_pair
+    from ..resources import resolve
 
-    if not cfg.llm:  # the shipped pair
-        from ..hf.loading import load_pair
-        from ..resources import shipped
-
-        return load_pair(str(shipped("llm")), str(shipped("slm")), cfg.dtype, cfg.device)
-    dtype = getattr(torch, cfg.dtype)
-    llm = AutoModelForCausalLM.from_pretrained(cfg.llm, dtype=dtype).to(cfg.device).eval()
-    slm = AutoModelForCausalLM.from_pretrained(cfg.slm, dtype=dtype).to(cfg.device).eval()
-    return llm, slm, AutoTokenizer.from_pretrained(cfg.llm)
+    return load_pair(resolve(cfg.llm or "shipped:llm"), resolve(cfg.slm or "shipped:slm"), cfg.dtype, cfg.device)
 
 
 DEFAULT_CONTEXT = 32768  # longest request of a model whose config names no context window
@@ -185,15 +178,14 @@ def kv_plan(cfg: ServeConfig, llm, slm) -> tuple[int, int | None]:
     max_length = min(context, cfg.max_model_len or context)
     if is_eager(cfg.engine):  # eager lanes: caches that grow as rows write, no pool
         return max_length, None
-    if llm.device.type != "cuda":
-        kv_tokens = cfg.max_batch * CPU_ROW_TOKENS
-    else:
-        from ..fast.kv_memory import kv_tokens_on_device
+    if llm.device.type != "cuda":  # "auto" runs eager lanes here, "fast" its CPU test path: nothing to report
+        return min(max_length, cfg.max_batch * CPU_ROW_TOKENS), cfg.max_batch * CPU_ROW_TOKENS
+    from ..fast.kv_memory import kv_tokens_on_device
 
-        try:
-            kv_tokens = kv_tokens_on_device(llm, slm, cfg.kv_memory)
-        except ValueError:  # layers no paged cache holds (kv_shapes): the fast engine will not run this pair
-            return max_length, None
+    try:
+        kv_tokens = kv_tokens_on_device(llm, slm, cfg.kv_memory)
+    except ValueError:  # layers no paged cache holds (kv_shapes): the fast engine will not run this pair
+        return max_length, None
     if kv_tokens < 1:
         raise ValueError(f"no GPU memory is left for KV blocks below --kv-memory {cfg.kv_memory} once the pair is "
                          "loaded; raise --kv-memory, or serve smaller models / a lower precision")
@@ -212,9 +204,10 @@ def build_engine(cfg: ServeConfig, llm, slm):
     if cfg.router:
         from ..router.policy import policy_from_router
 
-        policy = policy_from_router(cfg.router, slm)
+        policy = policy_from_router(cfg.router, slm, flag="--router")
     max_length, kv_tokens = kv_plan(cfg, llm, slm)
-    return RequestEngine(llm, slm, threshold=default_threshold(llm.generation_config, cfg.threshold), max_batch=cfg.max_batch, max_waiting=cfg.max_queue,
+    tau = default_threshold(llm.generation_config, cfg.threshold)
+    return RequestEngine(llm, slm, threshold=tau, max_batch=cfg.max_batch, max_waiting=cfg.max_queue,
                          policy=policy, engine=cfg.engine, max_length=max_length, schedule=cfg.schedule,
                          kv_tokens=kv_tokens, prefill_chunk=cfg.prefill_chunk or None)
 
