@@ -4,6 +4,7 @@ runs it (``python -m hf_rstitch``, offline)."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 
 import pytest
@@ -68,3 +69,46 @@ def test_export_hint_names_the_threshold_given(tmp_path):
     done = run("export-hub-template", str(tmp_path / "repo"), "--threshold", "0.005")
     assert done.returncode == 0, done.stderr
     assert "stitch_threshold=0.005" in done.stdout + done.stderr and "stitch_threshold=0.02" not in done.stdout
+
+
+@needs_pair
+@pytest.mark.slow  # eval in a fresh process on the shipped pair: ~15 s on 2 cores
+def test_eval_defaults_to_the_shipped_pair_and_reports_it_plainly(tmp_path):
+    """No --llm (as generate, serve, demo); the report names `shipped:llm`, not a path into this install;
+    transformers' assisted generation (SpecDec) adds no deprecation warning of its own call; a reduction of
+    tokens reads as a positive reduction."""
+    from hf_rstitch.toyworld.tasks import make_split
+
+    data = tmp_path / "two.jsonl"
+    data.write_text("".join(json.dumps({"id": r["id"], "problem": r["problem"], "answer": r["answer"]}) + "\n"
+                            for r in make_split("test", 2, seed=3)))
+    done = run("eval", "--data", str(data), "--methods", "llm", "specdec", "rstitch", "--thresholds", "0.02",
+               "--max-new-tokens", "300", "--out", str(tmp_path / "out"), "--no-plots", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "Passing `generation_config`" not in done.stderr, done.stderr
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "LLM `shipped:llm`, SLM `shipped:slm`" in report and "site-packages" not in report, report[:400]
+    run_meta = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run_meta["models"]["llm"]["name"] == "shipped:llm"
+    stitched = json.loads(done.stdout.strip().splitlines()[-1])["results"]["two"]["rstitch@0.02"]
+    assert stitched["token_reduction_pct"] > 0 and f"+{stitched['token_reduction_pct']:.2f}%" in report
+
+
+def test_budgets_read_in_points_with_the_right_number():
+    from hf_rstitch.eval.choose import SweepPoint, choose
+
+    points = [SweepPoint(0.01, 99.5, 0.1, 40, None, "rstitch")]
+    assert "within 1 point of" in choose(points, 100.0, max_drop=1).reason
+    assert "within 2 points of" in choose(points, 100.0, max_drop=2).reason
+
+
+def test_serve_says_nothing_of_a_kv_pool_where_eager_lanes_run(caplog):
+    import logging
+
+    from hf_rstitch.serve.config import ServeConfig, kv_plan
+    from tiny_models import make_pair
+
+    llm, slm = make_pair("llama")
+    with caplog.at_level(logging.INFO, logger="hf_rstitch"):
+        kv_plan(ServeConfig(engine="auto"), llm, slm)
+    assert "KV memory" not in caplog.text
