@@ -16,12 +16,13 @@ import torch
 
 import hf_rstitch  # noqa: F401  (registers stitched decoding on generate)
 from common import hub_available, load_models, marked, prompt_ids
+from hf_rstitch.hf.settings import DEFAULT_THRESHOLD
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problem", default="What is 17 * 23?")
-    parser.add_argument("--threshold", type=float, default=0.02, help="tau (the paper uses 0.02 - 0.03)")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="tau (the paper uses 0.02 - 0.03)")
     parser.add_argument("--max-new-tokens", type=int, default=4096)
     args = parser.parse_args(argv)
     if not hub_available():
