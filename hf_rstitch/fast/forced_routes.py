@@ -112,11 +112,14 @@ class ForcedEntropies:
         at, self._at = self._at, None
         if at is None:
             return None
-        b, k = logits.shape[0], logits.shape[1]
+        b, vocab = logits.shape[0], logits.shape[-1]
         if b > self.rows:
             raise ValueError(f"ForcedEntropies was built for {self.rows} rows but a forward runs {b}; build it with "
                              f"rows >= the largest batch (bucket) the lanes run.")
-        index = (self.offsets[:b, None] + at.expand(b, -1).clamp(max=self.positions - 1)).reshape(-1)  # [b * k]
+        flat = logits.reshape(b, -1, vocab)  # [b, k, V]: the kept columns
+        k = flat.shape[1]
+        index = (self.offsets[:b, None] + at.expand(b, k).clamp(0, self.positions - 1)).reshape(-1)  # [b * k]
         got = self.table.index_select(0, index).view(b, k, 2).to(logits.dtype)
-        out = logits * got[..., :1]  # [b, k, V]; the product stays: a forward reads its LM head as before
-        return out.scatter_add_(-1, self.tokens.index_select(0, index).view(b, k, 1), got[..., 1:])
+        out = flat * got[..., :1]  # the product stays: a forward reads its LM head as before
+        out.scatter_add_(-1, self.tokens.index_select(0, index).view(b, k, 1), got[..., 1:])
+        return out.view(logits.shape)
