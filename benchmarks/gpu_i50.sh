@@ -33,7 +33,7 @@ t0=$SECONDS
       --budget-s $((left - 15)) --tag _policies ${EXTRA:-}
     echo "engine_batched --pair $pair done at $((SECONDS - t0)) s"
   done
-} 2>&1 | tee "$OUT/run.log" | grep -v '^{' | cut -c1-300  # the full lines (JSON too) in run.log
+} 2>&1 | tee "$OUT/run.log" | grep --line-buffered -v '^{' | cut -c1-300  # the full lines (JSON too) in run.log
 rm -f "$OUT"/*.png  # at most 8 files come back; the figures redraw from the JSON
 python3 - "$OUT" <<'EOF'
 import json, sys
