@@ -100,3 +100,36 @@ def test_follow_refuses_more_routes_than_rows():
     llm, _ = make_pair("llama")
     with pytest.raises(ValueError, match="1 to 2 routes"):
         ForcedEntropies(llm, "llm", 2, 16, VOCAB).follow([["slm"]] * 3, 4)
+
+
+def _cuda_pair():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    def make(hidden, layers, seed):
+        torch.manual_seed(seed)
+        cfg = Qwen2Config(vocab_size=1024, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                          num_attention_heads=8, num_key_value_heads=2)
+        return Qwen2ForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+
+    return make(256, 3, 0), make(128, 2, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("engine", [FastConfig(), "auto"], ids=["graphs", "auto"])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_graphs_record_the_forcing(engine, rows):
+    """The hooks run inside the captured steps: replayed graphs follow the tables follow() fills later."""
+    llm, slm = _cuda_pair()
+    ids = torch.randint(0, 1024, (rows, 12), generator=torch.Generator().manual_seed(0)).cuda()
+    forced = [ForcedEntropies(m, role, 4, 128, 1024) for m, role in ((llm, "llm"), (slm, "slm"))]
+    for m in (llm, slm):
+        m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0
+    for first_seed in (0, 10):  # the second routes replay graphs captured under the first
+        routes = [route(60, 18, 4.0, seed=first_seed + s) for s in range(rows)]
+        for f in forced:
+            f.follow(routes, 12)
+        seq, roles = _run(llm, slm, ids, torch.ones_like(ids), EntropyPolicy(0.02), engine, 60)
+        assert roles == routes
+        replayed, _ = _run(llm, slm, ids, torch.ones_like(ids), ReplayPolicy(routes), engine, 60)
+        assert torch.equal(seq, replayed)
