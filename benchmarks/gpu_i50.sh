@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_i50.sh                    # one H200 (nvidia-h200), from the repository root
 #   EXTRA=--dry-run-cpu SCALE=0.02 VARIANT=graphs bash benchmarks/gpu_i50.sh   # tiny models on the CPU: checks it
 #
-# 0. the GPU test that the graphs record the forcing (tests/fast/test_forced_routes.py, B = 4).
+# 0. the GPU test that the graphs record the forcing (tests/fast/test_forced_routes.py, B = 4, FastConfig()).
 # 1. engine_shapes.py --fresh, B = 1: Qwen3-8B / 0.6B and Qwen2-7B / 1.5B, each pair in a fresh process with empty
 #    compile caches, under the entropy rule, the router (R-Stitch+, the stitched route) and a replay (the bound);
 #    the other rows of benchmarks/results/engine_shapes_<gpu>.json are kept (--merge, marked *).
@@ -22,9 +22,9 @@ t0=$SECONDS
 {
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__,
 "gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else None)'
-  # the forcing inside captured graphs (GPU tier test, 4 rows, FastConfig() and "auto"): ~1 min
+  # the forcing inside captured graphs (GPU tier test, 4 rows, FastConfig()): ~20 s
   timeout -k 10 150 python3 -m pytest -q -p no:cacheprovider tests/fast/test_forced_routes.py \
-    -k "record_the_forcing and 4" 2>&1 | tail -3
+    -k "record_the_forcing and 4-graphs" 2>&1 | tail -3
   gpu_json=$(ls benchmarks/results/engine_shapes_nvidia_h200.json 2>/dev/null)
   timeout -k 10 300 python3 benchmarks/engine_shapes.py --out-dir "$OUT" --fresh --budget-s 270 --scale "$SCALE" \
     --pairs qwen3-8b/qwen3-0.6b qwen2-7b/qwen2-1.5b --models --policies entropy router replay \
