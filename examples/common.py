@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import sys
 
+from hf_rstitch.toyworld.tasks import example_row
+
 HUB_LLM = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 HUB_SLM = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
-TOY_PROBLEM = "Zoe has 61 stickers. Then Zoe finds 23 more. Zoe gets 41 more stickers. How many stickers does Zoe have now?"  # test split, answer 125
+TOY_PROBLEM = example_row()["problem"]  # a held-out problem, the one `rstitch generate` asks by default
 
 
 def hub_available() -> bool:

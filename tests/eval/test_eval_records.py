@@ -115,6 +115,7 @@ def test_aggregate_by_hand():
     assert "| rstitch | 0.02 | 100.00 | 5.00 | 4.00× | 30.00 | 70.00 | 100.00 | +50.00% | 8.00 |" in tokens
 
 
+@pytest.mark.slow  # 6.2 s on 2 cores (pytest --durations)
 def test_report_only_retabulates_from_records(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "run"

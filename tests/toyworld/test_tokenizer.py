@@ -50,6 +50,19 @@ def test_the_shipped_tokenizer_is_the_built_one_token_for_token(tok):
 
 
 @pytest.mark.skipif(not assets_present(), reason="the shipped pair is not in this checkout")
+def test_stop_string_criteria_read_the_shipped_vocabulary():
+    from transformers import AutoTokenizer, StopStringCriteria
+
+    from hf_rstitch import shipped
+
+    tok = AutoTokenizer.from_pretrained(shipped("llm"))
+    ids = tok(" 84.", add_special_tokens=False, return_tensors="pt")["input_ids"]
+    stop = StopStringCriteria(tokenizer=tok, stop_strings=["84."])
+    assert stop(ids, None).tolist() == [True] and stop(ids[:, :-1], None).tolist() == [False]
+
+
+@pytest.mark.skipif(not assets_present(), reason="the shipped pair is not in this checkout")
+@pytest.mark.slow  # 3.9 s on 2 cores (pytest --durations)
 def test_stop_strings_work_on_the_shipped_pair_plain_and_stitched():
     """transformers' StopStringCriteria reads each token's text from the vocabulary (byte-level here)."""
     import torch
