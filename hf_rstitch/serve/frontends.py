@@ -102,13 +102,12 @@ class EngineProcess:
 
 
 def load_tokenizer(cfg):
+    """The LLM's tokenizer, from where :func:`~.config.load_models` loads the LLM (no weights)."""
     from transformers import AutoTokenizer
 
-    if cfg.llm:
-        return AutoTokenizer.from_pretrained(cfg.llm)
-    from ..resources import shipped
+    from ..resources import resolve
 
-    return AutoTokenizer.from_pretrained(str(shipped("llm")))
+    return AutoTokenizer.from_pretrained(resolve(cfg.llm or "shipped:llm"))
 
 
 def frontend_main(cfg, address: str, authkey: bytes, settings, sock: socket.socket, on_exit=None) -> None:
