@@ -11,6 +11,7 @@ the server logs the traceback of anything unexpected and keeps serving. Each bro
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
@@ -70,12 +71,10 @@ def app(llm: str | None = None, slm: str | None = None, router: str | None = Non
         inputs = [key, c["prompt"], c["threshold"], c["max_new_tokens"], c["mode"], c["seed"], c["router"], c["compare"]]
         outputs = [c[name] for name in ("message", "answer_slm", "clock_slm", "answer_llm", "clock_llm", "plot",
                                         "summary", "code")]
-        run_event = dict(fn=lambda *a: (yield from _on_run(pairs, *a)), inputs=inputs, outputs=outputs,
-                         concurrency_limit=4, show_progress="hidden")
-        c["run"].click(**run_event)
-        c["prompt"].submit(**run_event)
-        c["load"].click(lambda *a: _on_load(pairs, *a), inputs=[c["llm"], c["slm"]],
-                        outputs=[key, c["models_status"], c["threshold"], c["router"], c["prompt"]])
+        gr.on([c["run"].click, c["prompt"].submit], functools.partial(_on_run, pairs), inputs=inputs,
+              outputs=outputs, api_name="run", concurrency_limit=4, show_progress="hidden")
+        c["load"].click(functools.partial(_on_load, pairs), inputs=[c["llm"], c["slm"]],
+                        outputs=[key, c["models_status"], c["threshold"], c["router"], c["prompt"]], api_name="load_pair")
     return blocks
 
 

@@ -93,12 +93,15 @@ def load(llm: str | None = None, slm: str | None = None, router: str | None = No
     from ..cli.main import one_line
     from ..hf.loading import load_pair, resolve_device
     from ..resources import resolve
+    from ..sources import check_local_source
 
     if bool(llm) != bool(slm):
         raise PairError("give both an LLM and an SLM (--llm and --slm), or neither to use the shipped pair")
     llm_ref, slm_ref = (llm, slm) if llm else ("shipped:llm", "shipped:slm")
     shipped_pair = _is_shipped(llm_ref, "llm") and _is_shipped(slm_ref, "slm")
     try:
+        for flag, ref in (("LLM", llm_ref), ("SLM", slm_ref)):
+            check_local_source(resolve(ref), flag)
         models = load_pair(resolve(llm_ref), resolve(slm_ref), "auto", resolve_device("auto"))
     except (OSError, ValueError, ImportError) as err:
         raise PairError(f"cannot load the pair (LLM {llm_ref}, SLM {slm_ref}): {one_line(err)}") from err
