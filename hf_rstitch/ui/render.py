@@ -15,7 +15,8 @@ from typing import Any
 from ..core.roles import Role
 
 COLOURS = {Role.SLM: "#0e7490", Role.LLM: "#c026d3"}  # cyan / magenta, as `rstitch demo` prints them
-BACKGROUNDS = {Role.SLM: "#cffafe", Role.LLM: "#fae8ff"}
+BACKGROUNDS = {Role.SLM: "#cffafe", Role.LLM: "#f5d0fe"}
+WEIGHTS = {Role.SLM: 400, Role.LLM: 700}  # the LLM's tokens are few: bold, so they show
 WINDOW = 8  # tokens of context when decoding one token (spaces and multi-byte characters that span tokens)
 
 
@@ -38,7 +39,8 @@ def legend() -> str:
 
 def _style(role: Role, handover: bool = False) -> str:
     edge = f"border-left:2px solid {COLOURS[role]};" if handover else ""
-    return f"color:{COLOURS[role]};background:{BACKGROUNDS[role]};{edge}white-space:pre-wrap;border-radius:2px"
+    return (f"color:{COLOURS[role]};background:{BACKGROUNDS[role]};font-weight:{WEIGHTS[role]};{edge}"
+            "white-space:pre-wrap;border-radius:2px")
 
 
 def tokens_html(tokenizer, ids: list[int], roles: list[Role], pane: str) -> str:
@@ -71,7 +73,7 @@ def summary_rows(summary: dict[str, Any] | None) -> list[list[Any]]:
 
 
 def entropy_svg(slm: list[float | None], llm: list[float | None], threshold: float | None,
-                width: int = 640, height: int = 180) -> str:
+                width: int = 960, height: int = 190) -> str:
     """The SLM's and the LLM's normalized entropy per new token (dots; a model that did not run there has none)
     on a square-root scale from 0 to 1, and the threshold as a dashed line."""
     n = max(len(slm), len(llm), 1)
