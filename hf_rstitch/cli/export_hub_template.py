@@ -30,7 +30,8 @@ class ExportConfig:
     threshold: float | None = field(default=None, metadata={
         "help": "default tau: every generate through the template then stitches (stitch=False opts out)"})
     slm: str = field(default="", metadata={
-        "help": "SLM used when a call passes no assistant_model: a Hub id (or a folder on the machine that loads the repo)"})
+        "help": "SLM used when a call passes no assistant_model: a Hub id (or a folder on the machine that loads the "
+                "repo). With --space: the Space's SLM"})
     router: str = field(default="", metadata={"help": "default R-Stitch+ router, Hub id or folder (needs hf-rstitch where it runs)"})
     llm: str = field(default="", metadata={
         "help": "also save this LLM (Hub id, folder or shipped:llm) with its tokenizer into DIR: a model repo that "

@@ -50,6 +50,9 @@ def free_port(host: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(UiConfig, args)
+    import os
+
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline by default: no usage report, no version check
     from ..ui import app
     from ..ui.pair import PairError
 

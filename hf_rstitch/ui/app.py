@@ -68,13 +68,15 @@ def app(llm: str | None = None, slm: str | None = None, router: str | None = Non
     with gr.Blocks(title=TITLE, analytics_enabled=False) as blocks:
         c = _layout(gr, first)
         key = gr.State((first.llm_ref, first.slm_ref))
-        inputs = [key, c["prompt"], c["threshold"], c["max_new_tokens"], c["mode"], c["seed"], c["router"], c["compare"]]
+        inputs = [key, *(c[name] for name in ("prompt", "threshold", "max_new_tokens", "mode", "seed", "router",
+                                              "compare"))]
         outputs = [c[name] for name in ("message", "answer_slm", "clock_slm", "answer_llm", "clock_llm", "plot",
                                         "summary", "code")]
         gr.on([c["run"].click, c["prompt"].submit], functools.partial(_on_run, pairs), inputs=inputs,
               outputs=outputs, api_name="run", concurrency_limit=4, show_progress="hidden")
         c["load"].click(functools.partial(_on_load, pairs), inputs=[c["llm"], c["slm"]],
-                        outputs=[key, c["models_status"], c["threshold"], c["router"], c["prompt"]], api_name="load_pair")
+                        outputs=[key, c["models_status"], c["threshold"], c["router"], c["prompt"]],
+                        api_name="load_pair")
     return blocks
 
 

@@ -28,7 +28,8 @@ def token_texts(tokenizer, ids: list[int]) -> list[str]:
         before = ids[max(0, i - WINDOW):i]
         head = tokenizer.decode(before, skip_special_tokens=True)
         full = tokenizer.decode(before + [ids[i]], skip_special_tokens=True)
-        texts.append(full[len(head):] if full.startswith(head) else tokenizer.decode([ids[i]], skip_special_tokens=True))
+        alone = full[len(head):] if full.startswith(head) else tokenizer.decode([ids[i]], skip_special_tokens=True)
+        texts.append(alone)
     return texts
 
 

@@ -236,7 +236,8 @@ def _live(new: list[int], watch: Watch | None, seconds: float) -> Snapshot:
 
 
 def final(out, prompt_len: int, seconds: float, stitched: bool) -> Snapshot:
-    """The last snapshot, from ``generate``'s output: the trace's roles and entropies (stitched), or the LLM's tokens."""
+    """The last snapshot, from ``generate``'s output: the trace's roles and entropies (stitched), or the LLM's
+    tokens."""
     new = out.sequences[0, prompt_len:].tolist()
     if not stitched:
         return Snapshot(ids=new, roles=[Role.LLM] * len(new), slm_entropy=[None] * len(new),

@@ -56,7 +56,8 @@ def test_stream_ends_with_generates_tokens_and_the_watched_roles_are_the_traces(
     for snap in snaps[:-1]:  # live: a prefix of the final answer, coloured as the trace colours it
         n = len(snap.ids)
         assert snap.ids == ids[:n] and snap.roles == trace.roles[:n]
-        assert snap.slm_entropy == pytest.approx(last.slm_entropy[:n]) and snap.llm_entropy == pytest.approx(last.llm_entropy[:n])
+        assert snap.slm_entropy == pytest.approx(last.slm_entropy[:n])
+        assert snap.llm_entropy == pytest.approx(last.llm_entropy[:n])
     if tau == 1.0:
         assert set(last.roles) == {Role.SLM}
 

@@ -87,7 +87,8 @@ def test_the_spaces_app_serves_from_a_venv_with_only_its_requirements(tmp_path):
     pytest.importorskip("gradio_client")
     space = export_space(tmp_path / "space")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
+                   timeout=300)
     python = str(venv / "bin" / "python")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", PIP_NO_INDEX="1")
