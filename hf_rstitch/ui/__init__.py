@@ -19,12 +19,12 @@ from typing import Any
 
 def app(llm: str | None = None, slm: str | None = None, router: str | None = None) -> Any:
     """The page as a ``gr.Blocks`` for a pair (default: the shipped one); see :func:`hf_rstitch.ui.app.app`."""
+    import importlib.util
+
     from ..extras import install_hint
 
-    try:
-        import gradio  # noqa: F401
-    except ImportError:
-        raise ImportError(f"the app needs Gradio: {install_hint('ui')}") from None
+    if importlib.util.find_spec("gradio") is None:
+        raise ImportError(f"the app needs Gradio: {install_hint('ui')}")
     from .app import app as build
 
     return build(llm, slm, router)

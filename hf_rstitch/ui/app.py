@@ -34,6 +34,8 @@ class Pairs:
     def __init__(self, first: Pair):
         self.loaded = {(first.llm_ref, first.slm_ref): first}
         self.lock = threading.Lock()
+        self.warm = threading.Lock()  # held by the one warm-up (:func:`_warm_up`)
+        self.warmed = False
 
     def get(self, llm: str, slm: str) -> Pair:
         key = (llm.strip(), slm.strip())
@@ -61,9 +63,9 @@ def app(llm: str | None = None, slm: str | None = None, router: str | None = Non
     Raises:
         PairError: the pair cannot load (the message says why); ``rstitch ui`` prints it and exits.
     """
+    first = load(llm, slm, router)  # before Gradio's import: a pair that cannot load fails in a second
     import gradio as gr
 
-    first = load(llm, slm, router)
     pairs = Pairs(first)
     with gr.Blocks(title=TITLE, analytics_enabled=False) as blocks:
         c = _layout(gr, first)
@@ -74,6 +76,7 @@ def app(llm: str | None = None, slm: str | None = None, router: str | None = Non
                                         "summary", "code")]
         gr.on([c["run"].click, c["prompt"].submit], functools.partial(_on_run, pairs), inputs=inputs,
               outputs=outputs, api_name="run", concurrency_limit=4, show_progress="hidden")
+        blocks.load(functools.partial(_warm_up, pairs, first, c["summary"]), api_name=False, show_progress="hidden")
         c["load"].click(functools.partial(_on_load, pairs), inputs=[c["llm"], c["slm"]],
                         outputs=[key, c["models_status"], c["threshold"], c["router"], c["prompt"]],
                         api_name="load_pair")
@@ -134,6 +137,21 @@ def _pair_line(pair: Pair) -> str:
     params = [sum(p.numel() for p in m.parameters()) / 1e6 for m in (pair.llm, pair.slm)]
     return (f"LLM <code>{pair.llm_ref}</code> ({params[0]:.1f}M), SLM <code>{pair.slm_ref}</code> ({params[1]:.1f}M) "
             f"on {pair.device}; default tau {pair.threshold:g}; {_router_info(pair)}")
+
+
+def _warm_up(pairs: Pairs, pair: Pair, table) -> None:
+    """When the first page opens: a 4-token run through the page's own path and the table's conversion, so the first
+    run the user starts imports nothing (on a busy 2-core machine the first run's first token came 5 s later than
+    the second's without it). The page is usable meanwhile."""
+    with pairs.warm:
+        if pairs.warmed:
+            return
+        pairs.warmed = True
+        try:
+            for outputs in _stream_page(pair, RunSettings("1 + 1 =", pair.threshold, 4).checked(), compare=False):
+                table.postprocess(outputs[6])
+        except Exception:  # noqa: BLE001  (a warm-up that fails costs the first run its imports, nothing else)
+            log.exception("rstitch ui: warm-up failed")
 
 
 def _on_load(pairs: Pairs, llm: str, slm: str):

@@ -43,11 +43,12 @@ def _wait_for(driver, css: str):
 
 
 def test_a_run_in_chromium_shows_both_colours_generates_text_and_the_plot(served, browser, tmp_path):
+    import torch
     from selenium.webdriver.common.by import By
 
     from hf_rstitch.toyworld.pair import load_test_split
     from hf_rstitch.ui.pair import load
-    from hf_rstitch.ui.run import RunSettings, stream
+    from hf_rstitch.ui.run import prompt_ids
 
     prompt = load_test_split()[0]["problem"]
     browser.get(served[0])
@@ -65,14 +66,17 @@ def test_a_run_in_chromium_shows_both_colours_generates_text_and_the_plot(served
     assert all(len(c) == 1 for c in colours.values()) and colours["slm"] != colours["llm"]
 
     pair = load()
-    last = list(stream(pair, RunSettings(prompt, pair.threshold, 400).checked()))[-1]  # the page's defaults
+    ids = prompt_ids(pair, prompt)
+    out = pair.llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=pair.slm, do_sample=False,
+                            stitch_threshold=pair.threshold, max_new_tokens=400)  # the page's defaults
+    new = out[0, ids.shape[1]:].tolist()
     shown = browser.execute_script("return arguments[0].textContent", answer)
-    assert shown == pair.tokenizer.decode(last.ids, skip_special_tokens=True)
+    assert shown == pair.tokenizer.decode(new, skip_special_tokens=True)
 
     plot = browser.find_element(By.CSS_SELECTOR, "#plot svg.entropy-plot")
     assert plot.size["width"] > 200 and plot.size["height"] > 50
     dots = plot.find_elements(By.CSS_SELECTOR, "circle")
-    assert len(dots) >= len(last.ids) and plot.find_elements(By.CSS_SELECTOR, "line.threshold")
+    assert len(dots) >= len(new) and plot.find_elements(By.CSS_SELECTOR, "line.threshold")
     assert "the LLM alone" in browser.find_element(By.CSS_SELECTOR, "#clock-stitch").text
 
     shot = tmp_path / "ui.png"

@@ -130,6 +130,15 @@ def test_a_model_that_cannot_load_is_a_message(tmp_path):
         load("shipped:llm", None)
 
 
+def test_rstitch_ui_with_a_pair_that_cannot_load_exits_with_the_message(tmp_path, capsys):
+    from hf_rstitch.cli.main import main
+
+    assert main(["ui", "--llm", str(tmp_path / "missing"), "--slm", "shipped:slm"]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert main(["ui", "--llm", "shipped:llm"]) == 2
+    assert "both --llm and --slm" in capsys.readouterr().err
+
+
 def test_a_pair_with_different_tokenizers_is_a_message(tmp_path):
     make_tokenizer().save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text((hf_rstitch.shipped("slm") / "config.json").read_text())
