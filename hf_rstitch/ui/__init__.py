@@ -7,7 +7,7 @@
     app().launch()                               # in Colab / Jupyter the page renders inline
 
 Modules: :mod:`.pair` loads the pair, :mod:`.run` streams one run (stitched, or the LLM alone), :mod:`.render`
-turns a snapshot into HTML / SVG, :mod:`.code` writes the reproducing ``generate`` call, :mod:`.app` is the page,
+turns a snapshot into HTML / SVG, :mod:`.code` writes the reproducing ``generate`` call, :mod:`.page` is the page,
 :mod:`.space` writes a Hugging Face Space that serves it. Needs Gradio (hf-rstitch's ``ui`` extra); importing this
 package does not import it, nor torch.
 """
@@ -18,14 +18,14 @@ from typing import Any
 
 
 def app(llm: str | None = None, slm: str | None = None, router: str | None = None) -> Any:
-    """The page as a ``gr.Blocks`` for a pair (default: the shipped one); see :func:`hf_rstitch.ui.app.app`."""
+    """The page as a ``gr.Blocks`` for a pair (default: the shipped one); see :func:`hf_rstitch.ui.page.app`."""
     import importlib.util
 
     from ..extras import install_hint
 
     if importlib.util.find_spec("gradio") is None:
         raise ImportError(f"the app needs Gradio: {install_hint('ui')}")
-    from .app import app as build
+    from .page import app as build
 
     return build(llm, slm, router)
 

@@ -1,6 +1,6 @@
 """The served page through gradio_client (the API a browser's events call): a run's answer is generate's, the LLM
 alone runs beside with the speed-up, bad input is a message and the app keeps serving, two clients at once each get
-their own answer (hf_rstitch/ui/app.py)."""
+their own answer (hf_rstitch/ui/page.py)."""
 
 import concurrent.futures
 
