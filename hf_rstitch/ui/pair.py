@@ -8,6 +8,8 @@ message the page shows; nothing here knows about Gradio.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,10 +40,25 @@ class Pair:
     router: str | None = None
     threshold: float = DEFAULT_THRESHOLD
     shipped: bool = field(default=False)
+    _first: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _called: bool = field(default=False, repr=False)
 
     @property
     def device(self):
         return next(self.llm.parameters()).device
+
+    @contextlib.contextmanager
+    def first_call(self):
+        """Runs on this pair take turns until one ``generate`` has finished: the first call sets each model up once
+        (``stitch_engine="auto"`` probes the fast engine's KV shape with one forward under a swapped attention
+        function, :func:`hf_rstitch.fast.kv_shapes.kv_shape`), and a forward of another run in between would go
+        through the swapped function. Later runs go at once."""
+        if self._called:
+            yield
+            return
+        with self._first:
+            yield
+            self._called = True
 
 
 def _is_shipped(ref: str, name: str) -> bool:

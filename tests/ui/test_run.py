@@ -70,6 +70,21 @@ def test_router_run_equals_generate_with_the_shipped_router(pair, problem):
 
 
 @pytest.mark.slow
+def test_two_runs_at_once_on_a_fresh_pair_each_equal_generate(problem):
+    """The pair's first generate sets the models up (the fast engine's KV-shape probe swaps a model's attention
+    function for one forward); a run started meanwhile must not see that (Pair.first_call)."""
+    import concurrent.futures
+
+    fresh = load()
+    settings = [RunSettings(problem, 0.001, 30).checked(), RunSettings("Tom has 3 pens and buys 4. How many?", 0.02,
+                                                                       30).checked()]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        lasts = list(pool.map(lambda s: list(stream(fresh, s))[-1], settings))
+    for last, s in zip(lasts, settings):
+        assert last.ids == reference(fresh, s)[0]
+
+
+@pytest.mark.slow
 def test_llm_alone_equals_plain_generate(pair, problem):
     settings = RunSettings(problem, 0.005, 40).checked()
     last = list(stream(pair, settings, stitched=False))[-1]
