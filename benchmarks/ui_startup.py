@@ -74,6 +74,16 @@ def served(url: str) -> bool:
         return False
 
 
+def _refused(driver) -> bool:
+    """Raise with the page's message when the run failed (else the wait would last until its time-out)."""
+    from selenium.webdriver.common.by import By
+
+    message = driver.find_element(By.CSS_SELECTOR, "#message").text
+    if message:
+        raise RuntimeError(f"the run failed in the page: {message}")
+    return False
+
+
 def one_run(driver) -> dict:
     """Press Run; seconds to the first token and to the end."""
     from selenium.webdriver.common.by import By
@@ -85,7 +95,8 @@ def one_run(driver) -> dict:
         wait(lambda: not driver.find_elements(By.CSS_SELECTOR, '#clock-stitch .clock[data-state="done"]'), 60)
     wait(lambda: driver.find_elements(By.CSS_SELECTOR, "#stitched .tok"), 120)
     first = time.perf_counter() - click
-    wait(lambda: driver.find_elements(By.CSS_SELECTOR, '#clock-stitch .clock[data-state="done"]'), 300)
+    wait(lambda: driver.find_elements(By.CSS_SELECTOR, '#clock-stitch .clock[data-state="done"]')
+         or _refused(driver), 300)
     return {"first_token_s": first, "done_s": time.perf_counter() - click}
 
 
