@@ -35,7 +35,7 @@ def token_texts(tokenizer, ids: list[int]) -> list[str]:
 
 def legend() -> str:
     return "".join(f'<span class="tok tok-{r}" style="{_style(r)}">{r.name}</span> ' for r in Role) + (
-        '<span style="font-size:0.85em">a boxed edge marks a hand-over</span>')
+        '<span style="font-size:0.85em">a bar at a token\'s left edge marks a hand-over</span>')
 
 
 def _style(role: Role, handover: bool = False) -> str:
