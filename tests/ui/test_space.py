@@ -33,7 +33,7 @@ def test_the_space_has_app_requirements_readme_and_the_package(tmp_path, capsys)
     assert (out / "requirements.txt").read_text().split() == list(REQUIREMENTS)
     compile((out / "app.py").read_text(), "app.py", "exec")
     assert "'shipped:llm', 'shipped:slm'" in (out / "app.py").read_text()
-    assert (out / "hf_rstitch" / "ui" / "app.py").is_file() and (out / "hf_rstitch" / "assets" / "pair").is_dir()
+    assert (out / "hf_rstitch" / "ui" / "page.py").is_file() and (out / "hf_rstitch" / "assets" / "pair").is_dir()
     assert not list(out.rglob("__pycache__"))
 
 
