@@ -12,13 +12,21 @@ nothing else. ``print(lane.plan)`` (or ``print(plan_for(llm, AUTO))`` before any
       attention    split (Triton, written slots only; steps build no mask)
       ...
 
+Per module (the ``module`` lines, :mod:`~hf_rstitch.fast.module_plan`): which fused kernel runs in a norm's, a decoder
+layer's or a router's place, or why the model's own code runs -- decided by a probe on random inputs
+(:mod:`~hf_rstitch.fast.probes`), never by the module's source text::
+
+      module       Qwen2RMSNorm x57 (norm): rms_norm kernel: probe equal (max abs err 0)
+      module       MyRMSNorm x5 (norm): model's own code: probe differs (max abs err 0.88)
+
 Three choices are only candidates here, settled when the lane is built because they need the model's
 weights or a run: the products keep cuBLAS for a shape and tier where it timed faster (the tuner), a layer
 folds only where :func:`~hf_rstitch.fast.patches.folds.foldable` approves it, and the rotation is deferred to
 the cache's store only for models that pass :func:`~hf_rstitch.fast.kernels.rope_store.defers_exactly`.
 
-What it does not do: build anything. It runs no forward and no kernel (the head size comes from the caller,
-or from :func:`~hf_rstitch.fast.kv_shapes.kv_shape`, which the lane runs anyway and keeps on the model).
+What it does not do: build anything. It runs no forward of the model and no kernel, only the modules' probes (the
+head size comes from the caller, or from :func:`~hf_rstitch.fast.kv_shapes.kv_shape`, which the lane runs anyway
+and keeps on the model).
 """
 
 from __future__ import annotations
