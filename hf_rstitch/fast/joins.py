@@ -2,8 +2,8 @@
 one step is prefilled together, in batched calls of the lane's join twin, not one one-row call each.
 
 A joining row must hold the keys and values of the shared columns the lane has read (``seen``) before the next
-step reads the last ones with every other row (:meth:`~hf_rstitch.fast.lane_rows.RowOps.add_rows`). The lane's
-join twin (:meth:`~hf_rstitch.fast.lane_rows.RowOps._joiner`: the same model in the same kernels and graphs,
+step reads the last ones with every other row (:meth:`~hf_rstitch.fast.lane.FastLane.add_rows`). The lane's
+join twin (:meth:`~hf_rstitch.fast.lane.FastLane.joiner`: the same model in the same kernels and graphs,
 :data:`JOIN_ROWS` cache rows) runs them in groups of up to that many rows -- left-padded among themselves, the
 columns that are padding in every row of a group skipped, rows of similar lengths grouped -- then each row's
 slots are copied into its cache row. A group runs as one call per length bucket (a prompt longer than the
@@ -31,7 +31,7 @@ def prefill_rows(lane, dst: list[int], ids: torch.Tensor, host: torch.Tensor) ->
     """Fill ``lane``'s cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (``host``: their mask, bool,
     on the CPU, left padding only). Returns the number of batched groups it ran. A row whose real columns all lie
     past ``seen`` (a lane that has not read the latest columns yet) has nothing to prefill: its slots are masked."""
-    joiner = lane._joiner()
+    joiner = lane.joiner()
     pads = left_padding(host).tolist()
     order = sorted((i for i in range(len(dst)) if pads[i] < ids.shape[1]), key=lambda i: pads[i])  # similar lengths
     # share a group: less padding read
@@ -70,7 +70,7 @@ class Stage:
             ids[i, width - len(p):], host[i, width - len(p):] = torch.tensor(p, dtype=torch.long), True
         self.ids = to_device(ids, joiner.device)
         joiner.reset()  # nothing read: the longest prompt starts at column 0
-        joiner._start(host)
+        joiner.start(host)
         self.tokens = 0  # tokens read so far (rows x columns, padding included)
 
     @property
@@ -82,9 +82,9 @@ class Stage:
         j = self.joiner
         if not self.done:
             cols = chunk_columns(budget, len(self.lengths), self.width - 1 - j.seen, j.config.max_bucket)
-            j._reserve(j.seen + cols)  # a paged joiner's blocks for the columns this chunk writes
+            j.reserve(j.seen + cols)  # a paged joiner's blocks for the columns this chunk writes
             with torch.no_grad():
-                j._run(self.ids[:, j.seen:j.seen + cols], False)
+                j.run(self.ids[:, j.seen:j.seen + cols], False)
             j.seen += cols
             self.tokens += cols * len(self.lengths)
         return self.done
@@ -107,10 +107,10 @@ def run_group(joiner, ids: torch.Tensor, host: torch.Tensor) -> None:
     batched catch-up from the first column that is real in some row (the padding columns before it count as
     read; the rows' own padding stays masked)."""
     joiner.reset()
-    joiner._start(host)
+    joiner.start(host)
     skip = min(left_padding(host).tolist())
     joiner.seen = skip
     joiner.cache.pos.fill_(skip)
-    joiner._reserve(ids.shape[1])  # a paged joiner takes its rows' blocks from its lane's pool (handed over after)
+    joiner.reserve(ids.shape[1])  # a paged joiner takes its rows' blocks from its lane's pool (handed over after)
     with torch.no_grad():
-        joiner._run(to_device(ids[:, skip:], joiner.device), False)
+        joiner.run(to_device(ids[:, skip:], joiner.device), False)
