@@ -37,8 +37,9 @@ The lane is one class whose parts are objects it owns, each with its own small i
 (:class:`~hf_rstitch.fast.lane_rows.LaneRows`: the cache, its rows' books, and the verbs rows leaving, joining,
 waiting and the shared columns moving), ``lane.kernels`` (:class:`~hf_rstitch.fast.lane_build.LaneKernels`: what
 runs in place of the model's code), ``lane.outputs`` (:class:`~hf_rstitch.fast.lane_outputs.ReadOut`: the read-out
-and its entropy and greedy tokens) and ``lane.ahead`` (:class:`~hf_rstitch.fast.lane_ahead.Ahead`: kernels built
-ahead); joining prompts are prefilled by a join twin (:mod:`hf_rstitch.fast.joins`).
+and its entropy and greedy tokens), ``lane.ahead`` (:class:`~hf_rstitch.fast.lane_ahead.Ahead`: kernels built
+ahead) and ``lane.joins`` (:class:`~hf_rstitch.fast.joins.Joins`: the join twin that prefills joining rows, and
+the stage of chunked joins).
 
 Which of these a lane runs is decided once, when it is built, by :func:`~hf_rstitch.fast.plan.plan_for`:
 ``lane.plan`` (printable) names every kernel and patch, and the lane builds what it names.
@@ -51,7 +52,6 @@ weight addresses, so replace no parameter tensors of a model while a lane for it
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 import time
 
@@ -119,11 +119,9 @@ class FastLane:
         self._views: dict[tuple, tuple] = {}  # (live rows, width, batch bucket) -> views of ids (_run_bucket)
         self.n_real = torch.ones((), dtype=torch.long, device=dev)  # real tokens in a padded bucket
         self.long_calls = 0  # calls of this generation longer than max_bucket (run as several bucket calls)
-        self.join_groups = 0  # batched groups that prefilled joining rows (.joins), over the lane's life
-        self._stage = None  # joining prompts read over several steps in the join twin (.joins.Stage)
-        self._join_lane = None  # a lane of the same model that prefills joining rows (joiner(), .joins)
         self._record_only = False  # warm_up: a bucket whose kernels an earlier bucket ran, recorded without a run
         self.outputs = ReadOut(dev, self.kv)
+        self.joins = joins.Joins(self)
         self.ahead = Ahead(self)
         self._build_steps(n_slots, max_rows)
 
@@ -154,6 +152,7 @@ class FastLane:
     valid = property(lambda self: self.kv.valid, doc="[rows, slots] False on left-padding slots.")
     n_pad = property(lambda self: self.kv.n_pad, doc="[rows] left-padding columns of each cache row.")
     row_moves = property(lambda self: self.kv.row_moves, doc="Cache rows moved down as finished rows left.")
+    join_groups = property(lambda self: self.joins.groups, doc="Batched groups that prefilled joining rows.")
     kv_blocks = property(lambda self: self.kv.kv_blocks, doc="Blocks of a paged cache as asked for.")
     kv_pool = property(lambda self: self.kv.pool, doc="The BlockPool of a paged cache; None: a static cache.")
     gemv_layers = property(lambda self: self.kernels.products, doc="The tuned products' (module, forward) pairs.")
@@ -166,6 +165,7 @@ class FastLane:
     _rotary_tables = property(lambda self: self.kernels.rotary_tables)
     _qk_norms = property(lambda self: self.kernels.qk_norms)
     _defer = property(lambda self: self.kernels.defer)
+    _join_lane = property(lambda self: self.joins.built)
 
     def _steps_signature(self, steps) -> str:
         return self.ahead.signature(steps)
@@ -236,7 +236,7 @@ class FastLane:
         self.kv.reset()
         self.long_calls = 0
         self.outputs.last = None
-        self._stage = None
+        self.joins.stage = None
 
     def warm_up(self, want_hidden: bool = False, batch_sizes=None) -> float:
         """Capture (and compile) the one-token step and every length bucket, for each batch bucket in
@@ -270,13 +270,13 @@ class FastLane:
         """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free cache
         rows. Their first ``seen`` columns are prefilled now, all the step's joining rows together (logits
         discarded, as :meth:`hf_rstitch.decode.Lane.add_rows`), in batched calls of the join twin
-        (:func:`hf_rstitch.fast.joins.prefill_rows`), or, with ``staged``, copied from these rows of the stage
+        (:meth:`hf_rstitch.fast.joins.Joins.prefill`), or, with ``staged``, copied from these rows of the stage
         (:meth:`stage_rows`, read to the end); the rest is read at the next :meth:`advance`."""
         def fill(free: list[int], host: torch.Tensor) -> None:
             if staged is None:
-                self.join_groups += joins.prefill_rows(self, free, seq[:, : self.seen], host[:, : self.seen])
+                self.joins.prefill(free, seq[:, : self.seen], host[:, : self.seen])
             else:
-                self._stage.copy_into(self, free, staged, seq.shape[1])
+                self.joins.stage.copy_into(self, free, staged, seq.shape[1])
 
         self.kv.add(seq, mask, fill)
 
@@ -292,42 +292,25 @@ class FastLane:
         """As :meth:`hf_rstitch.decode.Lane.hold_rows` (:meth:`~hf_rstitch.fast.lane_rows.LaneRows.hold`)."""
         self.kv.hold(index)
 
-    # ---- chunked joins: prompts read over several steps in the join twin before their rows join (.joins) -------
+    # ---- chunked joins: prompts read over several steps in the join twin before their rows join (lane.joins) ---
     @property
     def stage_room(self) -> int:
         """Prompts one stage holds (the join twin's rows)."""
-        return min(self.max_rows, joins.JOIN_ROWS)
+        return self.joins.room
 
     def stage_rows(self, prompts: list[list[int]]) -> None:
         """Lay out joining prompts (at most :attr:`stage_room`) in the join twin, to be read over several steps
         (:meth:`prefill_staged`) while the batch decodes; they join with ``add_rows(..., staged=...)``."""
-        if len(prompts) > self.stage_room:
-            raise ValueError(f"{self.role} FastLane stages {self.stage_room} prompts at once, got {len(prompts)}")
-        self._stage = joins.Stage(self.joiner(), prompts)
+        self.joins.stage_rows(prompts)
 
     def prefill_staged(self, budget: int) -> bool:
         """Read the staged prompts' next chunk (at most ``budget`` tokens, rows x columns); True once every
         prompt but its last token is read."""
-        return self._stage.advance(budget)
+        return self.joins.stage.advance(budget)
 
     def unstage(self) -> None:
         """Forget the stage (its rows joined, or its requests went back to waiting)."""
-        self._stage = None
-
-    def joiner(self) -> "FastLane":
-        """A lane of the same model and configuration with up to :data:`~hf_rstitch.fast.joins.JOIN_ROWS` rows
-        (built on first use, kept): it prefills joining rows. It shares this lane's products (no second copy of the
-        fused q/k/v weights) and the process's compiled pieces; its cache holds its rows (a paged lane's joiner draws
-        on this lane's pool and hands its blocks over)."""
-        if self._join_lane is None:
-            rows = min(self.max_rows, joins.JOIN_ROWS)
-            lane = type(self)(self.model, self.role, self.vocab, self.capacity,
-                              dataclasses.replace(self.config, gemv=False), max_rows=rows, kv_pool=self.kv_pool)
-            lane.kernels.products = self.kernels.products
-            lane.plan = dataclasses.replace(lane.plan, products=self.plan.products, gemv_tiers=self.plan.gemv_tiers,
-                                            fuse_qkv=self.plan.fuse_qkv, fuse_mlp=self.plan.fuse_mlp)
-            self._join_lane = lane
-        return self._join_lane
+        self.joins.stage = None
 
     # ---- steps ----------------------------------------------------------------------------------
     def start(self, mask: torch.Tensor) -> None:

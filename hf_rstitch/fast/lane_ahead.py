@@ -92,6 +92,7 @@ class Ahead:
         cache layer's shape (rows, heads, slots, head size), the read-out's width and the steps run."""
         lane = self.lane
         shapes = sorted({(tuple(p.shape), str(p.dtype)) for p in lane.model.parameters()})
-        plan = {**lane.plan.as_dict(), "windows": sorted({str(w) for w in lane.plan.windows})}
+        plan = {**lane.plan.as_dict(), "windows": sorted({str(w) for w in lane.plan.windows}),
+                "modules": sorted({str(line[:2] + line[3:]) for line in lane.plan.modules})}  # not their counts
         return json.dumps([type(lane.model).__name__, shapes, plan, repr(lane.config), list(lane.cache.keys[0].shape),
                            lane.vocab, steps], default=str)

@@ -124,8 +124,9 @@ class LaneRows:
         pads = left_padding(host).tolist()
         free = sorted(set(range(self.slots.max_rows)) - set(self.slots.slot))[:k]
         if len(free) < k:
-            raise ValueError(f"{self.role} FastLane holds {self.slots.max_rows} rows, {self.slots.n_live} are live: no "
-                             f"room for {k} more. Build the engine with FastEngine(max_batch=...) >= the largest batch.")
+            raise ValueError(f"{self.role} FastLane holds {self.slots.max_rows} rows, {self.slots.n_live} are live: "
+                             f"no room for {k} more. Build the engine with FastEngine(max_batch=...) >= the largest "
+                             "batch.")
         fill(free, host)
         dst = to_device(free, self.device)
         self.valid[dst] = True

@@ -105,7 +105,7 @@ class _Noted(torch.nn.Module):
 
     def forward(self, x):
         self.inputs.append(x)
-        self.outputs.append(self.linear(x))
+        self.outputs.append(type(self.linear).forward(self.linear, x))  # the linear's hooks do not run
         return self.outputs[-1]
 
 

@@ -10,7 +10,8 @@ of the two forms transformers ships for top-k softmax routing computes (:func:`f
   the sum, weights left in float32.
 
 Anything else (a bias, sigmoid or grouped scoring, jitter) keeps its code, the probe's reason in the plan; so do
-float64 models and devices where Triton does not run. The installed forward returns what the module returns: ``(logits, weights, ids)``.
+float64 models and devices where Triton does not run. The installed forward returns what the module returns:
+``(logits, weights, ids)``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.func import functional_call
 
 from .. import probes
 from ..kernels import moe_router
@@ -55,7 +55,7 @@ def _probe(kind: str, m: torch.nn.Module) -> probes.Verdict:
         return probes.Verdict(False, None, "no norm_topk_prob")
     normalize = m.norm_topk_prob if normalize is None else normalize
     want = probes.router_reference(x, params.get("weight", m.weight), m.top_k, normalize, float_weights)
-    got = functional_call(m, params, (x,))
+    got = probes.run_with(m, params, x)
     return probes.equal(tuple(got) if isinstance(got, (tuple, list)) else got, want)
 
 
