@@ -58,6 +58,7 @@ from ..decode.lane import left_padding
 from ..decode.step import to_device
 from .patches import experts, linears, regions
 from .kernels import rope_store
+from .capabilities import profile_scope
 from .buckets import bucket_for, kernel_class, round_up
 from .config import FastConfig, check_supported
 from .graphs import GraphRunner
@@ -105,7 +106,8 @@ class FastLane(Outputs, RowOps, Ahead, Build):
         n_slots = round_up(capacity + config.max_bucket, KV_CHUNK)  # padded writes stay inside; whole chunks
         self.n_pad = torch.zeros(max_rows, dtype=torch.long, device=dev)  # left-padding columns of each cache row
         self._build_cache(model, max_rows, n_slots, kv_blocks, kv_pool)
-        self.plan = plan = plan_for(model, config, max_rows, self.cache.head_dim)  # every kernel and patch it runs
+        with profile_scope(config.profile):  # the GPU features its kernels and patches may use (.capabilities)
+            self.plan = plan = plan_for(model, config, max_rows, self.cache.head_dim)  # every kernel and patch it runs
         if self.paged:
             self.cache.gather = not plan.mask_free  # the split kernel reads the blocks, eager attentions a copy
         if config.graphs is None and not plan.graphs:
@@ -127,7 +129,8 @@ class FastLane(Outputs, RowOps, Ahead, Build):
         self._join_lane = None  # a lane of the same model that prefills joining rows (lane_rows, .joins)
         self._read = None  # (logits, entropy, greedy) of the last read-out (_read_out)
         self._record_only = False  # warm_up: a bucket whose kernels an earlier bucket ran, recorded without a run
-        self._build_steps(plan, n_slots, max_rows)
+        with profile_scope(config.profile):
+            self._build_steps(plan, n_slots, max_rows)
 
     def _build_steps(self, plan: FastPlan, n_slots: int, max_rows: int) -> None:
         """The lane's steps as ``plan`` names them: kernels built ahead, tuned products, attention, experts,
@@ -260,6 +263,10 @@ class FastLane(Outputs, RowOps, Ahead, Build):
         self._slot_index = None
 
     def _run(self, new_ids: torch.Tensor, want_hidden: bool):
+        with profile_scope(self.config.profile):  # launches (and captures) decide their features now
+            return self._run_buckets(new_ids, want_hidden)
+
+    def _run_buckets(self, new_ids: torch.Tensor, want_hidden: bool):
         width, top = new_ids.shape[1], self.config.max_bucket
         if width > top:  # longer than any bucket: whole largest buckets first, then the rest
             self.long_calls += 1
