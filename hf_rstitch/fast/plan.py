@@ -33,7 +33,7 @@ from .buckets import bucket_sizes
 from .config import FastConfig
 from .kernels import decode_attention, gemv, rope_store, triton_support
 from .kv_shapes import kv_shape
-from .patches import experts, folds, products
+from .patches import experts, folds, products, regions
 from .rows import batch_sizes
 from .windows import layer_windows
 
@@ -67,6 +67,7 @@ class FastPlan:
     read_out: str  # "fused" (logits, entropy and greedy token in two kernels) or "eager"
     pdl: str  # programmatic dependent launch of the Triton kernels ("off", "one-row", "all")
     run_ahead: bool  # the loop may advance the lane a step early
+    compile_note: str | None = None  # why compile="parts" was not applied (regions.NOT_BIT_EQUAL), else None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -84,7 +85,7 @@ class FastPlan:
                        f"length buckets {lengths}"),
             ("compile", {None: "none", "parts": "parts (norm, rotary, gated activation; symbolic shapes)",
                          "decode": "decode (whole one-token steps)", "all": "all (whole steps, buckets too)"}
-             [self.compile]),
+             [self.compile] + (f" ({self.compile_note})" if self.compile_note else "")),
             ("attention", {"split": "split (Triton, written slots only" + ("; steps build no mask)" if self.mask_free
                                                                             else "; masked fallback)"),
                            "matmul": "matmul (chunked products over every slot)",
@@ -141,11 +142,13 @@ def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head
     kernels = products.kernels_run(model, config) and dtype in gemv.DTYPES  # float64 keeps cuBLAS
     partial = config.compile in (None, "parts")  # the step is not compiled whole
     rope = config.fuse_rope_store and partial and triton
-    add_norm = config.compile == "parts" and config.adds_with_norms
+    note = regions.why_not_parts(model) if config.compile == "parts" else None
+    compile = None if note else config.compile  # parts not shown equal for this model type: its own code
+    add_norm = compile == "parts" and config.adds_with_norms
     moe = experts.plan(model, config.experts, routers=config.fuse_router)
     return FastPlan(
         model=type(model).__name__, device=str(device), dtype=str(dtype), max_rows=max_rows, graphs=graphs,
-        batch_buckets=batch_sizes(max_rows), length_buckets=bucket_sizes(config.max_bucket), compile=config.compile,
+        batch_buckets=batch_sizes(max_rows), length_buckets=bucket_sizes(config.max_bucket), compile=compile,
         attention=attention,
         mask_free=attention == "split" and decode_attention.runs_for(head_dim, dtype, device),
         products="triton" if kernels else "cublas",
@@ -156,5 +159,5 @@ def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head
         windows=tuple(layer_windows(model.config)), experts=moe.kind, fuse_router=bool(moe.routers),
         read_out="fused" if device.type == "cuda" and triton and dtype != torch.float64 else "eager",
         pdl=triton_support.PDL if triton_support.pdl(device, 1) else "off",
-        run_ahead=graphs if config.run_ahead is None else config.run_ahead,
+        run_ahead=graphs if config.run_ahead is None else config.run_ahead, compile_note=note,
     )
