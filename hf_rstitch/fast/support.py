@@ -13,6 +13,8 @@ so it runs the fast engine only on what has been proven:
   while building lanes, capturing or compiling falls back to the eager engine, and later calls of that
   pair go there directly).
 
+A pair refused only for being outside the proven lists (an architecture or a GPU) is proven on the user's machine
+instead, on its first call (:mod:`.proof`; ``why_not_fast(..., proven=False)`` gives the refusals no proof lifts).
 Anything else runs the eager engine, the reason logged once (:func:`why_not_fast` says it).
 ``stitch_engine="fast"`` by name skips the proven lists: it tries any model the lanes can hold
 (:func:`~hf_rstitch.fast.config.check_supported`), and fails loudly where they cannot.
