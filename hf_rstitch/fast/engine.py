@@ -31,6 +31,7 @@ from ..decode.protocol import EagerEngine, LaneBuilder
 from .blocks import blocks_for
 from .lane import FastConfig, FastLane, check_supported
 from .plan import FastPlan
+from .proof import Proving, unproven
 from .support import why_not_fast
 
 log = logging.getLogger("hf_rstitch.fast")
@@ -176,8 +177,7 @@ def choose_engine(llm: PreTrainedModel, slm: PreTrainedModel, spec, batch: int =
     chosen = AUTO if no_triton is None else NO_TRITON
     reason = why_not_fast(llm, slm, batch)
     if reason is not None:  # unproven here: proven on this machine instead, where it can be (.proof)
-        from .proof import unproven
-        reason, chosen = unproven(llm, slm, batch, reason, chosen)
+        reason, chosen = unproven(llm, slm, batch, reason, chosen, engine_for)
     if reason is not None:
         _say(f"hf_rstitch: stitch_engine='auto' runs the eager engine: {reason}")
         return "default"
@@ -206,7 +206,7 @@ def fast_engine(llm, slm, spec, batch: int = 1, own: bool = False) -> LaneBuilde
     spec = choose_engine(llm, slm, spec, batch)
     if is_eager(spec):
         return spec if isinstance(spec, EagerEngine) else EagerEngine()
-    if isinstance(spec, FastEngine):
+    if isinstance(spec, (FastEngine, Proving)):
         return spec
     if isinstance(spec, str) and spec == "fast":
         spec = FastConfig()

@@ -36,7 +36,6 @@ import torch
 from ..core.roles import Role
 from ..decode.lane import Lane
 from . import proof_store, support
-from .engine import FastEngine, engine_for
 
 log = logging.getLogger("hf_rstitch.fast")
 ENV = "HF_RSTITCH_PROVE"  # "off" / "0": unproven pairs run the eager engine (no probe)
@@ -58,16 +57,17 @@ def enabled() -> bool:
     return os.environ.get(ENV, "on").strip().lower() not in ("0", "off", "false", "no")
 
 
-def unproven(llm, slm, batch: int, reason: str, config):
+def unproven(llm, slm, batch: int, reason: str, config, kept):
     """What ``"auto"`` does with a pair :func:`.support.why_not_fast` refused for ``reason``, for the fast
-    engine's ``config``: ``(reason, None)`` -- the eager engine (a refusal no probe lifts, ``HF_RSTITCH_PROVE=off``,
-    or a stored failed proof, its reason added) -- or ``(None, builder)``: the fast engine, ``builder`` a
-    :class:`Proving` engine that proves it on the first call, or ``config`` itself where a passed proof is stored."""
+    engine's ``config`` (``kept(llm, config)``: the fast engine kept on the LLM for it, made on first use):
+    ``(reason, None)`` -- the eager engine (a refusal no probe lifts, ``HF_RSTITCH_PROVE=off``, or a stored failed
+    proof, its reason added) -- or ``(None, chosen)``: the fast engine, ``chosen`` a :class:`Proving` builder that
+    proves it on the first call, or ``config`` itself where a passed proof is stored."""
     if not enabled() or support.why_not_fast(llm, slm, batch, proven=False) is not None:
         return reason, None
     record = proof_store.load(proof_store.key_for(llm, slm, config, llm.device))
     if record is None:
-        return None, Proving(config)
+        return None, Proving(config, kept)
     if record["passed"]:
         _say(f"hf_rstitch: stitch_engine='auto' runs the fast engine on this pair: proven on this machine "
              f"({record['date']}; rstitch env lists the proofs)")
@@ -75,18 +75,28 @@ def unproven(llm, slm, batch: int, reason: str, config):
     return f"{reason}; its proof on this machine failed ({record['reason']})", None
 
 
-class Proving(FastEngine):
-    """The engine kept on the LLM for ``config``, whose lanes prove themselves on their first ``advance`` (the
-    prompt's tokens) -- or at once on a synthetic prompt where the caller asks for paged lanes of its own (the
-    request engine). Its ``config`` names the kept engine (the fallback drops that engine by it)."""
+class Proving:
+    """The lane builder of an unproven pair: the lanes of the engine kept on the LLM for ``config``, which prove
+    themselves on their first ``advance`` (the prompt's tokens) -- or at once on a synthetic prompt where the caller
+    asks for paged lanes (the request engine, which cannot rerun a request). ``config`` names the kept engine (the
+    fallback drops that engine by it)."""
+
+    single_device = True
+
+    def __init__(self, config, kept):
+        self.config, self._kept = config, kept
+
+    def __repr__(self) -> str:
+        return f"Proving({self.config!r})"
 
     def lanes(self, llm, slm, vocab, batch_size, capacity, timing=False, kv_tokens=None) -> dict:
+        engine = self._kept(llm, self.config)
         if kv_tokens is not None:
-            built = super().lanes(llm, slm, vocab, batch_size, capacity, timing, kv_tokens)
+            built = engine.lanes(llm, slm, vocab, batch_size, capacity, timing, kv_tokens)
             ids = torch.arange(SYNTHETIC, device=llm.device).remainder(vocab).repeat(batch_size, 1)
             _settle(llm, slm, self.config, built, ids, torch.ones_like(ids))
             return built
-        built = engine_for(llm, self.config).lanes(llm, slm, vocab, batch_size, capacity, timing)
+        built = engine.lanes(llm, slm, vocab, batch_size, capacity, timing)
         state = _Pending(llm, slm, self.config, built)
         return {role: _ProvingLane(lane, state) for role, lane in built.items()}
 

@@ -100,7 +100,7 @@ def test_failed_proof_runs_eager_with_its_tokens_and_is_stored(monkeypatch, pert
     (record,) = proof_store.entries()
     assert record["passed"] is False and record["reason"].startswith("llm ")
     fresh_llm, fresh_slm = build_pair("llama")  # another process: no in-process memory, the stored failure decides
-    reason, chosen = proof.unproven(fresh_llm, fresh_slm, 3, "unproven here (test)", STATIC)
+    reason, chosen = proof.unproven(fresh_llm, fresh_slm, 3, "unproven (test)", STATIC, fast_engine.engine_for)
     assert chosen is None and "its proof on this machine failed (llm " in reason
 
 
@@ -119,7 +119,7 @@ def test_passed_proof_runs_fast_and_later_calls_skip_the_probe(monkeypatch):
     (record,) = proof_store.entries()
     assert record["passed"] and record["key"]["llm"] == ["qwen2", "torch.float32"]
     assert "qwen2/qwen2 float32" in proof_store.describe(record) and "passed" in proof_store.describe(record)
-    assert proof.unproven(llm, slm, 3, "unproven", STATIC) == (None, STATIC)
+    assert proof.unproven(llm, slm, 3, "unproven", STATIC, fast_engine.engine_for) == (None, STATIC)
     lines = env.proofs()  # what rstitch env prints
     assert list(lines) == ["fast engine proof 1"] and "passed" in lines["fast engine proof 1"]
 
@@ -127,9 +127,10 @@ def test_passed_proof_runs_fast_and_later_calls_skip_the_probe(monkeypatch):
 def test_off_and_hard_refusals_keep_the_eager_engine(monkeypatch):
     llm, slm = build_pair("llama")
     monkeypatch.setenv(proof.ENV, "off")
-    assert proof.unproven(llm, slm, 1, "why", STATIC) == ("why", None)
+    assert proof.unproven(llm, slm, 1, "why", STATIC, fast_engine.engine_for) == ("why", None)
     monkeypatch.delenv(proof.ENV)
-    assert proof.unproven(llm, slm, 1, "why", STATIC) == ("why", None)  # the CPU: no probe lifts "not on CUDA"
+    # the CPU: no probe lifts "not on CUDA"
+    assert proof.unproven(llm, slm, 1, "why", STATIC, fast_engine.engine_for) == ("why", None)
 
 
 def _write(folder, i):
