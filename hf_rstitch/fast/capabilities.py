@@ -114,7 +114,7 @@ def device_capability(device: torch.device | str) -> tuple[int, int] | None:
     """``device``'s compute capability as the fast engine may use it: the GPU's (or :func:`assume`'s), capped at
     :data:`GENERIC_CEILING` under the generic profile; None off CUDA."""
     assumed = _assumed.get()
-    device = torch.device(device)
+    device = torch.device(device) if isinstance(device, str) else device
     if assumed is None and device.type != "cuda":
         return None
     capability = assumed or tuple(torch.cuda.get_device_capability(device))
