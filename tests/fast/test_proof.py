@@ -50,7 +50,7 @@ def test_probe_passes_on_zoo_pairs(model_type):
 def perturbed(monkeypatch):
     """A test double: the fast lane's forwards add noise to the output of one decoder layer (layer 1)."""
     state = {"on": False}
-    forward = FastLane._forward
+    forward = FastLane.forward
 
     def noisy_forward(self, *args, **kwargs):
         state["on"] = True
@@ -66,7 +66,7 @@ def perturbed(monkeypatch):
         noisy = hidden + 0.5 * torch.randn(hidden.shape, generator=torch.Generator().manual_seed(1))
         return (noisy, *output[1:]) if isinstance(output, tuple) else noisy
 
-    monkeypatch.setattr(FastLane, "_forward", noisy_forward)
+    monkeypatch.setattr(FastLane, "forward", noisy_forward)
     return hook
 
 
