@@ -481,7 +481,9 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--tag", default="")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
+    lab.add_profile(ap)
     args = ap.parse_args()
+    args.suffix = lab.apply_profile(args.profile)  # before anything compiles; child processes inherit it
     triton_support.PDL = args.pdl
     global DECISIONS, DEVICE
     DECISIONS = args.decisions
@@ -512,7 +514,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
     pair = "" if args.pair == "qwen2" else f"_{args.pair.replace('-', '_')}"
-    stem = out_dir / f"engine_batched{pair}_{gpu}{args.tag}"
+    stem = out_dir / f"engine_batched{pair}_{gpu}{args.tag}{args.suffix}"
 
     def save():
         clean = {k: v for k, v in res.items() if k != "save"}

@@ -368,7 +368,9 @@ def main() -> None:
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
     ap.add_argument("--child", choices=["row", "pair"], help=argparse.SUPPRESS)
     ap.add_argument("--what", help=argparse.SUPPRESS)
+    lab.add_profile(ap)
     args = ap.parse_args()
+    args.suffix = lab.apply_profile(args.profile)  # before anything compiles; child processes inherit it
     if args.child:
         args.kind = args.child
         print(lab.CHILD_RESULT + json.dumps(child(args), default=str), flush=True)
@@ -425,7 +427,7 @@ def save(doc: dict, args) -> None:
     if doc["device"] is None:  # nothing ran yet
         doc = {**doc, "device": "unknown", "versions": {"torch": "?", "transformers": "?"}, "date": "?"}
     gpu = re.sub(r"[^a-z0-9]+", "_", doc["device"].lower()).strip("_")
-    lab.write_result(Path(args.out_dir) / f"engine_shapes_{gpu}", doc, markdown(doc))
+    lab.write_result(Path(args.out_dir) / f"engine_shapes_{gpu}{args.suffix}", doc, markdown(doc))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,26 @@ from hf_rstitch.latency.profiler import synchronize
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def add_profile(ap) -> None:
+    """The ``--profile`` flag: which GPU features the fast engine uses (:mod:`hf_rstitch.fast.capabilities`)."""
+    from hf_rstitch.fast import capabilities
+
+    ap.add_argument("--profile", default="native", choices=capabilities.PROFILES, help=(
+        "native: what this GPU has; generic: what an Ampere / Ada GPU gets (every Hopper-only feature off: "
+        "HF_RSTITCH_PROFILE=generic and Triton's DISABLE_MMA_V3=1 for this process and its children)"))
+
+
+def apply_profile(name: str) -> str:
+    """Set ``name``'s environment (before anything compiles; children inherit it); the result files' suffix."""
+    from hf_rstitch.fast import capabilities
+
+    if name == "native":
+        return ""
+    os.environ[capabilities.PROFILE_ENV] = name
+    os.environ.update(capabilities.triton_environment(name))
+    return f"_{name}"
+
+
 def sync(*devices: torch.device | str | None) -> None:
     """Wait for every named device (all of them: CUDA's current one when none is named)."""
     if not devices:

@@ -8,6 +8,8 @@ sampling). Per architecture it records
   tokens equal the eager engine's (``stitch_engine="default"``) in every case, any ``error``, and
   ``speedup_vs_eager``: ms a token of the eager engine / ms a token with ``"auto"`` (greedy, B = 1, 32 tokens,
   median of 3 after a warm call; tiny models, so this is the host cost a token; only where auto runs fast);
+* ``auto_near`` (where auto runs fast): ``"auto"`` at B = 3, greedy and sampled, at thresholds one float32 step
+  above and below entropies the eager engine saw (a fast engine that is not bit-equal flips a hand-over there);
 * ``fast_by_name``: the same cases on the fast engine named explicitly with auto's configuration (what
   ``"auto"`` would run were the architecture proven), to find what is provable
   (:data:`hf_rstitch.fast.support.PROVEN` is extended from these rows).
@@ -79,6 +81,8 @@ def run_arch(model_type: str, device: str) -> dict:
         row["reason"] = f"fell back: {failed}" if failed else support.why_not_fast(llm, slm, 3)
     if auto.get("error"):
         row["error"] = auto["error"]
+    if fast:
+        row["auto_near"] = _near(llm, slm, threshold, on_cuda)
     if auto["equal"] and fast:  # (where auto runs the eager engine both columns would time the same engine)
         eager_ms, auto_ms = (_ms_per_token(llm, slm, threshold, spec) for spec in ("default", None))
         row.update(ms_per_token={"eager": eager_ms, "auto": auto_ms}, speedup_vs_eager=round(eager_ms / auto_ms, 2))
@@ -103,6 +107,24 @@ def _compare(llm, slm, threshold, engine, eager) -> dict:
             return {"equal": False, "error": f"{case[0]} B={case[1]}: {type(err).__name__}: {_line(err)}"}
         if not (torch.equal(got.cpu(), want.cpu()) and got_roles == roles):
             out = {"equal": False, "differs": f"{case[0]} B={case[1]}"}
+    return out
+
+
+def _near(llm, slm, threshold, on_cuda: bool) -> dict:
+    """"auto" at B = 3, greedy and sampled, at thresholds one float32 step (CUDA; the CPU: the zoo suite's margin)
+    above and below entropies the eager engine saw: ``{"equal", "thresholds", "differs"?}``."""
+    import torch
+
+    from zoo_models import NEAR_CASES, near_thresholds, observed_entropies, stitched
+
+    out = {"equal": True, "thresholds": 0}
+    for decoding, batch in NEAR_CASES:
+        seen = observed_entropies(llm, slm, decoding, batch, threshold)
+        for t in near_thresholds(seen, None if on_cuda else 2e-6):
+            out["thresholds"] += 1
+            want, got = (stitched(llm, slm, decoding, batch, t, spec) for spec in ("default", None))
+            if not (torch.equal(got[0].cpu(), want[0].cpu()) and got[1] == want[1]):
+                return {**out, "equal": False, "differs": f"{decoding} B={batch} threshold {t!r}"}
     return out
 
 
@@ -250,6 +272,30 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gpu_families(proven) -> list[str]:
+    """docs/models.md's GPU section: what ``"auto"`` does on each GPU family (:mod:`hf_rstitch.fast.capabilities`)."""
+    from hf_rstitch.fast import capabilities
+
+    lines = ["## What each GPU gets", "",
+             "On a GPU of a proven compute capability the architectures marked **fast** run the fast engine at once. "
+             "On any other GPU the first `\"auto\"` call of a pair proves the fast engine on that machine: both "
+             "engines teacher-forced over the call's own prompt, their log-probabilities, entropies and most likely "
+             "tokens compared within the dtype's tolerance; passed, the fast engine from then on (the proof stored "
+             "under the Hugging Face cache: `rstitch env` lists it), failed, the eager engine "
+             "([The fast engine](fast-engine.md#every-gpu-which-features-run-where)). `HF_RSTITCH_PROVE=off` keeps "
+             "the eager engine on unproven GPUs. Features each GPU lacks are off with a working path below them; "
+             "every Triton kernel is compile-checked for each of these targets (`tools/kernel_targets.py`).", "",
+             "| GPU | compute capability | `\"auto\"` | GPU features the fast engine uses |", "|---|---|---|---|"]
+    for cap, name in sorted(capabilities.TARGETS.items()):
+        feats = [f for f, feature in capabilities.FEATURES.items() if feature.on(cap) and not
+                 feature.used_by.startswith("nothing")]
+        runs = "fast (proven)" if cap in proven else "fast after its proof on the machine"
+        if not capabilities.FEATURES["bfloat16"].on(cap):
+            runs += "; load models in float16 (no bfloat16)"
+        lines.append(f"| {name} | {cap[0]}.{cap[1]} | {runs} | {', '.join(feats) or 'none of the table'} |")
+    return lines + ["", "## Architectures", ""]
+
+
 def docs_table(doc: dict) -> str:
     """docs/models.md: the users' lookup table (what ``generate`` runs for a model_type on a GPU)."""
     from hf_rstitch.fast.support import PROVEN, PROVEN_CAPABILITIES
@@ -257,11 +303,13 @@ def docs_table(doc: dict) -> str:
     caps = ", ".join(f"{a}.{b}" for a, b in sorted(PROVEN_CAPABILITIES))
     lines = ["# Models: which engine runs yours", "",
              "A `generate` call that names no `stitch_engine` runs `\"auto\"`: the fast engine (static caches, CUDA "
-             "graphs) for the architectures below marked **fast**, on GPUs of compute capability " + caps + ", "
+             "graphs) for the architectures below marked **fast**, on GPUs of compute capability " + caps + " (on other "
+             "GPUs after a proof on the machine: below), "
              "and the eager engine for everything else, the reason logged once on the `hf_rstitch.fast` logger. "
              "Look your model up by its `config.model_type`. `stitch_engine=\"fast\"` tries the fast engine on "
              "any architecture it can hold (the *fast by name* column: its tokens against the eager engine's on "
              "tiny random pairs), and `stitch_engine=\"default\"` always runs the eager engine.", "",
+             *gpu_families(PROVEN_CAPABILITIES),
              f"Source: `benchmarks/zoo.py` on {doc['device']} (transformers {doc['transformers']}, torch "
              f"{doc['torch']}, {doc['date']}); the CPU half of the proof is `tests/zoo` (CI). Proven set: "
              "`hf_rstitch.fast.support.PROVEN`.", "",

@@ -320,3 +320,36 @@ def stitched(llm, slm, decoding: str, batch: int, threshold: float, engine, seed
                        return_dict_in_generate=True)
     traces = out.stitch if isinstance(out.stitch, list) else [out.stitch]
     return out.sequences, [[str(r) for r in t.roles] for t in traces]
+
+
+NEAR_CASES = (("greedy", 3), ("sample", 3))  # "auto" at thresholds next to observed entropies
+
+
+def observed_entropies(llm, slm, decoding: str, batch: int, threshold: float, seed: int = 0) -> list[float]:
+    """The SLM entropies the eager engine saw in one stitched ``generate`` of the suite (every row)."""
+    ids, mask = prompts(batch, llm.device)
+    torch.manual_seed(seed)
+    out = llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_threshold=threshold,
+                       stitch_engine="default", max_new_tokens=NEW_TOKENS, do_sample=decoding == "sample",
+                       return_dict_in_generate=True)
+    traces = out.stitch if isinstance(out.stitch, list) else [out.stitch]
+    return [h for t in traces for h in t.slm_entropies if h is not None]
+
+
+def near_thresholds(entropies: list[float], margin: float | None = None) -> list[float]:
+    """Thresholds just above and just below the first and the median of ``entropies`` (what the eager engine saw):
+    ``margin`` away, None: one float32 step (``torch.nextafter``). An engine whose entropy there differs by more
+    than that from the eager engine's hands over where the eager engine does not (or the reverse): a bit-equal
+    engine passes at one step, any other needs the margin it differs by."""
+    if not entropies:
+        return []
+    picked = sorted({entropies[0], sorted(entropies)[len(entropies) // 2]})
+    out = []
+    for h in picked:
+        value = torch.tensor(h, dtype=torch.float32)
+        for sign in (1.0, -1.0):
+            if margin is None:
+                out.append(float(torch.nextafter(value, torch.tensor(sign * float("inf")))))
+            else:
+                out.append(h + sign * margin)
+    return out

@@ -13,7 +13,8 @@ DESCRIPTION = HELP + "; paste its output into an issue."
 
 PACKAGES = ("torch", "transformers", "accelerate", "huggingface-hub", "tokenizers", "safetensors",
             "math-verify", "matplotlib", "datasets", "fastapi", "uvicorn", "ray", "triton")
-SETTINGS = ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "HF_HOME", "HF_RSTITCH_ENGINE", "CUDA_VISIBLE_DEVICES")
+SETTINGS = ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "HF_HOME", "HF_RSTITCH_ENGINE", "HF_RSTITCH_PROVE", "HF_RSTITCH_PROFILE",
+            "CUDA_VISIBLE_DEVICES")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +55,20 @@ def collect() -> dict[str, str]:
                               if cuda else "not available")
         info["torch CPU threads"] = f"{torch.get_num_threads()} (of {os.cpu_count()} cores)"
     info.update({name: os.environ.get(name, "(unset)") for name in SETTINGS})
+    if info["torch"] != "not installed":
+        info.update(proofs())
     return info
+
+
+def proofs() -> dict[str, str]:
+    """The fast engine's proofs stored on this machine (:mod:`hf_rstitch.fast.proof`), one line each."""
+    from ..fast import proof_store
+
+    where = proof_store.folder()
+    stored = proof_store.entries()
+    if not stored:
+        return {"fast engine proofs": f"none stored ({where or 'memory only: HF_RSTITCH_PROOFS=off'})"}
+    return {f"fast engine proof {i + 1}": proof_store.describe(record) for i, record in enumerate(stored)}
 
 
 def fast_plans(device: str = "auto", model: str = "shipped", dtype: str = "auto") -> dict:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
+from . import capabilities
 from .buckets import bucket_sizes
 from .patches import experts
 from . import windows
@@ -44,7 +45,7 @@ class FastConfig:
     fuse_add_norm: bool | None = None
     # MoE: the experts implementation the lane runs, "grouped_mm" / "batched_mm" (transformers') or "rstitch_gemv"
     # (decode-step kernels, .kernels.expert_gemv); None: rstitch_gemv on CUDA with Triton where the experts' layout
-    # allows, else grouped_mm for bfloat16 on CUDA from capability 9.0, batched_mm elsewhere (.experts)
+    # allows, else grouped_mm where the GPU has it (.capabilities), batched_mm elsewhere (.experts)
     experts: str | None = None
     # MoE routers of Qwen3-MoE's and Mixtral's form (softmax -> top-k -> renormalize) as two Triton kernels where
     # Triton runs (.patches.routers); False: the routers' own code
@@ -53,6 +54,9 @@ class FastConfig:
     # rows x capacity. The request engine always pages (its pool sized by its kv_tokens); generate() keeps the
     # static cache unless this is set (then the pool holds every row's capacity: same memory, same outputs)
     paged: bool = False
+    # which GPU features the lane uses (.capabilities): "native" (what the GPU has), "generic" (what an Ampere /
+    # Ada GPU gets: every Hopper-only feature off); None: $HF_RSTITCH_PROFILE, else native
+    profile: str | None = None
 
     def __post_init__(self):
         bucket_sizes(self.max_bucket)  # validates
@@ -64,6 +68,8 @@ class FastConfig:
             raise ValueError(f"fuse_add_norm=True fuses with compile='parts'; got compile={self.compile!r}")
         if self.experts not in (None, *experts.DISPATCHES):
             raise ValueError(f"experts must be None or one of {experts.DISPATCHES}, got {self.experts!r}")
+        if self.profile is not None:
+            capabilities.check_profile(self.profile)
         if self.attention not in (*ATTENTIONS, "split"):
             raise ValueError(f"attention must be one of {sorted((*ATTENTIONS, 'split'))}, got {self.attention!r}")
 
@@ -103,11 +109,9 @@ def windowed(config) -> bool:
 
 def dtype_refusal(model: PreTrainedModel) -> str | None:
     """Why ``model``'s dtype cannot run on its GPU (bfloat16 below compute capability 8.0); None when it can."""
-    if model.device.type != "cuda" or model.dtype != torch.bfloat16:
+    if model.device.type != "cuda" or model.dtype != torch.bfloat16 or capabilities.has("bfloat16", model.device):
         return None
     major, minor = torch.cuda.get_device_capability(model.device)
-    if (major, minor) >= (8, 0):
-        return None
     return (f"{type(model).__name__} is in bfloat16, which {torch.cuda.get_device_name(model.device)} (compute "
             f"capability {major}.{minor}) has no kernels for (bfloat16 needs 8.0 or newer); load the models with "
             "torch_dtype=torch.float16 (or float32)")

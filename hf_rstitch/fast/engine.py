@@ -31,6 +31,7 @@ from ..decode.protocol import EagerEngine, LaneBuilder
 from .blocks import blocks_for
 from .lane import FastConfig, FastLane, check_supported
 from .plan import FastPlan
+from .proof import Proving, unproven
 from .support import why_not_fast
 
 log = logging.getLogger("hf_rstitch.fast")
@@ -165,22 +166,25 @@ def why_not_triton() -> str | None:
 
 def choose_engine(llm: PreTrainedModel, slm: PreTrainedModel, spec, batch: int = 1):
     """``stitch_engine="auto"`` -> :data:`AUTO` where the fast engine runs the pair (proven there:
-    :func:`hf_rstitch.fast.support.why_not_fast`) and Triton runs,
+    :func:`hf_rstitch.fast.support.why_not_fast`, or on this machine: :func:`hf_rstitch.fast.proof.unproven`,
+    which may hand back an engine that proves the pair on its first call) and Triton runs,
     :data:`NO_TRITON` (graphs, no compile, no Triton kernels) where only Triton is missing, else
     ``"default"``; the reason for anything but :data:`AUTO` is logged at INFO (once per process, then at
     DEBUG). Any other spec is returned unchanged."""
     if not (isinstance(spec, str) and spec == "auto"):
         return spec
+    no_triton = why_not_triton()
+    chosen = AUTO if no_triton is None else NO_TRITON
     reason = why_not_fast(llm, slm, batch)
+    if reason is not None:  # unproven here: proven on this machine instead, where it can be (.proof)
+        reason, chosen = unproven(llm, slm, batch, reason, chosen, engine_for)
     if reason is not None:
         _say(f"hf_rstitch: stitch_engine='auto' runs the eager engine: {reason}")
         return "default"
-    reason = why_not_triton()
-    if reason is not None:
+    if no_triton is not None:
         _say(f"hf_rstitch: stitch_engine='auto' runs the fast engine without torch.compile or Triton kernels "
-             f"({NO_TRITON}): {reason}")
-        return NO_TRITON
-    return AUTO
+             f"({NO_TRITON}): {no_triton}")
+    return chosen
 
 
 def _say(message: str) -> None:
@@ -202,7 +206,7 @@ def fast_engine(llm, slm, spec, batch: int = 1, own: bool = False) -> LaneBuilde
     spec = choose_engine(llm, slm, spec, batch)
     if is_eager(spec):
         return spec if isinstance(spec, EagerEngine) else EagerEngine()
-    if isinstance(spec, FastEngine):
+    if isinstance(spec, (FastEngine, Proving)):
         return spec
     if isinstance(spec, str) and spec == "fast":
         spec = FastConfig()

@@ -60,6 +60,7 @@ from transformers import PreTrainedModel
 
 from ..core.roles import Role
 from . import joins
+from .capabilities import profile_scope
 from .buckets import bucket_for, kernel_class, round_up
 from .config import FastConfig, check_supported
 from .graphs import GraphRunner
@@ -106,7 +107,8 @@ class FastLane:
         n_slots = round_up(capacity + config.max_bucket, KV_CHUNK)  # padded writes stay inside; whole chunks
         self.kv = LaneRows(model, role, capacity, max_rows, n_slots, config.paged, kv_blocks, kv_pool)
         self.cache, self.rows, self.paged = self.kv.cache, self.kv.slots, self.kv.paged
-        self.plan = plan = plan_for(model, config, max_rows, self.cache.head_dim)  # every kernel and patch it runs
+        with profile_scope(config.profile):  # the GPU features its kernels and patches may use (.capabilities)
+            self.plan = plan = plan_for(model, config, max_rows, self.cache.head_dim)  # every kernel and patch it runs
         if self.paged:
             self.cache.gather = not plan.mask_free  # the split kernel reads the blocks, eager attentions a copy
         if config.graphs is None and not plan.graphs:
@@ -123,7 +125,8 @@ class FastLane:
         self.outputs = ReadOut(dev, self.kv)
         self.joins = joins.Joins(self)
         self.ahead = Ahead(self)
-        self._build_steps(n_slots, max_rows)
+        with profile_scope(config.profile):
+            self._build_steps(n_slots, max_rows)
 
     def _build_steps(self, n_slots: int, max_rows: int) -> None:
         """The lane's steps as its plan names them: kernels built ahead, tuned products, the kernels and patches in
@@ -324,6 +327,10 @@ class FastLane:
     def run(self, new_ids: torch.Tensor, want_hidden: bool):
         """Read ``new_ids`` ``[B, width]`` of the live rows: bucket calls of up to ``max_bucket`` tokens; returns the
         graph's logits and hidden state (or None) at the last token (in the graph's buffers)."""
+        with profile_scope(self.config.profile):  # launches (and captures) decide their features now
+            return self._run_buckets(new_ids, want_hidden)
+
+    def _run_buckets(self, new_ids: torch.Tensor, want_hidden: bool):
         width, top = new_ids.shape[1], self.config.max_bucket
         if width > top:  # longer than any bucket: whole largest buckets first, then the rest
             self.long_calls += 1

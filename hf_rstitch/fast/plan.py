@@ -78,6 +78,7 @@ class FastPlan:
     run_ahead: bool  # the loop may advance the lane a step early
     # per module class: the fused kernel that runs in its place, or why its own code runs (.module_plan)
     modules: tuple[ModuleChoice, ...] = ()
+    compile_note: str | None = None  # why compile="parts" was not applied (regions.NOT_BIT_EQUAL), else None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -96,7 +97,7 @@ class FastPlan:
                        f"length buckets {lengths}"),
             ("compile", {None: "none", "parts": "parts (norm, rotary, gated activation; symbolic shapes)",
                          "decode": "decode (whole one-token steps)", "all": "all (whole steps, buckets too)"}
-             [self.compile]),
+             [self.compile] + (f" ({self.compile_note})" if self.compile_note else "")),
             ("attention", {"split": "split (Triton, written slots only" + ("; steps build no mask)" if self.mask_free
                                                                             else "; masked fallback)"),
                            "matmul": "matmul (chunked products over every slot)",
@@ -153,12 +154,15 @@ def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head
     kernels = products.kernels_run(model, config) and dtype in gemv.DTYPES  # float64 keeps cuBLAS
     partial = config.compile in (None, "parts")  # the step is not compiled whole
     rope = config.fuse_rope_store and partial and triton
-    add_norm = config.compile == "parts" and config.adds_with_norms
+    note = regions.why_not_parts(model) if config.compile == "parts" else None
+    compile = None if note else config.compile  # parts not shown equal for this model type: its own code
+    config = dataclasses.replace(config, compile=None, fuse_add_norm=None) if note else config
+    add_norm = compile == "parts" and config.adds_with_norms
     moe = experts.plan(model, config.experts, routers=config.fuse_router)
     fold_norms = add_norm and kernels and config.fuse_qkv and config.fuse_mlp and folds.ENABLED
     return FastPlan(
         model=type(model).__name__, device=str(device), dtype=str(dtype), max_rows=max_rows, graphs=graphs,
-        batch_buckets=batch_sizes(max_rows), length_buckets=bucket_sizes(config.max_bucket), compile=config.compile,
+        batch_buckets=batch_sizes(max_rows), length_buckets=bucket_sizes(config.max_bucket), compile=compile,
         attention=attention,
         mask_free=attention == "split" and decode_attention.runs_for(head_dim, dtype, device),
         products="triton" if kernels else "cublas",
@@ -171,8 +175,9 @@ def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head
         pdl=triton_support.PDL if triton_support.pdl(device, 1) else "off",
         run_ahead=graphs if config.run_ahead is None else config.run_ahead,
         modules=choices(model, _norms_off(config, triton, dtype, device), None if add_norm else
-                        f"add + norm fusion off (compile={config.compile!r})", _routers_off(config, dtype, device),
+                        f"add + norm fusion off (compile={compile!r})", _routers_off(config, dtype, device),
                         fold_norms),
+        compile_note=note,
     )
 
 

@@ -13,6 +13,8 @@ so it runs the fast engine only on what has been proven:
   while building lanes, capturing or compiling falls back to the eager engine, and later calls of that
   pair go there directly).
 
+A pair refused only for being outside the proven lists (an architecture or a GPU) is proven on the user's machine
+instead, on its first call (:mod:`.proof`; ``why_not_fast(..., proven=False)`` gives the refusals no proof lifts).
 Anything else runs the eager engine, the reason logged once (:func:`why_not_fast` says it).
 ``stitch_engine="fast"`` by name skips the proven lists: it tries any model the lanes can hold
 (:func:`~hf_rstitch.fast.config.check_supported`), and fails loudly where they cannot.
@@ -50,27 +52,28 @@ PROVEN_CAPABILITIES = frozenset({(9, 0)})  # H100 / H200: where every fast-engin
 FAILED = "_rstitch_fast_failed"  # on the LLM: WeakKeyDictionary {slm: reason} of pairs that failed fast
 
 
-def why_not_fast(llm: PreTrainedModel, slm: PreTrainedModel, batch: int = 1) -> str | None:
-    """Why ``stitch_engine="auto"`` runs this pair on the eager engine, in one line; None: the fast engine."""
+def why_not_fast(llm: PreTrainedModel, slm: PreTrainedModel, batch: int = 1, proven: bool = True) -> str | None:
+    """Why ``stitch_engine="auto"`` runs this pair on the eager engine, in one line; None: the fast engine.
+    ``proven=False``: only the refusals no proof on this machine can lift (:mod:`.proof`), not the proven lists."""
     failed = failure(llm, slm)
     if failed is not None:
         return f"this pair failed on the fast engine earlier in this process ({failed})"
     for model, role in ((llm, Role.LLM), (slm, Role.SLM)):
-        reason = model_refusal(model, batch)
+        reason = model_refusal(model, batch, proven)
         if reason is not None:
             return f"the {role}{reason}"
     return None
 
 
-def model_refusal(model: PreTrainedModel, batch: int = 1) -> str | None:
+def model_refusal(model: PreTrainedModel, batch: int = 1, proven: bool = True) -> str | None:
     """Why one model of a pair does not run on the fast engine under ``"auto"`` (``": ..."`` or ``" is ..."``,
-    to follow its role); None when it does."""
+    to follow its role); None when it does. ``proven=False``: the proven lists are not asked."""
     try:
         check_supported(model, batch)
     except ValueError as err:
         return f": {err}"
     kind = getattr(model.config.get_text_config(), "model_type", None) or model.config.model_type
-    if kind not in PROVEN and model.config.model_type not in PROVEN:
+    if proven and kind not in PROVEN and model.config.model_type not in PROVEN:
         return (f" is of architecture {kind!r}, which the fast engine has not been proven equal on (proven: "
                 "hf_rstitch.fast.support.PROVEN, docs/models.md); stitch_engine='fast' tries it anyway")
     if is_sharded(model):
@@ -80,7 +83,7 @@ def model_refusal(model: PreTrainedModel, batch: int = 1) -> str | None:
     if model.device.type != "cuda":
         return f" is on {model.device}; the fast engine's graphs need CUDA"
     capability = torch.cuda.get_device_capability(model.device)
-    if capability not in PROVEN_CAPABILITIES:
+    if proven and capability not in PROVEN_CAPABILITIES:
         return (f" is on {torch.cuda.get_device_name(model.device)} (compute capability "
                 f"{capability[0]}.{capability[1]}), where the fast engine has not been proven (proven: "
                 f"{', '.join(f'{a}.{b}' for a, b in sorted(PROVEN_CAPABILITIES))}); stitch_engine='fast' tries it")

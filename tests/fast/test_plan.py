@@ -80,3 +80,19 @@ def test_env_prints_the_plans_of_the_shipped_pair():
 
     plans = fast_plans("cpu")
     assert set(plans) == {"llm", "slm"} and all(p.compile == "parts" and p.device == "cpu" for p in plans.values())
+
+
+def test_parts_stay_off_where_not_bit_equal():
+    """Model types whose compiled pieces differed from the eager engine (regions.NOT_BIT_EQUAL) plan no compile, with
+    the reason in the printed plan; the others keep compile="parts"."""
+    from hf_rstitch.fast.patches import regions
+    from zoo_models import build_pair
+
+    assert "granitemoe" in regions.NOT_BIT_EQUAL
+    llm, _ = build_pair("granitemoe")
+    plan = plan_for(llm, FastConfig(graphs=False, compile="parts"))
+    assert plan.compile is None and not plan.add_norm and "NOT_BIT_EQUAL" in plan.compile_note
+    assert "compile      none (granitemoe: compiled parts were not bit-equal" in str(plan)
+    assert plan_for(llm, FastConfig(graphs=False)).compile_note is None
+    llama, _ = build_pair("llama")
+    assert plan_for(llama, FastConfig(graphs=False, compile="parts")).compile == "parts"

@@ -10,7 +10,8 @@ import torch
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch.fast import engine as fast_engine
 from hf_rstitch.fast import support
-from zoo_models import CASES, build_pair, pick_threshold, stitched, zoo
+from zoo_models import (CASES, NEAR_CASES, build_pair, near_thresholds, observed_entropies, pick_threshold, stitched,
+                        zoo)
 
 CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs CUDA")]
@@ -33,6 +34,23 @@ def test_auto_runs_the_proven_architectures_fast_and_equal(model_type):
         assert torch.equal(got[0].cpu(), want[0].cpu()) and got[1] == want[1], (model_type, decoding, batch)
     assert support.failure(llm, slm) is None
     assert llm.__dict__.get(fast_engine.ATTRIBUTE), "auto kept its fast engine on the LLM"
+
+
+@pytest.mark.parametrize("model_type", _proven_here())
+def test_auto_at_thresholds_next_to_observed_entropies(model_type):
+    """B = 3, greedy and sampled, thresholds one float32 step above and below entropies the eager engine saw: a
+    compiled piece that is not bit-equal (granitemoe's, before regions.NOT_BIT_EQUAL) flips a hand-over here."""
+    overrides = {"sliding_window": None} if model_type == "mistral" else {}
+    llm, slm = (m.cuda() for m in build_pair(model_type, **overrides))
+    if support.why_not_fast(llm, slm, 3) is not None:
+        pytest.skip(support.why_not_fast(llm, slm, 3))
+    middle = pick_threshold(slm)
+    for decoding, batch in NEAR_CASES:
+        for threshold in near_thresholds(observed_entropies(llm, slm, decoding, batch, middle)):
+            want = stitched(llm, slm, decoding, batch, threshold, "default")
+            got = stitched(llm, slm, decoding, batch, threshold, None)
+            assert torch.equal(got[0].cpu(), want[0].cpu()) and got[1] == want[1], (model_type, decoding, threshold)
+    assert support.failure(llm, slm) is None
 
 
 def test_a_failing_capture_falls_back_to_the_eager_engine(monkeypatch, caplog):

@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import capabilities
 from . import expert_major
 from .triton_support import _triton, available
 
@@ -86,9 +87,7 @@ def why_not(module: torch.nn.Module) -> str | None:
 
 def fused(hidden_states: torch.Tensor) -> bool:
     """Whether transformers' ``grouped_mm`` runs its fused grouped GEMM here (bfloat16 on CUDA from capability 9.0)."""
-    device = hidden_states.device
-    return (device.type == "cuda" and hidden_states.dtype == torch.bfloat16
-            and torch.cuda.get_device_capability(device) >= (9, 0))
+    return hidden_states.dtype == torch.bfloat16 and capabilities.has("grouped_mm", hidden_states.device)
 
 
 def fallback(hidden_states: torch.Tensor):

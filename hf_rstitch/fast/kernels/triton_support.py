@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from .. import capabilities
 from ..graphs import capturing
 
 
@@ -60,11 +61,6 @@ PDL = "one-row"
 _PDL_MODES = ("off", "one-row", "all")
 
 
-@functools.lru_cache(maxsize=8)
-def _capability(device: torch.device) -> int:
-    return torch.cuda.get_device_capability(device)[0]
-
-
 @functools.lru_cache(maxsize=1)
 def _has_gdc() -> bool:
     """Triton has the grid-dependency intrinsics (``tl.extra.cuda.gdc_wait``; Triton 3.5 and later)."""
@@ -74,13 +70,14 @@ def _has_gdc() -> bool:
 
 def pdl(device: torch.device, rows: int) -> bool:
     """Whether a kernel launched now on ``device`` over ``rows`` rows of activations uses programmatic
-    dependent launch (:data:`PDL`): never off CUDA, under the interpreter, before compute capability 9, or
-    with a Triton that lacks the intrinsics (the kernels then build without them)."""
+    dependent launch (:data:`PDL`): never off CUDA, under the interpreter, where the GPU (or the profile) has no
+    ``"pdl"`` (:mod:`hf_rstitch.fast.capabilities`), or with a Triton that lacks the intrinsics (the kernels then
+    build without them)."""
     if PDL not in _PDL_MODES:
         raise ValueError(f"triton_support.PDL must be one of {list(_PDL_MODES)}, got {PDL!r}")
     if PDL == "off" or (PDL == "one-row" and rows != 1):
         return False
-    return device.type == "cuda" and not interpreted() and _has_gdc() and _capability(device) >= 9
+    return capabilities.has("pdl", device) and not interpreted() and _has_gdc()
 
 
 # Compiles of the tuner's candidates run in this many threads (Triton releases the interpreter lock while it

@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 from transformers import PreTrainedModel
 
+from .. import capabilities
 from ..kernels import expert_gemv
 from . import routers as moe_routers
 
@@ -76,8 +77,7 @@ def implementation(model: PreTrainedModel) -> str | None:
     if device.type == "cuda" and expert_gemv.available(device) and model.dtype != torch.float64 and not any(
             expert_gemv.why_not(m) for m in expert_modules(model)):
         return expert_gemv.NAME
-    fused = (device.type == "cuda" and model.dtype == torch.bfloat16
-             and torch.cuda.get_device_capability(device) >= (9, 0))
+    fused = model.dtype == torch.bfloat16 and capabilities.has("grouped_mm", device)
     return "grouped_mm" if fused else "batched_mm"
 
 

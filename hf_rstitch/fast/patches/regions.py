@@ -16,6 +16,10 @@ Where the piece computes Llama's RMSNorm (its probe agrees: :mod:`hf_rstitch.fas
 the SiLU gate and Triton runs, a hand-written kernel (:mod:`hf_rstitch.fast.kernels.norms`, :data:`KERNELS`) takes
 the compiled piece's place: no dynamo tracing for those models.
 
+Model types in :data:`NOT_BIT_EQUAL` run no pieces (their lanes' plans say ``compile none`` with the reason): their
+compiled pieces were seen to give other float32 values than the eager engine, where their uncompiled fast lanes
+give the eager engine's bit for bit.
+
 What it does not do: fuse across those pieces (residual adds stay eager kernels), or patch
 anything whose shape it does not recognise (models without ``*RMSNorm`` modules, a module-level
 ``apply_rotary_pos_emb`` or a ``gate_proj / up_proj / down_proj`` MLP with SiLU keep their code).
@@ -37,6 +41,11 @@ from .gated_mlp import silu_mlp
 from ..kernels import norms
 from ..kernels.rotary_modules import rotary_functions
 
+# model types whose lanes under compile="parts" were seen to differ from the eager engine in float32 while the same
+# lanes without it were bit-equal (GPU zoo run, "auto" at B = 3, a threshold between the two engines' first SLM
+# entropies: granitemoe 0.6308604 vs 0.6308584, H200): their lanes keep the model's code for these pieces. Extend it
+# from the zoo run's "auto" rows at thresholds next to observed entropies (benchmarks/zoo.py, zoo_<gpu>.json)
+NOT_BIT_EQUAL = frozenset({"granitemoe"})
 _COMPILED: dict = {}  # one compiled function per piece (and norm class), shared by every lane of the process
 EAGER: dict = {}  # pieces torch.compile failed on -> the reason; they run their eager code (see _compiled)
 log = logging.getLogger("hf_rstitch.fast")
@@ -91,6 +100,16 @@ def _compiled(key, fn):
 
         _COMPILED[key] = call
     return _COMPILED[key]
+
+
+def why_not_parts(model: torch.nn.Module) -> str | None:
+    """Why ``model``'s lanes run no compiled pieces (:data:`NOT_BIT_EQUAL`); None where they do."""
+    config = model.config
+    kind = getattr(config.get_text_config(), "model_type", None) or config.model_type
+    if kind in NOT_BIT_EQUAL or config.model_type in NOT_BIT_EQUAL:
+        return (f"{kind}: compiled parts were not bit-equal to the eager engine in float32 "
+                "(hf_rstitch.fast.patches.regions.NOT_BIT_EQUAL)")
+    return None
 
 
 def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
