@@ -4,6 +4,7 @@
 # on-machine proof's cost, and the zoo's "auto" rows at B = 3 with thresholds next to observed entropies.
 #
 #   bash benchmarks/gpu_i51.sh           # all of the above; results in $OUT/i51_results.tgz (+ run.log)
+#   TOTAL=520 ZOO_ONLY=llama,phi3 bash benchmarks/gpu_i51.sh   # a longer budget; the zoo over some model_types
 #   bash benchmarks/gpu_i51.sh targets   # only tools/kernel_targets.py, 16 compile threads (no GPU needed; ~5 min)
 #
 # Run from the repository root. Unpack with `tar xzf i51_results.tgz -C benchmarks/results`: engine_shapes_<gpu>
@@ -16,7 +17,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD:$PWD/benchmarks${PYT
 t0=$SECONDS
 W=$(mktemp -d /tmp/i51.XXXX)
 trap 'tar czf "$OUT/i51_results.tgz" -C "$W" . ; echo "results: $(ls "$W" | tr "\n" " ")"' EXIT
-left() { echo $((${1:-450} - (SECONDS - t0))); }
+left() { echo $((${TOTAL:-450} - (SECONDS - t0))); }  # TOTAL: the whole run's seconds
 step() {  # step NAME SECONDS COMMAND...: at most SECONDS (and what is left of the budget), output to NAME.log
   local name=$1 limit=$2; shift 2
   local budget; budget=$(left)
@@ -44,7 +45,7 @@ step batched_native 70 python3 benchmarks/engine_batched.py "${BATCHED[@]}" --ou
 step proof_cost 45 python3 benchmarks/proof_cost.py --out-dir "$W"
 zoo_budget=$(( $(left) - 15 ))
 step zoo $((zoo_budget + 10)) python3 benchmarks/zoo.py --device cuda --workers 8 --timeout 90 --budget "$zoo_budget" \
-  --out "$W/zoo_$gpu"
+  ${ZOO_ONLY:+--only "$ZOO_ONLY"} --out "$W/zoo_$gpu"
 python3 - "$W" <<'EOF'
 import glob, json, sys
 for path in sorted(glob.glob(sys.argv[1] + "/engine_shapes_*.json")):
