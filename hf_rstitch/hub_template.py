@@ -48,7 +48,7 @@ MODULES = (
     "engine/config.py",
     "engine/pair.py",
     "engine/kv_plan.py",
-    "engine/build.py",
+    "engine/engine.py",
     "hf/output.py",
     "hf/checks.py",
     "hf/placement.py",
@@ -245,7 +245,7 @@ def _splice(lines: list[str], replace: dict[int, tuple[int, str | None]]) -> str
 
 
 def _flattened(name: str, level: int, target: str) -> bool:
-    """Whether the relative import ``from {"." * level}{target}`` in module ``name`` (``"engine/build.py"``)
+    """Whether the relative import ``from {"." * level}{target}`` in module ``name`` (``"engine/engine.py"``)
     names a module of :data:`MODULES`."""
     parts = name.split("/")[:-1]
     parts = parts[:len(parts) - level + 1] if level > 1 else parts

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from ..lazy import lazy_names
 
-_LAZY = {"Choice": ".build", "Engine": ".build", "EngineConfig": ".config", "Pair": ".pair", "build": ".build",
-         "choose": ".build", "kv_plan": ".kv_plan"}
+_LAZY = {"Choice": ".engine", "Engine": ".engine", "EngineConfig": ".config", "Pair": ".pair", "build": ".engine",
+         "choose": ".engine"}
 
 __all__ = sorted(_LAZY)
 

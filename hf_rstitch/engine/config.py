@@ -4,7 +4,7 @@ Torch-free (the CLI configs import it: ``rstitch --help`` stays fast). ``ServeCo
 it whole (their ``engine`` field); the CLI turns its fields into flags (``--engine``, ``--max-batch``, ...)
 through :func:`hf_rstitch.cli.args.add_dataclass_args`, and :func:`embeds_engine` lets their Python API keep
 taking those fields flat (``ServeConfig(engine="fast", max_batch=4)``). Which engine the config runs is
-:func:`hf_rstitch.engine.choose`'s to say, how it is built :func:`hf_rstitch.engine.build`'s.
+:func:`hf_rstitch.engine.choose`'s to say, how it is built :func:`hf_rstitch.engine.engine`'s.
 """
 
 from __future__ import annotations
@@ -125,28 +125,32 @@ class EngineConfig:
 ALIASES = {"engine": "kind", "max_model_len": "max_length"}  # the flat names of ServeConfig / EvalConfig's fields
 
 
-def embeds_engine(cls):
+def embeds_engine(**defaults: Any):
     """Class decorator for a config dataclass whose ``engine`` field is an :class:`EngineConfig`: its constructor
     also takes the engine's fields flat (``engine="fast"`` the kind, ``max_batch=4``, ``max_model_len=40``, ...),
-    folded into ``engine``; reading ``cfg.max_batch`` reads ``cfg.engine.max_batch``."""
-    init, own = cls.__init__, {f.name for f in dataclasses.fields(cls)}
-    inner = {f.name for f in dataclasses.fields(EngineConfig)}
+    folded into ``engine`` over ``defaults``; reading ``cfg.max_batch`` reads ``cfg.engine.max_batch``."""
 
-    @functools.wraps(init)
-    def __init__(self, *args, engine=None, **kwargs):
-        flat = {ALIASES.get(k, k): kwargs.pop(k) for k in list(kwargs)
-                if k not in own and ALIASES.get(k, k) in inner}
-        if isinstance(engine, EngineConfig):
-            engine = dataclasses.replace(engine, **flat) if flat else engine
-        else:
-            engine = EngineConfig.of(engine, **flat)
-        init(self, *args, engine=engine, **kwargs)
+    def embed(cls):
+        init, own = cls.__init__, {f.name for f in dataclasses.fields(cls)}
+        inner = {f.name for f in dataclasses.fields(EngineConfig)}
 
-    def __getattr__(self, name):
-        engine = self.__dict__.get("engine")
-        if isinstance(engine, EngineConfig) and (name in inner or name in ALIASES and name != "engine"):
-            return getattr(engine, ALIASES.get(name, name))
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        @functools.wraps(init)
+        def __init__(self, *args, engine=None, **kwargs):
+            flat = {ALIASES.get(k, k): kwargs.pop(k) for k in list(kwargs)
+                    if k not in own and ALIASES.get(k, k) in inner}
+            if isinstance(engine, EngineConfig):
+                engine = dataclasses.replace(engine, **flat) if flat else engine
+            else:
+                engine = EngineConfig.of(engine, **{**defaults, **flat})
+            init(self, *args, engine=engine, **kwargs)
 
-    cls.__init__, cls.__getattr__ = __init__, __getattr__
-    return cls
+        def __getattr__(self, name):
+            engine = self.__dict__.get("engine")
+            if isinstance(engine, EngineConfig) and (name in inner or name in ALIASES and name != "engine"):
+                return getattr(engine, ALIASES.get(name, name))
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+        cls.__init__, cls.__getattr__ = __init__, __getattr__
+        return cls
+
+    return embed

@@ -10,7 +10,7 @@ for that configuration is kept on the LLM itself (``llm._rstitch_fast_engines``)
 ``generate`` calls on the same pair reuse its graphs, and it goes when the LLM goes (or with
 :func:`release`). ``stitch_engine="auto"`` (what a call naming no engine runs) uses it with
 :data:`AUTO` where it can, and the eager engine otherwise, logging why: which engine runs a pair, and how it is
-built, is :mod:`hf_rstitch.engine`'s (:func:`~hf_rstitch.engine.choose`, :func:`~hf_rstitch.engine.build`).
+built, is :mod:`hf_rstitch.engine`'s (:func:`~hf_rstitch.engine.choose`, :func:`~hf_rstitch.engine.engine`).
 
 The engine holds its models; drop it to free the caches and graphs.
 """
@@ -28,6 +28,7 @@ from ..core.roles import Role
 from .blocks import blocks_for
 from .lane import FastConfig, FastLane, check_supported
 from .plan import FastPlan
+from .support import why_not_fast  # noqa: F401  (what auto asks first: hf_rstitch.engine.choose reads it here)
 
 log = logging.getLogger("hf_rstitch.fast")
 # what stitch_engine="auto" runs: the shortest warm-up of the compiled variants, every graph a call can need

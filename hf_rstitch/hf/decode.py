@@ -2,7 +2,7 @@
 
 transformers prepares everything (generation config, logits processors with the sampling
 warpers, stopping criteria with EOS / max length) and then calls this function with the
-LLM as ``model``. It builds the pair's engine once (:func:`hf_rstitch.engine.build`), resolves the routing
+LLM as ``model``. It builds the pair's engine once (:func:`hf_rstitch.engine.engine`), resolves the routing
 policy and runs :func:`hf_rstitch.decode.stitch_loop` on that engine.
 """
 
@@ -15,7 +15,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from ..core.policies import EntropyPolicy, RoutingPolicy, checked
 from ..core.sampling import pad_vocab
 from ..decode.loop import stitch_loop
-from ..engine.build import Engine, build, restore_rng, rng_state
+from ..engine.engine import Engine, build, restore_rng, rng_state
 from ..engine.config import EngineConfig
 from ..engine.pair import Pair, logit_width
 from .checks import check_request, streamer_from_generate

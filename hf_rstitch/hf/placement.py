@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 
 from ..core.devices import devices, tp_mesh
 from ..core.roles import Role
-from ..engine.build import refuse_sharded
+from ..engine.engine import refuse_sharded
 
 _OFFLOAD = ("cpu", "disk")
 
@@ -41,7 +41,7 @@ def check_placement(
         input_ids: ``[B, T]`` the prompt; under tensor parallelism it must be the same on all ranks.
         do_sample: sampling is requested; under tensor parallelism every rank's RNG must agree.
         engine: the ``stitch_engine`` argument: a fast engine named runs single-device models only
-            (:func:`hf_rstitch.engine.build.refuse_sharded`; ``"auto"`` runs sharded models on the eager lanes).
+            (:func:`hf_rstitch.engine.engine.refuse_sharded`; ``"auto"`` runs sharded models on the eager lanes).
 
     Under tensor parallelism this makes one small collective (a fingerprint of the prompt and the
     sampling RNG, all-reduced over the LLM's mesh), so every rank must call ``generate``.

@@ -60,7 +60,7 @@ from ..decode.lane import checked_schedule
 from ..decode.loop import keep_ahead, run_ahead
 from ..decode.step import Routing, run_step, to_device
 from ..decode.step_values import receive_values, send_values
-from ..engine.build import Engine, build
+from ..engine.engine import Engine, build
 from ..engine.config import EngineConfig
 from ..engine.pair import Pair
 from .admission import Staging
@@ -75,7 +75,7 @@ HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every ro
 
 
 def request_config(cfg: EngineConfig, schedule: LLMSchedule | str | None = None) -> EngineConfig:
-    """``cfg`` for a request engine's lanes (:func:`hf_rstitch.engine.build` them, then ``RequestEngine(engine)``):
+    """``cfg`` for a request engine's lanes (:func:`hf_rstitch.engine.engine` them, then ``RequestEngine(engine)``):
     rows join and leave, and a schedule's held rows get :data:`HOLD_TRIM` spare columns."""
     held = parse_schedule(schedule) if isinstance(schedule, str) else schedule
     return dataclasses.replace(cfg, requests=True, spare_columns=HOLD_TRIM if held is not None else 0)
@@ -94,7 +94,7 @@ class RequestEngine(Columns, Preemption, Endings):
     """Serve many requests through one stitched batch (any device; the fast engine on CUDA by default).
 
     Args:
-        llm: the pair's built engine (:func:`hf_rstitch.engine.build` of a :func:`request_config`: ``rstitch
+        llm: the pair's built engine (:func:`hf_rstitch.engine.engine` of a :func:`request_config`: ``rstitch
             serve`` and ``rstitch eval`` build it once and hand it down; ``slm`` and the engine's settings below are
             then its own), or the LLM of the pair, with ``slm`` (shared tokenizer), as for ``generate``: the engine
             is built here from ``engine``, ``max_batch``, ``max_length``, ``kv_tokens``, ``paged`` and

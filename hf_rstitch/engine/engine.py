@@ -53,7 +53,7 @@ class Choice(NamedTuple):
 
 def choose(pair: Pair, cfg: EngineConfig) -> Choice:
     """The engine that runs ``pair`` under ``cfg``, and why (the rules: the module docstring)."""
-    from ..fast import FastConfig, engine, support  # here: the eager lanes run where the fast engine is not installed
+    from ..fast import FastConfig, engine  # here: the eager lanes run where the fast engine is not installed
 
     if cfg.builder is not None:
         return Choice(cfg.kind, f"the caller's own {type(cfg.builder).__name__}")
@@ -62,7 +62,7 @@ def choose(pair: Pair, cfg: EngineConfig) -> Choice:
     if cfg.kind == "fast":
         tuned = cfg.fast_like_auto and pair.device.type == "cuda"
         return Choice("fast", "named: stitch_engine='fast'", cfg.fast or (engine.AUTO if tuned else FastConfig()))
-    reason = support.why_not_fast(pair.llm, pair.slm, cfg.max_batch)
+    reason = engine.why_not_fast(pair.llm, pair.slm, cfg.max_batch)
     if reason is not None:
         _say(f"hf_rstitch: stitch_engine='auto' runs the eager engine: {reason}")
         return Choice("default", reason)
