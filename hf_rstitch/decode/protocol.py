@@ -74,7 +74,7 @@ class LaneProtocol(Protocol):
 @runtime_checkable
 class LaneBuilder(Protocol):
     """What builds a pair's lanes (an :class:`EagerEngine`, a :class:`~hf_rstitch.fast.FastEngine`);
-    :func:`hf_rstitch.engine.engine` picks one. ``single_device``: the lanes run only on a model on one device."""
+    :func:`hf_rstitch.engine.build` picks one. ``single_device``: the lanes run only on a model on one device."""
 
     single_device: bool
 

@@ -4,7 +4,7 @@ Torch-free (the CLI configs import it: ``rstitch --help`` stays fast). ``ServeCo
 it whole (their ``engine`` field); the CLI turns its fields into flags (``--engine``, ``--max-batch``, ...)
 through :func:`hf_rstitch.cli.args.add_dataclass_args`, and :func:`embeds_engine` lets their Python API keep
 taking those fields flat (``ServeConfig(engine="fast", max_batch=4)``). Which engine the config runs is
-:func:`hf_rstitch.engine.choose`'s to say, how it is built :func:`hf_rstitch.engine.engine`'s.
+:func:`hf_rstitch.engine.choose`'s to say, how it is built :func:`hf_rstitch.engine.build`'s.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENGINE_NAMES = ("default", "fast", "auto")
+HELD_COLUMNS = 32  # spare cache columns of a request engine whose schedule holds rows back (their padding grows)
 ENGINE_ENV = "HF_RSTITCH_ENGINE"
 
 
@@ -97,7 +98,7 @@ class EngineConfig:
                             "a FastConfig as fast=, an EagerEngine or FastEngine as builder= (EngineConfig.of does).")
         self.kind = engine_option(self.kind)
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
-            raise ValueError(f"--max-batch must be a positive integer, got {self.max_batch!r}")
+            raise ValueError(f"--max-batch must be >= 1, got {self.max_batch!r}")
         if self.max_length < 0:
             raise ValueError(f"--max-model-len must be >= 0 (0: the LLM's context window), got {self.max_length}")
         if self.kv_memory is not None and not 0 < self.kv_memory <= 1:
@@ -107,19 +108,23 @@ class EngineConfig:
         if self.prefill_chunk is None or self.prefill_chunk < 0:
             raise ValueError(f"--prefill-chunk must be >= 0 tokens (0: joins prefill whole), got {self.prefill_chunk}")
 
+    def for_requests(self, schedule=None) -> "EngineConfig":
+        """This config for a request engine's lanes (rows join and leave), with :data:`HELD_COLUMNS` spare columns
+        where ``schedule`` (``"now"``, ``"gather:K:M"``, a schedule object) holds rows back."""
+        from ..core.scheduling import Immediate, parse_schedule
+
+        held = parse_schedule(schedule) if schedule is None or isinstance(schedule, str) else schedule
+        return dataclasses.replace(self, requests=True, spare_columns=0 if isinstance(held, Immediate) else HELD_COLUMNS)
+
     @classmethod
     def of(cls, spec=None, **fields: Any) -> "EngineConfig":
         """The config of a ``stitch_engine`` spec: None or a name (``kind``), a FastConfig (``fast``), or a lane
         builder of the caller's own (``builder``: an EagerEngine, a FastEngine); ``fields`` as for the class."""
         if spec is None or isinstance(spec, str):
             return cls(kind=spec, **fields)
-        if type(spec).__name__ == "FastConfig":
-            return cls(kind="fast", fast=spec, **fields)
-        if callable(getattr(spec, "lanes", None)):
-            return cls(kind="default" if getattr(spec, "eager", False) is True else "fast", builder=spec, **fields)
-        raise ValueError(
-            f"stitch_engine must be None, 'auto', 'default', 'fast', a hf_rstitch.fast.FastConfig, a "
-            f"hf_rstitch.fast.FastEngine or a hf_rstitch.decode.EagerEngine, got {spec!r}.")
+        from .engine import spec_fields  # an object: torch is loaded already
+
+        return cls(**spec_fields(spec), **fields)
 
 
 ALIASES = {"engine": "kind", "max_model_len": "max_length"}  # the flat names of ServeConfig / EvalConfig's fields

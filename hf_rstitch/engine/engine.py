@@ -53,12 +53,12 @@ class Choice(NamedTuple):
 
 def choose(pair: Pair, cfg: EngineConfig) -> Choice:
     """The engine that runs ``pair`` under ``cfg``, and why (the rules: the module docstring)."""
-    from ..fast import FastConfig, engine  # here: the eager lanes run where the fast engine is not installed
-
     if cfg.builder is not None:
         return Choice(cfg.kind, f"the caller's own {type(cfg.builder).__name__}")
     if cfg.kind == "default":
         return Choice("default", "named: stitch_engine='default' (--engine default, $HF_RSTITCH_ENGINE=default)")
+    from ..fast import FastConfig, engine  # here: the eager lanes run where the fast engine is not installed
+
     if cfg.kind == "fast":
         tuned = cfg.fast_like_auto and pair.device.type == "cuda"
         return Choice("fast", "named: stitch_engine='fast'", cfg.fast or (engine.AUTO if tuned else FastConfig()))
@@ -72,6 +72,22 @@ def choose(pair: Pair, cfg: EngineConfig) -> Choice:
              f"({engine.NO_TRITON}): {reason}")
         return Choice("fast", reason, engine.NO_TRITON, True)
     return Choice("fast", "auto: proven on this architecture and GPU (hf_rstitch.fast.support)", engine.AUTO, True)
+
+
+def spec_fields(spec) -> dict:
+    """The :class:`EngineConfig` fields of a ``stitch_engine`` object: a FastConfig (``fast``) or a lane builder of
+    the caller's own (``builder``: an EagerEngine, a FastEngine)."""
+    if isinstance(spec, EagerEngine) or getattr(spec, "eager", False) is True:
+        return {"kind": "default", "builder": spec}
+    from ..fast import FastConfig
+
+    if isinstance(spec, FastConfig):
+        return {"kind": "fast", "fast": spec}
+    if callable(getattr(spec, "lanes", None)):  # a FastEngine, or a builder of the caller's own
+        return {"kind": "fast", "builder": spec}
+    raise ValueError(
+        f"stitch_engine must be None, 'auto', 'default', 'fast', a hf_rstitch.fast.FastConfig, a "
+        f"hf_rstitch.fast.FastEngine or a hf_rstitch.decode.EagerEngine, got {spec!r}.")
 
 
 def refuse_sharded(llm, slm, spec) -> None:
@@ -103,11 +119,11 @@ class Engine:
         self.pair, self.config, self.choice = pair, config, choice
         self.kind, self.reason = choice.kind, choice.reason
         self.max_length, self.kv_tokens = (config.max_length or None), None
-        self.builder = config.builder or _builder(pair, config, choice)
-        if config.requests and choice.kind == "fast":
+        if config.requests and choice.kind == "fast":  # sized before the lanes: the pools come out of free memory
             self.max_length, self.kv_tokens = kv_plan(pair, config)
         elif config.requests:
             self.max_length = None  # eager lanes: caches that grow as rows write
+        self.builder = config.builder or _builder(pair, config, choice)
 
     def __repr__(self) -> str:
         return f"Engine({self.kind}: {self.reason})"
@@ -177,7 +193,8 @@ def build(pair: Pair, cfg: EngineConfig) -> Engine:
     """The engine that runs ``pair`` under ``cfg`` (:func:`choose`), built: for requests (``cfg.requests``) or with
     ``cfg.warm_up`` its lanes are built and warmed up now, and where that fails under ``"auto"``, the eager
     engine is returned instead (:meth:`Engine.fall_back`)."""
-    engine = Engine(pair, cfg, choose(pair, cfg))
+    choice = choose(pair, cfg)
+    engine = Engine(pair, cfg, choice)
     if not (cfg.requests or cfg.warm_up):
         return engine  # generate: the lanes are built by the run, inside its fallback
     try:

@@ -1,6 +1,6 @@
 """How long a request the fast engine's request lanes hold, and how many tokens of KV memory each paged pool gets.
 
-Only :func:`hf_rstitch.engine.engine` calls :func:`kv_plan`, for the fast engine serving requests (the eager lanes
+Only :func:`hf_rstitch.engine.build` calls :func:`kv_plan`, for the fast engine serving requests (the eager lanes
 grow their caches as rows write and have no pool).
 """
 

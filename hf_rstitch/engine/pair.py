@@ -2,7 +2,7 @@
 
 :meth:`Pair.of` refuses what cannot be stitched (no SLM, not a causal LM, an encoder-decoder, special token ids
 that differ), each error naming the fix; the pair then carries the vocabulary both models may emit, the end and
-pad ids, its device and context window, which the engine (:func:`~hf_rstitch.engine.engine`), ``generate`` and
+pad ids, its device and context window, which the engine (:func:`~hf_rstitch.engine.build`), ``generate`` and
 the request engine read from here.
 """
 

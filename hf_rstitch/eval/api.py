@@ -121,17 +121,16 @@ def _run_methods(cfg: EvalConfig, llm, slm, tokenizer, problems, store: RecordSt
 
 
 def _engine(cfg: EvalConfig, llm: Any, slm: Any, tokenizer: Any, problems: list, batch_size: int):
-    """The engine every batched method shares, built once (:func:`hf_rstitch.engine.engine`): lanes and graphs for
+    """The engine every batched method shares, built once (:func:`hf_rstitch.engine.build`): lanes and graphs for
     ``batch_size`` rows of the longest prompt + ``max_new_tokens``, with ``--warmup`` every bucket captured now.
     The eager lanes at batch size 1 keep the per-sample ``generate`` path."""
     from ..engine import Pair, build
-    from ..serving.requests import request_config
     from .continuous import longest_request
 
     longest = longest_request(problems, tokenizer, cfg.instruction, cfg.chat_template, cfg.max_new_tokens)
     sizes = dataclasses.replace(cfg.engine, max_batch=batch_size, max_length=longest, kv_memory=None,
                                 warm_up=cfg.warmup)
-    return build(Pair.of(llm, slm), request_config(sizes, cfg.schedule))
+    return build(Pair.of(llm, slm), sizes.for_requests(cfg.schedule))
 
 
 def _report(cfg: EvalConfig, out: Path, records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,7 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
                    chat_template: bool = True, progress: bool = True, save_traces: bool = False) -> list[dict[str, Any]]:
     """Every engine-capable method on every problem not already in ``store``; the new records.
 
-    ``engine``: the pair's built engine (:func:`hf_rstitch.engine.engine`; ``rstitch eval`` builds it once, so one
+    ``engine``: the pair's built engine (:func:`hf_rstitch.engine.build`; ``rstitch eval`` builds it once, so one
     engine serves every method: lanes and graphs built once, and with ``--warmup`` captured before the first timed
     request); None: one built here, ``"auto"`` as everywhere else."""
     from hf_rstitch.serving import RequestEngine
@@ -71,10 +71,9 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
 def _auto_engine(method: Method, batch_size: int, longest: int, schedule: str):
     """``"auto"``'s engine for ``method``'s pair: ``batch_size`` rows of ``longest`` tokens."""
     from hf_rstitch.engine import EngineConfig, Pair, build
-    from hf_rstitch.serving.requests import request_config
 
     cfg = EngineConfig(max_batch=batch_size, max_length=longest, kv_memory=None, fast_like_auto=True)
-    return build(Pair.of(method.llm, method.slm), request_config(cfg, schedule))
+    return build(Pair.of(method.llm, method.slm), cfg.for_requests(schedule))
 
 
 def _request(prompt: list[int], s, eos: set[int], request_id: str, role):

@@ -10,7 +10,7 @@ for that configuration is kept on the LLM itself (``llm._rstitch_fast_engines``)
 ``generate`` calls on the same pair reuse its graphs, and it goes when the LLM goes (or with
 :func:`release`). ``stitch_engine="auto"`` (what a call naming no engine runs) uses it with
 :data:`AUTO` where it can, and the eager engine otherwise, logging why: which engine runs a pair, and how it is
-built, is :mod:`hf_rstitch.engine`'s (:func:`~hf_rstitch.engine.choose`, :func:`~hf_rstitch.engine.engine`).
+built, is :mod:`hf_rstitch.engine`'s (:func:`~hf_rstitch.engine.choose`, :func:`~hf_rstitch.engine.build`).
 
 The engine holds its models; drop it to free the caches and graphs.
 """

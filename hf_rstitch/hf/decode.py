@@ -2,7 +2,7 @@
 
 transformers prepares everything (generation config, logits processors with the sampling
 warpers, stopping criteria with EOS / max length) and then calls this function with the
-LLM as ``model``. It builds the pair's engine once (:func:`hf_rstitch.engine.engine`), resolves the routing
+LLM as ``model``. It builds the pair's engine once (:func:`hf_rstitch.engine.build`), resolves the routing
 policy and runs :func:`hf_rstitch.decode.stitch_loop` on that engine.
 """
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from ..core.devices import devices, tp_mesh
+from ..core.devices import describe, devices, is_sharded, tp_mesh  # noqa: F401  (describe, is_sharded: read from here too)
 from ..core.roles import Role
 from ..engine.engine import refuse_sharded
 

@@ -83,10 +83,8 @@ class ServeConfig:
             raise ValueError(f"--max-queue must be >= 0, got {self.max_queue}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
-        from ..core.scheduling import parse_schedule
-
         try:
-            parse_schedule(self.schedule)
+            self.engine = self.engine.for_requests(self.schedule)  # a server's engine serves requests
         except ValueError as e:
             raise ValueError(f"--schedule: {e}") from None
         if self.pin not in ("none", "llm", "slm"):
@@ -150,19 +148,18 @@ def load_models(cfg: ServeConfig):
 
 def build_engine(cfg: ServeConfig, llm, slm):
     """The request engine over the pair's engine, built once from ``cfg.engine`` (continuous batching,
-    ``cfg.engine.max_batch`` rows, KV memory from ``cfg.engine.kv_memory``: :func:`hf_rstitch.engine.engine`); with
+    ``cfg.engine.max_batch`` rows, KV memory from ``cfg.engine.kv_memory``: :func:`hf_rstitch.engine.build`); with
     ``cfg.router``, every request routes with that R-Stitch+ router."""
     from ..engine import Pair, build
-    from ..serving.requests import RequestEngine, request_config
+    from ..serving.requests import RequestEngine
 
     policy = None
     if cfg.router:
         from ..router.policy import policy_from_router
 
         policy = policy_from_router(cfg.router, slm)
-    engine = build(Pair.of(llm, slm), request_config(cfg.engine, cfg.schedule))
-    return RequestEngine(engine, threshold=cfg.threshold, max_waiting=cfg.max_queue, policy=policy,
-                         schedule=cfg.schedule)
+    return RequestEngine(build(Pair.of(llm, slm), cfg.engine), threshold=cfg.threshold, max_waiting=cfg.max_queue,
+                         policy=policy, schedule=cfg.schedule)
 
 
 def settings_for(cfg: ServeConfig, llm) -> Any:
@@ -188,7 +185,8 @@ def build_server(cfg: ServeConfig):
     from .app import create_app
 
     llm, slm, tok = load_models(cfg)
-    return create_app(build_engine(cfg, llm, slm), tok, settings_for(cfg, llm))
+    settings = settings_for(cfg, llm)
+    return create_app(build_engine(cfg, llm, slm), tok, settings)
 
 
 def is_loopback(host: str) -> bool:

@@ -42,7 +42,6 @@ are thread-safe; one thread calls ``step`` (a server's engine loop, or :meth:`ru
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import threading
 from collections import deque
@@ -55,13 +54,12 @@ from ..core.roles import Role
 from ..core.sampling import sample_one
 from ..core.scheduling import LLMSchedule
 from ..core.trace import StitchTrace
-from ..core.scheduling import parse_schedule
 from ..decode.lane import checked_schedule
 from ..decode.loop import keep_ahead, run_ahead
 from ..decode.step import Routing, run_step, to_device
 from ..decode.step_values import receive_values, send_values
 from ..engine.engine import Engine, build
-from ..engine.config import EngineConfig
+from ..engine.config import HELD_COLUMNS, EngineConfig
 from ..engine.pair import Pair
 from .admission import Staging
 from .columns import Columns
@@ -71,14 +69,7 @@ from .preemption import Preemption
 from .request_types import (FINISH_REASONS, Completion, Event, QueueFull, Request, RequestState,  # noqa: F401
                             RequestStatus, StepFailed, generator_for, prepare)
 
-HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
-
-
-def request_config(cfg: EngineConfig, schedule: LLMSchedule | str | None = None) -> EngineConfig:
-    """``cfg`` for a request engine's lanes (:func:`hf_rstitch.engine.engine` them, then ``RequestEngine(engine)``):
-    rows join and leave, and a schedule's held rows get :data:`HOLD_TRIM` spare columns."""
-    held = parse_schedule(schedule) if isinstance(schedule, str) else schedule
-    return dataclasses.replace(cfg, requests=True, spare_columns=HOLD_TRIM if held is not None else 0)
+HOLD_TRIM = HELD_COLUMNS  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
 
 
 def _build(llm, slm, spec, max_batch, max_length, schedule, prefill_chunk, kv_tokens, paged) -> Engine:
@@ -87,14 +78,14 @@ def _build(llm, slm, spec, max_batch, max_length, schedule, prefill_chunk, kv_to
     ``--kv-memory``)."""
     cfg = EngineConfig.of(spec, max_batch=max_batch, max_length=max_length, kv_memory=None, kv_tokens=kv_tokens,
                           paged=paged, prefill_chunk=prefill_chunk or 0)
-    return build(Pair.of(llm, slm), request_config(cfg, schedule))
+    return build(Pair.of(llm, slm), cfg.for_requests(schedule))
 
 
 class RequestEngine(Columns, Preemption, Endings):
     """Serve many requests through one stitched batch (any device; the fast engine on CUDA by default).
 
     Args:
-        llm: the pair's built engine (:func:`hf_rstitch.engine.engine` of a :func:`request_config`: ``rstitch
+        llm: the pair's built engine (:func:`hf_rstitch.engine.build` of an :meth:`~hf_rstitch.engine.EngineConfig.for_requests`: ``rstitch
             serve`` and ``rstitch eval`` build it once and hand it down; ``slm`` and the engine's settings below are
             then its own), or the LLM of the pair, with ``slm`` (shared tokenizer), as for ``generate``: the engine
             is built here from ``engine``, ``max_batch``, ``max_length``, ``kv_tokens``, ``paged`` and
@@ -142,7 +133,7 @@ class RequestEngine(Columns, Preemption, Endings):
         self.schedule = checked_schedule(schedule, self.llm, self.slm)
         if self.schedule is not None and cfg.spare_columns < HOLD_TRIM:
             raise ValueError(f"a schedule holds rows back, which needs {HOLD_TRIM} spare columns in the caches; build "
-                             "the engine with request_config(cfg, schedule) (hf_rstitch.serving.requests).")
+                             "the engine from EngineConfig.for_requests(schedule) (hf_rstitch.engine.config).")
         self.lanes, self.max_length = built.lanes(), built.max_length
         self.kv = budget_of(self.lanes.values())  # paged lanes: admission and preemption by free blocks
         self._staging = Staging.for_lanes(self.lanes, cfg.prefill_chunk or None)  # None: joins prefill whole

@@ -90,7 +90,8 @@ def test_serve_and_eval_configs_embed_the_engine_config_whole(monkeypatch):
     from hf_rstitch.serve.config import ServeConfig
 
     cfg = ServeConfig(engine="fast", max_batch=4, max_model_len=40)
-    assert cfg.engine == EngineConfig(kind="fast", max_batch=4, max_length=40) and cfg.max_batch == 4
+    assert cfg.engine == EngineConfig(kind="fast", max_batch=4, max_length=40, requests=True) and cfg.max_batch == 4
+    assert ServeConfig(schedule="gather:2:2").engine.spare_columns == 32  # held rows' padding
     assert EvalConfig(llm="a", slm="b", data=["x.jsonl"], engine="fast").engine.fast_like_auto
 
 
@@ -104,4 +105,4 @@ def test_the_cli_takes_the_engine_config_s_flags(monkeypatch):
                                       "--kv-tokens", "640", "--no-paged", "--prefill-chunk", "16"])
     cfg = dataclass_from_args(ServeConfig, args)
     assert cfg.engine == EngineConfig(kind="fast", max_batch=3, max_length=50, kv_tokens=640, paged=False,
-                                      prefill_chunk=16)
+                                      prefill_chunk=16, requests=True)
