@@ -89,7 +89,8 @@ class EagerEngine:
     """
 
     single_device = False  # DynamicCache lanes follow any device_map or tensor-parallel plan
-    eager = True  # hf_rstitch.engine.EngineConfig.of: a builder of the eager lanes
+    eager = True
+    engine_kind = "default"  # the engine a spec of this type names (hf_rstitch.engine.EngineConfig.of)
 
     def __init__(self, timing: bool = False):
         self.timing = timing

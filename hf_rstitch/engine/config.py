@@ -122,9 +122,13 @@ class EngineConfig:
         builder of the caller's own (``builder``: an EagerEngine, a FastEngine); ``fields`` as for the class."""
         if spec is None or isinstance(spec, str):
             return cls(kind=spec, **fields)
-        from .engine import spec_fields  # an object: torch is loaded already
-
-        return cls(**spec_fields(spec), **fields)
+        kind = getattr(spec, "engine_kind", None)  # EagerEngine, FastEngine, FastConfig: the engine each names
+        if kind not in ENGINE_NAMES:
+            raise ValueError(
+                f"stitch_engine must be None, 'auto', 'default', 'fast', a hf_rstitch.fast.FastConfig, a "
+                f"hf_rstitch.fast.FastEngine or a hf_rstitch.decode.EagerEngine, got {spec!r}.")
+        builds = callable(getattr(spec, "lanes", None))  # a lane builder of the caller's own, else a FastConfig
+        return cls(kind=kind, builder=spec if builds else None, fast=None if builds else spec, **fields)
 
 
 ALIASES = {"engine": "kind", "max_model_len": "max_length"}  # the flat names of ServeConfig / EvalConfig's fields

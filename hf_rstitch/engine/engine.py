@@ -74,22 +74,6 @@ def choose(pair: Pair, cfg: EngineConfig) -> Choice:
     return Choice("fast", "auto: proven on this architecture and GPU (hf_rstitch.fast.support)", engine.AUTO, True)
 
 
-def spec_fields(spec) -> dict:
-    """The :class:`EngineConfig` fields of a ``stitch_engine`` object: a FastConfig (``fast``) or a lane builder of
-    the caller's own (``builder``: an EagerEngine, a FastEngine)."""
-    if isinstance(spec, EagerEngine) or getattr(spec, "eager", False) is True:
-        return {"kind": "default", "builder": spec}
-    from ..fast import FastConfig
-
-    if isinstance(spec, FastConfig):
-        return {"kind": "fast", "fast": spec}
-    if callable(getattr(spec, "lanes", None)):  # a FastEngine, or a builder of the caller's own
-        return {"kind": "fast", "builder": spec}
-    raise ValueError(
-        f"stitch_engine must be None, 'auto', 'default', 'fast', a hf_rstitch.fast.FastConfig, a "
-        f"hf_rstitch.fast.FastEngine or a hf_rstitch.decode.EagerEngine, got {spec!r}.")
-
-
 def refuse_sharded(llm, slm, spec) -> None:
     """A fast engine the caller named runs single-device models only: a sharded model is refused here, naming the
     fix (``"auto"`` runs it on the eager lanes: :func:`~hf_rstitch.fast.support.why_not_fast` says so)."""

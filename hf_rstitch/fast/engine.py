@@ -56,6 +56,7 @@ class FastEngine:
     """
 
     single_device = True  # static caches and CUDA graphs on one device (hf.placement refuses sharded models)
+    engine_kind = "fast"  # the engine a spec of this type names (hf_rstitch.engine.EngineConfig.of)
 
     def __init__(self, config: FastConfig | None = None, capacity: int = 0, max_batch: int = 1,
                  capacity_step: int = 1024):
