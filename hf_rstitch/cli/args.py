@@ -38,6 +38,16 @@ def _base_type(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``(default: X)`` after an option's help, except where there is no value to show (``None``, ``""``) or
+    the help already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, "") or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _embedded(cls: type) -> list[tuple[type, Any]]:
     """(dataclass, the names of its fields to take) for each field of ``cls`` that embeds a config whole
     (``metadata={"embed": True}`` for every field of it, or a list of names)."""
@@ -52,7 +62,9 @@ def _dest(f: dataclasses.Field) -> str:
 
 def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, only: Any = True) -> None:
     """Add one option per field of dataclass ``cls`` (``only``: the names of the fields to add, True: all); a
-    field embedding a config whole adds that config's options (``metadata={"embed": True or [names]}``)."""
+    field embedding a config whole adds that config's options (``metadata={"embed": True or [names]}``); defaults
+    are shown as :class:`DefaultsHelpFormatter` does."""
+    parser.formatter_class = DefaultsHelpFormatter
     hints = typing.get_type_hints(cls)
     for inner, names in _embedded(cls):
         add_dataclass_args(parser, inner, names)

@@ -9,6 +9,7 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 
+from ..hf.settings import DEFAULT_THRESHOLD
 from .args import add_dataclass_args, dataclass_from_args
 
 NAME = "export-hub-template"
@@ -17,7 +18,7 @@ DESCRIPTION = (
     "Flattens hf-rstitch's decode path into DIR/custom_generate/generate.py and adds requirements.txt and a README "
     "tagged custom_generate. Push DIR to a Hub repo (e.g. `hf upload <org>/<repo> DIR`), then "
     "llm.generate(**inputs, custom_generate='<org>/<repo>', trust_remote_code=True, assistant_model=slm, "
-    "stitch_threshold=0.02) works with only torch and transformers installed. A local DIR works the same way."
+    f"stitch_threshold={DEFAULT_THRESHOLD}) works with only torch and transformers installed. A local DIR works the same way."
 )
 
 
@@ -57,8 +58,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"rstitch export-hub-template: error: {err}", file=sys.stderr)
         return 2
     what = "the LLM, " if cfg.llm else ""
+    tau = cfg.threshold if cfg.threshold is not None else DEFAULT_THRESHOLD
     print(f"wrote {what}{out}/custom_generate/generate.py, requirements.txt and README.md; "
           f"load it with llm.generate(..., custom_generate={str(out)!r}, trust_remote_code=True, assistant_model=slm, "
-          "stitch_threshold=0.02)" + (f" or AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)"
+          f"stitch_threshold={tau})" + (f" or AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)"
                                       if cfg.llm else "") + ", or push the folder to the Hub")
     return 0

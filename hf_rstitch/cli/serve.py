@@ -38,6 +38,9 @@ def _need(module: str, extra: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(ServeConfig, args)
+    from .preflight import preflight
+
+    preflight(sources={"--llm": cfg.llm, "--slm": cfg.slm, "--router": cfg.router})  # one line at once, not minutes
     if not all(_need(m, "serve") for m in ("fastapi", "uvicorn")):
         return 2
     if not is_loopback(cfg.host):

@@ -8,6 +8,7 @@ the request engine read from here.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from transformers import PreTrainedModel
@@ -55,12 +56,30 @@ def logit_width(model: PreTrainedModel) -> int:
     return int(model.config.get_text_config().vocab_size)
 
 
+_WIDTHS_SAID: set[tuple[int, int]] = set()  # (llm, slm) logit widths already logged in this process
+
+
+def shared_width(llm_width: int, slm_width: int) -> int:
+    """The logits both models emit: the narrower width. When the widths differ, says once (per pair of widths)
+    what is cut and why: the wider model's extra ids (embedding rows padded past the tokenizer, as Qwen's 7B and
+    1.5B differ) can never be stitched, since the other model cannot read or score them."""
+    width = min(llm_width, slm_width)
+    if llm_width != slm_width and (llm_width, slm_width) not in _WIDTHS_SAID:
+        _WIDTHS_SAID.add((llm_width, slm_width))
+        wider = "LLM" if llm_width > slm_width else "SLM"
+        logging.getLogger(__name__).warning(
+            "the LLM emits %d logits and the SLM %d: stitching uses the %d ids both emit and cuts the %s's logits "
+            "%d..%d (ids the other model cannot read; usually embedding rows padded past the tokenizer, never "
+            "written by it)", llm_width, slm_width, width, wider, width, max(llm_width, slm_width) - 1)
+    return width
+
+
 @dataclass(frozen=True, eq=False)
 class Pair:
     """Two models that stitch: ``llm`` and ``slm`` (one tokenizer), as :meth:`of` checked them.
 
     Attributes:
-        vocab: ids either model may emit (the narrower logit width).
+        vocab: ids either model may emit (the narrower logit width; a cut is logged once: :func:`shared_width`).
         eos: the LLM's end ids (``generation_config.eos_token_id``), a frozenset.
         pad_id: what rows that finished are padded with: the LLM's pad id, else its smallest end id, else 0.
     """
@@ -77,7 +96,7 @@ class Pair:
         eos = llm.generation_config.eos_token_id
         eos = frozenset([eos] if isinstance(eos, int) else (eos or []))
         pad = llm.generation_config.pad_token_id
-        return cls(llm, slm, min(logit_width(llm), logit_width(slm)), eos,
+        return cls(llm, slm, shared_width(logit_width(llm), logit_width(slm)), eos,
                    int(pad if pad is not None else min(eos, default=0)))
 
     @property

@@ -9,6 +9,17 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 
+def check_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+    """Refuse right padding: a stitched batch appends every row's tokens at the end, after its prompt."""
+    if attention_mask is None or attention_mask.ndim != 2 or input_ids.shape[0] < 2:
+        return
+    right = (attention_mask[:, -1] == 0).nonzero().flatten().tolist()
+    if right:
+        raise ValueError(
+            f"`attention_mask` is right-padded (row {right[0]} ends in padding); stitched batches need left padding, "
+            "every row's prompt ending at the last column: set tokenizer.padding_side = \"left\" before tokenizing.")
+
+
 def check_tokenizers(tokenizer, assistant_tokenizer) -> None:
     """If both tokenizers are passed they must be the same vocabulary."""
     if tokenizer is None or assistant_tokenizer is None or tokenizer is assistant_tokenizer:
@@ -23,6 +34,7 @@ def check_tokenizers(tokenizer, assistant_tokenizer) -> None:
 def check_request(input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict, vocab: int | None = None) -> None:
     """Prompt shape and ids, decoding mode, options and cache type this version supports."""
     _check_prompt(input_ids, model_kwargs, vocab)
+    check_padding(input_ids, model_kwargs.get("attention_mask"))
     _check_unsupported_options(config)
     if (config.num_beams or 1) > 1:
         raise ValueError("stitched decoding does not support beam search; set num_beams=1.")

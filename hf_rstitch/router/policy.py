@@ -135,10 +135,11 @@ def assign_rows(consults: list[Consult], traces: list) -> list[RowDecisions]:
     return out
 
 
-def policy_from_router(router, slm, threshold: float | None = None) -> RouterPolicy:
+def policy_from_router(router, slm, threshold: float | None = None, flag: str = "stitch_router") -> RouterPolicy:
     """``generate(stitch_router=...)`` glue: a greedy :class:`RouterPolicy` from a router object,
-    local folder or Hub id, checked against ``slm``; ``threshold`` defaults to the router's own."""
+    local folder or Hub id, checked against ``slm``; ``threshold`` defaults to the router's own. ``flag`` names
+    the argument in errors."""
     from .model import load_router
 
-    router = load_router(router, slm=slm)
+    router = load_router(router, slm=slm, flag=flag)
     return RouterPolicy(router, router.threshold if threshold is None else threshold)

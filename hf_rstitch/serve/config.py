@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.config import EngineConfig, embeds_engine
+from ..hf.settings import DEFAULT_THRESHOLD, default_threshold
 from .handover import STREAM_INTERVAL_S, STREAM_WRITES_PER_S
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -23,8 +24,9 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 class ServeConfig:
     llm: str = field(default="", metadata={"help": "LLM folder or Hub id (default: the shipped pair's LLM)"})
     slm: str = field(default="", metadata={"help": "SLM folder or Hub id (default: the shipped pair's SLM)"})
-    threshold: float = field(default=0.02, metadata={
-        "help": "default R-Stitch entropy threshold tau in [0, 1]; a request may set its own `stitch_threshold`"})
+    threshold: float | None = field(default=None, metadata={
+        "help": "R-Stitch entropy threshold tau in [0, 1] of a request that sets no `stitch_threshold`; default: the "
+                f"LLM's generation_config.stitch_threshold (rstitch tune --write-config), else {DEFAULT_THRESHOLD}"})
     router: str = field(default="", metadata={
         "help": "R-Stitch+ router (folder or Hub id, e.g. hf_rstitch/assets/router) instead of the threshold: it "
                 "routes every request with its own trained threshold, and requests may not set stitch_threshold"})
@@ -73,7 +75,7 @@ class ServeConfig:
     def __post_init__(self):
         from ..core.policies import check_threshold
 
-        self.threshold = check_threshold(self.threshold, "--threshold")
+        self.threshold = None if self.threshold is None else check_threshold(self.threshold, "--threshold")
         if bool(self.llm) != bool(self.slm):
             raise ValueError("pass both --llm and --slm, or neither (to serve the shipped pair)")
         for name in ("max_tokens", "replicas", "max_body_bytes"):
@@ -131,19 +133,12 @@ class ServeConfig:
 
 
 def load_models(cfg: ServeConfig):
-    """``(llm, slm, tokenizer)`` on ``cfg.device`` in eval mode."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """``(llm, slm, tokenizer)`` on ``cfg.device`` in eval mode (the shipped pair by default), through the one
+    loader, which reports a model that cannot load in one line at once."""
+    from ..hf.loading import load_pair
+    from ..resources import resolve
 
-    if not cfg.llm:  # the shipped pair
-        from ..hf.loading import load_pair
-        from ..resources import shipped
-
-        return load_pair(str(shipped("llm")), str(shipped("slm")), cfg.dtype, cfg.device)
-    dtype = getattr(torch, cfg.dtype)
-    llm = AutoModelForCausalLM.from_pretrained(cfg.llm, dtype=dtype).to(cfg.device).eval()
-    slm = AutoModelForCausalLM.from_pretrained(cfg.slm, dtype=dtype).to(cfg.device).eval()
-    return llm, slm, AutoTokenizer.from_pretrained(cfg.llm)
+    return load_pair(resolve(cfg.llm or "shipped:llm"), resolve(cfg.slm or "shipped:slm"), cfg.dtype, cfg.device)
 
 
 def build_engine(cfg: ServeConfig, llm, slm):
@@ -157,8 +152,9 @@ def build_engine(cfg: ServeConfig, llm, slm):
     if cfg.router:
         from ..router.policy import policy_from_router
 
-        policy = policy_from_router(cfg.router, slm)
-    return RequestEngine(build(Pair.of(llm, slm), cfg.engine), threshold=cfg.threshold, max_waiting=cfg.max_queue,
+        policy = policy_from_router(cfg.router, slm, flag="--router")
+    tau = default_threshold(llm.generation_config, cfg.threshold)
+    return RequestEngine(build(Pair.of(llm, slm), cfg.engine), threshold=tau, max_waiting=cfg.max_queue,
                          policy=policy, schedule=cfg.schedule)
 
 
@@ -174,7 +170,7 @@ def settings_for(cfg: ServeConfig, llm) -> Any:
         drain_timeout_s=cfg.drain_timeout, stream_interval_s=cfg.stream_interval,
         stream_writes_per_s=cfg.stream_writes_per_s, do_sample=bool(gen.do_sample),
         temperature=float(gen.temperature if gen.temperature is not None else 1.0),
-        top_p=float(gen.top_p if gen.top_p is not None else 1.0), threshold=None if cfg.router else cfg.threshold,
+        top_p=float(gen.top_p if gen.top_p is not None else 1.0), threshold=None if cfg.router else default_threshold(gen, cfg.threshold),
         router=cfg.router or None, pin=None if cfg.pin == "none" else cfg.pin)
 
 

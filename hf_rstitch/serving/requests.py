@@ -61,6 +61,7 @@ from ..decode.step_values import receive_values, send_values
 from ..engine.engine import Engine, build
 from ..engine.config import HELD_COLUMNS, EngineConfig
 from ..engine.pair import Pair
+from ..hf.settings import DEFAULT_THRESHOLD
 from .admission import Staging
 from .columns import Columns
 from .endings import Endings
@@ -120,7 +121,7 @@ class RequestEngine(Columns, Preemption, Endings):
             together. Lanes without stages (the eager engine's) always join whole.
     """
 
-    def __init__(self, llm, slm=None, threshold: float = 0.02, max_batch: int = 8, max_waiting: int | None = None,
+    def __init__(self, llm, slm=None, threshold: float = DEFAULT_THRESHOLD, max_batch: int = 8, max_waiting: int | None = None,
                  policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None,
                  prefill_chunk: int | None = None, kv_tokens: int | None = None, paged: bool = True):
         built = llm if isinstance(llm, Engine) else _build(llm, slm, engine, max_batch, max_length, schedule,

@@ -33,6 +33,7 @@ def test_rstitch_help_imports_neither_torch_nor_transformers():
     assert loaded_after(code) == []
 
 
+@pytest.mark.slow  # 40 s on 2 busy cores: a fresh interpreter imports transformers (pytest --durations, issue 47)
 def test_the_generate_patch_lands_when_transformers_loads():
     code = ("import hf_rstitch\nfrom transformers import LlamaForCausalLM\n"
             "from hf_rstitch.hf.patch import is_patched\nassert is_patched()\n"
