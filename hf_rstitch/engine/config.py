@@ -120,9 +120,10 @@ class EngineConfig:
     def of(cls, spec=None, **fields: Any) -> "EngineConfig":
         """The config of a ``stitch_engine`` spec: None or a name (``kind``), a FastConfig (``fast``), or a lane
         builder of the caller's own (``builder``: an EagerEngine, a FastEngine); ``fields`` as for the class."""
-        if spec is None or isinstance(spec, str):
+        # a name, or what an EagerEngine, FastEngine or FastConfig names
+        kind = spec if spec is None or isinstance(spec, str) else getattr(spec, "engine_kind", None)
+        if spec is None or isinstance(spec, str) and spec in ENGINE_NAMES:
             return cls(kind=spec, **fields)
-        kind = getattr(spec, "engine_kind", None)  # EagerEngine, FastEngine, FastConfig: the engine each names
         if kind not in ENGINE_NAMES:
             raise ValueError(
                 f"stitch_engine must be None, 'auto', 'default', 'fast', a hf_rstitch.fast.FastConfig, a "
@@ -149,8 +150,8 @@ def embeds_engine(**defaults: Any):
                     if k not in own and ALIASES.get(k, k) in inner}
             if isinstance(engine, EngineConfig):
                 engine = dataclasses.replace(engine, **flat) if flat else engine
-            else:
-                engine = EngineConfig.of(engine, **{**defaults, **flat})
+            else:  # a name (or None): refused as --engine where it names none
+                engine = EngineConfig(kind=engine, **{**defaults, **flat})
             init(self, *args, engine=engine, **kwargs)
 
         def __getattr__(self, name):
