@@ -52,6 +52,10 @@ def run(args: argparse.Namespace) -> int:
         from ..serve.replicas import run_replicas
 
         return run_replicas(cfg)
+    if cfg.frontend_procs:
+        from ..serve.frontends import run_split
+
+        return run_split(cfg)  # the engine in a process of its own, the HTTP side in cfg.frontend_procs
     from ..serve.config import build_server
     from ..serve.server import run as serve_app
 

@@ -61,8 +61,18 @@ class ServeConfig:
     stream_writes_per_s: float = field(default=STREAM_WRITES_PER_S, metadata={
         "help": "writes a second of all answers together at most: with many streams open each writes less often, "
                 "several tokens a chunk, so that the HTTP side's Python leaves the engine its GIL; 0: no limit"})
+    header_timeout: float = field(default=10.0, metadata={
+        "help": "seconds a request's headers may take to arrive (from the connection, or the request's first byte); "
+                "a connection that trickles them is closed"})
+    body_timeout: float = field(default=60.0, metadata={
+        "help": "seconds a request's body may take to arrive after its headers; a slower one is closed"})
+    max_connections: int = field(default=4096, metadata={
+        "help": "open HTTP connections at most; one more is answered 503 and closed before it is read"})
     drain_timeout: float = field(default=30.0, metadata={
         "help": "on SIGTERM, seconds that running requests get to finish before they are cancelled"})
+    frontend_procs: int = field(default=0, metadata={
+        "help": "run the engine in a process of its own and the HTTP side (schema, tokenizing, detokenizing, "
+                "streaming) in this many front-end processes sharing the port; 0 (the default): one process"})
     replicas: int = field(default=1, metadata={
         "help": "server replicas; more than 1 runs them on Ray Serve (pip install fastapi uvicorn 'ray[serve]', or '.[serve-ray]' in a clone)"})
     ray_address: str = field(default="", metadata={
@@ -78,9 +88,14 @@ class ServeConfig:
         self.threshold = None if self.threshold is None else check_threshold(self.threshold, "--threshold")
         if bool(self.llm) != bool(self.slm):
             raise ValueError("pass both --llm and --slm, or neither (to serve the shipped pair)")
-        for name in ("max_tokens", "replicas", "max_body_bytes"):
+        for name in ("max_tokens", "replicas", "max_body_bytes", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.frontend_procs < 0:
+            raise ValueError(f"--frontend-procs must be >= 0 (0: one process), got {self.frontend_procs}")
+        if self.frontend_procs and self.replicas > 1:
+            raise ValueError("--frontend-procs runs one server's HTTP side in processes of its own; with --replicas "
+                             "Ray Serve's proxy and front replicas are the HTTP side: pass one of them")
         if self.max_queue < 0:
             raise ValueError(f"--max-queue must be >= 0, got {self.max_queue}")
         if not 0 <= self.port <= 65535:
@@ -99,6 +114,9 @@ class ServeConfig:
         for name in ("stream_interval", "stream_writes_per_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: off), got {getattr(self, name)}")
+        for name in ("header_timeout", "body_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
         if self.drain_timeout < 0:
             raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout}")
 
@@ -167,7 +185,8 @@ def settings_for(cfg: ServeConfig, llm) -> Any:
         model_name=cfg.served_name, model_aliases=cfg.served_names[1:], default_max_tokens=cfg.max_tokens,
         max_context=getattr(llm.config.get_text_config(), "max_position_embeddings", None),
         vocab_size=int(llm.config.get_text_config().vocab_size), max_body_bytes=cfg.max_body_bytes,
-        drain_timeout_s=cfg.drain_timeout, stream_interval_s=cfg.stream_interval,
+        drain_timeout_s=cfg.drain_timeout, stream_interval_s=cfg.stream_interval, header_timeout_s=cfg.header_timeout,
+        body_timeout_s=cfg.body_timeout, max_connections=cfg.max_connections,
         stream_writes_per_s=cfg.stream_writes_per_s, do_sample=bool(gen.do_sample),
         temperature=float(gen.temperature if gen.temperature is not None else 1.0),
         top_p=float(gen.top_p if gen.top_p is not None else 1.0), threshold=None if cfg.router else default_threshold(gen, cfg.threshold),
