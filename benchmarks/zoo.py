@@ -49,7 +49,8 @@ def run_arch(model_type: str, device: str) -> dict:
     import torch
 
     import hf_rstitch  # noqa: F401  (patches generate)
-    from hf_rstitch.fast import FastConfig, choose_engine, support
+    from hf_rstitch.engine import EngineConfig, Pair, choose
+    from hf_rstitch.fast import FastConfig, support
     from zoo_models import CASES, NotBuildable, build_pair, pick_threshold, stitched
 
     try:
@@ -68,7 +69,7 @@ def run_arch(model_type: str, device: str) -> dict:
     if not eager:
         return {**row, "excluded": f"the eager engine fails in every case ({row['eager_fails'][0]})"}
     on_cuda = torch.device(device).type == "cuda"
-    picked = choose_engine(llm, slm, "auto", 3)
+    picked = choose(Pair.of(llm, slm), EngineConfig(kind="auto", max_batch=3)).fast
     # off CUDA "auto" is always eager: the row shows the static path by name (FastConfig(graphs=False))
     config = picked if isinstance(picked, FastConfig) else (FastConfig(compile="parts") if on_cuda else
                                                               FastConfig(graphs=False))

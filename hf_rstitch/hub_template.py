@@ -43,9 +43,12 @@ MODULES = (
     "core/devices.py",
     "decode/lane.py",
     "decode/protocol.py",
-    "decode/engines.py",
     "decode/step.py",
     "decode/loop.py",
+    "engine/config.py",
+    "engine/pair.py",
+    "engine/kv_plan.py",
+    "engine/engine.py",
     "hf/output.py",
     "hf/checks.py",
     "hf/placement.py",
@@ -242,7 +245,7 @@ def _splice(lines: list[str], replace: dict[int, tuple[int, str | None]]) -> str
 
 
 def _flattened(name: str, level: int, target: str) -> bool:
-    """Whether the relative import ``from {"." * level}{target}`` in module ``name`` (``"decode/engines.py"``)
+    """Whether the relative import ``from {"." * level}{target}`` in module ``name`` (``"engine/engine.py"``)
     names a module of :data:`MODULES`."""
     parts = name.split("/")[:-1]
     parts = parts[:len(parts) - level + 1] if level > 1 else parts

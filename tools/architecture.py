@@ -11,16 +11,18 @@ later); ``from pkg import name`` is an edge to ``pkg.name`` when that is a modul
 ``__init__``. A parent package's ``__init__`` that Python runs on the way is not an edge, and neither is
 ``import hf_rstitch`` (the facade: it runs before any module of the package anyway).
 
-The layers (STYLE.md: core <- decode <- fast / hf <- eval / serving <- cli); a module may import its
-own layer or a lower one, never a higher one:
+The layers (STYLE.md: core <- decode <- fast <- engine <- hf <- eval / serving <- cli); a module may import
+its own layer or a lower one, never a higher one:
 
 0 core      ``core``, ``resources``, ``sources`` (torch-only decisions and torch-free helpers)
-1 decode    ``decode`` (the lane protocol, the eager lane, the step, the loop, the one engine resolver)
-2 fast/hf   ``fast``, ``hf``; ``latency`` (the latency model and the profiler that fits it); ``router`` (the
-            router as a decode-time policy)
-3 eval/serving/training  ``eval``, ``serving`` (the request engine), ``serve`` (its HTTP server),
+1 decode    ``decode`` (the lane protocol, the eager lane, the step, the loop)
+2 fast      ``fast`` (the fast engine's lanes and kernels); ``router`` (the router as a decode-time policy)
+3 engine    ``engine`` (a pair's engine: which one runs it, and how it is built)
+4 hf        ``hf`` (the glue to transformers' ``generate``); ``latency`` (the latency model and the profiler
+            that fits it, which runs models through ``hf``)
+5 eval/serving/training  ``eval``, ``serving`` (the request engine), ``serve`` (its HTTP server),
             ``toyworld``, ``training`` (training the router: a client of eval and toyworld)
-4 cli       ``cli``, ``hub_template``, ``ui`` (the Gradio app), the package facade ``hf_rstitch`` (``__init__``, ``__main__``)
+6 cli       ``cli``, ``hub_template``, ``ui`` (the Gradio app), the package facade ``hf_rstitch`` (``__init__``, ``__main__``)
 
 The layer of a module is that of the longest prefix listed in :data:`LAYERS`.
 :func:`graph`, :func:`cycles` and :func:`upward` are what ``tests/test_layers.py`` asserts on.
@@ -38,16 +40,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "hf_rstitch"
-LAYER_NAMES = ["core", "decode", "fast/hf", "eval/serving/training", "cli"]
+LAYER_NAMES = ["core", "decode", "fast", "engine", "hf", "eval/serving/training", "cli"]
 LAYERS = {
-    "hf_rstitch": 4, "hf_rstitch.__main__": 4, "hf_rstitch.cli": 4, "hf_rstitch.hub_template": 4,
-    "hf_rstitch.ui": 4,
+    "hf_rstitch": 6, "hf_rstitch.__main__": 6, "hf_rstitch.cli": 6, "hf_rstitch.hub_template": 6,
+    "hf_rstitch.ui": 6,
     "hf_rstitch.core": 0, "hf_rstitch.resources": 0, "hf_rstitch.sources": 0, "hf_rstitch.extras": 0,
     "hf_rstitch.threads": 0, "hf_rstitch.lazy": 0,
     "hf_rstitch.decode": 1,
-    "hf_rstitch.fast": 2, "hf_rstitch.hf": 2, "hf_rstitch.latency": 2, "hf_rstitch.router": 2,
-    "hf_rstitch.eval": 3, "hf_rstitch.serving": 3, "hf_rstitch.serve": 3, "hf_rstitch.toyworld": 3,
-    "hf_rstitch.training": 3,
+    "hf_rstitch.fast": 2, "hf_rstitch.router": 2,
+    "hf_rstitch.engine": 3,
+    "hf_rstitch.hf": 4, "hf_rstitch.latency": 4,
+    "hf_rstitch.eval": 5, "hf_rstitch.serving": 5, "hf_rstitch.serve": 5, "hf_rstitch.toyworld": 5,
+    "hf_rstitch.training": 5,
 }
 KERNEL_TESTS = [f"tests/fast/{name}.py" for name in
                 ("kernels/test_gemv", "kernels/test_gated", "patches/test_folds", "kernels/test_decode_attention",
@@ -197,6 +201,71 @@ def engine_resolved(root: Path = ROOT) -> dict[str, list[int]]:
     return out
 
 
+# a test that branches on which engine runs: a builder's class, the eager flag, a kind compared with a name, or
+# the "auto picked the fast engine" flag
+ENGINE_KIND = re.compile(r"""\bis_eager\(|isinstance\([^()]*,\s*\(?[^()]*(EagerEngine|FastEngine|FastConfig)"""
+                         r"""|\.eager\b|["']eager["']|(?<!["'\w])auto(?![\w"'])(?!\s*=)|\b(engine|spec|kind|name)\w*\s*(\[[^]]*\]\s*)?"""
+                         r"""([!=]=|\bin\b|\bis\b)\s*[("']*(default|fast|auto)\b""")
+
+
+def engine_branches(root: Path = ROOT) -> dict[str, list[int]]:
+    """{file: lines} where the package branches on the engine kind: the test of an ``if``, a conditional
+    expression, a ``while`` or a comprehension's ``if`` that reads it (see :data:`ENGINE_KIND`)."""
+    out: dict[str, list[int]] = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        text = path.read_text()
+        tests = []
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+                tests.append(node.test)
+            elif isinstance(node, ast.comprehension):
+                tests.extend(node.ifs)
+            elif isinstance(node, (ast.Assign, ast.Return)) and isinstance(node.value, (ast.BoolOp, ast.UnaryOp)):
+                tests.append(node.value)
+        lines = sorted({t.lineno for t in tests if ENGINE_KIND.search(ast.get_source_segment(text, t) or "")})
+        if lines:
+            out[str(path.relative_to(root))] = lines
+    return out
+
+
+def fallbacks(root: Path = ROOT) -> list[str]:
+    """``file:function`` of each place that handles a failure of the fast engine by running the eager one: the
+    functions that remember the pair as failed (``remember_failure(``), each a fallback of its own."""
+    out = []
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "remember_failure":
+                if "remember_failure(" in (ast.get_source_segment(text, node) or ""):
+                    out.append(f"{path.relative_to(root)}:{node.name}")
+    return out
+
+
+WALKS = {  # the values whose trip through the calls the report follows: (FILE:FUNCTION:PARAM, what it is)
+    "server_config": "hf_rstitch/serve/config.py:build_server:cfg",
+    "stitch_engine": "hf_rstitch/hf/decode.py:stitched_decode:stitch_engine",
+}
+
+
+def walk(root: Path, spec: str) -> dict:
+    """Follow one value through the calls that pass it on (``farm-studio walk FILE:FUNCTION:PARAM``): the files it
+    enters, the moves back up to a higher layer, the files in order, and the calls it is lost in as a function
+    passed in as a parameter (``lost``); ``{"error": ...}`` where the tool is missing."""
+    try:
+        done = subprocess.run(["farm-studio", "walk", spec, "--repo", str(root)], cwd=root, capture_output=True,
+                              text=True, timeout=600)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as err:
+        return {"error": f"{type(err).__name__}: {err}"}
+    text = done.stdout
+    head = re.search(r"(\d+) stays; (\d+) rooms; (\d+) climbs? back up", text)
+    if head is None:
+        return {"error": (text or done.stderr).strip().splitlines()[:1]}
+    rooms = re.findall(r"^\s*\d+\.\s+floor\s+\d+\s+(\S+)", text, re.M)
+    lost = re.search(r"Where the program lost sight of me.*?: (.*)", text)
+    return {"files": int(head.group(2)), "up": int(head.group(3)), "route": list(dict.fromkeys(rooms)),
+            "lost": lost.group(1) if lost else ""}
+
+
 def sizes(root: Path = ROOT) -> dict[str, tuple[int, int]]:
     """{package or top folder: (Python files, lines)} over the files git tracks (and new ones it does not ignore)."""
     done = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"], cwd=root,
@@ -273,6 +342,12 @@ def report(root: Path = ROOT, quick: bool = False) -> dict:
           f"{sum(map(len, places.values()))} lines")
     for f, lines in places.items():
         print(f"  {f}: {', '.join(map(str, lines))}")
+    branches = engine_branches(root)
+    print(f"files that branch on the engine kind: {len(branches)}")
+    for f, lines in branches.items():
+        print(f"  {f}: {', '.join(map(str, lines))}")
+    falls = fallbacks(root)
+    print(f"fallbacks to the eager engine: {len(falls)}" + "".join(f"\n  {f}" for f in falls))
     table = sizes(root)
     total = sum(n for _, n in table.values())
     print(f"Python files and lines ({total} lines in all):")
@@ -289,8 +364,15 @@ def report(root: Path = ROOT, quick: bool = False) -> dict:
            "engine_resolved_lines": sum(map(len, places.values())), "functions_over_40": len(longs),
            "python_lines": total, "benchmarks_share_of_all": round(bench / total, 3),
            "benchmarks_share_of_library_and_benchmarks": round(bench / (bench + lib), 3),
-           "benchmarks_files": table.get("benchmarks", (0, 0))[0]}
+           "benchmarks_files": table.get("benchmarks", (0, 0))[0], "engine_branch_files": len(branches),
+           "fallbacks": len(falls)}
     if not quick:
+        for name, spec in WALKS.items():
+            trip = walk(root, spec)
+            out[f"walk_{name}"] = {k: v for k, v in trip.items() if k != "route"}
+            print(f"walk of {spec}: {trip}")
+        out["library_duplicates"] = duplicate_pairs(root / PACKAGE)
+        print(f"duplicates in the library: {out['library_duplicates']}")
         out["duplicates"] = duplicate_pairs(root)
         print(f"duplicates: {out['duplicates']}")
         out["kernel_tests"] = kernel_tests_ci_runs(root)

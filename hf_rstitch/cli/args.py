@@ -48,24 +48,40 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add one option per field of dataclass ``cls`` (and show defaults as :class:`DefaultsHelpFormatter` does)."""
+def _embedded(cls: type) -> list[tuple[type, Any]]:
+    """(dataclass, the names of its fields to take) for each field of ``cls`` that embeds a config whole
+    (``metadata={"embed": True}`` for every field of it, or a list of names)."""
+    hints = typing.get_type_hints(cls)
+    return [(hints[f.name], f.metadata["embed"]) for f in dataclasses.fields(cls) if f.metadata.get("embed")]
+
+
+def _dest(f: dataclasses.Field) -> str:
+    """The option's name: ``metadata["flag"]`` (``"max-model-len"``) or the field's, as a Python name."""
+    return f.metadata.get("flag", f.name).replace("-", "_")
+
+
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, only: Any = True) -> None:
+    """Add one option per field of dataclass ``cls`` (``only``: the names of the fields to add, True: all); a
+    field embedding a config whole adds that config's options (``metadata={"embed": True or [names]}``); defaults
+    are shown as :class:`DefaultsHelpFormatter` does."""
     parser.formatter_class = DefaultsHelpFormatter
     hints = typing.get_type_hints(cls)
+    for inner, names in _embedded(cls):
+        add_dataclass_args(parser, inner, names)
     for f in dataclasses.fields(cls):
-        if f.metadata.get("cli") is False:
+        if f.metadata.get("cli") is False or f.metadata.get("embed") or (only is not True and f.name not in only):
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = "--" + _dest(f).replace("_", "-")
         help_text = f.metadata.get("help", "")
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
         )
         tp, is_list = _base_type(hints[f.name])
         if tp is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+            parser.add_argument(flag, dest=_dest(f), action=argparse.BooleanOptionalAction, default=default,
                                 help=help_text)
             continue
-        kwargs: dict[str, Any] = {"dest": f.name, "default": default, "type": tp,
+        kwargs: dict[str, Any] = {"dest": _dest(f), "default": default, "type": tp,
                                   "help": help_text}
         if is_list:
             kwargs["nargs"] = "+"
@@ -80,6 +96,7 @@ def dataclass_from_args(cls: type[T], args: argparse.Namespace) -> T:
     A validation error ends the command like an argparse error: message on stderr, exit code 2.
     """
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    names |= {_dest(f) for inner, _ in _embedded(cls) for f in dataclasses.fields(inner)}  # taken flat
     try:
         return cls(**{k: v for k, v in vars(args).items() if k in names})
     except (ValueError, TypeError) as err:

@@ -57,7 +57,7 @@ class GenerateConfig:
             if source:
                 check_local_source(source, flag)
         check_device(self.device)
-        from ..decode.engines import engine_option
+        from ..engine.config import engine_option
 
         self.engine = engine_option(self.engine)
 

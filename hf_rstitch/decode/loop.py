@@ -56,7 +56,7 @@ class StitchResult:
 
 
 def stitch_loop(
-    lanes: dict,
+    engine,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     policy: RoutingPolicy,
@@ -72,7 +72,9 @@ def stitch_loop(
     """Decode until ``should_stop`` says so for every row, alternating the SLM and LLM lanes.
 
     Args:
-        lanes: ``{Role.SLM: lane, Role.LLM: lane}``, fresh (nothing seen yet), sized for the batch.
+        engine: the pair's built engine (:class:`hf_rstitch.engine.Engine`), whose ``lanes()`` the loop runs on,
+            or those lanes themselves: ``{Role.SLM: lane, Role.LLM: lane}``, fresh (nothing seen yet), sized for the
+            batch.
         input_ids: ``[B, T]`` prompt ids (left-padded when rows differ in length).
         attention_mask: ``[B, T]`` prompt mask.
         policy: decides the hand-overs (see :mod:`hf_rstitch.core.policies`).
@@ -85,6 +87,7 @@ def stitch_loop(
         keep_scores / keep_logits: keep processed scores / raw logits of every step.
         drop_finished: stop running finished rows through the models (see the module docstring).
     """
+    lanes = engine if isinstance(engine, dict) else engine.lanes()
     batch = input_ids.shape[0]
     seq, mask = input_ids, attention_mask  # [B, T]: the caller's rows, all of them, all along
     room = _MaskRoom(attention_mask)

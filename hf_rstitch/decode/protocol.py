@@ -73,8 +73,8 @@ class LaneProtocol(Protocol):
 
 @runtime_checkable
 class LaneBuilder(Protocol):
-    """What an engine is to the loop: it builds a pair's lanes. :func:`~hf_rstitch.decode.engines.resolve_engine`
-    turns any ``stitch_engine`` spec into one. ``single_device``: the lanes run only on a model on one device."""
+    """What builds a pair's lanes (an :class:`EagerEngine`, a :class:`~hf_rstitch.fast.FastEngine`);
+    :func:`hf_rstitch.engine.build` picks one. ``single_device``: the lanes run only on a model on one device."""
 
     single_device: bool
 
@@ -89,7 +89,8 @@ class EagerEngine:
     """
 
     single_device = False  # DynamicCache lanes follow any device_map or tensor-parallel plan
-    eager = True  # hf_rstitch.decode.engines.is_eager
+    eager = True
+    engine_kind = "default"  # the engine a spec of this type names (hf_rstitch.engine.EngineConfig.of)
 
     def __init__(self, timing: bool = False):
         self.timing = timing

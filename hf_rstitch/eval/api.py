@@ -8,6 +8,7 @@ re-tabulates the records without loading any model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -75,8 +76,6 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
 
     import hf_rstitch  # noqa: F401  (patches generate with stitched decoding)
 
-    from ..decode.protocol import EagerEngine
-
     out.mkdir(parents=True, exist_ok=True)
     with OutLock(out):  # one run per --out at a time
         _prepare_out(cfg, out)
@@ -88,10 +87,10 @@ def evaluate(cfg: EvalConfig, *, llm: Any = None, slm: Any = None, tokenizer: An
             device = str(next(llm.parameters()).device)
         clear_stitch_defaults(llm)
         batch_size = cfg.batch_size_on(device)
-        engine = _engine(cfg.engine, llm, slm, batch_size)
+        engine = _engine(cfg, llm, slm, tokenizer, problems, batch_size)
         meta = {**environment(), "models": {"llm": model_provenance(cfg.llm), "slm": model_provenance(cfg.slm)},
                 "settings": cfg.run_settings(), "batch_size": batch_size, "schedule": cfg.schedule,
-                "engine": "default" if isinstance(engine, EagerEngine) else cfg.engine,
+                "engine": engine.kind,
                 "datasets": list(dict.fromkeys(p.dataset for p in problems))}
         (out / RUN_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
         _run_methods(cfg, llm, slm, tokenizer, problems, store, engine, batch_size, device)
@@ -104,34 +103,34 @@ def _run_methods(cfg: EvalConfig, llm, slm, tokenizer, problems, store: RecordSt
     (or runs the fast engine), per sample through ``generate`` otherwise (speculative decoding stays at B = 1)."""
     import torch
 
-    from ..decode.protocol import EagerEngine
     from .methods import GenSettings, build_methods
 
     settings = GenSettings(cfg.max_new_tokens, cfg.do_sample, cfg.temperature, cfg.top_p, cfg.seed)
     methods = build_methods(cfg.methods, llm, slm, settings, thresholds=cfg.thresholds, random_p=cfg.random_p,
                             router=cfg.router, router_threshold=cfg.router_threshold)
-    if batch_size > 1 or not isinstance(engine, EagerEngine):
+    if batch_size > 1 or engine.requests_only:
         from .continuous import engine_methods, run_continuous
 
         batched, methods = engine_methods(methods)
         run_continuous(batched, problems, tokenizer, store, batch_size=batch_size, schedule=cfg.schedule,
-                       engine=engine, warmup=cfg.warmup, instruction=cfg.instruction,
+                       engine=engine, instruction=cfg.instruction,
                        chat_template=cfg.chat_template, progress=cfg.progress, save_traces=cfg.save_traces)
     run_eval(methods, problems, tokenizer, store, device=torch.device(device), instruction=cfg.instruction,
              chat_template=cfg.chat_template, max_new_tokens=cfg.max_new_tokens, warmup=cfg.warmup,
              progress=cfg.progress, save_traces=cfg.save_traces)
 
 
-def _engine(name: str, llm: Any, slm: Any, batch_size: int):
-    """The engine every batched method shares (:func:`hf_rstitch.decode.engines.resolve_engine`): an
-    EagerEngine, or one FastEngine for ``batch_size`` rows, so lanes and graphs are built once. ``--engine fast`` on CUDA is the
-    compiled variant (:data:`hf_rstitch.fast.AUTO`). Eager at batch size 1 keeps the per-sample ``generate``
-    path."""
-    from ..decode.engines import resolve_engine
-    from ..fast import AUTO, fast_engine
+def _engine(cfg: EvalConfig, llm: Any, slm: Any, tokenizer: Any, problems: list, batch_size: int):
+    """The engine every batched method shares, built once (:func:`hf_rstitch.engine.build`): lanes and graphs for
+    ``batch_size`` rows of the longest prompt + ``max_new_tokens``, with ``--warmup`` every bucket captured now.
+    The eager lanes at batch size 1 keep the per-sample ``generate`` path."""
+    from ..engine import Pair, build
+    from .continuous import longest_request
 
-    return resolve_engine(llm, slm, AUTO if name == "fast" and llm.device.type == "cuda" else name, batch_size,
-                          own=True, fast=fast_engine).builder
+    longest = longest_request(problems, tokenizer, cfg.instruction, cfg.chat_template, cfg.max_new_tokens)
+    sizes = dataclasses.replace(cfg.engine, max_batch=batch_size, max_length=longest, kv_memory=None,
+                                warm_up=cfg.warmup)
+    return build(Pair.of(llm, slm), sizes.for_requests(cfg.schedule))
 
 
 def _report(cfg: EvalConfig, out: Path, records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:

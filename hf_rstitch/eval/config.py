@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..decode.engines import engine_option
+from ..engine.config import EngineConfig, embeds_engine
 from .data import DEFAULT_INSTRUCTION
 
 METHOD_KINDS = ("llm", "slm", "specdec", "rstitch", "random", "router")
@@ -23,6 +23,7 @@ def _help(text: str, **extra: Any) -> Any:
     return {"help": text, **extra}
 
 
+@embeds_engine(fast_like_auto=True)
 @dataclass
 class EvalConfig:
     llm: str = field(default="", metadata=_help(
@@ -79,13 +80,12 @@ class EvalConfig:
         "Problems decoded together through continuous batching (a finished problem's row goes to the next "
         "one at once); latency is then each problem's own time in the batch. Default: 16 on CUDA, 1 "
         "(the paper's per-sample latency) on CPU. Speculative decoding always runs at 1."))
-    engine: str | None = field(default=None, metadata=_help(
-        "Engine that runs the problems: auto (the default, or $HF_RSTITCH_ENGINE: fast where it runs the pair, "
-        "else default, the reason logged), default (eager lanes, any device and model) or fast (static caches + "
-        "CUDA graphs, compile='parts'; full-attention single-GPU models). Where the fast engine runs, every method "
-        "but SpecDec goes through the request engine, at batch size 1 too, and with --warmup its graphs are "
-        "captured before timing.",
-        choices=["default", "fast", "auto"]))
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(fast_like_auto=True), metadata=_help(
+        "Engine that runs the problems (hf_rstitch.engine.EngineConfig; --engine its kind): auto (the default, or "
+        "$HF_RSTITCH_ENGINE: fast where it runs the pair, else default, the reason logged), default (eager lanes, "
+        "any device and model) or fast (static caches + CUDA graphs, compile='parts' on CUDA; full-attention "
+        "single-GPU models). Where the fast engine runs, every method but SpecDec goes through the request engine, "
+        "at batch size 1 too, and with --warmup its graphs are captured before timing.", embed=["kind"]))
     schedule: str = field(default="now", metadata=_help(
         "When the LLM runs for rows that need it in a batch (--batch-size > 1): now (at once), or gather[:K[:M]]: "
         "such rows wait (no token) at most K steps (default 2) until M rows need it (default a quarter of the batch), while "
@@ -182,7 +182,6 @@ class EvalConfig:
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                                             or self.batch_size < 1):
             raise ValueError(f"--batch-size must be a positive integer, got {self.batch_size!r}.")
-        self.engine = engine_option(self.engine)
         from ..core.scheduling import parse_schedule
 
         try:

@@ -26,16 +26,22 @@ def engine_methods(methods: list[Method]) -> tuple[list[Method], list[Method]]:
     return [m for m, r in zip(methods, runs) if r], [m for m, r in zip(methods, runs) if not r]
 
 
+def longest_request(problems: list[Problem], tokenizer: Any, instruction: str, chat_template: bool,
+                    max_new_tokens: int) -> int:
+    """The longest prompt of ``problems`` (as :func:`run_continuous` prompts them) plus ``max_new_tokens``: the
+    length the engine's lanes are built for."""
+    return max((len(prompt_ids(tokenizer, p.problem, instruction, chat_template)) for p in problems),
+               default=1) + max_new_tokens
+
+
 def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: Any, store: RecordStore, *,
-                   batch_size: int, schedule: str = "now", engine=None, warmup: bool = False,
-                   instruction: str = "", chat_template: bool = True, progress: bool = True,
-                   save_traces: bool = False) -> list[dict[str, Any]]:
+                   batch_size: int, schedule: str = "now", engine=None, instruction: str = "",
+                   chat_template: bool = True, progress: bool = True, save_traces: bool = False) -> list[dict[str, Any]]:
     """Every engine-capable method on every problem not already in ``store``; the new records.
 
-    ``engine``: any ``stitch_engine`` spec (:func:`hf_rstitch.decode.engines.resolve_engine`; None: eager);
-    ``rstitch eval`` passes the engine it resolved once, so one fast engine serves every method (lanes and graphs
-    built once), and with ``warmup`` every batch and length bucket is captured before the first timed request."""
-    from hf_rstitch.decode.engines import is_eager
+    ``engine``: the pair's built engine (:func:`hf_rstitch.engine.build`; ``rstitch eval`` builds it once, so one
+    engine serves every method: lanes and graphs built once, and with ``--warmup`` captured before the first timed
+    request); None: one built here, ``"auto"`` as everywhere else."""
     from hf_rstitch.serving import RequestEngine
 
     done = store.done()
@@ -44,20 +50,15 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
         return []
     prompts = {(p.dataset, p.id): prompt_ids(tokenizer, p.problem, instruction, chat_template) for p in problems}
     records: list[dict[str, Any]] = []
-    longest = max(len(ids) for ids in prompts.values()) + max(m.settings.max_new_tokens for m in methods)
-    engine = "default" if engine is None else engine
-    warmed = is_eager(engine) or not warmup  # else every batch and length bucket is captured before timed requests
+    if engine is None:
+        longest = max(len(ids) for ids in prompts.values()) + max(m.settings.max_new_tokens for m in methods)
+        engine = _auto_engine(methods[0], batch_size, longest, schedule)
     with _progress(total, progress) as bar:
         for method in methods:
             if not todo[method.name]:
                 continue
             spec, s, eos = method.engine_spec(), method.settings, eos_ids(method.llm, method.slm)
-            requests = RequestEngine(method.llm, method.slm, max_batch=batch_size, policy=spec.get("policy"),
-                                     schedule=schedule, engine=engine, max_length=longest)
-            if not warmed:
-                for lane in requests.lanes.values():
-                    lane.warm_up()
-                warmed = True
+            requests = RequestEngine(engine, policy=spec.get("policy"), schedule=schedule)
             for i, p in enumerate(todo[method.name]):
                 requests.submit(_request(prompts[(p.dataset, p.id)], s, eos, str(i), spec.get("role")))
             for rec in _drain(requests, method, todo[method.name], prompts, tokenizer, eos, batch_size, save_traces):
@@ -65,6 +66,14 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
                 records.append(rec)
                 tick(bar, rec, f"B={batch_size}")
     return records
+
+
+def _auto_engine(method: Method, batch_size: int, longest: int, schedule: str):
+    """``"auto"``'s engine for ``method``'s pair: ``batch_size`` rows of ``longest`` tokens."""
+    from hf_rstitch.engine import EngineConfig, Pair, build
+
+    cfg = EngineConfig(max_batch=batch_size, max_length=longest, kv_memory=None, fast_like_auto=True)
+    return build(Pair.of(method.llm, method.slm), cfg.for_requests(schedule))
 
 
 def _request(prompt: list[int], s, eos: set[int], request_id: str, role):

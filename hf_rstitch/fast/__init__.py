@@ -3,8 +3,8 @@
 What CUDA users get without asking: ``generate(..., assistant_model=slm, stitch_threshold=tau)`` names
 no engine, which means ``stitch_engine="auto"``: this engine with :data:`AUTO` where it can run the pair
 and has been proven on its architecture and GPU (:mod:`.support`; kept on the LLM and reused by later calls;
-:func:`release` frees it), the eager engine otherwise, the reason logged (:func:`choose_engine`), and the
-eager engine again for a call whose fast run fails (:mod:`hf_rstitch.hf.fallback`). ``stitch_engine="default"`` (or ``HF_RSTITCH_ENGINE=default``)
+:func:`release` frees it), the eager engine otherwise, the reason logged, and the
+eager engine again for a call whose fast run fails (which engine runs and how it is built: :mod:`hf_rstitch.engine`). ``stitch_engine="default"`` (or ``HF_RSTITCH_ENGINE=default``)
 keeps the eager engine; ``"fast"``, a :class:`FastConfig` or a :class:`FastEngine` of your own asks
 for this one. It swaps the eager :class:`~hf_rstitch.decode.Lane` (forwards over a DynamicCache,
 host-bound at a few hundred kernel launches per token) for :class:`FastLane`: a static KV cache,
@@ -20,13 +20,13 @@ how the CPU tests check it against the default engine. See docs/fast-engine.md.
 """
 
 from .buckets import bucket_for, bucket_sizes
-from .engine import (AUTO, NO_TRITON, FastEngine, choose_engine, engine_for, fast_engine, release, why_not_fast,
-                     why_not_triton)
+from .engine import AUTO, NO_TRITON, FastEngine, engine_for, release, why_not_triton
 from .lane import FastConfig, FastLane, check_supported
 from .plan import FastPlan, plan_for
 from .static_kv import StaticKV, static_attention, static_attention_sdpa
+from .support import why_not_fast
 
 __all__ = ["AUTO", "NO_TRITON", "FastConfig", "FastEngine", "FastLane", "FastPlan", "StaticKV", "bucket_for",
-           "bucket_sizes", "check_supported", "choose_engine", "engine_for", "fast_engine", "plan_for", "release",
+           "bucket_sizes", "check_supported", "engine_for", "plan_for", "release",
            "static_attention",
            "static_attention_sdpa", "why_not_fast", "why_not_triton"]

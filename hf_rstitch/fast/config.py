@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from transformers import PreTrainedModel
@@ -19,6 +20,8 @@ from .static_kv import ATTENTIONS
 @dataclass(frozen=True)
 class FastConfig:
     """Options of the fast engine (``generate(..., stitch_engine=FastConfig(...))``)."""
+
+    engine_kind: ClassVar[str] = "fast"  # the engine a spec of this type names (hf_rstitch.engine.EngineConfig.of)
 
     max_bucket: int = 128  # largest catch-up graph (power of two); longer catch-ups run as several
     graphs: bool | None = None  # CUDA graphs; None: on CUDA devices

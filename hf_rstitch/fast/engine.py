@@ -9,9 +9,8 @@ configuration match and the capacity and batch size suffice; otherwise the lane 
 for that configuration is kept on the LLM itself (``llm._rstitch_fast_engines``), so repeated
 ``generate`` calls on the same pair reuse its graphs, and it goes when the LLM goes (or with
 :func:`release`). ``stitch_engine="auto"`` (what a call naming no engine runs) uses it with
-:data:`AUTO` where it can, and the eager engine otherwise, logging why (:func:`choose_engine`).
-:func:`fast_engine` is the fast engine's half of the one resolver
-(:func:`hf_rstitch.decode.engines.resolve_engine`): what it hands any spec that does not name the eager lanes.
+:data:`AUTO` where it can, and the eager engine otherwise, logging why: which engine runs a pair, and how it is
+built, is :mod:`hf_rstitch.engine`'s (:func:`~hf_rstitch.engine.choose`, :func:`~hf_rstitch.engine.build`).
 
 The engine holds its models; drop it to free the caches and graphs.
 """
@@ -26,16 +25,12 @@ import time
 from transformers import PreTrainedModel
 
 from ..core.roles import Role
-from ..decode.engines import is_eager
-from ..decode.protocol import EagerEngine, LaneBuilder
 from .blocks import blocks_for
 from .lane import FastConfig, FastLane, check_supported
 from .plan import FastPlan
-from .proof import Proving, unproven
-from .support import why_not_fast
+from .support import why_not_fast  # noqa: F401  (what auto asks first: hf_rstitch.engine.choose reads it here)
 
 log = logging.getLogger("hf_rstitch.fast")
-_SAID: set[str] = set()  # messages logged at INFO already: a loop of generate calls says each once
 # what stitch_engine="auto" runs: the shortest warm-up of the compiled variants, every graph a call can need
 # captured when its lanes are built (warm_up), so that no call pauses mid-way to capture a new bucket
 AUTO = FastConfig(compile="parts", warm_up=True)
@@ -61,6 +56,7 @@ class FastEngine:
     """
 
     single_device = True  # static caches and CUDA graphs on one device (hf.placement refuses sharded models)
+    engine_kind = "fast"  # the engine a spec of this type names (hf_rstitch.engine.EngineConfig.of)
 
     def __init__(self, config: FastConfig | None = None, capacity: int = 0, max_batch: int = 1,
                  capacity_step: int = 1024):
@@ -162,71 +158,3 @@ def why_not_triton() -> str | None:
     if not (os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")):
         return "triton finds no C compiler to build its kernel launchers (gcc or clang on PATH, or $CC)"
     return None
-
-
-def choose_engine(llm: PreTrainedModel, slm: PreTrainedModel, spec, batch: int = 1):
-    """``stitch_engine="auto"`` -> :data:`AUTO` where the fast engine runs the pair (proven there:
-    :func:`hf_rstitch.fast.support.why_not_fast`, or on this machine: :func:`hf_rstitch.fast.proof.unproven`,
-    which may hand back an engine that proves the pair on its first call) and Triton runs,
-    :data:`NO_TRITON` (graphs, no compile, no Triton kernels) where only Triton is missing, else
-    ``"default"``; the reason for anything but :data:`AUTO` is logged at INFO (once per process, then at
-    DEBUG). Any other spec is returned unchanged."""
-    if not (isinstance(spec, str) and spec == "auto"):
-        return spec
-    no_triton = why_not_triton()
-    chosen = AUTO if no_triton is None else NO_TRITON
-    reason = why_not_fast(llm, slm, batch)
-    if reason is not None:  # unproven here: proven on this machine instead, where it can be (.proof)
-        reason, chosen = unproven(llm, slm, batch, reason, chosen, engine_for)
-    if reason is not None:
-        _say(f"hf_rstitch: stitch_engine='auto' runs the eager engine: {reason}")
-        return "default"
-    if no_triton is not None:
-        _say(f"hf_rstitch: stitch_engine='auto' runs the fast engine without torch.compile or Triton kernels "
-             f"({NO_TRITON}): {no_triton}")
-    return chosen
-
-
-def _say(message: str) -> None:
-    """INFO the first time in this process, DEBUG after."""
-    log.log(logging.DEBUG if message in _SAID else logging.INFO, message)
-    _SAID.add(message)
-
-
-def fast_engine(llm, slm, spec, batch: int = 1, own: bool = False) -> LaneBuilder:
-    """The lane builder (``.lanes(llm, slm, vocab, batch, capacity, timing)``) that runs ``spec`` for this pair.
-
-    Args:
-        spec: ``"auto"`` (:func:`choose_engine`), ``"fast"``, a :class:`FastConfig` or a :class:`FastEngine`.
-        batch: rows the lanes must hold (``"auto"`` checks the pair at this batch size).
-        own: a fast spec gets a new :class:`FastEngine` for ``batch`` rows (the request engine keeps its
-            own); without it, the engine kept on the LLM for that configuration (:func:`engine_for`), which
-            later ``generate`` calls reuse.
-    """
-    spec = choose_engine(llm, slm, spec, batch)
-    if is_eager(spec):
-        return spec if isinstance(spec, EagerEngine) else EagerEngine()
-    if isinstance(spec, (FastEngine, Proving)):
-        return spec
-    if isinstance(spec, str) and spec == "fast":
-        spec = FastConfig()
-    if not isinstance(spec, FastConfig):
-        raise ValueError(
-            f"stitch_engine must be None, 'auto', 'default', 'fast', a hf_rstitch.fast.FastConfig, a "
-            f"hf_rstitch.fast.FastEngine or a hf_rstitch.decode.EagerEngine, got {spec!r}.")
-    return FastEngine(spec, max_batch=batch) if own else _EngineOnModel(spec)
-
-
-class _EngineOnModel:
-    """A FastConfig for ``generate``: the LLM's own engine for that configuration, made on first use."""
-
-    single_device = True
-
-    def __init__(self, config: FastConfig):
-        self.config = config
-
-    def __repr__(self) -> str:
-        return repr(self.config)
-
-    def lanes(self, llm, slm, vocab, batch_size, capacity, timing=False) -> dict:
-        return engine_for(llm, self.config).lanes(llm, slm, vocab, batch_size, capacity, timing)

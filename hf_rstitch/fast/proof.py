@@ -16,11 +16,11 @@ the user's own prompt, one at a time after a prefill of the rest -- and must agr
 Passed: the fast engine from then on, and the proof is stored (:mod:`.proof_store`, under the Hugging Face cache,
 keyed by GPU, capability, profile, torch / Triton / transformers / hf_rstitch versions, model types and dtypes):
 later processes skip the probe. Failed or crashed: :class:`ProofFailed` is raised from the lanes' first
-``advance``, so ``generate``'s fallback (:mod:`hf_rstitch.hf.fallback`) reruns the call on the eager engine,
+``advance``, so the engine's one fallback (:meth:`hf_rstitch.engine.Engine.fall_back`) reruns the call on the eager engine,
 logs the reason once and remembers the pair; the failure is stored too, and later processes run the eager
 engine directly. ``HF_RSTITCH_PROVE=off`` turns this off (unproven pairs run the eager engine, as before).
 
-The one entry point: :func:`unproven`, which the engine chooser (:func:`hf_rstitch.fast.engine.choose_engine`)
+The one entry point: :func:`unproven`, which the engine chooser (:func:`hf_rstitch.engine.choose`)
 calls with its refusal. What it does not do: prove sharded or quantized models, CPU runs, or anything the fast
 lanes cannot hold (:func:`.support.why_not_fast` with ``proven=False`` refuses those before).
 """

@@ -2,8 +2,8 @@
 
 transformers prepares everything (generation config, logits processors with the sampling
 warpers, stopping criteria with EOS / max length) and then calls this function with the
-LLM as ``model``. It builds one lane per model, resolves the routing policy and runs
-:func:`hf_rstitch.decode.stitch_loop`.
+LLM as ``model``. It builds the pair's engine once (:func:`hf_rstitch.engine.build`), resolves the routing
+policy and runs :func:`hf_rstitch.decode.stitch_loop` on that engine.
 """
 
 from __future__ import annotations
@@ -15,19 +15,12 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from ..core.policies import EntropyPolicy, RoutingPolicy, checked
 from ..core.sampling import pad_vocab
 from ..decode.loop import stitch_loop
-from ..decode.engines import resolve_engine
-from .checks import check_pair, check_request, shared_width, streamer_from_generate
-from .fallback import run_with_fallback
+from ..engine.engine import Engine, build, restore_rng, rng_state
+from ..engine.config import EngineConfig
+from ..engine.pair import Pair, logit_width
+from .checks import check_request, streamer_from_generate
 from .placement import check_placement
 from .output import StitchedGenerateOutput
-
-
-def logit_width(model: PreTrainedModel) -> int:
-    """Number of logits the model emits (its embedding rows, which may exceed the tokenizer)."""
-    head = model.get_output_embeddings()
-    if head is not None and hasattr(head, "weight"):
-        return int(head.weight.shape[0])
-    return int(model.config.get_text_config().vocab_size)
 
 
 def pad_id(config: GenerationConfig) -> int:
@@ -104,7 +97,8 @@ def stitched_decode(
             model). ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a reusable
             :class:`hf_rstitch.fast.FastEngine`: the fast engine, an error where it cannot run. Where
             ``"auto"`` picked the fast engine and it fails (building lanes, capturing, compiling), the call
-            reruns on the eager engine, the reason logged once (:mod:`hf_rstitch.hf.fallback`).
+            reruns on the eager engine, the reason logged once (:func:`run_once_more`). Which engine runs and
+            how it is built: :mod:`hf_rstitch.engine`.
 
     Returns:
         The sequences ``[B, T]``, or with ``return_dict_in_generate=True`` a
@@ -123,44 +117,69 @@ def stitched_decode(
 
 def _decode(model, input_ids, logits_processor, stopping_criteria, generation_config, stitch_slm, stitch_threshold,
             stitch_policy, stitch_router, stitch_streamer, stitch_timing, stitch_engine, model_kwargs):
-    """The body of :func:`stitched_decode` once the streamer is known: checks, lanes, the loop, the output."""
-    slm = check_pair(model, stitch_slm)
-    policy = resolve_policy(stitch_threshold, stitch_policy, generation_config, stitch_router, slm)
-    vocab = shared_width(logit_width(model), logit_width(slm))  # ids either model may emit (a cut is logged)
-    check_request(input_ids, generation_config, model_kwargs, vocab)
-    engine, auto = resolve_engine(model, slm, stitch_engine, input_ids.shape[0], fast=_fast_engine)
-    check_placement(model, slm, input_ids, do_sample=bool(generation_config.do_sample), engine=engine)
+    """The body of :func:`stitched_decode` once the streamer is known: checks, the engine, the loop, the output."""
+    pair = Pair.of(model, stitch_slm)
+    policy = resolve_policy(stitch_threshold, stitch_policy, generation_config, stitch_router, pair.slm)
+    check_request(input_ids, generation_config, model_kwargs, pair.vocab)
+    check_placement(model, pair.slm, input_ids, do_sample=bool(generation_config.do_sample), engine=stitch_engine)
+    engine = build(pair, EngineConfig.of(stitch_engine, max_batch=input_ids.shape[0], shared=True,
+                                         max_length=generation_config.max_length, timing=stitch_timing))
     mask = model_kwargs.get("attention_mask")
-    mask = torch.ones_like(input_ids) if mask is None else mask
-
-    def attempt(engine, skip: int, streamed: list[int]):
-        """The call on ``engine``; the first ``skip`` steps are not streamed (a rerun's), ``streamed[0]`` counts."""
-        def on_token(tok):
-            streamed[0] += 1
-            if streamed[0] > skip:
-                stitch_streamer.put(tok.cpu())
-
-        lanes = engine.lanes(model, slm, vocab, input_ids.shape[0], generation_config.max_length, timing=stitch_timing)
-        return stitch_loop(
-            lanes,
-            input_ids,
-            mask,
-            policy,
-            process=logits_processor if logits_processor else None,  # none: the lanes may pick greedy tokens
-            should_stop=quick_stopping(stopping_criteria) or stopping_criteria,
-            do_sample=bool(generation_config.do_sample),
-            pad_token_id=pad_id(generation_config),
-            on_token=on_token if stitch_streamer is not None else None,
-            keep_scores=bool(generation_config.output_scores),
-            keep_logits=bool(generation_config.output_logits),
-            drop_finished=finished_rows_unseen(generation_config, logits_processor, stopping_criteria),
-        )
-
-    # auto: a fast-engine failure reruns eagerly
-    result = run_with_fallback(model, slm, engine, attempt) if auto else attempt(engine, 0, [0])
+    run = _Run(input_ids, torch.ones_like(input_ids) if mask is None else mask, policy, logits_processor,
+               stopping_criteria, generation_config, stitch_streamer)
+    result = run_once_more(engine, run)
     for trace in result.traces:
         trace.threshold = getattr(policy, "threshold", None)
     return to_output(result, model, generation_config)
+
+
+def run_once_more(engine: Engine, run: "_Run"):
+    """``run`` on ``engine``; where ``"auto"`` picked the fast engine and it fails, once more on the eager engine
+    that :meth:`~hf_rstitch.engine.Engine.fall_back` gives, from the RNG state the call started with (sampled tokens
+    are drawn as they would have been had the eager engine run from the start). Steps already streamed are not
+    streamed again; where the fast run streamed tokens that the eager engine then draws differently (possible in
+    bfloat16, never in float32, where the zoo suite proves the engines equal), the returned sequences are the eager
+    engine's. A named engine's errors are raised."""
+    state = rng_state(engine.pair.device) if engine.may_fall_back else None
+    try:
+        return run(engine)
+    except Exception as err:  # noqa: BLE001  (any failure of the fast path: fall_back decides)
+        eager = engine.fall_back(err)
+        restore_rng(state)
+        return run(eager, skip=run.streamed)
+
+
+class _Run:
+    """One ``generate`` call's loop over an engine (:func:`stitch_loop`), streaming each step once."""
+
+    def __init__(self, input_ids, mask, policy, processors, criteria, config: GenerationConfig, streamer):
+        self.input_ids, self.mask, self.policy, self.streamer = input_ids, mask, policy, streamer
+        self.processors, self.criteria, self.config = processors, criteria, config
+        self.streamed = 0  # steps streamed so far (a rerun's first ones are not put again)
+
+    def __call__(self, engine: Engine, skip: int = 0):
+        config, count = self.config, [0]
+
+        def on_token(tok):
+            count[0] += 1
+            if count[0] > skip:
+                self.streamer.put(tok.cpu())
+            self.streamed = max(self.streamed, count[0])
+
+        return stitch_loop(
+            engine,
+            self.input_ids,
+            self.mask,
+            self.policy,
+            process=self.processors if self.processors else None,  # none: the lanes may pick greedy tokens
+            should_stop=quick_stopping(self.criteria) or self.criteria,
+            do_sample=bool(config.do_sample),
+            pad_token_id=pad_id(config),
+            on_token=on_token if self.streamer is not None else None,
+            keep_scores=bool(config.output_scores),
+            keep_logits=bool(config.output_logits),
+            drop_finished=finished_rows_unseen(config, self.processors, self.criteria),
+        )
 
 
 def finished_rows_unseen(config: GenerationConfig, processors, criteria) -> bool:
@@ -213,13 +232,6 @@ def quick_stopping(criteria):
         return torch.isin(seq[:, -1], ids)
 
     return stop
-
-
-def _fast_engine(llm, slm, spec, batch: int, own: bool):
-    """:func:`hf_rstitch.fast.fast_engine`, imported when a call asks for the fast engine (or ``"auto"``)."""
-    from ..fast import fast_engine
-
-    return fast_engine(llm, slm, spec, batch, own)
 
 
 def to_output(result, llm: PreTrainedModel, config: GenerationConfig) -> StitchedGenerateOutput | torch.LongTensor:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from ..core.devices import describe, devices, is_sharded, tp_mesh
+from ..core.devices import describe, devices, is_sharded, tp_mesh  # noqa: F401  (describe, is_sharded: read from here too)
 from ..core.roles import Role
-from ..decode.engines import is_eager
+from ..engine.engine import refuse_sharded
 
 _OFFLOAD = ("cpu", "disk")
 
@@ -40,9 +40,8 @@ def check_placement(
         llm / slm: the pair as passed to ``generate``.
         input_ids: ``[B, T]`` the prompt; under tensor parallelism it must be the same on all ranks.
         do_sample: sampling is requested; under tensor parallelism every rank's RNG must agree.
-        engine: the ``stitch_engine`` argument or the engine
-            :func:`hf_rstitch.decode.engines.resolve_engine` made of it;
-            only the eager lanes run sharded models.
+        engine: the ``stitch_engine`` argument: a fast engine named runs single-device models only
+            (:func:`hf_rstitch.engine.engine.refuse_sharded`; ``"auto"`` runs sharded models on the eager lanes).
 
     Under tensor parallelism this makes one small collective (a fingerprint of the prompt and the
     sampling RNG, all-reduced over the LLM's mesh), so every rank must call ``generate``.
@@ -50,14 +49,7 @@ def check_placement(
     for model, role in ((llm, Role.LLM), (slm, Role.SLM)):
         _check_loaded(model, role)
         _check_parallelism_kind(model, role)
-    if not is_eager(engine) and getattr(engine, "single_device", True):  # a spec, or what resolve_engine made
-        for model, role in ((llm, Role.LLM), (slm, Role.SLM)):
-            if is_sharded(model):
-                raise ValueError(
-                    f"stitch_engine={engine!r} runs single-device models only (its static caches and CUDA graphs "
-                    f"live on one device), but the {role} is {describe(model)}. Use stitch_engine='default' for a "
-                    "model split with device_map or tensor parallelism."
-                )
+    refuse_sharded(llm, slm, engine)
     mesh = tp_mesh(llm)
     if mesh is None:
         slm_mesh = tp_mesh(slm)

@@ -8,18 +8,18 @@ imported only there.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..decode.engines import engine_option, is_eager
+from ..engine.config import EngineConfig, embeds_engine
 from ..hf.settings import DEFAULT_THRESHOLD, default_threshold
 from .handover import STREAM_INTERVAL_S, STREAM_WRITES_PER_S
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+@embeds_engine()
 @dataclass
 class ServeConfig:
     llm: str = field(default="", metadata={"help": "LLM folder or Hub id (default: the shipped pair's LLM)"})
@@ -35,12 +35,9 @@ class ServeConfig:
     device: str = field(default="cpu", metadata={"help": "torch device of both models (e.g. cpu, cuda, cuda:1)"})
     dtype: str = field(default="float32", metadata={"help": "model dtype",
                                                      "choices": ["float32", "bfloat16", "float16"]})
-    max_batch: int = field(default=8, metadata={"help": "rows of the continuous batch (requests decoded at once)"})
-    engine: str | None = field(default=None, metadata={
-        "help": "auto (the default, or $HF_RSTITCH_ENGINE): fast where it runs the pair, else default (the reason "
-                "logged); default: eager lanes (any device, any model); fast: paged KV caches + CUDA graphs (CUDA, "
-                "full-attention models; see --kv-memory)",
-        "choices": ["default", "fast", "auto"]})
+    engine: EngineConfig = field(default_factory=EngineConfig, metadata={"embed": True, "help":
+        "the pair's engine: kind (--engine), --max-batch, --max-model-len, --kv-memory, --kv-tokens, --paged, "
+        "--prefill-chunk (hf_rstitch.engine.EngineConfig); ServeConfig(engine='fast', max_batch=4) takes them flat"})
     schedule: str = field(default="now", metadata={"help":
         "When the LLM runs for rows that need it in a batch: now (at once), or gather[:K[:M]]: such rows "
         "wait (no token) at most K steps (default 2) until M rows need it (default a quarter of the batch), while "
@@ -52,17 +49,6 @@ class ServeConfig:
     max_queue: int = field(default=64, metadata={
         "help": "requests that may wait for a free row; beyond max-batch + max-queue the server answers 429"})
     max_tokens: int = field(default=256, metadata={"help": "completion budget of a request that sets no max_tokens"})
-    prefill_chunk: int = field(default=0, metadata={
-        "help": "tokens of joining prompts each model reads a step while rows decode (fast engine): a long prompt "
-                "joins over several steps instead of stalling the batch for its whole prefill; 0 (the default): "
-                "the joins of a step prefill whole, together"})
-    kv_memory: float = field(default=0.9, metadata={
-        "help": "fast engine on CUDA: fraction of the GPU's memory that the pair's weights and KV blocks may fill "
-                "(the rest is for CUDA graphs and activations); KV memory follows the tokens rows write, requests "
-                "join while their prompts' blocks are free, and rows that outgrow it wait again (docs/serving.md)"})
-    max_model_len: int = field(default=0, metadata={
-        "help": "longest prompt + max_tokens a request may ask for with the fast engine; 0: the LLM's context "
-                "window (max_position_embeddings), at most what the KV memory holds"})
     model_name: str = field(default="", metadata={
         "help": "model id that /v1/models lists and responses carry (default: the LLM folder's name); several "
                 "comma-separated names are aliases (the first is the one responses carry); requests naming any other "
@@ -100,18 +86,11 @@ class ServeConfig:
         from ..core.policies import check_threshold
 
         self.threshold = None if self.threshold is None else check_threshold(self.threshold, "--threshold")
-        self.engine = engine_option(self.engine)
         if bool(self.llm) != bool(self.slm):
             raise ValueError("pass both --llm and --slm, or neither (to serve the shipped pair)")
-        if not 0 < self.kv_memory <= 1:
-            raise ValueError(f"--kv-memory must be a fraction in (0, 1], got {self.kv_memory}")
-        if self.max_model_len < 0:
-            raise ValueError(f"--max-model-len must be >= 0 (0: the LLM's context window), got {self.max_model_len}")
-        for name in ("max_batch", "max_tokens", "replicas", "max_body_bytes", "max_connections"):
+        for name in ("max_tokens", "replicas", "max_body_bytes", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.prefill_chunk < 0:
-            raise ValueError(f"--prefill-chunk must be >= 0 tokens (0: joins prefill whole), got {self.prefill_chunk}")
         if self.frontend_procs < 0:
             raise ValueError(f"--frontend-procs must be >= 0 (0: one process), got {self.frontend_procs}")
         if self.frontend_procs and self.replicas > 1:
@@ -121,10 +100,8 @@ class ServeConfig:
             raise ValueError(f"--max-queue must be >= 0, got {self.max_queue}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
-        from ..core.scheduling import parse_schedule
-
         try:
-            parse_schedule(self.schedule)
+            self.engine = self.engine.for_requests(self.schedule)  # a server's engine serves requests
         except ValueError as e:
             raise ValueError(f"--schedule: {e}") from None
         if self.pin not in ("none", "llm", "slm"):
@@ -182,40 +159,11 @@ def load_models(cfg: ServeConfig):
     return load_pair(resolve(cfg.llm or "shipped:llm"), resolve(cfg.slm or "shipped:slm"), cfg.dtype, cfg.device)
 
 
-DEFAULT_CONTEXT = 32768  # longest request of a model whose config names no context window
-CPU_ROW_TOKENS = 4096  # KV tokens a row off CUDA (the fast engine's eager steps: tests and demos)
-
-
-def kv_plan(cfg: ServeConfig, llm, slm) -> tuple[int, int | None]:
-    """``(max_length, kv_tokens)`` of the fast engine's request engine: the longest prompt + ``max_tokens``
-    (``--max-model-len``, else the LLM's context window) and the tokens each paged KV pool holds, sized from
-    the GPU memory free now (:func:`hf_rstitch.fast.kv_memory.kv_tokens_on_device`; off CUDA, where the fast engine
-    only runs for tests, :data:`CPU_ROW_TOKENS` a row). A request never needs more than the pool: ``max_length`` is
-    cut to it."""
-    context = getattr(llm.config.get_text_config(), "max_position_embeddings", None) or DEFAULT_CONTEXT
-    max_length = min(context, cfg.max_model_len or context)
-    if is_eager(cfg.engine):  # eager lanes: caches that grow as rows write, no pool
-        return max_length, None
-    if llm.device.type != "cuda":  # "auto" runs eager lanes here, "fast" its CPU test path: nothing to report
-        return min(max_length, cfg.max_batch * CPU_ROW_TOKENS), cfg.max_batch * CPU_ROW_TOKENS
-    from ..fast.kv_memory import kv_tokens_on_device
-
-    try:
-        kv_tokens = kv_tokens_on_device(llm, slm, cfg.kv_memory)
-    except ValueError:  # layers no paged cache holds (kv_shapes): the fast engine will not run this pair
-        return max_length, None
-    if kv_tokens < 1:
-        raise ValueError(f"no GPU memory is left for KV blocks below --kv-memory {cfg.kv_memory} once the pair is "
-                         "loaded; raise --kv-memory, or serve smaller models / a lower precision")
-    logging.getLogger("hf_rstitch.serve").info(
-        "fast engine KV memory: %d tokens a model (%.1f rows of max_length %d); requests up to %d tokens",
-        kv_tokens, kv_tokens / max_length, max_length, min(max_length, kv_tokens))
-    return min(max_length, kv_tokens), kv_tokens
-
-
 def build_engine(cfg: ServeConfig, llm, slm):
-    """The request engine over the pair (continuous batching, ``cfg.max_batch`` rows); with
+    """The request engine over the pair's engine, built once from ``cfg.engine`` (continuous batching,
+    ``cfg.engine.max_batch`` rows, KV memory from ``cfg.engine.kv_memory``: :func:`hf_rstitch.engine.build`); with
     ``cfg.router``, every request routes with that R-Stitch+ router."""
+    from ..engine import Pair, build
     from ..serving.requests import RequestEngine
 
     policy = None
@@ -223,11 +171,9 @@ def build_engine(cfg: ServeConfig, llm, slm):
         from ..router.policy import policy_from_router
 
         policy = policy_from_router(cfg.router, slm, flag="--router")
-    max_length, kv_tokens = kv_plan(cfg, llm, slm)
     tau = default_threshold(llm.generation_config, cfg.threshold)
-    return RequestEngine(llm, slm, threshold=tau, max_batch=cfg.max_batch, max_waiting=cfg.max_queue,
-                         policy=policy, engine=cfg.engine, max_length=max_length, schedule=cfg.schedule,
-                         kv_tokens=kv_tokens, prefill_chunk=cfg.prefill_chunk or None)
+    return RequestEngine(build(Pair.of(llm, slm), cfg.engine), threshold=tau, max_waiting=cfg.max_queue,
+                         policy=policy, schedule=cfg.schedule)
 
 
 def settings_for(cfg: ServeConfig, llm) -> Any:
@@ -254,7 +200,8 @@ def build_server(cfg: ServeConfig):
     from .app import create_app
 
     llm, slm, tok = load_models(cfg)
-    return create_app(build_engine(cfg, llm, slm), tok, settings_for(cfg, llm))
+    settings = settings_for(cfg, llm)
+    return create_app(build_engine(cfg, llm, slm), tok, settings)
 
 
 def is_loopback(host: str) -> bool:

@@ -91,7 +91,7 @@ def deployment(cfg: ServeConfig):
         RStitchReplica, name="RStitchReplica", num_replicas=cfg.replicas,
         ray_actor_options={"num_cpus": cfg.cpus_per_replica, "num_gpus": cfg.replica_gpus},
         # a replica takes what its own engine holds (rows + queue); Ray queues up to max_queue more, then 503s
-        max_ongoing_requests=cfg.max_batch + cfg.max_queue, max_queued_requests=cfg.max_queue,
+        max_ongoing_requests=cfg.engine.max_batch + cfg.max_queue, max_queued_requests=cfg.max_queue,
         graceful_shutdown_timeout_s=cfg.drain_timeout, graceful_shutdown_wait_loop_s=0.5,
     )
 
@@ -100,7 +100,7 @@ def application(cfg: ServeConfig, build: Callable[[ServeConfig], Any] | None = N
     """Front replicas over engine replicas; ``build(cfg)`` makes a replica's app (default: ``build_server``)."""
     front = serve.deployment(
         RStitchFront, name="RStitchFront", num_replicas=cfg.replicas, ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=2 * cfg.replicas * (cfg.max_batch + cfg.max_queue),
+        max_ongoing_requests=2 * cfg.replicas * (cfg.engine.max_batch + cfg.max_queue),
         graceful_shutdown_timeout_s=cfg.drain_timeout + 5, graceful_shutdown_wait_loop_s=0.5)
     return front.bind(deployment(cfg).bind(cfg, build))
 

@@ -1,8 +1,8 @@
 """The request engine: requests joining and leaving one continuous batch, each with an explicit
 :class:`RequestStatus` (waiting, running, preempted, finished), one admission rule and one queue limit.
 
-It drives the decode layer's step (:mod:`hf_rstitch.decode`) over the lanes the one engine resolver
-builds, and knows nothing of HTTP: :mod:`hf_rstitch.serve` is the OpenAI-compatible server over it,
+It drives the decode layer's step (:mod:`hf_rstitch.decode`) over the lanes of a pair's built engine
+(:func:`hf_rstitch.engine.build`), and knows nothing of HTTP: :mod:`hf_rstitch.serve` is the OpenAI-compatible server over it,
 :mod:`hf_rstitch.eval.continuous` the evaluation driver.
 """
 

@@ -54,12 +54,13 @@ from ..core.roles import Role
 from ..core.sampling import sample_one
 from ..core.scheduling import LLMSchedule
 from ..core.trace import StitchTrace
-from ..decode.engines import is_eager, resolve_engine
 from ..decode.lane import checked_schedule
 from ..decode.loop import keep_ahead, run_ahead
-from ..decode.protocol import EagerEngine
 from ..decode.step import Routing, run_step, to_device
 from ..decode.step_values import receive_values, send_values
+from ..engine.engine import Engine, build
+from ..engine.config import HELD_COLUMNS, EngineConfig
+from ..engine.pair import Pair
 from ..hf.settings import DEFAULT_THRESHOLD
 from .admission import Staging
 from .columns import Columns
@@ -69,14 +70,27 @@ from .preemption import Preemption
 from .request_types import (FINISH_REASONS, Completion, Event, QueueFull, Request, RequestState,  # noqa: F401
                             RequestStatus, StepFailed, generator_for, prepare)
 
-HOLD_TRIM = 32  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
+HOLD_TRIM = HELD_COLUMNS  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
+
+
+def _build(llm, slm, spec, max_batch, max_length, schedule, prefill_chunk, kv_tokens, paged) -> Engine:
+    """The engine of ``RequestEngine(llm, slm, engine=spec, ...)``: every row's whole budget of KV memory unless
+    ``kv_tokens`` says otherwise (nothing sized from the GPU's memory: that is ``rstitch serve``'s
+    ``--kv-memory``)."""
+    cfg = EngineConfig.of(spec, max_batch=max_batch, max_length=max_length, kv_memory=None, kv_tokens=kv_tokens,
+                          paged=paged, prefill_chunk=prefill_chunk or 0)
+    return build(Pair.of(llm, slm), cfg.for_requests(schedule))
 
 
 class RequestEngine(Columns, Preemption, Endings):
     """Serve many requests through one stitched batch (any device; the fast engine on CUDA by default).
 
     Args:
-        llm, slm: the pair (shared tokenizer), as for ``generate``.
+        llm: the pair's built engine (:func:`hf_rstitch.engine.build` of an :meth:`~hf_rstitch.engine.EngineConfig.for_requests`: ``rstitch
+            serve`` and ``rstitch eval`` build it once and hand it down; ``slm`` and the engine's settings below are
+            then its own), or the LLM of the pair, with ``slm`` (shared tokenizer), as for ``generate``: the engine
+            is built here from ``engine``, ``max_batch``, ``max_length``, ``kv_tokens``, ``paged`` and
+            ``prefill_chunk``.
         threshold: the default tau for requests that bring none.
         max_batch: rows decoded together at most; further requests wait in a queue.
         max_waiting: requests that may wait beyond the batch's rows: :meth:`submit` refuses (``QueueFull``)
@@ -87,7 +101,7 @@ class RequestEngine(Columns, Preemption, Endings):
             the entropy rule with each request's threshold.
         engine: ``None`` (the default): ``"auto"``, or the engine ``$HF_RSTITCH_ENGINE`` names.
             ``"auto"``: the fast engine where it runs the pair, else the eager lanes, the reason logged
-            (:func:`hf_rstitch.fast.choose_engine`); ``"default"``: the eager lanes (any device and model);
+            (:func:`hf_rstitch.engine.choose`); ``"default"``: the eager lanes (any device and model);
             the fast engine on CUDA: ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a
             :class:`hf_rstitch.fast.FastEngine`.
         max_length: with the fast engine, the longest prompt + ``max_new_tokens`` a request may
@@ -107,27 +121,23 @@ class RequestEngine(Columns, Preemption, Endings):
             together. Lanes without stages (the eager engine's) always join whole.
     """
 
-    def __init__(self, llm, slm, threshold: float = DEFAULT_THRESHOLD, max_batch: int = 8, max_waiting: int | None = None,
+    def __init__(self, llm, slm=None, threshold: float = DEFAULT_THRESHOLD, max_batch: int = 8, max_waiting: int | None = None,
                  policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None,
                  prefill_chunk: int | None = None, kv_tokens: int | None = None, paged: bool = True):
-        from ..hf.checks import check_pair, shared_width
-        from ..hf.decode import logit_width
-
-        if not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
-        self.llm, self.slm = llm, check_pair(llm, slm)
+        built = llm if isinstance(llm, Engine) else _build(llm, slm, engine, max_batch, max_length, schedule,
+                                                           prefill_chunk, kv_tokens, paged)
+        self.engine, pair, cfg = built, built.pair, built.config
+        self.llm, self.slm, self.vocab, self.device = pair.llm, pair.slm, pair.vocab, pair.device
+        self.default_eos, self.pad_id = pair.eos, pair.pad_id
         self.threshold = check_threshold(threshold)
-        self.max_batch, self.max_waiting = max_batch, max_waiting
-        self.vocab = shared_width(logit_width(llm), logit_width(slm))
-        eos = llm.generation_config.eos_token_id
-        self.default_eos = frozenset([eos] if isinstance(eos, int) else (eos or []))
-        pad = llm.generation_config.pad_token_id
-        self.pad_id = int(pad if pad is not None else min(self.default_eos, default=0))
-        self.device = llm.device
-        self.schedule = checked_schedule(schedule, llm, slm)
-        self.lanes, self.max_length = self._build_lanes(engine, max_length, kv_tokens, paged)
+        self.max_batch, self.max_waiting = cfg.max_batch, max_waiting
+        self.schedule = checked_schedule(schedule, self.llm, self.slm)
+        if self.schedule is not None and cfg.spare_columns < HOLD_TRIM:
+            raise ValueError(f"a schedule holds rows back, which needs {HOLD_TRIM} spare columns in the caches; build "
+                             "the engine from EngineConfig.for_requests(schedule) (hf_rstitch.engine.config).")
+        self.lanes, self.max_length = built.lanes(), built.max_length
         self.kv = budget_of(self.lanes.values())  # paged lanes: admission and preemption by free blocks
-        self._staging = Staging.for_lanes(self.lanes, prefill_chunk)  # None: joins prefill whole
+        self._staging = Staging.for_lanes(self.lanes, cfg.prefill_chunk or None)  # None: joins prefill whole
         self.thresholds = RowEntropyPolicy() if policy is None else None
         self.policy = PinnedRoles(self.thresholds if policy is None else checked(policy))
         self.policy.reset()
@@ -147,22 +157,6 @@ class RequestEngine(Columns, Preemption, Endings):
         self._ahead = None  # the next step's first lane call, run early (run_ahead); admission waits for it
         self.stats = {"steps": 0, "slm_calls": 0, "llm_calls": 0, "held": 0, "ahead": 0,
                       "preempted": 0}  # held: row-steps waiting; preempted: rows requeued for KV memory
-
-    def _build_lanes(self, engine, max_length: int, kv_tokens: int | None, paged: bool) -> tuple[dict, int | None]:
-        """The pair's lanes through the one resolver, and the longest request they hold (None: unbounded, the eager
-        lanes). Under ``"auto"`` the fast lanes are warmed up now, and the eager lanes serve if that fails."""
-        from ..fast import fallback_lanes, fast_engine
-
-        llm, slm = self.llm, self.slm
-        engine, auto = resolve_engine(llm, slm, engine, self.max_batch, own=True, fast=fast_engine)
-        if not is_eager(engine):
-            slack = HOLD_TRIM if self.schedule is not None else 0  # untrimmed padding of held rows
-            kv_tokens = (kv_tokens or self.max_batch * (max_length + slack)) if paged else None
-            lanes = fallback_lanes.lanes(llm, slm, engine, self.vocab, self.max_batch, max_length + slack, auto,
-                                         kv_tokens=kv_tokens)
-            if lanes is not None:
-                return lanes, max_length
-        return EagerEngine().lanes(llm, slm, self.vocab, 0), None
 
     # ---- public API ---------------------------------------------------------------------------
     @property

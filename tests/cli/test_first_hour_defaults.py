@@ -105,10 +105,11 @@ def test_budgets_read_in_points_with_the_right_number():
 def test_serve_says_nothing_of_a_kv_pool_where_eager_lanes_run(caplog):
     import logging
 
-    from hf_rstitch.serve.config import ServeConfig, kv_plan
+    from hf_rstitch.engine import Pair, build
+    from hf_rstitch.serve.config import ServeConfig
     from tiny_models import make_pair
 
     llm, slm = make_pair("llama")
     with caplog.at_level(logging.INFO, logger="hf_rstitch"):
-        kv_plan(ServeConfig(engine="auto"), llm, slm)
+        build(Pair.of(llm, slm), ServeConfig(engine="auto").engine)  # what the server builds (kv_plan inside)
     assert "KV memory" not in caplog.text

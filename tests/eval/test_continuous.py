@@ -77,7 +77,7 @@ def test_the_fast_engine_gives_the_same_records(tmp_path, bench_file, tokenizer,
         fast = _run(tmp_path, "fast", bench_file, tokenizer, pair64, 2, engine="fast", **methods)
     with pytest.warns(UserWarning, match="runs its static-cache steps eagerly"):
         one = _run(tmp_path, "fast1", bench_file, tokenizer, pair64, 1, engine="fast", **methods)
-    monkeypatch.setattr("hf_rstitch.fast.engine._SAID", set())  # earlier runs may have said it (INFO once)
+    monkeypatch.setattr("hf_rstitch.engine.engine._SAID", set())  # earlier runs may have said it (INFO once)
     logger = logging.getLogger("hf_rstitch.fast")  # its own handler: other tests may stop propagation
     seen = _Lines()
     logger.addHandler(seen)

@@ -10,7 +10,9 @@ import torch
 
 import hf_rstitch
 from hf_rstitch import ReplayPolicy
-from hf_rstitch.fast import AUTO, NO_TRITON, FastConfig, FastEngine, choose_engine, why_not_fast, why_not_triton
+from hf_rstitch.engine import EngineConfig, Pair, choose
+from hf_rstitch.engine import engine as engine_build
+from hf_rstitch.fast import AUTO, NO_TRITON, FastConfig, FastEngine, why_not_fast, why_not_triton
 from hf_rstitch.fast import engine as fast_engine
 from tiny_models import make_pair, prompt
 
@@ -25,7 +27,7 @@ def _generate(llm, slm, ids, engine):
 
 @pytest.fixture(autouse=True)
 def unsaid(monkeypatch):
-    monkeypatch.setattr(fast_engine, "_SAID", set())  # each test sees the first (INFO) record of its reasons
+    monkeypatch.setattr(engine_build, "_SAID", set())  # each test sees the first (INFO) record of its reasons
 
 
 @contextmanager
@@ -51,7 +53,7 @@ def test_auto_off_cuda_runs_the_eager_engine_and_says_why(caplog):
 
 def test_each_reason_is_said_at_info_once(monkeypatch):
     said = []
-    monkeypatch.setattr(fast_engine.log, "log", lambda level, msg, *a: said.append((level, msg)))
+    monkeypatch.setattr(engine_build.log, "log", lambda level, msg, *a: said.append((level, msg)))
     llm, slm = make_pair("llama")
     for _ in range(3):
         _generate(llm, slm, prompt(5), "auto")
@@ -73,7 +75,7 @@ def test_auto_picks_the_fast_engine_where_it_runs(monkeypatch):
     llm, slm = make_pair("llama")
     monkeypatch.setattr(fast_engine, "why_not_fast", lambda *a: None)
     monkeypatch.setattr(fast_engine, "why_not_triton", lambda: None)
-    assert choose_engine(llm, slm, "auto") is AUTO
+    assert choose(Pair.of(llm, slm), EngineConfig(kind="auto")).fast is AUTO
     assert AUTO.compile == "parts"
 
 
@@ -83,7 +85,7 @@ def test_without_triton_auto_runs_graphs_without_compile_and_says_why(monkeypatc
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
     assert why_not_triton().startswith("triton is not importable (ModuleNotFoundError")
     with fast_log(caplog):
-        assert choose_engine(llm, slm, "auto") is NO_TRITON
+        assert choose(Pair.of(llm, slm), EngineConfig(kind="auto")).fast is NO_TRITON
     assert "runs the fast engine without torch.compile or Triton kernels" in caplog.text
     assert "triton is not importable" in caplog.text
     assert (NO_TRITON.compile, NO_TRITON.gemv, NO_TRITON.attention) == (None, False, "matmul")
@@ -101,7 +103,7 @@ def test_without_a_c_compiler_triton_cannot_build_its_launchers(monkeypatch):
 @pytest.mark.parametrize("spec", ["default", "fast"])
 def test_other_specs_pass_through(spec):
     llm, slm = make_pair("llama")
-    assert choose_engine(llm, slm, spec) == spec
+    assert choose(Pair.of(llm, slm), EngineConfig(kind=spec)).kind == spec
 
 
 def test_changed_weights_rebuild_the_kept_lanes():

@@ -6,7 +6,7 @@ import torch
 
 import hf_rstitch
 from hf_rstitch import Role
-from hf_rstitch.decode.engines import ENGINE_ENV, requested_engine
+from hf_rstitch.engine.config import ENGINE_ENV, requested_engine
 from hf_rstitch.serving.requests import Request, RequestEngine
 from hf_rstitch.fast import NO_TRITON, FastLane
 from hf_rstitch.fast import engine as fast_engine
@@ -109,12 +109,12 @@ def test_the_cli_configs_default_to_auto_or_the_variable(monkeypatch):
     from hf_rstitch.eval import EvalConfig
     from hf_rstitch.serve.config import ServeConfig
 
-    assert EvalConfig(llm="a", slm="b", data=["x.jsonl"]).engine == "auto"
-    assert ServeConfig().engine == "auto"
+    assert EvalConfig(llm="a", slm="b", data=["x.jsonl"]).engine.kind == "auto"
+    assert ServeConfig().engine.kind == "auto"
     monkeypatch.setenv(ENGINE_ENV, "default")
-    assert EvalConfig(llm="a", slm="b", data=["x.jsonl"]).engine == "default"
-    assert EvalConfig(llm="a", slm="b", data=["x.jsonl"], engine="fast").engine == "fast"
-    assert ServeConfig().engine == "default" and ServeConfig(engine="auto").engine == "auto"
+    assert EvalConfig(llm="a", slm="b", data=["x.jsonl"]).engine.kind == "default"
+    assert EvalConfig(llm="a", slm="b", data=["x.jsonl"], engine="fast").engine.kind == "fast"
+    assert ServeConfig().engine.kind == "default" and ServeConfig(engine="auto").engine.kind == "auto"
     for command in ("eval", "serve", "generate"):
         sub = build_parser()._subparsers._group_actions[0].choices[command]
         (flag,) = [a for a in sub._actions if "--engine" in a.option_strings]

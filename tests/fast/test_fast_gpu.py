@@ -230,8 +230,8 @@ def test_fp32_requests_that_wait_for_the_llm_equal_those_that_do_not():
 def test_fp32_generate_naming_no_engine_runs_the_fast_engine_and_keeps_it(monkeypatch):
     """What CUDA users get without asking: no ``stitch_engine`` means "auto", the fast engine (kept on the LLM)
     with the eager engine's tokens; the second call reuses its lanes. Entropy routing, so routes must match too."""
-    from hf_rstitch.decode.engines import ENGINE_ENV
-    from hf_rstitch.fast import choose_engine
+    from hf_rstitch.engine import EngineConfig, Pair, choose
+    from hf_rstitch.engine.config import ENGINE_ENV
     from hf_rstitch.fast.engine import ATTRIBUTE
     from tiny_models import make_pair, prompt
 
@@ -242,7 +242,7 @@ def test_fp32_generate_naming_no_engine_runs_the_fast_engine_and_keeps_it(monkey
               return_dict_in_generate=True, output_logits=True)
     want = llm.generate(ids, stitch_engine="default", **kw)
     assert len(set(want.stitch.roles)) == 2  # tau = 0.7 really stitches
-    config = choose_engine(llm, slm, "auto")  # fast.AUTO, or fast.NO_TRITON where Triton cannot run
+    config = choose(Pair.of(llm, slm), EngineConfig(kind="auto")).fast  # fast.AUTO, or fast.NO_TRITON where Triton cannot run
     assert config != "default"
     for _ in range(2):  # first call builds (compiles, captures), second reuses
         got = llm.generate(ids, **kw)

@@ -1,13 +1,13 @@
 """The request engine under ``"auto"`` never fails where the eager lanes work: a fast engine whose lanes fail
 while they are built or warmed up (capture, compile) gives way to the eager lanes with one logged reason
-(hf_rstitch.fast.fallback_lanes), and the requests' tokens are the eager engine's; a named fast engine raises."""
+(hf_rstitch.engine.engine: Engine.fall_back), and the requests' tokens are the eager engine's; a named fast engine raises."""
 
 import logging
 
 import pytest
 
 from hf_rstitch import Role
-from hf_rstitch.decode.engines import ENGINE_ENV
+from hf_rstitch.engine.config import ENGINE_ENV
 from hf_rstitch.serving.requests import Request, RequestEngine
 from hf_rstitch.fast import FastEngine, FastLane, support
 from hf_rstitch.fast import engine as fast_engine

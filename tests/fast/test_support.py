@@ -9,6 +9,8 @@ import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, MistralConfig, MistralForCausalLM
 
 import hf_rstitch  # noqa: F401  (patches generate)
+from hf_rstitch.engine import EngineConfig, Pair, choose
+from hf_rstitch.engine import engine as engine_build
 from hf_rstitch.fast import FastConfig, check_supported, support
 from hf_rstitch.fast import config as fast_config
 from hf_rstitch.fast import engine as fast_engine
@@ -114,7 +116,7 @@ def auto_is_fast(monkeypatch):
     monkeypatch.setattr(fast_engine, "why_not_fast", lambda *a: None)
     monkeypatch.setattr(fast_engine, "why_not_triton", lambda: None)
     monkeypatch.setattr(fast_engine, "AUTO", STATIC)
-    monkeypatch.setattr(fast_engine, "_SAID", set())
+    monkeypatch.setattr(engine_build, "_SAID", set())
 
 
 def test_a_lane_that_fails_to_build_falls_back_to_the_eager_engine_once(auto_is_fast, monkeypatch, caplog):
@@ -136,7 +138,7 @@ def test_a_lane_that_fails_to_build_falls_back_to_the_eager_engine_once(auto_is_
     assert len(warned) == 1 and "Cannot copy between CPU and CUDA" in warned.pop()
     assert "failed on the fast engine earlier" in support.why_not_fast(llm, slm)
     monkeypatch.setattr(fast_engine, "why_not_fast", support.why_not_fast)  # later calls go eager directly
-    assert fast_engine.choose_engine(llm, slm, "auto") == "default"
+    assert choose(Pair.of(llm, slm), EngineConfig(kind="auto")).kind == "default"
     with pytest.raises(RuntimeError, match="during CUDA graph capture"):  # by name: the error is the caller's
         _generate(llm, slm, prompt(9), STATIC)
 

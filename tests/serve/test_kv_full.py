@@ -30,18 +30,3 @@ def test_kv_full_is_a_503_with_retry_after_and_a_coded_stream_error(tokenizer):
         with c.stream("POST", "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 4, "stream": True}) as s:
             events = sse_events(s.iter_lines())
         assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == KV_FULL
-
-
-def test_kv_plan_has_no_fixed_cap():
-    """The longest request is the LLM's context window (or --max-model-len), bounded by the KV memory only."""
-    from hf_rstitch.serve.config import CPU_ROW_TOKENS, ServeConfig, kv_plan
-    from tiny_models import make_pair
-
-    llm, slm = make_pair("llama")
-    context = llm.config.max_position_embeddings
-    assert kv_plan(ServeConfig(engine="default"), llm, slm) == (context, None)
-    assert kv_plan(ServeConfig(engine="fast", max_batch=2), llm, slm) == (min(context, 2 * CPU_ROW_TOKENS),
-                                                                        2 * CPU_ROW_TOKENS)
-    assert kv_plan(ServeConfig(engine="fast", max_model_len=40), llm, slm)[0] == 40
-    llm.config.max_position_embeddings = 32768
-    assert kv_plan(ServeConfig(engine="fast", max_batch=64), llm, slm) == (32768, 64 * CPU_ROW_TOKENS)
