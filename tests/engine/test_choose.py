@@ -22,18 +22,18 @@ def pair(monkeypatch):
 
 def test_a_caller_s_own_builder_runs_as_it_is(pair):
     eager, fast = EagerEngine(), FastEngine(FastConfig(graphs=False))
-    assert choose(pair, EngineConfig.of(eager)) == ("default", "the caller's own EagerEngine", None, False)
-    assert choose(pair, EngineConfig.of(fast)) == ("fast", "the caller's own FastEngine", None, False)
+    assert choose(pair, EngineConfig.of(eager)) == ("default", "the caller's own EagerEngine", None, False, False)
+    assert choose(pair, EngineConfig.of(fast)) == ("fast", "the caller's own FastEngine", None, False, False)
 
 
 def test_default_named_runs_the_eager_lanes(pair):
-    kind, reason, config, fallback = choose(pair, EngineConfig(kind="default"))
+    kind, reason, config, fallback, _ = choose(pair, EngineConfig(kind="default"))
     assert (kind, config, fallback) == ("default", None, False) and reason.startswith("named")
 
 
 def test_fast_named_runs_the_caller_s_config_else_fast_config_and_never_falls_back(pair):
     mine = FastConfig(graphs=False)
-    assert choose(pair, EngineConfig.of(mine)) == ("fast", "named: stitch_engine='fast'", mine, False)
+    assert choose(pair, EngineConfig.of(mine)) == ("fast", "named: stitch_engine='fast'", mine, False, False)
     assert choose(pair, EngineConfig(kind="fast")).fast == FastConfig()
     assert choose(pair, EngineConfig(kind="fast", fast_like_auto=True)).fast == FastConfig()  # CPU: not AUTO
 
@@ -44,7 +44,7 @@ def test_fast_like_auto_on_cuda_runs_auto_s_config(pair, monkeypatch):
 
 
 def test_auto_where_the_fast_engine_is_not_proven_runs_eager_and_says_why(pair, caplog):
-    kind, reason, config, fallback = choose(pair, EngineConfig())  # None: auto
+    kind, reason, config, fallback, _ = choose(pair, EngineConfig())  # None: auto
     assert (kind, config, fallback) == ("default", None, False)
     assert reason == support.why_not_fast(pair.llm, pair.slm) and reason.endswith("graphs need CUDA")
 
@@ -52,13 +52,13 @@ def test_auto_where_the_fast_engine_is_not_proven_runs_eager_and_says_why(pair, 
 def test_auto_without_triton_runs_graphs_without_compile(pair, monkeypatch):
     monkeypatch.setattr(fast_engine, "why_not_fast", lambda *a: None)
     monkeypatch.setattr(fast_engine, "why_not_triton", lambda: "no triton here")
-    assert choose(pair, EngineConfig(kind="auto")) == ("fast", "no triton here", NO_TRITON, True)
+    assert choose(pair, EngineConfig(kind="auto")) == ("fast", "no triton here", NO_TRITON, True, False)
 
 
 def test_auto_where_proven_runs_auto_and_may_fall_back(pair, monkeypatch):
     monkeypatch.setattr(fast_engine, "why_not_fast", lambda *a: None)
     monkeypatch.setattr(fast_engine, "why_not_triton", lambda: None)
-    kind, reason, config, fallback = choose(pair, EngineConfig(kind="auto"))
+    kind, reason, config, fallback, _ = choose(pair, EngineConfig(kind="auto"))
     assert (kind, config, fallback) == ("fast", AUTO, True) and "proven" in reason
 
 
@@ -106,3 +106,18 @@ def test_the_cli_takes_the_engine_config_s_flags(monkeypatch):
     cfg = dataclass_from_args(ServeConfig, args)
     assert cfg.engine == EngineConfig(kind="fast", max_batch=3, max_length=50, kv_tokens=640, paged=False,
                                       prefill_chunk=16, requests=True)
+
+
+def test_auto_on_an_unproven_pair_proves_it_on_this_machine(pair, monkeypatch):
+    from hf_rstitch.engine.engine import _builder
+    from hf_rstitch.fast import proof
+
+    monkeypatch.setattr(fast_engine, "why_not_fast", lambda *a: "unproven here (test)")
+    monkeypatch.setattr(fast_engine, "why_not_triton", lambda: None)
+    monkeypatch.setattr(proof, "unproven", lambda llm, slm, batch, reason, config, kept: (None, proof.Proving(config, kept)))
+    choice = choose(pair, EngineConfig(kind="auto"))
+    assert (choice.kind, choice.fast, choice.fallback, choice.proving) == ("fast", AUTO, True, True)
+    assert "proving" in choice.reason
+    assert isinstance(_builder(pair, EngineConfig(kind="auto"), choice), proof.Proving)
+    monkeypatch.setattr(proof, "unproven", lambda llm, slm, batch, reason, config, kept: (reason + "; failed", None))
+    assert choose(pair, EngineConfig(kind="auto"))[:2] == ("default", "unproven here (test); failed")
