@@ -3,11 +3,11 @@
 For every tiny LLM of the zoo suite (``tests/zoo_models.py``: every causal LM transformers ships), the plan of
 ``FastConfig(graphs=False, compile="parts")`` on this device, counted per part: norms, decoder layers, attention
 that folds at one row, routers whose probe agrees (:mod:`hf_rstitch.fast.probes`), and the modules that keep
-their own code because their probe differs or fails. Writes ``benchmarks/results/zoo_plans_<device>.json`` and a
+their own code because their probe differs or fails. Writes ``benchmarks/results/plans_zoo_<device>.json`` and a
 markdown table; no timing. ``--before FILE``: a JSON of earlier counts (same keys) to print side by side (the
 shipped result's: the source-text checks of commit 76587c9, before the probes, counted the same way).
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/zoo_plans.py
+    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/plans_zoo.py
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def main() -> None:
                                              and "probe equal" in _layer_why(m))
     before = json.loads(Path(args.before).read_text()) if args.before else {}
     name = "cpu" if args.device == "cpu" else torch.cuda.get_device_name(0).lower().replace(" ", "_")
-    write_result(RESULTS / f"zoo_plans_{name}", {"environment": environment([args.device]), "rows": rows,
+    write_result(RESULTS / f"plans_zoo_{name}", {"environment": environment([args.device]), "rows": rows,
                                                  "before": before}, _table(rows, before))
     print(_table(rows, before))
 
