@@ -237,6 +237,12 @@ class PinnedRoles:
     def reset(self) -> None:
         self.base.reset()
 
+    def start_rows(self, rows) -> None:
+        """Rows joining a running batch: passed on to the base policy if it keeps per-row state."""
+        start = getattr(self.base, "start_rows", None)
+        if start is not None:
+            start(rows)
+
     def _free(self, step: StepView, role: Role, device) -> torch.Tensor:
         """``[B]`` bool: rows not pinned to ``role``."""
         free = tuple(self.pins.get(r) is not role for r in step.row_ids().tolist())

@@ -83,9 +83,16 @@ class StepPolicy:
         self.delimiter = delimiter
         self.ends = StepEnds(delimiter, tokenizer, step_ends)
         self._llm_step = torch.zeros(0, dtype=torch.bool)  # [rows] host: the LLM writes the row's current step
+        self._fresh: set[int] = set()  # rows whose next SLM glimpse is their first token (start_rows)
 
     def reset(self) -> None:
         self._llm_step = torch.zeros(0, dtype=torch.bool)
+        self._fresh = set()
+
+    def start_rows(self, rows: Iterable[int]) -> None:
+        """Rows that join a running batch (the request engine) start a step at their first token, whatever
+        ``StepView.index`` (the engine's step count) says."""
+        self._fresh.update(int(r) for r in rows)
 
     def _rows(self, step: StepView) -> torch.Tensor:
         rows = step.row_ids()
@@ -104,6 +111,9 @@ class StepPolicy:
         step: the step's writer (the SLM keeps its rows; a row the LLM's step owns goes back to it)."""
         rows = self._rows(step)
         start = torch.ones(len(rows), dtype=torch.bool) if step.index == 0 else self.ends(self._tails(step, self.ends.width))
+        if self._fresh:
+            fresh = torch.tensor([r in self._fresh for r in rows.tolist()], dtype=torch.bool)
+            start, self._fresh = start | fresh, self._fresh - set(rows.tolist())
         if bool(start.any()):
             high = (step.entropy > self.threshold).cpu()
             self._llm_step[rows[start]] = high[start]

@@ -40,6 +40,7 @@ class Columns:
                 lane.add_rows(seq, mask)
         self._seq, self._mask = torch.cat([self._seq, seq]), torch.cat([self._mask, mask])
         self._routing.add([s.request.role is Role.LLM for s in new])
+        self.policy.start_rows(slots)  # a policy with per-row state (StepPolicy) starts these rows afresh
         for slot, state in zip(slots, new):
             r = state.request
             if r.role is not None:

@@ -106,3 +106,19 @@ def test_step_policy_batched_rows_equal_their_solo_runs():
             got = out.sequences[row, ids.shape[1]:ids.shape[1] + solo.shape[1] - p.shape[1]]
             assert torch.equal(got, solo[0, p.shape[1]:])
             assert _traces(out)[row].roles == roles
+
+
+@pytest.mark.slow
+def test_step_policy_in_the_request_engine_equals_solo_runs():
+    """Rows joining a running batch start a step at their first token (PinnedRoles.start_rows)."""
+    from hf_rstitch.serving.requests import Request, RequestEngine
+
+    llm, slm = make_pair("llama")
+    engine = RequestEngine(llm, slm, max_batch=2, policy=StepPolicy(0.5, step_ends=ENDS))
+    prompts = [prompt(k, seed=40 + k) for k in (5, 9, 3, 7)]
+    requests = [Request(p[0].tolist(), max_new_tokens=m) for p, m in zip(prompts, (6, 14, 10, 8))]
+    done = engine.run(requests)
+    for r, p in zip(requests, prompts):
+        want, roles = reference_steps(llm, slm, p, 0.5, set(ENDS), r.max_new_tokens)
+        assert done[r.request_id].tokens == want[0, p.shape[1]:].tolist()
+        assert done[r.request_id].trace.roles == roles
