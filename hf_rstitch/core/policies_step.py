@@ -29,6 +29,21 @@ import torch
 from .policies import StepView, check_threshold
 
 
+_TEXTS: dict[int, tuple[object, list[str]]] = {}  # id(tokenizer) -> (tokenizer, each id's text): decoded once
+
+
+def token_texts(tokenizer) -> list[str]:
+    """Each token id's text, decoded once per tokenizer (a served request's policy reuses them)."""
+    kept = _TEXTS.get(id(tokenizer))
+    if kept is None or kept[0] is not tokenizer:
+        if len(_TEXTS) >= 4:
+            _TEXTS.clear()
+        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False,
+                                       clean_up_tokenization_spaces=False)
+        kept = _TEXTS[id(tokenizer)] = (tokenizer, texts)
+    return kept[1]
+
+
 class StepEnds:
     """Which token tails end a reasoning step: the decoded tail ends with ``delimiter``, or (with
     ``ids``) the last token is one of the given ids.
@@ -49,10 +64,8 @@ class StepEnds:
             raise ValueError("StepPolicy needs the tokenizer to find the step delimiter among token ids: "
                              "StepPolicy(threshold, delimiter='\\n\\n', tokenizer=tok), or give the ids that end a "
                              "step: StepPolicy(threshold, step_ends=[ids]).")
-        vocab = len(tokenizer)
         self.ids, self.delimiter = None, delimiter
-        self.texts = tokenizer.batch_decode([[i] for i in range(vocab)], skip_special_tokens=False,
-                                            clean_up_tokenization_spaces=False)
+        self.texts = token_texts(tokenizer)
         self.width = len(delimiter)  # a token holds >= 1 character: the last `width` tokens hold the delimiter
 
     def __call__(self, tails: list[list[int]]) -> torch.Tensor:

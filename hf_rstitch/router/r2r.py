@@ -172,6 +172,29 @@ def router_from_checkpoint(ckpt: dict, embed: torch.Tensor, threshold: float | N
     return router.float().eval()
 
 
+def save_r2r(router: R2RRouter, path, pretrained_model_name: str = "", dropout_rate: float = 0.1) -> Path:
+    """Write ``router`` as R2R's ``save_model`` does (the trained weights, no token embeddings), loadable by
+    R2R's own ``load_model`` and by :func:`load_r2r`."""
+    ours = {v: k for k, v in _key_map(len(router.blocks)).items()}
+    state = {}
+    for key, value in router.state_dict().items():
+        module, _, leaf = key.rpartition(".")
+        state[f"{ours[module]}.{leaf}"] = value.detach().cpu()
+    widths = [router.input.out_features] + [b.down.out_features for b in router.blocks][:-1]
+    ckpt = {"model_type": R2R_TYPE,
+            "init_args": {"hidden_states_size": router.hidden_size, "logits_size": router.logits_size,
+                          "hidden_dims": widths, "expansion_factor": router.blocks[0].up.out_features // widths[0],
+                          "dropout_rate": dropout_rate, "pretrained_model_name": pretrained_model_name,
+                          "use_position_embedding": False, "max_position_embeddings": 1024, "topk": None,
+                          "normalize_input": router.normalize_input, "freeze_lm_head": True},
+            "common_args": {"threshold": router.threshold, "input_type": ["hidden_states", "token", "logits"]},
+            "model_specific_args": {}, "state_dict": state}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(ckpt, path)
+    return path
+
+
 def find_checkpoint(source) -> tuple[Path, float | None] | None:
     """``(the .pt file, the folder config's threshold or None)`` if ``source`` is an R2R router on disk, else None."""
     path = Path(str(source))

@@ -157,3 +157,17 @@ def test_generate_with_r2r_folder_equals_reference(tmp_path, arch):
             assert trace.roles == roles
         mixed += len(set(roles)) > 1
     assert mixed >= 1
+
+
+def test_save_r2r_round_trips(tmp_path):
+    from hf_rstitch.router.r2r import save_r2r
+
+    _, slm = make_pair("llama")
+    state = their_state(32, 32, True, seed=3)
+    router = load_r2r(save_their_router(tmp_path / "r", state, 32, 0.4, normalize=True), slm)
+    path = save_r2r(router, tmp_path / "again" / "router.pt", "tiny/slm")
+    saved = torch.load(path, weights_only=True)
+    assert saved["model_type"] == R2R_TYPE and saved["init_args"]["hidden_dims"] == DIMS
+    assert sorted(saved["state_dict"]) == sorted(state)  # their names, exactly
+    assert all(torch.equal(saved["state_dict"][k], state[k].float()) for k in state)
+    assert load_r2r(path, slm).threshold == 0.4
