@@ -53,7 +53,7 @@ def train(router, data, epochs: int, lr: float = 1e-3, batch: int = 256, seed: i
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total += float(loss) * len(j)
+            total += loss.item() * len(j)
         print(f"epoch {epoch}: loss {total / len(label):.4f}", flush=True)
 
 
