@@ -1,12 +1,12 @@
 """Batched fast engine on the MATH-shaped workload (random-weight pairs, bf16), one GPU.
 
     PYTHONPATH=. python benchmarks/engine_batched.py --out-dir $OUT [--batches 1 8 32 64 128 256] [--budget-s 540]
-        [--pair qwen2 | qwen3-moe | gemma3]
+        [--pair qwen2 | qwen3 | qwen3-moe | gemma3] [--policies entropy router replay]
 
-Pairs (``--pair``, :data:`PAIRS`): Qwen2 7B / 1.5B (dense, the default); Qwen3-30B-A3B / Qwen3-0.6B (the LLM's
-feed-forwards are 128 experts, 8 a token: the experts a step reads depend on the rows, see below); Gemma 3
-12B / 1B (hybrid attention: five sliding-window layers to one full, windows of 1024 / 512). Weights are
-random and made directly on the GPU.
+Pairs (``--pair``, :data:`PAIRS`): Qwen2 7B / 1.5B (dense, the default); Qwen3-8B / Qwen3-0.6B (dense);
+Qwen3-30B-A3B / Qwen3-0.6B (the LLM's feed-forwards are 128 experts, 8 a token: the experts a step reads depend
+on the rows, see below); Gemma 3 12B / 1B (hybrid attention: five sliding-window layers to one full, windows of
+1024 / 512). Weights are random and made directly on the GPU.
 
 Per row, the paper's MATH row (7B pair, 8k budget): the LLM alone writes 2753 tokens; stitched,
 344 LLM + 771 SLM tokens in LLM runs of ~4 (``hf_rstitch.fast.routes.route``, a different seed
@@ -24,9 +24,13 @@ KV slots a row. For stitched
 decoding a step needs the SLM if any row consults it (its token, or a proposal it hands over) and
 the LLM if any row's token is the LLM's.
 
-The routes are replayed (``ReplayPolicy``), so the hand-over decisions are on the host and the loop
-never reads them from the device. ``--decisions device`` returns the same decisions on the GPU, as an
-entropy policy's are: the loop then pays the reads R-Stitch pays in use (and cannot run the LLM ahead).
+Who decides the stitched routes (``--policies``, a row's ``policy`` field): ``entropy``, the R-Stitch rule
+(``EntropyPolicy``, threshold ``lab.TAU``), and ``router``, R-Stitch+ (a random router that votes for the LLM
+wherever it is asked), decide them from the models' entropies, forced to follow the routes (``lab.RoutedPair``):
+the path a user's call runs, its decisions read from the device. ``replay`` replays them (``ReplayPolicy``): the
+decisions are on the host and the loop never reads them from the device (the bound); ``--decisions device``
+returns the same decisions on the GPU instead, as an entropy policy's are (the loop pays those reads and cannot
+run the LLM ahead). Every policy runs on the same forced models; the LLM and the SLM alone are replayed.
 
 Writes ``engine_batched_<gpu>.json`` (``rows``: ``{"batch", "method", "seconds", "floor_seconds"}``
 plus details, device, versions, date), ``.md`` and ``.png``; prints one compact JSON document last.
@@ -67,7 +71,10 @@ def timed(fn):
     return lab.timed(fn, DEVICE)
 
 
-PAIRS = {"qwen3-moe": ("qwen3-30b-a3b", "qwen3-0.6b"), "gemma3": ("gemma3-12b", "gemma3-1b")}  # --pair -> LLM, SLM
+PAIRS = {"qwen3": ("qwen3-8b", "qwen3-0.6b"), "qwen3-moe": ("qwen3-30b-a3b", "qwen3-0.6b"),
+         "gemma3": ("gemma3-12b", "gemma3-1b")}  # --pair -> LLM, SLM
+NAMES = {"qwen2": "Qwen2 7B (LLM) / 1.5B (SLM)", "qwen3": "Qwen3-8B (LLM) / Qwen3-0.6B (SLM)",
+         "qwen3-moe": "Qwen3-30B-A3B (LLM, MoE) / Qwen3-0.6B (SLM)", "gemma3": "Gemma 3 12B (LLM) / 1B (SLM), hybrid attention"}
 VARIANTS = {"auto": AUTO, "graphs": FastConfig(), "graphs-batched-experts": FastConfig(experts="batched_mm"), "parts": FastConfig(compile="parts"), "compiled-decode": FastConfig(compile="decode"),
             "graphs-matmul": FastConfig(attention="matmul")}
 
@@ -159,10 +166,16 @@ def _needs(roles: list[str], i: int, model: str) -> bool:
 DECISIONS = "host"  # where the replayed routes' decisions come back (--decisions)
 
 
-def generate(llm, slm, ids, routes, engine, new):
-    device = ids.device if DECISIONS == "device" else None  # as an entropy policy's on a GPU
+def decisions_device(ids):
+    """Where a replay's decisions come back (``--decisions``): the host, or the GPU as an entropy policy's."""
+    return ids.device if DECISIONS == "device" else None
+
+
+def generate(llm, slm, ids, routes, engine, new, policy=None):
+    """``new`` tokens of ``routes`` under ``policy`` (default: their replay)."""
+    policy = ReplayPolicy(routes, device=decisions_device(ids)) if policy is None else policy
     return llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm,
-                        stitch_policy=ReplayPolicy(routes, device=device), stitch_engine=engine, max_new_tokens=new,
+                        stitch_policy=policy, stitch_engine=engine, max_new_tokens=new,
                         do_sample=False, return_dict_in_generate=True)
 
 
@@ -170,7 +183,9 @@ def fast_section(llm, slm, args, res, budget):
     # lanes for up to 64 rows first (as before B = 128, 256 came); a larger batch rebuilds them for its rows
     first = max([b for b in args.batches if b <= 64] or [min(args.batches)])
     engine = FastEngine(VARIANTS[args.variant], capacity=capacity(args), max_batch=first)
-    res["variant"] = {"name": args.variant, "config": repr(engine.config), "pdl": args.pdl, "decisions": args.decisions}
+    res["variant"] = {"name": args.variant, "config": repr(engine.config), "pdl": args.pdl, "decisions": args.decisions,
+                      "policies": args.policies}
+    routed = lab.RoutedPair(llm, slm, rows=max(args.batches + [first]), positions=capacity(args))  # graphs record it
     from hf_rstitch.fast.patches import experts
     res["experts"] = experts.plan(llm, engine.config.experts).kind
     for batch in args.batches:
@@ -178,20 +193,22 @@ def fast_section(llm, slm, args, res, budget):
             res["skipped"].append(f"fast B={batch}: time budget")
             continue
         try:
-            fast_batch(llm, slm, args, res, engine, batch)
+            fast_batch(llm, slm, args, res, engine, batch, routed)
         except torch.cuda.OutOfMemoryError as err:  # B = 256 at full scale on an 80 GB card: say so, go on
             res["skipped"].append(f"fast B={batch}: out of GPU memory ({str(err).splitlines()[0][:200]})")
             print(f"[skip B={batch}] out of memory", flush=True)
             engine._lanes.clear()
             torch.cuda.empty_cache()
     res["lane_rows"] = {str(r): lane.max_rows for r, lane in engine._lanes.items()}
+    routed.close()
     del engine
     gc.collect()
     torch.cuda.empty_cache() if DEVICE == "cuda" else None
 
 
-def fast_batch(llm, slm, args, res, engine, batch):
-    """Both methods (and the SLM alone where asked) at one batch size, after capturing its bucket's graphs."""
+def fast_batch(llm, slm, args, res, engine, batch, routed):
+    """Both methods (and the SLM alone where asked) at one batch size, after capturing its bucket's graphs; the
+    stitched routes under each policy of ``--policies``, the models alone replayed."""
     facts = res["models"]
     vocab = min(llm.config.vocab_size, slm.config.vocab_size)  # ids both models embed
     ids = lab.prompt_ids(vocab, args.prompt, DEVICE).expand(batch, -1).contiguous()
@@ -201,17 +218,21 @@ def fast_batch(llm, slm, args, res, engine, batch):
     res["warm_up"].append({"batch": batch, "first_call_s": sec_build, "warm_up_every_bucket_s": warm,
                            "graphs": engine.graph_count(), "capture_s": engine.capture_seconds()})
     print(f"[warm B={batch}] {res['warm_up'][-1]}", flush=True)
-    methods = ("llm_only", "stitched") + (("slm_only",) if batch in args.slm_only_batches else ())
-    for method in methods:
+    methods = [("llm_only", "replay")] + [("stitched", p) for p in args.policies] + (
+        [("slm_only", "replay")] if batch in args.slm_only_batches else [])
+    for method, name in methods:
         if method.endswith("_only"):
             n = round(MATH["llm_only_tokens"] * args.scale)
             routes = [[method[:3]] * n] * batch
         else:
             routes = stitched_routes(batch, args.scale)
             n = len(routes[0])
-        sec, out = timed(lambda: generate(llm, slm, ids, routes, engine, n))
+        policy = routed.policy(name, routes, args.prompt, decisions_device(ids))
+        if name == "router":  # its SLM steps return hidden states: graphs the warm-up did not capture
+            generate(llm, slm, ids, routes, engine, n, policy)
+        sec, out = timed(lambda: generate(llm, slm, ids, routes, engine, n, policy))
         traces = out.stitch if isinstance(out.stitch, list) else [out.stitch]
-        row = {"batch": batch, "method": method, "seconds": sec,
+        row = {"batch": batch, "method": method, "policy": name, "seconds": sec,
                "floor_seconds": floor_seconds(routes, args.prompt, facts, res["bandwidth_gbps"]),
                "new_tokens_per_row": n, "ms_per_step": 1e3 * sec / n,
                "llm_forward_calls_row0": traces[0].summary()["llm_forward_calls"],
@@ -221,7 +242,7 @@ def fast_batch(llm, slm, args, res, engine, batch):
                "row_moves": {str(k): v.row_moves for k, v in engine._lanes.items()}}
         row["x_floor"] = row["seconds"] / row["floor_seconds"]
         res["rows"].append(row)
-        print(f"[{method} B={batch}] {row}", flush=True)
+        print(f"[{method} {name} B={batch}] {row}", flush=True)
         res["save"]()
 
 
@@ -316,31 +337,37 @@ def baseline_section(llm, args, res, budget):
 
 def markdown(res) -> str:
     d = res["device"]
-    shapes = {"qwen2": "Qwen2 7B (LLM) / 1.5B (SLM)", "qwen3-moe": "Qwen3-30B-A3B (LLM, MoE) / Qwen3-0.6B (SLM)",
-              "gemma3": "Gemma 3 12B (LLM) / 1B (SLM), hybrid attention"}[res["args"].get("pair", "qwen2")]
+    shapes = NAMES[res["args"].get("pair", "qwen2")]
     lines = [f"# Batched fast engine, MATH-shaped workload: random {shapes}, bf16, {d['name']}", "",
              f"torch {res['versions']['torch']}, transformers {res['versions']['transformers']}, {res['date']}; "
              f"variant `{res.get('variant', {}).get('name')}`; prompt {res['args']['prompt']} tokens per row; "
              f"copy bandwidth {res['bandwidth_gbps']:.0f} GB/s (read + write). Per row: LLM alone "
              f"{round(MATH['llm_only_tokens'] * res['args']['scale'])} tokens; stitched "
              f"{round(MATH['llm_tokens'] * res['args']['scale'])} LLM + {round(MATH['slm_tokens'] * res['args']['scale'])} "
-             "SLM tokens, LLM runs of ~4, independent routes per row. Hand-over decisions "
+             "SLM tokens, LLM runs of ~4, independent routes per row. Policies: `entropy` and `router` decide the "
+             f"routes from the models' entropies, forced to follow them (threshold {lab.TAU}): their decisions come "
+             "from the device; `replay` replays them, decisions "
              + ("on the device, as an entropy policy's (`--decisions device`): the loop reads them from the GPU and "
                 "cannot run the LLM ahead." if res.get("variant", {}).get("decisions") == "device" else
-                "replayed on the host (no device read for them)."), "",
-             "| B | LLM alone (s) | x floor | stitched (s) | x floor | stitched speed-up | LLM ms/step | "
-             "plain generate, LLM (s, extrap.) | static generate, LLM (s, extrap.) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    by = {(r["batch"], r["method"]): r for r in res["rows"] + res["transformers"]}
+                "on the host (no device read for them): the bound."), "",
+             "| B | policy | LLM alone (s) | x floor | stitched (s) | x floor | vs replay | stitched speed-up | "
+             "LLM ms/step | plain generate, LLM (s, extrap.) | static generate, LLM (s, extrap.) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    by = {(r["batch"], r["method"], r.get("policy", "replay")): r for r in res["rows"] + res["transformers"]}
     for batch in res["args"]["batches"]:
-        lo, st = by.get((batch, "llm_only")), by.get((batch, "stitched"))
-        pl, sc = by.get((batch, "llm_only_transformers_plain")), by.get((batch, "llm_only_transformers_static"))
-        cell = lambda r, k, f: f.format(r[k]) if r and k in r else "-"  # noqa: E731
-        speed = f"{lo['seconds'] / st['seconds']:.2f}x" if lo and st else "-"
-        lines.append(f"| {batch} | {cell(lo, 'seconds', '{:.2f}')} | {cell(lo, 'x_floor', '{:.2f}')} | "
-                     f"{cell(st, 'seconds', '{:.2f}')} | {cell(st, 'x_floor', '{:.2f}')} | {speed} | "
-                     f"{cell(lo, 'ms_per_step', '{:.2f}')} | {cell(pl, 'seconds', '{:.1f}')} | "
-                     f"{cell(sc, 'seconds', '{:.1f}')} |")
+        for policy in res["args"].get("policies", ["replay"]):
+            lo, st = by.get((batch, "llm_only", "replay")), by.get((batch, "stitched", policy))
+            rp = by.get((batch, "stitched", "replay"))
+            pl = by.get((batch, "llm_only_transformers_plain", "replay"))
+            sc = by.get((batch, "llm_only_transformers_static", "replay"))
+            cell = lambda r, k, f: f.format(r[k]) if r and k in r else "-"  # noqa: E731
+            speed = f"{lo['seconds'] / st['seconds']:.2f}x" if lo and st else "-"
+            vs = f"{st['seconds'] / rp['seconds']:.3f}" if st and rp else "-"
+            met = "" if not st or st.get("roles_match", True) else " (route not met)"
+            lines.append(f"| {batch} | {policy}{met} | {cell(lo, 'seconds', '{:.2f}')} | {cell(lo, 'x_floor', '{:.2f}')} | "
+                         f"{cell(st, 'seconds', '{:.2f}')} | {cell(st, 'x_floor', '{:.2f}')} | {vs} | {speed} | "
+                         f"{cell(lo, 'ms_per_step', '{:.2f}')} | {cell(pl, 'seconds', '{:.1f}')} | "
+                         f"{cell(sc, 'seconds', '{:.1f}')} |")
     for r in res["rows"]:
         if r["method"] == "slm_only":
             lines.append(f"\nSLM alone, B={r['batch']}: {r['ms_per_step']:.2f} ms/step, {r['x_floor']:.2f}x its floor.")
@@ -375,7 +402,9 @@ def plot(path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     res = json.loads(path.read_text())
-    rows = {(r["batch"], r["method"]): r for r in res["rows"] if r["method"] in ("llm_only", "stitched")}
+    shown = res["args"].get("policies", ["replay"])[0]  # the stitched rows of the first policy
+    rows = {(r["batch"], r["method"]): r for r in res["rows"]
+            if r["method"] == "llm_only" or (r["method"] == "stitched" and r.get("policy", "replay") == shown)}
     batches = sorted({b for b, _ in rows})
     fig, (left, right) = plt.subplots(1, 2, figsize=(8.4, 3.4))
     for method, label in (("llm_only", "LLM alone"), ("stitched", "stitched")):
@@ -396,8 +425,10 @@ def plot(path: Path) -> Path:
     right.set_xlabel("batch size")
     right.set_ylabel("stitched speed-up over the LLM alone")
     right.legend(fontsize=8)
-    pair = {"qwen2": "Qwen2 7B / 1.5B", "qwen3-moe": "Qwen3-30B-A3B / 0.6B", "gemma3": "Gemma 3 12B / 1B"}
-    fig.suptitle(f"Batched fast engine, MATH-shaped workload, {pair[res['args'].get('pair', 'qwen2')]} shapes "
+    pair = {"qwen2": "Qwen2 7B / 1.5B", "qwen3": "Qwen3-8B / 0.6B", "qwen3-moe": "Qwen3-30B-A3B / 0.6B",
+            "gemma3": "Gemma 3 12B / 1B"}
+    fig.suptitle(f"Batched fast engine, MATH-shaped workload, {pair[res['args'].get('pair', 'qwen2')]} shapes, "
+                 f"policy {shown} "
                  f"({res['device']['name']})", fontsize=10)
     out = path.with_suffix(".png")
     fig.tight_layout()
@@ -420,11 +451,15 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the MATH token counts (quick checks)")
     ap.add_argument("--variant", default="graphs", choices=list(VARIANTS))
     ap.add_argument("--pair", default="qwen2", choices=["qwen2", *PAIRS],
-                    help="model shapes: Qwen2 7B / 1.5B, Qwen3-30B-A3B / 0.6B (MoE) or Gemma 3 12B / 1B (hybrid)")
+                    help="model shapes: Qwen2 7B / 1.5B, Qwen3-8B / 0.6B, Qwen3-30B-A3B / 0.6B (MoE) or Gemma 3 12B / "
+                         "1B (hybrid)")
     ap.add_argument("--pdl", default=triton_support.PDL, choices=["off", "one-row", "all"],
                     help="programmatic dependent launch of the Triton kernels (hf_rstitch.fast.kernels.triton_support.PDL; default: its default)")
+    ap.add_argument("--policies", nargs="+", default=["entropy", "replay"], choices=lab.POLICIES,
+                    help="who decides the stitched routes (a row's policy field): entropy, router (R-Stitch+) or "
+                         "replay (the bound); the LLM and the SLM alone are replayed")
     ap.add_argument("--decisions", default="host", choices=["host", "device"],
-                    help="where the replayed routes' hand-over decisions come back: the host (no device read to "
+                    help="where the replay's hand-over decisions come back: the host (no device read to "
                          "decide) or the GPU, as an entropy policy's do (the loop pays the reads it would)")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--experts-steps", type=int, default=0,
@@ -500,7 +535,7 @@ def main() -> None:
     save()
     plot(stem.with_suffix(".json"))
     print(markdown(res))
-    print(json.dumps({"device": name, "rows": [{k: r[k] for k in ("batch", "method", "seconds", "floor_seconds")}
+    print(json.dumps({"device": name, "rows": [{k: r[k] for k in ("batch", "method", "policy", "seconds", "floor_seconds")}
                                                for r in res["rows"]]}))
 
 

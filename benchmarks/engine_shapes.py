@@ -7,8 +7,13 @@
 The question (issue 39, items 1, 3 and 4): how far from its floor is each model shape at batch 1, how long
 does a first call take, and how much faster is stitched decoding than the LLM alone on the paper's MATH row?
 Weights are random, bf16, made directly on the GPU from the published configs' dimensions (:data:`SHAPES`).
-Everything runs through ``generate(..., stitch_engine="auto")`` with a replayed route
-(:class:`hf_rstitch.ReplayPolicy`), each model or pair in its own fresh Python process, one after another:
+Everything runs through ``generate(..., stitch_engine="auto")``, each model or pair in its own fresh Python process,
+one after another, under each policy of ``--policies`` (a row's ``policy`` field): ``entropy``, the R-Stitch rule
+(:class:`hf_rstitch.EntropyPolicy`, threshold :data:`lab.TAU`) and ``router``, R-Stitch+ (a random router of the
+paper's size that votes for the LLM wherever it is asked; the stitched route only) decide the route themselves
+from the models' entropies, which :class:`lab.RoutedPair` forces to follow it (the path a user's call runs);
+``replay`` replays it (:class:`hf_rstitch.ReplayPolicy`, no policy: the bound the others approach). Every policy
+runs on the same forced models (a few small kernels a forward of both); ``roles_match`` says the route was met.
 
 * a row: a model alone, ``ms_per_token`` as the difference of two calls of ``--new`` and ``--new // 2`` tokens
   over the difference in tokens (prompt prefill and call set-up cancel; the faster of two runs each), and
@@ -23,7 +28,8 @@ Everything runs through ``generate(..., stitch_engine="auto")`` with a replayed 
   ``first_call_s``: the process's first ``generate`` (a 4-token stitched route: lanes built, pieces compiled, graphs
   captured); ``first_route_s``: the first
   MATH-route call after it (any bucket its hand-overs need for the first time is captured inside it);
-  ``stitched_s``: the same route again (median of two); ``llm_alone_s``: the LLM alone. Floors:
+  ``stitched_s``: the same route again (median of two), per policy; ``llm_alone_s``: the LLM alone (replayed: no
+  hand-over to decide). Floors:
   :func:`engine_batched.floor_seconds` (weights each forward needs plus the KV cache it reads, over the copy bandwidth).
 
 Caches: ``--fresh`` gives every process its own empty ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR`` and GEMV
@@ -94,7 +100,7 @@ SHAPES = {
 PAIRS = ["qwen3-8b/qwen3-0.6b", "qwen2-7b/qwen2-1.5b", "llama3.1-8b/llama3.2-1b"]  # LLM/SLM
 SLMS = {p.split("/")[1] for p in PAIRS} | {"qwen3-1.7b"}  # rows run these as the SLM
 ROWS_ORDER = ["qwen3-0.6b", "qwen2-1.5b", "llama3.2-1b", "qwen3-1.7b", "qwen3-8b", "qwen2-7b", "llama3.1-8b"]
-NEED_S = {"row": 25, "pair": 45}  # seconds a process needs at least (warm caches): no start with less left
+NEED_S = {"row": 25, "pair": 60}  # seconds a process needs at least (warm caches): no start with less left
 
 
 # ---- models -------------------------------------------------------------------------------------------------
@@ -139,7 +145,6 @@ def child(args) -> dict:
     import torch
 
     import hf_rstitch  # noqa: F401  (patches generate)
-    from hf_rstitch import ReplayPolicy
     from hf_rstitch.fast.engine import ATTRIBUTE, AUTO, engine_for
 
     warnings = Warnings()
@@ -159,13 +164,17 @@ def child(args) -> dict:
     ids = lab.prompt_ids(min(llm.config.vocab_size, slm.config.vocab_size), args.prompt, device)
     longest = max(args.new, 0 if args.kind == "row" else round(lab.MATH["llm_only_tokens"] * args.scale))
     engine_for(llm, AUTO).capacity = args.prompt + longest + 8  # no later call of this process rebuilds a lane
+    routed = lab.RoutedPair(llm, slm, rows=1, positions=args.prompt + longest + 8)
 
-    def generate(roles, n):
-        return llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm,
-                            stitch_policy=ReplayPolicy(roles), stitch_engine="auto", max_new_tokens=n, do_sample=False)
+    def generate(roles, n, policy):
+        """The call decoding ``roles`` (``n`` tokens) under ``policy``, ready to time (the policy made first)."""
+        chosen = routed.policy(policy, roles, args.prompt)
+        return lambda: llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm,
+                                    stitch_policy=chosen, stitch_engine="auto", max_new_tokens=n, do_sample=False,
+                                    return_dict_in_generate=True)
 
     with torch.no_grad():
-        res["first_call_s"], _ = lab.timed(lambda: generate(["slm", "llm", "slm", "llm"], 4), device)
+        res["first_call_s"], _ = lab.timed(generate(["slm", "llm", "slm", "llm"], 4, args.policies[0]), device)
         engine = llm.__dict__.get(ATTRIBUTE, {}).get(AUTO)
         res["engine"] = "fast" if engine is not None and engine._lanes else "eager"
         res["config"] = repr(AUTO)
@@ -175,22 +184,29 @@ def child(args) -> dict:
     return res
 
 
-def per_token(role: str, model, generate, args, device, bw: float) -> dict:
-    """``model`` (the lane ``role``) alone: ms a token as the difference of a ``--new`` and a ``--new // 2`` token
-    call (the faster of two runs each), and its floor."""
+def per_token(role: str, model, generate, args, device, bw: float, policy: str) -> dict:
+    """``model`` (the lane ``role``) alone under ``policy``: ms a token as the difference of a ``--new`` and a
+    ``--new // 2`` token call (the faster of two runs each), and its floor."""
 
     n, half = args.new, args.new // 2
-    sec = min(lab.timed(lambda: generate([role] * n, n), device)[0] for _ in range(2))
-    sec_half = min(lab.timed(lambda: generate([role] * half, half), device)[0] for _ in range(2))
+    long_call, half_call = generate([role] * n, n, policy), generate([role] * half, half, policy)
+    sec = min(lab.timed(long_call, device)[0] for _ in range(2))
+    sec_half = min(lab.timed(half_call, device)[0] for _ in range(2))
     facts = lab.weight_bytes(model)
-    return {"role": role, **facts, "ms_per_token": 1e3 * (sec - sec_half) / (n - half),
+    return {"role": role, "policy": policy, **facts, "ms_per_token": 1e3 * (sec - sec_half) / (n - half),
             "call_ms_per_token": 1e3 * sec / n, "floor_ms": 1e3 * facts["decode_read_bytes"] / (bw * 1e9)}
+
+
+def row_policies(args) -> list[str]:
+    """The policies a model alone runs under: the router decides nothing there (its entropies never ask it)."""
+    return [p for p in args.policies if p != "router"]
 
 
 def row_section(args, llm, slm, generate, device, res) -> None:
     role = "slm" if args.what in SLMS else "llm"
-    res["alone"] = {args.what: {**per_token(role, slm if role == "slm" else llm, generate, args, device,
-                                            res["bandwidth_gbps"]), "partner": "one-layer copy of the shape"}}
+    model = slm if role == "slm" else llm
+    res["alone"] = [{"model": args.what, **per_token(role, model, generate, args, device, res["bandwidth_gbps"], p),
+                     "partner": "one-layer copy of the shape"} for p in row_policies(args)]
 
 
 def pair_section(args, llm, slm, generate, device, res) -> None:
@@ -200,16 +216,19 @@ def pair_section(args, llm, slm, generate, device, res) -> None:
         res["error"] = "the 'auto' engine ran the eager engine (see warnings): pair not timed"
         return
     names = dict(zip(("llm", "slm"), args.what.split("/")))
-    res["alone"] = {names[role]: per_token(role, model, generate, args, device, res["bandwidth_gbps"])
-                    for role, model in (("slm", slm), ("llm", llm))}
+    res["alone"] = [{"model": names[role], **per_token(role, model, generate, args, device, res["bandwidth_gbps"], p)}
+                    for p in row_policies(args) for role, model in (("slm", slm), ("llm", llm))]
     facts = {"llm": ebt.model_facts(llm), "slm": ebt.model_facts(slm)}
     stitched = ebt.stitched_routes(1, args.scale)
     alone = [["llm"] * round(lab.MATH["llm_only_tokens"] * args.scale)]
-    res["first_route_s"], _ = lab.timed(lambda: generate(stitched[0], len(stitched[0])), device)
-    res["stitched_s"], _ = lab.timed(lambda: generate(stitched[0], len(stitched[0])), device, repeats=2)
-    lab.timed(lambda: generate(alone[0][:16], 16), device)
-    res["llm_alone_s"], _ = lab.timed(lambda: generate(alone[0], len(alone[0])), device)
-    res["speedup"] = res["llm_alone_s"] / res["stitched_s"]
+    res["stitched"] = {}
+    for policy in args.policies:  # each policy: a first call (any bucket its hand-overs need), then the timed two
+        call = generate(stitched[0], len(stitched[0]), policy)
+        first, _ = lab.timed(call, device)
+        sec, out = lab.timed(call, device, repeats=2)
+        res["stitched"][policy] = {"first_route_s": first, "stitched_s": sec, "roles_match": lab.roles_match(out, stitched)}
+    lab.timed(generate(alone[0][:16], 16, "replay"), device)
+    res["llm_alone_s"], _ = lab.timed(generate(alone[0], len(alone[0]), "replay"), device)
     bw = res["bandwidth_gbps"]
     res["stitched_floor_s"] = ebt.floor_seconds(stitched, args.prompt, facts, bw)
     res["llm_alone_floor_s"] = ebt.floor_seconds(alone, args.prompt, facts, bw)
@@ -237,7 +256,8 @@ def empty(path: Path) -> bool:
 
 def spawn(args, kind: str, what: str, root: Path, timeout: float) -> dict:
     cmd = [sys.executable, __file__, "--child", kind, "--what", what, "--prompt", str(args.prompt),
-           "--new", str(args.new), "--scale", str(args.scale)] + (["--dry-run-cpu"] if args.dry_run_cpu else [])
+           "--new", str(args.new), "--scale", str(args.scale), "--policies", *args.policies] + (
+        ["--dry-run-cpu"] if args.dry_run_cpu else [])
     env = dict(os.environ)
     if args.fresh:
         fresh = root / re.sub(r"[^a-z0-9.]+", "_", f"{kind}_{what}")
@@ -252,14 +272,15 @@ def spawn(args, kind: str, what: str, root: Path, timeout: float) -> dict:
 
 
 def to_rows(r: dict) -> list[dict]:
-    """The rows of a process: its model alone, or a pair's two models each alone (their first call: the pair's)."""
+    """The rows of a process: its model alone, or a pair's two models each alone (their first call: the pair's),
+    one a policy."""
     keep = ("role", "call_ms_per_token", "weight_bytes", "decode_read_bytes", "tied_embeddings", "partner")
     shared = ("bandwidth_gbps", "engine", "graphs", "caches", "process_s", "warnings", "error")
-    models = r.get("alone") or {name: {} for name in r["what"].split("/")}  # a failed process: empty rows
+    models = r.get("alone") or [{"model": name, "policy": None} for name in r["what"].split("/")]  # failed: empty rows
     rows = []
-    for name, m in models.items():
-        row = {"model": name, "batch": 1, "ms_per_token": m.get("ms_per_token"), "floor_ms": m.get("floor_ms"),
-               "first_call_s": r.get("first_call_s"), "fresh_machine": r["fresh_machine"]}
+    for m in models:
+        row = {"model": m["model"], "policy": m["policy"], "batch": 1, "ms_per_token": m.get("ms_per_token"),
+               "floor_ms": m.get("floor_ms"), "first_call_s": r.get("first_call_s"), "fresh_machine": r["fresh_machine"]}
         if row["ms_per_token"] and row["floor_ms"]:
             row["x_floor"] = row["ms_per_token"] / row["floor_ms"]
         row["first_call_of"] = r["what"]  # the process whose first generate it was (a pair: both lanes built)
@@ -267,13 +288,22 @@ def to_rows(r: dict) -> list[dict]:
     return rows
 
 
-def to_pair(r: dict) -> dict:
+def to_pairs(r: dict) -> list[dict]:
+    """A pair's process as one entry a policy (``vs_replay``: its stitched seconds over the replay's)."""
     llm, slm = r["what"].split("/")
-    keep = ("stitched_floor_s", "llm_alone_floor_s", "speedup_at_floors", "first_call_s", "first_route_s", "route",
+    keep = ("stitched_floor_s", "llm_alone_floor_s", "speedup_at_floors", "first_call_s", "route",
             "engine", "bandwidth_gbps", "graphs", "caches", "process_s", "warnings", "error")
-    pair = {"llm": llm, "slm": slm, "stitched_s": r.get("stitched_s"), "llm_alone_s": r.get("llm_alone_s"),
-            "speedup": r.get("speedup"), "fresh_machine": r["fresh_machine"]}
-    return {**pair, **{k: r[k] for k in keep if k in r}}
+    stitched = r.get("stitched") or {None: {}}  # a failed process: one empty entry
+    replay = stitched.get("replay", {}).get("stitched_s")
+    pairs = []
+    for policy, got in stitched.items():
+        sec, alone = got.get("stitched_s"), r.get("llm_alone_s")
+        pair = {"llm": llm, "slm": slm, "policy": policy, "stitched_s": sec, "llm_alone_s": alone,
+                "speedup": alone / sec if alone and sec else None, "vs_replay": sec / replay if sec and replay else None,
+                "first_route_s": got.get("first_route_s"), "roles_match": got.get("roles_match"),
+                "fresh_machine": r["fresh_machine"]}
+        pairs.append({**pair, **{k: r[k] for k in keep if k in r}})
+    return pairs
 
 
 def markdown(doc: dict) -> str:
@@ -284,11 +314,14 @@ def markdown(doc: dict) -> str:
              f"({'own empty compile caches' if doc['args']['fresh'] else 'the machine caches'}). ms a token: the "
              f"difference of {doc['args']['new']}- and {doc['args']['new'] // 2}-token calls; floor: weight bytes "
              "a token reads over the copy bandwidth.", "",
-             "| model | role | ms a token | floor ms | x floor | first call (s) | of | fresh machine | engine |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"Policies: `entropy` and `router` decide the route from the models' entropies, forced to follow it "
+             f"(threshold {lab.TAU}); `replay` replays it (the bound).", "",
+             "| model | role | policy | ms a token | floor ms | x floor | first call (s) | of | fresh machine | engine |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         err = f" error: {r['error'].strip().splitlines()[-1][:80]}" if r.get("error") else ""
-        lines.append(f"| {r['model']}{' *' if r.get('from_run') else ''} | {r.get('role', '-')} | {f(r['ms_per_token'])} | {f(r['floor_ms'])} | "
+        lines.append(f"| {r['model']}{' *' if r.get('from_run') else ''} | {r.get('role', '-')} | "
+                     f"{r.get('policy') or '-'} | {f(r['ms_per_token'])} | {f(r['floor_ms'])} | "
                      f"{f(r.get('x_floor'))} | {f(r['first_call_s'], 1)} | {r.get('first_call_of', '-')} | "
                      f"{r['fresh_machine']} | "
                      f"{r.get('engine', '-')}{err} |")
@@ -297,11 +330,14 @@ def markdown(doc: dict) -> str:
     lines += ["", f"MATH-shaped route (scale {scale}): the LLM alone {m['llm_only_tokens']} tokens; stitched "
               f"{m['llm_tokens']} LLM + {m['slm_tokens']} SLM tokens, LLM runs of ~4. Floors: weights each "
               "forward needs plus its KV reads, over the copy bandwidth.", "",
-              "| LLM / SLM | stitched (s) | floor (s) | LLM alone (s) | floor (s) | speed-up | at floors | "
-              "first call (s) | first route call (s) | fresh machine |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "| LLM / SLM | policy | stitched (s) | vs replay | floor (s) | LLM alone (s) | floor (s) | speed-up | "
+              "at floors | first call (s) | first route call (s) | fresh machine |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in doc["pairs"]:
         err = f" error: {p['error'].strip().splitlines()[-1][:80]}" if p.get("error") else ""
-        lines.append(f"| {p['llm']} / {p['slm']}{' *' if p.get('from_run') else ''}{err} | {f(p['stitched_s'])} | {f(p.get('stitched_floor_s'))} | "
+        missed = "" if p.get("roles_match") is not False else " (route not met)"
+        lines.append(f"| {p['llm']} / {p['slm']}{' *' if p.get('from_run') else ''}{err} | {p.get('policy') or '-'}"
+                     f"{missed} | {f(p['stitched_s'])} | {f(p.get('vs_replay'), 3)} | {f(p.get('stitched_floor_s'))} | "
                      f"{f(p['llm_alone_s'])} | {f(p.get('llm_alone_floor_s'))} | {f(p['speedup'])}x | "
                      f"{f(p.get('speedup_at_floors'))}x | {f(p.get('first_call_s'), 1)} | "
                      f"{f(p.get('first_route_s'), 1)} | {p['fresh_machine']} |")
@@ -322,6 +358,9 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=256, help="new tokens of a row's longer timed call")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the MATH route's token counts")
+    ap.add_argument("--policies", nargs="+", default=list(lab.POLICIES), choices=lab.POLICIES,
+                    help="who decides each route (a row's policy field): entropy, router (the pairs' stitched route "
+                         "only) and replay (the bound); the first runs each process's first call")
     ap.add_argument("--fresh", action="store_true", help="every process its own empty compile / Triton caches")
     ap.add_argument("--budget-s", type=float, default=290, help="no process starts with less than it needs left")
     ap.add_argument("--merge", metavar="JSON", help="an earlier run's result on the same card: its rows and pairs "
@@ -352,14 +391,15 @@ def main() -> None:
                        versions={k: env[k] for k in ("torch", "transformers", "python")})
         doc["rows"] += to_rows(r)
         if kind == "pair":
-            doc["pairs"].append(to_pair(r))
+            doc["pairs"] += to_pairs(r)
         save(doc, args)
     merge(doc, args.merge)
     save(doc, args)
     print(markdown(doc))
-    print(json.dumps({"device": doc["device"], "rows": [{k: r.get(k) for k in ("model", "ms_per_token", "floor_ms",
-                     "first_call_s")} for r in doc["rows"]], "pairs": [{k: p.get(k) for k in ("llm", "slm", "speedup")}
-                                                                       for p in doc["pairs"]]}))
+    print(json.dumps({"device": doc["device"], "rows": [{k: r.get(k) for k in ("model", "policy", "ms_per_token",
+                     "floor_ms", "first_call_s")} for r in doc["rows"]],
+                      "pairs": [{k: p.get(k) for k in ("llm", "slm", "policy", "speedup", "vs_replay")}
+                                for p in doc["pairs"]]}))
 
 
 def merge(doc: dict, path: str | None) -> None:
@@ -370,15 +410,18 @@ def merge(doc: dict, path: str | None) -> None:
     if doc["device"] is not None and old.get("device") != doc["device"]:
         doc["skipped"].append(f"--merge {path}: measured on {old.get('device')}, not merged")
         return
-    have = {r["model"] for r in doc["rows"]}
-    doc["rows"] += [{**r, "from_run": old.get("date")} for r in old.get("rows", []) if r["model"] not in have]
-    have = {(p["llm"], p["slm"]) for p in doc["pairs"]}
-    doc["pairs"] += [{**p, "from_run": old.get("date")} for p in old.get("pairs", []) if (p["llm"], p["slm"]) not in have]
+    policy = lambda r: r.get("policy", "replay")  # noqa: E731  (results from before the field: replays)
+    have = {(r["model"], policy(r)) for r in doc["rows"]}
+    doc["rows"] += [{**r, "policy": policy(r), "from_run": old.get("date")} for r in old.get("rows", [])
+                    if (r["model"], policy(r)) not in have]
+    have = {(p["llm"], p["slm"], policy(p)) for p in doc["pairs"]}
+    doc["pairs"] += [{**p, "policy": policy(p), "from_run": old.get("date")} for p in old.get("pairs", [])
+                     if (p["llm"], p["slm"], policy(p)) not in have]
 
 
 def save(doc: dict, args) -> None:
     order = {m: i for i, m in enumerate(ROWS_ORDER)}
-    doc["rows"].sort(key=lambda r: order.get(r["model"], 99))
+    doc["rows"].sort(key=lambda r: (order.get(r["model"], 99), lab.POLICIES.index(r.get("policy") or "replay")))
     if doc["device"] is None:  # nothing ran yet
         doc = {**doc, "device": "unknown", "versions": {"torch": "?", "transformers": "?"}, "date": "?"}
     gpu = re.sub(r"[^a-z0-9]+", "_", doc["device"].lower()).strip("_")

@@ -139,6 +139,58 @@ def switch_route(n: int, n_switches: int, seed: int) -> list[str]:
     return route(n, llm_tokens, max(1.0, llm_tokens / max(1, (n_switches + 1) // 2)), seed=seed)
 
 
+# the policies a benchmark row runs (its ``policy`` field): the entropy rule and the router (R-Stitch+) decide the
+# route from the models' forced entropies (RoutedPair); a replay skips the policy (the bound the others approach)
+POLICIES = ("entropy", "router", "replay")
+TAU = 0.02  # their threshold; forced entropies sit at ~0.99 and ~1e-12, far either side
+
+
+class RoutedPair:
+    """A pair whose entropies follow the routes a call is given (:class:`hf_rstitch.fast.forced_routes.ForcedEntropies`
+    on both models, hooks installed until :meth:`close`), and the policy that decides them (:meth:`policy`).
+
+    ``rows``: the most rows a forward runs (a fast lane's largest batch bucket); ``positions``: the longest
+    sequence. Every policy, the replay included, runs on the same forced models: their figures compare."""
+
+    def __init__(self, llm, slm, rows: int, positions: int):
+        from hf_rstitch.fast.forced_routes import ForcedEntropies
+
+        vocab = min(llm.config.get_text_config().vocab_size, slm.config.get_text_config().vocab_size)
+        self.slm = slm
+        self.forced = [ForcedEntropies(m, role, rows, positions, vocab) for m, role in ((llm, "llm"), (slm, "slm"))]
+
+    def policy(self, kind: str, routes: list, prompt: int, device=None):
+        """The ``kind`` policy (:data:`POLICIES`) for a call decoding ``routes`` (one, or one a row) after prompts of
+        ``prompt`` tokens, the entropies forced to follow them; ``device``: a replay's decisions come back there."""
+        from hf_rstitch import EntropyPolicy, ReplayPolicy
+        from hf_rstitch.router.model import Router
+        from hf_rstitch.router.policy import RouterPolicy
+
+        if kind not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {kind!r}")
+        for forced in self.forced:
+            forced.follow(routes, prompt)
+        if kind == "replay":
+            return ReplayPolicy(routes, device=device)
+        if kind == "entropy":
+            return EntropyPolicy(TAU)
+        # the paper's router sizes, voting for the LLM wherever it is asked: the route stays the recorded one
+        router = Router(self.slm.config.get_text_config().hidden_size, llm_bias=20.0).to(self.slm.device).eval()
+        return RouterPolicy(router, TAU)
+
+    def close(self) -> None:
+        for forced in self.forced:
+            forced.close()
+
+
+def roles_match(out, routes: list) -> bool:
+    """Whether a ``generate(..., return_dict_in_generate=True)`` output's traces follow ``routes`` (one, or one a
+    row)."""
+    routes = [routes] if routes and isinstance(routes[0], str) else routes
+    traces = out.stitch if isinstance(out.stitch, list) else [out.stitch]
+    return all([str(r) for r in t.roles] == list(routes[min(i, len(routes) - 1)]) for i, t in enumerate(traces))
+
+
 # paper, MATH, 7B pair, 8k budget: tokens a problem, LLM runs of ~4 tokens; the benchmarks' 128-token prompts
 MATH = {"llm_only_tokens": 2753, "llm_tokens": 344, "slm_tokens": 771, "llm_run": 4.0, "prompt": 128}
 
