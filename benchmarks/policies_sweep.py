@@ -110,7 +110,7 @@ def run(args) -> None:
             row.update(split=split, label=m.label, sweep_s=time.perf_counter() - t0,
                        cpu_b1_s=timed_b1(m, problems, tok, args.timed), timed_n=min(args.timed, len(problems)))
             if m.kind == "slm":
-                row["latency_ms"] = statistics.fmean(_slm_alone_ms(latency, p, tok, row) for p in problems[:1])
+                row["latency_ms"] = _slm_alone_ms(latency, row)
             with progress.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
             print(f"{split:5s} {m.name:24s} acc {row['accuracy']:.3f} llm {row['llm_token_share']:.3f} "
@@ -118,11 +118,12 @@ def run(args) -> None:
                   flush=True)
 
 
-def _slm_alone_ms(latency, problem, tok, row) -> float:
-    """The SLM writing the mean number of tokens after a mean-length prompt (its profile, the LLM-alone formula)."""
-    calls = [{"role": "slm", "n_inf": 40, "n_kv": 0}] + [
-        {"role": "slm", "n_inf": 1, "n_kv": 40 + i} for i in range(int(row["new_tokens"]) - 1)]
-    return latency.predict_trace({"calls": calls, "roles": ["slm"] * int(row["new_tokens"])})
+def _slm_alone_ms(latency, row) -> float:
+    """The SLM writing the mean number of tokens after the mean prompt (its profile, the LLM-alone formula)."""
+    n, prompt = int(row["new_tokens"]), int(row.get("prompt_tokens", 40))
+    calls = [{"role": "slm", "n_inf": prompt, "n_kv": 0}] + [
+        {"role": "slm", "n_inf": 1, "n_kv": prompt + i} for i in range(n - 1)]
+    return latency.predict_trace({"calls": calls, "roles": ["slm"] * n})
 
 
 def _rows(path: Path) -> list[dict]:
