@@ -101,6 +101,8 @@ def run(args) -> None:
     progress.parent.mkdir(parents=True, exist_ok=True)
     done = {(r["split"], r["method"]) for r in _rows(progress)}
     for split, problems in splits(args.n_test, args.n_hard).items():
+        if args.splits and split not in args.splits:
+            continue
         for m in methods(llm, slm, tok, settings, args.r2r):
             if (split, m.name) in done or (args.only and m.kind not in args.only):
                 continue
@@ -131,7 +133,9 @@ def _rows(path: Path) -> list[dict]:
 
 
 def report(args) -> None:
-    rows = _rows(Path(f"{args.out}.progress.jsonl"))
+    rows = list({(r["split"], r["method"]): r for r in reversed(_rows(Path(f"{args.out}.progress.jsonl")))}.values())
+    order = ["llm", "slm", "rstitch", "step", "r2r", "router", "random"]
+    rows.sort(key=lambda r: (order.index(r["kind"]) if r["kind"] in order else 99, r["param"] or 0))
     for split in {r["split"] for r in rows}:
         llm = next((r for r in rows if r["split"] == split and r["kind"] == "llm"), None)
         for r in rows:
@@ -152,7 +156,10 @@ def report(args) -> None:
                          f"{r['llm_token_share']:.3f} | {r['switches']:.1f} | {r.get('latency_ms', float('nan')):.1f} | "
                          f"{r.get('speedup', float('nan')):.2f}x | {r['cpu_b1_s']:.2f} |")
         lines.append("")
+    if args.produced_by:
+        lines += ["Rows produced by: " + "; ".join(f"`{c}`" for c in args.produced_by), ""]
     doc = {"environment": environment(), "device_cpu": device_name("cpu"), "rows": rows,
+           "produced_by": args.produced_by,
            "latency_profile": "hf_rstitch/assets/router/latency.json (NVIDIA H200)"}
     write_result(args.out, doc, "\n".join(lines))
     plot(rows, Path(f"{args.out}.png"))
@@ -193,8 +200,10 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=640)
     ap.add_argument("--r2r", default=None, help="an R2R router checkpoint for the pair (benchmarks/r2r_toy_router.py)")
     ap.add_argument("--only", nargs="*", default=None, help="run only these method kinds")
+    ap.add_argument("--splits", nargs="*", default=None, help="run only these splits (test, hard)")
     ap.add_argument("--out", default=str(RESULTS / "policies_cpu"))
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--produced-by", nargs="*", default=[], help="the commands that made the rows (for --report-only)")
     args = ap.parse_args()
     if not args.report_only:
         run(args)
