@@ -143,7 +143,8 @@ def report(args) -> None:
                 r["speedup"] = llm["latency_ms"] / r["latency_ms"]
     lines = [f"Shipped toy pair, greedy, max {args.max_new_tokens} new tokens. Latency: Eq. 4 with the shipped H200 "
              "profile (estimate, not measured here); speed-up over the LLM alone. CPU B=1: mean wall seconds per "
-             f"problem on the first problems of each split ({device_name('cpu')}, 1 thread, shared machine).", ""]
+             f"problem on the first problems of each split ({device_name('cpu')}, 1 thread, shared machine: the load "
+             "changed during the run, so these seconds compare only roughly; the estimate is the comparison).", ""]
     for split in ("test", "hard"):
         part = [r for r in rows if r["split"] == split]
         if not part:
@@ -152,7 +153,8 @@ def report(args) -> None:
                   "| method | accuracy | new tokens | LLM share | switches | est. GPU ms | est. speed-up | CPU B=1 s |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in part:
-            lines.append(f"| {r['label']} | {100 * r['accuracy']:.1f} | {r['new_tokens']:.1f} | "
+            label = f"{r['label']} τ={r['param']:g}" if r["kind"] == "router" else r["label"]
+            lines.append(f"| {label} | {100 * r['accuracy']:.1f} | {r['new_tokens']:.1f} | "
                          f"{r['llm_token_share']:.3f} | {r['switches']:.1f} | {r.get('latency_ms', float('nan')):.1f} | "
                          f"{r.get('speedup', float('nan')):.2f}x | {r['cpu_b1_s']:.2f} |")
         lines.append("")
