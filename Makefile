@@ -3,7 +3,8 @@
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip
 # torch==2.13.0 first: on the project's CPU machines it is a local CPU wheel, and it keeps pip from
-# resolving an unpinned torch to a multi-GB CUDA build. On your machine it is the ordinary release.
+# resolving an unpinned torch to a multi-GB CUDA build. On your machine it is PyPI's release (the CUDA build on
+# Linux); for the CPU build: make demo TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 
 SHELL := /bin/bash
@@ -23,17 +24,17 @@ GPU_RESULT ?= benchmarks/results/gpu_tests.txt
 .PHONY: install install-dev demo test test-slow test-kernels test-gpu
 
 install:
-	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e .
 
 install-dev:
-	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e ".[dev]"
 
 demo: install
 	HF_HUB_OFFLINE=1 $(PYTHON) -m hf_rstitch demo
 
-# The fast tier (about a minute on 2 cores): every test not marked slow. pytest exits 5 when it
+# The fast tier: every test not marked slow (README, "Tests", says what it takes). pytest exits 5 when it
 # collects no test, which is not a failure here.
 test: install-dev
 	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -m "not slow" || [ $$? -eq 5 ]

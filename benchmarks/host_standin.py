@@ -172,9 +172,9 @@ def stubbed_lane(n: int):
     model = build("tiny-qwen3", "cpu")
     lane = FastLane(model, Role.SLM, model.config.vocab_size, PROMPT + n + 8, FastConfig(graphs=False))
     logits = torch.randn(1, model.config.vocab_size)
-    lane._forward = lane._decode_step = lane._compiled_bucket = lambda ids, n_real, hidden: (
+    lane.forward = lane._decode_step = lane._compiled_bucket = lambda ids, n_real, hidden: (
         lane.cache.pos.add_(n_real), (logits, None))[1]
-    lane._model_code = contextlib.nullcontext  # a graph replay runs no model code either
+    lane.model_code = contextlib.nullcontext  # a graph replay runs no model code either
     seq = torch.ones(1, PROMPT + n + 1, dtype=torch.long)
     lane.advance(seq[:, :PROMPT], seq[:, :PROMPT], torch.ones(1, dtype=torch.bool), torch.zeros(1, dtype=torch.bool))
     return lane, seq

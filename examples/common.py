@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import sys
 
+from hf_rstitch.toyworld.tasks import example_row
+
 HUB_LLM = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 HUB_SLM = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
-TOY_PROBLEM = "Zoe has 61 stickers. Then Zoe finds 23 more. Zoe gets 41 more stickers. How many stickers does Zoe have now?"  # test split, answer 125
+TOY_PROBLEM = example_row()["problem"]  # a held-out problem, the one `rstitch generate` asks by default
 
 
 def hub_available() -> bool:
@@ -37,6 +39,10 @@ def load_models(hub: bool = False, device: str | None = None):
         raise SystemExit("--hub needs the Hugging Face Hub, but HF_HUB_OFFLINE is set; drop --hub for the shipped pair.")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from hf_rstitch.sources import check_hub_source
+
+    for flag, model in (("LLM", HUB_LLM), ("SLM", HUB_SLM)):
+        check_hub_source(model, flag)  # one line at once (cache, or one short request), not a minute of retries
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     llm = AutoModelForCausalLM.from_pretrained(HUB_LLM, dtype=dtype).to(device).eval()

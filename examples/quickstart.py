@@ -1,7 +1,7 @@
 """Quickstart: one R-Stitch completion on the shipped toy pair, offline on a CPU.
 
     python examples/quickstart.py                      # LLM tokens shown in [brackets]
-    python examples/quickstart.py --threshold 0.01     # a more permissive tau: fewer LLM tokens
+    python examples/quickstart.py --threshold 0.005    # a stricter tau: more LLM tokens
 
 ``examples/quickstart_hub.py`` is the same with the paper's 7B / 1.5B Hub pair.
 """
@@ -14,12 +14,13 @@ import torch
 
 import hf_rstitch  # noqa: F401  (registers stitched decoding on generate)
 from common import TOY_PROBLEM, load_models, marked, prompt_ids
+from hf_rstitch.hf.settings import DEFAULT_THRESHOLD
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problem", default=TOY_PROBLEM)
-    parser.add_argument("--threshold", type=float, default=0.001, help="tau: normalized-entropy threshold")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="tau: normalized-entropy threshold")
     parser.add_argument("--max-new-tokens", type=int, default=300)
     args = parser.parse_args(argv)
 

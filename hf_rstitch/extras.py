@@ -12,6 +12,7 @@ EXTRAS = {
     "serve": ("fastapi>=0.110", "uvicorn>=0.29"),
     "serve-ray": ("fastapi>=0.110", "uvicorn>=0.29", "ray[serve]>=2.40"),
     "flashinfer": ("flashinfer-python>=0.6",),
+    "ui": ("gradio>=5.0",),
 }
 
 

@@ -67,7 +67,7 @@ def hub_offline() -> bool:
                for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
-def check_hub_source(source: str, flag: str, timeout: float = 10.0) -> None:
+def check_hub_source(source: str, flag: str, timeout: float = 5.0) -> None:
     """Raise ``OSError`` at once when ``source``, meant as a Hub id, cannot load.
 
     A local path, or a Hub id already in the Hugging Face cache, passes without any network call.
@@ -102,3 +102,31 @@ def check_hub_source(source: str, flag: str, timeout: float = 10.0) -> None:
         raise OSError(f"{flag} {source}: cannot reach the Hugging Face Hub ({first}), and the model is not in the "
                       "local cache. Check the network, or give a local folder (HF_HUB_OFFLINE=1 skips the Hub)."
                       ) from None
+
+
+ROUTER_FILES = ("config.json", "model.safetensors")
+ROUTER_WHAT = "a router saved with Router.save_pretrained (rstitch train-router writes OUT/router)"
+
+
+def check_router_source(source, flag: str) -> None:
+    """:func:`check_local_source` then :func:`check_hub_source` for a router given as a folder or Hub id;
+    ``"shipped"`` and router objects pass."""
+    if not isinstance(source, (str, os.PathLike)) or str(source) in ("", "shipped", "shipped:router"):
+        return
+    check_local_source(source, flag, needs=ROUTER_FILES, what=ROUTER_WHAT)
+    check_hub_source(str(source), flag)
+
+
+def check_sources(flags: dict[str, str | None]) -> None:
+    """Pre-check every ``{flag: source}`` a command is about to load, before anything loads: a model
+    (``shipped:NAME``, folder or Hub id) or, for a flag naming a router, a router. Empty sources are skipped."""
+    from .resources import resolve
+
+    for flag, source in flags.items():
+        if not source:
+            continue
+        if "router" in flag:
+            check_router_source(source, flag)
+        else:
+            check_local_source(resolve(source), flag)
+            check_hub_source(resolve(source), flag)

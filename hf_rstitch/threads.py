@@ -12,13 +12,16 @@ the user chose nothing (no ``OMP_NUM_THREADS``, no ``--threads``), use one threa
 cannot be read without loading it (a Hub id not in the local cache) keeps torch's default.
 Parameter counts come from the weight files' headers (:func:`count_params`), before anything loads.
 
-Cheap to import (no torch at module level); :func:`apply_threads` imports torch only to set the count.
+Cheap to import (no torch at module level); :func:`apply_threads` sets the count through torch when torch is
+loaded, else through ``OMP_NUM_THREADS``, which torch reads when it loads (so a command can still fail on bad
+input before paying for torch's import).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -85,7 +88,8 @@ def apply_threads(sources: Iterable[str | os.PathLike], requested: int | None = 
     threads, why = choose_threads([count_params(s) for s in sources] if requested is None else [], requested)
     if threads is None:
         return None
-    import torch
-
-    torch.set_num_threads(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    else:
+        os.environ[ENV] = str(threads)  # read by torch (OpenMP) when it loads
     return f"torch uses {threads} CPU thread{'s' if threads > 1 else ''}: {why}"

@@ -20,7 +20,7 @@ own layer or a lower one, never a higher one:
             router as a decode-time policy)
 3 eval/serving/training  ``eval``, ``serving`` (the request engine), ``serve`` (its HTTP server),
             ``toyworld``, ``training`` (training the router: a client of eval and toyworld)
-4 cli       ``cli``, ``hub_template``, the package facade ``hf_rstitch`` (``__init__``, ``__main__``)
+4 cli       ``cli``, ``hub_template``, ``ui`` (the Gradio app), the package facade ``hf_rstitch`` (``__init__``, ``__main__``)
 
 The layer of a module is that of the longest prefix listed in :data:`LAYERS`.
 :func:`graph`, :func:`cycles` and :func:`upward` are what ``tests/test_layers.py`` asserts on.
@@ -41,6 +41,7 @@ PACKAGE = "hf_rstitch"
 LAYER_NAMES = ["core", "decode", "fast/hf", "eval/serving/training", "cli"]
 LAYERS = {
     "hf_rstitch": 4, "hf_rstitch.__main__": 4, "hf_rstitch.cli": 4, "hf_rstitch.hub_template": 4,
+    "hf_rstitch.ui": 4,
     "hf_rstitch.core": 0, "hf_rstitch.resources": 0, "hf_rstitch.sources": 0, "hf_rstitch.extras": 0,
     "hf_rstitch.threads": 0, "hf_rstitch.lazy": 0,
     "hf_rstitch.decode": 1,

@@ -1,6 +1,6 @@
 """mkdocs hook: serve the committed benchmark plots (``benchmarks/results/**/*.png``) under ``results/``.
 
-The tables are pulled into docs/results.md with ``--8<--`` snippets; images cannot be, so they are
+The tables are pulled into docs/benchmarks.md with ``--8<--`` snippets; images cannot be, so they are
 added to the site's files here instead of being copied into docs/.
 """
 

@@ -38,8 +38,19 @@ def _base_type(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``(default: X)`` after an option's help, except where there is no value to show (``None``, ``""``) or
+    the help already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, "") or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add one option per field of dataclass ``cls``."""
+    """Add one option per field of dataclass ``cls`` (and show defaults as :class:`DefaultsHelpFormatter` does)."""
+    parser.formatter_class = DefaultsHelpFormatter
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.metadata.get("cli") is False:

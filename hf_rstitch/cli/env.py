@@ -18,10 +18,14 @@ SETTINGS = ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "HF_HOME", "HF_RSTITCH_ENGINE",
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the list")
-    parser.add_argument("--plan", action="store_true", help=(
-        "also print which kernels and patches the fast engine's lanes run (stitch_engine='auto''s configuration) "
-        "for the shipped pair on --device: FastLane.plan"))
+    parser.add_argument("--plan", nargs="?", const="shipped", default=None, metavar="MODEL", help=(
+        "also print which fused kernel the fast engine's lane runs for each module of MODEL, or why the model's "
+        "own code runs (FastLane.plan, stitch_engine='auto''s configuration): a Hub id, a model folder, a pair "
+        "folder holding llm/ and slm/, or shipped:NAME; without MODEL, the shipped pair"))
     parser.add_argument("--device", default="auto", help="the device of --plan: auto (cuda if available), cuda, cpu")
+    parser.add_argument("--dtype", default="auto", help=(
+        "the dtype --plan loads MODEL in: auto (bfloat16 on CUDA, float32 elsewhere), float32, bfloat16, float16; "
+        "the shipped pair is float32"))
 
 
 def _version(package: str) -> str:
@@ -53,26 +57,61 @@ def collect() -> dict[str, str]:
     return info
 
 
-def fast_plans(device: str = "auto") -> dict:
-    """``{"llm": FastPlan, "slm": FastPlan}``: the lanes ``stitch_engine="auto"`` would build for the shipped pair
-    on ``device`` (one row each; :mod:`hf_rstitch.fast.plan`). Loads the pair, builds no lane."""
-    from ..hf.loading import resolve_device
-    from ..fast import AUTO, plan_for
-    from ..toyworld.pair import load_pair
+def fast_plans(device: str = "auto", model: str = "shipped", dtype: str = "auto") -> dict:
+    """``{name: FastPlan}``: the lanes ``stitch_engine="auto"`` would build on ``device`` (one row each;
+    :mod:`hf_rstitch.fast.plan`) for ``model``: ``"shipped"`` (the shipped pair: ``"llm"`` and ``"slm"``), a pair
+    folder holding ``llm/`` and ``slm/`` (both), or one model (a Hub id, a folder or ``shipped:NAME``, in
+    ``dtype``). Loads the models, builds no lane; the plan runs its probes."""
+    from pathlib import Path
 
-    llm, slm, _ = load_pair(resolve_device(device))
-    return {"llm": plan_for(llm, AUTO), "slm": plan_for(slm, AUTO)}
+    from ..fast import AUTO, plan_for
+    from ..hf.loading import resolve_device
+    from ..resources import resolve
+
+    device = resolve_device(device)
+    if model == "shipped":
+        from ..toyworld.pair import load_pair
+
+        llm, slm, _ = load_pair(device)
+        return {"llm": plan_for(llm, AUTO), "slm": plan_for(slm, AUTO)}
+    source = resolve(model)
+    pair = Path(source)
+    if all((pair / role / "config.json").is_file() for role in ("llm", "slm")):
+        return {role: plan_for(_load(str(pair / role), dtype, device), AUTO) for role in ("llm", "slm")}
+    return {model: plan_for(_load(source, dtype, device), AUTO)}
+
+
+def _load(source: str, dtype: str, device: str):
+    """One causal LM from a folder or a Hub id, in ``dtype`` on ``device``, in eval mode."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from ..hf.loading import resolve_dtype
+    from ..sources import check_hub_source, check_local_source, looks_local
+
+    if looks_local(source) or Path(source).exists():
+        check_local_source(source, "--plan")
+    else:
+        check_hub_source(source, "--plan")
+    torch_dtype = resolve_dtype(dtype, device)
+    return AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype).to(device).eval()
 
 
 def run(args: argparse.Namespace) -> int:
     info = collect()
-    plans = fast_plans(args.device) if args.plan else {}
+    plans = fast_plans(args.device, args.plan, args.dtype) if args.plan else {}
     if args.json:
         import json
 
-        print(json.dumps({**info, **{f"fast plan {role}": plan.as_dict() for role, plan in plans.items()}}))
+        print(json.dumps({**info, **{f"fast plan {name}": _as_json(plan) for name, plan in plans.items()}}))
     else:
         print("\n".join(f"- {k}: {v}" for k, v in info.items()))
-        for role, plan in plans.items():
-            print(f"\n{role.upper()} {plan}")
+        for name, plan in plans.items():
+            print(f"\n{name.upper() if name in ('llm', 'slm') else name}: {plan}")
     return 0
+
+
+def _as_json(plan) -> dict:
+    """The plan's fields, each module line as an object."""
+    return {**plan.as_dict(), "modules": [choice._asdict() for choice in plan.modules]}

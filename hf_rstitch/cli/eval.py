@@ -26,9 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_rstitch.eval.api import evaluate
+    from hf_rstitch.cli.preflight import preflight
 
     cfg = dataclass_from_args(EvalConfig, args)
+    if not cfg.report_only:  # bad data or a model that cannot load: one line, before torch loads
+        router = cfg.router_path if "router" in cfg.methods else ""
+        preflight(cfg.data, cfg.columns, cfg.limit, {"--llm": cfg.llm, "--slm": cfg.slm, "--router-path": router})
+    from hf_rstitch.eval.api import evaluate
+
     summary = evaluate(cfg)  # bad options or data: cli.main says what, not a traceback
     from hf_rstitch.eval.launched import launched
 

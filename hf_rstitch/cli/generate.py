@@ -5,24 +5,28 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from ..hf.settings import DEFAULT_THRESHOLD
+from ..toyworld.tasks import example_row
 from .args import add_dataclass_args, dataclass_from_args
 
 NAME = "generate"
 HELP = "generate one completion with R-Stitch for a prompt and show which model wrote each token"
 DESCRIPTION = (
     "Loads an LLM and an SLM that share a tokenizer (local folders or Hub ids; default: the shipped "
-    "toy-world pair), applies the chat template to --prompt and decodes with R-Stitch at --threshold. "
+    "toy-world pair), applies the chat template to --prompt (default: a held-out problem of the toy world, the "
+    "shipped pair's own kind of question) and decodes with R-Stitch at --threshold. "
     "Prints the completion with SLM and LLM tokens in different colours and the stitch summary."
 )
 
 
 @dataclass
 class GenerateConfig:
-    prompt: str = field(default="Tom has 12 apples and buys 7 more. How many apples does he have?",
-                        metadata={"help": "the user message"})
+    prompt: str = field(default_factory=lambda: example_row()["problem"], metadata={"help": "the user message"})
     llm: str = field(default="", metadata={"help": "LLM folder, Hub id or shipped:llm (default: the shipped pair's LLM)"})
     slm: str = field(default="", metadata={"help": "SLM folder, Hub id or shipped:slm (default: the shipped pair's SLM)"})
-    threshold: float = field(default=0.05, metadata={"help": "R-Stitch entropy threshold tau in [0, 1]"})
+    threshold: float | None = field(default=None, metadata={
+        "help": "R-Stitch entropy threshold tau in [0, 1]; default: the LLM's generation_config.stitch_threshold "
+                f"(rstitch tune --write-config), else {DEFAULT_THRESHOLD}"})
     max_new_tokens: int = field(default=400, metadata={"help": "decoding budget"})
     device: str = field(default="cpu", metadata={"help": "torch device"})
     dtype: str = field(default="float32", metadata={"help": "model dtype", "choices": ["float32", "bfloat16", "float16"]})
@@ -40,7 +44,8 @@ class GenerateConfig:
 
         from ..resources import resolve
 
-        self.threshold = check_threshold(self.threshold, "--threshold")
+        if self.threshold is not None:
+            self.threshold = check_threshold(self.threshold, "--threshold")
         self.llm, self.slm = resolve(self.llm), resolve(self.slm)  # shipped:llm -> its folder
         if bool(self.llm) != bool(self.slm):
             raise ValueError("pass both --llm and --slm, or neither (to use the shipped pair)")
@@ -73,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     import hf_rstitch  # noqa: F401
 
     from ..eval.data import prompt_ids
+    from ..hf.settings import default_threshold
     from .demo import coloured, wants_colour
 
     import torch
@@ -80,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     llm, slm, tok = _load(cfg)
     ids = torch.tensor([prompt_ids(tok, cfg.prompt, instruction="")], device=cfg.device)
     sampling = dict(do_sample=True, temperature=0.6, top_p=0.95) if cfg.sample else dict(do_sample=False)
-    out = llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm, stitch_threshold=cfg.threshold,
+    tau = default_threshold(llm.generation_config, cfg.threshold)
+    out = llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm, stitch_threshold=tau,
                        max_new_tokens=cfg.max_new_tokens, return_dict_in_generate=True, stitch_engine=cfg.engine,
                        **sampling)
     print(coloured(tok, out.sequences[0, ids.shape[1]:].tolist(), out.stitch.roles, wants_colour(cfg.colour)))

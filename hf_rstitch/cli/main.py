@@ -13,9 +13,9 @@ from ..threads import TINY_PARAMS
 
 # Subcommand modules, in the order --help lists them.
 # Commands whose default models (no --llm / --slm / --model) are the shipped pair.
-USES_SHIPPED_PAIR = ("demo", "generate", "serve", "train-router", "toyworld")
+USES_SHIPPED_PAIR = ("demo", "generate", "eval", "serve", "train-router", "toyworld", "ui")
 SUBCOMMANDS = ["demo", "generate", "eval", "tune", "serve", "profile", "train_router", "toyworld", "export_hub_template",
-               "env"]
+               "env", "ui"]
 
 
 def _load_subcommands() -> list:

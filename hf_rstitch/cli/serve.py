@@ -38,6 +38,9 @@ def _need(module: str, extra: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(ServeConfig, args)
+    from .preflight import preflight
+
+    preflight(sources={"--llm": cfg.llm, "--slm": cfg.slm, "--router": cfg.router})  # one line at once, not minutes
     if not all(_need(m, "serve") for m in ("fastapi", "uvicorn")):
         return 2
     if not is_loopback(cfg.host):
@@ -49,6 +52,10 @@ def run(args: argparse.Namespace) -> int:
         from ..serve.replicas import run_replicas
 
         return run_replicas(cfg)
+    if cfg.frontend_procs:
+        from ..serve.frontends import run_split
+
+        return run_split(cfg)  # the engine in a process of its own, the HTTP side in cfg.frontend_procs
     from ..serve.config import build_server
     from ..serve.server import run as serve_app
 

@@ -27,9 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_rstitch.training.router import train_router
+    from hf_rstitch.cli.preflight import preflight
 
     cfg = dataclass_from_args(RouterTrainConfig, args)
+    preflight(cfg.data, sources={"--llm": cfg.llm, "--slm": cfg.slm})  # before torch and the models load
+    from hf_rstitch.training.router import train_router
+
     train_router(cfg, log=lambda line: print(line, flush=True))  # bad input: cli.main says what
     print(f"router saved to {cfg.out}/router (metrics: {cfg.out}/metrics.jsonl)")
     return 0

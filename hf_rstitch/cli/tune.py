@@ -85,6 +85,9 @@ def toy_dev_split(n: int) -> tuple[list[dict], str]:
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = dataclass_from_args(TuneConfig, args)
+        from .preflight import preflight
+
+        preflight(cfg.data, cfg.columns, cfg.n, {"--llm": cfg.llm, "--slm": cfg.slm, "--router": cfg.router})
         from ..eval.tuning import tune
 
         result = tune(cfg, toy_split=toy_dev_split)

@@ -78,8 +78,13 @@ def choose(points: list[SweepPoint], reference_accuracy: float, max_drop: float 
         return Choice(pick, f"most accurate threshold with predicted speed-up >= {target_speedup:g}x")
     pick = max(ok, key=lambda p: (_speed_key(p), p.accuracy, p.threshold))
     speed = "highest predicted speed-up" if pick.speedup is not None else "smallest LLM-token share"
-    return Choice(pick, f"{speed} within {max_drop:g} points of the LLM alone ({reference_accuracy:.2f} %)"
+    return Choice(pick, f"{speed} within {points_text(max_drop)} of the LLM alone ({reference_accuracy:.2f} %)"
                   + ("" if target_speedup is None else f" and >= {target_speedup:g}x"))
+
+
+def points_text(value: float) -> str:
+    """``1 point``, ``0.5 points``, ``2 points``: accuracy points with their noun in the right number."""
+    return f"{value:g} point" + ("" if value == 1 else "s")
 
 
 def table(points: list[SweepPoint], chosen: SweepPoint | None = None) -> str:

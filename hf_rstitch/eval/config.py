@@ -25,9 +25,10 @@ def _help(text: str, **extra: Any) -> Any:
 
 @dataclass
 class EvalConfig:
-    llm: str = field(default="", metadata=_help("LLM checkpoint: local path, Hub id, or shipped:llm (the shipped pair)."))
+    llm: str = field(default="", metadata=_help(
+        "LLM checkpoint: local path, Hub id, or shipped:llm; with neither --llm nor --slm, the shipped pair."))
     slm: str = field(default="", metadata=_help(
-        "SLM checkpoint (same tokenizer as the LLM): local path, Hub id, or shipped:slm."))
+        "SLM checkpoint (same tokenizer as the LLM): local path, Hub id, or shipped:slm; see --llm."))
     data: list[str] = field(default_factory=list, metadata=_help(
         "Benchmark(s): JSONL files with id/problem/answer per line, local .json/.csv/.parquet files, or Hub "
         "datasets owner/name[:split] or owner/name:config:split (needs `datasets`, in the eval extra; GSM8K and "
@@ -110,6 +111,8 @@ class EvalConfig:
             self.data = [self.data]
         from ..resources import resolve
 
+        if not self.llm and not self.slm and not self.report_only:  # as generate / serve / demo: the shipped pair
+            self.llm, self.slm = "shipped:llm", "shipped:slm"
         self.llm, self.slm = resolve(self.llm), resolve(self.slm)  # shipped:llm -> its folder
         if self.instruction is None:
             from .data import default_instruction
@@ -125,9 +128,8 @@ class EvalConfig:
 
     def _check_sources(self) -> None:
         """Models, data and device exist, before any model loads."""
-        for name in ("llm", "slm"):
-            if not getattr(self, name):
-                raise ValueError(f"--{name} is required (a local checkpoint path or Hub id) unless --report-only.")
+        if bool(self.llm) != bool(self.slm):
+            raise ValueError("pass both --llm and --slm (local folders or Hub ids), or neither (the shipped pair).")
         if not self.data:
             raise ValueError("--data is required: one or more JSONL files with id/problem/answer per line, "
                              "other local files or Hub dataset ids.")

@@ -4,8 +4,8 @@ A benchmark is a set of rows with a ``problem`` and an ``answer`` (and an ``id``
 row's position is its id) -- the format of the six sets in ``shared/benchmarks`` and of the shipped
 pair's test split. Sources:
 
-* a JSONL file (read here, line numbers in errors);
-* a local ``.json`` / ``.csv`` / ``.parquet`` file, or a Hugging Face Hub dataset
+* a JSONL file, or a ``.json`` file holding an array of rows (or JSON Lines) (read here, line numbers in errors);
+* a local ``.csv`` / ``.parquet`` file, or a Hugging Face Hub dataset
   ``owner/name[:split]`` or ``owner/name:config:split`` (default split ``test``), read through
   ``datasets`` (the ``eval`` extra), imported only then.
 
@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping
 REQUIRED_KEYS = ("problem", "answer")  # plus "id", optional
 FIELDS = ("id", "problem", "answer")
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-DATASETS_FILES = {".json": "json", ".csv": "csv", ".parquet": "parquet"}
+DATASETS_FILES = {".csv": "csv", ".parquet": "parquet"}  # local files read through `datasets`
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,37 @@ def _jsonl_rows(path: Path):
             index += 1
 
 
+def _json_rows(path: Path):
+    """Rows of a ``.json`` file: an array of objects, an object holding one such array (``{"data": [...]}``), or
+    JSON Lines; a syntax error names the line."""
+    with path.open(encoding="utf-8") as fh:
+        text = "".join(line for _, line in _lines(fh, path))
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        if err.msg == "Extra data" or _is_object(first):  # JSON Lines in a .json file: line by line
+            yield from _jsonl_rows(path)
+            return
+        raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno}); expected an array "
+                         f"of objects with {list(REQUIRED_KEYS)} (or one object per line, JSONL).") from None
+    if isinstance(doc, dict):
+        arrays = [v for v in doc.values() if isinstance(v, list)]
+        doc = arrays[0] if len(arrays) == 1 else [doc]
+    if not isinstance(doc, list):
+        raise ValueError(f"{path}: holds a JSON {type(doc).__name__}; expected an array of objects with "
+                         f"{list(REQUIRED_KEYS)}.")
+    for index, obj in enumerate(doc):
+        yield f"{path} row {index}", index, obj
+
+
+def _is_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
+
+
 def _lines(fh, path: Path):
     """``(line number, line)`` of a text file, with a message naming the file if it is not UTF-8 text."""
     lineno = 0
@@ -192,6 +223,13 @@ def load_jsonl(path: str | Path, limit: int | None = None, dataset: str | None =
     path = Path(path)
     check_readable(path)
     return _problems(_jsonl_rows(path), dataset or path.stem, limit, columns)
+
+
+def load_json(path: str | Path, limit: int | None = None, columns: Mapping[str, str] | None = None) -> list[Problem]:
+    """Read a benchmark ``.json`` file (:func:`_json_rows`); ``limit`` keeps the first N rows."""
+    path = Path(path)
+    check_readable(path)
+    return _problems(_json_rows(path), path.stem, limit, columns)
 
 
 def _import_datasets(source: str):
@@ -220,8 +258,12 @@ def load_with_datasets(source: str, limit: int | None = None, columns: Mapping[s
     try:
         ds = datasets.load_dataset(**loader)
     except Exception as err:  # the Hub / datasets raise many types; say what was asked and what failed
-        raise ValueError(f"could not load {source!r} with datasets.load_dataset({loader}): {type(err).__name__}: "
-                         f"{err}. Check the id, split and config, and that the Hub is reachable (HF_HUB_OFFLINE).") from None
+        cause = " ".join(f"{type(err).__name__}: {err}".split())
+        if path.suffix in DATASETS_FILES:
+            raise ValueError(f"{source}: could not read it as {DATASETS_FILES[path.suffix]} ({cause}); expected a "
+                             f"table with {list(REQUIRED_KEYS)} columns (or JSONL: one object per line).") from None
+        raise ValueError(f"could not load {source!r} with datasets.load_dataset({loader}): {cause}. Check the id, "
+                         "split and config, and that the Hub is reachable (HF_HUB_OFFLINE).") from None
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     mapping = spec_for(ds.column_names, columns).columns
@@ -241,6 +283,8 @@ def load_hub(source: str, limit: int | None = None, columns: Mapping[str, str] |
 def load_problems(source: str, limit: int | None = None, columns: str | Mapping[str, str] | None = None) -> list[Problem]:
     """Problems from a JSONL file, a local .json/.csv/.parquet file or a Hub dataset; see the module docstring."""
     columns = parse_columns(columns)
+    if Path(source).suffix == ".json":
+        return load_json(source, limit=limit, columns=columns)
     if Path(source).suffix == ".jsonl" or (Path(source).exists() and Path(source).suffix not in DATASETS_FILES):
         return load_jsonl(source, limit=limit, columns=columns)
     return load_with_datasets(source, limit=limit, columns=columns)

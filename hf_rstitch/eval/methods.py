@@ -15,6 +15,7 @@ accepted drafts), SLM-only as the SLM's, stitched methods read the decode trace.
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -134,12 +135,25 @@ class SLMOnly(Method):
         return {"new_tokens": n_new, "llm_tokens": 0, "slm_tokens": n_new, "switches": 0}
 
 
+class _AssistantCallNotice(logging.Filter):
+    """Drops the deprecation warning transformers' assisted generation raises about its own call: its candidate
+    generator calls the assistant's ``generate`` with a ``generation_config`` and length arguments together
+    ("Passing `generation_config` together with generation-related arguments ..."); nothing a caller can change."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Passing `generation_config` together with" not in record.getMessage()
+
+
+_ASSISTANT_CALL_NOTICE = _AssistantCallNotice()
+
+
 class SpecDec(Method):
     """transformers' assisted generation with the same pair (no stitch arguments)."""
 
     kind, label_text = "specdec", "SpecDec"
 
     def _generate(self, input_ids, **gen):
+        logging.getLogger("transformers.generation.utils").addFilter(_ASSISTANT_CALL_NOTICE)  # once: a set
         return self.llm.generate(input_ids, assistant_model=self.slm, **gen)
 
 

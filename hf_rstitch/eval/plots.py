@@ -75,7 +75,7 @@ def plot_per_sample(records: list[dict[str, Any]], dataset: str, method: str, pa
     pairs = [(base[str(r["id"])], r) for r in rows]
     pairs.sort(key=lambda p: p[0]["latency_s"] / max(p[1]["latency_s"], 1e-12), reverse=True)
     speedups = [b["latency_s"] / max(r["latency_s"], 1e-12) for b, r in pairs]
-    reductions = [100.0 * (r["new_tokens"] - b["new_tokens"]) / max(b["new_tokens"], 1) for b, r in pairs]
+    reductions = [100.0 * (b["new_tokens"] - r["new_tokens"]) / max(b["new_tokens"], 1) for b, r in pairs]
     colors = [OUTCOME_COLORS[(bool(b["correct"]), bool(r["correct"]))][0] for b, r in pairs]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.12 * len(pairs) + 2), 3.6))
     xs = list(range(len(pairs)))
@@ -86,7 +86,7 @@ def plot_per_sample(records: list[dict[str, Any]], dataset: str, method: str, pa
     ax.set_title(f"{dataset}: {rows[0].get('label', method)} per sample")
     ax2 = ax.twinx()
     ax2.plot(xs, reductions, color="black", marker="o", mfc="none", ms=4, lw=1)
-    ax2.set_ylabel("token change vs LLM-only (%)")
+    ax2.set_ylabel("token reduction vs LLM-only (%)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c, _ in OUTCOME_COLORS.values()]
     ax.legend(handles, [t for _, t in OUTCOME_COLORS.values()], fontsize=7, loc="upper right")
     fig.tight_layout()

@@ -41,7 +41,7 @@ def folder_fingerprint(folder: Path) -> str:
 
 def model_provenance(ref: Any, revision: str | None = None) -> dict[str, Any]:
     """``{"name": ..., "revision": commit or None, "fingerprint": ... for a local folder}``."""
-    from ..resources import resolve
+    from ..resources import reference, resolve
 
     if not isinstance(ref, (str, Path)):
         name = getattr(ref, "name_or_path", None) or type(ref).__name__
@@ -49,5 +49,5 @@ def model_provenance(ref: Any, revision: str | None = None) -> dict[str, Any]:
     name = str(ref)
     path = Path(resolve(name))
     if path.is_dir():
-        return {"name": name, "path": str(path.resolve()), "revision": None, "fingerprint": folder_fingerprint(path)}
+        return {"name": reference(name), "path": str(path.resolve()), "revision": None, "fingerprint": folder_fingerprint(path)}
     return {"name": name, "revision": _hub_revision(name, revision)}

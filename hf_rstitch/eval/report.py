@@ -3,7 +3,7 @@
 Per dataset, every method is scored on the problems that *all* methods finished, so a
 partly finished run still compares like with like. Metrics follow the paper: accuracy (%),
 mean latency per sample (s), speedup = Lat(LLM-only) / Lat(method), mean LLM / SLM / total
-new tokens, token reduction % vs LLM-only (negative = fewer tokens), mean switches.
+new tokens, token reduction % vs LLM-only (positive = fewer tokens), mean switches.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..resources import reference
 from .grading import grade, profile_for
 
 KIND_ORDER = {"slm": 0, "llm": 1, "specdec": 2, "rstitch": 3, "router": 4, "random": 5}
@@ -77,7 +78,7 @@ def aggregate(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, An
         base = stats.get("llm")
         for s in stats.values():
             s["speedup"] = base["latency_s"] / s["latency_s"] if base and s["latency_s"] > 0 else None
-            s["token_reduction_pct"] = (100.0 * (s["total_tokens"] - base["total_tokens"]) / base["total_tokens"]
+            s["token_reduction_pct"] = (100.0 * (base["total_tokens"] - s["total_tokens"]) / base["total_tokens"]
                                         if base and base["total_tokens"] > 0 else None)
         result[ds] = stats
     return result
@@ -194,7 +195,7 @@ def write_report(out_dir: str | Path, records: list[dict[str, Any]], meta: dict[
     settings = meta.get("settings", {})
     md = [
         "# R-Stitch evaluation", "",
-        f"LLM `{settings.get('llm')}`, SLM `{settings.get('slm')}`; device: {meta.get('device')}; "
+        f"LLM `{reference(settings.get('llm'))}`, SLM `{reference(settings.get('slm'))}`; device: {meta.get('device')}; "
         f"budget {settings.get('max_new_tokens')} new tokens, "
         f"{'sampled' if settings.get('do_sample') else 'greedy'}; {_batching(meta.get('batch_size', 1))}; "
         f"run {meta.get('date')}.", "",

@@ -2,8 +2,8 @@
 one step is prefilled together, in batched calls of the lane's join twin, not one one-row call each.
 
 A joining row must hold the keys and values of the shared columns the lane has read (``seen``) before the next
-step reads the last ones with every other row (:meth:`~hf_rstitch.fast.lane_rows.RowOps.add_rows`). The lane's
-join twin (:meth:`~hf_rstitch.fast.lane_rows.RowOps._joiner`: the same model in the same kernels and graphs,
+step reads the last ones with every other row (:meth:`~hf_rstitch.fast.lane.FastLane.add_rows`). The lane's
+join twin (:meth:`Joins.twin`: the same model in the same kernels and graphs,
 :data:`JOIN_ROWS` cache rows) runs them in groups of up to that many rows -- left-padded among themselves, the
 columns that are padding in every row of a group skipped, rows of similar lengths grouped -- then each row's
 slots are copied into its cache row. A group runs as one call per length bucket (a prompt longer than the
@@ -19,6 +19,8 @@ its slots to where its columns sit in the shared sequence (keys depend on positi
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..decode.lane import left_padding
@@ -31,7 +33,7 @@ def prefill_rows(lane, dst: list[int], ids: torch.Tensor, host: torch.Tensor) ->
     """Fill ``lane``'s cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (``host``: their mask, bool,
     on the CPU, left padding only). Returns the number of batched groups it ran. A row whose real columns all lie
     past ``seen`` (a lane that has not read the latest columns yet) has nothing to prefill: its slots are masked."""
-    joiner = lane._joiner()
+    joiner = lane.joins.twin()
     pads = left_padding(host).tolist()
     order = sorted((i for i in range(len(dst)) if pads[i] < ids.shape[1]), key=lambda i: pads[i])  # similar lengths
     # share a group: less padding read
@@ -70,7 +72,7 @@ class Stage:
             ids[i, width - len(p):], host[i, width - len(p):] = torch.tensor(p, dtype=torch.long), True
         self.ids = to_device(ids, joiner.device)
         joiner.reset()  # nothing read: the longest prompt starts at column 0
-        joiner._start(host)
+        joiner.start(host)
         self.tokens = 0  # tokens read so far (rows x columns, padding included)
 
     @property
@@ -82,9 +84,9 @@ class Stage:
         j = self.joiner
         if not self.done:
             cols = chunk_columns(budget, len(self.lengths), self.width - 1 - j.seen, j.config.max_bucket)
-            j._reserve(j.seen + cols)  # a paged joiner's blocks for the columns this chunk writes
+            j.reserve(j.seen + cols)  # a paged joiner's blocks for the columns this chunk writes
             with torch.no_grad():
-                j._run(self.ids[:, j.seen:j.seen + cols], False)
+                j.run(self.ids[:, j.seen:j.seen + cols], False)
             j.seen += cols
             self.tokens += cols * len(self.lengths)
         return self.done
@@ -107,10 +109,54 @@ def run_group(joiner, ids: torch.Tensor, host: torch.Tensor) -> None:
     batched catch-up from the first column that is real in some row (the padding columns before it count as
     read; the rows' own padding stays masked)."""
     joiner.reset()
-    joiner._start(host)
+    joiner.start(host)
     skip = min(left_padding(host).tolist())
     joiner.seen = skip
     joiner.cache.pos.fill_(skip)
-    joiner._reserve(ids.shape[1])  # a paged joiner takes its rows' blocks from its lane's pool (handed over after)
+    joiner.reserve(ids.shape[1])  # a paged joiner takes its rows' blocks from its lane's pool (handed over after)
     with torch.no_grad():
-        joiner._run(to_device(ids[:, skip:], joiner.device), False)
+        joiner.run(to_device(ids[:, skip:], joiner.device), False)
+
+
+class Joins:
+    """The joins of ``lane``: a part the lane owns (``lane.joins``). Its join twin (:meth:`twin`), the prefill of
+    a step's joining rows (:meth:`prefill`, counted in ``groups``) and the stage of chunked joins."""
+
+    def __init__(self, lane):
+        self.lane = lane
+        self.built = None  # the join twin, once built (twin())
+        self.stage: Stage | None = None  # joining prompts read over several steps in the twin
+        self.groups = 0  # batched groups that prefilled joining rows, over the lane's life
+
+    @property
+    def room(self) -> int:
+        """Prompts one stage holds (the join twin's rows)."""
+        return min(self.lane.max_rows, JOIN_ROWS)
+
+    def twin(self):
+        """A lane of the same model and configuration with up to :data:`JOIN_ROWS` rows (built on first use, kept):
+        it prefills joining rows. It shares the lane's products (no second copy of the fused q/k/v weights) and the
+        process's compiled pieces; its cache holds its rows (a paged lane's twin draws on the lane's pool and hands
+        its blocks over)."""
+        lane = self.lane
+        if self.built is None:
+            twin = type(lane)(lane.model, lane.role, lane.vocab, lane.capacity,
+                              dataclasses.replace(lane.config, gemv=False), max_rows=self.room, kv_pool=lane.kv_pool)
+            twin.kernels.products = lane.kernels.products
+            twin.plan = dataclasses.replace(twin.plan, products=lane.plan.products, gemv_tiers=lane.plan.gemv_tiers,
+                                            fuse_qkv=lane.plan.fuse_qkv, fuse_mlp=lane.plan.fuse_mlp)
+            self.built = twin
+        return self.built
+
+    def prefill(self, dst: list[int], ids: torch.Tensor, host: torch.Tensor) -> None:
+        """Fill the lane's cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (:func:`prefill_rows`).
+
+        Why not an eager forward: on a GPU that one forward per lane is host-bound, about ten decode steps' worth a
+        joining row (``benchmarks/results/request_engine_*.md``)."""
+        self.groups += prefill_rows(self.lane, dst, ids, host)
+
+    def stage_rows(self, prompts: list[list[int]]) -> None:
+        """Lay out joining prompts (at most :attr:`room`) in the twin, to be read over several steps."""
+        if len(prompts) > self.room:
+            raise ValueError(f"{self.lane.role} FastLane stages {self.room} prompts at once, got {len(prompts)}")
+        self.stage = Stage(self.twin(), prompts)

@@ -33,8 +33,13 @@ Padding: padded tokens are written to the slots just past the real ones, are inv
 every real query (causal mask) and are overwritten by the next call before anything can
 attend to them. Prompts may be left-padded; those slots are masked out of their row for good.
 
-Rows leaving, joining, waiting and the shared columns moving (the request engine's verbs) are in
-:mod:`hf_rstitch.fast.lane_rows`.
+The lane is one class whose parts are objects it owns, each with its own small interface: ``lane.kv``
+(:class:`~hf_rstitch.fast.lane_rows.LaneRows`: the cache, its rows' books, and the verbs rows leaving, joining,
+waiting and the shared columns moving), ``lane.kernels`` (:class:`~hf_rstitch.fast.lane_build.LaneKernels`: what
+runs in place of the model's code), ``lane.outputs`` (:class:`~hf_rstitch.fast.lane_outputs.ReadOut`: the read-out
+and its entropy and greedy tokens), ``lane.ahead`` (:class:`~hf_rstitch.fast.lane_ahead.Ahead`: kernels built
+ahead) and ``lane.joins`` (:class:`~hf_rstitch.fast.joins.Joins`: the join twin that prefills joining rows, and
+the stage of chunked joins).
 
 Which of these a lane runs is decided once, when it is built, by :func:`~hf_rstitch.fast.plan.plan_for`:
 ``lane.plan`` (printable) names every kernel and patch, and the lane builds what it names.
@@ -54,22 +59,19 @@ import torch
 from transformers import PreTrainedModel
 
 from ..core.roles import Role
-from ..decode.lane import left_padding
-from ..decode.step import to_device
-from .patches import experts, linears, regions
-from .kernels import rope_store
+from . import joins
 from .buckets import bucket_for, kernel_class, round_up
 from .config import FastConfig, check_supported
 from .graphs import GraphRunner
+from .kernels import rope_store
 from .lane_ahead import Ahead
-from .lane_build import Build, _warn_eager
-from .lane_outputs import Outputs
-from .lane_rows import RowOps
-from .plan import FastPlan, plan_for
+from .lane_build import LaneKernels, warn_eager
+from .lane_outputs import ReadOut
+from .lane_rows import LaneRows
 from .paged_kv import BlockPool
 from .patches.products import product_layers
-from .rows import RowSlots
-from .static_kv import KV_CHUNK, static_attention_on
+from .plan import plan_for
+from .static_kv import KV_CHUNK
 
 
 def _sync(device: torch.device) -> None:
@@ -77,7 +79,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class FastLane(Outputs, RowOps, Ahead, Build):
+class FastLane:
     """One model with a static cache and captured steps, advanced over a shared sequence.
 
     Args:
@@ -101,59 +103,72 @@ class FastLane(Outputs, RowOps, Ahead, Build):
         self.model, self.role, self.vocab, self.timing = model, role, vocab, timing
         self.device = dev = model.device
         self.capacity = capacity
-        self.rows = RowSlots(max_rows)  # live row -> cache row, per-row trace bookkeeping
         n_slots = round_up(capacity + config.max_bucket, KV_CHUNK)  # padded writes stay inside; whole chunks
-        self.n_pad = torch.zeros(max_rows, dtype=torch.long, device=dev)  # left-padding columns of each cache row
-        self._build_cache(model, max_rows, n_slots, kv_blocks, kv_pool)
+        self.kv = LaneRows(model, role, capacity, max_rows, n_slots, config.paged, kv_blocks, kv_pool)
+        self.cache, self.rows, self.paged = self.kv.cache, self.kv.slots, self.kv.paged
         self.plan = plan = plan_for(model, config, max_rows, self.cache.head_dim)  # every kernel and patch it runs
         if self.paged:
             self.cache.gather = not plan.mask_free  # the split kernel reads the blocks, eager attentions a copy
         if config.graphs is None and not plan.graphs:
-            _warn_eager(dev)
+            warn_eager(dev)
         self.graphs = GraphRunner(dev) if plan.graphs else None  # raises off CUDA
         self._run_ahead = plan.run_ahead  # see decode.protocol
         self.buckets = plan.length_buckets
         self.slot_ids = torch.arange(n_slots, device=dev)  # [S]
-        self.valid = torch.ones(max_rows, n_slots, dtype=torch.bool, device=dev)  # False on left-padding slots
         self.ids = torch.zeros(max_rows, config.max_bucket, dtype=torch.long, device=dev)  # graph input
         self._views: dict[tuple, tuple] = {}  # (live rows, width, batch bucket) -> views of ids (_run_bucket)
         self.n_real = torch.ones((), dtype=torch.long, device=dev)  # real tokens in a padded bucket
-        self.seen = 0  # columns of the shared sequence in the cache (every row)
         self.long_calls = 0  # calls of this generation longer than max_bucket (run as several bucket calls)
-        self.join_groups = 0  # batched groups that prefilled joining rows (.joins), over the lane's life
-        self.row_moves = 0  # cache rows moved down when finished rows let the batch bucket shrink
-        self._slot_index: torch.Tensor | None = None  # [B] cache row of each live row (device), None: in order
-        self._stage = None  # joining prompts read over several steps in the join twin (.joins.Stage)
-        self._join_lane = None  # a lane of the same model that prefills joining rows (lane_rows, .joins)
-        self._read = None  # (logits, entropy, greedy) of the last read-out (_read_out)
         self._record_only = False  # warm_up: a bucket whose kernels an earlier bucket ran, recorded without a run
-        self._build_steps(plan, n_slots, max_rows)
+        self.outputs = ReadOut(dev, self.kv)
+        self.joins = joins.Joins(self)
+        self.ahead = Ahead(self)
+        self._build_steps(n_slots, max_rows)
 
-    def _build_steps(self, plan: FastPlan, n_slots: int, max_rows: int) -> None:
-        """The lane's steps as ``plan`` names them: kernels built ahead, tuned products, attention, experts,
-        rotation, compiled steps; their host seconds in ``build_seconds``."""
+    def _build_steps(self, n_slots: int, max_rows: int) -> None:
+        """The lane's steps as its plan names them: kernels built ahead, tuned products, the kernels and patches in
+        place of the model's code, compiled steps; their host seconds in ``build_seconds``."""
         start = time.perf_counter()
-        self._precompile()
+        self.ahead.precompile()
         built = time.perf_counter()
-        self.gemv_layers = product_layers(self.model, self.config, max_rows)  # [] keeps cuBLAS everywhere
+        products = product_layers(self.model, self.config, max_rows)  # [] keeps cuBLAS everywhere
         self.gemv_tune_seconds = time.perf_counter() - start
         # where a lane's build went (host seconds): kernels built ahead, the tuner's timing and table look-ups;
         # FastEngine adds the whole build and the warm-up's captures
         self.build_seconds = {"precompile": built - start, "tune": start + self.gemv_tune_seconds - built}
-        self._attention = self._register_attention(plan.attention)
-        # MoE: a dispatch that stays on the device, the routers as kernels (.experts)
-        self._experts = experts.plan(self.model, plan.experts, plan.fuse_router)
-        # the split kernel masks by the write offset and padding counts: no step builds a mask it would not read
-        self._no_mask = torch.ones(1, 1, n_slots, dtype=torch.bool, device=self.device) if plan.mask_free else None
+        self.kernels = kernels = LaneKernels(self.model, self.plan, self.cache, self.kv.n_pad, n_slots, products)
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
-        self._rotation(plan, n_slots)
-        self._compile(plan)
+        self._decode_step, self._compiled_bucket = kernels.steps(self.forward)
         start = time.perf_counter()
-        self._steps_ahead(deferrable=bool(self._rotary) and plan.defer_rotation)  # before the probe's first launches
+        self.ahead.steps(kernels.deferrable, kernels.experts.kind is not None)  # before the probe's first launches
         self.build_seconds["steps_ahead"] = time.perf_counter() - start
         # rotation and cache store as one kernel a layer, for models whose layers allow it (rope_store)
-        self._defer = bool(self._rotary) and plan.defer_rotation and rope_store.defers_exactly(self.model, self._probe)
+        kernels.defer = kernels.deferrable and rope_store.defers_exactly(self.model, self._probe)
+
+    # ---- the parts' state under the lane's names (the lane protocol, tests and the lab read these) -----------
+    seen = property(lambda self: self.kv.seen, lambda self, n: setattr(self.kv, "seen", n),
+                    doc="Columns of the shared sequence in the cache (every row).")
+    valid = property(lambda self: self.kv.valid, doc="[rows, slots] False on left-padding slots.")
+    n_pad = property(lambda self: self.kv.n_pad, doc="[rows] left-padding columns of each cache row.")
+    row_moves = property(lambda self: self.kv.row_moves, doc="Cache rows moved down as finished rows left.")
+    join_groups = property(lambda self: self.joins.groups, doc="Batched groups that prefilled joining rows.")
+    kv_blocks = property(lambda self: self.kv.kv_blocks, doc="Blocks of a paged cache as asked for.")
+    kv_pool = property(lambda self: self.kv.pool, doc="The BlockPool of a paged cache; None: a static cache.")
+    gemv_layers = property(lambda self: self.kernels.products, doc="The tuned products' (module, forward) pairs.")
+    ahead_error = property(lambda self: self.ahead.error, doc="Why the steps' kernels were not built ahead.")
+    steps_marked = property(lambda self: self.ahead.marked, doc="The steps' kernels were in Triton's cache.")
+    _attention = property(lambda self: self.kernels.attention)
+    _experts = property(lambda self: self.kernels.experts)
+    _no_mask = property(lambda self: self.kernels.no_mask)
+    _rotary = property(lambda self: self.kernels.rotary)
+    _rotary_tables = property(lambda self: self.kernels.rotary_tables)
+    _qk_norms = property(lambda self: self.kernels.qk_norms)
+    _defer = property(lambda self: self.kernels.defer)
+    _join_lane = property(lambda self: self.joins.built)
+
+    def _steps_signature(self, steps) -> str:
+        return self.ahead.signature(steps)
 
     @property
     def max_rows(self) -> int:
@@ -179,21 +194,21 @@ class FastLane(Outputs, RowOps, Ahead, Build):
                 "larger capacity (the generation's max_length) or lower max_new_tokens."
             )
         if self.seen == 0:
-            self._start(mask)
+            self.start(mask)
         if seq.shape[0] != self.rows.n_live:
             raise ValueError(f"{self.role} FastLane holds {self.rows.n_live} live rows but got a sequence of shape "
                              f"{tuple(seq.shape)}; drop finished rows with keep_rows before advancing.")
-        self._reserve(total)
+        self.kv.reserve(total)
         start = 0.0
         if self.timing:
             _sync(self.device)
             start = time.perf_counter()
         new = seq.narrow(1, total - width, width)  # [B, width] the columns not seen yet
         with torch.no_grad():
-            logits, hidden = self._run(new if new.device == self.device else new.to(self.device), want_hidden)
+            logits, hidden = self.run(new if new.device == self.device else new.to(self.device), want_hidden)
         # copy out of the graph's buffers: the next replay (of either lane) may overwrite them
-        logits = self._read_out(logits, seq.device)
-        hidden = self._live(hidden).clone() if hidden is not None else None
+        logits = self.outputs.read(logits, seq.device)
+        hidden = self.kv.live(hidden).clone() if hidden is not None else None
         seconds = None
         if self.timing:
             _sync(self.device)
@@ -207,19 +222,21 @@ class FastLane(Outputs, RowOps, Ahead, Build):
         for a call made early with no rows taking part (a run-ahead, whose rows were not known yet)."""
         return self.rows.records(self.role, total, rows.tolist(), resumed.tolist(), None)
 
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        """As the lane protocol's: :meth:`~hf_rstitch.fast.lane_outputs.ReadOut.entropy`."""
+        return self.outputs.entropy(logits)
+
+    def greedy(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """As the lane protocol's: :meth:`~hf_rstitch.fast.lane_outputs.ReadOut.greedy`."""
+        return self.outputs.greedy(logits)
+
     def reset(self) -> None:
         """Forget the sequence (keeps buffers and graphs; a paged cache's blocks go back to its pool): ready for the
         next generation."""
-        if self.paged:
-            self.cache.release_all()
-        self.cache.pos.zero_()
-        self.valid.fill_(True)
-        self.n_pad.zero_()
-        self.seen = self.long_calls = self.row_moves = 0
-        self.rows.clear()
-        self._slot_index = None
-        self._read = None
-        self._stage = None
+        self.kv.reset()
+        self.long_calls = 0
+        self.outputs.last = None
+        self.joins.stage = None
 
     def warm_up(self, want_hidden: bool = False, batch_sizes=None) -> float:
         """Capture (and compile) the one-token step and every length bucket, for each batch bucket in
@@ -235,7 +252,7 @@ class FastLane(Outputs, RowOps, Ahead, Build):
                     cls = (self.rows.bucket, kernel_class(size))
                     self._record_only = cls in warmed
                     try:
-                        self._run(torch.ones(b, size, dtype=torch.long, device=self.device), want_hidden)
+                        self.run(torch.ones(b, size, dtype=torch.long, device=self.device), want_hidden)
                     finally:
                         self._record_only = False
                     warmed.add(cls)
@@ -244,22 +261,69 @@ class FastLane(Outputs, RowOps, Ahead, Build):
         _sync(self.device)
         return time.perf_counter() - start
 
-    # ---- internals ----------------------------------------------------------------------------
-    def _start(self, mask: torch.Tensor) -> None:
-        """First call of a generation: note each row's left padding (one host sync)."""
-        host = mask.detach().cpu().bool()  # [B, T]
-        pads = left_padding(host).tolist()
-        for r, pad in enumerate(pads):
-            if not bool(host[r, pad:].all()):
-                raise ValueError(f"FastLane supports left padding only; row {r} of the attention mask has holes.")
-        self.rows.start(pads)
-        b, t = host.shape
-        self.n_pad[:b].copy_(to_device(pads, self.device))
-        self.valid[:b].fill_(True)
-        self.valid[:b, :t].copy_(to_device(host, self.device))
-        self._slot_index = None
+    # ---- rows: the lane protocol's verbs beyond advance (lane.kv, .lane_rows) ------------------------------------
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """As :meth:`~hf_rstitch.fast.lane_rows.LaneRows.keep`."""
+        self.kv.keep(index)
 
-    def _run(self, new_ids: torch.Tensor, want_hidden: bool):
+    def add_rows(self, seq: torch.Tensor, mask: torch.Tensor, staged: list[int] | None = None) -> None:
+        """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free cache
+        rows. Their first ``seen`` columns are prefilled now, all the step's joining rows together (logits
+        discarded, as :meth:`hf_rstitch.decode.Lane.add_rows`), in batched calls of the join twin
+        (:meth:`hf_rstitch.fast.joins.Joins.prefill`), or, with ``staged``, copied from these rows of the stage
+        (:meth:`stage_rows`, read to the end); the rest is read at the next :meth:`advance`."""
+        def fill(free: list[int], host: torch.Tensor) -> None:
+            if staged is None:
+                self.joins.prefill(free, seq[:, : self.seen], host[:, : self.seen])
+            else:
+                self.joins.stage.copy_into(self, free, staged, seq.shape[1])
+
+        self.kv.add(seq, mask, fill)
+
+    def pad_left(self, n: int) -> None:
+        """As :meth:`~hf_rstitch.fast.lane_rows.LaneRows.pad_left`."""
+        self.kv.pad_left(n)
+
+    def trim_left(self, n: int) -> None:
+        """As :meth:`~hf_rstitch.fast.lane_rows.LaneRows.trim_left`."""
+        self.kv.trim_left(n)
+
+    def hold_rows(self, index: list[int]) -> None:
+        """As :meth:`hf_rstitch.decode.Lane.hold_rows` (:meth:`~hf_rstitch.fast.lane_rows.LaneRows.hold`)."""
+        self.kv.hold(index)
+
+    # ---- chunked joins: prompts read over several steps in the join twin before their rows join (lane.joins) ---
+    @property
+    def stage_room(self) -> int:
+        """Prompts one stage holds (the join twin's rows)."""
+        return self.joins.room
+
+    def stage_rows(self, prompts: list[list[int]]) -> None:
+        """Lay out joining prompts (at most :attr:`stage_room`) in the join twin, to be read over several steps
+        (:meth:`prefill_staged`) while the batch decodes; they join with ``add_rows(..., staged=...)``."""
+        self.joins.stage_rows(prompts)
+
+    def prefill_staged(self, budget: int) -> bool:
+        """Read the staged prompts' next chunk (at most ``budget`` tokens, rows x columns); True once every
+        prompt but its last token is read."""
+        return self.joins.stage.advance(budget)
+
+    def unstage(self) -> None:
+        """Forget the stage (its rows joined, or its requests went back to waiting)."""
+        self.joins.stage = None
+
+    # ---- steps ----------------------------------------------------------------------------------
+    def start(self, mask: torch.Tensor) -> None:
+        """First call of a generation: note each row's left padding (:meth:`~.lane_rows.LaneRows.start`)."""
+        self.kv.start(mask)
+
+    def reserve(self, total: int) -> None:
+        """A paged cache: blocks for every live row's columns up to ``total`` (:meth:`~.lane_rows.LaneRows.reserve`)."""
+        self.kv.reserve(total)
+
+    def run(self, new_ids: torch.Tensor, want_hidden: bool):
+        """Read ``new_ids`` ``[B, width]`` of the live rows: bucket calls of up to ``max_bucket`` tokens; returns the
+        graph's logits and hidden state (or None) at the last token (in the graph's buffers)."""
         width, top = new_ids.shape[1], self.config.max_bucket
         if width > top:  # longer than any bucket: whole largest buckets first, then the rest
             self.long_calls += 1
@@ -279,10 +343,10 @@ class FastLane(Outputs, RowOps, Ahead, Build):
             views = self._views[(live, width, rows)] = (size, self.ids[:live, :width], self.ids[:, :width],
                                                         self.ids[:rows, :size])
         size, into, wide, ids = views
-        if self._slot_index is None:
+        if self.kv.index is None:
             into.copy_(new_ids)
         else:
-            wide.index_copy_(0, self._slot_index, new_ids)
+            wide.index_copy_(0, self.kv.index, new_ids)
         n_real = 1
         if size > 1:
             self.n_real.fill_(width)
@@ -290,26 +354,22 @@ class FastLane(Outputs, RowOps, Ahead, Build):
         if size == 1:
             fn = self._decode_step
         else:
-            fn = self._compiled_bucket if size <= self.config.compile_max_bucket else self._forward
+            fn = self._compiled_bucket if size <= self.config.compile_max_bucket else self.forward
         step = lambda: fn(ids, n_real, want_hidden)  # noqa: E731
         key = (rows, size, want_hidden)
         if self.graphs is not None and key in self.graphs:  # a replay runs no model code: no dispatch set-up
             return self.graphs.run(key, step)
-        with self._model_code():
+        with self.model_code():
             if self.graphs is not None and self._record_only:  # a warm-up's dummy call: nothing reads its outputs
                 return self.graphs.record(key, step)
             return step() if self.graphs is None else self.graphs.run(key, step)
 
     @contextlib.contextmanager
-    def _model_code(self, defer: bool | None = None, poison: bool = False):
-        """Dispatch for the model's Python code: static-cache attention, the experts' dispatch (.experts), tuned
-        GEMV for one-row products, the rotation put off to the cache's store (``defer``, default: this lane's choice)."""
-        defer = self._defer if defer is None else defer
+    def model_code(self, defer: bool | None = None, poison: bool = False):
+        """Dispatch for the model's Python code: what :meth:`~.lane_build.LaneKernels.installed` puts in place, the
+        rotation put off to the cache's store with ``defer`` (default: this lane's choice)."""
         try:
-            with static_attention_on(self.model, self._attention), experts.experts_on(self._experts), \
-                    linears.gemv_linears_on(self.gemv_layers), \
-                    regions.regions_on(self._regions), regions.regions_on((self._rotary_tables, self._rotary)), \
-                    rope_store.deferring(self.cache if defer else None, poison, self._qk_norms):
+            with self.kernels.installed(defer, poison):
                 yield
         finally:
             pending, self.cache.pending = self.cache.pending, None
@@ -318,15 +378,17 @@ class FastLane(Outputs, RowOps, Ahead, Build):
                                "attention code is not the one the deferred rotation supports. Build the lane with "
                                "FastConfig(fuse_rope_store=False).")
 
+    _model_code = model_code  # the name tests and the lab stand in for
+
     def _probe(self, defer: bool, poison: bool) -> torch.Tensor:
         """Logits of one eager one-token forward in cache row 0 (for rope_store.defers_exactly); forgets it."""
         try:
-            with torch.no_grad(), self._model_code(defer, poison):
-                return self._forward(self.ids[:1, :1], 1, False)[0].float()
+            with torch.no_grad(), self.model_code(defer, poison):
+                return self.forward(self.ids[:1, :1], 1, False)[0].float()
         finally:
             self.cache.pos.zero_()
 
-    def _forward(self, ids: torch.Tensor, n_real, want_hidden: bool):
+    def forward(self, ids: torch.Tensor, n_real, want_hidden: bool):
         """One forward over ``ids`` ``[b, q]`` (cache rows ``[0, b)``) whose first ``n_real`` tokens are real.
 
         ``n_real`` is an int when it is fixed for the call's shape, else a device scalar. Returns
@@ -336,8 +398,8 @@ class FastLane(Outputs, RowOps, Ahead, Build):
         kv = self.cache
         slots = kv.pos + self.slot_ids[:q]  # [q] slot = column of each token (the same in every row)
         kv.slots = slots
-        if self._no_mask is not None:  # the split kernel masks by pos and pad itself: a view, no kernel
-            allowed = self._no_mask.expand(b, q, -1)
+        if self.kernels.no_mask is not None:  # the split kernel masks by pos and pad itself: a view, no kernel
+            allowed = self.kernels.no_mask.expand(b, q, -1)
         else:
             causal = self.slot_ids[None, :] <= slots[:, None]  # [q, S]
             own = self.slot_ids[None, :] == slots[:, None]  # a padding query sees itself: no empty rows

@@ -2,13 +2,13 @@
 (:func:`~hf_rstitch.fast.kernels.triton_support.compile_ahead`), not one after another at the first launch of each.
 
 Two batches: before tuning, the tuner's candidates, the choices its table already holds and the split attention
-of every bucket (:meth:`Ahead._precompile`); after it, every other kernel the steps of a few length buckets launch
+of every bucket (:meth:`Ahead.precompile`); after it, every other kernel the steps of a few length buckets launch
 -- norms, rotations, cache stores, the logits' read-out -- found by running those steps eagerly with each launch
-compiled instead of run (:meth:`Ahead._steps_ahead`). Kernels, launch configurations and results do not change:
+compiled instead of run (:meth:`Ahead.steps`). Kernels, launch configurations and results do not change:
 only when each is built. ``benchmarks/results/engine_warmup_*.md`` times the first call with them.
 
-A mixin over the lane's state: model, config, plan, cache, buffers (``ids``, ``n_real``), row bookkeeping
-(``rows``), and its ``_forward`` / ``_model_code`` / ``_read_out`` / ``reset``.
+A part the lane owns (``lane.ahead``), reading the lane's public attributes (model, config, plan, cache, rows,
+buffers ``ids`` / ``n_real``) and running its public ``forward`` / ``model_code`` / ``outputs`` / ``reset``.
 """
 
 from __future__ import annotations
@@ -26,66 +26,73 @@ log = logging.getLogger("hf_rstitch.fast")
 
 
 class Ahead:
-    """``_precompile`` and ``_steps_ahead`` of a FastLane; ``ahead_error`` says why the steps were not built ahead."""
+    """The kernels of ``lane`` built ahead; ``error`` says why its steps were not, ``marked`` that they were known
+    to be in Triton's cache already."""
 
-    ahead_error: str | None = None
-    steps_marked = False  # the steps' kernels were known to be in Triton's cache: not built ahead (_steps_ahead)
+    def __init__(self, lane):
+        self.lane = lane
+        self.error: str | None = None
+        self.marked = False  # the steps' kernels were known to be in Triton's cache: not built ahead (steps)
 
-    def _precompile(self) -> None:
+    def precompile(self) -> None:
         """Build at once, in parallel threads, the Triton kernels this lane would build one by one: the tuner's
         candidates, the choices its table holds, and the split attention of every batch and length bucket. Triton's
         cache gets the package's compiled kernels for this machine first, where it ships them (:mod:`.triton_cache`)."""
-        triton_cache.seed(self.device)
-        jobs = products.pending(self.model, self.config, self.max_rows)
-        if self.plan.attention == "split":
-            heads = self.model.config.get_text_config().num_attention_heads
-            jobs += attention_pending(self.cache.keys[0], self.cache.values[0], self.cache.pos, self.n_pad,
-                                      heads, self.rows.sizes, sorted(set(self.buckets) | {1}),
-                                      list(self.plan.windows), self.cache.table if self.paged else None)
-        triton_support.precompile(jobs, self.device)
+        lane = self.lane
+        triton_cache.seed(lane.device)
+        jobs = products.pending(lane.model, lane.config, lane.max_rows)
+        if lane.plan.attention == "split":
+            heads = lane.model.config.get_text_config().num_attention_heads
+            jobs += attention_pending(lane.cache.keys[0], lane.cache.values[0], lane.cache.pos, lane.n_pad,
+                                      heads, lane.rows.sizes, sorted(set(lane.buckets) | {1}),
+                                      list(lane.plan.windows), lane.cache.table if lane.paged else None)
+        triton_support.precompile(jobs, lane.device)
 
-    def _steps_ahead(self, deferrable: bool) -> None:
+    def steps(self, deferrable: bool, experts: bool) -> None:
         """Build at once, in parallel threads, every Triton kernel the one-row steps of a few length buckets launch
         (1, 2, 16 and the largest: the specializations the others share), by running them eagerly with each launch
         compiled instead of run; ``deferrable``: with the rotation put off to the cache's store, plus the one-token
-        step without (what ``rope_store.defers_exactly`` compares). Lanes of whole-step compiles, a paged cache or
+        step without (what ``rope_store.defers_exactly`` compares); ``experts``: the lane dispatches experts. Lanes of whole-step compiles, a paged cache or
         experts (whose kernels launch directly, over routed indices) skip it; the cache it wrote into is zeroed and
         the lane reset. Anything it meets is left for the captures to build. Where an earlier process (or the
         shipped kernels) left a marker that a lane of the same signature built them all into this Triton cache
         (:func:`~hf_rstitch.fast.kernels.triton_cache.steps_marker`), nothing is run: the captures load them."""
-        if not (triton_support.ahead_possible(self.device) and not self.paged and self.plan.compile in (None, "parts")
-                and self._experts.kind is None):
+        lane = self.lane
+        if not (triton_support.ahead_possible(lane.device) and not lane.paged and lane.plan.compile in (None, "parts")
+                and not experts):
             return
-        top = self.config.max_bucket
-        sizes = sorted({1, 2, min(16, top), top} & (set(self.buckets) | {1}))
+        top = lane.config.max_bucket
+        sizes = sorted({1, 2, min(16, top), top} & (set(lane.buckets) | {1}))
         steps = [(False, 1)] + [(True, size) for size in sizes] if deferrable else [(False, size) for size in sizes]
-        signature = self._steps_signature(steps)
-        marker = triton_cache.steps_marker(self.device, signature)
+        signature = self.signature(steps)
+        marker = triton_cache.steps_marker(lane.device, signature)
         if marker is not None and marker.is_file():
-            self.steps_marked = True
+            self.marked = True
             return
         try:
-            with torch.no_grad(), triton_support.compile_ahead(1 << 10, self.device):
+            with torch.no_grad(), triton_support.compile_ahead(1 << 10, lane.device):
                 for defer, size in steps:
-                    self.rows.start([0])
-                    with self._model_code(defer):
-                        logits, _ = self._forward(self.ids[:1, :size], 1 if size == 1 else self.n_real, False)
-                    self._read_out(logits, self.device)
-                    self.cache.pos.zero_()
+                    lane.rows.start([0])
+                    with lane.model_code(defer):
+                        logits, _ = lane.forward(lane.ids[:1, :size], 1 if size == 1 else lane.n_real, False)
+                    lane.outputs.read(logits, lane.device)
+                    lane.cache.pos.zero_()
         except Exception as err:  # noqa: BLE001 - the captures build what is left, one kernel after another
-            self.ahead_error = f"{type(err).__name__}: {err}"
-            log.debug("hf_rstitch: %s lane's kernels not built ahead (%s)", self.role, self.ahead_error)
+            self.error = f"{type(err).__name__}: {err}"
+            log.debug("hf_rstitch: %s lane's kernels not built ahead (%s)", lane.role, self.error)
         else:
             if marker is not None:
                 triton_cache.mark(marker, signature)
-        self.cache.states.zero_()
-        self.reset()
+        lane.cache.states.zero_()
+        lane.reset()
 
-    def _steps_signature(self, steps) -> str:
+    def signature(self, steps) -> str:
         """What decides the kernels :meth:`_steps_ahead` builds, not the number of layers: the model class, its
         distinct parameter shapes and dtypes, the plan (its layers' windows as a set), the configuration, the
         cache layer's shape (rows, heads, slots, head size), the read-out's width and the steps run."""
-        shapes = sorted({(tuple(p.shape), str(p.dtype)) for p in self.model.parameters()})
-        plan = {**self.plan.as_dict(), "windows": sorted({str(w) for w in self.plan.windows})}
-        return json.dumps([type(self.model).__name__, shapes, plan, repr(self.config), list(self.cache.keys[0].shape),
-                           self.vocab, steps], default=str)
+        lane = self.lane
+        shapes = sorted({(tuple(p.shape), str(p.dtype)) for p in lane.model.parameters()})
+        plan = {**lane.plan.as_dict(), "windows": sorted({str(w) for w in lane.plan.windows}),
+                "modules": sorted({str(line[:2] + line[3:]) for line in lane.plan.modules})}  # not their counts
+        return json.dumps([type(lane.model).__name__, shapes, plan, repr(lane.config), list(lane.cache.keys[0].shape),
+                           lane.vocab, steps], default=str)

@@ -1,36 +1,103 @@
-"""Continuous batching for :class:`~hf_rstitch.fast.lane.FastLane`: rows join, wait, leave, and the shared columns
-grow or shrink on the left (the verbs of the lane protocol beyond ``advance``, :mod:`hf_rstitch.decode.protocol`);
-with a paged cache, the blocks each row owns follow it (:mod:`hf_rstitch.fast.paged_kv`).
+"""The rows of a :class:`~hf_rstitch.fast.lane.FastLane`'s KV cache: a part the lane owns (``lane.kv``).
 
-A mixin over the lane's state: its static cache (``cache``), per-cache-row padding mask and count
-(``valid``, ``n_pad``), row bookkeeping (``rows``), columns read so far (``seen``) and the live-row order
-on the device (``_slot_index``).
+It holds the cache (static, or paged: blocks each row owns as it writes, :mod:`hf_rstitch.fast.paged_kv`), which
+live row sits in which cache row (:class:`~hf_rstitch.fast.rows.RowSlots`), each cache row's left-padding count and
+mask (``n_pad``, ``valid``), the columns of the shared sequence read so far (``seen``) and the live rows' order on
+the device (``index``). Its verbs are the lane protocol's beyond ``advance`` (:mod:`hf_rstitch.decode.protocol`):
+rows start, leave (:meth:`keep`), join (:meth:`add`), wait (:meth:`hold`), and the shared columns grow or shrink
+on the left (:meth:`pad_left`, :meth:`trim_left`).
+
+What it does not do: run the model. A joining row's earlier columns are filled by the caller's ``fill`` (the
+lane's join twin, :mod:`hf_rstitch.fast.joins`).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 
 from ..decode.lane import left_padding
 from ..decode.step import to_device
-from . import joins
+from .blocks import blocks_for
+from .kv_shapes import kv_shape
+from .paged_kv import BlockPool, PagedKV
+from .rows import RowSlots
+from .static_kv import StaticKV
 
 
-class RowOps:
-    """``keep_rows``, ``add_rows``, ``pad_left``, ``trim_left`` and ``hold_rows`` of a FastLane."""
+class LaneRows:
+    """A lane's KV cache of ``n_slots`` columns a row for ``max_rows`` rows of ``model``, and its rows' books.
 
-    def keep_rows(self, index: torch.Tensor) -> None:
-        """Keep only the live rows ``index`` (CPU long tensor), in that order. No buffer is reallocated:
-        finished rows stay in the batch bucket as dead weight until the live ones fit a smaller bucket,
-        then the live rows above it move down (a copy of their written slots). Before the lane's first
-        call there is nothing to keep: that call starts from the rows it is given."""
+    Paged with ``paged``, ``kv_blocks`` or ``kv_pool`` (a pool of ``kv_blocks`` blocks, default every row's
+    capacity; or ``kv_pool``'s, shared with another lane), else static."""
+
+    def __init__(self, model, role, capacity: int, max_rows: int, n_slots: int, paged: bool = False,
+                 kv_blocks: int | None = None, kv_pool: BlockPool | None = None):
+        dev = self.device = model.device
+        self.role, self.capacity = role, capacity
+        self.slots = RowSlots(max_rows)  # live row -> cache row, per-row trace bookkeeping
+        self.n_pad = torch.zeros(max_rows, dtype=torch.long, device=dev)  # left-padding columns of each cache row
+        self.valid = torch.ones(max_rows, n_slots, dtype=torch.bool, device=dev)  # False on left-padding slots
+        self.paged = paged or kv_blocks is not None or kv_pool is not None
+        self.kv_blocks = kv_blocks  # as asked for (None: a static cache, or config.paged's full rows)
+        if self.paged:
+            pool = kv_pool or BlockPool(kv_shape(model), kv_blocks or 1 + max_rows * blocks_for(n_slots), model.dtype,
+                                        dev)
+            self.cache = PagedKV(pool, max_rows, n_slots, self.n_pad)
+        else:
+            self.cache = StaticKV(model.config, n_slots, model.dtype, dev, rows=max_rows, shape=kv_shape(model))
+        self.seen = 0  # columns of the shared sequence in the cache (every row)
+        self.index: torch.Tensor | None = None  # [B] cache row of each live row (device); None: in order
+        self.row_moves = 0  # cache rows moved down when finished rows let the batch bucket shrink
+
+    @property
+    def pool(self) -> BlockPool | None:
+        """The :class:`~hf_rstitch.fast.paged_kv.BlockPool` of a paged cache; None: a static cache."""
+        return self.cache.pool if self.paged else None
+
+    def start(self, mask: torch.Tensor) -> None:
+        """First call of a generation: note each row's left padding from ``mask`` ``[B, T]`` (one host sync)."""
+        host = mask.detach().cpu().bool()  # [B, T]
+        pads = left_padding(host).tolist()
+        for r, pad in enumerate(pads):
+            if not bool(host[r, pad:].all()):
+                raise ValueError(f"FastLane supports left padding only; row {r} of the attention mask has holes.")
+        self.slots.start(pads)
+        b, t = host.shape
+        self.n_pad[:b].copy_(to_device(pads, self.device))
+        self.valid[:b].fill_(True)
+        self.valid[:b, :t].copy_(to_device(host, self.device))
+        self.index = None
+
+    def reset(self) -> None:
+        """Forget the sequence (a paged cache's blocks go back to its pool)."""
+        if self.paged:
+            self.cache.release_all()
+        self.cache.pos.zero_()
+        self.valid.fill_(True)
+        self.n_pad.zero_()
+        self.seen = self.row_moves = 0
+        self.slots.clear()
+        self.index = None
+
+    def reserve(self, total: int) -> None:
+        """A paged cache: every live row gets blocks for its tokens up to column ``total`` before a call writes them;
+        raises :class:`~hf_rstitch.fast.blocks.OutOfBlocks`, taking none, when the pool is short."""
+        if self.paged:
+            self.cache.reserve_columns(total, self.slots.slot, self.slots.pad)
+
+    def live(self, out: torch.Tensor) -> torch.Tensor:
+        """Rows of a graph output ``[b, ...]`` that belong to live rows, in the caller's order."""
+        return out[: self.slots.n_live] if self.index is None else out.index_select(0, self.index)
+
+    def keep(self, index) -> None:
+        """Keep only the live rows ``index`` (CPU long tensor), in that order. No buffer is reallocated: finished
+        rows stay in the batch bucket as dead weight until the live ones fit a smaller bucket, then the live rows
+        above it move down (a copy of their written slots). Before the first call there is nothing to keep."""
         if self.seen == 0:
             return
         index = [int(i) for i in index]
-        before = list(self.rows.slot)
-        moves = self.rows.keep(index)
+        before = list(self.slots.slot)
+        moves = self.slots.keep(index)
         if self.paged:  # the rows that left give their blocks back; moving rows take theirs along
             kept = {before[i] for i in index}
             self.cache.release([row for row in before if row not in kept])
@@ -44,62 +111,35 @@ class RowOps:
             self.valid[dst] = self.valid[src]
             self.n_pad[dst] = self.n_pad[src]
             self.row_moves += len(moves)
-        in_order = self.rows.in_order
-        self._slot_index = None if in_order else to_device(self.rows.slot, self.device)
+        self.index = None if self.slots.in_order else to_device(self.slots.slot, self.device)
 
-    def add_rows(self, seq: torch.Tensor, mask: torch.Tensor, staged: list[int] | None = None) -> None:
-        """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free
-        cache rows. Their first ``seen`` columns are prefilled now, all the step's joining rows together (logits
-        discarded, as :meth:`hf_rstitch.decode.Lane.add_rows`), or, with ``staged``, copied from these rows of
-        the stage (:meth:`stage_rows`, read to the end); the rest is read at the next :meth:`advance`. Their
-        trace records count from nothing seen, as in a solo run."""
+    def add(self, seq: torch.Tensor, mask: torch.Tensor, fill) -> None:
+        """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free cache rows;
+        ``fill(free, host)`` writes their first ``seen`` columns into cache rows ``free`` (``host``: their mask on
+        the CPU). Their trace records count from nothing seen, as in a solo run."""
         if self.seen == 0:  # nothing read yet: the first advance reads every row's padding from its mask
             return
         k = seq.shape[0]
         host = mask.detach().cpu().bool()
         pads = left_padding(host).tolist()
-        free = sorted(set(range(self.max_rows)) - set(self.rows.slot))[:k]
+        free = sorted(set(range(self.slots.max_rows)) - set(self.slots.slot))[:k]
         if len(free) < k:
-            raise ValueError(f"{self.role} FastLane holds {self.max_rows} rows, {self.rows.n_live} are live: no room "
-                             f"for {k} more. Build the engine with FastEngine(max_batch=...) >= the largest batch.")
-        if staged is None:
-            self._prefill_rows(free, seq[:, : self.seen], host[:, : self.seen])
-        else:
-            self._stage.copy_into(self, free, staged, seq.shape[1])
+            raise ValueError(f"{self.role} FastLane holds {self.slots.max_rows} rows, {self.slots.n_live} are live: "
+                             f"no room for {k} more. Build the engine with FastEngine(max_batch=...) >= the largest "
+                             "batch.")
+        fill(free, host)
         dst = to_device(free, self.device)
         self.valid[dst] = True
         self.valid[dst, : host.shape[1]] = to_device(host, self.device)
         self.n_pad[dst] = to_device(pads, self.device)
-        self.rows.slot += free
-        self.rows.solo_seen += [0] * k
-        self.rows.pad += pads
-        self._slot_index = None if self.rows.in_order else to_device(self.rows.slot, self.device)
-
-    # ---- chunked joins: prompts read over several steps before their rows join (fast/joins.py) ----------------
-    @property
-    def stage_room(self) -> int:
-        """Prompts one stage holds (the join twin's rows)."""
-        return min(self.max_rows, joins.JOIN_ROWS)
-
-    def stage_rows(self, prompts: list[list[int]]) -> None:
-        """Lay out joining prompts (at most :attr:`stage_room`) in the join twin, to be read over several steps
-        (:meth:`prefill_staged`) while the batch decodes; they join with ``add_rows(..., staged=...)``."""
-        if len(prompts) > self.stage_room:
-            raise ValueError(f"{self.role} FastLane stages {self.stage_room} prompts at once, got {len(prompts)}")
-        self._stage = joins.Stage(self._joiner(), prompts)
-
-    def prefill_staged(self, budget: int) -> bool:
-        """Read the staged prompts' next chunk (at most ``budget`` tokens, rows x columns); True once every
-        prompt but its last token is read."""
-        return self._stage.advance(budget)
-
-    def unstage(self) -> None:
-        """Forget the stage (its rows joined, or its requests went back to waiting)."""
-        self._stage = None
+        self.slots.slot += free
+        self.slots.solo_seen += [0] * k
+        self.slots.pad += pads
+        self.index = None if self.slots.in_order else to_device(self.slots.slot, self.device)
 
     def pad_left(self, n: int) -> None:
-        """Prepend ``n`` masked columns to every row (the shared sequence grew on the left): the written
-        slots move ``n`` to the right; positions stay (slot and padding count both grow by ``n``)."""
+        """Prepend ``n`` masked columns to every row (the shared sequence grew on the left): the written slots move
+        ``n`` to the right; positions stay (slot and padding count both grow by ``n``)."""
         if n <= 0:
             return
         if self.seen > 0:
@@ -107,82 +147,41 @@ class RowOps:
                 raise RuntimeError(f"{self.role} FastLane holds {self.capacity} tokens; padding {self.seen} columns "
                                    f"by {n} more overflows it. Build the engine with a larger capacity.")
             self._shift(n, n)
-        self.rows.pad = [p + n for p in self.rows.pad]
-        self.rows.solo_seen = [s + n for s in self.rows.solo_seen]
+        self.slots.pad = [p + n for p in self.slots.pad]
+        self.slots.solo_seen = [s + n for s in self.slots.solo_seen]
 
     def trim_left(self, n: int) -> None:
         """Drop the first ``n`` columns of the shared sequence, which must be padding in every row."""
         if n <= 0:
             return
-        if n > min(self.rows.pad, default=n):
+        if n > min(self.slots.pad, default=n):
             raise ValueError(f"{self.role} FastLane: cannot trim {n} columns, some row has only "
-                             f"{min(self.rows.pad)} of padding")
+                             f"{min(self.slots.pad)} of padding")
         if self.seen > 0:
             self._shift(-n, -min(n, self.seen))
-        self.rows.pad = [p - n for p in self.rows.pad]
-        self.rows.solo_seen = [max(s - n, 0) for s in self.rows.solo_seen]
+        self.slots.pad = [p - n for p in self.slots.pad]
+        self.slots.solo_seen = [max(s - n, 0) for s in self.slots.solo_seen]
 
-    def hold_rows(self, index: list[int]) -> None:
-        """As :meth:`hf_rstitch.decode.Lane.hold_rows`: live rows ``index`` gain no token this step; their
-        written slots move one to the right (one copy over every layer), a masked slot in front, and the
-        last seen column is read again at the next call."""
+    def hold(self, index: list[int]) -> None:
+        """Live rows ``index`` gain no token this step: their written slots move one to the right (one copy over
+        every layer), a masked slot in front; the last seen column is read again at the next call."""
         if not index or self.seen == 0:  # nothing written: the first call reads the padding from the mask
             return
         for i in index:  # a few rows a step: per-row copies, no index tensor to send to the device
-            row = self.rows.slot[i]
+            row = self.slots.slot[i]
             self.cache.shift_row(row, 1, self.seen)
             self.valid[row, 1:] = self.valid[row, :-1].clone()
             self.valid[row, 0] = False
             self.n_pad[row] += 1
-            self.rows.pad[i] += 1
-            self.rows.solo_seen[i] += 1
-
-
-    @property
-    def kv_pool(self):
-        """The :class:`~hf_rstitch.fast.paged_kv.BlockPool` of a paged cache (its ``allocator`` says how many blocks
-        are free); None: a static cache."""
-        return self.cache.pool if self.paged else None
-
-    # ---- internals ----------------------------------------------------------------------------
-    def _reserve(self, total: int) -> None:
-        """A paged cache: every live row gets blocks for its tokens up to column ``total`` (the columns this call
-        writes) before the call runs; raises :class:`~hf_rstitch.fast.blocks.OutOfBlocks`, taking none, when the
-        pool is short. A static cache holds every slot already."""
-        if self.paged:
-            self.cache.reserve_columns(total, self.rows.slot, self.rows.pad)
-
-    def _prefill_rows(self, dst: list[int], ids: torch.Tensor, host: torch.Tensor) -> None:
-        """Fill cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (``host``: their mask, bool, on
-        the CPU): every joining row of the step together, in batched calls of this lane's join twin
-        (:func:`hf_rstitch.fast.joins.prefill_rows`), then one copy of each row's slots into this cache.
-
-        Why not an eager forward: on a GPU that one forward per lane is host-bound, about ten decode steps'
-        worth a joining row (``benchmarks/results/request_engine_*.md``)."""
-        self.join_groups += joins.prefill_rows(self, dst, ids, host)
-
-    def _joiner(self):
-        """A lane of the same model and configuration with up to :data:`~hf_rstitch.fast.joins.JOIN_ROWS` rows
-        (built on first use, kept): it prefills joining rows. It shares this lane's product plan (no second copy
-        of the fused q/k/v weights) and the process's compiled pieces; its cache holds its rows (a paged lane's joiner
-        draws on this lane's pool and hands its blocks over)."""
-        if self._join_lane is None:
-            rows = min(self.max_rows, joins.JOIN_ROWS)
-            lane = type(self)(self.model, self.role, self.vocab, self.capacity,
-                              dataclasses.replace(self.config, gemv=False), max_rows=rows,
-                              kv_pool=self.kv_pool)
-            lane.gemv_layers = self.gemv_layers
-            lane.plan = dataclasses.replace(lane.plan, products=self.plan.products, gemv_tiers=self.plan.gemv_tiers,
-                                            fuse_qkv=self.plan.fuse_qkv, fuse_mlp=self.plan.fuse_mlp)
-            self._join_lane = lane
-        return self._join_lane
+            self.slots.pad[i] += 1
+            self.slots.solo_seen[i] += 1
 
     def _shift(self, n: int, cut: int) -> None:
         """The shared columns move ``n`` to the right (``n > 0``: new masked columns in front) or ``-n`` to the
-        left (leading padding dropped): the padding masks and counts of every row move by ``n``, the
-        ``cut`` written slots of the live cache rows by ``cut`` (``|cut| <= |n|``: only written slots exist)."""
+        left (leading padding dropped): the padding masks and counts of every row move by ``n``, the ``cut``
+        written slots of the live cache rows by ``cut`` (``|cut| <= |n|``: only written slots exist)."""
         seen, width = self.seen, self.valid.shape[1]
-        rows = self.rows.bucket if self.rows.slot else self.max_rows
+        rows = self.slots.bucket if self.slots.slot else self.slots.max_rows
         if cut != 0:
             for row in range(rows):
                 self.cache.shift_row(row, cut, seen + max(cut, 0))

@@ -12,13 +12,21 @@ nothing else. ``print(lane.plan)`` (or ``print(plan_for(llm, AUTO))`` before any
       attention    split (Triton, written slots only; steps build no mask)
       ...
 
+Per module (the ``module`` lines, :mod:`~hf_rstitch.fast.module_plan`): which fused kernel runs in a norm's, a decoder
+layer's or a router's place, or why the model's own code runs -- decided by a probe on random inputs
+(:mod:`~hf_rstitch.fast.probes`), never by the module's source text::
+
+      module       Qwen2RMSNorm x57 (norm): rms_norm kernel: probe equal (max abs err 0)
+      module       MyRMSNorm x5 (norm): model's own code: probe differs (max abs err 0.88)
+
 Three choices are only candidates here, settled when the lane is built because they need the model's
 weights or a run: the products keep cuBLAS for a shape and tier where it timed faster (the tuner), a layer
 folds only where :func:`~hf_rstitch.fast.patches.folds.foldable` approves it, and the rotation is deferred to
 the cache's store only for models that pass :func:`~hf_rstitch.fast.kernels.rope_store.defers_exactly`.
 
-What it does not do: build anything. It runs no forward and no kernel (the head size comes from the caller,
-or from :func:`~hf_rstitch.fast.kv_shapes.kv_shape`, which the lane runs anyway and keeps on the model).
+What it does not do: build anything. It runs no forward of the model and no kernel, only the modules' probes (the
+head size comes from the caller, or from :func:`~hf_rstitch.fast.kv_shapes.kv_shape`, which the lane runs anyway
+and keeps on the model).
 """
 
 from __future__ import annotations
@@ -31,9 +39,10 @@ from transformers import PreTrainedModel
 
 from .buckets import bucket_sizes
 from .config import FastConfig
-from .kernels import decode_attention, gemv, rope_store, triton_support
+from .kernels import decode_attention, gemv, moe_router, norms, rope_store, triton_support
 from .kv_shapes import kv_shape
-from .patches import experts, folds, products
+from .module_plan import ModuleChoice, choices
+from .patches import experts, folds, products, regions
 from .rows import batch_sizes
 from .windows import layer_windows
 
@@ -67,6 +76,8 @@ class FastPlan:
     read_out: str  # "fused" (logits, entropy and greedy token in two kernels) or "eager"
     pdl: str  # programmatic dependent launch of the Triton kernels ("off", "one-row", "all")
     run_ahead: bool  # the loop may advance the lane a step early
+    # per module class: the fused kernel that runs in its place, or why its own code runs (.module_plan)
+    modules: tuple[ModuleChoice, ...] = ()
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -74,6 +85,7 @@ class FastPlan:
     def __str__(self) -> str:
         lines = [f"FastLane plan for {self.model} ({self.device}, {self.dtype}, up to {self.max_rows} rows)"]
         lines += [f"  {name:<12} {text}" for name, text in self._lines()]
+        lines += [f"  {'module':<12} {choice}" for choice in self.modules]
         return "\n".join(lines)
 
     def _lines(self) -> list[tuple[str, str]]:
@@ -143,6 +155,7 @@ def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head
     rope = config.fuse_rope_store and partial and triton
     add_norm = config.compile == "parts" and config.adds_with_norms
     moe = experts.plan(model, config.experts, routers=config.fuse_router)
+    fold_norms = add_norm and kernels and config.fuse_qkv and config.fuse_mlp and folds.ENABLED
     return FastPlan(
         model=type(model).__name__, device=str(device), dtype=str(dtype), max_rows=max_rows, graphs=graphs,
         batch_buckets=batch_sizes(max_rows), length_buckets=bucket_sizes(config.max_bucket), compile=config.compile,
@@ -151,10 +164,31 @@ def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head
         products="triton" if kernels else "cublas",
         gemv_tiers=tuple(top for top, tuned in zip(gemv.TIERS, gemv.tiers_for(max_rows)) if tuned) if kernels else (),
         fuse_qkv=kernels and config.fuse_qkv, fuse_mlp=kernels and config.fuse_mlp,
-        add_norm=add_norm, fold_norms=add_norm and kernels and config.fuse_qkv and config.fuse_mlp and folds.ENABLED,
+        add_norm=add_norm, fold_norms=fold_norms,
         rope_store=rope, defer_rotation=rope and rope_store.DEFER, rotary_table=config.rotary_table and partial,
         windows=tuple(layer_windows(model.config)), experts=moe.kind, fuse_router=bool(moe.routers),
         read_out="fused" if device.type == "cuda" and triton and dtype != torch.float64 else "eager",
         pdl=triton_support.PDL if triton_support.pdl(device, 1) else "off",
         run_ahead=graphs if config.run_ahead is None else config.run_ahead,
+        modules=choices(model, _norms_off(config, triton, dtype, device), None if add_norm else
+                        f"add + norm fusion off (compile={config.compile!r})", _routers_off(config, dtype, device),
+                        fold_norms),
     )
+
+
+def _norms_off(config: FastConfig, triton: bool, dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why the plan runs no RMSNorm kernel (None: it runs it for every norm whose probe agrees)."""
+    if config.compile != "parts":
+        return f"norms fused with compile='parts' only (compile={config.compile!r})"
+    if not (triton and regions.KERNELS):
+        return f"compiled, the kernel needs Triton ({device.type})"
+    return None if dtype in norms.DTYPES else f"compiled, no kernel for {dtype}"
+
+
+def _routers_off(config: FastConfig, dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why the plan runs no router kernel (None: it runs them for every router whose probe agrees)."""
+    if not config.fuse_router:
+        return "fuse_router=False"
+    if not moe_router.available(device):
+        return f"the kernels need Triton ({device.type})"
+    return "no kernel for torch.float64" if dtype == torch.float64 else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import torch
@@ -40,6 +41,35 @@ def check_pair(llm: PreTrainedModel, slm: PreTrainedModel | None) -> PreTrainedM
     return slm
 
 
+_WIDTHS_SAID: set[tuple[int, int]] = set()  # (llm, slm) logit widths already logged in this process
+
+
+def shared_width(llm_width: int, slm_width: int) -> int:
+    """The logits both models emit: the narrower width. When the widths differ, says once (per pair of widths)
+    what is cut and why: the wider model's extra ids (embedding rows padded past the tokenizer, as Qwen's 7B and
+    1.5B differ) can never be stitched, since the other model cannot read or score them."""
+    width = min(llm_width, slm_width)
+    if llm_width != slm_width and (llm_width, slm_width) not in _WIDTHS_SAID:
+        _WIDTHS_SAID.add((llm_width, slm_width))
+        wider = "LLM" if llm_width > slm_width else "SLM"
+        logging.getLogger(__name__).warning(
+            "the LLM emits %d logits and the SLM %d: stitching uses the %d ids both emit and cuts the %s's logits "
+            "%d..%d (ids the other model cannot read; usually embedding rows padded past the tokenizer, never "
+            "written by it)", llm_width, slm_width, width, wider, width, max(llm_width, slm_width) - 1)
+    return width
+
+
+def check_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+    """Refuse right padding: a stitched batch appends every row's tokens at the end, after its prompt."""
+    if attention_mask is None or attention_mask.ndim != 2 or input_ids.shape[0] < 2:
+        return
+    right = (attention_mask[:, -1] == 0).nonzero().flatten().tolist()
+    if right:
+        raise ValueError(
+            f"`attention_mask` is right-padded (row {right[0]} ends in padding); stitched batches need left padding, "
+            "every row's prompt ending at the last column: set tokenizer.padding_side = \"left\" before tokenizing.")
+
+
 def check_tokenizers(tokenizer, assistant_tokenizer) -> None:
     """If both tokenizers are passed they must be the same vocabulary."""
     if tokenizer is None or assistant_tokenizer is None or tokenizer is assistant_tokenizer:
@@ -54,6 +84,7 @@ def check_tokenizers(tokenizer, assistant_tokenizer) -> None:
 def check_request(input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict, vocab: int | None = None) -> None:
     """Prompt shape and ids, decoding mode, options and cache type this version supports."""
     _check_prompt(input_ids, model_kwargs, vocab)
+    check_padding(input_ids, model_kwargs.get("attention_mask"))
     _check_unsupported_options(config)
     if (config.num_beams or 1) > 1:
         raise ValueError("stitched decoding does not support beam search; set num_beams=1.")

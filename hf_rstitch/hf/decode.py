@@ -16,7 +16,7 @@ from ..core.policies import EntropyPolicy, RoutingPolicy, checked
 from ..core.sampling import pad_vocab
 from ..decode.loop import stitch_loop
 from ..decode.engines import resolve_engine
-from .checks import check_pair, check_request, streamer_from_generate
+from .checks import check_pair, check_request, shared_width, streamer_from_generate
 from .fallback import run_with_fallback
 from .placement import check_placement
 from .output import StitchedGenerateOutput
@@ -126,7 +126,7 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     """The body of :func:`stitched_decode` once the streamer is known: checks, lanes, the loop, the output."""
     slm = check_pair(model, stitch_slm)
     policy = resolve_policy(stitch_threshold, stitch_policy, generation_config, stitch_router, slm)
-    vocab = min(logit_width(model), logit_width(slm))  # ids either model may emit
+    vocab = shared_width(logit_width(model), logit_width(slm))  # ids either model may emit (a cut is logged)
     check_request(input_ids, generation_config, model_kwargs, vocab)
     engine, auto = resolve_engine(model, slm, stitch_engine, input_ids.shape[0], fast=_fast_engine)
     check_placement(model, slm, input_ids, do_sample=bool(generation_config.do_sample), engine=engine)

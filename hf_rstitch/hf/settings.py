@@ -24,6 +24,10 @@ THRESHOLD_KEY = "stitch_threshold"
 SLM_KEY = "stitch_slm_name_or_path"
 ROUTER_KEY = "stitch_router_name_or_path"
 SETTING_KEYS = (THRESHOLD_KEY, SLM_KEY, ROUTER_KEY)
+# tau when neither the caller nor the LLM's generation config sets one: the paper's, and the one
+# `rstitch tune` picks for the shipped pair on its valid split
+# (benchmarks/results/toyworld_valid_threshold_sweep_stage2.json)
+DEFAULT_THRESHOLD = 0.02
 # generate() arguments that must not be generation-config entries (see the module docstring)
 ARGUMENT_NAMES = {"stitch_slm": SLM_KEY, "stitch_router": ROUTER_KEY, "stitch_policy": None}
 
@@ -64,6 +68,15 @@ def threshold_value(value) -> float:
     if not (math.isfinite(tau) and 0.0 <= tau <= 1.0):
         raise ValueError(f"stitch threshold must be in [0, 1] (a normalized entropy), got {value!r}.")
     return tau
+
+
+def default_threshold(config=None, given: float | None = None) -> float:
+    """The one default tau: ``given`` when set, else the generation config's ``stitch_threshold`` (a model
+    tuned with ``rstitch tune --write-config``), else :data:`DEFAULT_THRESHOLD`."""
+    if given is not None:
+        return threshold_value(given)
+    tau = getattr(config, THRESHOLD_KEY, None) if config is not None else None
+    return threshold_value(tau) if tau is not None else DEFAULT_THRESHOLD
 
 
 def configured_slm(llm, config):

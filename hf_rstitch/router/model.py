@@ -89,11 +89,11 @@ class Router(nn.Module, PyTorchModelHubMixin, library_name="hf-rstitch", tags=["
         return sum(p.numel() for p in self.parameters())
 
 
-def _router_from(source) -> Router:
-    """``Router.from_pretrained`` with errors that name the argument and the fix."""
+def _router_from(source, flag: str = "router") -> Router:
+    """``Router.from_pretrained`` with errors that name the argument (``flag``) and the fix."""
     from pathlib import Path
 
-    from ..sources import check_local_source
+    from ..sources import check_router_source
 
     if not isinstance(source, (str, Path)):
         raise TypeError(f"a router must be a Router, a local folder or a Hub id (str or Path), got "
@@ -102,7 +102,7 @@ def _router_from(source) -> Router:
         raise ValueError("the router path is empty; give the folder written by Router.save_pretrained "
                          "(rstitch train-router writes OUT/router) or a Hub id.")
     what = "a router saved with Router.save_pretrained (rstitch train-router writes OUT/router)"
-    check_local_source(source, "router", needs=("config.json", "model.safetensors"), what=what)
+    check_router_source(source, flag)  # a missing folder, or a Hub id neither cached nor on the Hub: at once
     try:
         import contextlib
         import io
@@ -123,14 +123,15 @@ def hidden_size_error(router_size: int, slm_size: int) -> str:
             "one with `rstitch train-router --slm ...`.")
 
 
-def load_router(source, slm=None, device=None) -> Router:
+def load_router(source, slm=None, device=None, flag: str = "router") -> Router:
     """A :class:`Router` from an object, a local folder, a Hub id or ``"shipped"`` (the router trained for the
-    shipped pair, :func:`hf_rstitch.shipped`); checked against ``slm`` if given."""
+    shipped pair, :func:`hf_rstitch.shipped`); checked against ``slm`` if given. ``flag`` names the argument in
+    errors (``stitch_router``, ``--router``)."""
     if isinstance(source, str) and source in ("shipped", "shipped:router"):
         from ..resources import shipped
 
         source = shipped("router")
-    router = source if isinstance(source, Router) else _router_from(source)
+    router = source if isinstance(source, Router) else _router_from(source, flag)
     if slm is not None:
         router.check_slm(slm)
         device = device or next(slm.parameters()).device

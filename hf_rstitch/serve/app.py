@@ -16,6 +16,7 @@ and drains it on shutdown (``rstitch serve`` drains before uvicorn closes connec
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import uuid
@@ -25,10 +26,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from ..serving.request_types import QueueFull
+from .bodies import BodyReader
 from .driver import EngineDriver, ShuttingDown
-from .errors import ERROR_RESPONSES, error, install
+from .split import EngineClient
+from .errors import ERROR_RESPONSES, BadRequest, error, install, json_body
 from .handover import STREAM_INTERVAL_S, STREAM_WRITES_PER_S, Pacer, PostOffice
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import Transcript
@@ -56,12 +60,9 @@ class ServerSettings:
     stream_interval_s: float = STREAM_INTERVAL_S  # an answer writes at most this often, the tokens since in one chunk (Pacer)
     stream_writes_per_s: float = STREAM_WRITES_PER_S  # and all answers together at most this many times a second; 0s: every step
     error_ttl_s: float = 300.0  # how long /health shows the last failed step's error
-
-
-class BadRequest(ValueError):
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
+    header_timeout_s: float = 10.0  # a request's headers must arrive within this (serve/guard.py)
+    body_timeout_s: float = 60.0  # and its body within this of its headers
+    max_connections: int = 4096  # open connections at most; one more gets a 503 and is closed
 
 
 class UnknownModel(LookupError):
@@ -74,9 +75,10 @@ _JSON_OR_SSE = {200: {"description": "the completion (JSON), or with stream: tru
 
 
 def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = None) -> FastAPI:
-    """The ASGI app serving ``engine`` (a ``RequestEngine``) with ``tokenizer``'s chat template."""
+    """The ASGI app serving ``engine`` (a ``RequestEngine``, or an :class:`~.split.EngineClient` of one in another
+    process) with ``tokenizer``'s chat template."""
     settings = settings or ServerSettings()
-    driver = EngineDriver(engine)
+    driver = engine if isinstance(engine, EngineClient) else EngineDriver(engine)
     complete = _Completions(driver, tokenizer, settings)
 
     @asynccontextmanager
@@ -84,27 +86,34 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
         driver.start()
         yield
         await asyncio.to_thread(driver.drain, settings.drain_timeout_s)
+        complete.read_body.close()
 
     app = FastAPI(title="hf-rstitch", summary="R-Stitch stitched decoding behind the OpenAI API", lifespan=lifespan)
     app.state.driver, app.state.settings = driver, settings
-    install(app, settings.max_body_bytes, lambda schema: _publish_limits(schema, settings))
+    install(app, settings.max_body_bytes, lambda schema: _publish_limits(schema, settings),
+            bodies=(ChatCompletionRequest, CompletionRequest))
 
     @app.get("/health", responses={503: {"model": dict, "description": "draining, stopped or unhealthy"}})
     async def health() -> JSONResponse:
-        return _health(driver, engine, settings)
+        return _health(driver, settings)
+
+    app.head("/health", include_in_schema=False)(health)  # load balancers' probes (uvicorn sends no body)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "hf-rstitch"}
                                            for name in (settings.model_name, *settings.model_aliases)]}
 
-    @app.post("/v1/chat/completions", responses={**_JSON_OR_SSE, **ERROR_RESPONSES})
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return await complete(request, body, "chat")
+    # the bodies are read off the event loop (.bodies), not by FastAPI on it; the schema publishes them alike
+    @app.post("/v1/chat/completions", responses={**_JSON_OR_SSE, **ERROR_RESPONSES},
+              openapi_extra=json_body(ChatCompletionRequest))
+    async def chat_completions(request: Request):
+        return await complete(request, "chat")
 
-    @app.post("/v1/completions", responses={**_JSON_OR_SSE, **ERROR_RESPONSES})
-    async def completions(body: CompletionRequest, request: Request):
-        return await complete(request, body, "text")
+    @app.post("/v1/completions", responses={**_JSON_OR_SSE, **ERROR_RESPONSES},
+              openapi_extra=json_body(CompletionRequest))
+    async def completions(request: Request):
+        return await complete(request, "text")
 
     return app
 
@@ -117,6 +126,8 @@ class _Completions:
         self.chars_per_token = (max(map(len, tokenizer.get_vocab()), default=1) if hasattr(tokenizer, "get_vocab")
                                 else None)
         self.pacer = Pacer(settings.stream_interval_s, settings.stream_writes_per_s)
+        self.read_body = BodyReader(settings.max_context)
+        self.dropped_roles: tuple[str, ...] | None = None  # roles the chat template leaves out (probed on first use)
         self.offices: dict[asyncio.AbstractEventLoop, PostOffice] = {}  # one per event loop serving the app
 
     def post_office(self) -> PostOffice:
@@ -126,23 +137,23 @@ class _Completions:
             self.offices[loop] = PostOffice(loop)
         return self.offices[loop]
 
-    async def __call__(self, request: Request, body, kind: str):
+    async def __call__(self, request: Request, kind: str):
         driver, settings, tokenizer = self.driver, self.settings, self.tokenizer
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         try:
-            check_model(body.model, settings)
-            check_prompt_size(body, kind, settings, self.chars_per_token)
-            if kind == "text" and not isinstance(body.prompt, str):  # token ids: nothing to tokenize, no thread hop
-                ids = text_prompt_ids(tokenizer, body, settings)
-            else:
-                ids = await asyncio.to_thread(prompt_ids, tokenizer, body, kind, settings)
+            raw = await request.body()
+        except ClientDisconnect:  # it left, or missed the body deadline (serve/guard.py): nobody reads an answer
+            return error(499, "client disconnected", kind="cancelled")
+        try:
+            body = await self.read_body(raw, request.headers.get("content-type"), kind)
+            ids, notes = await asyncio.to_thread(self.prompt, body, kind)
             engine_request = build_request(body, ids, rid, settings, tokenizer)
             box = self.post_office().mailbox()
-            driver.submit(engine_request, box)
+            await driver.admit(engine_request, box)
         except (UnknownModel, BadRequest, QueueFull, ShuttingDown, ValueError) as err:
             return _refusal(err)
         events = follow(driver, rid, box, request, None if body.stream else settings.disconnect_poll_s, self.pacer)
-        transcript = Transcript(tokenizer, len(ids), body.stop_strings)
+        transcript = Transcript(tokenizer, len(ids), body.stop_strings, notes)
         if body.stream:
             sse = (stream_chat if kind == "chat" else stream_text)(rid, settings.model_name, body.include_usage_chunk,
                                                                    transcript, events)
@@ -151,13 +162,25 @@ class _Completions:
         return await whole_response(rid, kind, settings.model_name, transcript, events)
 
 
-def _health(driver: EngineDriver, engine: Any, settings: ServerSettings) -> JSONResponse:
+    def prompt(self, body, kind: str) -> tuple[list[int], list[str]]:
+        """(token ids, notes for the answer) of a checked body; on a worker thread (tokenizing)."""
+        check_model(body.model, self.settings)
+        check_prompt_size(body, kind, self.settings, self.chars_per_token)
+        if kind == "text":
+            return text_prompt_ids(self.tokenizer, body, self.settings), []
+        ids = chat_prompt_ids(self.tokenizer, body)
+        if self.dropped_roles is None:
+            self.dropped_roles = dropped_roles(self.tokenizer)
+        return ids, dropped_note(body, self.dropped_roles)
+
+
+def _health(driver: EngineDriver | EngineClient, settings: ServerSettings) -> JSONResponse:
     """``GET /health``: 200 while the driver runs, accepts and is healthy, else 503 with which of them failed."""
     ok = driver.alive and driver.accepting and driver.healthy
     status = "ok" if ok else ("stopped" if not driver.alive else "draining" if not driver.accepting else "unhealthy")
     recent = driver.last_error_at is not None and time.monotonic() - driver.last_error_at < settings.error_ttl_s
     body = {"status": status, "model": settings.model_name, "pid": os.getpid(), "threshold": settings.threshold,
-            "router": settings.router, "pin": settings.pin, "running": engine.running, "waiting": engine.waiting,
+            "router": settings.router, "pin": settings.pin, "running": driver.running, "waiting": driver.waiting,
             "in_flight": driver.in_flight, "max_pending": driver.capacity, "steps": driver.steps,
             "completed": driver.completed, "failed_steps_in_a_row": driver.failed_in_a_row,
             "last_error": driver.last_error if recent else None}
@@ -217,26 +240,65 @@ def check_prompt_size(body, kind: str, settings: ServerSettings, chars_per_token
                          param="messages" if kind == "chat" else "prompt")
 
 
-def prompt_ids(tokenizer: Any, body, kind: str, settings: ServerSettings) -> list[int]:
-    return chat_prompt_ids(tokenizer, body) if kind == "chat" else text_prompt_ids(tokenizer, body, settings)
-
-
 def chat_prompt_ids(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
     """The chat template applied to the messages, with the generation prompt."""
     if not getattr(tokenizer, "chat_template", None):
         raise BadRequest("this model's tokenizer has no chat template; send a raw prompt to /v1/completions instead",
                          param="messages")
+    messages = body.template_messages()
     try:
-        out = tokenizer.apply_chat_template(body.template_messages(), add_generation_prompt=True, tokenize=True)
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     except Exception as err:  # noqa: BLE001 -- jinja raises its own errors on messages a template refuses
+        if not _unicode(messages):  # a message's other fields (name, ...) reach the template unchecked
+            raise BadRequest("the messages hold a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair), "
+                             "which is not Unicode text; send valid text", param="messages") from None
         raise BadRequest(f"the model's chat template refused these messages: {err}", param="messages") from None
     return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def _unicode(messages: list[dict[str, Any]]) -> bool:
+    try:
+        json.dumps(messages, ensure_ascii=False).encode("utf-8")
+        return True
+    except (UnicodeEncodeError, TypeError, ValueError):
+        return False
+
+
+_PROBE = "rstitch-probe-7f3a"  # text no template writes by itself
+
+
+def dropped_roles(tokenizer: Any) -> tuple[str, ...]:
+    """The roles whose messages the chat template leaves out of the prompt (rendered with a probe text that does
+    not come out); a role the template refuses is not listed (those requests get its 400)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    dropped = []
+    for role in ("system", "developer", "tool"):
+        messages = [{"role": role, "content": _PROBE}, {"role": "user", "content": "hi"}]
+        try:
+            out = render_jinja_template([messages], chat_template=tokenizer.chat_template, add_generation_prompt=True,
+                                        **getattr(tokenizer, "special_tokens_map", {}))
+        except Exception:  # noqa: BLE001 -- the template refuses the role itself
+            continue
+        if _PROBE not in str(out):
+            dropped.append(role)
+    return tuple(dropped)
+
+
+def dropped_note(body: ChatCompletionRequest, dropped: tuple[str, ...]) -> list[str]:
+    """The answer's note (its ``notes`` field) when the template left messages with text out of the prompt."""
+    lost = [(f"messages.{i}", m.role) for i, m in enumerate(body.messages) if m.role in dropped and m.text()]
+    if not lost:
+        return []
+    roles = " and ".join(dict.fromkeys(role for _, role in lost))
+    return [f"this model's chat template leaves {roles} messages out of the prompt: "
+            f"{', '.join(p for p, _ in lost)} did not reach the model; put their instructions in a user message"]
 
 
 def text_prompt_ids(tokenizer: Any, body: CompletionRequest, settings: ServerSettings) -> list[int]:
     """A string prompt tokenized as is (one that tokenizes to nothing: the BOS token, else EOS, as OpenAI starts
     an empty prompt); a token-id prompt checked against the vocabulary."""
-    if isinstance(body.prompt, str):
+    if isinstance(body.prompt, str):  # valid Unicode (protocol.Text)
         ids = list(tokenizer(body.prompt)["input_ids"])
         start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         return ids or ([start] if start is not None else [])
@@ -246,8 +308,9 @@ def text_prompt_ids(tokenizer: Any, body: CompletionRequest, settings: ServerSet
     return list(body.prompt)
 
 
-def token_budget(requested: int | None, n_prompt: int, settings: ServerSettings, prompt_param: str = "prompt") -> int:
-    """``max_tokens`` checked against the context window; the server default when absent."""
+def token_budget(requested: int | None, n_prompt: int, settings: ServerSettings, prompt_param: str = "prompt",
+                 name: str = "max_tokens") -> int:
+    """``max_tokens`` (or the field ``name``) checked against the context window; the server default when absent."""
     if settings.max_context is None:
         return requested or settings.default_max_tokens
     room = settings.max_context - n_prompt
@@ -255,8 +318,8 @@ def token_budget(requested: int | None, n_prompt: int, settings: ServerSettings,
         raise BadRequest(f"the prompt has {n_prompt} tokens but the model reads at most {settings.max_context} "
                          "(its max_position_embeddings); shorten the prompt", param=prompt_param)
     if requested is not None and requested > room:
-        raise BadRequest(f"max_tokens={requested} plus the prompt's {n_prompt} tokens exceed the model's context of "
-                         f"{settings.max_context} tokens; ask for at most {room}", param="max_tokens")
+        raise BadRequest(f"{name}={requested} plus the prompt's {n_prompt} tokens exceed the model's context of "
+                         f"{settings.max_context} tokens; ask for at most {room}", param=name)
     return requested or min(settings.default_max_tokens, room)
 
 
@@ -274,8 +337,9 @@ def build_request(body, ids: list[int], request_id: str, settings: ServerSetting
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     for name in ("max_tokens", "max_completion_tokens"):  # both checked, though one decides
         if getattr(body, name, None) is not None and name != body.budget_field:
-            token_budget(getattr(body, name), len(ids), settings, param)
-    return EngineRequest(input_ids=ids, max_new_tokens=token_budget(body.token_budget(), len(ids), settings, param),
+            token_budget(getattr(body, name), len(ids), settings, param, name)
+    budget = token_budget(body.token_budget(), len(ids), settings, param, body.budget_field)
+    return EngineRequest(input_ids=ids, max_new_tokens=budget,
                          stitch_threshold=body.stitch_threshold, seed=body.engine_seed, request_id=request_id,
                          role=settings.pin, stitch_policy=policy, **sampling)
 

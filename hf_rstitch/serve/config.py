@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..decode.engines import engine_option, is_eager
+from ..hf.settings import DEFAULT_THRESHOLD, default_threshold
 from .handover import STREAM_INTERVAL_S, STREAM_WRITES_PER_S
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -23,8 +24,9 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 class ServeConfig:
     llm: str = field(default="", metadata={"help": "LLM folder or Hub id (default: the shipped pair's LLM)"})
     slm: str = field(default="", metadata={"help": "SLM folder or Hub id (default: the shipped pair's SLM)"})
-    threshold: float = field(default=0.02, metadata={
-        "help": "default R-Stitch entropy threshold tau in [0, 1]; a request may set its own `stitch_threshold`"})
+    threshold: float | None = field(default=None, metadata={
+        "help": "R-Stitch entropy threshold tau in [0, 1] of a request that sets no `stitch_threshold`; default: the "
+                f"LLM's generation_config.stitch_threshold (rstitch tune --write-config), else {DEFAULT_THRESHOLD}"})
     router: str = field(default="", metadata={
         "help": "R-Stitch+ router (folder or Hub id, e.g. hf_rstitch/assets/router) instead of the threshold: it "
                 "routes every request with its own trained threshold, and requests may not set stitch_threshold"})
@@ -73,8 +75,18 @@ class ServeConfig:
     stream_writes_per_s: float = field(default=STREAM_WRITES_PER_S, metadata={
         "help": "writes a second of all answers together at most: with many streams open each writes less often, "
                 "several tokens a chunk, so that the HTTP side's Python leaves the engine its GIL; 0: no limit"})
+    header_timeout: float = field(default=10.0, metadata={
+        "help": "seconds a request's headers may take to arrive (from the connection, or the request's first byte); "
+                "a connection that trickles them is closed"})
+    body_timeout: float = field(default=60.0, metadata={
+        "help": "seconds a request's body may take to arrive after its headers; a slower one is closed"})
+    max_connections: int = field(default=4096, metadata={
+        "help": "open HTTP connections at most; one more is answered 503 and closed before it is read"})
     drain_timeout: float = field(default=30.0, metadata={
         "help": "on SIGTERM, seconds that running requests get to finish before they are cancelled"})
+    frontend_procs: int = field(default=0, metadata={
+        "help": "run the engine in a process of its own and the HTTP side (schema, tokenizing, detokenizing, "
+                "streaming) in this many front-end processes sharing the port; 0 (the default): one process"})
     replicas: int = field(default=1, metadata={
         "help": "server replicas; more than 1 runs them on Ray Serve (pip install fastapi uvicorn 'ray[serve]', or '.[serve-ray]' in a clone)"})
     ray_address: str = field(default="", metadata={
@@ -87,7 +99,7 @@ class ServeConfig:
     def __post_init__(self):
         from ..core.policies import check_threshold
 
-        self.threshold = check_threshold(self.threshold, "--threshold")
+        self.threshold = None if self.threshold is None else check_threshold(self.threshold, "--threshold")
         self.engine = engine_option(self.engine)
         if bool(self.llm) != bool(self.slm):
             raise ValueError("pass both --llm and --slm, or neither (to serve the shipped pair)")
@@ -95,11 +107,16 @@ class ServeConfig:
             raise ValueError(f"--kv-memory must be a fraction in (0, 1], got {self.kv_memory}")
         if self.max_model_len < 0:
             raise ValueError(f"--max-model-len must be >= 0 (0: the LLM's context window), got {self.max_model_len}")
-        for name in ("max_batch", "max_tokens", "replicas", "max_body_bytes"):
+        for name in ("max_batch", "max_tokens", "replicas", "max_body_bytes", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.prefill_chunk < 0:
             raise ValueError(f"--prefill-chunk must be >= 0 tokens (0: joins prefill whole), got {self.prefill_chunk}")
+        if self.frontend_procs < 0:
+            raise ValueError(f"--frontend-procs must be >= 0 (0: one process), got {self.frontend_procs}")
+        if self.frontend_procs and self.replicas > 1:
+            raise ValueError("--frontend-procs runs one server's HTTP side in processes of its own; with --replicas "
+                             "Ray Serve's proxy and front replicas are the HTTP side: pass one of them")
         if self.max_queue < 0:
             raise ValueError(f"--max-queue must be >= 0, got {self.max_queue}")
         if not 0 <= self.port <= 65535:
@@ -120,6 +137,9 @@ class ServeConfig:
         for name in ("stream_interval", "stream_writes_per_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: off), got {getattr(self, name)}")
+        for name in ("header_timeout", "body_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
         if self.drain_timeout < 0:
             raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout}")
 
@@ -154,19 +174,12 @@ class ServeConfig:
 
 
 def load_models(cfg: ServeConfig):
-    """``(llm, slm, tokenizer)`` on ``cfg.device`` in eval mode."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """``(llm, slm, tokenizer)`` on ``cfg.device`` in eval mode (the shipped pair by default), through the one
+    loader, which reports a model that cannot load in one line at once."""
+    from ..hf.loading import load_pair
+    from ..resources import resolve
 
-    if not cfg.llm:  # the shipped pair
-        from ..hf.loading import load_pair
-        from ..resources import shipped
-
-        return load_pair(str(shipped("llm")), str(shipped("slm")), cfg.dtype, cfg.device)
-    dtype = getattr(torch, cfg.dtype)
-    llm = AutoModelForCausalLM.from_pretrained(cfg.llm, dtype=dtype).to(cfg.device).eval()
-    slm = AutoModelForCausalLM.from_pretrained(cfg.slm, dtype=dtype).to(cfg.device).eval()
-    return llm, slm, AutoTokenizer.from_pretrained(cfg.llm)
+    return load_pair(resolve(cfg.llm or "shipped:llm"), resolve(cfg.slm or "shipped:slm"), cfg.dtype, cfg.device)
 
 
 DEFAULT_CONTEXT = 32768  # longest request of a model whose config names no context window
@@ -183,15 +196,14 @@ def kv_plan(cfg: ServeConfig, llm, slm) -> tuple[int, int | None]:
     max_length = min(context, cfg.max_model_len or context)
     if is_eager(cfg.engine):  # eager lanes: caches that grow as rows write, no pool
         return max_length, None
-    if llm.device.type != "cuda":
-        kv_tokens = cfg.max_batch * CPU_ROW_TOKENS
-    else:
-        from ..fast.kv_memory import kv_tokens_on_device
+    if llm.device.type != "cuda":  # "auto" runs eager lanes here, "fast" its CPU test path: nothing to report
+        return min(max_length, cfg.max_batch * CPU_ROW_TOKENS), cfg.max_batch * CPU_ROW_TOKENS
+    from ..fast.kv_memory import kv_tokens_on_device
 
-        try:
-            kv_tokens = kv_tokens_on_device(llm, slm, cfg.kv_memory)
-        except ValueError:  # layers no paged cache holds (kv_shapes): the fast engine will not run this pair
-            return max_length, None
+    try:
+        kv_tokens = kv_tokens_on_device(llm, slm, cfg.kv_memory)
+    except ValueError:  # layers no paged cache holds (kv_shapes): the fast engine will not run this pair
+        return max_length, None
     if kv_tokens < 1:
         raise ValueError(f"no GPU memory is left for KV blocks below --kv-memory {cfg.kv_memory} once the pair is "
                          "loaded; raise --kv-memory, or serve smaller models / a lower precision")
@@ -210,9 +222,10 @@ def build_engine(cfg: ServeConfig, llm, slm):
     if cfg.router:
         from ..router.policy import policy_from_router
 
-        policy = policy_from_router(cfg.router, slm)
+        policy = policy_from_router(cfg.router, slm, flag="--router")
     max_length, kv_tokens = kv_plan(cfg, llm, slm)
-    return RequestEngine(llm, slm, threshold=cfg.threshold, max_batch=cfg.max_batch, max_waiting=cfg.max_queue,
+    tau = default_threshold(llm.generation_config, cfg.threshold)
+    return RequestEngine(llm, slm, threshold=tau, max_batch=cfg.max_batch, max_waiting=cfg.max_queue,
                          policy=policy, engine=cfg.engine, max_length=max_length, schedule=cfg.schedule,
                          kv_tokens=kv_tokens, prefill_chunk=cfg.prefill_chunk or None)
 
@@ -226,10 +239,11 @@ def settings_for(cfg: ServeConfig, llm) -> Any:
         model_name=cfg.served_name, model_aliases=cfg.served_names[1:], default_max_tokens=cfg.max_tokens,
         max_context=getattr(llm.config.get_text_config(), "max_position_embeddings", None),
         vocab_size=int(llm.config.get_text_config().vocab_size), max_body_bytes=cfg.max_body_bytes,
-        drain_timeout_s=cfg.drain_timeout, stream_interval_s=cfg.stream_interval,
+        drain_timeout_s=cfg.drain_timeout, stream_interval_s=cfg.stream_interval, header_timeout_s=cfg.header_timeout,
+        body_timeout_s=cfg.body_timeout, max_connections=cfg.max_connections,
         stream_writes_per_s=cfg.stream_writes_per_s, do_sample=bool(gen.do_sample),
         temperature=float(gen.temperature if gen.temperature is not None else 1.0),
-        top_p=float(gen.top_p if gen.top_p is not None else 1.0), threshold=None if cfg.router else cfg.threshold,
+        top_p=float(gen.top_p if gen.top_p is not None else 1.0), threshold=None if cfg.router else default_threshold(gen, cfg.threshold),
         router=cfg.router or None, pin=None if cfg.pin == "none" else cfg.pin)
 
 

@@ -94,6 +94,16 @@ class EngineDriver:
         """Requests the engine holds at most (its one admission limit); None: unbounded."""
         return getattr(self.engine, "capacity", None)
 
+    @property
+    def running(self) -> int:
+        """Rows of the engine's batch."""
+        return self.engine.running
+
+    @property
+    def waiting(self) -> int:
+        """Requests in the engine's queue."""
+        return self.engine.waiting
+
     def finish(self, timeout_s: float) -> int:
         """Refuse new requests, let those in flight finish for up to ``timeout_s``, then end the rest with a
         ``cancelled`` event (their handlers answer 503). The thread keeps running. Returns how many were ended."""
@@ -141,6 +151,11 @@ class EngineDriver:
             self._sinks[rid] = sink
         self._wake.set()
         return rid
+
+    async def admit(self, request: Any, sink: Sink) -> str:
+        """:meth:`submit` for a handler on an event loop (the interface a driver in another process shares:
+        :class:`~.split.EngineClient`)."""
+        return self.submit(request, sink)
 
     def cancel(self, request_id: str) -> bool:
         """Stop a request (its client went away): the engine frees its row at the next step and

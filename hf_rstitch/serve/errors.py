@@ -23,6 +23,17 @@ _KIND = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_req
          413: "invalid_request_error", 429: "rate_limit_exceeded", 503: "server_shutting_down"}
 
 
+class BadRequest(ValueError):
+    """A request refused with a 400 naming ``param`` (OpenAI's field of the error)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+    def __reduce__(self):  # raised in the body reader's process, answered in the server's
+        return type(self), (str(self), self.param)
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -87,9 +98,23 @@ class BodyLimit:
                 f"{self.max_bytes} (rstitch serve --max-body-bytes)")
 
 
-def install(app: FastAPI, max_body_bytes: int, adjust=None) -> None:
-    """The body limit, the error handlers and the published schema's error answers (``adjust(schema)`` adds the
-    app's own bounds)."""
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` of an endpoint that reads its body itself (:mod:`.bodies`): the body ``model`` published
+    as FastAPI publishes a declared one (:func:`install` adds the model to the components)."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def _add_body_models(schema: dict[str, Any], models: tuple[type[BaseModel], ...]) -> None:
+    from pydantic.json_schema import models_json_schema
+
+    _, defs = models_json_schema([(m, "validation") for m in models], ref_template="#/components/schemas/{model}")
+    schema.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
+
+
+def install(app: FastAPI, max_body_bytes: int, adjust=None, bodies: tuple[type[BaseModel], ...] = ()) -> None:
+    """The body limit, the error handlers and the published schema's error answers (``bodies``: the models of the
+    bodies endpoints read themselves; ``adjust(schema)`` adds the app's own bounds)."""
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
@@ -116,6 +141,7 @@ def install(app: FastAPI, max_body_bytes: int, adjust=None) -> None:
                     op.get("responses", {}).pop("422", None)  # validation errors are 400s (ERROR_RESPONSES)
             for name in ("HTTPValidationError", "ValidationError"):
                 schema.get("components", {}).get("schemas", {}).pop(name, None)
+            _add_body_models(schema, bodies)
             if adjust is not None:
                 adjust(schema)
             app.openapi_schema = schema
@@ -138,8 +164,9 @@ def http_message(request: Request, err: HTTPException) -> str:
     return message
 
 
-def validation_message(err: RequestValidationError) -> tuple[str | None, str]:
-    """The first offending field (OpenAI's ``param``) and a message naming every problem."""
+def validation_message(err) -> tuple[str | None, str]:
+    """The first offending field (OpenAI's ``param``) and a message naming every problem (``err``: FastAPI's
+    ``RequestValidationError`` or pydantic's ``ValidationError``)."""
     parts, param = [], None
     for e in err.errors():
         loc = [str(p) for p in e.get("loc", ()) if p != "body" and not _union_tag(p)]

@@ -15,23 +15,55 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 _UNSUPPORTED_HINT = ("this server decodes one choice per request with R-Stitch; drop the field or leave it at its "
                      "default")
 
 
-_STRICT = ConfigDict(extra="forbid", strict=True)
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)  # NaN / Infinity: "a finite number"
+MAX_INT_DIGITS = 4300  # Python's limit on the digits of an integer it reads from text (sys.get_int_max_str_digits)
+
+
+class HugeInt:
+    """What the body's reader puts where a JSON integer has more digits than Python reads (see
+    :func:`~.bodies.read_json`), so that the field holding it is named in the 400."""
+
+    def __init__(self, digits: str):
+        self.digits = len(digits.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
 
 
 def _json_integer(value):
     """JSON Schema's integer: an int, or a float without a fraction (1.0); never a bool or a string."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
+    if isinstance(value, HugeInt):
+        raise ValueError(f"an integer of {value.digits} digits; integers here have at most {MAX_INT_DIGITS}")
     return value
 
 
+def _seed(value):
+    if isinstance(value, HugeInt):
+        raise ValueError(f"a seed of {value.digits} digits; a seed is any integer of at most {MAX_INT_DIGITS} digits, "
+                         "taken modulo 2**64: send seed % 2**64 (a number in [0, 18446744073709551616))")
+    return _json_integer(value)
+
+
+def _unicode(text: str) -> str:
+    """Text the tokenizer can encode: no lone UTF-16 surrogate (JSON's "\\ud800" escapes decode to one)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"holds a lone UTF-16 surrogate {text[err.start]!r} at character {err.start}, which is not "
+                         "Unicode text; send valid text (a surrogate pair, or the character itself)") from None
+    return text
+
+
 Int = Annotated[int, BeforeValidator(_json_integer)]  # strict otherwise: true is no integer
+Text = Annotated[str, AfterValidator(_unicode)]  # text the tokenizer reads
 Budget = Annotated[int, Field(ge=1), BeforeValidator(_json_integer)]  # max_tokens and the like (bound first: in the schema)
 _Ids = Annotated[list[Annotated[int, Field(ge=0), BeforeValidator(_json_integer)]], Field(min_length=1)]  # token ids
 
@@ -68,7 +100,8 @@ class _Common(BaseModel):
     max_tokens: Budget | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: Int | None = Field(default=None, description="any integer (taken modulo 2**64): a reproducible draw")
+    seed: Annotated[int, BeforeValidator(_seed)] | None = Field(default=None, description=(
+        "any integer (taken modulo 2**64): a reproducible draw"))
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -83,7 +116,6 @@ class _Common(BaseModel):
     presence_penalty: float | None = Field(default=None, **_only(0))
     frequency_penalty: float | None = Field(default=None, **_only(0))
     logit_bias: dict[str, float] | None = Field(default=None, json_schema_extra={"maxProperties": 0})
-    logprobs: bool | None = Field(default=None, **_only(False))
 
     @model_validator(mode="after")
     def _refuse_unsupported(self):
@@ -95,8 +127,6 @@ class _Common(BaseModel):
                 bad.append(f"{name}={getattr(self, name)}")
         if self.logit_bias:
             bad.append("logit_bias")
-        if self.logprobs:
-            bad.append("logprobs")
         if bad:
             raise ValueError(f"unsupported: {', '.join(bad)}; {_UNSUPPORTED_HINT}")
         return self
@@ -109,6 +139,15 @@ class _Common(BaseModel):
         if temperature == 0.0:
             return dict(do_sample=False, temperature=1.0, top_p=1.0)
         return dict(do_sample=True, temperature=temperature, top_p=default_top_p if self.top_p is None else self.top_p)
+
+    @field_validator("logprobs", check_fields=False)
+    @classmethod
+    def _no_logprobs(cls, value):
+        """chat: a boolean; completions: an integer (0 asks for the chosen tokens' too): only none is served."""
+        if value is not None and value is not False:
+            raise ValueError(f"unsupported: logprobs={value}; this server returns no log probabilities (drop the "
+                             "field)")
+        return value
 
     @property
     def engine_seed(self) -> int | None:
@@ -131,7 +170,7 @@ class TextPart(BaseModel):
 
     model_config = _STRICT
     type: Literal["text"]
-    text: str
+    text: Text
 
     @model_validator(mode="before")
     @classmethod
@@ -144,7 +183,7 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)  # name, tool_call_id, ... pass through to the template
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: Text | list[TextPart] | None = None
 
     def text(self) -> str:
         """The message's text (its text parts joined)."""
@@ -153,18 +192,34 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: only its default, plain text, is served (no constrained decoding)."""
+
+    model_config = _STRICT
+    type: Literal["text", "json_object", "json_schema"] = Field(json_schema_extra={"enum": ["text"]})
+    json_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self):
+        if self.type != "text":
+            raise ValueError(f"unsupported: response_format type {self.type!r}; this server does not constrain "
+                             'decoding to JSON: drop response_format or send {"type": "text"}')
+        return self
+
+
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Budget | None = None
     tools: list[Any] | None = Field(default=None, max_length=0)
     tool_choice: str | None = Field(default=None, **_only("none"))
-    response_format: dict[str, Any] | None = Field(default=None, json_schema_extra={"maxProperties": 0})
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = Field(default=None, **_only(False))
     top_logprobs: Int | None = Field(default=None, **_only(0))
 
     @model_validator(mode="after")
     def _refuse_chat_unsupported(self):
-        for name in ("tools", "tool_choice", "response_format", "top_logprobs"):
-            if getattr(self, name) not in (None, [], "none", {}, 0):
+        for name in ("tools", "tool_choice", "top_logprobs"):
+            if getattr(self, name) not in (None, [], "none", 0):
                 raise ValueError(f"unsupported: {name}; {_UNSUPPORTED_HINT}")
         return self
 
@@ -180,13 +235,16 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | _Ids | Annotated[list[str], Field(min_length=1, max_length=1)] | \
+    prompt: Text | _Ids | Annotated[list[Text], Field(min_length=1, max_length=1)] | \
         Annotated[list[_Ids], Field(min_length=1, max_length=1)] = Field(description=(
         "one prompt: a string (tokenized as is; an empty one starts from the BOS token) or token ids; a list of "
         "one of these is taken too"))
     echo: bool = Field(default=False, json_schema_extra={"enum": [False]})
     suffix: str | None = Field(default=None, json_schema_extra={"maxLength": 0})
     best_of: Int | None = Field(default=None, **_only(1))
+    logprobs: Annotated[int, Field(ge=0, le=5), BeforeValidator(_json_integer)] | None = Field(
+        default=None, description="as OpenAI: an integer (top log probabilities a token); only null is served",
+        **_only())
 
     @field_validator("prompt", mode="before")
     @classmethod

@@ -22,8 +22,9 @@ class Transcript:
     """One request's output so far. ``add(event)`` returns the new text to stream (possibly ""); once a stop
     string appears, ``stopped`` is set, the text ends before it and ``finish_reason`` is ``stop``."""
 
-    def __init__(self, tokenizer: Any, prompt_tokens: int, stop: tuple[str, ...] = ()):
+    def __init__(self, tokenizer: Any, prompt_tokens: int, stop: tuple[str, ...] = (), notes: list[str] = ()):
         self.tokenizer = tokenizer
+        self.notes = list(notes)  # what the answer says about the request once (e.g. messages the template left out)
         self.prompt_tokens = prompt_tokens
         self.stop = tuple(s for s in stop if s)
         self.tokens: list[int] = []
@@ -138,7 +139,13 @@ def _head(request_id: str, obj: str, model: str, created: int | None) -> dict[st
 def chat_body(request_id: str, model: str, tr: Transcript) -> dict[str, Any]:
     choice = {"index": 0, "message": {"role": "assistant", "content": tr.text}, "logprobs": None,
               "finish_reason": tr.finish_reason}
-    return {**_head(request_id, "chat.completion", model, None), "choices": [choice], "usage": tr.usage()}
+    return {**_head(request_id, "chat.completion", model, None), "choices": [choice], "usage": tr.usage(),
+            **_notes(tr.notes)}
+
+
+def _notes(notes: list[str]) -> dict[str, Any]:
+    """The ``notes`` field, present only when there is something to say."""
+    return {"notes": notes} if notes else {}
 
 
 def completion_body(request_id: str, model: str, tr: Transcript) -> dict[str, Any]:
@@ -147,9 +154,10 @@ def completion_body(request_id: str, model: str, tr: Transcript) -> dict[str, An
 
 
 def chat_chunk(request_id: str, model: str, created: int, delta: dict[str, Any], finish_reason: str | None = None,
-               usage: dict[str, int] | None = None) -> dict[str, Any]:
+               usage: dict[str, int] | None = None, notes: list[str] = ()) -> dict[str, Any]:
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-    return {**_head(request_id, "chat.completion.chunk", model, created), "choices": [choice], "usage": usage}
+    return {**_head(request_id, "chat.completion.chunk", model, created), "choices": [choice], "usage": usage,
+            **_notes(list(notes))}
 
 
 def completion_chunk(request_id: str, model: str, created: int, text: str, finish_reason: str | None = None,

@@ -16,6 +16,8 @@ import math
 
 import uvicorn
 
+from .guard import ConnectionLimits, guarded_protocol
+
 
 class DrainingServer(uvicorn.Server):
     """A uvicorn server over an app from :func:`~.app.create_app`."""
@@ -34,10 +36,12 @@ class DrainingServer(uvicorn.Server):
 
 
 def config_for(app, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
-    """Uvicorn's config; its graceful-shutdown timeout leaves the answers after a drain time to be written."""
-    drain = app.state.settings.drain_timeout_s
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                          timeout_graceful_shutdown=math.ceil(drain) + 5)
+    """Uvicorn's config: the connection limits of :mod:`.guard`, and a graceful-shutdown timeout that leaves the
+    answers after a drain time to be written."""
+    settings = app.state.settings
+    limits = ConnectionLimits(settings.header_timeout_s, settings.body_timeout_s, settings.max_connections)
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=guarded_protocol(limits),
+                          timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s) + 5)
 
 
 def run(app, host: str, port: int, log_level: str = "info") -> None:

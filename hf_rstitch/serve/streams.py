@@ -111,7 +111,7 @@ async def stream_chat(rid: str, model: str, usage_chunk_too: bool, tr: Transcrip
     chunk and the usage chunk go with the last text)."""
     created = int(time.time())
     try:
-        yield _sse(chat_chunk(rid, model, created, {"role": "assistant", "content": ""}))
+        yield _sse(chat_chunk(rid, model, created, {"role": "assistant", "content": ""}, notes=tr.notes))
         async for delta in _read(tr, batches):
             if tr.finish_reason in ("error", "cancelled"):
                 yield _ended_badly(tr)

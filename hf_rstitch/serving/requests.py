@@ -61,6 +61,7 @@ from ..decode.loop import keep_ahead, run_ahead
 from ..decode.protocol import EagerEngine
 from ..decode.step import Routing, run_step, to_device
 from ..decode.step_values import receive_values, send_values
+from ..hf.settings import DEFAULT_THRESHOLD
 from .admission import Staging
 from .columns import Columns
 from .endings import Endings
@@ -107,10 +108,10 @@ class RequestEngine(Columns, Preemption, Endings):
             together. Lanes without stages (the eager engine's) always join whole.
     """
 
-    def __init__(self, llm, slm, threshold: float = 0.02, max_batch: int = 8, max_waiting: int | None = None,
+    def __init__(self, llm, slm, threshold: float = DEFAULT_THRESHOLD, max_batch: int = 8, max_waiting: int | None = None,
                  policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None,
                  prefill_chunk: int | None = None, kv_tokens: int | None = None, paged: bool = True):
-        from ..hf.checks import check_pair
+        from ..hf.checks import check_pair, shared_width
         from ..hf.decode import logit_width
 
         if not isinstance(max_batch, int) or max_batch < 1:
@@ -118,7 +119,7 @@ class RequestEngine(Columns, Preemption, Endings):
         self.llm, self.slm = llm, check_pair(llm, slm)
         self.threshold = check_threshold(threshold)
         self.max_batch, self.max_waiting = max_batch, max_waiting
-        self.vocab = min(logit_width(llm), logit_width(slm))
+        self.vocab = shared_width(logit_width(llm), logit_width(slm))
         eos = llm.generation_config.eos_token_id
         self.default_eos = frozenset([eos] if isinstance(eos, int) else (eos or []))
         pad = llm.generation_config.pad_token_id

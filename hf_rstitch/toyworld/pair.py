@@ -53,11 +53,21 @@ def load_model(role: str, device: str = "cpu", root: str | Path = ASSETS):
 
 
 def load_pair(device: str = "cpu", root: str | Path = ASSETS):
-    """``(llm, slm, tokenizer)`` of the shipped pair, float32, on ``device`` (:func:`hf_rstitch.hf.loading.load_pair`)."""
+    """``(llm, slm, tokenizer)`` of the shipped pair, float32, on ``device`` (:func:`hf_rstitch.hf.loading.load_pair`).
+
+    On the CPU it also picks torch's threads as the ``rstitch`` commands do (:func:`hf_rstitch.threads.apply_threads`:
+    one for models this small, where more only add overhead, unless ``OMP_NUM_THREADS`` is set) and logs it."""
+    import logging
+
     from ..hf.loading import load_pair as load
+    from ..threads import apply_threads
 
     root = Path(root)
     _check(root)
+    if str(device).startswith("cpu"):
+        said = apply_threads([root / "llm", root / "slm"])
+        if said:
+            logging.getLogger(__name__).info("%s", said)
     return load(str(root / "llm"), str(root / "slm"), "float32", device)
 
 

@@ -299,6 +299,12 @@ def make_split(split: str, n: int, seed: int, style: str | None = None,
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def example_row(seed: int = 0) -> dict:
+    """A held-out problem of the toy world, the shipped pair's own kind of question: the first row of the
+    test split at ``seed``. ``rstitch generate`` asks it when given no ``--prompt``."""
+    return make_split("test", 1, seed)[0]
+
+
 def program_of(row: dict) -> Program:
     p = row["program"]
     return Program(start=int(p["start"]), ops=tuple((op, int(b)) for op, b in p["ops"]))

@@ -6,6 +6,11 @@ without inserting spaces, so ``decode(encode(text)) == text`` for any text the g
 writes. The vocabulary is built from generated rows of both styles, so it covers every word
 the toy world uses; anything else maps to ``<|unk|>``.
 
+Pieces are stored in GPT-2's byte-level alphabet (`` apples`` as ``Ġapples``, a newline as ``Ċ``) with
+the ``ByteLevel`` pre-tokenizer and decoder: the ids and the text are those of the plain pieces, and
+transformers reads every token's bytes from its string, which stop strings
+(:class:`transformers.StopStringCriteria`) need from a vocabulary without single letters.
+
 Chat format (the template is saved with the tokenizer)::
 
     <|user|>{problem}<|end|><|assistant|>{reasoning}<|end|>
@@ -49,15 +54,26 @@ def build_vocab(texts: Iterable[str]) -> list[str]:
     return SPECIAL_TOKENS + base + rest
 
 
+def byte_level(piece: str) -> str:
+    """``piece`` in GPT-2's byte-level alphabet (`` 4`` -> ``Ġ4``); special tokens are printable ASCII and stay."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    alphabet = bytes_to_unicode()
+    return "".join(alphabet[b] for b in piece.encode("utf-8"))
+
+
 def build_tokenizer(texts: Iterable[str]):
-    """A :class:`transformers.PreTrainedTokenizerFast` over the pieces of ``texts``."""
+    """A :class:`transformers.PreTrainedTokenizerFast` over the pieces of ``texts``: piece ``i`` of
+    :func:`build_vocab` is token ``i``, stored byte-level (:func:`byte_level`)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(build_vocab(texts))}
+    vocab = {byte_level(tok): i for i, tok in enumerate(build_vocab(texts))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(PIECE_PATTERN), behavior="isolated")
-    core.decoder = decoders.Fuse()
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PIECE_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    core.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core, bos_token=BOS, eos_token=EOS, unk_token=UNK, pad_token=PAD,
         additional_special_tokens=[USER, ASSISTANT], padding_side="left",
@@ -66,15 +82,20 @@ def build_tokenizer(texts: Iterable[str]):
     return tok
 
 
-def build_default_tokenizer(seed: int = 0, n_rows: int = 3000):
-    """The toy world's tokenizer, built from ``n_rows`` generated rows of each style."""
+def default_texts(seed: int = 0, n_rows: int = 3000) -> list[str]:
+    """The texts the toy world's vocabulary is built from: ``n_rows`` generated rows of each style."""
     from hf_rstitch.toyworld.tasks import make_split
 
     texts = []
     for style in ("concise", "verbose"):
         for row in make_split("train", n_rows, seed, style=style, unique=False):
             texts += [row["problem"], row["reasoning"]]
-    return build_tokenizer(texts)
+    return texts
+
+
+def build_default_tokenizer(seed: int = 0, n_rows: int = 3000):
+    """The toy world's tokenizer (the shipped pair's), built from :func:`default_texts`."""
+    return build_tokenizer(default_texts(seed, n_rows))
 
 
 def prompt_text(tokenizer, problem: str) -> str:

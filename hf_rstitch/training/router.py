@@ -239,9 +239,9 @@ def train_router(cfg: RouterTrainConfig, *, llm=None, slm=None, tokenizer=None, 
     """Train (or resume training) a router; returns it. Models/data may be passed in (tests)."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    rows = load_rows(cfg) if rows is None else rows  # a bad data file fails before the models load
     if llm is None or slm is None or tokenizer is None:
         llm, slm, tokenizer = load_models(cfg, resolve_device(cfg.device))
-    rows = load_rows(cfg) if rows is None else rows
     if grader is None:  # the toy world's answers are plain integers in \boxed{}
         from ..toyworld.pair import grade as toy_grade
 

@@ -19,7 +19,8 @@ def loaded_after(code: str) -> list[str]:
 
 
 @pytest.mark.parametrize("module", ["hf_rstitch", "hf_rstitch.eval.config", "hf_rstitch.router.config",
-                                    "hf_rstitch.latency", "hf_rstitch.toyworld", "hf_rstitch.eval.grading"])
+                                    "hf_rstitch.latency", "hf_rstitch.toyworld", "hf_rstitch.eval.grading",
+                                    "hf_rstitch.ui"])
 def test_torch_free_modules_import_without_torch(module):
     assert loaded_after(f"import {module}") == []
 
@@ -28,11 +29,12 @@ def test_rstitch_help_imports_neither_torch_nor_transformers():
     code = ("import contextlib, io\nfrom hf_rstitch.cli.main import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             "    try:\n        main(['--help'])\n    except SystemExit:\n        pass\n"
-            "    for cmd in ('eval', 'train-router', 'toyworld', 'demo', 'generate', 'profile'):\n"
+            "    for cmd in ('eval', 'train-router', 'toyworld', 'demo', 'generate', 'profile', 'ui'):\n"
             "        try:\n            main([cmd, '--help'])\n        except SystemExit:\n            pass")
     assert loaded_after(code) == []
 
 
+@pytest.mark.slow  # 40 s on 2 busy cores: a fresh interpreter imports transformers (pytest --durations, issue 47)
 def test_the_generate_patch_lands_when_transformers_loads():
     code = ("import hf_rstitch\nfrom transformers import LlamaForCausalLM\n"
             "from hf_rstitch.hf.patch import is_patched\nassert is_patched()\n"

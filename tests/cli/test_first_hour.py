@@ -5,32 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(*argv: str, cwd: Path = ROOT, env: dict | None = None, script: str | None = None):
-    """``python -m hf_rstitch ARGV`` (or ``python SCRIPT ARGV``) offline, as a user runs it."""
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    cmd = [sys.executable, script, *argv] if script else [sys.executable, "-m", "hf_rstitch", *argv]
-    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300)
-
-
-def one_line_error(done, *needles: str) -> str:
-    """The command failed with a single message line on stderr that holds every needle, and no traceback."""
-    assert done.returncode != 0, done.stdout
-    assert "Traceback" not in done.stderr, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip() and "CPU thread" not in line]
-    assert len(lines) == 1, done.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
+from user_runs import ROOT, one_line_error, run
 
 
 def test_export_refuses_the_shipped_slm_it_cannot_carry(tmp_path):
@@ -49,9 +29,9 @@ def _bench(tmp_path: Path) -> Path:
     pytest.param(["eval", "--llm", "org/missing-model", "--slm", "shipped:slm", "--data", "DATA", "--out", "OUT"], marks=pytest.mark.slow),
     ["tune", "--llm", "shipped:llm", "--slm", "org/missing-model", "--data", "DATA", "--max-drop", "1"],
     pytest.param(["generate", "--llm", "org/missing-model", "--slm", "shipped:slm"], marks=pytest.mark.slow),
-    ["profile", "--model", "org/missing-model"],
+    pytest.param(["profile", "--model", "org/missing-model"], marks=pytest.mark.slow),  # 20 s on 2 busy cores
     pytest.param(["train-router", "--llm", "org/missing-model", "--slm", "shipped:slm", "--steps", "1"], marks=pytest.mark.slow),
-    ["export-hub-template", "OUT", "--llm", "org/missing-model"],
+    pytest.param(["export-hub-template", "OUT", "--llm", "org/missing-model"], marks=pytest.mark.slow),  # 21 s busy
 ])
 def test_a_hub_id_that_cannot_load_is_one_line_at_once(tmp_path, argv):
     """Offline (HF_HUB_OFFLINE=1) and a made-up id: the same path as a missing model or an unreachable Hub."""
@@ -129,6 +109,7 @@ def test_eval_scores_the_shipped_llm_on_a_gsm8k_shaped_file(tmp_path):
     assert results["dev"]["llm"]["acc"] == 100.0, results
 
 
+@pytest.mark.slow  # 25 s on 2 busy cores (pytest --durations, issue 47)
 def test_example_names_the_columns_it_needs(tmp_path):
     data = tmp_path / "odd.jsonl"
     data.write_text(json.dumps({"q": "What is 2 + 3?", "a": "5"}) + "\n")
@@ -187,6 +168,7 @@ def test_generate_writes_no_escape_codes_into_a_pipe():
     assert "\033[" in run("generate", "--max-new-tokens", "4", "--colour").stdout
 
 
+@pytest.mark.slow  # 23 s on 2 busy cores (pytest --durations, issue 47)
 def test_help_has_no_docstring_markup_and_version_and_env_answer():
     import re
 
@@ -236,6 +218,7 @@ def test_notebooks_install_the_extra_that_draws_their_progress_bars():
         assert "[notebook]" in install and "[eval]" not in install, notebook.name
 
 
+@pytest.mark.slow  # 38 s on 2 busy cores (pytest --durations, issue 47)
 def test_transformers_verbosity_reaches_hf_rstitch_messages(tmp_path):
     script = tmp_path / "verbosity.py"
     script.write_text(

@@ -45,6 +45,7 @@ def test_quickstart_hub_explains_itself_offline(monkeypatch, tmp_path, capsys):
     assert "skipped" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # 5.0 s on 2 cores (pytest --durations)
 def test_threshold_sweep_writes_json_and_plot(monkeypatch, tmp_path):
     results = run_example("threshold_sweep.py", ["--n", "2", "--thresholds", "0.001", "1", "--max-new-tokens", "24",
                                                  "--out", "sweep"], monkeypatch, tmp_path)
@@ -54,6 +55,7 @@ def test_threshold_sweep_writes_json_and_plot(monkeypatch, tmp_path):
     assert (tmp_path / "sweep" / "sweep.png").stat().st_size > 1000
 
 
+@pytest.mark.slow  # 3.8 s on 2 cores (pytest --durations)
 def test_train_router_small(monkeypatch, tmp_path):
     router = run_example("train_router.py", ["--steps", "1", "--batch-prompts", "1", "--group-size", "2",
                                              "--max-new-tokens", "16", "--out", "rr"], monkeypatch, tmp_path)
@@ -62,6 +64,7 @@ def test_train_router_small(monkeypatch, tmp_path):
     assert sum(p.numel() for p in router.parameters()) > 0
 
 
+@pytest.mark.slow  # 8.5 s on 2 cores (pytest --durations)
 def test_evaluate_benchmark(monkeypatch, tmp_path):
     data = BENCHMARK if BENCHMARK.is_file() else ROOT / "hf_rstitch" / "assets" / "pair" / "test.jsonl"
     summary = run_example("evaluate_benchmark.py", ["--data", str(data), "--limit", "2", "--max-new-tokens", "16",

@@ -36,7 +36,7 @@ def test_method_names_match_registry():
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"slm": ""}, "--slm is required"),
+    ({"slm": ""}, "pass both --llm and --slm"),  # or neither: the shipped pair
     ({"data": []}, "--data is required"),
     ({"thresholds": [1.5]}, r"--thresholds values must be in \[0, 1\]"),
     ({"methods": ["rstitch"], "thresholds": []}, "needs at least one --thresholds"),
@@ -82,3 +82,10 @@ def test_cli_loads_checkpoints_from_disk(tmp_path, tokenizer, pair, bench_file, 
     assert len(lines) == 4
     assert "R-Stitch" in (out / "report.md").read_text() or "rstitch" in (out / "report.md").read_text()
     assert json.loads((out / "run.json").read_text())["settings"]["max_new_tokens"] == 6
+
+
+def test_no_models_named_is_the_shipped_pair_as_in_the_other_commands():
+    from hf_rstitch import shipped
+
+    cfg = EvalConfig(data=["a.jsonl"])
+    assert (cfg.llm, cfg.slm) == (str(shipped("llm")), str(shipped("slm"))) and cfg.instruction == ""

@@ -227,7 +227,7 @@ def test_warm_up_at_build_leaves_no_graph_for_a_later_call_to_capture(monkeypatc
 
 @pytest.mark.parametrize("fails", [False, True])
 def test_kernels_built_ahead_change_nothing(monkeypatch, fails):
-    """The eager steps a lane runs at build to compile its kernels ahead (FastLane._steps_ahead; on CUDA each launch
+    """The eager steps a lane runs at build to compile its kernels ahead (FastLane.ahead.steps; on CUDA each launch
     compiled, not run) leave no trace: the same tokens and logits as the default engine, the cache zeroed, the
     lane reset; and a failure in them only leaves the kernels to the captures."""
     import contextlib

@@ -85,3 +85,32 @@ def test_policy_of_the_wrong_type(pair):
 def test_attention_outputs_refused(pair):
     with pytest.raises(ValueError, match="output_attentions"):
         gen(*pair, output_attentions=True, return_dict_in_generate=True)
+
+
+# ---- issue 47: right padding, and the vocabulary width cut ----------------------------------------------------
+def test_right_padding_is_refused_in_one_line_naming_the_fix(pair):
+    """Row 2's answer would silently change (its tokens appended after its padding): refused, as one line."""
+    llm, slm = pair
+    tok = make_tokenizer()
+    tok.padding_side = "right"
+    batch = tok(["ab c", "a"], return_tensors="pt", padding=True)
+    with pytest.raises(ValueError, match='right-padded.*padding_side = "left"') as err:
+        gen(llm, slm, batch["input_ids"], attention_mask=batch["attention_mask"])
+    assert "\n" not in str(err.value)
+    tok.padding_side = "left"
+    batch = tok(["ab c", "a"], return_tensors="pt", padding=True)
+    gen(llm, slm, batch["input_ids"], attention_mask=batch["attention_mask"])  # the fix it names works
+
+
+def test_a_vocabulary_width_cut_is_said_once(caplog):
+    import logging
+
+    from tiny_models import VOCAB
+
+    llm, slm = make_pair("llama", llm_vocab=VOCAB + 8, seed=3)
+    with caplog.at_level(logging.WARNING, logger="hf_rstitch"):
+        gen(llm, slm)
+        gen(llm, slm)
+    said = [r.getMessage() for r in caplog.records if "logits" in r.getMessage()]
+    assert len(said) == 1, said
+    assert f"LLM emits {VOCAB + 8} logits and the SLM {VOCAB}" in said[0] and f"{VOCAB}..{VOCAB + 7}" in said[0]

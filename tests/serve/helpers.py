@@ -32,3 +32,12 @@ def sse_events(lines) -> list:
             data = line[len("data: "):]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
+
+
+def fake_build(step_s: float = 0.0, repeat: int = 1, engine_vocab: int | None = None, **settings):
+    """``(FakeEngine answering SCRIPT * repeat, ServerSettings)`` as ``make_app`` makes them: what a split server's
+    engine process builds in the tests (picklable through ``functools.partial``)."""
+    from hf_rstitch.serve.app import ServerSettings
+
+    settings = {"max_context": 768, "vocab_size": 131, "disconnect_poll_s": 0.05, **settings}
+    return FakeEngine(SCRIPT * repeat, eos=EOS, step_s=step_s, vocab=engine_vocab), ServerSettings(**settings)

@@ -24,8 +24,8 @@ def rotary_functions(model: torch.nn.Module) -> list:
 
 def norm_plan(model: torch.nn.Module) -> list:
     """The per-head q/k norm modules (``q_norm`` / ``k_norm`` of an attention layer, Qwen3's) that the rotation
-    kernel may apply: both Llama's RMSNorm to the letter (:func:`hf_rstitch.fast.kernels.norms.llama_rms_norm`), of the
-    head size, one epsilon. A lane checks the model reads their outputs only through the rotation
+    kernel may apply: both computing Llama's RMSNorm (the probe of :func:`hf_rstitch.fast.kernels.norms.llama_rms_norm`),
+    of the head size, one epsilon. A lane checks the model reads their outputs only through the rotation
     (:func:`~.rope_store.defers_exactly`)."""
     from .norms import llama_rms_norm
 

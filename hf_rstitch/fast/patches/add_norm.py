@@ -5,8 +5,9 @@ the sum for its MLP; it adds the MLP output, then the next layer normalizes that
 ``compile="parts"`` each norm is one kernel and each add another: two kernels a layer that one
 compiled piece, ``(residual + h, norm(residual + h))``, replaces.
 
-How: each layer whose ``forward`` is Llama's to the letter (Llama, Qwen2, Qwen3 and Mistral share it;
-:func:`pre_norm_layer`) runs :func:`_layer_forward`: the middle add and the MLP's norm in one piece, and
+How: each layer whose ``forward`` computes what Llama's does -- shown by a probe at plan time that runs both
+with the layer's norms, attention and MLP replaced by random stand-ins (:func:`verdict`) -- runs
+:func:`_layer_forward`: the middle add and the MLP's norm in one piece, and
 the closing add with the *next* layer's input norm in one piece, whose norm is handed to that layer
 through a carry. A layer uses the carried norm only when its input is the very tensor the carry
 holds and its own input norm made it; anything else (hooks, another order of layers) computes its
@@ -19,12 +20,13 @@ last layer's closing add (the model's final norm is its own).
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 
 import torch
 
-from ..source_text import source
+from .. import probes
 from . import folds
 
 
@@ -34,20 +36,98 @@ def _add_norm(norm: torch.nn.Module, residual: torch.Tensor, h: torch.Tensor):
     return total, type(norm).forward(norm, total)
 
 
-@functools.lru_cache(maxsize=1)
-def _pre_norm_source() -> str:
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    return source(LlamaDecoderLayer.forward)
+PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")  # what _layer_forward calls
 
 
 def pre_norm_layer(m: torch.nn.Module) -> bool:
-    """A decoder layer whose forward is, to the letter, the pre-norm one of Llama: the only layers
-    :func:`_layer_forward` may stand in for."""
-    forward = type(m).__dict__.get("forward")
-    if not type(m).__name__.endswith("DecoderLayer") or forward is None:
-        return False
-    return source(forward) == _pre_norm_source()  # None (no source) never equals it
+    """A decoder layer that computes what :func:`_layer_forward` computes (:func:`verdict`): the only layers it
+    may stand in for."""
+    return verdict(m).same
+
+
+def verdict(m: torch.nn.Module) -> probes.Verdict:
+    """Whether :func:`_layer_forward` may stand in for the decoder layer ``m``'s forward: a probe runs both with
+    the layer's norms, attention and MLP replaced by seeded random stand-ins (:func:`_layer_probe`)."""
+    if not type(m).__name__.endswith("DecoderLayer"):
+        return probes.Verdict(False, None, "not a decoder layer")
+    missing = [name for name in PARTS if not isinstance(getattr(m, name, None), torch.nn.Module)]
+    if missing:
+        return probes.Verdict(False, None, f"no {' / '.join(missing)}: not a pre-norm layer")
+    return probes.once(m, "pre-norm layer", _layer_probe)
+
+
+class _StandIn(torch.nn.Module):
+    """A seeded random map that notes how it was called, put in place of a layer's part by the layer probe:
+    ``tanh(x) * w`` for a norm, ``(tanh(x @ w), None)`` for the attention, ``tanh(x @ w)`` for the MLP."""
+
+    def __init__(self, w: torch.Tensor, attention: bool = False):
+        super().__init__()
+        self.w, self.attention, self.calls = w, attention, []
+
+    def forward(self, *args, **kwargs):
+        x = args[0] if args else kwargs.pop("hidden_states")
+        self.calls.append((args[1:], kwargs))  # what it was called with besides its input
+        if self.w.dim() == 1:
+            return torch.tanh(x) * self.w
+        out = torch.tanh(x @ self.w)
+        return (out, None) if self.attention else out
+
+
+def _stand_ins(d: int, like: torch.Tensor) -> dict[str, _StandIn]:
+    gen = probes.generator()
+    return {"input_layernorm": _StandIn(probes.randn(d, like=like, gen=gen)),
+            "post_attention_layernorm": _StandIn(probes.randn(d, like=like, gen=gen)),
+            "self_attn": _StandIn(probes.randn(d, d, like=like, gen=gen, scale=d ** -0.5), attention=True),
+            "mlp": _StandIn(probes.randn(d, d, like=like, gen=gen, scale=d ** -0.5))}
+
+
+def _layer_probe(m: torch.nn.Module) -> probes.Verdict:
+    """The layer's forward and :func:`_layer_forward` on seeded random hidden states, its parts replaced by
+    :class:`_StandIn` s (in a shallow copy: the model is not touched), with the keywords a model passes its layers
+    (those the forward names): equal outputs, and the attention and the MLP called with the same arguments."""
+    like = next(m.parameters())
+    norm_w = getattr(m.input_layernorm, "weight", None)
+    d = norm_w.shape[-1] if isinstance(norm_w, torch.Tensor) and norm_w.dim() == 1 else 16
+    gen = probes.generator()
+    x = probes.randn(1, 3, d, like=like, gen=gen, scale=3.0)
+    kwargs = _layer_kwargs(type(m).forward, x, gen)
+    runs = []
+    for run in (lambda c: type(m).forward(c, x, **kwargs),
+                lambda c: _layer_forward(c, _add_norm, None, _Carry(), False, x, **kwargs)):
+        parts = _stand_ins(d, like)
+        clone = copy.copy(m)
+        clone._modules = {**m._modules, **parts}
+        runs.append((run(clone), [parts[name].calls for name in ("self_attn", "mlp")]))
+    (want, want_calls), (got, got_calls) = runs
+    if not _same_calls(want_calls, got_calls):
+        return probes.Verdict(False, None, "probe differs (its attention or MLP is called with other arguments)")
+    return probes.equal(got, want)
+
+
+def _layer_kwargs(forward, x: torch.Tensor, gen: torch.Generator) -> dict:
+    """The keywords a model passes its decoder layers, those ``forward`` names (a marker among its ``**kwargs``)."""
+    b, q, d = x.shape
+    known = {"attention_mask": torch.ones(b, 1, q, q, dtype=torch.bool, device=x.device),
+             "position_ids": torch.arange(q, device=x.device)[None],
+             "position_embeddings": (probes.randn(b, q, d, like=x, gen=gen), probes.randn(b, q, d, like=x, gen=gen)),
+             "use_cache": False, "cache_position": torch.arange(q, device=x.device)}
+    params = inspect.signature(forward).parameters
+    found = {k: v for k, v in known.items() if k in params}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        found["probe_marker"] = object()
+    return found
+
+
+def _same_calls(a: list, b: list) -> bool:
+    """The parts were called as often, with the same objects (or equal values that are not tensors)."""
+    def same(u, v):
+        if isinstance(u, (tuple, list)) and isinstance(v, (tuple, list)):
+            return len(u) == len(v) and all(same(i, j) for i, j in zip(u, v))
+        if isinstance(u, dict) and isinstance(v, dict):
+            return u.keys() == v.keys() and all(same(u[k], v[k]) for k in u)
+        return u is v or (not isinstance(u, torch.Tensor) and not isinstance(v, torch.Tensor) and u == v)
+
+    return same(a, b)
 
 
 class _Carry:

@@ -16,17 +16,20 @@ output". The installed forwards of :mod:`.linears` and :mod:`.gated_mlp` take th
 Same arithmetic as the modules': the norm rounds ``x * rstd`` and the product with its weight to the model's
 dtype, the add rounds the product before adding.
 
-What it does not do: several rows (catch-ups and batches keep the add+norm pieces), norms other than
-Llama's RMSNorm to the letter, attention or MLP forwards that do more than project, attend and project.
+What it does not do: several rows (catch-ups and batches keep the add+norm pieces), norms whose probe differs
+from Llama's RMSNorm (:mod:`hf_rstitch.fast.probes`), attention forwards whose probe shows them doing more than
+project, attend and project (:func:`plain_attention`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import inspect
 
 import torch
 
-from ..source_text import source
+from .. import probes
 from ..kernels.norms import llama_rms_norm
 
 ENABLED = True  # fold where foldable() allows; False keeps the add+norm pieces at one row too
@@ -78,10 +81,53 @@ def folding(norm: tuple, add: tuple):
 
 
 def _projects_plainly(attn) -> bool:
-    """The attention forward feeds its input straight to the q/k/v projections and returns o's output as is."""
-    src = source(type(attn).forward) or ""
-    return ("self.q_proj(hidden_states)" in src
-            and "attn_output = self.o_proj(attn_output)\n        return attn_output, attn_weights" in src)
+    """The attention forward feeds its input straight to the q/k/v projections and returns o's output as is
+    (:func:`plain_attention`)."""
+    return plain_attention(attn).same
+
+
+def plain_attention(attn: torch.nn.Module) -> probes.Verdict:
+    """Whether ``attn`` feeds its input straight to ``q_proj`` / ``k_proj`` / ``v_proj`` (once each) and returns
+    ``o_proj``'s output as is: a probe runs its forward once on seeded random hidden states (a shallow copy whose
+    projections note their inputs and outputs; rotation by angle zero, no mask, no cache)."""
+    names = ("q_proj", "k_proj", "v_proj", "o_proj")
+    if not all(isinstance(getattr(attn, n, None), torch.nn.Linear) for n in names):
+        return probes.Verdict(False, None, "no q_proj / k_proj / v_proj / o_proj linears")
+    return probes.once(attn, "plain attention", _attention_probe)
+
+
+class _Noted(torch.nn.Module):
+    """A projection that notes the inputs it read and the outputs it gave."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.linear, self.inputs, self.outputs = linear, [], []
+
+    def forward(self, x):
+        self.inputs.append(x)
+        self.outputs.append(type(self.linear).forward(self.linear, x))  # the linear's hooks do not run
+        return self.outputs[-1]
+
+
+def _attention_probe(attn: torch.nn.Module) -> probes.Verdict:
+    w = attn.q_proj.weight
+    x = probes.randn(1, 3, attn.q_proj.in_features, like=w, gen=probes.generator())
+    head = getattr(attn, "head_dim", None) or 16
+    angle = (torch.ones(1, 3, head, dtype=w.dtype, device=w.device), torch.zeros(1, 3, head, dtype=w.dtype,
+                                                                                 device=w.device))
+    noted = {n: _Noted(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    clone = copy.copy(attn)
+    clone._modules = {**attn._modules, **noted}
+    extra = {"position_ids": torch.arange(3, device=w.device)[None]}  # where the forward names them
+    params = inspect.signature(type(attn).forward).parameters
+    out = type(attn).forward(clone, hidden_states=x, position_embeddings=angle, attention_mask=None,
+                             **{k: v for k, v in extra.items() if k in params})
+    if not all(len(noted[n].inputs) == 1 and noted[n].inputs[0] is x for n in ("q_proj", "k_proj", "v_proj")):
+        return probes.Verdict(False, None, "probe differs (q / k / v read other than the layer's input)")
+    first = out[0] if isinstance(out, tuple) else out
+    if len(noted["o_proj"].outputs) != 1 or first is not noted["o_proj"].outputs[0]:
+        return probes.Verdict(False, None, "probe differs (returns other than o_proj's output)")
+    return probes.Verdict(True, 0.0, "probe equal (projects its input, returns o_proj's output)")
 
 
 def foldable(layer, products: dict) -> bool:

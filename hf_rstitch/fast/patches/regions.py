@@ -12,9 +12,9 @@ SiLU-gated product of its MLP. Each becomes one or two fused kernels, recorded i
 A piece torch.compile cannot compile (a compiler bug of the installed torch) runs its eager code instead, the
 reason logged once (:data:`EAGER`); the other pieces stay compiled and the graphs are captured as before.
 
-Where the piece is Llama's RMSNorm (its add + norm) or the SiLU gate and Triton runs, a hand-written kernel
-(:mod:`hf_rstitch.fast.kernels.norms`, :data:`KERNELS`) takes the compiled piece's place: no dynamo tracing for
-those models.
+Where the piece computes Llama's RMSNorm (its probe agrees: :mod:`hf_rstitch.fast.probes`; its add + norm) or is
+the SiLU gate and Triton runs, a hand-written kernel (:mod:`hf_rstitch.fast.kernels.norms`, :data:`KERNELS`) takes
+the compiled piece's place: no dynamo tracing for those models.
 
 What it does not do: fuse across those pieces (residual adds stay eager kernels), or patch
 anything whose shape it does not recognise (models without ``*RMSNorm`` modules, a module-level
@@ -117,7 +117,7 @@ def plan(model: torch.nn.Module, keep_rotary=(), add_norm: bool = False, product
     forwards = add_norm_plan(model, _pieces, products, fold) if add_norm else []
     for m in model.modules():
         cls = type(m)
-        if cls.__name__.endswith("RMSNorm") and "forward" in cls.__dict__:
+        if norm_candidate(m):
             compiled = functools.partial(_compiled(("norm", cls), cls.forward), m)
             kernel = KERNELS and llama_rms_norm(m)
             forwards.append((m, functools.partial(norms.norm_forward, m, compiled) if kernel else compiled))
@@ -126,6 +126,12 @@ def plan(model: torch.nn.Module, keep_rotary=(), add_norm: bool = False, product
     globals_ = [(module, "apply_rotary_pos_emb", _compiled(("rotary", fn), fn))
                 for module, fn in rotary_functions(model) if module not in keep_rotary]
     return forwards, globals_
+
+
+def norm_candidate(m: torch.nn.Module) -> bool:
+    """A norm this module compiles (or, where its probe agrees, runs as the RMSNorm kernel): a ``*RMSNorm`` class
+    with its own forward."""
+    return type(m).__name__.endswith("RMSNorm") and "forward" in type(m).__dict__
 
 
 def _pieces(key, fn):

@@ -1,0 +1,33 @@
+"""See it stitch: a Gradio page that runs a pair and shows which model wrote each token, as it streams.
+
+    rstitch ui                                   # the shipped pair, offline, on CPU
+    rstitch ui --llm org/llm --slm org/slm       # any pair that shares a tokenizer
+
+    from hf_rstitch.ui import app
+    app().launch()                               # in Colab / Jupyter the page renders inline
+
+Modules: :mod:`.pair` loads the pair, :mod:`.run` streams one run (stitched, or the LLM alone), :mod:`.render`
+turns a snapshot into HTML / SVG, :mod:`.code` writes the reproducing ``generate`` call, :mod:`.page` is the page,
+:mod:`.space` writes a Hugging Face Space that serves it. Needs Gradio (hf-rstitch's ``ui`` extra); importing this
+package does not import it, nor torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def app(llm: str | None = None, slm: str | None = None, router: str | None = None) -> Any:
+    """The page as a ``gr.Blocks`` for a pair (default: the shipped one); see :func:`hf_rstitch.ui.page.app`."""
+    import importlib.util
+
+    from ..extras import install_hint
+
+    if importlib.util.find_spec("gradio") is None:
+        raise ImportError(f"the app needs Gradio: {install_hint('ui')}")
+    from .page import app as build
+
+    return build(llm, slm, router)
+
+
+__all__ = ["app"]

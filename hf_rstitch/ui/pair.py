@@ -1,0 +1,127 @@
+"""The model pair the app shows: loaded once, with what the page needs to know about it.
+
+:func:`load` turns two references (Hub ids, folders, ``shipped:llm`` / ``shipped:slm``; none: the shipped pair)
+into a :class:`Pair` through the package's one loader (:func:`hf_rstitch.hf.loading.load_pair`, device and dtype
+``"auto"`` as ``generate`` would choose them). A reference that cannot load raises :class:`PairError`, whose
+message the page shows; nothing here knows about Gradio.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_THRESHOLD = 0.02  # when neither the LLM's generation config nor a router names one
+
+
+class PairError(ValueError):
+    """A pair that cannot be shown: the message says what was wrong and how to fix it."""
+
+
+@dataclass
+class Pair:
+    """A loaded SLM/LLM pair and what the controls default to.
+
+    Attributes:
+        llm, slm, tokenizer: the models (eval mode) and the LLM's tokenizer.
+        llm_ref, slm_ref: the references as the user gave them (``shipped:llm`` for the shipped pair), for the code box.
+        router: the R-Stitch+ router reference (``"shipped"``, a folder or Hub id), or None where the pair has none.
+        threshold: the slider's default tau.
+    """
+
+    llm: Any
+    slm: Any
+    tokenizer: Any
+    llm_ref: str
+    slm_ref: str
+    router: str | None = None
+    threshold: float = DEFAULT_THRESHOLD
+    shipped: bool = field(default=False)
+    _first: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _called: bool = field(default=False, repr=False)
+
+    @property
+    def device(self):
+        return next(self.llm.parameters()).device
+
+    @contextlib.contextmanager
+    def first_call(self):
+        """Runs on this pair take turns until one ``generate`` has finished: the first call sets each model up once
+        (``stitch_engine="auto"`` probes the fast engine's KV shape with one forward under a swapped attention
+        function, :func:`hf_rstitch.fast.kv_shapes.kv_shape`), and a forward of another run in between would go
+        through the swapped function. Later runs go at once."""
+        if self._called:
+            yield
+            return
+        with self._first:
+            yield
+            self._called = True
+
+
+def _is_shipped(ref: str, name: str) -> bool:
+    from ..resources import resolve, shipped
+
+    try:
+        return Path(resolve(ref)).resolve() == shipped(name).resolve()
+    except (OSError, ValueError):
+        return False
+
+
+def _router_for(llm, shipped_pair: bool, router: str | None) -> str | None:
+    """The router the pair has: the one given, else the LLM's generation config's, else the shipped one for the
+    shipped pair."""
+    from ..hf.settings import ROUTER_KEY
+
+    if router:
+        return router
+    configured = getattr(llm.generation_config, ROUTER_KEY, None)
+    if configured:
+        return configured
+    return "shipped" if shipped_pair else None
+
+
+def _default_threshold(llm, router: str | None) -> float:
+    """``generation_config.stitch_threshold`` (what ``rstitch tune`` writes), else the router's own tau, else
+    :data:`DEFAULT_THRESHOLD`."""
+    from ..hf.settings import THRESHOLD_KEY
+
+    tau = getattr(llm.generation_config, THRESHOLD_KEY, None)
+    if tau is not None:
+        return float(tau)
+    if router == "shipped":
+        import json
+
+        from ..resources import shipped
+
+        return float(json.loads((shipped("router") / "config.json").read_text())["threshold"])
+    return DEFAULT_THRESHOLD
+
+
+def load(llm: str | None = None, slm: str | None = None, router: str | None = None) -> Pair:
+    """Load the pair (default: the shipped one) on the device and dtype ``generate`` would pick.
+
+    Raises:
+        PairError: one of the models cannot load (a missing folder, a Hub id offline or unknown), or the two
+            tokenizers differ; the message names the model and the fix.
+    """
+    from ..cli.main import one_line
+    from ..hf.loading import load_pair, resolve_device
+    from ..resources import resolve
+    from ..sources import check_local_source
+
+    if bool(llm) != bool(slm):
+        raise PairError("give both an LLM and an SLM (--llm and --slm), or neither to use the shipped pair")
+    llm_ref, slm_ref = (llm, slm) if llm else ("shipped:llm", "shipped:slm")
+    shipped_pair = _is_shipped(llm_ref, "llm") and _is_shipped(slm_ref, "slm")
+    try:
+        for flag, ref in (("LLM", llm_ref), ("SLM", slm_ref)):
+            check_local_source(resolve(ref), flag)
+        models = load_pair(resolve(llm_ref), resolve(slm_ref), "auto", resolve_device("auto"))
+    except (OSError, ValueError, ImportError) as err:
+        raise PairError(f"cannot load the pair (LLM {llm_ref}, SLM {slm_ref}): {one_line(err)}") from err
+    router = _router_for(models[0], shipped_pair, router)
+    return Pair(*models, llm_ref=llm_ref, slm_ref=slm_ref, router=router,
+                threshold=_default_threshold(models[0], router), shipped=shipped_pair)
