@@ -28,6 +28,7 @@ __version__ = "0.1.0"
 
 _LAZY = {  # public name -> module that defines it
     **dict.fromkeys(["EntropyPolicy", "RandomPolicy", "ReplayPolicy", "RoutingPolicy", "StepView"], ".core.policies"),
+    "StepPolicy": ".core.policies_step",
     "Role": ".core.roles",
     **dict.fromkeys(["CallKind", "ForwardCall", "StitchTrace"], ".core.trace"),
     "stitched_decode": ".hf.decode",

@@ -35,12 +35,18 @@ class StepView:
         rows: ``[B]`` long (CPU), the caller's row index of each row here. Rows that finish
             leave the batch, so row ``i`` of these tensors is caller row ``rows[i]``.
             ``None`` means ``arange(B)``.
+        logits: ``[B, V]`` raw next-token logits of the model that just ran (every row is up to
+            date in every lane call, so every row's are meaningful); ``None`` where a caller has none.
+        tokens: ``[B, T]`` the sequence the position is decoded after (prompt and new tokens,
+            left-padded), on the models' device; ``None`` where a caller has none.
     """
 
     index: int
     entropy: torch.Tensor
     hidden: torch.Tensor | None = None
     rows: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
 
     def row_ids(self) -> torch.Tensor:
         return self.rows if self.rows is not None else torch.arange(self.entropy.shape[0])
@@ -230,6 +236,12 @@ class PinnedRoles:
 
     def reset(self) -> None:
         self.base.reset()
+
+    def start_rows(self, rows) -> None:
+        """Rows joining a running batch: passed on to the base policy if it keeps per-row state."""
+        start = getattr(self.base, "start_rows", None)
+        if start is not None:
+            start(rows)
 
     def _free(self, step: StepView, role: Role, device) -> torch.Tensor:
         """``[B]`` bool: rows not pinned to ``role``."""

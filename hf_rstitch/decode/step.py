@@ -136,7 +136,7 @@ def run_step(
                                            policy.needs_hidden)
         calls += got.items()
         slm_h = lanes[Role.SLM].entropy(slm_logits)
-        decision = policy.hand_to_llm(StepView(index, slm_h, hidden, rows))
+        decision = policy.hand_to_llm(StepView(index, slm_h, hidden, rows, slm_logits, seq))
         pending = send_to_host(decision)  # queued before an early LLM call: waiting for it waits for no more
         if ahead is None or ahead.role is not Role.LLM:
             ahead = _llm_before_decision(lanes[Role.LLM], decision, some_llm, schedule, seq, mask)
@@ -148,7 +148,7 @@ def run_step(
         llm_logits, _, got = _advance(lanes[Role.LLM], ahead, seq, mask, llm_on & accounted, ~routing.last_llm, False)
         calls += got.items()
         llm_h = lanes[Role.LLM].entropy(llm_logits)
-        back = policy.hand_to_slm(StepView(index, llm_h, rows=rows))  # host copy deferred to the caller's sync
+        back = policy.hand_to_slm(StepView(index, llm_h, rows=rows, logits=llm_logits, tokens=seq))  # host copy deferred to the caller's sync
     elif some_llm:
         held = llm_on.clone()  # no LLM call: these rows wait; their logits below are the SLM's, unused
     by_writer = _ByWriter(llm_on, some_llm)

@@ -107,7 +107,9 @@ def _run_methods(cfg: EvalConfig, llm, slm, tokenizer, problems, store: RecordSt
 
     settings = GenSettings(cfg.max_new_tokens, cfg.do_sample, cfg.temperature, cfg.top_p, cfg.seed)
     methods = build_methods(cfg.methods, llm, slm, settings, thresholds=cfg.thresholds, random_p=cfg.random_p,
-                            router=cfg.router, router_threshold=cfg.router_threshold)
+                            router=cfg.router, router_threshold=cfg.router_threshold,
+                            step_thresholds=cfg.step_thresholds, step_delimiter=cfg.step_delimiter, tokenizer=tokenizer,
+                            r2r_router=cfg.r2r_router or None, r2r_thresholds=cfg.r2r_thresholds)
     if batch_size > 1 or engine.requests_only:
         from .continuous import engine_methods, run_continuous
 

@@ -14,7 +14,7 @@ from typing import Any
 from ..engine.config import EngineConfig, embeds_engine
 from .data import DEFAULT_INSTRUCTION
 
-METHOD_KINDS = ("llm", "slm", "specdec", "rstitch", "random", "router")
+METHOD_KINDS = ("llm", "slm", "specdec", "rstitch", "random", "router", "step", "r2r")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 RECORDS, RUN_META = "records.jsonl", "run.json"  # an eval run's files under --out
 
@@ -39,7 +39,8 @@ class EvalConfig:
         "problem=question,answer=final_answer (fields: id, problem, answer; without an id the row number is used)."))
     methods: list[str] = field(default_factory=lambda: ["llm", "slm", "specdec", "rstitch", "random"], metadata=_help(
         "Methods to run: llm, slm, specdec (assisted generation), rstitch (one run per --thresholds), "
-        "random (one run per --random-p), router (R-Stitch+: needs --router).",
+        "random (one run per --random-p), router (R-Stitch+: needs --router), step (step-level routing, one run per "
+        "--step-thresholds), r2r (R2R's router: needs --r2r-router; one run per --r2r-thresholds).",
         choices=METHOD_KINDS))
     thresholds: list[float] = field(default_factory=lambda: [0.001, 0.02, 0.03], metadata=_help(
         "R-Stitch entropy thresholds tau (normalized entropy, in [0, 1])."))
@@ -96,6 +97,14 @@ class EvalConfig:
         "R-Stitch+ router for the 'router' method: a local folder, a Hub id, or shipped (the shipped pair's router)."))
     router_threshold: float | None = field(default=None, metadata=_help(
         "Entropy threshold under which the router is not consulted (default: the one it was trained with)."))
+    step_thresholds: list[float] = field(default_factory=lambda: [0.005, 0.02], metadata=_help(
+        "Step-level routing (method 'step'): the SLM entropy at a step's first token above which the LLM writes the step."))
+    step_delimiter: str = field(default="\n\n", metadata=_help(
+        "Step-level routing: the text that ends a reasoning step (a blank line; '.' for the shipped toy pair)."))
+    r2r_router: str = field(default="", metadata=_help(
+        "R2R router for the 'r2r' method: its .pt file, a folder of one (R2R's router collection) or a Hub id."))
+    r2r_thresholds: list[float] = field(default_factory=list, metadata=_help(
+        "R2R probability cut-offs (one run each); none: the router's own."))
 
     def __post_init__(self) -> None:
         if isinstance(self.data, str):
@@ -140,7 +149,8 @@ class EvalConfig:
             raise ValueError(f"unknown method(s) {bad}; choose from {list(METHOD_KINDS)}.")
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"--methods lists a method twice: {self.methods}.")
-        for name, values in (("thresholds", self.thresholds), ("random_p", self.random_p)):
+        for name, values in (("thresholds", self.thresholds), ("random_p", self.random_p),
+                             ("step_thresholds", self.step_thresholds), ("r2r_thresholds", self.r2r_thresholds)):
             for v in values:
                 if not (isinstance(v, (int, float)) and math.isfinite(v) and 0.0 <= v <= 1.0):
                     raise ValueError(f"--{name.replace('_', '-')} values must be in [0, 1], got {v!r}.")
@@ -148,6 +158,10 @@ class EvalConfig:
             if twice:
                 raise ValueError(f"--{name.replace('_', '-')} lists {twice} more than once; give each value once "
                                  "(every value is one method, run once per problem).")
+        if "step" in self.methods and not self.step_thresholds:
+            raise ValueError("method 'step' needs at least one --step-thresholds value (e.g. 0.02).")
+        if "r2r" in self.methods and not self.r2r_router and not self.report_only:
+            raise ValueError("method 'r2r' needs an R2R router: --r2r-router PATH_OR_HUB_ID (R2R's .pt, or a folder of one).")
         if "rstitch" in self.methods and not self.thresholds:
             raise ValueError("method 'rstitch' needs at least one --thresholds value (e.g. 0.02).")
         if "random" in self.methods and not self.random_p:

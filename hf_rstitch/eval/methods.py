@@ -288,6 +288,57 @@ class LearnedRouter(_Stitched):
         return kw
 
 
+class StepRouting(_Stitched):
+    """Step-level routing (GlimpRouter): the SLM's entropy at each step's first token picks the step's
+    writer (:class:`~hf_rstitch.core.policies_step.StepPolicy`); a step ends at ``delimiter``."""
+
+    kind = "step"
+
+    def __init__(self, llm, slm, settings, threshold: float, delimiter: str = "\n\n", tokenizer: Any = None):
+        super().__init__(llm, slm, settings)
+        from hf_rstitch.core.policies_step import StepPolicy
+
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(llm.name_or_path)
+        self.param = float(threshold)
+        self.policy = StepPolicy(self.param, delimiter, tokenizer)
+
+    @property
+    def label(self) -> str:
+        return f"Step τ={param_text(self.param)}"
+
+    def _stitch_kwargs(self):
+        return {"stitch_policy": self.policy}
+
+
+class R2RRouting(_Stitched):
+    """R2R (thu-nics/R2R): its neural router judges every SLM token; one LLM token, then the SLM again.
+    ``router``: an R2R checkpoint (.pt, folder or Hub id, :mod:`hf_rstitch.router.r2r`), loaded once here;
+    ``threshold``: its probability cut-off (default: the checkpoint's)."""
+
+    kind, label_text = "r2r", "R2R"
+
+    def __init__(self, llm, slm, settings, router: Any, threshold: float | None = None):
+        super().__init__(llm, slm, settings)
+        from hf_rstitch.router.r2r import R2RPolicy, load_r2r
+
+        loaded = load_r2r(router, slm) if router is not None else None
+        if loaded is None:
+            raise ValueError(f"the 'r2r' method needs an R2R router checkpoint (a .pt file, a folder or Hub id of "
+                             f"one), got {router!r}; pass --r2r-router PATH, or drop 'r2r' from --methods.")
+        self.policy = R2RPolicy(loaded, threshold)
+        self.param = self.policy.threshold
+
+    @property
+    def label(self) -> str:
+        return f"R2R p={param_text(self.param)}"
+
+    def _stitch_kwargs(self):
+        return {"stitch_policy": self.policy}
+
+
 def eos_ids(*models: Any) -> set[int]:
     """The EOS ids of the models' generation configs."""
     ids: set[int] = set()
@@ -317,20 +368,26 @@ def router_fingerprint(router: Any) -> str:
 
 
 METHODS: dict[str, type[Method]] = {
-    cls.kind: cls for cls in (LLMOnly, SLMOnly, SpecDec, RStitch, RandomRouting, LearnedRouter)
+    cls.kind: cls for cls in (LLMOnly, SLMOnly, SpecDec, RStitch, RandomRouting, LearnedRouter, StepRouting,
+                               R2RRouting)
 }
 STITCHED_KINDS = frozenset(k for k, cls in METHODS.items() if issubclass(cls, _Stitched))
 
 
 def build_methods(kinds: list[str], llm: Any, slm: Any, settings: GenSettings, *,
                   thresholds: list[float] = (), random_p: list[float] = (), router: Any = None,
-                  router_threshold: float | None = None) -> list[Method]:
+                  router_threshold: float | None = None, step_thresholds: list[float] = (),
+                  step_delimiter: str = "\n\n", tokenizer: Any = None, r2r_router: Any = None,
+                  r2r_thresholds: list[float] = ()) -> list[Method]:
     """One method object per (kind, parameter): ``rstitch`` expands over ``thresholds``,
-    ``random`` over ``random_p``."""
+    ``random`` over ``random_p``, ``step`` over ``step_thresholds``, ``r2r`` over ``r2r_thresholds``
+    (none given: the router's own)."""
     variants: dict[str, list[dict[str, Any]]] = {
         "rstitch": [{"threshold": t} for t in thresholds],
         "random": [{"p": p} for p in random_p],
         "router": [{"router": router, "threshold": router_threshold}],
+        "step": [{"threshold": t, "delimiter": step_delimiter, "tokenizer": tokenizer} for t in step_thresholds],
+        "r2r": [{"router": r2r_router, "threshold": t} for t in (r2r_thresholds or [None])],
     }
     methods: list[Method] = []
     for kind in kinds:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..lazy import lazy_names
 
 _LAZY = {"Router": ".model", "load_router": ".model", "RouterPolicy": ".policy", "assign_rows": ".policy",
-         "policy_from_router": ".policy"}
+         "policy_from_router": ".policy", "R2RRouter": ".r2r", "R2RPolicy": ".r2r", "load_r2r": ".r2r"}
 
 __all__ = sorted(_LAZY)
 

@@ -135,11 +135,16 @@ def assign_rows(consults: list[Consult], traces: list) -> list[RowDecisions]:
     return out
 
 
-def policy_from_router(router, slm, threshold: float | None = None, flag: str = "stitch_router") -> RouterPolicy:
+def policy_from_router(router, slm, threshold: float | None = None, flag: str = "stitch_router"):
     """``generate(stitch_router=...)`` glue: a greedy :class:`RouterPolicy` from a router object,
     local folder or Hub id, checked against ``slm``; ``threshold`` defaults to the router's own. ``flag`` names
-    the argument in errors."""
+    the argument in errors. An R2R router (:mod:`hf_rstitch.router.r2r`: its ``.pt`` file, a folder or Hub id
+    of one) gives an :class:`~hf_rstitch.router.r2r.R2RPolicy`, ``threshold`` then being its probability cut-off."""
     from .model import load_router
+    from .r2r import R2RPolicy, load_r2r
 
+    r2r = load_r2r(router, slm, threshold)  # R2R's published format (thu-nics/R2R), else ours
+    if r2r is not None:
+        return R2RPolicy(r2r, threshold)
     router = load_router(router, slm=slm, flag=flag)
     return RouterPolicy(router, router.threshold if threshold is None else threshold)

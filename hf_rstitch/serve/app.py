@@ -147,7 +147,7 @@ class _Completions:
         try:
             body = await self.read_body(raw, request.headers.get("content-type"), kind)
             ids, notes = await asyncio.to_thread(self.prompt, body, kind)
-            engine_request = build_request(body, ids, rid, settings)
+            engine_request = build_request(body, ids, rid, settings, tokenizer)
             box = self.post_office().mailbox()
             await driver.admit(engine_request, box)
         except (UnknownModel, BadRequest, QueueFull, ShuttingDown, ValueError) as err:
@@ -323,7 +323,7 @@ def token_budget(requested: int | None, n_prompt: int, settings: ServerSettings,
     return requested or min(settings.default_max_tokens, room)
 
 
-def build_request(body, ids: list[int], request_id: str, settings: ServerSettings):
+def build_request(body, ids: list[int], request_id: str, settings: ServerSettings, tokenizer: Any = None):
     """The engine request for one HTTP request."""
     from ..serving.requests import Request as EngineRequest
 
@@ -332,6 +332,7 @@ def build_request(body, ids: list[int], request_id: str, settings: ServerSetting
     if settings.router and body.stitch_threshold is not None:
         raise BadRequest(f"this server routes every request with the R-Stitch+ router {settings.router!r} "
                          "(rstitch serve --router); drop stitch_threshold", param="stitch_threshold")
+    policy = request_policy(body, settings, tokenizer)
     sampling = body.sampling(settings.do_sample, settings.temperature, settings.top_p)
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     for name in ("max_tokens", "max_completion_tokens"):  # both checked, though one decides
@@ -340,4 +341,20 @@ def build_request(body, ids: list[int], request_id: str, settings: ServerSetting
     budget = token_budget(body.token_budget(), len(ids), settings, param, body.budget_field)
     return EngineRequest(input_ids=ids, max_new_tokens=budget,
                          stitch_threshold=body.stitch_threshold, seed=body.engine_seed, request_id=request_id,
-                         role=settings.pin, **sampling)
+                         role=settings.pin, stitch_policy=policy, **sampling)
+
+
+def request_policy(body, settings: ServerSettings, tokenizer: Any):
+    """The request's own routing policy (``stitch_policy``), or None."""
+    spec = getattr(body, "stitch_policy", None)
+    if spec is None:
+        return None
+    if settings.router or body.stitch_threshold is not None:
+        raise BadRequest("stitch_policy routes this request by its own rule; drop stitch_threshold (and a server "
+                         "started with --router routes every request with its router)", param="stitch_policy")
+    from ..core.policies_rows import policy_from_spec
+
+    try:
+        return policy_from_spec(spec.model_dump(), tokenizer)
+    except ValueError as err:
+        raise BadRequest(str(err), param="stitch_policy") from None

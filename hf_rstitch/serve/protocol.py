@@ -78,6 +78,19 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class StitchPolicySpec(BaseModel):
+    """This request's own routing rule by name (:data:`hf_rstitch.core.policies_rows.POLICY_NAMES`):
+    ``{"name": "step", "threshold": 0.3, "delimiter": "\\n\\n"}``, ``{"name": "rstitch", "threshold": 0.02}``,
+    ``{"name": "random", "p": 0.2}``."""
+
+    model_config = _STRICT
+
+    name: Literal["rstitch", "step", "random"]
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0, description="rstitch / step: the entropy tau")
+    delimiter: str | None = Field(default=None, min_length=1, max_length=16, description="step: text ending a step")
+    p: float | None = Field(default=None, ge=0.0, le=1.0, description="random: share of SLM steps sent to the LLM")
+
+
 class _Common(BaseModel):
     """Fields shared by both endpoints."""
 
@@ -94,6 +107,8 @@ class _Common(BaseModel):
     user: str | None = None
     stitch_threshold: float | None = Field(
         default=None, ge=0.0, le=1.0, description="R-Stitch normalized-entropy threshold tau for this request")
+    stitch_policy: StitchPolicySpec | None = Field(default=None, description=(
+        "this request's routing rule by name and parameters, instead of stitch_threshold"))
     stop: str | Annotated[list[str], Field(max_length=4)] | None = Field(default=None, description=(
         "up to 4 strings; the completion ends before the first one, which is not returned"))
     # accepted only at their OpenAI defaults

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.policies import checked
 from ..core.roles import Role
 from ..decode.loop import keep_ahead
 from ..decode.step import to_device
@@ -46,7 +47,10 @@ class Columns:
                 self.policy.pins[slot] = r.role
             if self.thresholds is not None:
                 self.thresholds.thresholds[slot] = state.trace.threshold
+            if r.stitch_policy is not None:
+                self.per_row.policies[slot] = checked(r.stitch_policy)
             state.pad = width - len(r.input_ids)
+        self.policy.start_rows(slots)  # a policy with per-row state (StepPolicy) starts these rows afresh
         self._slots = torch.cat([self._slots, torch.tensor(slots, dtype=torch.long)])
 
     def _layout(self, new: list[Request], width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,6 +71,8 @@ class Columns:
         for i in index:
             slot = int(self._slots[i])
             self.policy.pins.pop(slot, None)
+            if self.per_row is not None:
+                self.per_row.policies.pop(slot, None)
             if self.thresholds is not None:
                 self.thresholds.thresholds.pop(slot, None)
         self._rows = [row for i, row in enumerate(self._rows) if i not in gone]

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.roles import Role
 from ..core.trace import StitchTrace
@@ -39,6 +39,7 @@ class Request:
     seed: int | None = None
     request_id: str | None = None  # assigned by submit() when None
     role: Role | None = None  # pin the request to one model (LLM alone / SLM alone); None: stitched
+    stitch_policy: Any = None  # this request's own RoutingPolicy object (core.policies_rows); None: the threshold's
 
 
 class RequestStatus(str, Enum):
@@ -144,6 +145,9 @@ def prepare(r: Request, *, vocab: int, max_length: int | None, default_eos: froz
                          f"engine's max_length {max_length}; shorten the request or build the engine with "
                          "a larger max_length.")
     tau = r.stitch_threshold
+    if r.stitch_policy is not None and (tau is not None or not routes_per_request):
+        raise ValueError("Request.stitch_policy routes the request by its own rule: drop stitch_threshold, and build "
+                         "the engine without `policy=` (which routes every request with one policy).")
     if tau is not None:
         if not routes_per_request:
             raise ValueError("this engine routes every request with one policy; drop Request.stitch_threshold "

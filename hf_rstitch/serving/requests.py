@@ -50,6 +50,7 @@ from typing import Iterable, Iterator
 import torch
 
 from ..core.policies import PinnedRoles, RowEntropyPolicy, check_threshold, checked
+from ..core.policies_rows import RowPolicies
 from ..core.roles import Role
 from ..core.sampling import sample_one
 from ..core.scheduling import LLMSchedule
@@ -139,7 +140,8 @@ class RequestEngine(Columns, Preemption, Endings):
         self.kv = budget_of(self.lanes.values())  # paged lanes: admission and preemption by free blocks
         self._staging = Staging.for_lanes(self.lanes, cfg.prefill_chunk or None)  # None: joins prefill whole
         self.thresholds = RowEntropyPolicy() if policy is None else None
-        self.policy = PinnedRoles(self.thresholds if policy is None else checked(policy))
+        self.per_row = RowPolicies(self.thresholds) if policy is None else None  # requests' own policies
+        self.policy = PinnedRoles(self.per_row if policy is None else checked(policy))
         self.policy.reset()
         if max_waiting is not None and (not isinstance(max_waiting, int) or max_waiting < 0):
             raise ValueError(f"max_waiting must be None or an integer >= 0, got {max_waiting!r}")
@@ -197,6 +199,8 @@ class RequestEngine(Columns, Preemption, Endings):
         if self.thresholds is not None:
             tau = r.stitch_threshold if r.stitch_threshold is not None else self.threshold
         name = repr(self.policy.base) if tau is None else f"EntropyPolicy(threshold={tau})"
+        if r.stitch_policy is not None:
+            tau, name = getattr(r.stitch_policy, "threshold", None), repr(r.stitch_policy)
         eos = frozenset(r.eos_token_id) if r.eos_token_id is not None else self.default_eos
         state = RequestState(r, eos, StitchTrace(policy=name, threshold=tau), generator=generator)
         with self._lock:

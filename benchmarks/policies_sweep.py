@@ -1,0 +1,216 @@
+"""Routing policies side by side on the shipped toy pair: R-Stitch (token entropy), step-level routing
+(GlimpRouter), R2R's neural router, the shipped R-Stitch+ router, random routing, and each model alone.
+
+Two splits: the shipped pair's 600 test problems (``test``) and a harder held-out split (``hard``): level-3
+problems (four operations, larger numbers) of the toy world's test split drawn from another seed (49), so
+none is one of the 600. Per method and setting: accuracy, mean new tokens, LLM-token share, the latency
+model's estimate (paper Eq. 4) on the GPU the shipped profile was measured on (H200,
+``hf_rstitch/assets/router/latency.json``) and its speed-up over the LLM alone, and CPU wall time at batch
+size 1 on the first ``--timed`` problems of the split.
+
+Accuracy and tokens come from :func:`hf_rstitch.eval.sweep` (greedy, left-padded batches through
+``generate``); batch size does not change a greedy route (rows equal their solo runs). Each finished
+(split, method) row is appended to ``OUT.progress.jsonl`` at once, so a long run can be read (and resumed)
+while it goes; the tables and the Pareto plot are written from it at the end (``--report-only`` redoes them).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/policies_sweep.py --r2r runs/r2r_toy/router.pt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lab import RESULTS, device_name, environment, write_result  # noqa: E402
+
+RSTITCH = [0.001, 0.005, 0.02, 0.1]
+STEP = [0.001, 0.005, 0.02, 0.1]
+RANDOM = [0.1, 0.3, 0.5, 0.8]
+ROUTER = [0.001, 0.005, 0.02, 0.1]
+R2R = [0.3, 0.5, 0.75, 0.9]
+
+
+def splits(n_test: int, n_hard: int) -> dict[str, list[dict]]:
+    from hf_rstitch.resources import shipped
+    from hf_rstitch.toyworld.tasks import iter_rows, read_jsonl
+
+    test = read_jsonl(Path(shipped("llm")).parent / "test.jsonl")[:n_test]
+    seen = {r["problem"] for r in test}
+    hard = []
+    for row in iter_rows("test", seed=49):
+        if row["level"] == 3 and row["problem"] not in seen:
+            hard.append(row)
+            seen.add(row["problem"])
+        if len(hard) == n_hard:
+            break
+    return {"test": test, "hard": hard}
+
+
+def methods(llm, slm, tok, settings, r2r: str | None) -> list:
+    from hf_rstitch.eval.methods import build_methods
+
+    kinds = ["llm", "slm", "rstitch", "step", "random", "router"] + (["r2r"] if r2r else [])
+    built = build_methods(kinds, llm, slm, settings, thresholds=RSTITCH, random_p=RANDOM, step_thresholds=STEP,
+                          step_delimiter=".", tokenizer=tok, r2r_router=r2r, r2r_thresholds=R2R, router="shipped")
+    routers = [m for m in built if m.kind == "router"]
+    if routers:  # one R-Stitch+ method per threshold
+        from hf_rstitch.eval.methods import LearnedRouter
+
+        built = [m for m in built if m.kind != "router"] + [
+            LearnedRouter(llm, slm, settings, routers[0].router, t) for t in ROUTER]
+    return built
+
+
+def timed_b1(method, problems, tok, n: int) -> float:
+    """Mean CPU seconds per problem at batch size 1 over the first ``n`` problems."""
+    import torch
+
+    from hf_rstitch.eval.data import prompt_ids
+
+    times = []
+    for p in problems[:n]:
+        ids = torch.tensor([prompt_ids(tok, p["problem"], "", True)])
+        t0 = time.perf_counter()
+        method.run(ids)
+        times.append(time.perf_counter() - t0)
+    return statistics.fmean(times) if times else float("nan")
+
+
+def run(args) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_rstitch.eval import sweep
+    from hf_rstitch.eval.methods import GenSettings
+    from hf_rstitch.latency import LatencyModel
+    from hf_rstitch.resources import shipped
+
+    torch.set_num_threads(1)
+    llm = AutoModelForCausalLM.from_pretrained(shipped("llm")).eval()
+    slm = AutoModelForCausalLM.from_pretrained(shipped("slm")).eval()
+    tok = AutoTokenizer.from_pretrained(shipped("llm"))
+    latency = LatencyModel.load(Path(shipped("router")) / "latency.json")
+    settings = GenSettings(max_new_tokens=args.max_new_tokens)
+    progress = Path(f"{args.out}.progress.jsonl")
+    progress.parent.mkdir(parents=True, exist_ok=True)
+    done = {(r["split"], r["method"]) for r in _rows(progress)}
+    for split, problems in splits(args.n_test, args.n_hard).items():
+        if args.splits and split not in args.splits:
+            continue
+        for m in methods(llm, slm, tok, settings, args.r2r):
+            if (split, m.name) in done or (args.only and m.kind not in args.only):
+                continue
+            t0 = time.perf_counter()
+            row = sweep(llm, slm, tok, problems, methods=[m], settings=settings, batch_size=args.batch_size,
+                        latency_model=latency)[0]
+            row.update(split=split, label=m.label, sweep_s=time.perf_counter() - t0,
+                       cpu_b1_s=timed_b1(m, problems, tok, args.timed), timed_n=min(args.timed, len(problems)))
+            if m.kind == "slm":
+                row["latency_ms"] = _slm_alone_ms(latency, row)
+            with progress.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            print(f"{split:5s} {m.name:24s} acc {row['accuracy']:.3f} llm {row['llm_token_share']:.3f} "
+                  f"L {row.get('latency_ms', float('nan')):.1f} ms  b1 {row['cpu_b1_s']:.2f} s  ({row['sweep_s']:.0f} s)",
+                  flush=True)
+
+
+def _slm_alone_ms(latency, row) -> float:
+    """The SLM writing the mean number of tokens after the mean prompt (its profile, the LLM-alone formula)."""
+    n, prompt = int(row["new_tokens"]), int(row.get("prompt_tokens", 40))
+    calls = [{"role": "slm", "n_inf": prompt, "n_kv": 0}] + [
+        {"role": "slm", "n_inf": 1, "n_kv": prompt + i} for i in range(n - 1)]
+    return latency.predict_trace({"calls": calls, "roles": ["slm"] * n})
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def report(args) -> None:
+    rows = list({(r["split"], r["method"]): r for r in reversed(_rows(Path(f"{args.out}.progress.jsonl")))}.values())
+    order = ["llm", "slm", "rstitch", "step", "r2r", "router", "random"]
+    rows.sort(key=lambda r: (order.index(r["kind"]) if r["kind"] in order else 99, r["param"] or 0))
+    for split in {r["split"] for r in rows}:
+        llm = next((r for r in rows if r["split"] == split and r["kind"] == "llm"), None)
+        for r in rows:
+            if r["split"] == split and llm and r.get("latency_ms"):
+                r["speedup"] = llm["latency_ms"] / r["latency_ms"]
+    lines = [f"Shipped toy pair, greedy, max {args.max_new_tokens} new tokens. Latency: Eq. 4 with the shipped H200 "
+             "profile (estimate, not measured here); speed-up over the LLM alone. CPU B=1: mean wall seconds per "
+             f"problem on the first problems of each split ({device_name('cpu')}, 1 thread, shared machine: the load "
+             "changed during the run, so these seconds compare only roughly; the estimate is the comparison).", ""]
+    for split in ("test", "hard"):
+        part = [r for r in rows if r["split"] == split]
+        if not part:
+            continue
+        lines += [f"### {split} (n = {part[0]['n']})", "",
+                  "| method | accuracy | new tokens | LLM share | switches | est. GPU ms | est. speed-up | CPU B=1 s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in part:
+            label = f"{r['label']} τ={r['param']:g}" if r["kind"] == "router" else r["label"]
+            lines.append(f"| {label} | {100 * r['accuracy']:.1f} | {r['new_tokens']:.1f} | "
+                         f"{r['llm_token_share']:.3f} | {r['switches']:.1f} | {r.get('latency_ms', float('nan')):.1f} | "
+                         f"{r.get('speedup', float('nan')):.2f}x | {r['cpu_b1_s']:.2f} |")
+        lines.append("")
+    if args.produced_by:
+        lines += ["Rows produced by: " + "; ".join(f"`{c}`" for c in args.produced_by), ""]
+    doc = {"environment": environment(), "device_cpu": device_name("cpu"), "rows": rows,
+           "produced_by": args.produced_by,
+           "latency_profile": "hf_rstitch/assets/router/latency.json (NVIDIA H200)"}
+    write_result(args.out, doc, "\n".join(lines))
+    plot(rows, Path(f"{args.out}.png"))
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits_here = [s for s in ("test", "hard") if any(r["split"] == s for r in rows)]
+    fig, axes = plt.subplots(1, len(splits_here), figsize=(6.5 * len(splits_here), 4.8), squeeze=False)
+    styles = {"rstitch": "o-", "step": "s-", "r2r": "^-", "router": "D-", "random": "x--", "llm": "*", "slm": "P"}
+    for ax, split in zip(axes[0], splits_here):
+        for kind, style in styles.items():
+            pts = sorted((r["speedup"], 100 * r["accuracy"]) for r in rows
+                         if r["split"] == split and r["kind"] == kind and "speedup" in r)
+            if pts:
+                ax.plot(*zip(*pts), style, label={"rstitch": "R-Stitch", "step": "Step (GlimpRouter)", "r2r": "R2R",
+                                                  "router": "R-Stitch+", "random": "Random", "llm": "LLM",
+                                                  "slm": "SLM"}[kind], markersize=7)
+        ax.set_xlabel("estimated speed-up over the LLM (Eq. 4, H200 profile)")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title(f"toy pair, {split} split")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n-test", type=int, default=600)
+    ap.add_argument("--n-hard", type=int, default=200)
+    ap.add_argument("--timed", type=int, default=20, help="problems per split timed at batch size 1 on the CPU")
+    ap.add_argument("--batch-size", type=int, default=50)
+    ap.add_argument("--max-new-tokens", type=int, default=640)
+    ap.add_argument("--r2r", default=None, help="an R2R router checkpoint for the pair (benchmarks/r2r_toy_router.py)")
+    ap.add_argument("--only", nargs="*", default=None, help="run only these method kinds")
+    ap.add_argument("--splits", nargs="*", default=None, help="run only these splits (test, hard)")
+    ap.add_argument("--out", default=str(RESULTS / "policies_cpu"))
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--produced-by", nargs="*", default=[], help="the commands that made the rows (for --report-only)")
+    args = ap.parse_args()
+    if not args.report_only:
+        run(args)
+    report(args)
+
+
+if __name__ == "__main__":
+    main()
