@@ -118,12 +118,15 @@ def _near(llm, slm, threshold, on_cuda: bool) -> dict:
 
     from zoo_models import NEAR_CASES, near_thresholds, observed_entropies, stitched
 
-    out = {"equal": True, "thresholds": 0}
+    margin = os.environ.get("ZOO_NEAR_MARGIN")  # e.g. 1e-6: thresholds that far from the entropies instead
+    margin = float(margin) if margin else (None if on_cuda else 2e-6)
+    spec = "fast" if os.environ.get("ZOO_NEAR_BY_NAME") else None  # "fast" by name (no compile) instead of auto
+    out = {"equal": True, "thresholds": 0, "margin": margin, "engine": spec or "auto"}
     for decoding, batch in NEAR_CASES:
         seen = observed_entropies(llm, slm, decoding, batch, threshold)
-        for t in near_thresholds(seen, None if on_cuda else 2e-6):
+        for t in near_thresholds(seen, margin):
             out["thresholds"] += 1
-            want, got = (stitched(llm, slm, decoding, batch, t, spec) for spec in ("default", None))
+            want, got = (stitched(llm, slm, decoding, batch, t, s) for s in ("default", spec))
             if not (torch.equal(got[0].cpu(), want[0].cpu()) and got[1] == want[1]):
                 return {**out, "equal": False, "differs": f"{decoding} B={batch} threshold {t!r}"}
     return out
