@@ -14,6 +14,7 @@ from zoo_models import (CASES, NEAR_CASES, build_pair, near_thresholds, observed
                         zoo)
 
 CUDA = torch.cuda.is_available()
+GPU_MARGIN = 1e-6  # see test_auto_at_thresholds_next_to_observed_entropies
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs CUDA")]
 
 
@@ -38,15 +39,18 @@ def test_auto_runs_the_proven_architectures_fast_and_equal(model_type):
 
 @pytest.mark.parametrize("model_type", _proven_here())
 def test_auto_at_thresholds_next_to_observed_entropies(model_type):
-    """B = 3, greedy and sampled, thresholds one float32 step above and below entropies the eager engine saw: a
-    compiled piece that is not bit-equal (granitemoe's, before regions.NOT_BIT_EQUAL) flips a hand-over here."""
+    """B = 3, greedy and sampled, thresholds GPU_MARGIN above and below entropies the eager engine saw: a compiled
+    piece that moves an entropy by more (granitemoe's 2e-6, before regions.NOT_BIT_EQUAL) flips a hand-over here.
+    Not one float32 step: on an H200 the fast kernels alone (stitch_engine="fast", no compile) move entropies by a
+    few float32 steps on qwen2, phi3 and granitemoe, and auto equals the eager engine at 1e-6 on them
+    (benchmarks/results/zoo_near_{byname,1e-6}_nvidia_h200.md)."""
     overrides = {"sliding_window": None} if model_type == "mistral" else {}
     llm, slm = (m.cuda() for m in build_pair(model_type, **overrides))
     if support.why_not_fast(llm, slm, 3) is not None:
         pytest.skip(support.why_not_fast(llm, slm, 3))
     middle = pick_threshold(slm)
     for decoding, batch in NEAR_CASES:
-        for threshold in near_thresholds(observed_entropies(llm, slm, decoding, batch, middle)):
+        for threshold in near_thresholds(observed_entropies(llm, slm, decoding, batch, middle), GPU_MARGIN):
             want = stitched(llm, slm, decoding, batch, threshold, "default")
             got = stitched(llm, slm, decoding, batch, threshold, None)
             assert torch.equal(got[0].cpu(), want[0].cpu()) and got[1] == want[1], (model_type, decoding, threshold)
