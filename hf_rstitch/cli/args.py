@@ -45,6 +45,8 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.default in (None, "") or "default" in (action.help or ""):
             return action.help
+        if isinstance(action.default, str) and not action.default.strip():  # "\n\n" would print as nothing
+            return f"{action.help} (default: {action.default!r})"
         return super()._get_help_string(action)
 
 
