@@ -175,15 +175,14 @@ def _builder(pair: Pair, cfg: EngineConfig, choice: Choice):
     the engine's own for ``max_batch`` rows."""
     if choice.kind == "default":
         return EagerEngine()
-    from ..fast import FastEngine, engine_for
-    from ..fast.proof import Proving
+    from ..fast import FastEngine, engine_for, proof
 
     if cfg.shared:
         kept = engine_for
     else:
         def kept(llm, config):  # noqa: ARG001  (the request engine's own fast engine)
             return FastEngine(config, max_batch=cfg.max_batch)
-    return Proving(choice.fast, kept) if choice.proving else kept(pair.llm, choice.fast)
+    return proof.Proving(choice.fast, kept) if choice.proving else kept(pair.llm, choice.fast)
 
 
 def build(pair: Pair, cfg: EngineConfig) -> Engine:

@@ -22,19 +22,20 @@ def test_programmatic_dependent_launch_switch(monkeypatch):
 
 def test_programmatic_dependent_launch_needs_the_intrinsics(monkeypatch):
     """On a Hopper GPU a Triton without tl.extra.cuda.gdc_wait (before 3.5) builds the kernels without it."""
+    from hf_rstitch.fast import capabilities
     from hf_rstitch.fast.kernels import triton_support as g
 
     pytest.importorskip("triton")
     cuda = torch.device("cuda")
     monkeypatch.setattr(g, "interpreted", lambda: False)
-    monkeypatch.setattr(g, "_capability", lambda device: 9)
-    assert g._has_gdc()  # the Triton of this environment has them
-    assert g.pdl(cuda, 1) and not g.pdl(cuda, 8)
-    monkeypatch.setattr(g, "_has_gdc", lambda: False)
-    assert not g.pdl(cuda, 1)
-    monkeypatch.setattr(g, "_capability", lambda device: 8)
+    with capabilities.assume((9, 0)):  # the GPU's capability, as the lanes read it (fast.capabilities)
+        assert g._has_gdc()  # the Triton of this environment has them
+        assert g.pdl(cuda, 1) and not g.pdl(cuda, 8)
+        monkeypatch.setattr(g, "_has_gdc", lambda: False)
+        assert not g.pdl(cuda, 1)
     monkeypatch.setattr(g, "_has_gdc", lambda: True)
-    assert not g.pdl(cuda, 1)  # Ampere: no programmatic dependent launch
+    with capabilities.assume((8, 0)):
+        assert not g.pdl(cuda, 1)  # Ampere: no programmatic dependent launch
 
 
 def test_captures_run_without_garbage_collection(monkeypatch):
