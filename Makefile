@@ -37,11 +37,11 @@ demo: install
 # The fast tier: every test not marked slow (README, "Tests", says what it takes). pytest exits 5 when it
 # collects no test, which is not a failure here.
 test: install-dev
-	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -m "not slow" || [ $$? -eq 5 ]
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -m "not slow" || [ $$? -eq 5 ]
 
 # The slow tier: tests marked slow by measured duration (> ~3 s each). CI (.ci/run) runs both tiers.
 test-slow: install-dev
-	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -m slow || [ $$? -eq 5 ]
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -m slow || [ $$? -eq 5 ]
 
 # The Triton kernels on CPU, under Triton's interpreter (triton is in the dev extra): without it these files
 # skip all but 3 of their tests. Only these files: the interpreter's bf16 rounding is not a GPU's, so the
