@@ -130,3 +130,9 @@ def check_sources(flags: dict[str, str | None]) -> None:
         else:
             check_local_source(resolve(source), flag)
             check_hub_source(resolve(source), flag)
+
+
+def one_line(err: BaseException) -> str:
+    """An exception as one line (transformers' and the Hub's messages span several)."""
+    text = " ".join(part.strip() for part in str(err).splitlines() if part.strip())
+    return text or type(err).__name__

@@ -9,6 +9,7 @@ import argparse
 import importlib
 import sys
 
+from ..sources import one_line
 from ..threads import TINY_PARAMS
 
 # Subcommand modules, in the order --help lists them.
@@ -52,12 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser
-
-
-def one_line(err: BaseException) -> str:
-    """An exception as one line (transformers' and the Hub's messages span several)."""
-    text = " ".join(part.strip() for part in str(err).splitlines() if part.strip())
-    return text or type(err).__name__
 
 
 def _positive_int(text: str) -> int:

@@ -177,7 +177,7 @@ def _on_run(pairs: Pairs, key, prompt, threshold, max_new_tokens, mode, seed, ro
         yield _error(str(err))
     except Exception as err:  # noqa: BLE001  (the page shows one line; the server log has the traceback)
         log.exception("rstitch ui: run failed")
-        from ..cli.main import one_line
+        from ..sources import one_line
 
         yield _error(f"unexpected error ({type(err).__name__}): {one_line(err)}")
 

@@ -107,7 +107,7 @@ def load(llm: str | None = None, slm: str | None = None, router: str | None = No
         PairError: one of the models cannot load (a missing folder, a Hub id offline or unknown), or the two
             tokenizers differ; the message names the model and the fix.
     """
-    from ..cli.main import one_line
+    from ..sources import one_line
     from ..hf.loading import load_pair, resolve_device
     from ..resources import resolve
     from ..sources import check_local_source

@@ -201,7 +201,7 @@ def stream(pair, settings: RunSettings, stitched: bool = True) -> Iterator[Snaps
     seconds = time.perf_counter() - start
     worker.join()
     if "error" in outcome:
-        from ..cli.main import one_line
+        from ..sources import one_line
 
         raise RunError(f"generate failed: {one_line(outcome['error'])}") from outcome["error"]
     yield final(outcome["out"], ids.shape[1], seconds, stitched)
