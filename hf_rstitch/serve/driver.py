@@ -109,9 +109,7 @@ class EngineDriver:
         ``cancelled`` event (their handlers answer 503). The thread keeps running. Returns how many were ended."""
         with self._lock:
             self._accepting = False
-        deadline = time.monotonic() + timeout_s
-        while self.in_flight and time.monotonic() < deadline and self.alive:
-            time.sleep(0.02)
+        wait_drained(self, timeout_s)
         with self._lock:
             left, self._sinks = self._sinks, {}
             for rid in left:
@@ -230,3 +228,10 @@ def _deliver(sink: Sink, event: Any) -> None:
         sink(event)
     except Exception:  # noqa: BLE001 -- e.g. the handler's event loop is gone
         log.exception("could not deliver an event for request %s", event.request_id)
+
+
+def wait_drained(driver, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for ``driver``'s requests in flight to finish (or its engine to stop)."""
+    deadline = time.monotonic() + timeout_s
+    while driver.in_flight and time.monotonic() < deadline and driver.alive:
+        time.sleep(0.02)

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..core.trace import StitchTrace
 from ..serving.request_types import QueueFull
-from .driver import EngineDriver, ShuttingDown, Sink, StepFailure, _deliver
+from .driver import EngineDriver, ShuttingDown, Sink, StepFailure, _deliver, wait_drained
 
 log = logging.getLogger("hf_rstitch.serve")
 FIGURES_EVERY_S = 0.5  # the engine's figures reach an idle front end this often
@@ -174,9 +174,7 @@ class EngineClient:
     def finish(self, timeout_s: float) -> int:
         """As :meth:`EngineDriver.finish`, for this front end's requests."""
         self._accepting = False
-        deadline = time.monotonic() + timeout_s
-        while self.in_flight and time.monotonic() < deadline and self.alive:
-            time.sleep(0.02)
+        wait_drained(self, timeout_s)
         with self._lock:
             left, self._sinks = self._sinks, {}
         for rid, sink in left.items():
