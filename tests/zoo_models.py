@@ -336,6 +336,15 @@ def observed_entropies(llm, slm, decoding: str, batch: int, threshold: float, se
     return [h for t in traces for h in t.slm_entropies if h is not None]
 
 
+def clear_of_ties(llm, slm, decoding: str, batch: int, threshold: float, margin: float) -> bool:
+    """Whether the eager engine's own run at ``threshold`` meets no SLM entropy within ``margin`` of it.
+    :func:`near_thresholds` keeps ``margin`` from the entropies of the run it was drawn from, but a run at the new
+    threshold routes otherwise and meets new entropies; one within ``margin`` is a tie that an engine differing
+    by less than ``margin`` may break either way, so a threshold where the eager run meets one decides nothing."""
+    seen = observed_entropies(llm, slm, decoding, batch, threshold)
+    return all(abs(h - threshold) >= margin for h in seen)
+
+
 def near_thresholds(entropies: list[float], margin: float | None = None) -> list[float]:
     """Thresholds just above and just below the first and the median of ``entropies`` (what the eager engine saw):
     ``margin`` away, None: one float32 step (``torch.nextafter``). An engine whose entropy there differs by more

@@ -17,8 +17,8 @@ import torch
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch.fast import FastConfig, check_supported, support
-from zoo_models import (CASES, EXCLUDED, NEAR_CASES, NotBuildable, build_pair, near_thresholds, observed_entropies,
-                        pick_threshold, stitched, zoo)
+from zoo_models import (CASES, EXCLUDED, NEAR_CASES, NotBuildable, build_pair, clear_of_ties, near_thresholds,
+                        observed_entropies, pick_threshold, stitched, zoo)
 
 pytestmark = pytest.mark.slow
 STATIC = FastConfig(graphs=False)
@@ -92,8 +92,9 @@ def test_proven_architectures_build_and_run_on_the_fast_path():
 
 @pytest.mark.parametrize("model_type", [t for t in zoo() if t not in EXCLUDED])
 def test_auto_like_config_at_thresholds_next_to_observed_entropies(model_type):
-    """B = 3, greedy and sampled, thresholds just above and below entropies the eager engine saw (CPU_MARGIN away):
-    the hand-overs must fall as the eager engine's, so the tokens and routes are its."""
+    """B = 3, greedy and sampled, thresholds just above and below entropies the eager engine saw (CPU_MARGIN away,
+    and clear of every entropy its own run meets, :func:`zoo_models.clear_of_ties`): the hand-overs must fall as
+    the eager engine's, so the tokens and routes are its."""
     try:
         llm, slm = build_pair(model_type)
     except NotBuildable as err:
@@ -101,13 +102,18 @@ def test_auto_like_config_at_thresholds_next_to_observed_entropies(model_type):
     if refusal(llm, slm) is not None:
         pytest.skip(refusal(llm, slm))
     middle = pick_threshold(slm)
+    decided = 0
     for decoding, batch in NEAR_CASES:
         try:
             seen = observed_entropies(llm, slm, decoding, batch, middle)
         except Exception:  # noqa: BLE001  the eager engine itself fails here (the test above covers it)
             continue
         for threshold in near_thresholds(seen, CPU_MARGIN):
+            if not clear_of_ties(llm, slm, decoding, batch, threshold, CPU_MARGIN):
+                continue
+            decided += 1
             eager = stitched(llm, slm, decoding, batch, threshold, "default")
             fast = stitched(llm, slm, decoding, batch, threshold, AUTO_LIKE)
             where = f"{model_type} {decoding} B={batch} threshold {threshold!r}"
             assert torch.equal(fast[0], eager[0]) and fast[1] == eager[1], where
+    assert decided or not seen, f"{model_type}: every threshold next to an entropy met another within {CPU_MARGIN}"
