@@ -67,6 +67,36 @@ def methods(llm, slm, tok, settings, r2r: str | None) -> list:
     return built
 
 
+ROUND_ORDER = [1, 3, 0, 2]  # settings of a kind, by index: the middle-low one first, then the spread
+
+
+def in_rounds(built: list) -> list:
+    """Methods in rounds: each round runs one more setting of every kind (kinds in priority order), so a
+    run stopped by ``--stop-at`` leaves every kind with a spread of settings rather than some kinds with none."""
+    priority = ["llm", "slm", "rstitch", "router", "step", "speculate", "random", "r2r"]
+    by_kind: dict[str, list] = {}
+    for m in built:
+        by_kind.setdefault(m.kind, []).append(m)
+    for kind, ms in by_kind.items():
+        ms.sort(key=lambda m: m.param if m.param is not None else 0)
+        ranks = {i: r for r, i in enumerate(ROUND_ORDER)}
+        by_kind[kind] = sorted(ms, key=lambda m, ms=ms: ranks.get(ms.index(m), len(ranks) + ms.index(m)))
+    kinds = sorted(by_kind, key=lambda k: priority.index(k) if k in priority else len(priority))
+    depth = max((len(v) for v in by_kind.values()), default=0)
+    return [by_kind[k][i] for i in range(depth) for k in kinds if i < len(by_kind[k])]
+
+
+def _stop_time(text: str | None) -> float | None:
+    """``HH:MM`` (UTC, today) as epoch seconds: no (split, method) row starts after it."""
+    if not text:
+        return None
+    import datetime as dt
+
+    now = dt.datetime.now(dt.timezone.utc)
+    hh, mm = (int(x) for x in text.split(":"))
+    return now.replace(hour=hh, minute=mm, second=0, microsecond=0).timestamp()
+
+
 def timed_b1(method, problems, tok, n: int) -> float:
     """Mean CPU seconds per problem at batch size 1 over the first ``n`` problems."""
     import torch
@@ -100,12 +130,16 @@ def run(args) -> None:
     progress = Path(f"{args.out}.progress.jsonl")
     progress.parent.mkdir(parents=True, exist_ok=True)
     done = {(r["split"], r["method"]) for r in _rows(progress)}
+    stop = _stop_time(args.stop_at)
     for split, problems in splits(args.n_test, args.n_hard).items():
         if args.splits and split not in args.splits:
             continue
-        for m in methods(llm, slm, tok, settings, args.r2r):
+        for m in in_rounds(methods(llm, slm, tok, settings, args.r2r)):
             if (split, m.name) in done or (args.only and m.kind not in args.only):
                 continue
+            if stop is not None and time.time() > stop:
+                print(f"--stop-at {args.stop_at} reached: {split} {m.name} and later settings not run", flush=True)
+                return
             t0 = time.perf_counter()
             row = sweep(llm, slm, tok, problems, methods=[m], settings=settings, batch_size=args.batch_size,
                         latency_model=latency)[0]
@@ -204,6 +238,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="run only these method kinds")
     ap.add_argument("--splits", nargs="*", default=None, help="run only these splits (test, hard)")
     ap.add_argument("--out", default=str(RESULTS / "policies_cpu"))
+    ap.add_argument("--stop-at", default=None, help="UTC HH:MM after which no further (split, method) row starts")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--produced-by", nargs="*", default=[], help="the commands that made the rows (for --report-only)")
     args = ap.parse_args()
