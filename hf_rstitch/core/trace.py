@@ -70,6 +70,8 @@ class StitchTrace:
     calls: list[ForwardCall] = field(default_factory=list)
     threshold: float | None = None
     policy: str = ""
+    drafted_tokens: int = 0  # SLM drafts the LLM verified (stitch_speculate; hf_rstitch.decode.speculate)
+    accepted_drafts: int = 0  # of those, the drafts kept (the LLM's own token there)
 
     # ---- summaries -------------------------------------------------------------------------
     @property
@@ -119,6 +121,8 @@ class StitchTrace:
             out[f"{role}_forward_calls"] = self.forward_calls(role)
             out[f"{role}_prefill_tokens"] = self.processed_tokens(role, CallKind.PREFILL)
             out[f"{role}_partial_prefill_tokens"] = self.partial_prefill_tokens(role)
+        if self.drafted_tokens:
+            out["drafted_tokens"], out["accepted_drafts"] = self.drafted_tokens, self.accepted_drafts
         timed = [c.seconds for c in self.calls if c.seconds is not None]
         if timed:
             out["forward_seconds"] = sum(timed)
@@ -145,6 +149,8 @@ class StitchTrace:
             calls=calls,
             threshold=d.get("threshold"),
             policy=d.get("policy", ""),
+            drafted_tokens=int(d.get("drafted_tokens", 0)),
+            accepted_drafts=int(d.get("accepted_drafts", 0)),
         )
 
     def __repr__(self) -> str:

@@ -134,6 +134,13 @@ class Lane:
             self.dense = self._padding_free(mask)
         mask = mask.to(self.device)
 
+        out, seconds = self._forward(seq, mask, first, total, want_hidden, self._keep_kwargs)
+        logits = out.logits[:, -1, : self.vocab].to(device=seq.device, dtype=torch.float32, copy=True)
+        hidden = out.hidden_states[-1][:, -1, :] if want_hidden else None
+        return logits, hidden, self._seen(total, mask, rows, resumed, seconds)
+
+    def _forward(self, seq: torch.Tensor, mask: torch.Tensor, first: int, total: int, want_hidden: bool, keep: dict):
+        """The model over columns ``[first, total)`` into the cache; (its output, device-synchronised seconds or None)."""
         start = 0.0
         if self.timing:
             _sync(self.device)
@@ -144,19 +151,57 @@ class Lane:
             output_hidden_states=want_hidden,
             **self._layout(mask, first, total),
             **{self._cache_arg: self.cache},
-            **self._keep_kwargs,
+            **keep,
         )
-        logits = out.logits[:, -1, : self.vocab].to(device=seq.device, dtype=torch.float32, copy=True)
-        hidden = out.hidden_states[-1][:, -1, :] if want_hidden else None
         seconds = None
         if self.timing:
             _sync(self.device)
             seconds = time.perf_counter() - start
+        return out, seconds
+
+    def _seen(self, total: int, mask: torch.Tensor, rows: torch.Tensor, resumed: torch.Tensor, seconds):
+        """After a call that read up to column ``total``: its records, and what the lane has seen."""
         taking = rows.tolist()
         calls = self._records(total, taking, resumed.tolist(), seconds)
         self.n_seen, self.mask = total, mask
         self.solo_seen = [total if take else seen for take, seen in zip(taking, self.solo_seen)]
-        return logits, hidden, calls
+        return calls
+
+    # ---- speculative verification (hf_rstitch.decode.speculate) ----------------------------------
+    def verify(self, seq: torch.Tensor, mask: torch.Tensor, n: int, rows: torch.Tensor, resumed: torch.Tensor):
+        """As :meth:`advance`, but the logits of the last ``n`` columns: ``[B, n, vocab]`` float32 on ``seq``'s
+        device (column ``T - n + i`` predicts column ``T - n + i + 1``), and the records. One forward."""
+        total, first = seq.shape[1], self.n_seen
+        if total - first < n:
+            raise RuntimeError(f"{self.role} lane asked for the logits of {n} columns but has only {total - first} unseen")
+        if self.pad is None:
+            self.pad = left_padding(mask).tolist()
+            self.dense = self._padding_free(mask)
+        mask = mask.to(self.device)
+        keep = {"logits_to_keep": n} if self._keep_kwargs else {}
+        out, seconds = self._forward(seq, mask, first, total, False, keep)
+        logits = out.logits[:, -n:, : self.vocab].to(device=seq.device, dtype=torch.float32, copy=True)
+        return logits, self._seen(total, mask, rows, resumed, seconds)
+
+    def keep_past(self) -> None:
+        """Let :meth:`crop` roll back any call from now on: sliding-window and linear-attention layers keep the
+        states they would drop (until the next crop) instead of dropping them."""
+        self.cache.activate_past_recording()
+        self._past = True
+
+    def crop(self, n_seen: int) -> None:
+        """Forget the columns from ``n_seen`` on (speculative tokens the LLM rejected): the cache holds the first
+        ``n_seen`` columns again. Needs :meth:`keep_past` before the calls it rolls back."""
+        drop = self.n_seen - n_seen
+        if drop < 0:
+            raise ValueError(f"{self.role} lane: cannot crop to {n_seen} columns, it has seen only {self.n_seen}")
+        if not getattr(self, "_past", False):
+            raise RuntimeError(f"{self.role} lane: crop needs keep_past() before the calls it rolls back")
+        self.cache.crop(-drop)  # also trims the kept past of sliding / linear layers back to what they need
+        self.n_seen = n_seen
+        self.solo_seen = [min(s, n_seen) for s in self.solo_seen]
+        if self.mask is not None:
+            self.mask = self.mask[:, :n_seen]
 
     @staticmethod
     def _padding_free(mask: torch.Tensor) -> bool:

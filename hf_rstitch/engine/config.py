@@ -91,6 +91,9 @@ class EngineConfig:
         "build the lanes at build time and capture every batch and length bucket then (before any timed request)"})
     timing: bool = field(default=False, metadata={"cli": False, "help":
         "record device-synchronised seconds of every forward call in the trace"})
+    speculate: int = field(default=0, metadata={"cli": False, "help":
+        "SLM drafts the LLM verifies in one forward while it has control (stitch_speculate; "
+        "hf_rstitch.decode.speculate): the eager engine only, which auto then picks"})
 
     def __post_init__(self) -> None:
         if self.kind is not None and not isinstance(self.kind, str):

@@ -12,7 +12,9 @@ them by name, or for ``"auto"`` (what a config naming none asks for, unless ``$H
    (:func:`hf_rstitch.fast.support.why_not_fast`: the proven architectures and GPUs are data there, and pairs
    that failed in this process), with :data:`~hf_rstitch.fast.NO_TRITON` where only Triton is missing
    (:func:`~hf_rstitch.fast.why_not_triton`), and the eager lanes otherwise; the reason for anything but AUTO is
-   logged at INFO on ``hf_rstitch.fast`` once a process.
+   logged at INFO on ``hf_rstitch.fast`` once a process;
+5. speculative verification (``speculate``, ``stitch_speculate=k``) runs the eager lanes: ``"auto"`` picks them,
+   the fast engine named is refused by name (:func:`_speculating`).
 
 :func:`build` turns the choice into an :class:`Engine`: its lane builder (the fast engine kept on the LLM for
 ``generate``, one of its own for the request engine), for requests its KV plan (:mod:`.kv_plan`), its lanes built
@@ -54,6 +56,8 @@ class Choice(NamedTuple):
 
 def choose(pair: Pair, cfg: EngineConfig) -> Choice:
     """The engine that runs ``pair`` under ``cfg``, and why (the rules: the module docstring)."""
+    if cfg.speculate:
+        return _speculating(cfg)
     if cfg.builder is not None:
         return Choice(cfg.kind, f"the caller's own {type(cfg.builder).__name__}")
     if cfg.kind == "default":
@@ -79,6 +83,20 @@ def choose(pair: Pair, cfg: EngineConfig) -> Choice:
              f"({engine.NO_TRITON}): {no_triton}")
         why = no_triton
     return Choice("fast", why, config, True, proving)
+
+
+def _speculating(cfg: EngineConfig) -> Choice:
+    """Speculative verification (``stitch_speculate``) crops the caches after each LLM run: the eager lanes only.
+    ``"auto"`` picks them; the fast engine named (or a FastEngine given) is refused by name."""
+    eager = cfg.builder is None or getattr(cfg.builder, "eager", False)
+    if cfg.kind == "fast" or not eager:
+        named = type(cfg.builder).__name__ if cfg.builder is not None else "stitch_engine='fast'"
+        raise ValueError(f"stitch_speculate={cfg.speculate} runs on the eager engine only (the fast engine's static "
+                         f"caches and CUDA graphs do not roll back rejected drafts), but {named} was asked for. Use "
+                         "stitch_engine='default' or 'auto' with stitch_speculate, or drop stitch_speculate.")
+    if cfg.builder is not None:
+        return Choice(cfg.kind, f"the caller's own {type(cfg.builder).__name__}")
+    return Choice("default", f"stitch_speculate={cfg.speculate}: speculative verification runs on the eager engine")
 
 
 def refuse_sharded(llm, slm, spec) -> None:

@@ -15,6 +15,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from ..core.policies import EntropyPolicy, RoutingPolicy, checked
 from ..core.sampling import pad_vocab
 from ..decode.loop import stitch_loop
+from ..decode.speculate import check_speculation, speculative_loop
 from ..engine.engine import Engine, build, restore_rng, rng_state
 from ..engine.config import EngineConfig
 from ..engine.pair import Pair, logit_width
@@ -71,6 +72,7 @@ def stitched_decode(
     stitch_streamer=None,
     stitch_timing: bool = False,
     stitch_engine=None,
+    stitch_speculate: int = 0,
     **model_kwargs,
 ) -> StitchedGenerateOutput | torch.LongTensor:
     """R-Stitch decoding with ``model`` as the LLM and ``stitch_slm`` as the SLM.
@@ -99,6 +101,9 @@ def stitched_decode(
             ``"auto"`` picked the fast engine and it fails (building lanes, capturing, compiling), the call
             reruns on the eager engine, the reason logged once (:func:`run_once_more`). Which engine runs and
             how it is built: :mod:`hf_rstitch.engine`.
+        stitch_speculate: ``k`` > 0: while the LLM has control, the SLM drafts ``k`` tokens and the LLM verifies
+            them in one forward (greedy, one row, the eager engine; :mod:`hf_rstitch.decode.speculate`): the same
+            tokens and routes as without it, fewer LLM forwards (``out.stitch.summary()["llm_forward_calls"]``).
 
     Returns:
         The sequences ``[B, T]``, or with ``return_dict_in_generate=True`` a
@@ -109,24 +114,26 @@ def stitched_decode(
     try:
         return _decode(model, input_ids, logits_processor, stopping_criteria, generation_config, stitch_slm,
                        stitch_threshold, stitch_policy, stitch_router, stitch_streamer, stitch_timing, stitch_engine,
-                       model_kwargs)
+                       model_kwargs, stitch_speculate)
     finally:  # generate already put the prompt into the streamer: its consumer waits for end(), even on errors
         if stitch_streamer is not None:
             stitch_streamer.end()
 
 
 def _decode(model, input_ids, logits_processor, stopping_criteria, generation_config, stitch_slm, stitch_threshold,
-            stitch_policy, stitch_router, stitch_streamer, stitch_timing, stitch_engine, model_kwargs):
+            stitch_policy, stitch_router, stitch_streamer, stitch_timing, stitch_engine, model_kwargs, speculate=0):
     """The body of :func:`stitched_decode` once the streamer is known: checks, the engine, the loop, the output."""
     pair = Pair.of(model, stitch_slm)
     policy = resolve_policy(stitch_threshold, stitch_policy, generation_config, stitch_router, pair.slm)
     check_request(input_ids, generation_config, model_kwargs, pair.vocab)
+    speculate = check_speculation(speculate, input_ids.shape[0], bool(generation_config.do_sample))
     check_placement(model, pair.slm, input_ids, do_sample=bool(generation_config.do_sample), engine=stitch_engine)
     engine = build(pair, EngineConfig.of(stitch_engine, max_batch=input_ids.shape[0], shared=True,
-                                         max_length=generation_config.max_length, timing=stitch_timing))
+                                         max_length=generation_config.max_length, timing=stitch_timing,
+                                         speculate=speculate))
     mask = model_kwargs.get("attention_mask")
     run = _Run(input_ids, torch.ones_like(input_ids) if mask is None else mask, policy, logits_processor,
-               stopping_criteria, generation_config, stitch_streamer)
+               stopping_criteria, generation_config, stitch_streamer, speculate)
     result = run_once_more(engine, run)
     for trace in result.traces:
         trace.threshold = getattr(policy, "threshold", None)
@@ -152,8 +159,9 @@ def run_once_more(engine: Engine, run: "_Run"):
 class _Run:
     """One ``generate`` call's loop over an engine (:func:`stitch_loop`), streaming each step once."""
 
-    def __init__(self, input_ids, mask, policy, processors, criteria, config: GenerationConfig, streamer):
+    def __init__(self, input_ids, mask, policy, processors, criteria, config: GenerationConfig, streamer, speculate=0):
         self.input_ids, self.mask, self.policy, self.streamer = input_ids, mask, policy, streamer
+        self.speculate = speculate  # draft tokens per LLM run (0: stitch_loop, no speculation)
         self.processors, self.criteria, self.config = processors, criteria, config
         self.streamed = 0  # steps streamed so far (a rerun's first ones are not put again)
 
@@ -166,6 +174,12 @@ class _Run:
                 self.streamer.put(tok.cpu())
             self.streamed = max(self.streamed, count[0])
 
+        if self.speculate:
+            return speculative_loop(
+                engine, self.input_ids, self.mask, self.policy, self.processors if self.processors else None,
+                quick_stopping(self.criteria) or self.criteria, self.speculate, max_length=config.max_length,
+                on_token=on_token if self.streamer is not None else None, keep_scores=bool(config.output_scores),
+                keep_logits=bool(config.output_logits))
         return stitch_loop(
             engine,
             self.input_ids,
