@@ -34,6 +34,8 @@ STEP = [0.001, 0.005, 0.02, 0.1]
 RANDOM = [0.1, 0.3, 0.5, 0.8]
 ROUTER = [0.001, 0.005, 0.02, 0.1]
 R2R = [0.3, 0.5, 0.75, 0.9]
+SPECULATE = [0.005, 0.02]  # R-Stitch thresholds run again with speculative verification (same tokens as R-Stitch)
+SPEC_K = 4  # SLM drafts per LLM verification
 
 
 def splits(n_test: int, n_hard: int) -> dict[str, list[dict]]:
@@ -58,6 +60,7 @@ def methods(llm, slm, tok, settings, r2r: str | None) -> list:
     kinds = ["llm", "slm", "rstitch", "step", "random", "router"] + (["r2r"] if r2r else [])
     built = build_methods(kinds, llm, slm, settings, thresholds=RSTITCH, random_p=RANDOM, step_thresholds=STEP,
                           step_delimiter=".", tokenizer=tok, r2r_router=r2r, r2r_thresholds=R2R, router="shipped")
+    built += build_methods(["speculate"], llm, slm, settings, thresholds=SPECULATE, speculate_k=SPEC_K)
     routers = [m for m in built if m.kind == "router"]
     if routers:  # one R-Stitch+ method per threshold
         from hf_rstitch.eval.methods import LearnedRouter
@@ -73,7 +76,7 @@ ROUND_ORDER = [1, 3, 0, 2]  # settings of a kind, by index: the middle-low one f
 def in_rounds(built: list) -> list:
     """Methods in rounds: each round runs one more setting of every kind (kinds in priority order), so a
     run stopped by ``--stop-at`` leaves every kind with a spread of settings rather than some kinds with none."""
-    priority = ["llm", "slm", "rstitch", "router", "step", "speculate", "random", "r2r"]
+    priority = ["slm", "rstitch", "router", "step", "speculate", "random", "r2r", "llm"]
     by_kind: dict[str, list] = {}
     for m in built:
         by_kind.setdefault(m.kind, []).append(m)
@@ -143,8 +146,11 @@ def run(args) -> None:
             t0 = time.perf_counter()
             row = sweep(llm, slm, tok, problems, methods=[m], settings=settings, batch_size=args.batch_size,
                         latency_model=latency)[0]
-            row.update(split=split, label=m.label, sweep_s=time.perf_counter() - t0,
-                       cpu_b1_s=timed_b1(m, problems, tok, args.timed), timed_n=min(args.timed, len(problems)))
+            row.update(split=split, label=m.label, sweep_s=time.perf_counter() - t0)
+            if args.batch_size == 1:  # the sweep's own calls are batch size 1: every problem is timed
+                row.update(cpu_b1_s=row["wall_s"] / row["n"], timed_n=row["n"])
+            else:
+                row.update(cpu_b1_s=timed_b1(m, problems, tok, args.timed), timed_n=min(args.timed, len(problems)))
             if m.kind == "slm":
                 row["latency_ms"] = _slm_alone_ms(latency, row)
             with progress.open("a") as fh:

@@ -109,7 +109,8 @@ def _run_methods(cfg: EvalConfig, llm, slm, tokenizer, problems, store: RecordSt
     methods = build_methods(cfg.methods, llm, slm, settings, thresholds=cfg.thresholds, random_p=cfg.random_p,
                             router=cfg.router, router_threshold=cfg.router_threshold,
                             step_thresholds=cfg.step_thresholds, step_delimiter=cfg.step_delimiter, tokenizer=tokenizer,
-                            r2r_router=cfg.r2r_router or None, r2r_thresholds=cfg.r2r_thresholds)
+                            r2r_router=cfg.r2r_router or None, r2r_thresholds=cfg.r2r_thresholds,
+                            speculate_k=cfg.speculate_k)
     if batch_size > 1 or engine.requests_only:
         from .continuous import engine_methods, run_continuous
 

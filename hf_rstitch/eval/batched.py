@@ -63,7 +63,7 @@ def batched_records(methods: Sequence[Method], problems: Sequence[Problem], toke
     prompts = [prompt_ids(tokenizer, p.problem, instruction, chat_template) for p in problems]
     records: list[dict[str, Any]] = []
     for method in methods:
-        size = 1 if method.kind == "specdec" else batch_size  # transformers' assisted generation: batch 1 only
+        size = 1 if method.one_row else batch_size  # speculative decoding: one row per call
         for start in range(0, len(problems), size):
             chunk = range(start, min(start + size, len(problems)))
             ids, mask = left_pad([prompts[i] for i in chunk], pad)
@@ -105,6 +105,9 @@ def summarize(records: Sequence[dict[str, Any]], latency_model: Any = None) -> l
                                                                      "switches")},
                "llm_token_share": sum(r["llm_tokens"] for r in recs) / max(new, 1),
                "wall_s": sum(r["latency_s"] / r.get("batch_size", 1) for r in recs)}
+        calls = [r.get("counts", {}).get("llm_forward_calls") for r in recs]
+        if all(c is not None for c in calls):  # stitched methods: LLM forwards (fewer than its tokens with speculation)
+            row["llm_forward_calls"] = statistics.fmean(calls)
         traced = [r["trace"] for r in recs if "trace" in r]
         if latency_model is not None and traced:  # stitched methods (the others record no trace)
             row["latency_ms"] = statistics.fmean(latency_model.predict_trace(t) for t in traced)

@@ -14,7 +14,7 @@ from typing import Any
 from ..engine.config import EngineConfig, embeds_engine
 from .data import DEFAULT_INSTRUCTION
 
-METHOD_KINDS = ("llm", "slm", "specdec", "rstitch", "random", "router", "step", "r2r")
+METHOD_KINDS = ("llm", "slm", "specdec", "rstitch", "speculate", "random", "router", "step", "r2r")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 RECORDS, RUN_META = "records.jsonl", "run.json"  # an eval run's files under --out
 
@@ -38,7 +38,8 @@ class EvalConfig:
         "Column mapping for --data whose columns are named otherwise, FIELD=COLUMN pairs: "
         "problem=question,answer=final_answer (fields: id, problem, answer; without an id the row number is used)."))
     methods: list[str] = field(default_factory=lambda: ["llm", "slm", "specdec", "rstitch", "random"], metadata=_help(
-        "Methods to run: llm, slm, specdec (assisted generation), rstitch (one run per --thresholds), "
+        "Methods to run: llm, slm, specdec (assisted generation), rstitch (one run per --thresholds), speculate "
+        "(R-Stitch with the LLM's runs verified --speculate-k SLM drafts at a time: one run per --thresholds), "
         "random (one run per --random-p), router (R-Stitch+: needs --router), step (step-level routing, one run per "
         "--step-thresholds), r2r (R2R's router: needs --r2r-router; one run per --r2r-thresholds).",
         choices=METHOD_KINDS))
@@ -105,6 +106,8 @@ class EvalConfig:
         "R2R router for the 'r2r' method: its .pt file, a folder of one (R2R's router collection) or a Hub id."))
     r2r_thresholds: list[float] = field(default_factory=list, metadata=_help(
         "R2R probability cut-offs (one run each); none: the router's own."))
+    speculate_k: int = field(default=4, metadata=_help(
+        "Method 'speculate': SLM drafts the LLM verifies in one forward while it has control (stitch_speculate)."))
 
     def __post_init__(self) -> None:
         if isinstance(self.data, str):
@@ -162,8 +165,14 @@ class EvalConfig:
             raise ValueError("method 'step' needs at least one --step-thresholds value (e.g. 0.02).")
         if "r2r" in self.methods and not self.r2r_router and not self.report_only:
             raise ValueError("method 'r2r' needs an R2R router: --r2r-router PATH_OR_HUB_ID (R2R's .pt, or a folder of one).")
-        if "rstitch" in self.methods and not self.thresholds:
-            raise ValueError("method 'rstitch' needs at least one --thresholds value (e.g. 0.02).")
+        for kind in ("rstitch", "speculate"):
+            if kind in self.methods and not self.thresholds:
+                raise ValueError(f"method {kind!r} needs at least one --thresholds value (e.g. 0.02).")
+        if "speculate" in self.methods and (isinstance(self.speculate_k, bool) or not isinstance(self.speculate_k, int)
+                                            or self.speculate_k < 1):
+            raise ValueError(f"--speculate-k must be a whole number of draft tokens >= 1, got {self.speculate_k!r}.")
+        if "speculate" in self.methods and self.do_sample:
+            raise ValueError("method 'speculate' verifies drafts greedily only; drop --do-sample or the method.")
         if "random" in self.methods and not self.random_p:
             raise ValueError("method 'random' needs at least one --random-p value (e.g. 0.5).")
         if self.router is None and self.router_path:

@@ -53,6 +53,7 @@ class Method:
 
     kind: ClassVar[str] = ""
     label_text: ClassVar[str] = ""
+    one_row: ClassVar[bool] = False  # runs one prompt per generate call (batched harnesses send it rows alone)
     param: float | None = None
 
     def __init__(self, llm: Any, slm: Any, settings: GenSettings):
@@ -151,6 +152,7 @@ class SpecDec(Method):
     """transformers' assisted generation with the same pair (no stitch arguments)."""
 
     kind, label_text = "specdec", "SpecDec"
+    one_row = True  # transformers' assisted generation: batch size 1 only
 
     def _generate(self, input_ids, **gen):
         logging.getLogger("transformers.generation.utils").addFilter(_ASSISTANT_CALL_NOTICE)  # once: a set
@@ -217,6 +219,29 @@ class RStitch(_Stitched):
 
     def _stitch_kwargs(self):
         return {"stitch_threshold": self.param}
+
+
+class Speculating(RStitch):
+    """R-Stitch at threshold ``tau`` with the LLM's runs verified ``k`` SLM drafts at a time (``stitch_speculate``):
+    the tokens of :class:`RStitch` at the same threshold, fewer LLM forwards. One row per call (greedy, eager
+    lanes), so the request engine does not run it (``engine_spec`` None)."""
+
+    kind = "speculate"
+    one_row = True
+
+    def __init__(self, llm, slm, settings, threshold: float, k: int = 4):
+        super().__init__(llm, slm, settings, threshold)
+        self.k = k
+
+    @property
+    def label(self) -> str:
+        return f"R-Stitch+spec k={self.k} τ={param_text(self.param)}"
+
+    def _stitch_kwargs(self):
+        return {"stitch_threshold": self.param, "stitch_speculate": self.k}
+
+    def engine_spec(self):
+        return None
 
 
 class RandomRouting(_Stitched):
@@ -368,8 +393,8 @@ def router_fingerprint(router: Any) -> str:
 
 
 METHODS: dict[str, type[Method]] = {
-    cls.kind: cls for cls in (LLMOnly, SLMOnly, SpecDec, RStitch, RandomRouting, LearnedRouter, StepRouting,
-                               R2RRouting)
+    cls.kind: cls for cls in (LLMOnly, SLMOnly, SpecDec, RStitch, Speculating, RandomRouting, LearnedRouter,
+                               StepRouting, R2RRouting)
 }
 STITCHED_KINDS = frozenset(k for k, cls in METHODS.items() if issubclass(cls, _Stitched))
 
@@ -378,12 +403,13 @@ def build_methods(kinds: list[str], llm: Any, slm: Any, settings: GenSettings, *
                   thresholds: list[float] = (), random_p: list[float] = (), router: Any = None,
                   router_threshold: float | None = None, step_thresholds: list[float] = (),
                   step_delimiter: str = "\n\n", tokenizer: Any = None, r2r_router: Any = None,
-                  r2r_thresholds: list[float] = ()) -> list[Method]:
+                  r2r_thresholds: list[float] = (), speculate_k: int = 4) -> list[Method]:
     """One method object per (kind, parameter): ``rstitch`` expands over ``thresholds``,
     ``random`` over ``random_p``, ``step`` over ``step_thresholds``, ``r2r`` over ``r2r_thresholds``
-    (none given: the router's own)."""
+    (none given: the router's own), ``speculate`` over ``thresholds`` with ``speculate_k`` drafts."""
     variants: dict[str, list[dict[str, Any]]] = {
         "rstitch": [{"threshold": t} for t in thresholds],
+        "speculate": [{"threshold": t, "k": speculate_k} for t in thresholds],
         "random": [{"p": p} for p in random_p],
         "router": [{"router": router, "threshold": router_threshold}],
         "step": [{"threshold": t, "delimiter": step_delimiter, "tokenizer": tokenizer} for t in step_thresholds],

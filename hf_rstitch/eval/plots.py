@@ -30,7 +30,9 @@ def _plt() -> Any:
 
 FIXED_STYLE = {"llm": ("*", "black", 14), "slm": ("s", "tab:blue", 9), "specdec": ("^", "tab:green", 10),
                "router": ("D", "tab:purple", 9)}
-LINE_STYLE = {"rstitch": ("o", "tab:red", "-"), "random": ("x", "tab:gray", "--")}
+LINE_STYLE = {"rstitch": ("o", "tab:red", "-"), "speculate": ("v", "tab:orange", ":"),
+              "random": ("x", "tab:gray", "--")}
+LINE_LABEL = {"rstitch": "R-Stitch (τ)", "speculate": "R-Stitch + speculation (τ)", "random": "Random routing (p)"}
 
 
 def plot_tradeoff(agg: dict[str, dict[str, dict[str, Any]]], path: str | Path) -> Path:
@@ -44,8 +46,7 @@ def plot_tradeoff(agg: dict[str, dict[str, dict[str, Any]]], path: str | Path) -
             pts = sorted((s["latency_s"], s["acc"], s["param"]) for s in stats.values() if s["kind"] == kind)
             if not pts:
                 continue
-            label = "R-Stitch (τ)" if kind == "rstitch" else "Random routing (p)"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color, ls=ls, label=label)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color, ls=ls, label=LINE_LABEL[kind])
             for x, y, prm in pts:
                 ax.annotate(f"{prm:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
         for name, s in stats.items():

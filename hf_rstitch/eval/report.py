@@ -19,7 +19,7 @@ from typing import Any
 from ..resources import reference
 from .grading import grade, profile_for
 
-KIND_ORDER = {"slm": 0, "llm": 1, "specdec": 2, "rstitch": 3, "router": 4, "random": 5}
+KIND_ORDER = {"slm": 0, "llm": 1, "specdec": 2, "rstitch": 3, "speculate": 3, "router": 4, "random": 5}
 
 
 def method_sort_key(name: str) -> tuple[int, float, str]:
