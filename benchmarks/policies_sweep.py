@@ -146,7 +146,8 @@ def run(args) -> None:
             t0 = time.perf_counter()
             row = sweep(llm, slm, tok, problems, methods=[m], settings=settings, batch_size=args.batch_size,
                         latency_model=latency)[0]
-            row.update(split=split, label=m.label, sweep_s=time.perf_counter() - t0)
+            row.update(split=split, label=m.label, sweep_s=time.perf_counter() - t0,
+                       prompt_tokens=mean_prompt(tok, problems))
             if args.batch_size == 1:  # the sweep's own calls are batch size 1: every problem is timed
                 row.update(cpu_b1_s=row["wall_s"] / row["n"], timed_n=row["n"])
             else:
@@ -160,12 +161,41 @@ def run(args) -> None:
                   flush=True)
 
 
-def _slm_alone_ms(latency, row) -> float:
-    """The SLM writing the mean number of tokens after the mean prompt (its profile, the LLM-alone formula)."""
-    n, prompt = int(row["new_tokens"]), int(row.get("prompt_tokens", 40))
-    calls = [{"role": "slm", "n_inf": prompt, "n_kv": 0}] + [
-        {"role": "slm", "n_inf": 1, "n_kv": prompt + i} for i in range(n - 1)]
-    return latency.predict_trace({"calls": calls, "roles": ["slm"] * n})
+def _slm_alone_ms(latency, row, role: str = "slm") -> float:
+    """One model writing the mean number of tokens after the mean prompt (its profile, the LLM-alone formula)."""
+    n, prompt = int(row["new_tokens"]), round(row.get("prompt_tokens", 40))
+    calls = [{"role": role, "n_inf": prompt, "n_kv": 0}] + [
+        {"role": role, "n_inf": 1, "n_kv": prompt + i} for i in range(n - 1)]
+    return latency.predict_trace({"calls": calls, "roles": [role] * n})
+
+
+def mean_prompt(tok, problems) -> float:
+    """Mean prompt length in tokens (as the harness prompts the toy pair: chat template, no instruction)."""
+    from hf_rstitch.eval.data import prompt_ids
+
+    return statistics.fmean(len(prompt_ids(tok, p["problem"], "", True)) for p in problems)
+
+
+def reference_llm(path: str) -> dict:
+    """The LLM-alone row of the test split from an earlier ``rstitch eval`` of the same pair on the same 600
+    problems (its ``summary.json``), for a sweep that had no time to run it: accuracy and mean tokens as that run
+    measured them, the latency estimate from its mean length (as the SLM's), its CPU seconds as measured there."""
+    from transformers import AutoTokenizer
+
+    from hf_rstitch.latency import LatencyModel
+    from hf_rstitch.resources import shipped
+
+    doc = json.loads(Path(path).read_text())
+    tok = AutoTokenizer.from_pretrained(shipped("llm"))
+    llm = doc["results"]["test"]["llm"]
+    latency = LatencyModel.load(Path(shipped("router")) / "latency.json")
+    row = {"method": "llm", "kind": "llm", "param": None, "n": llm["n"], "accuracy": llm["acc"] / 100,
+           "new_tokens": llm["total_tokens"], "llm_tokens": llm["llm_tokens"], "slm_tokens": 0.0, "switches": 0.0,
+           "llm_token_share": 1.0, "split": "test", "cpu_b1_s": llm["latency_s"], "timed_n": llm["n"],
+           "label": f"LLM (from {Path(path).parent.name}: max {doc['settings']['max_new_tokens']} new tokens)",
+           "reference": path, "prompt_tokens": mean_prompt(tok, splits(llm["n"], 0)["test"])}
+    row["latency_ms"] = _slm_alone_ms(latency, row, "llm")
+    return row
 
 
 def _rows(path: Path) -> list[dict]:
@@ -174,6 +204,8 @@ def _rows(path: Path) -> list[dict]:
 
 def report(args) -> None:
     rows = list({(r["split"], r["method"]): r for r in reversed(_rows(Path(f"{args.out}.progress.jsonl")))}.values())
+    if args.llm_reference and not any(r["split"] == "test" and r["kind"] == "llm" for r in rows):
+        rows.append(reference_llm(args.llm_reference))
     order = ["llm", "slm", "rstitch", "step", "r2r", "router", "random"]
     rows.sort(key=lambda r: (order.index(r["kind"]) if r["kind"] in order else 99, r["param"] or 0))
     for split in {r["split"] for r in rows}:
@@ -245,6 +277,8 @@ def main() -> None:
     ap.add_argument("--splits", nargs="*", default=None, help="run only these splits (test, hard)")
     ap.add_argument("--out", default=str(RESULTS / "policies_cpu"))
     ap.add_argument("--stop-at", default=None, help="UTC HH:MM after which no further (split, method) row starts")
+    ap.add_argument("--llm-reference", default=None, help="an eval summary.json of the same pair and test problems "
+                    "whose LLM row stands in for the test split's LLM alone where this sweep did not run it")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--produced-by", nargs="*", default=[], help="the commands that made the rows (for --report-only)")
     args = ap.parse_args()

@@ -12,9 +12,10 @@ them by name, or for ``"auto"`` (what a config naming none asks for, unless ``$H
    (:func:`hf_rstitch.fast.support.why_not_fast`: the proven architectures and GPUs are data there, and pairs
    that failed in this process), with :data:`~hf_rstitch.fast.NO_TRITON` where only Triton is missing
    (:func:`~hf_rstitch.fast.why_not_triton`), and the eager lanes otherwise; the reason for anything but AUTO is
-   logged at INFO on ``hf_rstitch.fast`` once a process;
-5. speculative verification (``speculate``, ``stitch_speculate=k``) runs the eager lanes: ``"auto"`` picks them,
-   the fast engine named is refused by name (:func:`_speculating`).
+   logged at INFO on ``hf_rstitch.fast`` once a process.
+
+Before these, speculative verification (``speculate``, ``stitch_speculate=k``) runs the eager lanes: ``"auto"``
+picks them, the fast engine named (or a FastEngine given) is refused by name (:func:`_speculating`).
 
 :func:`build` turns the choice into an :class:`Engine`: its lane builder (the fast engine kept on the LLM for
 ``generate``, one of its own for the request engine), for requests its KV plan (:mod:`.kv_plan`), its lanes built
