@@ -39,3 +39,23 @@ def test_step_and_r2r_methods(tmp_path):
     want = llm.generate(ids, assistant_model=slm, stitch_router=str(path), stitch_threshold=0.5, max_new_tokens=12,
                         do_sample=False, return_dict_in_generate=True)
     assert new == want.sequences[0, ids.shape[1]:].tolist()[: len(new)]
+
+
+def test_speculate_method_writes_the_rstitch_tokens():
+    from hf_rstitch.toyworld.pair import load_pair
+
+    llm, slm, tok = load_pair("cpu")
+    settings = GenSettings(max_new_tokens=16)
+    spec, plain = build_methods(["speculate", "rstitch"], llm, slm, settings, thresholds=[0.001], speculate_k=3)
+    assert spec.name == "speculate@0.001" and spec.one_row and spec.engine_spec() is None
+    ids = torch.tensor([tok("<|user|>Tom has 5 apples.<|end|><|assistant|>")["input_ids"]])
+    (new, counts), (want, want_counts) = spec.run(ids), plain.run(ids)
+    assert new == want and counts["llm_tokens"] == want_counts["llm_tokens"]
+    assert counts["llm_forward_calls"] <= want_counts["llm_forward_calls"] and counts["drafted_tokens"] > 0
+
+
+def test_config_checks_speculate():
+    with pytest.raises(ValueError, match="speculate-k"):
+        EvalConfig(llm="shipped:llm", slm="shipped:slm", data=["x.jsonl"], methods=["speculate"], speculate_k=0)
+    with pytest.raises(ValueError, match="greedily"):
+        EvalConfig(llm="shipped:llm", slm="shipped:slm", data=["x.jsonl"], methods=["speculate"], do_sample=True)
