@@ -45,6 +45,7 @@ MODULES = (
     "decode/protocol.py",
     "decode/step.py",
     "decode/loop.py",
+    "decode/speculate.py",
     "engine/config.py",
     "engine/pair.py",
     "engine/kv_plan.py",

@@ -36,9 +36,9 @@ from ..core.sampling import pick_tokens
 from .loop import Processor, StitchResult, Stopper, _MaskRoom, _TraceBook
 from .step import Routing, StepOut, run_step
 
-ROW = torch.zeros(1, dtype=torch.long)  # the one row's caller id
-ONE = torch.ones(1, dtype=torch.bool)  # [1] True on the host (read only)
-NONE = torch.zeros(1, dtype=torch.bool)
+_ROW = torch.zeros(1, dtype=torch.long)  # the one row's caller id
+_ONE = torch.ones(1, dtype=torch.bool)  # [1] True on the host (read only)
+_NONE = torch.zeros(1, dtype=torch.bool)
 
 
 def check_speculation(k, batch: int, do_sample: bool) -> int:
@@ -77,7 +77,7 @@ def speculative_loop(
             room = k if max_length is None else max(min(k, max_length - emit.seq.shape[1] - 1), 0)
             _verified_run(lanes, emit, policy, room, routing)
             continue
-        out = run_step(lanes, emit.seq, emit.mask, routing, policy, emit.index, ROW)
+        out = run_step(lanes, emit.seq, emit.mask, routing, policy, emit.index, _ROW)
         emit.token(out)
         routing.after(out.writer_llm, out.back.cpu() if out.back is not None else None, no_llm=out.no_llm)
     return emit.result()
@@ -87,7 +87,7 @@ def draft(lane, seq: torch.Tensor, mask: torch.Tensor, k: int, resumed: torch.Te
     """``k`` tokens the SLM proposes after ``seq [1, T]`` (its argmax, one forward each): ``[1, k]`` and the calls."""
     tokens, calls = [], []
     for i in range(k):
-        logits, _, got = lane.advance(seq, mask, ONE, resumed if i == 0 else NONE)
+        logits, _, got = lane.advance(seq, mask, _ONE, resumed if i == 0 else _NONE)
         tokens.append(logits.argmax(-1))
         seq = torch.cat([seq, tokens[-1][:, None]], dim=-1)
         mask = torch.cat([mask, mask.new_ones(1, 1)], dim=-1)
@@ -99,19 +99,19 @@ def _verified_run(lanes: dict, emit: "_Emitter", policy: RoutingPolicy, k: int, 
     """One LLM run: ``k`` drafts, one LLM forward over them, the kept tokens emitted, the rest cropped."""
     slm, llm = lanes[Role.SLM], lanes[Role.LLM]
     seq, mask = emit.seq, emit.mask
-    drafts, calls = draft(slm, seq, mask, k, ONE)  # the LLM wrote the latest token: the SLM resumes
+    drafts, calls = draft(slm, seq, mask, k, _ONE)  # the LLM wrote the latest token: the SLM resumes
     wide = torch.cat([seq, drafts], dim=-1)
-    logits, got = llm.verify(wide, torch.cat([mask, mask.new_ones(1, k)], dim=-1), k + 1, ONE, NONE)
+    logits, got = llm.verify(wide, torch.cat([mask, mask.new_ones(1, k)], dim=-1), k + 1, _ONE, _NONE)
     calls += got.items()
     entropy = llm.entropy(logits[0])  # [k + 1]: the LLM's at each position
     emit.drafted += k
     for i in range(k + 1):
         row_logits, h = logits[:, i], entropy[i: i + 1]
-        back = policy.hand_to_slm(StepView(emit.index, h, rows=ROW, logits=row_logits, tokens=emit.seq)).cpu()
-        token = emit.token(StepOut(row_logits, h, ONE, None, None, back, calls if i == 0 else []))
+        back = policy.hand_to_slm(StepView(emit.index, h, rows=_ROW, logits=row_logits, tokens=emit.seq)).cpu()
+        token = emit.token(StepOut(row_logits, h, _ONE, None, None, back, calls if i == 0 else []))
         kept_draft = i < k and bool(token[0] == drafts[0, i])
         emit.accepted += kept_draft
-        routing.after(ONE, back, no_llm=False)
+        routing.after(_ONE, back, no_llm=False)
         if emit.done or bool(back[0]) or not kept_draft:
             break
     seen = emit.seq.shape[1] - 1  # every column but the last token is right; nobody has read that one
@@ -140,7 +140,7 @@ class _Emitter:
         if self.on_token is not None:
             self.on_token(token)
         self.done = bool(self.should_stop(self.seq, scores).any())
-        self.book.record(ROW, ONE, out, True)
+        self.book.record(_ROW, _ONE, out, True)
         for kept, value in ((self.scores, scores), (self.logits, out.logits)):
             if kept is not None:
                 kept.append(value)
