@@ -132,11 +132,13 @@ def run(args) -> None:
     settings = GenSettings(max_new_tokens=args.max_new_tokens)
     progress = Path(f"{args.out}.progress.jsonl")
     progress.parent.mkdir(parents=True, exist_ok=True)
-    done = {(r["split"], r["method"]) for r in _rows(progress)}
+    shard, shards = (int(x) for x in args.shard.split("/"))
+    done = {(r["split"], r["method"]) for r in _rows(progress) if r.get("shard", "0/1") in ("0/1", args.shard)}
     stop = _stop_time(args.stop_at)
     for split, problems in splits(args.n_test, args.n_hard).items():
         if args.splits and split not in args.splits:
             continue
+        problems = problems[shard::shards]
         for m in in_rounds(methods(llm, slm, tok, settings, args.r2r)):
             if (split, m.name) in done or (args.only and m.kind not in args.only):
                 continue
@@ -147,7 +149,7 @@ def run(args) -> None:
             row = sweep(llm, slm, tok, problems, methods=[m], settings=settings, batch_size=args.batch_size,
                         latency_model=latency)[0]
             row.update(split=split, label=m.label, sweep_s=time.perf_counter() - t0,
-                       prompt_tokens=mean_prompt(tok, problems))
+                       prompt_tokens=mean_prompt(tok, problems), shard=args.shard)
             if args.batch_size == 1:  # the sweep's own calls are batch size 1: every problem is timed
                 row.update(cpu_b1_s=row["wall_s"] / row["n"], timed_n=row["n"])
             else:
@@ -198,12 +200,43 @@ def reference_llm(path: str) -> dict:
     return row
 
 
+MEANS = ("accuracy", "new_tokens", "llm_tokens", "slm_tokens", "switches", "latency_ms", "llm_forward_calls",
+         "prompt_tokens")
+
+
+def merge_shards(rows: list[dict]) -> list[dict]:
+    """One row per (split, method), the latest: a row run whole, or the rows of its ``--shard i/n`` parts merged
+    (n-weighted means, summed seconds) where every part finished; methods with parts missing are left out."""
+    latest: dict[tuple, dict] = {}
+    for r in rows:
+        latest[(r["split"], r["method"], r.get("shard", "0/1"))] = r
+    merged: dict[tuple, dict] = {}
+    for (split, name, part), r in latest.items():
+        if part == "0/1":
+            merged[(split, name)] = r
+    for split, name in {(k[0], k[1]) for k, r in latest.items() if k[2] != "0/1"} - set(merged):
+        parts = [r for k, r in latest.items() if k[:2] == (split, name) and k[2] != "0/1"]
+        if len(parts) != int(parts[0]["shard"].split("/")[1]):
+            continue
+        n = sum(r["n"] for r in parts)
+        row = {**parts[0], "n": n, "shard": f"{len(parts)} parts"}
+        for key in MEANS:
+            if all(key in r for r in parts):
+                row[key] = sum(r[key] * r["n"] for r in parts) / n
+        for key in ("wall_s", "sweep_s"):
+            row[key] = sum(r[key] for r in parts)
+        row["llm_token_share"] = row["llm_tokens"] / max(row["new_tokens"], 1e-9)
+        row["cpu_b1_s"], row["timed_n"] = row["wall_s"] / n, n
+        merged[(split, name)] = row
+    return list(merged.values())
+
+
 def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def report(args) -> None:
-    rows = list({(r["split"], r["method"]): r for r in reversed(_rows(Path(f"{args.out}.progress.jsonl")))}.values())
+    rows = merge_shards(_rows(Path(f"{args.out}.progress.jsonl")))
     if args.llm_reference and not any(r["split"] == "test" and r["kind"] == "llm" for r in rows):
         rows.append(reference_llm(args.llm_reference))
     order = ["llm", "slm", "rstitch", "step", "r2r", "router", "random"]
@@ -276,6 +309,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="run only these method kinds")
     ap.add_argument("--splits", nargs="*", default=None, help="run only these splits (test, hard)")
     ap.add_argument("--out", default=str(RESULTS / "policies_cpu"))
+    ap.add_argument("--shard", default="0/1", help="i/n: run only problems i, i+n, ... of each split (n processes "
+                    "share a sweep; the report merges a method's n parts once all have finished)")
     ap.add_argument("--stop-at", default=None, help="UTC HH:MM after which no further (split, method) row starts")
     ap.add_argument("--llm-reference", default=None, help="an eval summary.json of the same pair and test problems "
                     "whose LLM row stands in for the test split's LLM alone where this sweep did not run it")

@@ -197,7 +197,15 @@ class Lane:
             raise ValueError(f"{self.role} lane: cannot crop to {n_seen} columns, it has seen only {self.n_seen}")
         if not getattr(self, "_past", False):
             raise RuntimeError(f"{self.role} lane: crop needs keep_past() before the calls it rolls back")
-        self.cache.crop(-drop)  # also trims the kept past of sliding / linear layers back to what they need
+        why = _not_rewindable(self.cache) if drop else None
+        try:
+            if why is None:
+                self.cache.crop(-drop)  # also trims the kept past of sliding / linear layers back to what they need
+        except (TypeError, RuntimeError, ValueError) as err:
+            why = f"its cache's crop fails ({type(err).__name__}: {err})"
+        if why is not None:
+            raise ValueError(f"{self.role} lane: cannot roll back {drop} speculative columns of "
+                             f"{type(self.model).__name__}: {why}. Drop stitch_speculate for this model.")
         self.n_seen = n_seen
         self.solo_seen = [min(s, n_seen) for s in self.solo_seen]
         if self.mask is not None:
@@ -351,6 +359,18 @@ class Lane:
         self.n_seen -= cut
         self.pad = [p - n for p in self.pad] if self.pad is not None else None
         self.solo_seen = [max(s - n, 0) for s in self.solo_seen]
+
+
+def _not_rewindable(cache) -> str | None:
+    """Why ``cache`` cannot be cropped back (a state that only moves forward), or None."""
+    for layer in cache.layers:
+        if any(getattr(layer, "is_recurrent_states_initialized", {}).values()):
+            return (f"its {type(layer).__name__} layers hold a recurrent state (state-space or linear attention), "
+                    "which a crop does not rewind")
+        kernels = getattr(layer, "conv_kernel_size", {})
+        if any(on and kernels.get(i) is None for i, on in getattr(layer, "is_conv_states_initialized", {}).items()):
+            return f"its {type(layer).__name__} layers hold convolution states of no known width"
+    return None
 
 
 def check_holdable(model: PreTrainedModel) -> None:
