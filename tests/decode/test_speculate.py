@@ -148,3 +148,31 @@ def test_auto_picks_the_eager_engine():
     assert choose(pair, EngineConfig.of(EagerEngine(), speculate=3)).kind == "default"
     with pytest.raises(ValueError, match="eager engine only"):
         choose(pair, EngineConfig(kind="fast", speculate=3))
+
+
+ZOO_ROLLBACK = ["mistral", "gpt2", "gemma2", "lfm2"]  # sliding windows, absolute positions, convolution states
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ZOO_ROLLBACK)
+def test_zoo_architectures_roll_back(model_type):
+    from zoo_models import build_pair, pick_threshold
+
+    llm, slm = build_pair(model_type)
+    ids = prompt(9, seed=1)
+    for tau in (0.0, pick_threshold(slm)):
+        kw = {"stitch_threshold": tau, "stitch_engine": "default"}
+        plain, fast = generate(llm, slm, ids, **kw), generate(llm, slm, ids, 3, **kw)
+        assert torch.equal(fast.sequences, plain.sequences) and fast.stitch.roles == plain.stitch.roles, f"tau={tau}"
+    alone = llm.generate(ids, max_new_tokens=N_NEW, do_sample=False)
+    assert torch.equal(generate(llm, slm, ids, 3, stitch_threshold=0.0).sequences, alone)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["jamba", "recurrent_gemma"])
+def test_states_that_do_not_rewind_are_refused(model_type):
+    from zoo_models import build_pair
+
+    llm, slm = build_pair(model_type)
+    with pytest.raises(ValueError, match="cannot roll back .* Drop stitch_speculate"):
+        generate(llm, slm, prompt(9, seed=1), 3, stitch_threshold=0.0)
