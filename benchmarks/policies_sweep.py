@@ -193,7 +193,7 @@ def reference_llm(path: str) -> dict:
     latency = LatencyModel.load(Path(shipped("router")) / "latency.json")
     row = {"method": "llm", "kind": "llm", "param": None, "n": llm["n"], "accuracy": llm["acc"] / 100,
            "new_tokens": llm["total_tokens"], "llm_tokens": llm["llm_tokens"], "slm_tokens": 0.0, "switches": 0.0,
-           "llm_token_share": 1.0, "split": "test", "cpu_b1_s": llm["latency_s"], "timed_n": llm["n"],
+           "llm_token_share": 1.0, "split": "test", "cpu_b1_s": float("nan"), "reference_cpu_b1_s": llm["latency_s"],
            "label": f"LLM (from {Path(path).parent.name}: max {doc['settings']['max_new_tokens']} new tokens)",
            "reference": path, "prompt_tokens": mean_prompt(tok, splits(llm["n"], 0)["test"])}
     row["latency_ms"] = _slm_alone_ms(latency, row, "llm")
@@ -239,7 +239,7 @@ def report(args) -> None:
     rows = merge_shards(_rows(Path(f"{args.out}.progress.jsonl")))
     if args.llm_reference and not any(r["split"] == "test" and r["kind"] == "llm" for r in rows):
         rows.append(reference_llm(args.llm_reference))
-    order = ["llm", "slm", "rstitch", "step", "r2r", "router", "random"]
+    order = ["llm", "slm", "rstitch", "speculate", "step", "r2r", "router", "random"]
     rows.sort(key=lambda r: (order.index(r["kind"]) if r["kind"] in order else 99, r["param"] or 0))
     for split in {r["split"] for r in rows}:
         llm = next((r for r in rows if r["split"] == split and r["kind"] == "llm"), None)
@@ -247,21 +247,25 @@ def report(args) -> None:
             if r["split"] == split and llm and r.get("latency_ms"):
                 r["speedup"] = llm["latency_ms"] / r["latency_ms"]
     lines = [f"Shipped toy pair, greedy, max {args.max_new_tokens} new tokens. Latency: Eq. 4 with the shipped H200 "
-             "profile (estimate, not measured here); speed-up over the LLM alone. CPU B=1: mean wall seconds per "
-             f"problem on the first problems of each split ({device_name('cpu')}, 1 thread, shared machine: the load "
-             "changed during the run, so these seconds compare only roughly; the estimate is the comparison).", ""]
+             "profile (estimate, not measured here); speed-up over the LLM alone. LLM forwards: mean LLM forward calls "
+             "per problem (fewer than its tokens only with speculation). CPU B=1: mean wall seconds per problem at "
+             f"batch size 1 ({device_name('cpu')}, 1 thread a process, shared machine: the load changed during the run, "
+             "so these seconds compare only roughly; the estimate is the comparison).", ""]
+    if args.note:
+        lines += [args.note, ""]
     for split in ("test", "hard"):
         part = [r for r in rows if r["split"] == split]
         if not part:
             continue
         lines += [f"### {split} (n = {part[0]['n']})", "",
-                  "| method | accuracy | new tokens | LLM share | switches | est. GPU ms | est. speed-up | CPU B=1 s |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| method | accuracy | new tokens | LLM share | LLM forwards | switches | est. GPU ms | est. speed-up "
+                  "| CPU B=1 s |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in part:
             label = f"{r['label']} τ={r['param']:g}" if r["kind"] == "router" else r["label"]
             lines.append(f"| {label} | {100 * r['accuracy']:.1f} | {r['new_tokens']:.1f} | "
-                         f"{r['llm_token_share']:.3f} | {r['switches']:.1f} | {r.get('latency_ms', float('nan')):.1f} | "
-                         f"{r.get('speedup', float('nan')):.2f}x | {r['cpu_b1_s']:.2f} |")
+                         f"{r['llm_token_share']:.3f} | {_cell(_llm_forwards(r))} | {r['switches']:.1f} | {r.get('latency_ms', float('nan')):.1f} | "
+                         f"{r.get('speedup', float('nan')):.2f}x | {_cell(r['cpu_b1_s'], '.2f')} |")
         lines.append("")
     if args.produced_by:
         lines += ["Rows produced by: " + "; ".join(f"`{c}`" for c in args.produced_by), ""]
@@ -272,6 +276,17 @@ def report(args) -> None:
     plot(rows, Path(f"{args.out}.png"))
 
 
+def _cell(value: float, spec: str = ".1f") -> str:
+    return "–" if value != value else format(value, spec)  # NaN: not measured
+
+
+def _llm_forwards(row: dict) -> float:
+    """Mean LLM forward calls per problem: the trace's count, else one a token for the LLM alone, none for the SLM."""
+    if "llm_forward_calls" in row:
+        return row["llm_forward_calls"]
+    return {"llm": row["new_tokens"], "slm": 0.0}.get(row["kind"], float("nan"))
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -280,7 +295,8 @@ def plot(rows: list[dict], path: Path) -> None:
 
     splits_here = [s for s in ("test", "hard") if any(r["split"] == s for r in rows)]
     fig, axes = plt.subplots(1, len(splits_here), figsize=(6.5 * len(splits_here), 4.8), squeeze=False)
-    styles = {"rstitch": "o-", "step": "s-", "r2r": "^-", "router": "D-", "random": "x--", "llm": "*", "slm": "P"}
+    styles = {"rstitch": "o-", "speculate": "v:", "step": "s-", "r2r": "^-", "router": "D-", "random": "x--",
+              "llm": "*", "slm": "P"}
     for ax, split in zip(axes[0], splits_here):
         for kind, style in styles.items():
             pts = sorted((r["speedup"], 100 * r["accuracy"]) for r in rows
@@ -288,6 +304,7 @@ def plot(rows: list[dict], path: Path) -> None:
             if pts:
                 ax.plot(*zip(*pts), style, label={"rstitch": "R-Stitch", "step": "Step (GlimpRouter)", "r2r": "R2R",
                                                   "router": "R-Stitch+", "random": "Random", "llm": "LLM",
+                                                  "speculate": f"R-Stitch + speculation (k={SPEC_K})",
                                                   "slm": "SLM"}[kind], markersize=7)
         ax.set_xlabel("estimated speed-up over the LLM (Eq. 4, H200 profile)")
         ax.set_ylabel("accuracy (%)")
@@ -314,6 +331,7 @@ def main() -> None:
     ap.add_argument("--stop-at", default=None, help="UTC HH:MM after which no further (split, method) row starts")
     ap.add_argument("--llm-reference", default=None, help="an eval summary.json of the same pair and test problems "
                     "whose LLM row stands in for the test split's LLM alone where this sweep did not run it")
+    ap.add_argument("--note", default="", help="a paragraph for the tables' header (what was left out and why)")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--produced-by", nargs="*", default=[], help="the commands that made the rows (for --report-only)")
     args = ap.parse_args()
