@@ -54,13 +54,13 @@ def splits(n_test: int, n_hard: int) -> dict[str, list[dict]]:
     return {"test": test, "hard": hard}
 
 
-def methods(llm, slm, tok, settings, r2r: str | None) -> list:
+def methods(llm, slm, tok, settings, r2r: str | None, speculate=tuple(SPECULATE)) -> list:
     from hf_rstitch.eval.methods import build_methods
 
     kinds = ["llm", "slm", "rstitch", "step", "random", "router"] + (["r2r"] if r2r else [])
     built = build_methods(kinds, llm, slm, settings, thresholds=RSTITCH, random_p=RANDOM, step_thresholds=STEP,
                           step_delimiter=".", tokenizer=tok, r2r_router=r2r, r2r_thresholds=R2R, router="shipped")
-    built += build_methods(["speculate"], llm, slm, settings, thresholds=SPECULATE, speculate_k=SPEC_K)
+    built += build_methods(["speculate"], llm, slm, settings, thresholds=list(speculate), speculate_k=SPEC_K)
     routers = [m for m in built if m.kind == "router"]
     if routers:  # one R-Stitch+ method per threshold
         from hf_rstitch.eval.methods import LearnedRouter
@@ -139,7 +139,7 @@ def run(args) -> None:
         if args.splits and split not in args.splits:
             continue
         problems = problems[shard::shards]
-        for m in in_rounds(methods(llm, slm, tok, settings, args.r2r)):
+        for m in in_rounds(methods(llm, slm, tok, settings, args.r2r, args.speculate)):
             if (split, m.name) in done or (args.only and m.kind not in args.only):
                 continue
             if stop is not None and time.time() > stop:
@@ -326,6 +326,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="run only these method kinds")
     ap.add_argument("--splits", nargs="*", default=None, help="run only these splits (test, hard)")
     ap.add_argument("--out", default=str(RESULTS / "policies_cpu"))
+    ap.add_argument("--speculate", nargs="*", type=float, default=SPECULATE,
+                    help="R-Stitch thresholds run again with speculative verification (k = SPEC_K)")
     ap.add_argument("--shard", default="0/1", help="i/n: run only problems i, i+n, ... of each split (n processes "
                     "share a sweep; the report merges a method's n parts once all have finished)")
     ap.add_argument("--stop-at", default=None, help="UTC HH:MM after which no further (split, method) row starts")
