@@ -65,7 +65,8 @@ class StepRun:
 
 
 class Executor:
-    """Runs step plans over a :class:`~.batch.Batch` (see the module docstring).
+    """Runs step plans over a :class:`~.batch.Batch` (see the module docstring). What the request engine calls:
+    :attr:`ran_ahead`, :meth:`execute`, :meth:`leave`, :meth:`forget` and :meth:`check` (a stand-in provides these).
 
     Args:
         batch: the rows on the device and their lanes.
@@ -85,6 +86,21 @@ class Executor:
     def ran_ahead(self) -> bool:
         """The lanes have read the next column for the running rows only (a run-ahead): no row may join now."""
         return self.batch.ahead is not None
+
+    def leave(self, rows: list[RequestState], index: list[int]) -> None:
+        """The rows ``index`` of ``rows`` (every row, before) leave the batch (finished or cancelled)."""
+        self.batch.drop(rows, index)
+
+    def forget(self, rows: list[RequestState]) -> None:
+        """Every row leaves after a failed step; where the lanes themselves are broken, the host forgets them."""
+        try:
+            self.batch.drop(rows, list(range(len(rows))))
+        except Exception:  # noqa: BLE001 -- the lanes are reset when the next request joins the empty batch
+            self.batch.clear()
+
+    def check(self, rows: list[RequestState]) -> None:
+        """Assert the batch holds ``rows`` (the scheduler's running rows, in order)."""
+        self.batch.check(rows)
 
     def apply(self, plan) -> None:
         """The plan's moves of the batch: its joins (into an empty batch: fresh columns and caches), then the rows

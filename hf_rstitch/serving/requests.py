@@ -220,23 +220,19 @@ class RequestEngine:
 
     def _leave(self, index: list[int]) -> None:
         """The running rows ``index`` leave the batch (they finished or were cancelled)."""
-        self.executor.batch.drop(self.scheduler.running, index)
+        self.executor.leave(self.scheduler.running, index)
         self.scheduler.leave(index)
 
     def _fail_batch(self, message: str) -> list[Event]:
         """Every running request ends with an error; the batch starts afresh (waiting requests stay)."""
-        rows = self.scheduler.running
-        try:
-            self.executor.batch.drop(rows, list(range(len(rows))))
-        except Exception:  # noqa: BLE001 -- the lanes themselves are broken: forget the rows on the host side
-            self.executor.batch.clear()
-        return self.scheduler.fail_running(message)  # the lanes are reset when the next request joins the empty batch
+        self.executor.forget(self.scheduler.running)
+        return self.scheduler.fail_running(message)
 
     def check_consistent(self) -> None:
         """Assert the bookkeeping between steps: one row per running request in every per-row structure,
         each request's status matching where it is, no slot or id used twice. Raises AssertionError."""
         self.scheduler.check()
-        self.executor.batch.check(self.scheduler.running)
+        self.executor.check(self.scheduler.running)
 
     def run(self, requests: Iterable[Request] = ()) -> dict[str, Completion]:
         """Submit ``requests`` and step until nothing is left; every completion by request id."""

@@ -1,5 +1,5 @@
 """A request the engine's KV memory could not hold (Event.error_code KV_FULL) is a 503 with Retry-After in OpenAI's
-error shape, and in a stream an error event with that code, then [DONE] (hf_rstitch.serving.preemption)."""
+error shape, and in a stream an error event with that code, then [DONE] (hf_rstitch.serving.scheduler)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The request engine over paged KV caches (hf_rstitch.fast.paged_kv, hf_rstitch.serving.preemption): budgets far past
+"""The request engine over paged KV caches (hf_rstitch.fast.paged_kv, hf_rstitch.serving.scheduler): budgets far past
 what static slabs of the same memory would hold, admission by free blocks, preemption that requeues rows and
 loses nothing, every block back in its pool when requests finish or are cancelled."""
 
