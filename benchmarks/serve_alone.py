@@ -5,7 +5,7 @@
 (:func:`serve_clients.summarize`).
 
 :class:`Phases` wraps, while installed, each lane's ``advance`` and ``account`` and the engine's ``_admit`` (joins
-and their prefill) of one :class:`~hf_rstitch.serving.requests.RequestEngine`; per lane it counts calls, the
+and their prefill) of one :class:`~hf_rstitch.batching.requests.RequestEngine`; per lane it counts calls, the
 batch a call ran (the fast lane's graph runs every row of its batch bucket, whichever take part:
 :mod:`hf_rstitch.decode.protocol`, ``run_ahead``), the rows that took part (the records the call made, or its
 run-ahead's ``account``), the columns read, and the device time between CUDA events recorded around the call
@@ -144,7 +144,7 @@ def engine_closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: 
     half (:class:`Phases`)."""
     import torch
 
-    from hf_rstitch.serving.requests import Request
+    from hf_rstitch.batching.requests import Request
 
     lengths, role = cfg["lengths"], ("llm" if cfg["method"] == "llm_only" else None)
     started, records, slot_of, nxt = {}, [], {}, list(range(concurrency))  # slot k sends k, k + c, ... (the clients')

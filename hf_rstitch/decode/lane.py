@@ -20,7 +20,7 @@ columns is the distance between the row's positions, and a window over the last 
 is the row's own window over its last ``W`` tokens, padding masked. transformers' sliding
 layers keep exactly those columns, so sliding-window and hybrid models batch like any other.
 
-Rows joining a running batch (continuous batching, :mod:`hf_rstitch.serving.requests`):
+Rows joining a running batch (continuous batching, :mod:`hf_rstitch.batching.requests`):
 :meth:`Lane.pad_left` prepends masked columns to every row (a prompt longer than the batch's
 columns), :meth:`Lane.add_rows` appends rows whose first ``n_seen`` columns it prefills alone,
 then merges into the cache; :meth:`Lane.trim_left` drops leading columns that are padding in

@@ -15,7 +15,7 @@ Verbs (tensors on the host are marked CPU):
 * ``keep_rows(index)`` -- keep only rows ``index`` (CPU long), in that order.
 * ``reset()`` -- forget everything, ready for a new generation.
 
-For continuous batching (:mod:`hf_rstitch.serving.requests`) both lanes also have
+For continuous batching (:mod:`hf_rstitch.batching.requests`) both lanes also have
 ``add_rows(seq, mask)`` (append rows laid out in the shared columns), ``pad_left(n)`` (prepend
 ``n`` masked columns to every row), ``trim_left(n)`` (drop leading columns that are padding in
 every row) and ``hold_rows(index)`` (rows that gain no token this step move one column right: a

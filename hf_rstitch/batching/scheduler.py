@@ -35,7 +35,7 @@ from .chunked_prefill import ChunkedPrefill
 from .kv_budget import KVBudget
 from .request_types import KV_FULL, Event, RequestState, RequestStatus
 
-log = logging.getLogger("hf_rstitch.serving")
+log = logging.getLogger("hf_rstitch.batching")
 
 
 @dataclass

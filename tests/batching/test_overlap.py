@@ -16,9 +16,9 @@ import time
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch.core.roles import Role
-from hf_rstitch.serving import requests as engine_requests
-from hf_rstitch.serving.executor import StepOutput
-from hf_rstitch.serving.requests import Request, RequestEngine
+from hf_rstitch.batching import requests as engine_requests
+from hf_rstitch.batching.executor import StepOutput
+from hf_rstitch.batching.requests import Request, RequestEngine
 from tiny_models import make_pair
 
 DEVICE_S = HOST_S = 0.03  # each step's simulated device and host time
@@ -34,7 +34,7 @@ class _Run:
 
 
 class SimulatedDevice:
-    """A stand-in for :class:`~hf_rstitch.serving.executor.Executor` whose device time is a background sleep.
+    """A stand-in for :class:`~hf_rstitch.batching.executor.Executor` whose device time is a background sleep.
 
     Each row writes the SLM's token ``10 + (tokens it wrote so far)``. ``ahead``: the next step's first call is
     queued at the end of ``execute`` (the real executor's run-ahead) and waited for by the next ``execute``;

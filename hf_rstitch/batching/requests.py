@@ -101,7 +101,7 @@ class RequestEngine:
             default), a :class:`~hf_rstitch.core.scheduling.GatherForLLM` or its string form
             (``"gather:2:8"``: wait at most 2 steps, run at once from 8 rows). Full-attention models.
         prefill_chunk: tokens of joining prompts each lane reads a step while rows decode (rows x columns,
-            padding included; :mod:`hf_rstitch.serving.chunked_prefill`): a long prompt joins over several steps instead
+            padding included; :mod:`hf_rstitch.batching.chunked_prefill`): a long prompt joins over several steps instead
             of stalling the batch for its whole prefill. None (the default): the step's joins prefill whole,
             together. Lanes without stages (the eager engine's) always join whole.
     """

@@ -1,4 +1,4 @@
-"""What goes in and out of :class:`~hf_rstitch.serving.requests.RequestEngine`: requests, events, completions;
+"""What goes in and out of :class:`~hf_rstitch.batching.requests.RequestEngine`: requests, events, completions;
 a request's life (:class:`RequestStatus`) and the engine's record of it (:class:`RequestState`), built by
 :func:`prepare` -- everything a request needs (its generator, eos set, threshold) is made and checked
 before it touches the engine's rows, so a bad request fails at ``submit`` and never inside a step.

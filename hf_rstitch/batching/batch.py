@@ -26,7 +26,7 @@ from ..decode.loop import keep_ahead
 from ..decode.step import Routing, to_device
 from .request_types import RequestState
 
-log = logging.getLogger("hf_rstitch.serving")
+log = logging.getLogger("hf_rstitch.batching")
 
 
 class Batch:

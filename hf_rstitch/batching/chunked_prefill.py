@@ -1,6 +1,6 @@
 """Chunked prefill of joins: prompts that join a decoding batch are read a bounded chunk a step before their rows join.
 
-Without it (:class:`~hf_rstitch.serving.requests.RequestEngine` ``prefill_chunk=None``) the requests admitted in a
+Without it (:class:`~hf_rstitch.batching.requests.RequestEngine` ``prefill_chunk=None``) the requests admitted in a
 step prefill whole before that step decodes (batched: :mod:`hf_rstitch.fast.joins`), so a long prompt stalls every
 decoding row for its whole prefill. With a budget, :class:`ChunkedPrefill` (the scheduler's: :mod:`.scheduler`)
 takes up to ``stage_room`` waiting requests as one group, lays their prompts out in each lane's stage
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-log = logging.getLogger("hf_rstitch.serving")
+log = logging.getLogger("hf_rstitch.batching")
 
 
 class ChunkedPrefill:
