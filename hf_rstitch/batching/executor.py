@@ -25,11 +25,8 @@ from ..core.trace import ForwardCall
 from ..decode.loop import run_ahead
 from ..decode.step import StepOut
 from ..decode.step_values import receive_values, send_values
-from ..engine.config import HELD_COLUMNS
 from .batch import Batch
 from .request_types import RequestState
-
-HOLD_TRIM = HELD_COLUMNS  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
 
 
 @dataclass
@@ -75,11 +72,13 @@ class Executor:
         stats: the engine's counters (``steps``, ``slm_calls``, ``llm_calls``, ``held``, ``ahead``), updated here.
         step, sample: the stitched step and the sampler it runs (:func:`~hf_rstitch.decode.step.run_step`,
             :func:`~hf_rstitch.core.sampling.sample_one`; a test may stand either in).
+        hold_trim: held rows grow the shared padding; it is trimmed once every row has this much (one copy a row).
     """
 
-    def __init__(self, batch: Batch, vocab: int, schedule, stats: dict, step: Callable, sample: Callable):
+    def __init__(self, batch: Batch, vocab: int, schedule, stats: dict, step: Callable, sample: Callable,
+                 hold_trim: int):
         self.batch, self.vocab, self.schedule, self.stats = batch, vocab, schedule, stats
-        self.step, self.sample = step, sample
+        self.step, self.sample, self.hold_trim = step, sample, hold_trim
         self.index = 0  # StepView.index of the next step
 
     @property
@@ -125,7 +124,7 @@ class Executor:
         held = set(out.held.nonzero().flatten().tolist()) if out.held is not None else set()  # rows without a token
         self._count(out, held)
         picked, failed = self._pick(plan.rows, out.logits, held, out.greedy)  # [b] on the device
-        batch.append(plan.rows, picked, held, HOLD_TRIM)
+        batch.append(plan.rows, picked, held, self.hold_trim)
         pending = send_values(picked, out.entropy, out.slm_entropy, out.back, self.vocab >= 1 << 24)  # before an early call
         if not held and not failed and self.schedule is None and not admissible():
             batch.ahead = run_ahead(batch.lanes, out, batch.seq, batch.mask, batch.policy.needs_hidden)

@@ -57,6 +57,8 @@ from .request_types import (FINISH_REASONS, Completion, Event, QueueFull, Reques
 from .scheduler import Scheduler
 from .update import update_from_output
 
+HOLD_TRIM = HELD_COLUMNS  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
+
 
 def _build(llm, slm, spec, max_batch, max_length, schedule, prefill_chunk, kv_tokens, paged) -> Engine:
     """The engine of ``RequestEngine(llm, slm, engine=spec, ...)``: every row's whole budget of KV memory unless
@@ -133,7 +135,8 @@ class RequestEngine:
         chunks = ChunkedPrefill.for_lanes(self.lanes, cfg.prefill_chunk or None)  # None: joins prefill whole
         self.scheduler = Scheduler(self.max_batch, self.kv, chunks, self.stats)
         batch = Batch(self.lanes, self.device, self.pad_id, self.policy, self.thresholds, per_row)
-        self.executor = Executor(batch, self.vocab, self.schedule, self.stats, step=run_step, sample=sample_one)
+        self.executor = Executor(batch, self.vocab, self.schedule, self.stats, step=run_step, sample=sample_one,
+                                 hold_trim=HOLD_TRIM)
         self._ids = itertools.count()
 
     # ---- public API ---------------------------------------------------------------------------
