@@ -21,7 +21,7 @@ from hf_rstitch.batching.executor import StepOutput
 from hf_rstitch.batching.requests import Request, RequestEngine
 from tiny_models import make_pair
 
-DEVICE_S = HOST_S = 0.03  # each step's simulated device and host time
+DEVICE_S = HOST_S = 0.05  # each step's simulated device and host time
 STEPS = 12
 
 
