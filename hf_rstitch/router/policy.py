@@ -79,7 +79,7 @@ class RouterPolicy:
         if step.hidden is None:
             raise ValueError("RouterPolicy needs the SLM's hidden states (needs_hidden=True); "
                              "the decode loop passed none.")
-        if not (self.sample or self.record):
+        if not (self.sample or self.record or ask.device.type == "cpu"):  # on the host, reading `ask` costs nothing
             return self._on_device(step, ask)
         if not bool(ask.any()):
             return out
