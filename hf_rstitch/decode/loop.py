@@ -56,6 +56,7 @@ from typing import Callable
 
 import torch
 
+from ..core.guessing import GuessGate
 from ..core.policies import RoutingPolicy
 from ..core.roles import Role
 from ..core.sampling import pick_tokens
@@ -127,10 +128,11 @@ def stitch_loop(
     ahead = None  # the next step's first lane call, run early (run_ahead)
     flags = _HostFlags(batch)
     every = torch.ones(batch, dtype=torch.bool)  # [B] host, read only: `accounted` while no row has finished
+    gate = GuessGate() if guess else None  # when a guess pays (lanes whose ahead_of_decisions is None)
     for index in itertools.count():
         accounted = every if live is None else unfinished[in_lanes]
         here = (seq, mask) if at is None else (seq[at], mask[at])
-        out = run_step(lanes, *here, routing, policy, index, in_lanes, accounted, ahead=ahead, guess=guess)
+        out = run_step(lanes, *here, routing, policy, index, in_lanes, accounted, ahead=ahead, guess=gate)
         while True:  # once; twice where a guessed step meets a hand-over and is undone
             draws = _Draws(out.logits.device, do_sample and out.guess is not None)
             logits = out.logits if at is None else out.logits.new_zeros(batch, out.logits.shape[-1]).index_copy_(0, at, out.logits)
@@ -145,7 +147,7 @@ def stitch_loop(
             decided = out.back if out.guess is None else out.guess
             flags.start(stop, decided, tokens if on_token is not None else None)  # queued before any early call
             ahead = run_ahead(lanes, out, longer if at is None else longer[at], wide if at is None else wide[at],
-                              policy.needs_hidden, guess=guess)
+                              policy.needs_hidden, guess=gate)
             done, decided, shown = flags.wait()  # the step's one wait for the device
             if out.guess is None or not bool(decided.any()):
                 break
@@ -153,9 +155,7 @@ def stitch_loop(
             draws.restore()
             out = settle(lanes, out, decided, *here, routing, policy, index, in_lanes, accounted)
         back = None if out.guess is not None else decided  # a guess kept: no LLM ran
-        if ahead is not None and ahead.role is Role.LLM and ahead.since is not None and bool(back.all()):
-            roll_back(lanes, ahead)  # the LLM guessed it kept its rows and handed every one back: not needed next
-            ahead = None
+        ahead = _settle_ahead(lanes, out, back, ahead, gate)
         seq, mask = longer, wide
         if on_token is not None:
             on_token(shown)
@@ -175,6 +175,24 @@ def stitch_loop(
             in_lanes, ahead = _drop_finished(lanes, routing, unfinished, in_lanes, ahead)
             at = in_lanes.to(seq.device)
     return StitchResult(seq, book.finish(), scores_kept, logits_kept)
+
+
+def _settle_ahead(lanes: dict, out: StepOut, back: torch.Tensor | None, ahead: Ahead | None, gate) -> Ahead | None:
+    """The step's early call once its decisions are on the host: an LLM call guessed (it keeps its rows) is rolled
+    back where the LLM handed every row back (the next step may not call it). The gate sees how the step's
+    decisions went against a guess: the SLM's, where every row was the SLM's; the LLM's, where it wrote every row."""
+    if gate is None:
+        return ahead
+    if out.slm_alone:
+        gate.saw(Role.SLM, not out.no_llm)  # some row handed over
+    if back is None or not out.all_llm:
+        return ahead
+    every_back = bool(back.all())
+    gate.saw(Role.LLM, every_back)
+    if every_back and ahead is not None and ahead.role is Role.LLM and ahead.since is not None:
+        roll_back(lanes, ahead)
+        return None
+    return ahead
 
 
 def _drop_finished(lanes: dict, routing: Routing, unfinished: torch.Tensor, in_lanes: torch.Tensor, ahead):
@@ -201,13 +219,14 @@ def next_lane(out: StepOut, late: bool = False) -> Role | None:
 
 
 def run_ahead(lanes: dict, out: StepOut, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool,
-              guess: bool = False) -> Ahead | None:
+              guess: GuessGate | None = None) -> Ahead | None:
     """The next step's first lane call over ``seq`` (this step's tokens appended), run now, when the host
-    knows which lane it is (:func:`next_lane`) and that lane allows it; else None. With ``guess``, also where the
+    knows which lane it is (:func:`next_lane`) and that lane allows it; else None. With ``guess`` (the loop's gate),
+    also where the
     LLM's hand-back decisions are read a step late (its lane :func:`decides_late`) and it wrote every row's token:
     the LLM, guessing it keeps every row. A call after a guessed step (``out.guess``) or a guessed LLM call is itself
     a guess (``Ahead.since`` set): the caller undoes it (:func:`roll_back`) where the decision went the other way."""
-    late = guess and out.back is not None and decides_late(lanes[Role.LLM], out.back)
+    late = guess is not None and out.back is not None and decides_late(lanes[Role.LLM], out.back, guess)
     role, guessed = next_lane(out, late), out.guess is not None
     if role is None and late:
         role, guessed = Role.LLM, True

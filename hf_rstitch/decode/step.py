@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.guessing import GuessGate
 from ..core.policies import RoutingPolicy, StepView
 from ..core.roles import Role
 from ..core.scheduling import LLMDemand, LLMSchedule
@@ -90,6 +91,7 @@ class StepOut:
     all_llm: bool | None = None  # writer_llm.all() and not writer_llm.any(), on the host (None: not known)
     no_llm: bool | None = None
     slm_logits: torch.Tensor | None = None  # [b, V] the SLM's logits where it ran
+    slm_alone: bool = False  # every row was the SLM's before the step (its decisions were the only ones)
     guess: torch.Tensor | None = None  # [b] bool on the device: the SLM's hand-over decisions, not read yet (settle)
 
 
@@ -108,7 +110,7 @@ class Ahead:
 def run_step(
     lanes: dict, seq: torch.Tensor, mask: torch.Tensor, routing: Routing, policy: RoutingPolicy,
     index: int, rows: torch.Tensor, accounted: torch.Tensor | None = None, schedule: LLMSchedule | None = None,
-    ahead: Ahead | None = None, guess: bool = False,
+    ahead: Ahead | None = None, guess: GuessGate | None = None,
 ) -> StepOut:
     """Advance the lanes by one token for every row of ``seq [b, T]`` and choose each row's writer.
 
@@ -128,7 +130,8 @@ def run_step(
         ahead: one lane's ``advance`` for these rows, already run (the loop's run-ahead): used instead
             of advancing that lane. Unused when the rows that needed it finished meanwhile: the lane
             has read the column early, which its next call skips; no records were made.
-        guess: when every row is the SLM's and its lane decides late (:func:`decides_late`), return
+        guess: (the ``generate`` loop's, with its gate) when every row is the SLM's and its lane decides late
+            (:func:`decides_late`), return
             without reading the SLM's hand-over decisions: the outcome as if no row were handed over, the
             decisions still on the device in ``StepOut.guess``; the caller reads them later and, where some
             row was handed over, finishes the step with :func:`settle`.
@@ -145,10 +148,10 @@ def run_step(
         calls += got.items()
         slm_h = lanes[Role.SLM].entropy(slm_logits)
         decision = policy.hand_to_llm(StepView(index, slm_h, hidden, rows, slm_logits, seq))
-        if guess and slm_rows is None and decides_late(lanes[Role.SLM], decision):
+        if guess is not None and slm_rows is None and decides_late(lanes[Role.SLM], decision, guess):
             slm = _SlmPart(slm_logits, slm_h, torch.zeros_like(llm_on), lanes[Role.SLM].greedy(slm_logits))
             out = _finish(lanes, seq, mask, routing, policy, index, rows, accounted, schedule, None, calls, slm, False)
-            out.guess = decision
+            out.guess, out.slm_alone = decision, True
             return out
         pending = send_to_host(decision)  # queued before an early LLM call: waiting for it waits for no more
         if ahead is None or ahead.role is not Role.LLM:
@@ -168,11 +171,14 @@ def settle(lanes: dict, out: StepOut, handed: torch.Tensor, seq: torch.Tensor, m
     return _finish(lanes, seq, mask, routing, policy, index, rows, accounted, None, None, list(out.calls), slm, False)
 
 
-def decides_late(lane, decision: torch.Tensor) -> bool:
-    """Whether the step may go on before ``lane``'s policy decision reaches the host: the lane runs ahead and
-    rolls back (``ahead_of_decisions``: True, or None where the decision is on a device, not the host)."""
+def decides_late(lane, decision: torch.Tensor, gate: GuessGate | None = None) -> bool:
+    """Whether the step may go on before ``lane``'s policy decision reaches the host: the lane runs ahead and rolls
+    back, and its ``ahead_of_decisions`` is True, or None where the decision is on a device (not the host) and
+    ``gate`` (:class:`~hf_rstitch.core.guessing.GuessGate`; None: any) says a guess of the lane's pays."""
     late = getattr(lane, "ahead_of_decisions", False)
-    return bool(lane.run_ahead) and (late is True or (late is None and decision.device.type != "cpu"))
+    if not lane.run_ahead or late is False:
+        return False
+    return late is True or (decision.device.type != "cpu" and (gate is None or gate.pays(lane.role)))
 
 
 @dataclass
@@ -190,7 +196,7 @@ def _finish(lanes: dict, seq, mask, routing: Routing, policy: RoutingPolicy, ind
             ahead: Ahead | None, calls: list, slm: _SlmPart | None, some_llm: bool) -> StepOut:
     """The step after the SLM's half (``slm``; None: the SLM did not run): the LLM runs for its rows and those
     handed over, and each row's writer is picked. ``some_llm``: some row was the LLM's before the step."""
-    llm_on = routing.llm_on
+    llm_on, alone = routing.llm_on, slm is not None and not some_llm
     slm_h = handed = slm_logits = None
     if slm is not None:
         slm_logits, slm_h, handed = slm.logits, slm.entropy, slm.handed
@@ -208,7 +214,7 @@ def _finish(lanes: dict, seq, mask, routing: Routing, policy: RoutingPolicy, ind
     slm_greedy = slm.greedy if slm is not None else None
     return StepOut(by_writer(llm_logits, slm_logits), by_writer(llm_h, slm_h), llm_on, handed, slm_h, back, calls,
                    held, _greedy(lanes, by_writer, llm_logits, slm_logits, slm_greedy), by_writer.all, by_writer.none,
-                   slm_logits=slm_logits)
+                   slm_logits=slm_logits, slm_alone=alone)
 
 
 def _greedy(lanes: dict, by_writer: "_ByWriter", llm_logits, slm_logits, slm_greedy=None) -> torch.Tensor | None:

@@ -281,3 +281,36 @@ def test_plan_and_lanes_say_where_decisions_are_read():
     assert decides_late(Ahead(), on_device) and not decides_late(Ahead(), on_host)
     Ahead.ahead_of_decisions = True
     assert decides_late(Ahead(), on_host)
+
+
+def test_gate_guesses_while_misses_stay_rare():
+    """Hand values: the running share of misses (weight 1/8) against the bounds (SLM 0.1, LLM 0.02)."""
+    from hf_rstitch.core.guessing import GuessGate
+
+    gate = GuessGate()
+    assert gate.pays(Role.SLM) and gate.pays(Role.LLM)  # nothing seen: guess
+    gate.saw(Role.SLM, False)
+    assert gate.pays(Role.SLM)
+    gate.saw(Role.SLM, True)  # 0.125
+    assert gate.misses[Role.SLM] == pytest.approx(0.125) and not gate.pays(Role.SLM)
+    for _ in range(2):
+        gate.saw(Role.SLM, False)  # 0.125 * (7/8)^2 = 0.0957
+    assert gate.misses[Role.SLM] == pytest.approx(0.125 * 49 / 64) and gate.pays(Role.SLM)
+    gate.saw(Role.LLM, True)
+    assert not gate.pays(Role.LLM) and gate.pays(Role.SLM)
+
+
+def test_a_lane_left_to_itself_asks_the_gate():
+    from hf_rstitch.core.guessing import GuessGate
+    from hf_rstitch.decode.step import decides_late
+
+    class Auto:
+        run_ahead, ahead_of_decisions, role = True, None, Role.SLM
+
+    on_device = torch.zeros(2, dtype=torch.bool, device="meta")
+    gate = GuessGate()
+    assert decides_late(Auto(), on_device, gate)
+    gate.saw(Role.SLM, True)
+    assert not decides_late(Auto(), on_device, gate)
+    Auto.ahead_of_decisions = True  # told to: guesses whatever the gate says
+    assert decides_late(Auto(), on_device, gate)
