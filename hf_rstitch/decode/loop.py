@@ -42,7 +42,9 @@ decisions from a page-locked copy with the stopping flags, one wait a step, afte
   so the call is right for any row it keeps; where it hands every row back, the call is rolled back (the next
   step may not call the LLM, whose cache then reads on as if it had not run).
 
-Tokens, scores, routes and traces do not change: the guess is only ever kept where it was right. A policy that
+Lanes left to themselves (``ahead_of_decisions=None``) guess only while it pays: a failed guess costs one step of
+the lane, not guessing the host's read-back gap (:class:`~hf_rstitch.core.guessing.GuessGate`, which sees every
+decision read). Tokens, scores, routes and traces do not change: the guess is only ever kept where it was right. A policy that
 decides on the host (a host tensor: a replayed route, a custom policy that reads its inputs back) is read before
 the next step as before; so is everything where ``guess`` is False (the ``generate`` glue's choice where a logits
 processor or stopping criterion is not known to be pure).

@@ -130,11 +130,11 @@ def run_step(
         ahead: one lane's ``advance`` for these rows, already run (the loop's run-ahead): used instead
             of advancing that lane. Unused when the rows that needed it finished meanwhile: the lane
             has read the column early, which its next call skips; no records were made.
-        guess: (the ``generate`` loop's, with its gate) when every row is the SLM's and its lane decides late
-            (:func:`decides_late`), return
-            without reading the SLM's hand-over decisions: the outcome as if no row were handed over, the
-            decisions still on the device in ``StepOut.guess``; the caller reads them later and, where some
-            row was handed over, finishes the step with :func:`settle`.
+        guess: the ``generate`` loop's gate (:class:`~hf_rstitch.core.guessing.GuessGate`; None: never guess).
+            When every row is the SLM's and its lane decides late (:func:`decides_late`), the step returns without
+            reading the SLM's hand-over decisions: the outcome as if no row were handed over, the decisions still on
+            the device in ``StepOut.guess``; the caller reads them later and, where some row was handed over,
+            finishes the step with :func:`settle`.
     """
     accounted = _every(len(rows)) if accounted is None else accounted
     llm_on, calls = routing.llm_on, []
