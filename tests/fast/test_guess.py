@@ -168,7 +168,7 @@ def test_entropy_rule_equals_the_eager_engine(rows, sample, undone):
     ids, mask = _batch(rows)
     kept = 0
     for tau in (0.7, 0.75):
-        got = _runs(llm, slm, ids, mask, lambda: EntropyPolicy(tau), ["default", FastEngine(GUESS)], sample)
+        got = _runs(llm, slm, ids, mask, lambda tau=tau: EntropyPolicy(tau), ["default", FastEngine(GUESS)], sample)
         _all_same(got)
         roles = [t.roles for t in _traces(got[0][0])]
         kept += sum(all(r[i] is Role.SLM for r in roles) for i in range(N))
@@ -224,13 +224,14 @@ class Counting(LogitsProcessor):
 def test_a_processor_not_known_to_be_pure_turns_guessing_off(undone):
     llm, slm = make_pair("llama")
     ids = prompt(7)
-    counts = []
+    counts, outs = [], []
     for engine in ("default", FastEngine(GUESS)):
         counting = Counting()
-        out = llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm, stitch_engine=engine,
-                           stitch_policy=Flip(), logits_processor=LogitsProcessorList([counting]),
-                           max_new_tokens=N, min_new_tokens=N, return_dict_in_generate=True, output_scores=True)
+        outs.append(llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm, stitch_engine=engine,
+                                 stitch_policy=Flip(), logits_processor=LogitsProcessorList([counting]),
+                                 max_new_tokens=N, min_new_tokens=N, return_dict_in_generate=True, output_scores=True))
         counts.append(counting.calls)
+    _same(outs[1], outs[0])
     assert counts[0] == counts[1] == N and not undone
 
 
@@ -250,7 +251,7 @@ def test_crop_forgets_read_columns_only():
     lane = FastLane(llm, Role.LLM, 96, 32, FastConfig(max_bucket=4, graphs=False))
     ids = prompt(6)
     nobody = torch.zeros(1, dtype=torch.bool)
-    first, _, _ = lane.advance(ids, torch.ones_like(ids), nobody, nobody)
+    lane.advance(ids, torch.ones_like(ids), nobody, nobody)
     longer = torch.cat([ids, torch.tensor([[7]])], dim=1)
     once, _, _ = lane.advance(longer, torch.ones_like(longer), nobody, nobody)
     lane.crop(6)
@@ -281,23 +282,6 @@ def test_plan_and_lanes_say_where_decisions_are_read():
     assert decides_late(Ahead(), on_device) and not decides_late(Ahead(), on_host)
     Ahead.ahead_of_decisions = True
     assert decides_late(Ahead(), on_host)
-
-
-def test_gate_guesses_while_misses_stay_rare():
-    """Hand values: the running share of misses (weight 1/8) against the bounds (SLM 0.1, LLM 0.02)."""
-    from hf_rstitch.core.guessing import GuessGate
-
-    gate = GuessGate()
-    assert gate.pays(Role.SLM) and gate.pays(Role.LLM)  # nothing seen: guess
-    gate.saw(Role.SLM, False)
-    assert gate.pays(Role.SLM)
-    gate.saw(Role.SLM, True)  # 0.125
-    assert gate.misses[Role.SLM] == pytest.approx(0.125) and not gate.pays(Role.SLM)
-    for _ in range(2):
-        gate.saw(Role.SLM, False)  # 0.125 * (7/8)^2 = 0.0957
-    assert gate.misses[Role.SLM] == pytest.approx(0.125 * 49 / 64) and gate.pays(Role.SLM)
-    gate.saw(Role.LLM, True)
-    assert not gate.pays(Role.LLM) and gate.pays(Role.SLM)
 
 
 def test_a_lane_left_to_itself_asks_the_gate():
