@@ -78,7 +78,7 @@ class FastPlan:
     run_ahead: bool  # the loop may advance the lane a step early
     # with run_ahead, the loop goes on before a routing decision reaches the host (guessed, rolled back at a hand-over):
     # True; None: where the decision is on a device (a policy on the host, e.g. a custom one, is read first)
-    ahead_of_decisions: bool | None = None
+    ahead_of_decisions: bool | None = False
     # per module class: the fused kernel that runs in its place, or why its own code runs (.module_plan)
     modules: tuple[ModuleChoice, ...] = ()
     compile_note: str | None = None  # why compile="parts" was not applied (regions.NOT_BIT_EQUAL), else None

@@ -271,7 +271,8 @@ def test_plan_and_lanes_say_where_decisions_are_read():
     on_host = torch.zeros(2, dtype=torch.bool)
     on_device = torch.zeros(2, dtype=torch.bool, device="meta")
     assert "read on the host" in str(plan_for(llm, FastConfig(graphs=False)))
-    assert "a policy deciding on the host" in str(plan_for(llm, READ))
+    assert "read on the host" in str(plan_for(llm, READ))  # the default: the host reads every decision first
+    assert "a policy deciding on the host" in str(plan_for(llm, dataclasses.replace(READ, ahead_of_decisions=None)))
     assert "rolled back at a hand-over" in str(plan_for(llm, GUESS))
     eager = Lane(llm, Role.LLM, 96)
     assert not decides_late(eager, on_device)
