@@ -40,9 +40,9 @@ class Phases:
             lane.advance = self._timed(name, lane.advance, lane)
             if hasattr(lane, "account"):  # lanes that run ahead (the fast lane)
                 lane.account = self._counted(name, lane.account)
-        sched, ex = self.engine.scheduler, self.engine.executor  # joins: who joins and their prompts' chunks, then
-        sched._admit = self._timed("joins", sched._admit, None)  # their rows' prefill into the batch
-        ex.apply = self._timed("joins", ex.apply, None)
+        sched, ex = self.engine.scheduler, self.engine.executor
+        sched._admit = self._timed("joins", sched._admit, None)  # who joins, and a chunk of their prompts
+        ex.apply = self._timed("joins", ex.apply, None)  # their rows' prefill into the batch
         self._t0 = time.perf_counter()
         return self
 
