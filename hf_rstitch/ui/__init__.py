@@ -7,8 +7,9 @@
     app().launch()                               # in Colab / Jupyter the page renders inline
 
 Modules: :mod:`.pair` loads the pair, :mod:`.run` streams one run (stitched, or the LLM alone), :mod:`.render`
-turns a snapshot into HTML / SVG, :mod:`.code` writes the reproducing ``generate`` call, :mod:`.page` is the page,
-:mod:`.space` writes a Hugging Face Space that serves it. Needs Gradio (hf-rstitch's ``ui`` extra); importing this
+turns a snapshot into HTML / SVG, :mod:`.code` writes the reproducing ``generate`` call, :mod:`.page` is the page
+(served before the pair loads), :mod:`.gradio_import` imports Gradio without what the app never uses, :mod:`.space`
+writes a Hugging Face Space that serves it. Needs Gradio (hf-rstitch's ``ui`` extra); importing this
 package does not import it, nor torch.
 """
 
