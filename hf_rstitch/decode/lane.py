@@ -73,6 +73,7 @@ class Lane:
     """
 
     run_ahead = False  # each call runs only the rows that take part (decode.protocol)
+    ahead_of_decisions = False  # no run-ahead: nothing to guess before a decision reaches the host
     capacity = None  # a DynamicCache grows: no bound
 
     def __init__(self, model: PreTrainedModel, role: Role, vocab: int, batch_size: int = 1, timing: bool = False):

@@ -43,6 +43,10 @@ class FastConfig:
     rotary_table: bool = True
     # the generate loop may advance a lane one step early (hf_rstitch.decode.loop); None: with graphs
     run_ahead: bool | None = None
+    # with run_ahead: the generate loop queues the next step before a routing decision reaches the host (the
+    # deciding model keeps control, guessed; undone by a position reset at a hand-over, hf_rstitch.decode.loop);
+    # None: where the policy's decision is on a device (CUDA), not the host; False: the host reads it first
+    ahead_of_decisions: bool | None = None
     # with compile="parts": each residual add of a pre-norm layer and the norm after it as one compiled piece
     # (.add_norm); None: on with compile="parts"
     fuse_add_norm: bool | None = None
