@@ -7,9 +7,9 @@ import threading
 
 import pytest
 import torch
+from tiny_models import make_pair, prompt
 
 from hf_rstitch.fast.kv_shapes import ATTRIBUTE, kv_shape
-from tiny_models import make_pair, prompt
 
 THREADS = 4
 
@@ -31,7 +31,7 @@ def test_threads_probing_one_fresh_model_at_once_each_get_its_shape(arch):
     for seed in range(3):  # fresh models: each is probed anew
         llm, _ = make_pair(arch, seed)
         before = llm.config._attn_implementation
-        shapes = _at_once(lambda _: kv_shape(llm), [None] * THREADS)
+        shapes = _at_once(kv_shape, [llm] * THREADS)
         assert llm.config._attn_implementation == before
         want = shapes[0]
         del llm.__dict__[ATTRIBUTE]  # probe again, alone
