@@ -135,6 +135,7 @@ class LaneRows:
         self.slots.slot += free
         self.slots.solo_seen += [0] * k
         self.slots.pad += pads
+        self.slots.read += [self.seen] * k
         self.index = None if self.slots.in_order else to_device(self.slots.slot, self.device)
 
     def pad_left(self, n: int) -> None:
@@ -175,6 +176,8 @@ class LaneRows:
             self.n_pad[row] += 1
             self.slots.pad[i] += 1
             self.slots.solo_seen[i] += 1
+            # the columns it read moved right with it; a row that read every column reads its last one again
+            self.slots.read[i] = min(self.slots.read[i] + 1, self.seen)
 
     def _shift(self, n: int, cut: int) -> None:
         """The shared columns move ``n`` to the right (``n > 0``: new masked columns in front) or ``-n`` to the
@@ -194,3 +197,22 @@ class LaneRows:
         self.n_pad.add_(n).clamp_(min=0)
         self.cache.pos.add_(cut)
         self.seen += cut
+        self.slots.read = [max(r + cut, 0) for r in self.slots.read]
+
+    def swap(self, pairs: list[tuple[int, int]]) -> None:
+        """Cache rows ``a`` and ``b`` of each pair trade places (disjoint pairs), whoever holds them (a live row or
+        nobody): a paged cache trades table rows and block lists (an index, no keys or values move), a static one
+        copies the rows' slots. The live rows' cache rows follow (:mod:`.lane_compact` gathers a call's rows so)."""
+        if not pairs:
+            return
+        a, b = [p[0] for p in pairs], [p[1] for p in pairs]
+        src, dst = to_device(a + b, self.device), to_device(b + a, self.device)
+        if self.paged:
+            self.cache.swap_rows(src, dst, pairs)
+        else:
+            self.cache.states[:, :, dst] = self.cache.states[:, :, src]
+        self.valid[dst] = self.valid[src]
+        self.n_pad[dst] = self.n_pad[src]
+        moved = {**dict(zip(a, b)), **dict(zip(b, a))}
+        self.slots.slot = [moved.get(s, s) for s in self.slots.slot]
+        self.index = None if self.slots.in_order else to_device(self.slots.slot, self.device)

@@ -40,15 +40,19 @@ class RowSlots:
         self.slot: list[int] = []  # cache row of each live row
         self.solo_seen: list[int] = []  # per live row, columns a solo lane's cache would hold
         self.pad: list[int] = []  # per live row, left-padding columns of its prompt
+        # per live row, columns of the shared sequence its cache row holds: the lane's ``seen`` unless the lane runs
+        # only the rows a call needs (:mod:`.lane_compact`), where rows that sat a call out lag behind
+        self.read: list[int] = []
 
     def start(self, pads: list[int]) -> None:
         if len(pads) > self.max_rows:
             raise ValueError(f"this lane holds {self.max_rows} rows, got a batch of {len(pads)}; build the engine's "
                              "lanes for the larger batch (FastEngine rebuilds them when a generation needs more rows).")
         self.slot, self.solo_seen, self.pad = list(range(len(pads))), [0] * len(pads), list(pads)
+        self.read = [0] * len(pads)
 
     def clear(self) -> None:
-        self.slot, self.solo_seen, self.pad = [], [], []
+        self.slot, self.solo_seen, self.pad, self.read = [], [], [], []
 
     @property
     def n_live(self) -> int:
@@ -72,6 +76,7 @@ class RowSlots:
         self.slot = [self.slot[i] for i in index]
         self.solo_seen = [self.solo_seen[i] for i in index]
         self.pad = [self.pad[i] for i in index]
+        self.read = [self.read[i] for i in index]
         if not self.slot:
             return []
         target = bucket_for(len(self.slot), self.sizes)

@@ -1,0 +1,143 @@
+"""Lanes that run only the rows a call needs (hf_rstitch.fast.lane_compact) equal the full-width lane: the same logits
+for the rows they run, whichever rows take part, and the same tokens, routes and records through ``generate`` and
+the request engine, paged and static, greedy and seeded sampling.
+
+fp64 tiny models: logits to 1e-9.
+"""
+
+import random
+
+import pytest
+import torch
+
+import hf_rstitch  # noqa: F401  (patches generate)
+from hf_rstitch import Role
+from hf_rstitch.fast import FastConfig, FastEngine, FastLane
+from hf_rstitch.fast.lane_compact import place
+from hf_rstitch.serving.requests import Request, RequestEngine
+from tiny_models import left_pad, make_pair, prompt
+
+from .test_fast_batch import _calls
+
+
+def _config(compact: bool, paged: bool = True) -> FastConfig:
+    return FastConfig(max_bucket=4, graphs=False, paged=paged, compact_rows=compact)
+
+
+def test_place_brings_the_group_in_and_sends_rows_that_would_read_again_out():
+    # live rows 0..5 in cache rows 5, 1, 0, 6, 2, 3; read columns 9, 9, 10, 9, 7, 10; the group: rows 0 and 3 (read 9)
+    slot, read = [5, 1, 0, 6, 2, 3], [9, 9, 10, 9, 7, 10]
+    swaps = place([0, 3], 4, 9, slot, read, max_rows=8)
+    moved = {**{a: b for a, b in swaps}, **{b: a for a, b in swaps}}
+    now = [moved.get(c, c) for c in slot]
+    assert {now[0], now[3]} <= set(range(4))
+    # in the bucket besides the group: no row that read past column 9 while a better row (or a free one) was left
+    inside = [r for r, c in enumerate(now) if c < 4 and r not in (0, 3)]
+    assert all(read[r] <= 9 for r in inside), (swaps, now)
+    assert swaps == [(5, 0), (6, 3)]  # rows 0 and 3 in, rows 2 and 5 (read 10) out: two swaps, no more
+    # row 1 sits in cache row 1 already; row 2 (cache row 0) read past column 9: row 0 (read 9) takes its place
+    assert place([1], 2, 9, slot, read, max_rows=8) == [(0, 5)]
+    assert place([2], 1, 10, slot, read, max_rows=8) == []  # alone in bucket 1, it stays where it is
+
+
+def _lanes(llm, rows: int, paged: bool):
+    return [FastLane(llm, Role.LLM, 96, capacity=48, config=_config(compact, paged), max_rows=rows)
+            for compact in (False, True)]
+
+
+@pytest.mark.parametrize("paged", [True, False])
+def test_any_subset_of_rows_gets_the_full_width_lanes_logits(paged):
+    """Step by step over a growing sequence, the compact lane runs empty, one-row, every-row and random subsets
+    (rows falling behind and catching up over several columns, past max_bucket); its logits for those rows equal
+    the full-width lane's, which runs every row every step."""
+    llm, _ = make_pair("llama")
+    rows = 7
+    full, compact = _lanes(llm, rows, paged)
+    seq, mask = left_pad([prompt(3 + (5 * i) % 9, seed=40 + i) for i in range(rows)])
+    gen = random.Random(3)
+    subsets = [[], [2], list(range(rows))] + [gen.sample(range(rows), gen.randint(1, rows)) for _ in range(14)]
+    subsets[6] = []  # rows wait through two steps: catch-ups longer than max_bucket=4 later
+    subsets[7] = [5]
+    every = torch.ones(rows, dtype=torch.bool)
+    for step, subset in enumerate(subsets):
+        run = torch.zeros(rows, dtype=torch.bool)
+        run[subset] = True
+        ref, _, _ = full.advance(seq, mask, every, every)
+        got, _, calls = compact.advance(seq, mask, run, ~run, run=run)
+        assert compact.ran[run].all() and set(calls) == set(subset), step
+        torch.testing.assert_close(got[compact.ran], ref[compact.ran], rtol=1e-9, atol=1e-9)
+        seq = torch.cat([seq, ref.argmax(-1)[:, None]], dim=-1)
+        mask = torch.cat([mask, torch.ones(rows, 1, dtype=mask.dtype)], dim=-1)
+    counts = compact.row_counts
+    assert counts["rows_needed"] == sum(map(len, subsets)) and counts["rows_run"] < full.row_counts["rows_run"]
+
+
+def _generate(llm, slm, ids, mask, config, sample: bool):
+    torch.manual_seed(11)
+    engine = FastEngine(config)
+    out = llm.generate(ids, attention_mask=mask, assistant_model=slm, stitch_threshold=0.45, stitch_engine=engine,
+                       max_new_tokens=10, do_sample=sample, return_dict_in_generate=True, output_logits=True)
+    return out, engine
+
+
+def _traces(out):
+    return out.stitch if isinstance(out.stitch, list) else [out.stitch]  # B = 1: one trace
+
+
+def _same_generate(rows: int, paged: bool, sample: bool):
+    llm, slm = make_pair("llama")
+    ids, mask = left_pad([prompt(2 + (7 * i) % 11, seed=i) for i in range(rows)])
+    ref, _ = _generate(llm, slm, ids, mask, _config(False, paged), sample)
+    out, engine = _generate(llm, slm, ids, mask, _config(True, paged), sample)
+    assert torch.equal(out.sequences, ref.sequences)
+    out.stitch, ref.stitch = _traces(out), _traces(ref)
+    assert [t.roles for t in out.stitch] == [t.roles for t in ref.stitch]
+    assert [_calls(t) for t in out.stitch] == [_calls(t) for t in ref.stitch]
+    for a, b in zip(out.logits, ref.logits):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    roles = {r for t in ref.stitch for r in t.roles}
+    return engine, roles
+
+
+@pytest.mark.parametrize("rows,paged,sample", [(1, True, False), (6, True, False), (6, False, False)])
+def test_generate_with_compact_lanes_equals_the_full_width_lanes(rows, paged, sample):
+    engine, roles = _same_generate(rows, paged, sample)
+    assert rows == 1 or roles == {Role.SLM, Role.LLM}
+    counts = engine._lanes[Role.SLM].row_counts
+    assert counts["rows_needed"] <= counts["rows_run"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows,sample", [(6, True), (33, True), (100, False), (256, True)])
+def test_generate_with_compact_lanes_equals_the_full_width_lanes_at_many_rows(rows, sample):
+    engine, _ = _same_generate(rows, True, sample)
+    for lane in engine._lanes.values():
+        counts = lane.row_counts
+        assert counts["rows_run"] < counts["calls"] * rows  # some calls ran fewer rows than the batch
+
+
+def _serve(llm, slm, compact: bool, requests):
+    engine = RequestEngine(llm, slm, max_batch=5, max_length=96, engine=_config(compact), threshold=0.45)
+    done = engine.run([Request(**r) for r in requests])
+    return {k: (c.tokens, c.finish_reason, c.trace.roles, [_ for _ in map(_call, c.trace.calls)])
+            for k, c in done.items()}, engine
+
+
+def _call(c):
+    return c.role, c.kind, c.n_inf, c.n_kv
+
+
+def test_request_engine_with_compact_lanes_equals_the_full_width_lanes():
+    """Requests joining and leaving, greedy and seeded sampling, one pinned to the LLM: the same tokens, routes and
+    records."""
+    llm, slm = make_pair("llama")
+    requests = [dict(input_ids=prompt(3 + (5 * i) % 9, seed=70 + i)[0].tolist(), max_new_tokens=4 + (3 * i) % 9,
+                     request_id=f"r{i}", do_sample=i % 3 == 1, seed=i if i % 3 == 1 else None,
+                     role=Role.LLM if i == 4 else None)
+                for i in range(9)]
+    ref, _ = _serve(llm, slm, False, requests)
+    got, engine = _serve(llm, slm, True, requests)
+    assert got == ref
+    assert len({tuple(v[2]) for v in ref.values()}) > 1
+    counts = engine.lanes[Role.LLM].row_counts
+    assert counts["rows_run"] < engine.lanes[Role.LLM].row_counts["calls"] * 5
