@@ -67,7 +67,7 @@ from .graphs import GraphRunner
 from .kernels import rope_store
 from .lane_ahead import Ahead
 from .lane_build import LaneKernels, warn_eager
-from .lane_compact import Compact
+from .lane_compact import Compact, RowCounts
 from .lane_outputs import ReadOut
 from .lane_rows import LaneRows
 from .paged_kv import BlockPool
@@ -127,7 +127,7 @@ class FastLane:
         compact = config.compact_rows if config.compact_rows is not None else self.paged
         self.compact = Compact(self) if compact else None  # calls run only the rows they need (.lane_compact)
         self.ran: torch.Tensor | None = None  # [B] bool CPU: the rows whose logits the last advance returned (compact)
-        self._full_counts = [0, 0, 0]  # full-width calls' rows run, rows needed, calls (row_counts)
+        self.counts = RowCounts()  # rows run and rows needed over the lane's calls (row_counts)
         self.joins = joins.Joins(self)
         self.ahead = Ahead(self)
         with profile_scope(config.profile):
@@ -201,7 +201,7 @@ class FastLane:
         if width <= 0:
             raise RuntimeError(f"{self.role} lane asked to advance rows that have nothing new")
         self._check_call(seq, mask, total)
-        self.compact_counts(self.rows.bucket, self.rows.n_live if run is None else int(run.sum()))
+        self.counts.add(self.rows.bucket, self.rows.n_live if run is None else int(run.sum()))
         self.kv.reserve(total)
         start = 0.0
         if self.timing:
@@ -244,17 +244,10 @@ class FastLane:
         self.seen = max(self.seen, total)
         return logits, hidden, calls
 
-    def compact_counts(self, run: int, needed: int) -> None:
-        """Count a full-width call's rows as :class:`~.lane_compact.Compact` counts its own (``row_counts``)."""
-        self._full_counts = [a + b for a, b in zip(self._full_counts, (run, needed, 1))]
-
     @property
     def row_counts(self) -> dict[str, int]:
         """Rows the lane's graphs ran and rows whose logits its callers needed, summed over its calls (its life)."""
-        run, needed, calls = self._full_counts
-        if self.compact is not None:
-            run, needed, calls = run + self.compact.rows_run, needed + self.compact.rows_needed, calls + self.compact.calls
-        return {"calls": calls, "rows_run": run, "rows_needed": needed}
+        return self.counts.as_dict()
 
     def _check_call(self, seq: torch.Tensor, mask: torch.Tensor, total: int) -> None:
         """Refuse a sequence past the capacity or of other rows than the live ones; the first call notes the padding."""

@@ -16,8 +16,9 @@ past what they have read and are written again when they catch up), and only whe
 that read past the group's columns (they read those columns again). Each column a row reads is read once, so a
 row's tokens, entropies and routes are those of the full-width lane (tested up to 256 rows).
 
-Counts: ``rows_run`` (rows of the graphs run) and ``rows_needed`` (rows whose logits the callers asked for), over
-the lane's life, for benchmarks to report rows run against rows taking part.
+Counts (:class:`RowCounts`, every fast lane's ``row_counts``, full-width or not): ``rows_run`` (rows of the graphs
+run) and ``rows_needed`` (rows whose logits the callers asked for), over the lane's life, for benchmarks to report
+rows run against rows taking part.
 """
 
 from __future__ import annotations
@@ -28,19 +29,26 @@ from ..decode.step import to_device
 from .buckets import bucket_for
 
 
-class Compact:
-    """``lane``'s calls over named rows (:meth:`advance`) and the rows its calls ran."""
+class RowCounts:
+    """A lane's calls, the rows its graphs ran and the rows whose logits its callers needed, summed (its life)."""
 
-    def __init__(self, lane):
-        self.lane = lane
-        self.rows_run = 0  # rows of the graphs run, summed over calls
-        self.rows_needed = 0  # rows whose logits a call was asked for, summed over calls
-        self.calls = 0
+    def __init__(self):
+        self.calls = self.rows_run = self.rows_needed = 0
 
-    def count(self, run: int, needed: int) -> None:
+    def add(self, run: int, needed: int) -> None:
         self.rows_run += run
         self.rows_needed += needed
         self.calls += 1
+
+    def as_dict(self) -> dict[str, int]:
+        return {"calls": self.calls, "rows_run": self.rows_run, "rows_needed": self.rows_needed}
+
+
+class Compact:
+    """``lane``'s calls over named rows (:meth:`advance`), counted in ``lane.counts``."""
+
+    def __init__(self, lane):
+        self.lane = lane
 
     def advance(self, seq: torch.Tensor, run: list[int] | None, want_hidden: bool):
         """Bring the live rows ``run`` (all when None) up to ``seq``'s ``T`` columns, each from the columns it has read.
@@ -61,7 +69,7 @@ class Compact:
             if group:
                 run_rows += self._group(seq, group, start, want_hidden, out)
         self.lane.cache.pos.fill_(total)  # the invariant other verbs keep: every call leaves pos at seen
-        self.count(run_rows, len(need))
+        self.lane.counts.add(run_rows, len(need))
         return out.logits, out.hidden, out.ran
 
     def _group(self, seq: torch.Tensor, group: list[int], start: int, want_hidden: bool, out: "_Outputs") -> int:
