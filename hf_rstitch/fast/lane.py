@@ -126,6 +126,7 @@ class FastLane:
         self.outputs = ReadOut(dev, self.kv)
         compact = config.compact_rows if config.compact_rows is not None else self.paged
         self.compact = Compact(self) if compact else None  # calls run only the rows they need (.lane_compact)
+        self.kv.settle = self.compact is None  # rows that leave free their cache rows; no others move (keep)
         self.ran: torch.Tensor | None = None  # [B] bool CPU: the rows whose logits the last advance returned (compact)
         self.counts = RowCounts()  # rows run and rows needed over the lane's calls (row_counts)
         self.joins = joins.Joins(self)

@@ -48,6 +48,7 @@ class LaneRows:
         self.seen = 0  # columns of the shared sequence in the cache (every row)
         self.index: torch.Tensor | None = None  # [B] cache row of each live row (device); None: in order
         self.row_moves = 0  # cache rows moved down when finished rows let the batch bucket shrink
+        self.settle = True  # rows that stay move down when the live rows fit a smaller bucket (keep)
 
     @property
     def pool(self) -> BlockPool | None:
@@ -92,12 +93,14 @@ class LaneRows:
     def keep(self, index) -> None:
         """Keep only the live rows ``index`` (CPU long tensor), in that order. No buffer is reallocated: finished
         rows stay in the batch bucket as dead weight until the live ones fit a smaller bucket, then the live rows
-        above it move down (a copy of their written slots). Before the first call there is nothing to keep."""
+        above it move down (a copy of their written slots). A lane whose calls gather their rows (``settle``
+        False, :mod:`.lane_compact`) moves none: a leaving row's cache row is freed, to be taken by a joining row.
+        Before the first call there is nothing to keep."""
         if self.seen == 0:
             return
         index = [int(i) for i in index]
         before = list(self.slots.slot)
-        moves = self.slots.keep(index)
+        moves = self.slots.keep(index, settle=self.settle)
         if self.paged:  # the rows that left give their blocks back; moving rows take theirs along
             kept = {before[i] for i in index}
             self.cache.release([row for row in before if row not in kept])

@@ -68,16 +68,17 @@ class RowSlots:
         """Live row ``r`` sits in cache row ``r`` (no gather / scatter needed)."""
         return all(s == r for r, s in enumerate(self.slot))
 
-    def keep(self, index: list[int]) -> list[tuple[int, int]]:
+    def keep(self, index: list[int], settle: bool = True) -> list[tuple[int, int]]:
         """Keep live rows ``index`` (in that order); returns the cache-row moves ``(src, dst)`` that bring
-        every live row under the smallest batch bucket that holds them all."""
+        every live row under the smallest batch bucket that holds them all (none without ``settle``: the rows stay
+        in their cache rows)."""
         if any(i < 0 or i >= self.n_live for i in index):
             raise IndexError(f"keep_rows index {index} out of range for {self.n_live} live rows")
         self.slot = [self.slot[i] for i in index]
         self.solo_seen = [self.solo_seen[i] for i in index]
         self.pad = [self.pad[i] for i in index]
         self.read = [self.read[i] for i in index]
-        if not self.slot:
+        if not self.slot or not settle:
             return []
         target = bucket_for(len(self.slot), self.sizes)
         free = sorted(set(range(target)) - set(self.slot))

@@ -49,27 +49,39 @@ def _lanes(llm, rows: int, paged: bool):
 def test_any_subset_of_rows_gets_the_full_width_lanes_logits(paged):
     """Step by step over a growing sequence, the compact lane runs empty, one-row, every-row and random subsets
     (rows falling behind and catching up over several columns, past max_bucket); its logits for those rows equal
-    the full-width lane's, which runs every row every step."""
+    the full-width lane's, which runs every row every step. Rows that leave free their cache rows; no other row
+    moves."""
     llm, _ = make_pair("llama")
     rows = 7
     full, compact = _lanes(llm, rows, paged)
     seq, mask = left_pad([prompt(3 + (5 * i) % 9, seed=40 + i) for i in range(rows)])
     gen = random.Random(3)
-    subsets = [[], [2], list(range(rows))] + [gen.sample(range(rows), gen.randint(1, rows)) for _ in range(14)]
-    subsets[6] = []  # rows wait through two steps: catch-ups longer than max_bucket=4 later
-    subsets[7] = [5]
-    every = torch.ones(rows, dtype=torch.bool)
-    for step, subset in enumerate(subsets):
-        run = torch.zeros(rows, dtype=torch.bool)
+    fixed = {0: [], 1: [2], 2: list(range(rows)), 6: [], 7: [5]}  # two steps out: catch-ups past max_bucket=4
+    needed = 0
+    for step in range(17):
+        n = seq.shape[0]
+        subset = fixed.get(step, gen.sample(range(n), gen.randint(1, n)))
+        run = torch.zeros(n, dtype=torch.bool)
         run[subset] = True
+        every = torch.ones(n, dtype=torch.bool)
         ref, _, _ = full.advance(seq, mask, every, every)
         got, _, calls = compact.advance(seq, mask, run, ~run, run=run)
+        needed += len(subset)
         assert compact.ran[run].all() and set(calls) == set(subset), step
         torch.testing.assert_close(got[compact.ran], ref[compact.ran], rtol=1e-9, atol=1e-9)
         seq = torch.cat([seq, ref.argmax(-1)[:, None]], dim=-1)
-        mask = torch.cat([mask, torch.ones(rows, 1, dtype=mask.dtype)], dim=-1)
+        mask = torch.cat([mask, torch.ones(n, 1, dtype=mask.dtype)], dim=-1)
+        if step == 10:  # rows 1, 4 and 5 leave
+            keep = torch.tensor([0, 2, 3, 6])
+            before = [compact.rows.slot[i] for i in keep.tolist()]
+            full.keep_rows(keep)
+            compact.keep_rows(keep)
+            assert compact.rows.slot == before and compact.row_moves == 0
+            seq, mask = seq[keep], mask[keep]
     counts = compact.row_counts
-    assert counts["rows_needed"] == sum(map(len, subsets)) and counts["rows_run"] < full.row_counts["rows_run"]
+    assert counts["rows_needed"] == needed and counts["rows_run"] < full.row_counts["rows_run"]
+    if paged:
+        compact.cache.tables.check()
 
 
 def _generate(llm, slm, ids, mask, config, sample: bool):
