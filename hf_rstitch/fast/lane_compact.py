@@ -8,13 +8,15 @@ index (table rows, padding counts, masks), no keys or values move; a static cach
 
 Rows that sit a call out fall behind: each live row has the columns it has read (``RowSlots.read``), and a call
 brings each row it runs up to date from there, as a solo run would. One graph call reads the same columns in
-every row, so the rows a call needs run in groups of rows that have read the same columns (one graph call each:
-most rows of a step read one column, a row handed over from the other model catches up a longer run). A group's
-bucket may hold more rows than it needs; its other places go, in this order, to rows that have read the same
-columns (they catch up, their logits come along), to free cache rows and rows further behind (their writes land
-past what they have read and are written again when they catch up), and only where no such row is left, to rows
-that read past the group's columns (they read those columns again). Each column a row reads is read once, so a
-row's tokens, entropies and routes are those of the full-width lane (tested up to 256 rows).
+every row, so the rows a call needs run in at most two graph calls (:func:`groups`): the rows that read the most
+columns (most rows of a step, reading one column), then the rest (rows handed over from the other model) in one
+catch-up from the fewest columns any of them read; a catch-up row that read further reads its columns from there
+again (the same keys and values, computed again: a step's weight reads stay at two however the rows' columns
+spread). A group's bucket may hold more rows than it needs; its other places go, in this order, to rows that
+have read the same columns (they catch up, their logits come along), to free cache rows and rows further behind
+(their writes land past what they have read and are written again when they catch up), and only where no such
+row is left, to rows that read past the group's columns (they read those columns again). A row's tokens,
+entropies and routes are those of the full-width lane (tested up to 256 rows; logits to 1e-9 in fp64).
 
 Counts (:class:`RowCounts`, every fast lane's ``row_counts``, full-width or not): ``rows_run`` (rows of the graphs
 run) and ``rows_needed`` (rows whose logits the callers asked for), over the lane's life, for benchmarks to report
@@ -33,15 +35,30 @@ class RowCounts:
     """A lane's calls, the rows its graphs ran and the rows whose logits its callers needed, summed (its life)."""
 
     def __init__(self):
-        self.calls = self.rows_run = self.rows_needed = 0
+        self.calls = self.runs = self.rows_run = self.rows_needed = 0
 
-    def add(self, run: int, needed: int) -> None:
+    def add(self, run: int, needed: int, runs: int = 1) -> None:
+        """One call: ``run`` rows of graphs run over ``runs`` graph calls, for ``needed`` rows."""
         self.rows_run += run
         self.rows_needed += needed
+        self.runs += runs
         self.calls += 1
 
     def as_dict(self) -> dict[str, int]:
-        return {"calls": self.calls, "rows_run": self.rows_run, "rows_needed": self.rows_needed}
+        return {"calls": self.calls, "runs": self.runs, "rows_run": self.rows_run, "rows_needed": self.rows_needed}
+
+
+def groups(need: list[int], read: list[int]) -> list[tuple[int, list[int]]]:
+    """The graph calls that bring the live rows ``need`` (``read``: columns each has read) up to date, as
+    ``(first column read, rows)``: the rows that read the most columns (a step's one-column rows), then every other
+    row in one catch-up from the fewest columns any of them read (a row that read further reads its columns from
+    there again). At most two calls, whatever the spread of the rows' columns read."""
+    if not need:
+        return []
+    top = max(read[r] for r in need)
+    first = [r for r in need if read[r] == top]
+    rest = [r for r in need if read[r] != top]
+    return [(top, first)] + ([(min(read[r] for r in rest), rest)] if rest else [])
 
 
 class Compact:
@@ -63,13 +80,14 @@ class Compact:
             raise RuntimeError(f"{self.lane.role} FastLane asked to advance rows {behind[:8]} that have read every "
                                f"one of the {total} columns already; a call names only rows with columns to read")
         out = _Outputs(slots.n_live, seq.device)
-        run_rows = 0
-        for start in sorted({slots.read[r] for r in need}, reverse=True):  # the one-column group first
-            group = [r for r in need if slots.read[r] == start and not out.ran[r]]
+        run_rows = runs = 0
+        for start, rows in groups(need, slots.read):
+            group = [r for r in rows if not out.ran[r]]  # rows that caught up in an earlier group's bucket are done
             if group:
                 run_rows += self._group(seq, group, start, want_hidden, out)
+                runs += 1
         self.lane.cache.pos.fill_(total)  # the invariant other verbs keep: every call leaves pos at seen
-        self.lane.counts.add(run_rows, len(need))
+        self.lane.counts.add(run_rows, len(need), runs)
         return out.logits, out.hidden, out.ran
 
     def _group(self, seq: torch.Tensor, group: list[int], start: int, want_hidden: bool, out: "_Outputs") -> int:

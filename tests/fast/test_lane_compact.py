@@ -13,7 +13,7 @@ import torch
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import Role
 from hf_rstitch.fast import FastConfig, FastEngine, FastLane
-from hf_rstitch.fast.lane_compact import place
+from hf_rstitch.fast.lane_compact import groups, place
 from hf_rstitch.serving.requests import Request, RequestEngine
 from tiny_models import left_pad, make_pair, prompt
 
@@ -38,6 +38,13 @@ def test_place_brings_the_group_in_and_sends_rows_that_would_read_again_out():
     # row 1 sits in cache row 1 already; row 2 (cache row 0) read past column 9: row 0 (read 9) takes its place
     assert place([1], 2, 9, slot, read, max_rows=8) == [(0, 5)]
     assert place([2], 1, 10, slot, read, max_rows=8) == []  # alone in bucket 1, it stays where it is
+
+
+def test_groups_are_the_rows_that_read_most_then_one_catch_up():
+    read = [9, 9, 4, 7, 9, 8]
+    assert groups([0, 1, 2, 3, 4, 5], read) == [(9, [0, 1, 4]), (4, [2, 3, 5])]
+    assert groups([3], read) == [(7, [3])]
+    assert groups([], read) == []
 
 
 def _lanes(llm, rows: int, paged: bool):
