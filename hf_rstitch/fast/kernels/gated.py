@@ -42,7 +42,8 @@ WIDE = tuple(GemvConfig(n, k, w, s, WIDE_ROWS) for n, k, w, s in (
 @functools.lru_cache(maxsize=1)
 def _kernel():
     triton, tl = _triton()
-    globals()["_rstd"], globals()["_input"] = gemv._norm_parts()  # names the kernel calls, in this module's globals
+    # names the kernel calls, in this module's globals
+    globals()["_rstd"], globals()["_input"], globals()["_waited_rstd"] = gemv._norm_parts()
 
     @triton.jit
     def gated_kernel(x_ptr, g_ptr, u_ptr, y_ptr, nw_ptr, eps, N, K, stride_g, stride_u, EVEN_N: tl.constexpr,
@@ -58,18 +59,13 @@ def _kernel():
         if PDL and EVEN_N and EVEN_K:  # the first weight tiles are read while the kernel before finishes
             wg0 = tl.load(g_ptr + rows[:, None] * stride_g + cols[None, :])
             wu0 = tl.load(u_ptr + rows[:, None] * stride_u + cols[None, :])
-            tl.extra.cuda.gdc_wait()
-            rstd = _rstd(x_ptr, eps, K, BLOCK_K, NORM)
+            rstd = _waited_rstd(x_ptr, eps, K, BLOCK_K, NORM, PDL)
             x0 = _input(x_ptr, nw_ptr, cols, cols < K, rstd, NORM)[None, :]
             acc_g += wg0.to(tl.float32) * x0
             acc_u += wu0.to(tl.float32) * x0
             start = BLOCK_K
         else:
-            if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
-                tl.extra.cuda.gdc_wait()
-            rstd = _rstd(x_ptr, eps, K, BLOCK_K, NORM)
-        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
-            tl.extra.cuda.gdc_launch_dependents()
+            rstd = _waited_rstd(x_ptr, eps, K, BLOCK_K, NORM, PDL)
         for k0 in range(start, K, BLOCK_K):
             k = k0 + cols
             if EVEN_N and EVEN_K:

@@ -115,10 +115,20 @@ def _norm_parts():
             x = (tl.load(nw_ptr + k, mask=inside, other=0.0).to(tl.float32) * xn).to(dtype)
         return x.to(tl.float32)
 
+    @triton.jit
+    def _waited_rstd(x_ptr, eps, K, BLOCK_K: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
+        # PDL: wait for the kernel before (its writes are visible past the wait), then let the next one launch (it
+        # waits for this one before reading anything); then :func:`_rstd`, which reads x, the kernel before's output
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        return _rstd(x_ptr, eps, K, BLOCK_K, NORM)
+
     # Triton resolves the names a kernel calls in its module's globals (the interpreter too), not in a closure;
     # the interpreter also looks for triton.language there when another module's kernel calls these
     globals()["_rstd"], globals()["_input"], globals()["tl"] = _rstd, _input, tl
-    return _rstd, _input
+    globals()["_waited_rstd"] = _waited_rstd
+    return _rstd, _input, _waited_rstd
 
 
 @functools.lru_cache(maxsize=1)
@@ -141,16 +151,11 @@ def _kernel():
         start = 0
         if PDL and EVEN_N and EVEN_K:  # the first weight tile is read while the kernel before finishes
             w0 = tl.load(w_ptr + rows[:, None] * stride_n + cols[None, :])
-            tl.extra.cuda.gdc_wait()
-            rstd = _rstd(x_ptr, eps, K, BLOCK_K, NORM)
+            rstd = _waited_rstd(x_ptr, eps, K, BLOCK_K, NORM, PDL)
             acc += w0.to(tl.float32) * _input(x_ptr, nw_ptr, cols, cols < K, rstd, NORM)[None, :]
             start = BLOCK_K
         else:
-            if PDL:  # programmatic dependent launch: the kernel before is done and its writes are visible past here
-                tl.extra.cuda.gdc_wait()
-            rstd = _rstd(x_ptr, eps, K, BLOCK_K, NORM)
-        if PDL:  # the next kernel may launch now (it waits for this one before reading anything)
-            tl.extra.cuda.gdc_launch_dependents()
+            rstd = _waited_rstd(x_ptr, eps, K, BLOCK_K, NORM, PDL)
         for k0 in range(start, K, BLOCK_K):
             k = k0 + cols
             w_at = w_ptr + rows[:, None] * stride_n + k[None, :]
