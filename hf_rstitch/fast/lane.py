@@ -373,17 +373,17 @@ class FastLane:
         bucket, cache row of each row of ``new_ids``) for a call over some rows (:mod:`.lane_compact`); None: the
         live rows, in the bucket that holds them all."""
         with profile_scope(self.config.profile):  # launches (and captures) decide their features now
-            return self._run_buckets(new_ids, want_hidden, rows)
+            return self._run_buckets(new_ids, want_hidden, *(() if rows is None else (rows,)))
 
-    def _run_buckets(self, new_ids: torch.Tensor, want_hidden: bool, rows=None):
+    def _run_buckets(self, new_ids: torch.Tensor, want_hidden: bool, *rows):
         width, top = new_ids.shape[1], self.config.max_bucket
         if width > top:  # longer than any bucket: whole largest buckets first, then the rest
             self.long_calls += 1
             head = (width - 1) // top * top  # leaves 1..top tokens for the last call
             for start in range(0, head, top):
-                self._run_bucket(new_ids[:, start:start + top], False, rows)
-            return self._run_bucket(new_ids[:, head:], want_hidden, rows)
-        return self._run_bucket(new_ids, want_hidden, rows)
+                self._run_bucket(new_ids[:, start:start + top], False, *rows)
+            return self._run_bucket(new_ids[:, head:], want_hidden, *rows)
+        return self._run_bucket(new_ids, want_hidden, *rows)
 
     def _run_bucket(self, new_ids: torch.Tensor, want_hidden: bool, placed=None):
         """One graph call over the batch bucket's rows; ``new_ids`` ``[B, width]`` of the live rows (or of the rows
