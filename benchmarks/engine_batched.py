@@ -27,10 +27,11 @@ the LLM if any row's token is the LLM's.
 Who decides the stitched routes (``--policies``, a row's ``policy`` field): ``entropy``, the R-Stitch rule
 (``EntropyPolicy``, threshold ``lab.TAU``), and ``router``, R-Stitch+ (a random router that votes for the LLM
 wherever it is asked), decide them from the models' entropies, forced to follow the routes (``lab.RoutedPair``):
-the path a user's call runs, its decisions read from the device. ``replay`` replays them (``ReplayPolicy``): the
-decisions are on the host and the loop never reads them from the device (the bound); ``--decisions device``
-returns the same decisions on the GPU instead, as an entropy policy's are (the loop pays those reads and cannot
-run the LLM ahead). Every policy runs on the same forced models; the LLM and the SLM alone are replayed.
+the path a user's call runs: its decisions read from the device a step late, the next step guessed and rolled back
+at a hand-over where that pays (``hf_rstitch.decode.loop``, ``hf_rstitch.core.guessing``). ``replay`` replays them
+(``ReplayPolicy``): the decisions are on the host and the loop never reads them from the device (the bound);
+``--decisions device`` returns the same decisions on the GPU instead, as an entropy policy's are (the loop then
+reads them as it reads the policies'). Every policy runs on the same forced models; the LLM and the SLM alone are replayed.
 
 Writes ``engine_batched_<gpu>.json`` (``rows``: ``{"batch", "method", "seconds", "floor_seconds"}``
 plus details, device, versions, date), ``.md`` and ``.png``; prints one compact JSON document last.

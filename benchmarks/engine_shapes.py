@@ -11,7 +11,9 @@ Everything runs through ``generate(..., stitch_engine="auto")``, each model or p
 one after another, under each policy of ``--policies`` (a row's ``policy`` field): ``entropy``, the R-Stitch rule
 (:class:`hf_rstitch.EntropyPolicy`, threshold :data:`lab.TAU`) and ``router``, R-Stitch+ (a random router of the
 paper's size that votes for the LLM wherever it is asked; the stitched route only) decide the route themselves
-from the models' entropies, which :class:`lab.RoutedPair` forces to follow it (the path a user's call runs);
+from the models' entropies, which :class:`lab.RoutedPair` forces to follow it (the path a user's call runs: the
+fast engine reads their decisions a step late, guessing the next step and rolling it back at a hand-over where that
+pays, :mod:`hf_rstitch.decode.loop`);
 ``replay`` replays it (:class:`hf_rstitch.ReplayPolicy`, no policy: the bound the others approach). Every policy
 runs on the same forced models (a few small kernels a forward of both); ``roles_match`` says the route was met.
 

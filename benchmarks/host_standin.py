@@ -100,8 +100,8 @@ def request_ops() -> float:
     """Tensor operations a step of the request engine (one request, greedy, the SLM writing every token) outside
     its lanes' calls (eager tiny lanes; their calls are not counted)."""
     from engine_profile import PROMPT, build
-    from hf_rstitch.serving.request_types import Request
-    from hf_rstitch.serving.requests import RequestEngine
+    from hf_rstitch.batching.request_types import Request
+    from hf_rstitch.batching.requests import RequestEngine
 
     model = build("tiny-qwen3", "cpu")
     engine = RequestEngine(model, model, threshold=1.0, max_batch=1, engine="default")

@@ -4,15 +4,15 @@
 ``serve_reasoning.py`` holds the server against), counting its window by the same rule
 (:func:`serve_clients.summarize`).
 
-:class:`Phases` wraps, while installed, each lane's ``advance`` and ``account`` and the engine's ``_admit`` (joins
-and their prefill) of one :class:`~hf_rstitch.serving.requests.RequestEngine`; per lane it counts calls, the
-batch a call ran (the rows of the fast lane's graphs, its ``row_counts``: only the rows a call needs where the lane
-gathers them, :mod:`hf_rstitch.fast.lane_compact`, else every row of its batch bucket), the rows that took part (the records the call made, or its
-run-ahead's ``account``), the columns read, and the device time between CUDA events recorded around the call
-(from when the device reached it: the lane's kernels, plus any wait for the host in between). ``summary`` gives
-ms a step and the share of the step's wall time of each: ``slm``, ``llm``, ``joins``, and ``other`` (host work
-the device did not overlap -- sampling, hand-over reads, bookkeeping -- and idle time). On CPU (no CUDA) the
-times are the host's around each call.
+:class:`Phases` wraps, while installed, each lane's ``advance`` and ``account``, the scheduler's admission (which
+requests join, a chunk of their prompts) and the executor's ``apply`` (their rows' prefill into the batch) of one
+:class:`~hf_rstitch.batching.requests.RequestEngine`; per lane it counts calls, the batch a call ran (the rows
+of the fast lane's graphs, its ``row_counts``: only the rows a call needs where the lane gathers them,
+:mod:`hf_rstitch.fast.lane_compact`, else every row of its batch bucket), the rows that took part (the records the call made, or its run-ahead's ``account``), the columns
+read, and the device time between CUDA events recorded around the call (from when the device reached it: the lane's
+kernels, plus any wait for the host in between). ``summary`` gives ms a step and the share of the step's wall time
+of each: ``slm``, ``llm``, ``joins``, and ``other`` (host work the device did not overlap -- sampling, hand-over
+reads, bookkeeping -- and idle time). On CPU (no CUDA) the times are the host's around each call.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ class Phases:
             lane.advance = self._timed(name, lane.advance, lane)
             if hasattr(lane, "account"):  # lanes that run ahead (the fast lane)
                 lane.account = self._counted(name, lane.account)
-        self.engine._admit = self._timed("joins", self.engine._admit, None)
+        sched, ex = self.engine.scheduler, self.engine.executor
+        sched._admit = self._timed("joins", sched._admit, None)  # who joins, and a chunk of their prompts
+        ex.apply = self._timed("joins", ex.apply, None)  # their rows' prefill into the batch
         self._t0 = time.perf_counter()
         return self
 
@@ -52,7 +54,8 @@ class Phases:
         for lane in self.engine.lanes.values():
             for attr in ("advance", "account"):
                 lane.__dict__.pop(attr, None)
-        self.engine.__dict__.pop("_admit", None)
+        self.engine.scheduler.__dict__.pop("_admit", None)
+        self.engine.executor.__dict__.pop("apply", None)
 
     def _event(self):
         if not self.cuda:
@@ -146,7 +149,7 @@ def engine_closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: 
     half (:class:`Phases`)."""
     import torch
 
-    from hf_rstitch.serving.requests import Request
+    from hf_rstitch.batching.requests import Request
 
     lengths, role = cfg["lengths"], ("llm" if cfg["method"] == "llm_only" else None)
     started, records, slot_of, nxt = {}, [], {}, list(range(concurrency))  # slot k sends k, k + c, ... (the clients')

@@ -114,7 +114,7 @@ def build_engine(cfg: dict, llm, slm):
         from serve_standin import StandinEngine, StandinTiming
 
         return StandinEngine(cfg["max_batch"], timing=StandinTiming(**cfg["standin"]))
-    from hf_rstitch.serving.requests import RequestEngine
+    from hf_rstitch.batching.requests import RequestEngine
 
     policy = replay_policy(cfg["max_batch"], cfg["llm_share"], llm.device if cfg["decisions"] == "device" else None)
     return RequestEngine(llm, slm, max_batch=cfg["max_batch"], max_waiting=cfg["max_batch"], policy=policy,
@@ -123,7 +123,7 @@ def build_engine(cfg: dict, llm, slm):
 
 def warm(engine, cfg: dict) -> float:
     """Every batch bucket's graphs captured (two waves of short requests at the full batch), joins included."""
-    from hf_rstitch.serving.requests import Request
+    from hf_rstitch.batching.requests import Request
 
     t0 = time.perf_counter()
     role = "llm" if cfg["method"] == "llm_only" else None

@@ -1,7 +1,7 @@
 """A stand-in for the request engine that writes tokens at a set rate, no model: the server's own ceiling.
 
 :class:`StandinEngine` has the ``submit / cancel / step / has_work / run`` API of
-:class:`~hf_rstitch.serving.requests.RequestEngine` and returns the real ``Event`` objects, one token per
+:class:`~hf_rstitch.batching.requests.RequestEngine` and returns the real ``Event`` objects, one token per
 running row per step, each request running to its ``max_new_tokens`` (no EOS). A step takes
 ``base_ms + row_ms * rows`` of wall time, of which ``host_ms`` is Python that holds the GIL -- split into
 ``host_slices`` pieces with the GIL released between them, as the real engine's host code releases it at every
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from hf_rstitch.core.roles import Role
 from hf_rstitch.core.trace import StitchTrace
-from hf_rstitch.serving.request_types import Event, QueueFull
+from hf_rstitch.batching.request_types import Event, QueueFull
 
 
 @dataclass

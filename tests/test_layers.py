@@ -1,4 +1,4 @@
-"""Dependencies point one way (STYLE.md: core <- decode <- fast <- engine <- hf <- eval / serving <- cli).
+"""Dependencies point one way (STYLE.md: core <- decode <- fast <- engine <- hf <- eval / batching <- cli).
 
 The import graph -- module-level and function-level imports alike -- has no cycle, and no module imports
 one of a higher layer. The layers and how the graph is read: ``tools/architecture.py``, which also prints

@@ -11,7 +11,7 @@ later); ``from pkg import name`` is an edge to ``pkg.name`` when that is a modul
 ``__init__``. A parent package's ``__init__`` that Python runs on the way is not an edge, and neither is
 ``import hf_rstitch`` (the facade: it runs before any module of the package anyway).
 
-The layers (STYLE.md: core <- decode <- fast <- engine <- hf <- eval / serving <- cli); a module may import
+The layers (STYLE.md: core <- decode <- fast <- engine <- hf <- eval / batching <- cli); a module may import
 its own layer or a lower one, never a higher one:
 
 0 core      ``core``, ``resources``, ``sources`` (torch-only decisions and torch-free helpers)
@@ -20,7 +20,7 @@ its own layer or a lower one, never a higher one:
 3 engine    ``engine`` (a pair's engine: which one runs it, and how it is built)
 4 hf        ``hf`` (the glue to transformers' ``generate``); ``latency`` (the latency model and the profiler
             that fits it, which runs models through ``hf``)
-5 eval/serving/training  ``eval``, ``serving`` (the request engine), ``serve`` (its HTTP server),
+5 eval/batching/training ``eval``, ``batching`` (the request engine), ``serve`` (its HTTP server),
             ``toyworld``, ``training`` (training the router: a client of eval and toyworld)
 6 cli       ``cli``, ``hub_template``, ``ui`` (the Gradio app), the package facade ``hf_rstitch`` (``__init__``, ``__main__``)
 
@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "hf_rstitch"
-LAYER_NAMES = ["core", "decode", "fast", "engine", "hf", "eval/serving/training", "cli"]
+LAYER_NAMES = ["core", "decode", "fast", "engine", "hf", "eval/batching/training", "cli"]
 LAYERS = {
     "hf_rstitch": 6, "hf_rstitch.__main__": 6, "hf_rstitch.cli": 6, "hf_rstitch.hub_template": 6,
     "hf_rstitch.ui": 6,
@@ -50,7 +50,7 @@ LAYERS = {
     "hf_rstitch.fast": 2, "hf_rstitch.router": 2,
     "hf_rstitch.engine": 3,
     "hf_rstitch.hf": 4, "hf_rstitch.latency": 4,
-    "hf_rstitch.eval": 5, "hf_rstitch.serving": 5, "hf_rstitch.serve": 5, "hf_rstitch.toyworld": 5,
+    "hf_rstitch.eval": 5, "hf_rstitch.batching": 5, "hf_rstitch.serve": 5, "hf_rstitch.toyworld": 5,
     "hf_rstitch.training": 5,
 }
 KERNEL_TESTS = [f"tests/fast/{name}.py" for name in

@@ -53,14 +53,13 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline by default: no usage report, no version check
-    from ..ui import app
+    from ..ui import serve
     from ..ui.pair import PairError
 
     try:
-        page = app(cfg.llm or None, cfg.slm or None, cfg.router or None)
+        serve(cfg.llm or None, cfg.slm or None, cfg.router or None, server_name=cfg.host,
+              server_port=cfg.port or free_port(cfg.host), share=cfg.share, show_error=True, quiet=False)
     except PairError as err:
         print(f"rstitch ui: error: {err}", file=sys.stderr)
         return 2
-    page.launch(server_name=cfg.host, server_port=cfg.port or free_port(cfg.host), share=cfg.share,
-                show_error=True, quiet=False)
     return 0

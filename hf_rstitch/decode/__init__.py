@@ -2,7 +2,7 @@
 
 The decode layer knows nothing about tokenizers, GenerationConfig, ``generate`` or requests; it works on
 token-id tensors, a routing policy (:mod:`hf_rstitch.core.policies`), a logits processor and a stopping
-rule. :mod:`hf_rstitch.hf` adapts it to transformers, :mod:`hf_rstitch.serving` runs a stream of requests
+rule. :mod:`hf_rstitch.hf` adapts it to transformers, :mod:`hf_rstitch.batching` runs a stream of requests
 through it, :mod:`hf_rstitch.fast` is a second implementation of its lane protocol and :mod:`hf_rstitch.engine`
 chooses and builds a pair's engine; it imports none of those. The names below load torch on first use only.
 """

@@ -20,7 +20,7 @@ columns is the distance between the row's positions, and a window over the last 
 is the row's own window over its last ``W`` tokens, padding masked. transformers' sliding
 layers keep exactly those columns, so sliding-window and hybrid models batch like any other.
 
-Rows joining a running batch (continuous batching, :mod:`hf_rstitch.serving.requests`):
+Rows joining a running batch (continuous batching, :mod:`hf_rstitch.batching.requests`):
 :meth:`Lane.pad_left` prepends masked columns to every row (a prompt longer than the batch's
 columns), :meth:`Lane.add_rows` appends rows whose first ``n_seen`` columns it prefills alone,
 then merges into the cache; :meth:`Lane.trim_left` drops leading columns that are padding in
@@ -73,6 +73,7 @@ class Lane:
     """
 
     run_ahead = False  # each call runs only the rows that take part (decode.protocol)
+    ahead_of_decisions = False  # no run-ahead: nothing to guess before a decision reaches the host
     capacity = None  # a DynamicCache grows: no bound
 
     def __init__(self, model: PreTrainedModel, role: Role, vocab: int, batch_size: int = 1, timing: bool = False):

@@ -25,6 +25,29 @@ records this one. A lane runs every row either way, so the early call serves the
 takes part; its records are made then (``account``). If rows finished meanwhile, their part of the
 early call is dropped; if every row finished, the whole call is (the lane has read one column more,
 which the next generation's reset forgets). Outputs and traces do not change.
+
+Decisions read a step late (``guess``, lanes whose ``ahead_of_decisions`` allows it: the fast engine on CUDA,
+where the policy decides on the device -- the entropy rule, the router): the host learns a step's routing
+decisions from a page-locked copy with the stopping flags, one wait a step, after the next step is queued.
+
+* Every row is the SLM's: the step returns without reading the SLM's hand-over decisions (``StepOut.guess``), as
+  if every row kept its proposal; its token is picked, the stopping check queued and the SLM's next step run
+  ahead over that token. Where the decisions hand no row over, that is the step. Where some row was handed over,
+  the guess is undone -- the SLM's early call rolled back (``crop``: its cache's write offset moves back, no copy),
+  the random state the sampled tokens drew from restored -- and the step is finished as it would have been had
+  the host read the decisions first (:func:`~hf_rstitch.decode.step.settle`): the handed rows run the LLM, the
+  tokens are picked again, the processors and stopping criteria called again (they must be pure) and only then
+  shown to ``on_token``. The policy is asked once either way.
+* Every row is the LLM's: the LLM's next step is run ahead, as if it kept its rows. Its token is kept either way,
+  so the call is right for any row it keeps; where it hands every row back, the call is rolled back (the next
+  step may not call the LLM, whose cache then reads on as if it had not run).
+
+Lanes left to themselves (``ahead_of_decisions=None``) guess only while it pays: a failed guess costs one step of
+the lane, not guessing the host's read-back gap (:class:`~hf_rstitch.core.guessing.GuessGate`, which sees every
+decision read). Tokens, scores, routes and traces do not change: the guess is only ever kept where it was right. A policy that
+decides on the host (a host tensor: a replayed route, a custom policy that reads its inputs back) is read before
+the next step as before; so is everything where ``guess`` is False (the ``generate`` glue's choice where a logits
+processor or stopping criterion is not known to be pure).
 """
 
 from __future__ import annotations
@@ -35,11 +58,12 @@ from typing import Callable
 
 import torch
 
+from ..core.guessing import GuessGate
 from ..core.policies import RoutingPolicy
 from ..core.roles import Role
 from ..core.sampling import pick_tokens
 from ..core.trace import StitchTrace
-from .step import Ahead, Routing, StepOut, call_early, run_step, to_device
+from .step import Ahead, Routing, StepOut, call_early, decides_late, roll_back, run_step, settle, to_device
 
 # (sequence [B, T], raw logits [B, V]) -> processed scores [B, V]
 Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -68,6 +92,7 @@ def stitch_loop(
     keep_scores: bool = False,
     keep_logits: bool = False,
     drop_finished: bool = True,
+    guess: bool = True,
 ) -> StitchResult:
     """Decode until ``should_stop`` says so for every row, alternating the SLM and LLM lanes.
 
@@ -86,6 +111,9 @@ def stitch_loop(
         on_token: called with each step's tokens ``[B]`` (pad for finished rows), e.g. streamers.
         keep_scores / keep_logits: keep processed scores / raw logits of every step.
         drop_finished: stop running finished rows through the models (see the module docstring).
+        guess: lanes that decide late may go on before a step's routing decisions reach the host (see the module
+            docstring); ``process`` and ``should_stop`` must then be pure functions of their inputs: a guessed step
+            undone at a hand-over calls them again. False: every decision is read before the next step is queued.
     """
     lanes = engine if isinstance(engine, dict) else engine.lanes()
     batch = input_ids.shape[0]
@@ -102,30 +130,42 @@ def stitch_loop(
     ahead = None  # the next step's first lane call, run early (run_ahead)
     flags = _HostFlags(batch)
     every = torch.ones(batch, dtype=torch.bool)  # [B] host, read only: `accounted` while no row has finished
+    gate = GuessGate() if guess else None  # when a guess pays (lanes whose ahead_of_decisions is None)
     for index in itertools.count():
         accounted = every if live is None else unfinished[in_lanes]
-        out = run_step(lanes, seq if at is None else seq[at], mask if at is None else mask[at], routing, policy,
-                       index, in_lanes, accounted, ahead=ahead)
-        logits = out.logits if at is None else out.logits.new_zeros(batch, out.logits.shape[-1]).index_copy_(0, at, out.logits)
-        scores = logits if process is None else process(seq, logits)
-        found = out.greedy if process is None and not do_sample and at is None else None  # the lanes' argmax
-        tokens = found if found is not None else pick_tokens(scores, do_sample)  # [B]
-        if live is not None:
-            tokens = torch.where(live, tokens, torch.full_like(tokens, pad_token_id))
-        seq = torch.cat([seq, tokens[:, None]], dim=-1)
-        mask = room.take(seq.shape[1])
+        here = (seq, mask) if at is None else (seq[at], mask[at])
+        out = run_step(lanes, *here, routing, policy, index, in_lanes, accounted, ahead=ahead, guess=gate)
+        while True:  # once; twice where a guessed step meets a hand-over and is undone
+            draws = _Draws(out.logits.device, do_sample and out.guess is not None)
+            logits = out.logits if at is None else out.logits.new_zeros(batch, out.logits.shape[-1]).index_copy_(0, at, out.logits)
+            scores = logits if process is None else process(seq, logits)
+            found = out.greedy if process is None and not do_sample and at is None else None  # the lanes' argmax
+            tokens = found if found is not None else pick_tokens(scores, do_sample)  # [B]
+            if live is not None:
+                tokens = torch.where(live, tokens, torch.full_like(tokens, pad_token_id))
+            longer = torch.cat([seq, tokens[:, None]], dim=-1)
+            wide = room.take(longer.shape[1])
+            stop = should_stop(longer, scores)
+            decided = out.back if out.guess is None else out.guess
+            flags.start(stop, decided, tokens if on_token is not None else None)  # queued before any early call
+            ahead = run_ahead(lanes, out, longer if at is None else longer[at], wide if at is None else wide[at],
+                              policy.needs_hidden, guess=gate)
+            done, decided, shown = flags.wait()  # the step's one wait for the device
+            if out.guess is None or not bool(decided.any()):
+                break
+            roll_back(lanes, ahead)  # a row was handed over: the SLM's token and its early call are undone
+            draws.restore()
+            out = settle(lanes, out, decided, *here, routing, policy, index, in_lanes, accounted)
+        back = None if out.guess is not None else decided  # a guess kept: no LLM ran
+        ahead = _settle_ahead(lanes, out, back, ahead, gate)
+        seq, mask = longer, wide
         if on_token is not None:
-            on_token(tokens)
-        stop = should_stop(seq, scores)
-        flags.start(stop, out.back)  # to the host, queued before any early call: waiting for it waits for no more
-        ahead = run_ahead(lanes, out, seq if at is None else seq[at], mask if at is None else mask[at],
-                          policy.needs_hidden)
+            on_token(shown)
         book.record(in_lanes, accounted, out, live is None)
         if keep_scores:
             scores_kept.append(scores)
         if keep_logits:
             logits_kept.append(logits)
-        done, back = flags.wait()  # the step's one wait for the device
         routing.after(out.writer_llm, back, no_llm=out.no_llm)
         if not bool(done.any()):  # the common step: nothing else to update
             continue
@@ -139,6 +179,24 @@ def stitch_loop(
     return StitchResult(seq, book.finish(), scores_kept, logits_kept)
 
 
+def _settle_ahead(lanes: dict, out: StepOut, back: torch.Tensor | None, ahead: Ahead | None, gate) -> Ahead | None:
+    """The step's early call once its decisions are on the host: an LLM call guessed (it keeps its rows) is rolled
+    back where the LLM handed every row back (the next step may not call it). The gate sees how the step's
+    decisions went against a guess: the SLM's, where every row was the SLM's; the LLM's, where it wrote every row."""
+    if gate is None:
+        return ahead
+    if out.slm_alone:
+        gate.saw(Role.SLM, not out.no_llm)  # some row handed over
+    if back is None or not out.all_llm:
+        return ahead
+    every_back = bool(back.all())
+    gate.saw(Role.LLM, every_back)
+    if every_back and ahead is not None and ahead.role is Role.LLM and ahead.since is not None:
+        roll_back(lanes, ahead)
+        return None
+    return ahead
+
+
 def _drop_finished(lanes: dict, routing: Routing, unfinished: torch.Tensor, in_lanes: torch.Tensor, ahead):
     """Finished rows leave the lanes, the routing and a run-ahead output; returns the rows left
     (caller row of each lane row) and the cut run-ahead output."""
@@ -149,29 +207,37 @@ def _drop_finished(lanes: dict, routing: Routing, unfinished: torch.Tensor, in_l
     return in_lanes[keep], keep_ahead(ahead, keep)
 
 
-def next_lane(out: StepOut) -> Role | None:
+def next_lane(out: StepOut, late: bool = False) -> Role | None:
     """The lane the step after ``out`` calls first, if the host knows it now: the SLM's when some row will
     be the SLM's (it wrote the row's token, or the LLM hands the row back and the policy said so on the
     host); the LLM's when it keeps every row and the host knows it; else None (the LLM's decision to hand
-    back is still on the device)."""
+    back is still on the device, or ``late``: the loop reads it a step late wherever it is)."""
     back = out.back
-    if back is None or back.device.type != "cpu":
+    if back is None or late or back.device.type != "cpu":
         every_llm = out.all_llm if out.all_llm is not None else bool(out.writer_llm.all())
         return Role.SLM if not every_llm else None
     llm_next = out.writer_llm & ~back
     return Role.LLM if bool(llm_next.all()) else Role.SLM
 
 
-def run_ahead(lanes: dict, out: StepOut, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool) -> Ahead | None:
+def run_ahead(lanes: dict, out: StepOut, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool,
+              guess: GuessGate | None = None) -> Ahead | None:
     """The next step's first lane call over ``seq`` (this step's tokens appended), run now, when the host
-    knows which lane it is (:func:`next_lane`) and that lane allows it; else None."""
-    role = next_lane(out)
+    knows which lane it is (:func:`next_lane`) and that lane allows it; else None. With ``guess`` (the loop's gate),
+    also where the
+    LLM's hand-back decisions are read a step late (its lane :func:`decides_late`) and it wrote every row's token:
+    the LLM, guessing it keeps every row. A call after a guessed step (``out.guess``) or a guessed LLM call is itself
+    a guess (``Ahead.since`` set): the caller undoes it (:func:`roll_back`) where the decision went the other way."""
+    late = guess is not None and out.back is not None and decides_late(lanes[Role.LLM], out.back, guess)
+    role, guessed = next_lane(out, late), out.guess is not None
+    if role is None and late:
+        role, guessed = Role.LLM, True
     if role is None:
         return None
     lane = lanes[role]
     if lane.capacity is not None and seq.shape[1] > lane.capacity:  # a last step past the cache: never needed
         return None
-    return call_early(lane, seq, mask, want_hidden and role is Role.SLM)
+    return call_early(lane, seq, mask, want_hidden and role is Role.SLM, guessed)
 
 
 def keep_ahead(ahead: Ahead | None, keep: torch.Tensor) -> Ahead | None:
@@ -180,7 +246,8 @@ def keep_ahead(ahead: Ahead | None, keep: torch.Tensor) -> Ahead | None:
         return None
     hidden = ahead.hidden.index_select(0, to_device(keep, ahead.hidden.device)) if ahead.hidden is not None else None
     rows = ahead.rows[keep] if ahead.rows is not None else None
-    return Ahead(ahead.role, ahead.logits.index_select(0, to_device(keep, ahead.logits.device)), hidden, rows)
+    return Ahead(ahead.role, ahead.logits.index_select(0, to_device(keep, ahead.logits.device)), hidden, ahead.since,
+                 rows)
 
 
 class _MaskRoom:
@@ -212,30 +279,59 @@ class _HostFlags:
         self.buffer: torch.Tensor | None = None  # [2 * batch] bool, pinned, made at the first CUDA step
         self.event: torch.cuda.Event | None = None  # marks the copy's end; recorded again each step
         self.batch = batch
+        self.tokens: torch.Tensor | None = None  # [batch] long, pinned: the step's tokens for ``on_token``
         self.pending = None
 
-    def start(self, finished: torch.Tensor, back: torch.Tensor | None) -> None:
+    def start(self, finished: torch.Tensor, back: torch.Tensor | None, tokens: torch.Tensor | None = None) -> None:
+        """Queue the copies of ``finished`` and ``back`` (``[b]`` bool) and, where given, the step's ``tokens``."""
         rows = len(finished)
         apart = back.cpu() if back is not None and back.device != finished.device else None
         both = finished.bool() if back is None or apart is not None else torch.cat([finished.bool(), back])
         if both.device.type != "cuda":
-            self.pending = (both.cpu(), None, rows, back is not None and apart is None, apart)
+            tokens = tokens.cpu() if tokens is not None else None
+            self.pending = (both.cpu(), None, rows, back is not None and apart is None, apart, tokens)
             return
         if self.buffer is None:
             self.buffer = torch.empty(2 * self.batch, dtype=torch.bool, pin_memory=True)
             self.event = torch.cuda.Event()
         host = self.buffer[: len(both)]
         host.copy_(both, non_blocking=True)
+        if tokens is not None:
+            if self.tokens is None:
+                self.tokens = torch.empty(self.batch, dtype=tokens.dtype, pin_memory=True)
+            tokens = self.tokens[: len(tokens)].copy_(tokens, non_blocking=True)
         self.event.record(torch.cuda.current_stream(both.device))  # the flags' device, not the current one
-        self.pending = (host, self.event, rows, back is not None and apart is None, apart)
+        self.pending = (host, self.event, rows, back is not None and apart is None, apart, tokens)
 
-    def wait(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        host, event, rows, with_back, apart = self.pending
+    def wait(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``(done, back, tokens)`` on the host, the last None where :meth:`start` was given none."""
+        host, event, rows, with_back, apart, tokens = self.pending
         if event is not None:
             event.synchronize()
-            host = host.clone()  # the page-locked buffer is reused by the next step
+            host = host.clone()  # the page-locked buffers are reused by the next step
+            tokens = tokens.clone() if tokens is not None else None
         done = host if host.shape[0] == rows else host[:rows]  # no view op where the flags are all there is
-        return done, (host[rows:] if with_back else apart)
+        return done, (host[rows:] if with_back else apart), tokens
+
+
+class _Draws:
+    """The state of the random numbers a step's sampled tokens draw from (the default generator of the scores'
+    device), kept before a guessed step draws (``keep``) and restored where the guess is undone: the step then
+    draws again from the same state, as it would have had it read its decisions first."""
+
+    def __init__(self, device: torch.device, keep: bool):
+        self.device = device
+        self.state = None
+        if keep:  # no device sync: a CUDA generator's state (seed, offset) lives on the host
+            self.state = torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+    def restore(self) -> None:
+        if self.state is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(self.state, self.device)
+        else:
+            torch.set_rng_state(self.state)
 
 
 class _TraceBook:

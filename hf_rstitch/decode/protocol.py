@@ -20,7 +20,7 @@ Verbs (tensors on the host are marked CPU):
 * ``keep_rows(index)`` -- keep only rows ``index`` (CPU long), in that order.
 * ``reset()`` -- forget everything, ready for a new generation.
 
-For continuous batching (:mod:`hf_rstitch.serving.requests`) both lanes also have
+For continuous batching (:mod:`hf_rstitch.batching.requests`) both lanes also have
 ``add_rows(seq, mask)`` (append rows laid out in the shared columns), ``pad_left(n)`` (prepend
 ``n`` masked columns to every row), ``trim_left(n)`` (drop leading columns that are padding in
 every row) and ``hold_rows(index)`` (rows that gain no token this step move one column right: a
@@ -34,6 +34,10 @@ Optional verbs, declared on the protocol with what the eager lane answers (the f
   step that uses the call then asks it for the records with ``account(total, rows, resumed) -> {row:
   ForwardCall}``. A step may likewise queue the LLM's call before it reads the SLM's hand-over decisions
   from the device. See :mod:`hf_rstitch.decode.loop`.
+* ``ahead_of_decisions`` (eager: False) -- with ``run_ahead``, the loop may also queue the next step before a
+  routing decision reaches the host, guessing that the deciding model keeps control: True always, None where
+  the decision is on a device (:func:`hf_rstitch.decode.step.decides_late`). A lane that allows it has
+  ``crop(total)``: forget the columns read past ``total`` (the guessed call undone at a hand-over).
 * ``capacity`` (eager: None, no bound) -- the longest sequence the lane's cache holds.
 * ``entropy(logits) -> [B]`` float32 -- the normalized entropy of its own logits (eager:
   :func:`hf_rstitch.core.entropy.normalized_entropy`; the fast lane: its fused kernels).
@@ -69,6 +73,7 @@ class LaneProtocol(Protocol):
     def reset(self) -> None: ...
 
     run_ahead: bool
+    ahead_of_decisions: bool | None
     capacity: int | None
 
     def entropy(self, logits: torch.Tensor) -> torch.Tensor: ...

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.guessing import GuessGate
 from ..core.policies import RoutingPolicy, StepView
 from ..core.roles import Role
 from ..core.scheduling import LLMDemand, LLMSchedule
@@ -89,6 +90,9 @@ class StepOut:
     greedy: torch.Tensor | None = None  # [b] long: argmax of ``logits``, where the lanes found it (read-out)
     all_llm: bool | None = None  # writer_llm.all() and not writer_llm.any(), on the host (None: not known)
     no_llm: bool | None = None
+    slm_logits: torch.Tensor | None = None  # [b, V] the SLM's logits where it ran
+    slm_alone: bool = False  # every row was the SLM's before the step (its decisions were the only ones)
+    guess: torch.Tensor | None = None  # [b] bool on the device: the SLM's hand-over decisions, not read yet (settle)
 
 
 @dataclass
@@ -99,13 +103,15 @@ class Ahead:
     role: Role
     logits: torch.Tensor  # [b, V]
     hidden: torch.Tensor | None
+    since: int | None = None  # a guess (run before a decision it depends on reached the host): columns the lane
+    # had read before it, where a roll-back takes it (``crop``); None: the host knew the call was needed
     rows: torch.Tensor | None = None  # [b] bool CPU: the rows whose logits it holds (a lane's ``ran``); None: all
 
 
 def run_step(
     lanes: dict, seq: torch.Tensor, mask: torch.Tensor, routing: Routing, policy: RoutingPolicy,
     index: int, rows: torch.Tensor, accounted: torch.Tensor | None = None, schedule: LLMSchedule | None = None,
-    ahead: Ahead | None = None,
+    ahead: Ahead | None = None, guess: GuessGate | None = None,
 ) -> StepOut:
     """Advance the lanes by one token for every row of ``seq [b, T]`` and choose each row's writer.
 
@@ -125,12 +131,17 @@ def run_step(
         ahead: one lane's ``advance`` for these rows, already run (the loop's run-ahead): used instead
             of advancing that lane. Unused when the rows that needed it finished meanwhile: the lane
             has read the column early, which its next call skips; no records were made.
+        guess: the ``generate`` loop's gate (:class:`~hf_rstitch.core.guessing.GuessGate`; None: never guess).
+            When every row is the SLM's and its lane decides late (:func:`decides_late`), the step returns without
+            reading the SLM's hand-over decisions: the outcome as if no row were handed over, the decisions still on
+            the device in ``StepOut.guess``; the caller reads them later and, where some row was handed over,
+            finishes the step with :func:`settle`.
     """
     accounted = _every(len(rows)) if accounted is None else accounted
     llm_on, calls = routing.llm_on, []
     some_llm = not routing.slm_only and bool(llm_on.any())  # host flags read once: a tensor op costs microseconds
     slm_rows = ~llm_on if some_llm else None  # None: every row is the SLM's
-    slm_h = handed = slm_logits = None
+    slm = None
     if slm_rows is None or slm_rows.any():
         taking = accounted if slm_rows is None else slm_rows & accounted
         slm_logits, hidden, got = _advance(lanes[Role.SLM], ahead, seq, mask, taking, routing.last_llm,
@@ -138,10 +149,58 @@ def run_step(
         calls += got.items()
         slm_h = lanes[Role.SLM].entropy(slm_logits)
         decision = policy.hand_to_llm(StepView(index, slm_h, hidden, rows, slm_logits, seq))
+        if guess is not None and slm_rows is None and decides_late(lanes[Role.SLM], decision, guess):
+            slm = _SlmPart(slm_logits, slm_h, torch.zeros_like(llm_on), lanes[Role.SLM].greedy(slm_logits))
+            out = _finish(lanes, seq, mask, routing, policy, index, rows, accounted, schedule, None, calls, slm, False)
+            out.guess, out.slm_alone = decision, True
+            return out
         pending = send_to_host(decision)  # queued before an early LLM call: waiting for it waits for no more
         if ahead is None or ahead.role is not Role.LLM:
             ahead = _llm_before_decision(lanes[Role.LLM], decision, some_llm, schedule, seq, mask, llm_on)
         handed = on_host(pending).bool() if slm_rows is None else on_host(pending) & slm_rows
+        slm = _SlmPart(slm_logits, slm_h, handed)
+    return _finish(lanes, seq, mask, routing, policy, index, rows, accounted, schedule, ahead, calls, slm, some_llm)
+
+
+def settle(lanes: dict, out: StepOut, handed: torch.Tensor, seq: torch.Tensor, mask: torch.Tensor, routing: Routing,
+           policy: RoutingPolicy, index: int, rows: torch.Tensor, accounted: torch.Tensor | None = None) -> StepOut:
+    """The step :func:`run_step` returned guessed (``out.guess``), finished now that the host knows the SLM's
+    decisions ``handed`` (``[b]`` bool CPU): the rows handed over run the LLM, as :func:`run_step` would have run
+    them had it read the decisions at once. The policy is not asked again about the SLM's proposals."""
+    accounted = _every(len(rows)) if accounted is None else accounted
+    slm = _SlmPart(out.slm_logits, out.slm_entropy, handed.bool(), out.greedy)
+    return _finish(lanes, seq, mask, routing, policy, index, rows, accounted, None, None, list(out.calls), slm, False)
+
+
+def decides_late(lane, decision: torch.Tensor, gate: GuessGate | None = None) -> bool:
+    """Whether the step may go on before ``lane``'s policy decision reaches the host: the lane runs ahead and rolls
+    back, and its ``ahead_of_decisions`` is True, or None where the decision is on a device (not the host) and
+    ``gate`` (:class:`~hf_rstitch.core.guessing.GuessGate`; None: any) says a guess of the lane's pays."""
+    late = getattr(lane, "ahead_of_decisions", False)
+    if not lane.run_ahead or late is False:
+        return False
+    return late is True or (decision.device.type != "cpu" and (gate is None or gate.pays(lane.role)))
+
+
+@dataclass
+class _SlmPart:
+    """What the SLM's half of a step leaves for the rest: its logits, entropies, the rows handed over (host) and,
+    where found already, its greedy tokens."""
+
+    logits: torch.Tensor
+    entropy: torch.Tensor
+    handed: torch.Tensor
+    greedy: torch.Tensor | None = None
+
+
+def _finish(lanes: dict, seq, mask, routing: Routing, policy: RoutingPolicy, index: int, rows, accounted, schedule,
+            ahead: Ahead | None, calls: list, slm: _SlmPart | None, some_llm: bool) -> StepOut:
+    """The step after the SLM's half (``slm``; None: the SLM did not run): the LLM runs for its rows and those
+    handed over, and each row's writer is picked. ``some_llm``: some row was the LLM's before the step."""
+    llm_on, alone = routing.llm_on, slm is not None and not some_llm
+    slm_h = handed = slm_logits = None
+    if slm is not None:
+        slm_logits, slm_h, handed = slm.logits, slm.entropy, slm.handed
         llm_on = llm_on | handed if some_llm else handed  # discard these proposals: the LLM decodes the same position
         some_llm = bool(llm_on.any())
     llm_h = back = llm_logits = held = None
@@ -154,17 +213,19 @@ def run_step(
     elif some_llm:
         held = llm_on.clone()  # no LLM call: these rows wait; their logits below are the SLM's, unused
     by_writer = _ByWriter(llm_on, some_llm)
+    slm_greedy = slm.greedy if slm is not None else None
     return StepOut(by_writer(llm_logits, slm_logits), by_writer(llm_h, slm_h), llm_on, handed, slm_h, back, calls,
-                   held, _greedy(lanes, by_writer, llm_logits, slm_logits), by_writer.all, by_writer.none)
+                   held, _greedy(lanes, by_writer, llm_logits, slm_logits, slm_greedy), by_writer.all, by_writer.none,
+                   slm_logits=slm_logits, slm_alone=alone)
 
 
-def _greedy(lanes: dict, by_writer: "_ByWriter", llm_logits, slm_logits) -> torch.Tensor | None:
+def _greedy(lanes: dict, by_writer: "_ByWriter", llm_logits, slm_logits, slm_greedy=None) -> torch.Tensor | None:
     """Each row's argmax of its writer's logits where the lanes that wrote found it reading them out (the fast
-    lane's ``greedy``), else None: the caller computes it."""
+    lane's ``greedy``; the SLM's given as ``slm_greedy`` where found already), else None: the caller computes it."""
     found = {}
     for role, logits in ((Role.LLM, llm_logits), (Role.SLM, slm_logits)):
         if logits is not None:
-            found[role] = lanes[role].greedy(logits)
+            found[role] = slm_greedy if role is Role.SLM and slm_greedy is not None else lanes[role].greedy(logits)
             if found[role] is None:
                 return None
     return by_writer(found.get(Role.LLM), found.get(Role.SLM))
@@ -182,17 +243,18 @@ def _llm_before_decision(lane, decision: torch.Tensor, some_llm: bool, schedule,
     return call_early(lane, seq, mask, run=llm_on)
 
 
-def call_early(lane, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool = False,
+def call_early(lane, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool = False, guess: bool = False,
                run: torch.Tensor | None = None) -> Ahead | None:
     """``lane``'s next ``advance`` over ``seq``, queued before the host knows which rows take part, where the
     lane allows it (``run_ahead``: it runs every row anyway, or the rows ``run`` where it runs only the rows a
     call needs, ``compact``); else None. No rows take part in the call: the step that uses it makes their records
-    (``Lane.account``)."""
+    (``Lane.account``). ``guess``: the call may be undone (``crop``, the columns the lane had read noted in
+    ``Ahead.since``)."""
     if not lane.run_ahead:
         return None
-    nobody = _nobody(seq.shape[0])
+    nobody, since = _nobody(seq.shape[0]), lane.seen if guess else None
     logits, hidden, _ = lane.advance(seq, mask, nobody, nobody, want_hidden=want_hidden, **_rows_of(lane, run))
-    return Ahead(lane.role, logits, hidden, _ran(lane))
+    return Ahead(lane.role, logits, hidden, since, _ran(lane))
 
 
 def _rows_of(lane, run: torch.Tensor | None) -> dict:
@@ -204,6 +266,13 @@ def _rows_of(lane, run: torch.Tensor | None) -> dict:
 def _ran(lane) -> torch.Tensor | None:
     """The rows whose logits the lane's last ``advance`` returned (None: every row)."""
     return lane.ran if getattr(lane, "compact", None) is not None else None
+
+
+def roll_back(lanes: dict, ahead: Ahead | None) -> None:
+    """Undo a guessed early call (``ahead.since`` set): its lane forgets the columns it read (``crop``: a position
+    reset, not a copy); the call's outputs are dropped with it."""
+    if ahead is not None and ahead.since is not None:
+        lanes[ahead.role].crop(ahead.since)
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,4 +1,4 @@
-"""A request-engine step's values on their way to the host (:mod:`hf_rstitch.serving.requests`).
+"""A request-engine step's values on their way to the host (:mod:`hf_rstitch.batching.requests`).
 
 The step's tokens, entropies and hand-back decisions come back in one device-to-host copy
 (:func:`hf_rstitch.decode.step.send_to_host`). It is queued as soon as they exist, before the next

@@ -97,7 +97,7 @@ def refuse_sharded(llm, slm, spec) -> None:
 
 class Engine:
     """A pair's built engine: what :func:`build` made, handed down whole to what runs it (``stitch_loop``,
-    :class:`~hf_rstitch.serving.RequestEngine`, ``rstitch eval``).
+    :class:`~hf_rstitch.batching.RequestEngine`, ``rstitch eval``).
 
     Attributes:
         pair, config: what it was built for; ``kind`` and ``reason``: :func:`choose`'s answer.

@@ -1,6 +1,6 @@
 """Evaluation through continuous batching: ``rstitch eval --batch-size N`` with N > 1.
 
-Each method runs as one :class:`~hf_rstitch.serving.RequestEngine` over all its problems: up to N
+Each method runs as one :class:`~hf_rstitch.batching.RequestEngine` over all its problems: up to N
 problems decode together, and a problem that finishes hands its row to the next one at once.
 Greedy outputs equal the batch-size-1 harness's (each request equals its solo ``generate``), so
 accuracy and token counts are those of :mod:`.runner`; ``latency_s`` is the request's own wall
@@ -42,7 +42,7 @@ def run_continuous(methods: list[Method], problems: list[Problem], tokenizer: An
     ``engine``: the pair's built engine (:func:`hf_rstitch.engine.build`; ``rstitch eval`` builds it once, so one
     engine serves every method: lanes and graphs built once, and with ``--warmup`` captured before the first timed
     request); None: one built here, ``"auto"`` as everywhere else."""
-    from hf_rstitch.serving import RequestEngine
+    from hf_rstitch.batching import RequestEngine
 
     done = store.done()
     todo = {m.name: [p for p in problems if (p.dataset, p.id, m.name) not in done] for m in methods}
@@ -77,8 +77,8 @@ def _auto_engine(method: Method, batch_size: int, longest: int, schedule: str):
 
 
 def _request(prompt: list[int], s, eos: set[int], request_id: str, role):
-    """One problem as a :class:`~hf_rstitch.serving.Request` with a method's generation settings ``s``."""
-    from hf_rstitch.serving import Request
+    """One problem as a :class:`~hf_rstitch.batching.Request` with a method's generation settings ``s``."""
+    from hf_rstitch.batching import Request
 
     return Request(prompt, max_new_tokens=s.max_new_tokens, eos_token_id=sorted(eos), do_sample=s.do_sample,
                    temperature=s.temperature, top_p=s.top_p, seed=s.seed if s.do_sample else None,

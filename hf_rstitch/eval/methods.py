@@ -100,7 +100,7 @@ class Method:
         return [(new, self._counts(out, r, len(new))) for r, new in enumerate(news)]
 
     def engine_spec(self) -> dict[str, Any] | None:
-        """How :class:`~hf_rstitch.serving.RequestEngine` runs this method (``policy=`` for the engine,
+        """How :class:`~hf_rstitch.batching.RequestEngine` runs this method (``policy=`` for the engine,
         ``role=`` for each request), or None when it runs through ``generate`` at batch size 1 only."""
         return None
 

@@ -43,6 +43,11 @@ class FastConfig:
     rotary_table: bool = True
     # the generate loop may advance a lane one step early (hf_rstitch.decode.loop); None: with graphs
     run_ahead: bool | None = None
+    # with run_ahead: the generate loop queues the next step before a routing decision reaches the host (the
+    # deciding model keeps control, guessed; undone by a position reset at a hand-over, hf_rstitch.decode.loop);
+    # None: where the policy's decision is on a device (CUDA), not the host, and a guess pays; False (default: the
+    # guess's CUDA path is tested on the CPU only, not yet timed or run on a GPU): the host reads it first
+    ahead_of_decisions: bool | None = False
     # with compile="parts": each residual add of a pre-norm layer and the norm after it as one compiled piece
     # (.add_norm); None: on with compile="parts"
     fuse_add_norm: bool | None = None

@@ -10,7 +10,7 @@ slots are copied into its cache row. A group runs as one call per length bucket 
 largest bucket as several), so a step with ``k`` joins costs ``ceil(k / JOIN_ROWS)`` calls' worth of weight
 reads instead of ``k``.
 
-Chunked joins (:class:`Stage`, the request engine's ``prefill_chunk``, :mod:`hf_rstitch.serving.admission`): a
+Chunked joins (:class:`Stage`, the request engine's ``prefill_chunk``, :mod:`hf_rstitch.batching.chunked_prefill`): a
 group of joining prompts is laid out in the join twin alone -- right-aligned in the group's own columns -- and
 read a chunk of columns a step, at most a token budget a step (rows x columns, padding included), while the
 batch goes on decoding; once every prompt but its last token is read, the rows join the batch and each copies

@@ -9,12 +9,16 @@ stored: ``(layers, kv_heads, head_dim)``. A model whose layers store nothing, st
 values of different shapes, or call a cache verb the static cache lacks, is refused
 (:class:`KVShapeError`, with the reason): the fast engine's cache could not hold it.
 
-The result is kept on the model (it depends on the architecture, not on the weights).
+The result is kept on the model (it depends on the architecture, not on the weights). The probe's one
+forward routes the model's attention through the probe's function (a swap of ``config._attn_implementation``),
+so probes take turns under one lock and a model is probed once: threads making their first ``generate`` calls
+at once wait for the one probe and read its result, and never run a forward through another's swap.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 
 import torch
 from transformers import AttentionInterface
@@ -51,14 +55,18 @@ def kv_shape(model) -> tuple[int, int, int]:
     """
     known = model.__dict__.get(ATTRIBUTE)
     if known is None:
-        known = model.__dict__[ATTRIBUTE] = _probe(model)
+        with _PROBING:  # one probe at a time: its swap and counters are the model's and this module's
+            known = model.__dict__.get(ATTRIBUTE)  # another thread may have probed it while this one waited
+            if known is None:
+                known = model.__dict__[ATTRIBUTE] = _probe(model)
     if isinstance(known, str):
         raise KVShapeError(known)
     return known
 
 
 PROBE = "rstitch_probe"
-_ATTENDED = [0]  # calls of the probe's attention function during the current probe
+_PROBING = threading.Lock()  # held by the one probe running (kv_shape)
+_ATTENDED = [0]  # calls of the probe's attention function during the current probe (under _PROBING)
 _WINDOWS = [None]  # the probed model's layer windows: each layer's call is checked against them (.windows)
 
 

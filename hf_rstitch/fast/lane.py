@@ -189,6 +189,12 @@ class FastLane:
         timing, whose calls wait for the device anyway."""
         return self._run_ahead and not self.timing
 
+    @property
+    def ahead_of_decisions(self) -> bool | None:
+        """Whether the loop may go on before a routing decision reaches the host (see
+        :func:`hf_rstitch.decode.step.decides_late`): the plan's ``ahead_of_decisions``."""
+        return self.plan.ahead_of_decisions
+
     # ---- the Lane interface -------------------------------------------------------------------
     def advance(self, seq: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, resumed: torch.Tensor,
                 want_hidden: bool = False, run: torch.Tensor | None = None):
@@ -267,6 +273,10 @@ class FastLane:
         """The records an :meth:`advance` to ``total`` columns would have made for ``rows`` (``[B]`` bool CPU),
         for a call made early with no rows taking part (a run-ahead, whose rows were not known yet)."""
         return self.rows.records(self.role, total, rows.tolist(), resumed.tolist(), None)
+
+    def crop(self, total: int) -> None:
+        """Forget the columns past ``total`` (a guessed early call undone): :meth:`~.lane_rows.LaneRows.crop`."""
+        self.kv.crop(total)
 
     def entropy(self, logits: torch.Tensor) -> torch.Tensor:
         """As the lane protocol's: :meth:`~hf_rstitch.fast.lane_outputs.ReadOut.entropy`."""

@@ -86,6 +86,19 @@ class LaneRows:
         if self.paged:
             self.cache.reserve_columns(total, self.slots.slot, self.slots.pad)
 
+    def crop(self, total: int) -> None:
+        """Forget the columns past ``total`` (``0 < total <= seen``; a guessed early call undone): the write offset
+        moves back on the device, a position reset and no copy. The slots past it hold keys nothing reads (every
+        mask and the split kernel stop at the offset) until the next call writes over them; a paged cache keeps
+        the blocks it reserved for them."""
+        if not 0 < total <= self.seen:
+            raise ValueError(f"{self.role} lane: cannot crop to {total} columns; it has read {self.seen} (expected "
+                             f"0 < total <= {self.seen}: only columns read since the last call may be forgotten).")
+        if total < self.seen:
+            self.cache.pos.sub_(self.seen - total)
+            self.seen = total
+            self.slots.read = [min(r, total) for r in self.slots.read]  # columns before total hold what they read
+
     def live(self, out: torch.Tensor) -> torch.Tensor:
         """Rows of a graph output ``[b, ...]`` that belong to live rows, in the caller's order."""
         return out[: self.slots.n_live] if self.index is None else out.index_select(0, self.index)

@@ -76,6 +76,9 @@ class FastPlan:
     read_out: str  # "fused" (logits, entropy and greedy token in two kernels) or "eager"
     pdl: str  # programmatic dependent launch of the Triton kernels ("off", "one-row", "all")
     run_ahead: bool  # the loop may advance the lane a step early
+    # with run_ahead, the loop goes on before a routing decision reaches the host (guessed, rolled back at a hand-over):
+    # True; None: where the decision is on a device (a policy on the host, e.g. a custom one, is read first)
+    ahead_of_decisions: bool | None = False
     # per module class: the fused kernel that runs in its place, or why its own code runs (.module_plan)
     modules: tuple[ModuleChoice, ...] = ()
     compile_note: str | None = None  # why compile="parts" was not applied (regions.NOT_BIT_EQUAL), else None
@@ -110,7 +113,16 @@ class FastPlan:
             ("read-out", "fused (entropy and greedy token in two kernels)" if self.read_out == "fused"
              else "eager"),
             ("launch", f"PDL {self.pdl}; run-ahead {'on' if self.run_ahead else 'off'}"),
+            ("decisions", self._decisions()),
         ]
+
+    def _decisions(self) -> str:
+        if not self.run_ahead or self.ahead_of_decisions is False:
+            return "read on the host before the next step is queued"
+        if self.ahead_of_decisions:
+            return "read a step late: the next step guessed (the model keeps control), rolled back at a hand-over"
+        return ("read a step late where the policy decides on the device (the next step guessed, rolled back at a "
+                "hand-over); a policy deciding on the host (a custom one) is read before the next step")
 
     def _products(self) -> str:
         if self.products == "cublas":
@@ -174,6 +186,7 @@ def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head
         read_out="fused" if device.type == "cuda" and triton and dtype != torch.float64 else "eager",
         pdl=triton_support.PDL if triton_support.pdl(device, 1) else "off",
         run_ahead=graphs if config.run_ahead is None else config.run_ahead,
+        ahead_of_decisions=config.ahead_of_decisions,
         modules=choices(model, _norms_off(config, triton, dtype, device), None if add_norm else
                         f"add + norm fusion off (compile={compile!r})", _routers_off(config, dtype, device),
                         fold_norms),

@@ -179,7 +179,23 @@ class _Run:
             keep_scores=bool(config.output_scores),
             keep_logits=bool(config.output_logits),
             drop_finished=finished_rows_unseen(config, self.processors, self.criteria),
+            guess=pure_callbacks(self.processors, self.criteria),
         )
+
+
+# transformers' processors whose calls change their own state (a model's cache, rows seen so far): a second call
+# for the same step would not answer as the first
+STATEFUL = frozenset({"UnbatchedClassifierFreeGuidanceLogitsProcessor", "DiaEOSDelayPatternLogitsProcessor",
+                      "WhisperNoSpeechDetection"})
+
+
+def pure_callbacks(processors, criteria) -> bool:
+    """Whether the loop may call the processors and stopping criteria again for a step it guessed and undid
+    (:func:`hf_rstitch.decode.stitch_loop`'s ``guess``): transformers' own, which answer from their inputs alone,
+    but for :data:`STATEFUL`. A processor or criterion from elsewhere is not known to be pure: the loop then reads
+    every routing decision before it queues the next step."""
+    kinds = [type(c) for c in [*(processors or []), *(criteria or [])]]
+    return all(k.__module__.startswith("transformers.") and k.__name__ not in STATEFUL for k in kinds)
 
 
 def finished_rows_unseen(config: GenerationConfig, processors, criteria) -> bool:

@@ -21,7 +21,7 @@ __all__ = ["EngineDriver", "QueueFull", "ServeConfig", "ShuttingDown"]
 
 def __getattr__(name: str):
     if name == "QueueFull":  # the engine's one admission limit (loads torch: not at import)
-        from ..serving.request_types import QueueFull
+        from ..batching.request_types import QueueFull
 
         return QueueFull
     raise AttributeError(name)

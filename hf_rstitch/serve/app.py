@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from ..serving.request_types import QueueFull
+from ..batching.request_types import QueueFull
 from .bodies import BodyReader
 from .driver import EngineDriver, ShuttingDown
 from .split import EngineClient
@@ -325,7 +325,7 @@ def token_budget(requested: int | None, n_prompt: int, settings: ServerSettings,
 
 def build_request(body, ids: list[int], request_id: str, settings: ServerSettings, tokenizer: Any = None):
     """The engine request for one HTTP request."""
-    from ..serving.requests import Request as EngineRequest
+    from ..batching.requests import Request as EngineRequest
 
     if not ids:
         raise BadRequest("the prompt tokenized to nothing; send some text", param="prompt")

@@ -164,7 +164,7 @@ def build_engine(cfg: ServeConfig, llm, slm):
     ``cfg.engine.max_batch`` rows, KV memory from ``cfg.engine.kv_memory``: :func:`hf_rstitch.engine.build`); with
     ``cfg.router``, every request routes with that R-Stitch+ router."""
     from ..engine import Pair, build
-    from ..serving.requests import RequestEngine
+    from ..batching.requests import RequestEngine
 
     policy = None
     if cfg.router:

@@ -1,6 +1,6 @@
 """The one background thread that drives a request engine for the server.
 
-:class:`EngineDriver` owns a :class:`~hf_rstitch.serving.requests.RequestEngine` (or anything with
+:class:`EngineDriver` owns a :class:`~hf_rstitch.batching.requests.RequestEngine` (or anything with
 its ``submit / cancel / step / has_work`` API): web handlers ``submit`` a request together with a
 *sink* (a callable that receives that request's :class:`Event` objects, on the driver thread), and
 the thread calls ``step()`` while there is work, routing each event to its request's sink. All

@@ -22,7 +22,7 @@ from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
 from ..core.trace import StitchTrace
-from ..serving.request_types import QueueFull
+from ..batching.request_types import QueueFull
 from .driver import EngineDriver, ShuttingDown, Sink, StepFailure, _deliver, wait_drained
 
 log = logging.getLogger("hf_rstitch.serve")

@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from ..serving.request_types import KV_FULL
+from ..batching.request_types import KV_FULL
 from .driver import EngineDriver
 from .errors import error, error_body
 from .handover import Mailbox, Pacer

@@ -7,8 +7,9 @@
     app().launch()                               # in Colab / Jupyter the page renders inline
 
 Modules: :mod:`.pair` loads the pair, :mod:`.run` streams one run (stitched, or the LLM alone), :mod:`.render`
-turns a snapshot into HTML / SVG, :mod:`.code` writes the reproducing ``generate`` call, :mod:`.page` is the page,
-:mod:`.space` writes a Hugging Face Space that serves it. Needs Gradio (hf-rstitch's ``ui`` extra); importing this
+turns a snapshot into HTML / SVG, :mod:`.code` writes the reproducing ``generate`` call, :mod:`.page` is the page
+(served before the pair loads), :mod:`.gradio_import` imports Gradio without what the app never uses, :mod:`.space`
+writes a Hugging Face Space that serves it. Needs Gradio (hf-rstitch's ``ui`` extra); importing this
 package does not import it, nor torch.
 """
 
@@ -19,15 +20,27 @@ from typing import Any
 
 def app(llm: str | None = None, slm: str | None = None, router: str | None = None) -> Any:
     """The page as a ``gr.Blocks`` for a pair (default: the shipped one); see :func:`hf_rstitch.ui.page.app`."""
+    _need_gradio()
+    from .page import app as build
+
+    return build(llm, slm, router)
+
+
+def serve(llm: str | None = None, slm: str | None = None, router: str | None = None, **launch) -> None:
+    """Serve the page, then load the pair (``rstitch ui``); see :func:`hf_rstitch.ui.page.serve`."""
+    _need_gradio()
+    from .page import serve as run
+
+    run(llm, slm, router, **launch)
+
+
+def _need_gradio() -> None:
     import importlib.util
 
     from ..extras import install_hint
 
     if importlib.util.find_spec("gradio") is None:
         raise ImportError(f"the app needs Gradio: {install_hint('ui')}")
-    from .page import app as build
-
-    return build(llm, slm, router)
 
 
-__all__ = ["app"]
+__all__ = ["app", "serve"]

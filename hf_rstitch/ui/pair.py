@@ -2,14 +2,13 @@
 
 :func:`load` turns two references (Hub ids, folders, ``shipped:llm`` / ``shipped:slm``; none: the shipped pair)
 into a :class:`Pair` through the package's one loader (:func:`hf_rstitch.hf.loading.load_pair`, device and dtype
-``"auto"`` as ``generate`` would choose them). A reference that cannot load raises :class:`PairError`, whose
-message the page shows; nothing here knows about Gradio.
+``"auto"`` as ``generate`` would choose them). :func:`refs` checks the references without importing torch (the page
+starts before the models load). A reference that cannot load raises :class:`PairError`, whose message the page
+shows; nothing here knows about Gradio.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,25 +39,10 @@ class Pair:
     router: str | None = None
     threshold: float = DEFAULT_THRESHOLD
     shipped: bool = field(default=False)
-    _first: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _called: bool = field(default=False, repr=False)
 
     @property
     def device(self):
         return next(self.llm.parameters()).device
-
-    @contextlib.contextmanager
-    def first_call(self):
-        """Runs on this pair take turns until one ``generate`` has finished: the first call sets each model up once
-        (``stitch_engine="auto"`` probes the fast engine's KV shape with one forward under a swapped attention
-        function, :func:`hf_rstitch.fast.kv_shapes.kv_shape`), and a forward of another run in between would go
-        through the swapped function. Later runs go at once."""
-        if self._called:
-            yield
-            return
-        with self._first:
-            yield
-            self._called = True
 
 
 def _is_shipped(ref: str, name: str) -> bool:
@@ -100,6 +84,32 @@ def _default_threshold(llm, router: str | None) -> float:
     return DEFAULT_THRESHOLD
 
 
+def refs(llm: str | None = None, slm: str | None = None) -> tuple[str, str]:
+    """The pair's ``(llm, slm)`` references (none given: the shipped pair's), checked without loading anything: both
+    or neither given, and a local folder that exists and holds a model.
+
+    Raises:
+        PairError: the references cannot name a pair (the message says why and how to fix it).
+    """
+    from ..resources import resolve
+    from ..sources import check_local_source, one_line
+
+    if bool(llm) != bool(slm):
+        raise PairError("give both an LLM and an SLM (--llm and --slm), or neither to use the shipped pair")
+    llm_ref, slm_ref = (llm, slm) if llm else ("shipped:llm", "shipped:slm")
+    try:
+        for flag, ref in (("LLM", llm_ref), ("SLM", slm_ref)):
+            check_local_source(resolve(ref), flag)
+    except (OSError, ValueError) as err:
+        raise PairError(f"cannot load the pair (LLM {llm_ref}, SLM {slm_ref}): {one_line(err)}") from err
+    return llm_ref, slm_ref
+
+
+def is_shipped(llm_ref: str, slm_ref: str) -> bool:
+    """Whether the references name the shipped pair (the page's default prompt is then one of its problems)."""
+    return _is_shipped(llm_ref, "llm") and _is_shipped(slm_ref, "slm")
+
+
 def load(llm: str | None = None, slm: str | None = None, router: str | None = None) -> Pair:
     """Load the pair (default: the shipped one) on the device and dtype ``generate`` would pick.
 
@@ -107,21 +117,15 @@ def load(llm: str | None = None, slm: str | None = None, router: str | None = No
         PairError: one of the models cannot load (a missing folder, a Hub id offline or unknown), or the two
             tokenizers differ; the message names the model and the fix.
     """
-    from ..sources import one_line
     from ..hf.loading import load_pair, resolve_device
     from ..resources import resolve
-    from ..sources import check_local_source
+    from ..sources import one_line
 
-    if bool(llm) != bool(slm):
-        raise PairError("give both an LLM and an SLM (--llm and --slm), or neither to use the shipped pair")
-    llm_ref, slm_ref = (llm, slm) if llm else ("shipped:llm", "shipped:slm")
-    shipped_pair = _is_shipped(llm_ref, "llm") and _is_shipped(slm_ref, "slm")
+    llm_ref, slm_ref = refs(llm, slm)
     try:
-        for flag, ref in (("LLM", llm_ref), ("SLM", slm_ref)):
-            check_local_source(resolve(ref), flag)
         models = load_pair(resolve(llm_ref), resolve(slm_ref), "auto", resolve_device("auto"))
     except (OSError, ValueError, ImportError) as err:
         raise PairError(f"cannot load the pair (LLM {llm_ref}, SLM {slm_ref}): {one_line(err)}") from err
-    router = _router_for(models[0], shipped_pair, router)
+    router = _router_for(models[0], is_shipped(llm_ref, slm_ref), router)
     return Pair(*models, llm_ref=llm_ref, slm_ref=slm_ref, router=router,
-                threshold=_default_threshold(models[0], router), shipped=shipped_pair)
+                threshold=_default_threshold(models[0], router), shipped=is_shipped(llm_ref, slm_ref))

@@ -181,7 +181,7 @@ def stream(pair, settings: RunSettings, stitched: bool = True) -> Iterator[Snaps
         import torch
 
         try:
-            with pair.first_call(), _SEEDED if settings.sample else contextlib.nullcontext():
+            with _SEEDED if settings.sample else contextlib.nullcontext():
                 if settings.sample:
                     torch.manual_seed(settings.seed)
                 outcome["out"] = pair.llm.generate(ids, attention_mask=torch.ones_like(ids), streamer=streamer,

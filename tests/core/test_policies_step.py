@@ -111,7 +111,7 @@ def test_step_policy_batched_rows_equal_their_solo_runs():
 @pytest.mark.slow
 def test_step_policy_in_the_request_engine_equals_solo_runs():
     """Rows joining a running batch start a step at their first token (PinnedRoles.start_rows)."""
-    from hf_rstitch.serving.requests import Request, RequestEngine
+    from hf_rstitch.batching.requests import Request, RequestEngine
 
     llm, slm = make_pair("llama")
     engine = RequestEngine(llm, slm, max_batch=2, policy=StepPolicy(0.5, step_ends=ENDS))

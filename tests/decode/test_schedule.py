@@ -8,7 +8,7 @@ import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import Role
 from hf_rstitch.core.scheduling import GatherForLLM, Immediate, LLMDemand, parse_schedule
 from hf_rstitch.decode import Lane
-from hf_rstitch.serving.requests import Request, RequestEngine
+from hf_rstitch.batching.requests import Request, RequestEngine
 from hf_rstitch.fast import FastConfig, FastLane
 from tiny_models import make_pair, prompt
 
@@ -112,7 +112,7 @@ def _same(a, b):
 @pytest.mark.parametrize("engine", ["default", CPU_FAST], ids=["eager", "fast"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2-full"])
 def test_waiting_rows_change_nothing_but_the_llm_calls(arch, engine, trim, monkeypatch):
-    monkeypatch.setattr("hf_rstitch.serving.requests.HOLD_TRIM", trim)  # padding held rows leave is trimmed at
+    monkeypatch.setattr("hf_rstitch.batching.requests.HOLD_TRIM", trim)  # padding held rows leave is trimmed at
     llm, slm = make_pair(arch)
     now = RequestEngine(llm, slm, max_batch=4, engine=engine, max_length=64)
     base = now.run(_requests())

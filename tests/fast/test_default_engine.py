@@ -7,7 +7,7 @@ import torch
 import hf_rstitch
 from hf_rstitch import Role
 from hf_rstitch.engine.config import ENGINE_ENV, requested_engine
-from hf_rstitch.serving.requests import Request, RequestEngine
+from hf_rstitch.batching.requests import Request, RequestEngine
 from hf_rstitch.fast import NO_TRITON, FastLane
 from hf_rstitch.fast import engine as fast_engine
 from tiny_models import make_pair, prompt

@@ -206,7 +206,7 @@ class _RoutePerRequest:
 
 @gpu
 def test_fp32_requests_that_wait_for_the_llm_equal_those_that_do_not():
-    from hf_rstitch.serving import Request, RequestEngine
+    from hf_rstitch.batching import Request, RequestEngine
 
     llm, slm = _pair(torch.float32)
     fast = FastEngine(FastConfig(max_bucket=16), capacity=128, max_batch=4)

@@ -7,7 +7,7 @@ import torch
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import ReplayPolicy, Role
-from hf_rstitch.serving.requests import Request, RequestEngine
+from hf_rstitch.batching.requests import Request, RequestEngine
 from hf_rstitch.fast import FastConfig, FastEngine
 from hf_rstitch.fast.kernels import gemv
 from hf_rstitch.fast.patches import gated_mlp, linears

@@ -14,7 +14,7 @@ import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import Role
 from hf_rstitch.fast import FastConfig, FastEngine, FastLane
 from hf_rstitch.fast.lane_compact import groups, place
-from hf_rstitch.serving.requests import Request, RequestEngine
+from hf_rstitch.batching.requests import Request, RequestEngine
 from tiny_models import left_pad, make_pair, prompt
 
 from .test_fast_batch import _calls

@@ -45,7 +45,7 @@ def test_plan_prints_one_line_per_choice():
     assert lines[0] == "FastLane plan for Qwen2ForCausalLM (cpu, torch.float64, up to 2 rows)"
     names = [line.split()[0] for line in lines[1:]]
     assert names == ["graphs", "compile", "attention", "products", "norms", "rotary", "windows", "experts",
-                     "read-out", "launch"] + ["module"] * len(plan.modules)  # then one line per module class
+                     "read-out", "launch", "decisions"] + ["module"] * len(plan.modules)  # then one line per module class
     assert {(c.part, c.module, c.count) for c in plan.modules} == {("norm", "Qwen2RMSNorm", 5),
                                                                    ("layer", "Qwen2DecoderLayer", 2)}
     assert "sliding window 6 on 2 of 2 layers" in text and "batch buckets 1, 2" in text

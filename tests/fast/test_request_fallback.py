@@ -8,7 +8,7 @@ import pytest
 
 from hf_rstitch import Role
 from hf_rstitch.engine.config import ENGINE_ENV
-from hf_rstitch.serving.requests import Request, RequestEngine
+from hf_rstitch.batching.requests import Request, RequestEngine
 from hf_rstitch.fast import FastEngine, FastLane, support
 from hf_rstitch.fast import engine as fast_engine
 from tiny_models import make_pair, prompt

@@ -245,3 +245,18 @@ def test_quick_stopping_answers_as_transformers_criteria():
 class _Custom:
     def __call__(self, seq, scores):
         return torch.zeros(seq.shape[0], dtype=torch.bool)
+
+
+def test_only_callbacks_known_to_be_pure_let_the_loop_guess():
+    """A guessed step undone at a hand-over calls the processors and criteria again: transformers' own answer from
+    their inputs alone, but the stateful few (a second model's cache) and any from outside are not known to."""
+    from transformers import (MaxLengthCriteria, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                              UnbatchedClassifierFreeGuidanceLogitsProcessor)
+
+    from hf_rstitch.hf.decode import pure_callbacks
+
+    llm, _ = make_pair("llama")
+    pure = [TemperatureLogitsWarper(0.7), RepetitionPenaltyLogitsProcessor(1.2)]
+    assert pure_callbacks(pure, [MaxLengthCriteria(20)]) and pure_callbacks(None, None)
+    assert not pure_callbacks([*pure, UnbatchedClassifierFreeGuidanceLogitsProcessor(1.5, llm)], None)
+    assert not pure_callbacks(pure, [lambda ids, scores: torch.zeros(ids.shape[0], dtype=torch.bool)])

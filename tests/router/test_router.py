@@ -66,6 +66,21 @@ def test_low_entropy_rows_never_reach_the_router():
     assert policy.hand_to_slm(StepView(2, torch.tensor([0.3, 0.31]))).tolist() == [True, False]
 
 
+def test_device_decisions_equal_the_host_ones():
+    """On a GPU the router scores every row as device ops (nothing read back); its decisions equal the host path's,
+    which scores only the rows above tau."""
+    torch.manual_seed(0)
+    router = Router(16, width=8, num_blocks=2).double().eval()
+    policy = RouterPolicy(router, threshold=0.5)
+    for seed in range(5):
+        g = torch.Generator().manual_seed(seed)
+        step = StepView(seed, torch.rand(64, generator=g, dtype=torch.float64),
+                        torch.randn(64, 16, generator=g, dtype=torch.float64))
+        host = policy.hand_to_llm(step)
+        device = policy._on_device(step, step.entropy > policy.threshold)
+        assert torch.equal(device, host) and host.any() and not host.all()
+
+
 def test_router_slm_vote_keeps_the_slm():
     llm, slm = make_pair("llama")
     ids = prompt()

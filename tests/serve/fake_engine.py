@@ -1,4 +1,4 @@
-"""A scripted stand-in for ``hf_rstitch.serving.requests.RequestEngine`` (same API), for server tests.
+"""A scripted stand-in for ``hf_rstitch.batching.requests.RequestEngine`` (same API), for server tests.
 
 Every request answers the same script of token ids, one token per ``step()`` for every running row,
 so tests control exactly what the server streams and how fast. Rows join from the queue when
@@ -14,7 +14,7 @@ import time
 
 from hf_rstitch.core.roles import Role
 from hf_rstitch.core.trace import StitchTrace
-from hf_rstitch.serving.requests import Event, QueueFull
+from hf_rstitch.batching.requests import Event, QueueFull
 
 
 class FakeEngine:

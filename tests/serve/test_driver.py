@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from hf_rstitch.serving.requests import QueueFull, Request
+from hf_rstitch.batching.requests import QueueFull, Request
 from hf_rstitch.serve.driver import EngineDriver, ShuttingDown
 from serve.fake_engine import FakeEngine
 from serve.helpers import EOS, SCRIPT

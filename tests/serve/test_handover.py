@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from hf_rstitch.core.roles import Role
-from hf_rstitch.serving.request_types import Event
+from hf_rstitch.batching.request_types import Event
 from hf_rstitch.serve.handover import Pacer, PostOffice
 from hf_rstitch.serve.responses import Transcript
 from serve.fake_engine import FakeEngine

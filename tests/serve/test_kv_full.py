@@ -1,9 +1,9 @@
 """A request the engine's KV memory could not hold (Event.error_code KV_FULL) is a 503 with Retry-After in OpenAI's
-error shape, and in a stream an error event with that code, then [DONE] (hf_rstitch.serving.preemption)."""
+error shape, and in a stream an error event with that code, then [DONE] (hf_rstitch.batching.scheduler)."""
 
 from __future__ import annotations
 
-from hf_rstitch.serving.request_types import KV_FULL, Event
+from hf_rstitch.batching.request_types import KV_FULL, Event
 from serve.fake_engine import FakeEngine
 from serve.helpers import EOS, SCRIPT, make_app, sse_events
 

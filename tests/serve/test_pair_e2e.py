@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not assets_present(), reason=
 
 
 def test_concurrent_requests_equal_solo_generate(one_thread):
-    from hf_rstitch.serving.requests import RequestEngine
+    from hf_rstitch.batching.requests import RequestEngine
     from hf_rstitch.serve.app import create_app
     from hf_rstitch.serve.config import ServeConfig, settings_for
 
@@ -66,7 +66,7 @@ def test_router_serving_equals_solo_generate_with_the_router(one_thread):
 
 
 def test_disconnect_frees_the_real_engines_row(one_thread):
-    from hf_rstitch.serving.requests import RequestEngine
+    from hf_rstitch.batching.requests import RequestEngine
     from hf_rstitch.serve.app import create_app
     from hf_rstitch.serve.config import ServeConfig, settings_for
 

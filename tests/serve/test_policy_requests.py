@@ -38,7 +38,7 @@ def solo_with(i, spec, max_tokens):
 def test_each_request_routes_by_its_own_policy(one_thread):
     from hf_rstitch.serve.app import create_app
     from hf_rstitch.serve.config import ServeConfig, settings_for
-    from hf_rstitch.serving.requests import RequestEngine
+    from hf_rstitch.batching.requests import RequestEngine
 
     llm, slm, tok = pair()
     engine = RequestEngine(llm, slm, threshold=SERVER_TAU, max_batch=3)

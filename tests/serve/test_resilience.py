@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from hf_rstitch.serving.requests import Request
+from hf_rstitch.batching.requests import Request
 from hf_rstitch.serve.driver import EngineDriver
 from serve.fake_engine import FakeEngine
 from serve.helpers import CHAT, EOS, SCRIPT, make_app, sse_events

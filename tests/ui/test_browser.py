@@ -34,17 +34,19 @@ def browser():
     driver.quit()
 
 
-def _wait_for(driver, css: str):
+def _wait_for(driver, css: str, condition=None):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, WAIT_S).until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
+    condition = condition or ec.presence_of_element_located
+    return WebDriverWait(driver, WAIT_S).until(condition((By.CSS_SELECTOR, css)))
 
 
 def test_a_run_in_chromium_shows_both_colours_generates_text_and_the_plot(served, browser, tmp_path):
     import torch
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
 
     from hf_rstitch.toyworld.pair import load_test_split
     from hf_rstitch.ui.pair import load
@@ -56,7 +58,9 @@ def test_a_run_in_chromium_shows_both_colours_generates_text_and_the_plot(served
     box.clear()
     box.send_keys(prompt)
     browser.find_element(By.CSS_SELECTOR, "#compare input").click()
-    browser.find_element(By.CSS_SELECTOR, "#run").click()
+    run = _wait_for(browser, "#run", ec.element_to_be_clickable)  # "Loading models…" until the pair is ready
+    assert run.text == "Run"
+    run.click()
     _wait_for(browser, '#clock-stitch .clock[data-state="done"]')
     _wait_for(browser, '#clock-llm .clock[data-state="done"]')
 

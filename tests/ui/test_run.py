@@ -72,7 +72,7 @@ def test_router_run_equals_generate_with_the_shipped_router(pair, problem):
 @pytest.mark.slow
 def test_two_runs_at_once_on_a_fresh_pair_each_equal_generate(problem):
     """The pair's first generate sets the models up (the fast engine's KV-shape probe swaps a model's attention
-    function for one forward); a run started meanwhile must not see that (Pair.first_call)."""
+    function for one forward); a run started meanwhile must not see that (hf_rstitch.fast.kv_shapes.kv_shape)."""
     import concurrent.futures
 
     fresh = load()

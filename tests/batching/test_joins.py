@@ -6,7 +6,7 @@ import pytest
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch.core.roles import Role
-from hf_rstitch.serving.requests import Request, RequestEngine
+from hf_rstitch.batching.requests import Request, RequestEngine
 from hf_rstitch.fast import FastConfig, joins
 from request_events import gather
 from tiny_models import make_pair, prompt
@@ -122,7 +122,7 @@ def test_chunked_joins_equal_whole_joins(monkeypatch):
 def test_a_failing_chunk_fails_the_batch_and_returns_the_joining_request_to_the_queue():
     """A lane raises while reading a joining prompt's chunk: the running request ends with an error, the joining one
     goes back to the queue (still WAITING) and later completes as its solo run; a cancel mid-join ends it alone."""
-    from hf_rstitch.serving.requests import StepFailed
+    from hf_rstitch.batching.requests import StepFailed
 
     llm, slm = make_pair("llama")
     engine = RequestEngine(llm, slm, max_batch=4, max_length=96, prefill_chunk=4,

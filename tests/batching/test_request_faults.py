@@ -5,8 +5,8 @@ engine consistent; the innocent requests' tokens equal their solo runs throughou
 import pytest
 
 import hf_rstitch  # noqa: F401  (patches generate)
-from hf_rstitch.serving import requests as engine_requests
-from hf_rstitch.serving.requests import Request, RequestEngine, RequestStatus, StepFailed
+from hf_rstitch.batching import requests as engine_requests
+from hf_rstitch.batching.requests import Request, RequestEngine, RequestStatus, StepFailed
 from tiny_models import make_pair, prompt
 
 TAU = 0.5

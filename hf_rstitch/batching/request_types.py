@@ -1,4 +1,4 @@
-"""What goes in and out of :class:`~hf_rstitch.serving.requests.RequestEngine`: requests, events, completions;
+"""What goes in and out of :class:`~hf_rstitch.batching.requests.RequestEngine`: requests, events, completions;
 a request's life (:class:`RequestStatus`) and the engine's record of it (:class:`RequestState`), built by
 :func:`prepare` -- everything a request needs (its generator, eos set, threshold) is made and checked
 before it touches the engine's rows, so a bad request fails at ``submit`` and never inside a step.
@@ -112,6 +112,7 @@ class RequestState:
     held: tuple[bool, float | None] | None = None  # waiting for the LLM: (handed over?, the SLM's entropy)
     pad: int = 0  # its left-padding columns in the shared sequence (the mask's, kept on the host: no device read)
     replayed: int = 0  # tokens of its own output in request.input_ids (a preempted request resumes with them)
+    output: list[int] = dataclasses.field(default_factory=list)  # every token it wrote (a preempted row requeues with them)
 
     @property
     def n_tokens(self) -> int:

@@ -7,7 +7,7 @@ import torch
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import Role
-from hf_rstitch.serving.requests import QueueFull, Request, RequestEngine
+from hf_rstitch.batching.requests import QueueFull, Request, RequestEngine
 from request_events import gather
 from tiny_models import make_pair, prompt
 

@@ -1,4 +1,4 @@
-"""The request engine over paged KV caches (hf_rstitch.fast.paged_kv, hf_rstitch.serving.preemption): budgets far past
+"""The request engine over paged KV caches (hf_rstitch.fast.paged_kv, hf_rstitch.batching.scheduler): budgets far past
 what static slabs of the same memory would hold, admission by free blocks, preemption that requeues rows and
 loses nothing, every block back in its pool when requests finish or are cancelled."""
 
@@ -6,8 +6,8 @@ import pytest
 
 import hf_rstitch  # noqa: F401  (patches generate)
 from hf_rstitch import Role
-from hf_rstitch.serving.kv_budget import KVBudget
-from hf_rstitch.serving.requests import Request, RequestEngine
+from hf_rstitch.batching.kv_budget import KVBudget
+from hf_rstitch.batching.requests import Request, RequestEngine
 from hf_rstitch.fast import FastConfig
 from request_events import gather
 from tiny_models import make_pair, prompt

@@ -1,12 +1,12 @@
-"""Chunked joins: prompts that join a decoding batch are read a bounded chunk a step before their rows join.
+"""Chunked prefill of joins: prompts that join a decoding batch are read a bounded chunk a step before their rows join.
 
-Without it (:class:`~hf_rstitch.serving.requests.RequestEngine` ``prefill_chunk=None``) the requests admitted in a
-step prefill whole before that step decodes (batched: :mod:`hf_rstitch.fast.joins`), so a long prompt stalls
-every decoding row for its whole prefill. With a budget, :class:`Staging` takes up to ``stage_room`` waiting
-requests as one group, lays their prompts out in each lane's stage (``stage_rows``) and, each step before the
-batch decodes, has each lane read at most ``prefill_chunk`` tokens of them (rows x columns, padding included:
-a group of ``g`` rows reads ``prefill_chunk // g`` columns, at least one, see
-:func:`hf_rstitch.fast.joins.chunk_columns`); the step a group's prompts are read to their last token its rows
+Without it (:class:`~hf_rstitch.batching.requests.RequestEngine` ``prefill_chunk=None``) the requests admitted in a
+step prefill whole before that step decodes (batched: :mod:`hf_rstitch.fast.joins`), so a long prompt stalls every
+decoding row for its whole prefill. With a budget, :class:`ChunkedPrefill` (the scheduler's: :mod:`.scheduler`)
+takes up to ``stage_room`` waiting requests as one group, lays their prompts out in each lane's stage
+(``stage_rows``) and, each step before the batch decodes, has each lane read at most ``prefill_chunk`` tokens of
+them (rows x columns, padding included: a group of ``g`` rows reads ``prefill_chunk // g`` columns, at least one,
+see :func:`hf_rstitch.fast.joins.chunk_columns`); the step a group's prompts are read to their last token its rows
 join the batch (``add_rows(..., staged=...)``) and decode with it. A step's prefill work is so bounded by
 ``prefill_chunk`` tokens a lane, whatever the prompts' lengths. Requests of a group wait (``WAITING``) until it
 joins; an empty batch takes its requests at once (nothing decodes that a prefill would stall).
@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-log = logging.getLogger("hf_rstitch.serving")
+log = logging.getLogger("hf_rstitch.batching")
 
 
-class Staging:
+class ChunkedPrefill:
     """The request engine's group of joining requests whose prompts are read in chunks (one group at a time)."""
 
     def __init__(self, lanes: dict, prefill_chunk: int):
@@ -36,8 +36,8 @@ class Staging:
         self.steps = 0  # steps that read a chunk
 
     @classmethod
-    def for_lanes(cls, lanes: dict, prefill_chunk: int | None) -> "Staging | None":
-        """A staging for ``lanes`` when a budget is given and every lane has stages; else None (joins whole)."""
+    def for_lanes(cls, lanes: dict, prefill_chunk: int | None) -> "ChunkedPrefill | None":
+        """Chunked prefill for ``lanes`` when a budget is given and every lane has stages; else None (joins whole)."""
         if prefill_chunk is None:
             return None
         if not all(hasattr(lane, "stage_rows") for lane in lanes.values()):

@@ -1,0 +1,156 @@
+"""The executor: runs a step plan on the pair's built engine (its lanes) and hands back the step's outputs.
+
+:meth:`Executor.execute` applies the plan to the :class:`~.batch.Batch` (joining rows, preempted rows leaving),
+then runs one stitched step for every row (:func:`hf_rstitch.decode.step.run_step`, the same switch point as
+``generate``), picks each row's token (greedy, or from the request's own generator), appends it on the device and
+queues the step's values' one copy to the host (page-locked memory and an event on CUDA:
+:mod:`hf_rstitch.decode.step_values`). Where the algorithm allows, it then queues the next step's first lane call
+(run-ahead: :func:`hf_rstitch.decode.loop.run_ahead`) before anyone reads the copy, and returns a
+:class:`StepRun` at once: the host reads the step's values (:meth:`StepRun.wait`, which waits for this step's
+kernels only) and turns them into events while the device runs that call.
+
+The run-ahead is left out where the next step depends on what the host has not read: rows held for the LLM (a
+schedule), a row whose sampling failed, or a waiting request that would join at the next step (the scheduler's
+``admissible``: joins change the batch's layout). The executor knows no request's life, no queue and no HTTP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..core.trace import ForwardCall
+from ..decode.loop import run_ahead
+from ..decode.step import StepOut
+from ..decode.step_values import receive_values, send_values
+from .batch import Batch
+from .request_types import RequestState
+
+
+@dataclass
+class StepOutput:
+    """One step's outcome for each row of the plan (``[b]`` host lists), as :meth:`StepRun.wait` reads it."""
+
+    tokens: list[int]
+    entropy: list[float]  # the writer's normalized entropy
+    slm_entropy: list[float | None]  # the SLM's where it ran
+    writer_llm: list[bool]  # the LLM wrote the row's token
+    handed: list[bool]  # the SLM's proposal was discarded
+    held: set[int]  # rows that gained no token (waiting for the LLM)
+    failed: dict[int, str]  # rows whose own sampling failed, with the reason (their token is a placeholder)
+    calls: list[tuple[int, ForwardCall]]  # (row, forward call) for every accounted row
+
+
+class StepRun:
+    """A step queued on the device; :meth:`wait` reads its values once their copy is on the host."""
+
+    def __init__(self, out: StepOut, held: set[int], failed: dict[int, str], pending, batch: Batch):
+        self.out, self.held, self.failed, self.pending, self.batch = out, held, failed, pending, batch
+
+    def wait(self) -> StepOutput:
+        """The step's values on the host (one copy, queued before any early call of the next step); the routing of
+        the rows after it (the LLM's hand-back decisions are among the values)."""
+        out, b = self.out, len(self.out.writer_llm)
+        tokens, entropy, slm_h, back = receive_values(self.pending)
+        self.batch.routing.after(out.writer_llm, back, out.held, out.no_llm)
+        handed = out.handed.tolist() if out.handed is not None else [False] * b
+        slm = slm_h.tolist() if slm_h is not None else [None] * b  # per-row values: one conversion each
+        return StepOutput(tokens.tolist(), entropy.tolist(), slm, out.writer_llm.tolist(), handed, self.held,
+                          self.failed, out.calls)
+
+
+class Executor:
+    """Runs step plans over a :class:`~.batch.Batch` (see the module docstring). What the request engine calls:
+    :attr:`ran_ahead`, :meth:`execute`, :meth:`leave`, :meth:`forget` and :meth:`check` (a stand-in provides these).
+
+    Args:
+        batch: the rows on the device and their lanes.
+        vocab: ids the pair shares (a vocabulary past 2**24 sends its ids as float64).
+        schedule: when the LLM runs for the rows that need it (None: at once).
+        stats: the engine's counters (``steps``, ``slm_calls``, ``llm_calls``, ``held``, ``ahead``), updated here.
+        step, sample: the stitched step and the sampler it runs (:func:`~hf_rstitch.decode.step.run_step`,
+            :func:`~hf_rstitch.core.sampling.sample_one`; a test may stand either in).
+        hold_trim: held rows grow the shared padding; it is trimmed once every row has this much (one copy a row).
+    """
+
+    def __init__(self, batch: Batch, vocab: int, schedule, stats: dict, step: Callable, sample: Callable,
+                 hold_trim: int):
+        self.batch, self.vocab, self.schedule, self.stats = batch, vocab, schedule, stats
+        self.step, self.sample, self.hold_trim = step, sample, hold_trim
+        self.index = 0  # StepView.index of the next step
+
+    @property
+    def ran_ahead(self) -> bool:
+        """The lanes have read the next column for the running rows only (a run-ahead): no row may join now."""
+        return self.batch.ahead is not None
+
+    def leave(self, rows: list[RequestState], index: list[int]) -> None:
+        """The rows ``index`` of ``rows`` (every row, before) leave the batch (finished or cancelled)."""
+        self.batch.drop(rows, index)
+
+    def forget(self, rows: list[RequestState]) -> None:
+        """Every row leaves after a failed step; where the lanes themselves are broken, the host forgets them."""
+        try:
+            self.batch.drop(rows, list(range(len(rows))))
+        except Exception:  # noqa: BLE001 -- the lanes are reset when the next request joins the empty batch
+            self.batch.clear()
+
+    def check(self, rows: list[RequestState]) -> None:
+        """Assert the batch holds ``rows`` (the scheduler's running rows, in order)."""
+        self.batch.check(rows)
+
+    def apply(self, plan) -> None:
+        """The plan's moves of the batch: its joins (into an empty batch: fresh columns and caches), then the rows
+        it preempts leave."""
+        if plan.join:
+            if len(plan.joined) == len(plan.join):
+                self.batch.start_afresh()
+            self.batch.join(plan.joined, plan.join, plan.staged)
+        self.batch.drop(plan.joined, plan.leave)
+
+    def execute(self, plan, admissible: Callable[[], bool]) -> StepRun | None:
+        """Run ``plan``: its moves, then one token for every row of ``plan.rows`` (None when no row is left).
+        ``admissible()`` says whether a waiting request would join at the next step (then no run-ahead)."""
+        self.apply(plan)
+        if not plan.rows:
+            return None
+        batch = self.batch
+        ahead, batch.ahead = batch.ahead, None
+        out = self.step(batch.lanes, batch.seq, batch.mask, batch.routing, batch.policy, self.index, batch.slots,
+                        schedule=self.schedule, ahead=ahead)
+        self.index += 1
+        held = set(out.held.nonzero().flatten().tolist()) if out.held is not None else set()  # rows without a token
+        self._count(out, held)
+        picked, failed = self._pick(plan.rows, out.logits, held, out.greedy)  # [b] on the device
+        batch.append(plan.rows, picked, held, self.hold_trim)
+        pending = send_values(picked, out.entropy, out.slm_entropy, out.back, self.vocab >= 1 << 24)  # before an early call
+        if not held and not failed and self.schedule is None and not admissible():
+            batch.ahead = run_ahead(batch.lanes, out, batch.seq, batch.mask, batch.policy.needs_hidden)
+            self.stats["ahead"] += batch.ahead is not None
+        return StepRun(out, held, failed, pending, batch)
+
+    def _count(self, out: StepOut, held: set[int]) -> None:
+        st = self.stats
+        st["steps"] += 1
+        st["slm_calls"] += out.slm_entropy is not None
+        st["llm_calls"] += out.back is not None
+        st["held"] += len(held)
+
+    def _pick(self, rows: list[RequestState], logits: torch.Tensor, held: set[int], greedy: torch.Tensor | None
+              ) -> tuple[torch.Tensor, dict[int, str]]:
+        """Greedy argmax per row (``greedy``: the lanes found it reading the logits out); rows that sample draw from
+        their own generator (held rows draw nothing). Also the rows whose sampling raised, with the reason: they
+        fail alone (their token is a placeholder)."""
+        sampled = any(row.request.do_sample for row in rows)
+        tokens = logits.argmax(dim=-1) if greedy is None else greedy.clone() if sampled else greedy
+        failed = {}
+        for i, row in enumerate(rows):
+            r = row.request
+            if r.do_sample and i not in held:
+                try:
+                    tokens[i] = self.sample(logits[i], r.temperature, r.top_p, row.generator)
+                except Exception as err:  # noqa: BLE001 -- e.g. NaN logits in this row: this request alone fails
+                    failed[i] = f"sampling failed for this request ({type(err).__name__}: {err})"
+        return tokens, failed

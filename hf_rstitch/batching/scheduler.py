@@ -1,0 +1,198 @@
+"""The scheduler: the one place that decides which requests run -- admission, preemption, the KV budget, the joins'
+chunks -- and each request's life (:class:`~.request_types.RequestStatus`).
+
+It holds every request the engine has not finished: ``waiting`` (in order of arrival), the group whose prompts are
+being read in chunks (:mod:`.chunked_prefill`), and ``running`` (the batch's rows, in batch order). Each step,
+:meth:`Scheduler.schedule` returns a :class:`StepPlan` for the executor (:mod:`.executor`):
+
+1. **admission** (unless the lanes ran the next step early: a join changes the batch's layout): waiting requests
+   join free rows, in order of arrival, while their prompts' KV blocks are free (:meth:`~.kv_budget.KVBudget.admit`);
+   with ``prefill_chunk`` and rows decoding, a group of them is read a chunk a step first and joins once read;
+2. **preemption** (paged KV memory): while the running rows' blocks (this step's column and a run-ahead's
+   included) would not fit the pool, the newest rows leave (:meth:`~.kv_budget.KVBudget.preempt`): each goes back
+   to the head of the queue (``WAITING``) with its prompt and the tokens it has written as its new input, and
+   resumes where it stopped (its events go on; its ``max_new_tokens`` counts what it wrote before; its route resumes
+   as a fresh row's, so a stitched request preempted inside an LLM run may differ from an uninterrupted run from
+   there on). A row that does not fit the pool even alone ends with an ``error`` event whose ``error_code`` is
+   :data:`~.request_types.KV_FULL` (a server answers 503).
+
+Every decision is made on the host from what the scheduler keeps (each row's token count and output): nothing is
+read from the device. The one device work it queues is a joining group's chunk, in the lanes' join twins, never
+in the batch's caches. Requests end here too (:meth:`finish`): cancelled, finished by the update, or failed with
+the batch (:meth:`fail_running`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from .chunked_prefill import ChunkedPrefill
+from .kv_budget import KVBudget
+from .request_types import KV_FULL, Event, RequestState, RequestStatus
+
+log = logging.getLogger("hf_rstitch.batching")
+
+
+@dataclass
+class StepPlan:
+    """What one step runs: the batch's moves, then one token for every row of ``rows``."""
+
+    join: list[RequestState]  # requests whose rows join the batch (the last rows of ``joined``)
+    staged: list[int] | None  # their stage rows when their prompts were read in chunks; None: prefilled whole
+    joined: list[RequestState]  # every row once they joined (an empty batch before: fresh columns and caches)
+    leave: list[int]  # rows of ``joined`` that leave before the step (preempted for KV memory, or failed)
+    rows: list[RequestState]  # the rows the step decodes, in batch order
+    events: list[Event]  # requests the plan ended (a row the KV memory cannot hold)
+
+
+class Scheduler:
+    """Admission, preemption and the requests' lives (see the module docstring).
+
+    Args:
+        max_batch: rows decoded together at most.
+        kv: the paged KV pool's budget (None: caches that are not paged; nothing is preempted).
+        chunks: the joins' chunked prefill (None: the step's joins prefill whole).
+        stats: the engine's counters (``preempted`` is counted here).
+    """
+
+    def __init__(self, max_batch: int, kv: KVBudget | None, chunks: ChunkedPrefill | None, stats: dict):
+        self.max_batch, self.kv, self.chunks, self.stats = max_batch, kv, chunks, stats
+        self.running: list[RequestState] = []  # RUNNING, in batch order
+        self.waiting: deque[RequestState] = deque()  # WAITING, in order of arrival
+        self.states: dict[str, RequestState] = {}  # every request not finished yet, by id
+        self.cancelled: set[str] = set()
+        self.lock = threading.Lock()  # submit and cancel come from other threads
+
+    # ---- requests coming and going --------------------------------------------------------------
+    def check_fits(self, r) -> None:
+        """Refuse (ValueError) a request whose prompt and whole budget the KV pool could never hold."""
+        if self.kv is not None and not self.kv.fits(len(r.input_ids) + r.max_new_tokens - 1):
+            raise ValueError(f"prompt ({len(r.input_ids)} tokens) + max_new_tokens ({r.max_new_tokens}) exceeds the "
+                             f"engine's KV memory ({self.kv.blocks * self.kv.block} tokens a lane); shorten the "
+                             "request or build the engine with a larger kv_tokens.")
+
+    def add(self, state: RequestState) -> None:
+        """Queue a request (under :attr:`lock`); its id must be new."""
+        self.states[state.request_id] = state
+        self.waiting.append(state)
+
+    def take_cancelled(self) -> tuple[list[Event], list[int]]:
+        """Cancelled requests end: their events, and the running rows that leave (indices, before)."""
+        with self.lock:
+            cancel, self.cancelled = self.cancelled, set()
+            waiting = [s for s in self.waiting if s.request_id in cancel]
+            self.waiting = deque(s for s in self.waiting if s.request_id not in cancel)
+        if self.chunks is not None:
+            waiting += self.chunks.cancel(cancel)
+        events = [self.finish(s, "cancelled") for s in waiting]
+        gone = [i for i, row in enumerate(self.running) if row.request_id in cancel]
+        return events + [self.finish(self.running[i], "cancelled") for i in gone], gone
+
+    def leave(self, index: list[int]) -> None:
+        """The running rows ``index`` are gone from the batch."""
+        gone = set(index)
+        self.running = [row for i, row in enumerate(self.running) if i not in gone]
+
+    def finish(self, state: RequestState, reason: str, token: int | None = None, error: str | None = None,
+               code: str | None = None) -> Event:
+        """End a request: its status, its finishing event; the scheduler forgets it."""
+        state.status = RequestStatus.of(reason)
+        with self.lock:
+            self.states.pop(state.request_id, None)
+        role = state.trace.roles[-1] if token is not None else None
+        return Event(state.request_id, token, role, True, reason, error=error, trace=state.trace, error_code=code)
+
+    def fail_running(self, message: str) -> list[Event]:
+        """Every running request ends with an error (the rows are forgotten); a group being read goes back to the
+        front of the queue, and waiting requests stay."""
+        events = [self.finish(row, "error", error=f"the engine failed while decoding this batch ({message})")
+                  for row in self.running]
+        self.running = []
+        if self.chunks is not None:
+            back = self.chunks.release()[1]
+            with self.lock:
+                self.waiting.extendleft(reversed(back))
+        return events
+
+    # ---- one step's plan ------------------------------------------------------------------------
+    def schedule(self, admit: bool = True) -> StepPlan:
+        """This step's plan: admission (when ``admit``), then preemption (module docstring)."""
+        new, staged = self._admit() if admit else ([], None)
+        for state in new:  # the host's record first: a lane that fails to take them fails these rows with the batch
+            state.status = RequestStatus.RUNNING
+        self.running += new
+        joined = list(self.running)
+        leave, events = self._make_room()
+        return StepPlan(new, staged, joined, leave, list(self.running), events)
+
+    def admissible(self) -> bool:
+        """Whether a waiting request would take a free row at the next step."""
+        with self.lock:
+            if self.chunks:
+                return True
+            room = bool(self.waiting) and len(self.running) < self.max_batch
+            return room and self._admit_limit([self.waiting[0]]) > 0  # and its prompt's KV blocks
+
+    def _admit(self) -> tuple[list[RequestState], list[int] | None]:
+        staged = None
+        if self.chunks is not None and self.running:  # rows decode: joining prompts are read a chunk a step
+            staged, new = self.chunks.step(self._take_waiting)
+        else:
+            new = self.chunks.release()[1] if self.chunks is not None else []  # an empty batch: join at once
+            new += self._take_waiting(self.max_batch - len(new))
+        return new, staged
+
+    def _take_waiting(self, n: int) -> list[RequestState]:
+        """Up to ``n`` waiting requests, in order of arrival, and no more than the free rows and KV blocks."""
+        with self.lock:
+            free = self.max_batch - len(self.running) - (len(self.chunks) if self.chunks is not None else 0)
+            free = self._admit_limit(list(itertools.islice(self.waiting, max(0, min(n, free)))))
+            return [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+
+    def _admit_limit(self, waiting: list[RequestState]) -> int:
+        """How many of ``waiting`` (in order) the KV pool lets join now (all of them without a budget)."""
+        if self.kv is None:
+            return len(waiting)
+        return self.kv.admit([row.n_tokens for row in self.running], [s.n_tokens for s in waiting])
+
+    def _make_room(self) -> tuple[list[int], list[Event]]:
+        """Rows to take out before the step so that the rest fit the KV pool: requeued (oldest first at the head of
+        the queue, with what they wrote), or failed when one alone does not fit. Their indices, and the events."""
+        if self.kv is None or not self.running:
+            return [], []
+        requeue, fail = self.kv.preempt([row.n_tokens for row in self.running])
+        if not requeue and not fail:
+            return [], []
+        rows = self.running
+        events = [self.finish(rows[i], "error", code=KV_FULL, error=(
+            f"the request holds {rows[i].n_tokens} tokens, more than the KV memory's {self.kv.blocks * self.kv.block} "
+            "for one row; retry with a shorter prompt or max_tokens, or run the server with more KV memory"))
+            for i in fail]
+        back = [rows[i] for i in requeue]
+        self.leave(requeue + fail)
+        with self.lock:
+            for state in reversed(back):  # the oldest of them first in the queue
+                ids = state.request.input_ids + state.output[state.replayed:]  # its prompt and output so far
+                state.request = dataclasses.replace(state.request, input_ids=ids)
+                state.replayed, state.held, state.pad = state.trace.n_tokens, None, 0
+                state.status = RequestStatus.WAITING
+                self.waiting.appendleft(state)
+        self.stats["preempted"] += len(back)
+        log.info("KV memory full: %d row(s) requeued, %d failed", len(back), len(fail))
+        return sorted(requeue + fail), events
+
+    def check(self) -> None:
+        """Assert each request's status matches where it is, and every request held is known. Raises AssertionError."""
+        with self.lock:
+            waiting, states = list(self.waiting), dict(self.states)
+        assert all(r.status is RequestStatus.RUNNING for r in self.running), [r.status for r in self.running]
+        assert all(w.status is RequestStatus.WAITING for w in waiting), [w.status for w in waiting]
+        staged = self.chunks.group if self.chunks is not None else []
+        assert all(s.status is RequestStatus.WAITING for _, s in staged), [s.status for _, s in staged]
+        held = [s.request_id for s in self.running + waiting + [s for _, s in staged]]
+        assert sorted(held) == sorted(states), f"requests held {held} vs known {sorted(states)}"

@@ -1,0 +1,53 @@
+"""The update: one step's outputs (:class:`~.executor.StepOutput`, on the host) turned into request events.
+
+For every row of the step, in batch order: a row whose own sampling failed ends alone with an ``error`` event; a
+row held for the LLM (a schedule) gains no token and remembers its hand-over for the token the LLM writes later;
+every other row records its token in its trace (which model wrote it, its entropy, the hand-over) and ends when the
+token is one of its end ids (``stop``) or its ``max_new_tokens`` are written (``length``). Requests end through the
+scheduler's :meth:`~.scheduler.Scheduler.finish`; the rows that ended are returned, to leave the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..core.roles import Role
+from .executor import StepOutput
+from .request_types import Event, RequestState
+
+
+def update_from_output(rows: list[RequestState], out: StepOutput, finish: Callable[..., Event]
+                       ) -> tuple[list[Event], list[int]]:
+    """The events of one step for ``rows`` (the plan's, in batch order), and the rows that ended (indices)."""
+    for i, call in out.calls:
+        rows[i].trace.calls.append(call)
+    events, done = [], []
+    for i, row in enumerate(rows):
+        if i in out.failed:  # this row alone: it leaves with an error, the others go on
+            events.append(finish(row, "error", error=out.failed[i]))
+            done.append(i)
+            continue
+        if i in out.held:  # no token: remember the hand-over for the token the LLM writes later
+            row.held = row.held or (out.handed[i], out.slm_entropy[i])
+            continue
+        events.append(_advance(row, out.tokens[i], out.writer_llm[i], out.handed[i], out.entropy[i],
+                               out.slm_entropy[i], finish))
+        if events[-1].finished:
+            done.append(i)
+    return events, done
+
+
+def _advance(row: RequestState, token: int, llm: bool, handed: bool, entropy: float, slm_h: float | None,
+             finish: Callable[..., Event]) -> Event:
+    if row.held is not None:  # the LLM's token after waiting: the hand-over happened when it began to wait
+        (handed, slm_h), row.held = row.held, None
+    t = row.trace
+    t.roles.append(Role.LLM if llm else Role.SLM)
+    t.handovers.append(handed)
+    t.entropies.append(entropy)
+    t.slm_entropies.append(slm_h if (not llm or handed) else None)
+    row.output.append(token)
+    reason = "stop" if token in row.eos else ("length" if t.n_tokens >= row.request.max_new_tokens else None)
+    if reason is not None:
+        return finish(row, reason, token=token)
+    return Event(row.request_id, token, t.roles[-1])
