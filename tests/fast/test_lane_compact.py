@@ -5,6 +5,7 @@ the request engine, paged and static, greedy and seeded sampling.
 fp64 tiny models: logits to 1e-9.
 """
 
+import dataclasses
 import random
 
 import pytest
@@ -159,3 +160,29 @@ def test_request_engine_with_compact_lanes_equals_the_full_width_lanes():
     assert len({tuple(v[2]) for v in ref.values()}) > 1
     counts = engine.lanes[Role.LLM].row_counts
     assert counts["rows_run"] < engine.lanes[Role.LLM].row_counts["calls"] * 5
+
+
+def test_an_early_call_over_known_rows_then_the_rest_equals_one_full_width_call():
+    """The LLM's call queued before the hand-over decisions are read (CUDA only in a step: decisions on the device)
+    runs the rows already the LLM's; the rows handed over run once the decisions are read (decode.step._advance):
+    together, the full-width lane's logits for every row they needed, and one record each."""
+    from hf_rstitch.decode.step import _advance, call_early
+
+    llm, _ = make_pair("llama")
+    rows = 6
+    early = dataclasses.replace(_config(True), run_ahead=True)
+    full = FastLane(llm, Role.LLM, 96, capacity=48, config=_config(False), max_rows=rows)
+    compact = FastLane(llm, Role.LLM, 96, capacity=48, config=early, max_rows=rows)
+    seq, mask = left_pad([prompt(3 + (5 * i) % 9, seed=50 + i) for i in range(rows)])
+    every = torch.ones(rows, dtype=torch.bool)
+    for step, (known, handed) in enumerate([([0, 1], [3]), ([0], []), ([2, 3], [0, 4, 5]), ([1], [2])]):
+        llm_on, run = torch.zeros(rows, dtype=torch.bool), torch.zeros(rows, dtype=torch.bool)
+        llm_on[known] = True
+        run[known + handed] = True
+        ref, _, _ = full.advance(seq, mask, every, every)
+        ahead = call_early(compact, seq, mask, run=llm_on)
+        got, _, calls = _advance(compact, ahead, seq, mask, run, ~run, False, run=run)
+        assert set(calls) == set(known + handed), step
+        torch.testing.assert_close(got[run], ref[run], rtol=1e-9, atol=1e-9)
+        seq = torch.cat([seq, ref.argmax(-1)[:, None]], dim=-1)
+        mask = torch.cat([mask, torch.ones(rows, 1, dtype=mask.dtype)], dim=-1)
