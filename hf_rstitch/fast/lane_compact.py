@@ -90,7 +90,7 @@ class Compact:
         self.lane.counts.add(run_rows, len(need), runs)
         return out.logits, out.hidden, out.ran
 
-    def _group(self, seq: torch.Tensor, group: list[int], start: int, want_hidden: bool, out: "_Outputs") -> int:
+    def _group(self, seq: torch.Tensor, group: list[int], start: int, want_hidden: bool, out: _Outputs) -> int:
         """One call over the rows ``group`` (all read ``start`` columns) in the smallest bucket holding them; returns
         the bucket's rows."""
         lane, kv = self.lane, self.lane.kv
