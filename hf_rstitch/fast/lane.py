@@ -203,7 +203,7 @@ class FastLane:
         date instead, and :attr:`ran` says which rows' logits it returns (:mod:`.lane_compact`)."""
         total = seq.shape[1]
         if self.compact is not None:
-            return self._advance_rows(seq, mask, rows, resumed, want_hidden, run)
+            return self.compact.call(seq, mask, rows, resumed, want_hidden, run)
         width = total - self.seen
         if width <= 0:
             raise RuntimeError(f"{self.role} lane asked to advance rows that have nothing new")
@@ -226,29 +226,6 @@ class FastLane:
             seconds = time.perf_counter() - start
         calls = self.rows.records(self.role, total, rows.tolist(), resumed.tolist(), seconds)
         self.seen = total
-        return logits, hidden, calls
-
-    def _advance_rows(self, seq, mask, rows, resumed, want_hidden: bool, run):
-        """:meth:`advance` of a lane that runs only the rows a call needs (:class:`~.lane_compact.Compact`)."""
-        total = seq.shape[1]
-        self._check_call(seq, mask, total)
-        self.kv.reserve(total)
-        start = 0.0
-        if self.timing:
-            _sync(self.device)
-            start = time.perf_counter()
-        self.outputs.last = None
-        need = None if run is None else run.nonzero().flatten().tolist()
-        logits, hidden, ran = self.compact.advance(seq, need, want_hidden)
-        if logits is None:  # no row needed: nothing ran
-            logits = torch.zeros(seq.shape[0], self.vocab, dtype=torch.float32, device=seq.device)
-        self.ran = torch.tensor(ran, dtype=torch.bool)
-        seconds = None
-        if self.timing:
-            _sync(self.device)
-            seconds = time.perf_counter() - start
-        calls = self.rows.records(self.role, total, rows.tolist(), resumed.tolist(), seconds)
-        self.seen = max(self.seen, total)
         return logits, hidden, calls
 
     @property

@@ -25,10 +25,17 @@ rows run against rows taking part.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..decode.step import to_device
 from .buckets import bucket_for
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class RowCounts:
@@ -66,6 +73,30 @@ class Compact:
 
     def __init__(self, lane):
         self.lane = lane
+
+    def call(self, seq: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, resumed: torch.Tensor, want_hidden: bool,
+             run: torch.Tensor | None):
+        """The lane's ``advance`` (:meth:`~.lane.FastLane.advance`'s arguments): the rows ``run`` (``[B]`` bool CPU;
+        None: every row) brought up to date (:meth:`advance`), ``lane.ran`` set, the records of ``rows`` made."""
+        lane, total = self.lane, seq.shape[1]
+        lane._check_call(seq, mask, total)
+        lane.kv.reserve(total)
+        start = 0.0
+        if lane.timing:
+            _sync(lane.device)
+            start = time.perf_counter()
+        lane.outputs.last = None  # no fused read-out here: entropy and greedy tokens found from the logits
+        logits, hidden, ran = self.advance(seq, None if run is None else run.nonzero().flatten().tolist(), want_hidden)
+        if logits is None:  # no row needed: nothing ran
+            logits = torch.zeros(seq.shape[0], lane.vocab, dtype=torch.float32, device=seq.device)
+        lane.ran = torch.tensor(ran, dtype=torch.bool)
+        seconds = None
+        if lane.timing:
+            _sync(lane.device)
+            seconds = time.perf_counter() - start
+        calls = lane.rows.records(lane.role, total, rows.tolist(), resumed.tolist(), seconds)
+        lane.seen = max(lane.seen, total)
+        return logits, hidden, calls
 
     def advance(self, seq: torch.Tensor, run: list[int] | None, want_hidden: bool):
         """Bring the live rows ``run`` (all when None) up to ``seq``'s ``T`` columns, each from the columns it has read.
