@@ -6,9 +6,9 @@
 
 :class:`Phases` wraps, while installed, each lane's ``advance`` and ``account``, the scheduler's admission (which
 requests join, a chunk of their prompts) and the executor's ``apply`` (their rows' prefill into the batch) of one
-:class:`~hf_rstitch.batching.requests.RequestEngine`; per lane it counts calls, the batch a call ran (the fast
-lane's graph runs every row of its batch bucket, whichever take part: :mod:`hf_rstitch.decode.protocol`,
-``run_ahead``), the rows that took part (the records the call made, or its run-ahead's ``account``), the columns
+:class:`~hf_rstitch.batching.requests.RequestEngine`; per lane it counts calls, the batch a call ran (the rows
+of the fast lane's graphs, its ``row_counts``: only the rows a call needs where the lane gathers them,
+:mod:`hf_rstitch.fast.lane_compact`, else every row of its batch bucket), the rows that took part (the records the call made, or its run-ahead's ``account``), the columns
 read, and the device time between CUDA events recorded around the call (from when the device reached it: the lane's
 kernels, plus any wait for the host in between). ``summary`` gives ms a step and the share of the step's wall time
 of each: ``slm``, ``llm``, ``joins``, and ``other`` (host work the device did not overlap -- sampling, hand-over
@@ -69,6 +69,7 @@ class Phases:
 
         def timed(*args, **kwargs):
             seen = _seen(lane, args[0]) if lane is not None else 0
+            ran = getattr(lane, "row_counts", {}).get("rows_run")  # the fast lane's rows run, over its life
             start, t0 = self._event(), time.perf_counter()
             out = fn(*args, **kwargs)
             try:  # the probe never fails a step
@@ -77,7 +78,8 @@ class Phases:
                     calls.append([host, start, end, 0, 0, 0])
                 else:
                     seq, rows = args[0], args[2]
-                    batch = getattr(getattr(lane, "rows", None), "bucket", seq.shape[0])  # the fast lane's bucket
+                    # rows the lane's graphs ran in this call (the fast lane's count), else every row
+                    batch = lane.row_counts["rows_run"] - ran if ran is not None else seq.shape[0]
                     calls.append([host, start, end, batch, seq.shape[1] - seen, int(rows.sum())])
             except Exception:  # noqa: BLE001
                 pass

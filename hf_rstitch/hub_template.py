@@ -35,6 +35,7 @@ TEMPLATES = PACKAGE / "templates"
 # Flattened in this order: each module only uses names defined above it.
 MODULES = (
     "core/roles.py",
+    "core/guessing.py",
     "core/entropy.py",
     "core/policies.py",
     "core/sampling.py",

@@ -245,7 +245,9 @@ def keep_ahead(ahead: Ahead | None, keep: torch.Tensor) -> Ahead | None:
     if ahead is None:
         return None
     hidden = ahead.hidden.index_select(0, to_device(keep, ahead.hidden.device)) if ahead.hidden is not None else None
-    return Ahead(ahead.role, ahead.logits.index_select(0, to_device(keep, ahead.logits.device)), hidden, ahead.since)
+    rows = ahead.rows[keep] if ahead.rows is not None else None
+    return Ahead(ahead.role, ahead.logits.index_select(0, to_device(keep, ahead.logits.device)), hidden, ahead.since,
+                 rows)
 
 
 class _MaskRoom:

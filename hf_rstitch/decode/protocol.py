@@ -12,6 +12,11 @@ Verbs (tensors on the host are marked CPU):
   ``[B, D]`` when asked, and a :class:`~hf_rstitch.core.trace.ForwardCall` per row in ``rows``,
   counted as if that row ran alone (``resumed`` ``[B]`` bool CPU: the other model wrote the
   row's latest tokens, so the call is a partial prefill).
+  A lane may run only the rows a call needs (the fast lane's ``compact``, :mod:`hf_rstitch.fast.lane_compact`):
+  then ``advance(..., run=)`` (``[B]`` bool CPU, None: every row) names them, the lane brings those rows up to
+  date from the columns each has read, and its ``ran`` (``[B]`` bool CPU) says which rows' logits it returned
+  (zeros elsewhere). The step (:func:`hf_rstitch.decode.step.run_step`) passes ``run`` to any lane with a
+  ``compact`` attribute.
 * ``keep_rows(index)`` -- keep only rows ``index`` (CPU long), in that order.
 * ``reset()`` -- forget everything, ready for a new generation.
 

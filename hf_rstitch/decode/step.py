@@ -105,6 +105,7 @@ class Ahead:
     hidden: torch.Tensor | None
     since: int | None = None  # a guess (run before a decision it depends on reached the host): columns the lane
     # had read before it, where a roll-back takes it (``crop``); None: the host knew the call was needed
+    rows: torch.Tensor | None = None  # [b] bool CPU: the rows whose logits it holds (a lane's ``ran``); None: all
 
 
 def run_step(
@@ -144,7 +145,7 @@ def run_step(
     if slm_rows is None or slm_rows.any():
         taking = accounted if slm_rows is None else slm_rows & accounted
         slm_logits, hidden, got = _advance(lanes[Role.SLM], ahead, seq, mask, taking, routing.last_llm,
-                                           policy.needs_hidden)
+                                           policy.needs_hidden, slm_rows)
         calls += got.items()
         slm_h = lanes[Role.SLM].entropy(slm_logits)
         decision = policy.hand_to_llm(StepView(index, slm_h, hidden, rows, slm_logits, seq))
@@ -155,7 +156,7 @@ def run_step(
             return out
         pending = send_to_host(decision)  # queued before an early LLM call: waiting for it waits for no more
         if ahead is None or ahead.role is not Role.LLM:
-            ahead = _llm_before_decision(lanes[Role.LLM], decision, some_llm, schedule, seq, mask)
+            ahead = _llm_before_decision(lanes[Role.LLM], decision, some_llm, schedule, seq, mask, llm_on)
         handed = on_host(pending).bool() if slm_rows is None else on_host(pending) & slm_rows
         slm = _SlmPart(slm_logits, slm_h, handed)
     return _finish(lanes, seq, mask, routing, policy, index, rows, accounted, schedule, ahead, calls, slm, some_llm)
@@ -204,7 +205,8 @@ def _finish(lanes: dict, seq, mask, routing: Routing, policy: RoutingPolicy, ind
         some_llm = bool(llm_on.any())
     llm_h = back = llm_logits = held = None
     if some_llm and _llm_now(schedule, llm_on, routing.waited):
-        llm_logits, _, got = _advance(lanes[Role.LLM], ahead, seq, mask, llm_on & accounted, ~routing.last_llm, False)
+        llm_logits, _, got = _advance(lanes[Role.LLM], ahead, seq, mask, llm_on & accounted, ~routing.last_llm, False,
+                                      llm_on)
         calls += got.items()
         llm_h = lanes[Role.LLM].entropy(llm_logits)
         back = policy.hand_to_slm(StepView(index, llm_h, rows=rows, logits=llm_logits, tokens=seq))  # host copy deferred to the caller's sync
@@ -229,27 +231,41 @@ def _greedy(lanes: dict, by_writer: "_ByWriter", llm_logits, slm_logits, slm_gre
     return by_writer(found.get(Role.LLM), found.get(Role.SLM))
 
 
-def _llm_before_decision(lane, decision: torch.Tensor, some_llm: bool, schedule, seq, mask) -> Ahead | None:
+def _llm_before_decision(lane, decision: torch.Tensor, some_llm: bool, schedule, seq, mask,
+                         llm_on: torch.Tensor) -> Ahead | None:
     """The LLM's call, queued before the host reads the SLM's hand-over decisions from the device, when the
     step calls the LLM whatever they say (some row is the LLM's already) and its lane runs every row anyway
     (``run_ahead``): the device goes on from the SLM to the LLM instead of waiting for the host. ``some_llm``:
-    some row is the LLM's before the decisions."""
+    some row is the LLM's before the decisions (``llm_on``: those rows; a lane that runs only the rows a call
+    needs runs them, and the rows handed over in a second call once the decisions are read)."""
     if decision.device.type == "cpu" or schedule is not None or not some_llm:
         return None
-    return call_early(lane, seq, mask)
+    return call_early(lane, seq, mask, run=llm_on)
 
 
-def call_early(lane, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool = False, guess: bool = False
-               ) -> Ahead | None:
+def call_early(lane, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool = False, guess: bool = False,
+               run: torch.Tensor | None = None) -> Ahead | None:
     """``lane``'s next ``advance`` over ``seq``, queued before the host knows which rows take part, where the
-    lane allows it (``run_ahead``: it runs every row anyway); else None. No rows take part in the call: the
-    step that uses it makes their records (``Lane.account``). ``guess``: the call may be undone (``crop``, the
-    columns the lane had read noted in ``Ahead.since``)."""
+    lane allows it (``run_ahead``: it runs every row anyway, or the rows ``run`` where it runs only the rows a
+    call needs, ``compact``); else None. No rows take part in the call: the step that uses it makes their records
+    (``Lane.account``). ``guess``: the call may be undone (``crop``, the columns the lane had read noted in
+    ``Ahead.since``)."""
     if not lane.run_ahead:
         return None
     nobody, since = _nobody(seq.shape[0]), lane.seen if guess else None
-    logits, hidden, _ = lane.advance(seq, mask, nobody, nobody, want_hidden=want_hidden)
-    return Ahead(lane.role, logits, hidden, since)
+    logits, hidden, _ = lane.advance(seq, mask, nobody, nobody, want_hidden=want_hidden, **_rows_of(lane, run))
+    return Ahead(lane.role, logits, hidden, since, _ran(lane))
+
+
+def _rows_of(lane, run: torch.Tensor | None) -> dict:
+    """``advance``'s ``run=`` for a lane that runs only the rows a call needs (``compact``: the fast lane's
+    :mod:`~hf_rstitch.fast.lane_compact`); other lanes run every row."""
+    return {"run": run} if run is not None and hasattr(lane, "compact") else {}
+
+
+def _ran(lane) -> torch.Tensor | None:
+    """The rows whose logits the lane's last ``advance`` returned (None: every row)."""
+    return lane.ran if getattr(lane, "compact", None) is not None else None
 
 
 def roll_back(lanes: dict, ahead: Ahead | None) -> None:
@@ -299,11 +315,25 @@ def on_host(pending: tuple[torch.Tensor, torch.cuda.Event | None]) -> torch.Tens
     return host
 
 
-def _advance(lane, ahead: Ahead | None, seq, mask, rows: torch.Tensor, resumed: torch.Tensor, want_hidden: bool):
-    """``lane.advance(...)``, or the lane's early call when ``ahead`` is it (then only its records are made)."""
+def _advance(lane, ahead: Ahead | None, seq, mask, rows: torch.Tensor, resumed: torch.Tensor, want_hidden: bool,
+             run: torch.Tensor | None = None):
+    """``lane.advance(...)`` for the rows ``run`` (``[b]`` bool CPU; None: every row), or the lane's early call when
+    ``ahead`` is it (then only its records are made, and the rows it did not run run now)."""
     if ahead is None or ahead.role is not lane.role:
-        return lane.advance(seq, mask, rows, resumed, want_hidden=want_hidden)
-    return ahead.logits, ahead.hidden, lane.account(seq.shape[1], rows, resumed)
+        return lane.advance(seq, mask, rows, resumed, want_hidden=want_hidden, **_rows_of(lane, run))
+    calls = lane.account(seq.shape[1], rows, resumed)
+    if ahead.rows is None:
+        return ahead.logits, ahead.hidden, calls
+    rest = (run if run is not None else _every(len(rows))) & ~ahead.rows
+    if not bool(rest.any()):
+        return ahead.logits, ahead.hidden, calls
+    nobody = _nobody(len(rows))
+    logits, hidden, _ = lane.advance(seq, mask, nobody, nobody, want_hidden=want_hidden, run=rest)
+    at = to_device(rest, logits.device)
+    logits = torch.where(at[:, None], logits, ahead.logits)
+    if hidden is not None and ahead.hidden is not None:
+        hidden = torch.where(at.to(hidden.device)[:, None], hidden, ahead.hidden)
+    return logits, hidden, calls
 
 
 def _llm_now(schedule: LLMSchedule | None, llm_on: torch.Tensor, waited: torch.Tensor) -> bool:

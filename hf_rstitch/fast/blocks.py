@@ -111,6 +111,11 @@ class BlockTables:
         self.owned[dst], self.owned[src] = self.owned[src], []
         self.covered[dst], self.covered[src] = self.covered[src], 0
 
+    def swap(self, a: int, b: int) -> None:
+        """Rows ``a`` and ``b`` trade their blocks."""
+        self.owned[a], self.owned[b] = self.owned[b], self.owned[a]
+        self.covered[a], self.covered[b] = self.covered[b], self.covered[a]
+
     def take(self, other: "BlockTables", src: int, dst: int) -> None:
         """Row ``src`` of ``other`` (same allocator) becomes row ``dst`` of this table."""
         if other.allocator is not self.allocator:

@@ -62,6 +62,10 @@ class FastConfig:
     # rows x capacity. The request engine always pages (its pool sized by its kv_tokens); generate() keeps the
     # static cache unless this is set (then the pool holds every row's capacity: same memory, same outputs)
     paged: bool = False
+    # each call runs only the rows that need its logits, gathered into the smallest batch bucket (.lane_compact);
+    # None: where the cache is paged (gathering is an index there; a static cache copies the rows' slots); False
+    # (default until timed on a GPU: a call with rows handed over makes two graph calls, each reading the weights)
+    compact_rows: bool | None = False
     # which GPU features the lane uses (.capabilities): "native" (what the GPU has), "generic" (what an Ampere /
     # Ada GPU gets: every Hopper-only feature off); None: $HF_RSTITCH_PROFILE, else native
     profile: str | None = None

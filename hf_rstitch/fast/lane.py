@@ -67,6 +67,7 @@ from .graphs import GraphRunner
 from .kernels import rope_store
 from .lane_ahead import Ahead
 from .lane_build import LaneKernels, warn_eager
+from .lane_compact import Compact, RowCounts
 from .lane_outputs import ReadOut
 from .lane_rows import LaneRows
 from .paged_kv import BlockPool
@@ -123,6 +124,11 @@ class FastLane:
         self.long_calls = 0  # calls of this generation longer than max_bucket (run as several bucket calls)
         self._record_only = False  # warm_up: a bucket whose kernels an earlier bucket ran, recorded without a run
         self.outputs = ReadOut(dev, self.kv)
+        compact = config.compact_rows if config.compact_rows is not None else self.paged
+        self.compact = Compact(self) if compact else None  # calls run only the rows they need (.lane_compact)
+        self.kv.settle = self.compact is None  # rows that leave free their cache rows; no others move (keep)
+        self.ran: torch.Tensor | None = None  # [B] bool CPU: the rows whose logits the last advance returned (compact)
+        self.counts = RowCounts()  # rows run and rows needed over the lane's calls (row_counts)
         self.joins = joins.Joins(self)
         self.ahead = Ahead(self)
         with profile_scope(config.profile):
@@ -191,22 +197,18 @@ class FastLane:
 
     # ---- the Lane interface -------------------------------------------------------------------
     def advance(self, seq: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, resumed: torch.Tensor,
-                want_hidden: bool = False):
-        """As :meth:`hf_rstitch.decode.Lane.advance`: every row catches up columns ``[seen, T)``."""
+                want_hidden: bool = False, run: torch.Tensor | None = None):
+        """As :meth:`hf_rstitch.decode.Lane.advance`: every row catches up columns ``[seen, T)``. A lane that runs only
+        the rows a call needs (:attr:`compact`) brings the rows ``run`` (``[B]`` bool CPU; None: every row) up to
+        date instead, and :attr:`ran` says which rows' logits it returns (:mod:`.lane_compact`)."""
         total = seq.shape[1]
+        if self.compact is not None:
+            return self.compact.call(seq, mask, rows, resumed, want_hidden, run)
         width = total - self.seen
         if width <= 0:
             raise RuntimeError(f"{self.role} lane asked to advance rows that have nothing new")
-        if total > self.capacity:
-            raise RuntimeError(
-                f"{self.role} FastLane holds {self.capacity} tokens but the sequence has {total}; build it with a "
-                "larger capacity (the generation's max_length) or lower max_new_tokens."
-            )
-        if self.seen == 0:
-            self.start(mask)
-        if seq.shape[0] != self.rows.n_live:
-            raise ValueError(f"{self.role} FastLane holds {self.rows.n_live} live rows but got a sequence of shape "
-                             f"{tuple(seq.shape)}; drop finished rows with keep_rows before advancing.")
+        self._check_call(seq, mask, total)
+        self.counts.add(self.rows.bucket, self.rows.n_live if run is None else int(run.sum()))
         self.kv.reserve(total)
         start = 0.0
         if self.timing:
@@ -225,6 +227,24 @@ class FastLane:
         calls = self.rows.records(self.role, total, rows.tolist(), resumed.tolist(), seconds)
         self.seen = total
         return logits, hidden, calls
+
+    @property
+    def row_counts(self) -> dict[str, int]:
+        """Rows the lane's graphs ran and rows whose logits its callers needed, summed over its calls (its life)."""
+        return self.counts.as_dict()
+
+    def _check_call(self, seq: torch.Tensor, mask: torch.Tensor, total: int) -> None:
+        """Refuse a sequence past the capacity or of other rows than the live ones; the first call notes the padding."""
+        if total > self.capacity:
+            raise RuntimeError(
+                f"{self.role} FastLane holds {self.capacity} tokens but the sequence has {total}; build it with a "
+                "larger capacity (the generation's max_length) or lower max_new_tokens."
+            )
+        if self.seen == 0:
+            self.start(mask)
+        if seq.shape[0] != self.rows.n_live:
+            raise ValueError(f"{self.role} FastLane holds {self.rows.n_live} live rows but got a sequence of shape "
+                             f"{tuple(seq.shape)}; drop finished rows with keep_rows before advancing.")
 
     def account(self, total: int, rows: torch.Tensor, resumed: torch.Tensor) -> dict:
         """The records an :meth:`advance` to ``total`` columns would have made for ``rows`` (``[B]`` bool CPU),
@@ -334,36 +354,45 @@ class FastLane:
         """A paged cache: blocks for every live row's columns up to ``total`` (:meth:`~.lane_rows.LaneRows.reserve`)."""
         self.kv.reserve(total)
 
-    def run(self, new_ids: torch.Tensor, want_hidden: bool):
+    def run(self, new_ids: torch.Tensor, want_hidden: bool, rows: tuple[int, torch.Tensor] | None = None):
         """Read ``new_ids`` ``[B, width]`` of the live rows: bucket calls of up to ``max_bucket`` tokens; returns the
-        graph's logits and hidden state (or None) at the last token (in the graph's buffers)."""
+        graph's logits and hidden state (or None) at the last token (in the graph's buffers). ``rows``: (batch
+        bucket, cache row of each row of ``new_ids``) for a call over some rows (:mod:`.lane_compact`); None: the
+        live rows, in the bucket that holds them all."""
         with profile_scope(self.config.profile):  # launches (and captures) decide their features now
-            return self._run_buckets(new_ids, want_hidden)
+            return self._run_buckets(new_ids, want_hidden, *(() if rows is None else (rows,)))
 
-    def _run_buckets(self, new_ids: torch.Tensor, want_hidden: bool):
+    def _run_buckets(self, new_ids: torch.Tensor, want_hidden: bool, *rows):
         width, top = new_ids.shape[1], self.config.max_bucket
         if width > top:  # longer than any bucket: whole largest buckets first, then the rest
             self.long_calls += 1
             head = (width - 1) // top * top  # leaves 1..top tokens for the last call
             for start in range(0, head, top):
-                self._run_bucket(new_ids[:, start:start + top], False)
-            return self._run_bucket(new_ids[:, head:], want_hidden)
-        return self._run_bucket(new_ids, want_hidden)
+                self._run_bucket(new_ids[:, start:start + top], False, *rows)
+            return self._run_bucket(new_ids[:, head:], want_hidden, *rows)
+        return self._run_bucket(new_ids, want_hidden, *rows)
 
-    def _run_bucket(self, new_ids: torch.Tensor, want_hidden: bool):
-        """One graph call over the batch bucket's rows; ``new_ids`` ``[B, width]`` of the live rows."""
+    def _run_bucket(self, new_ids: torch.Tensor, want_hidden: bool, placed=None):
+        """One graph call over the batch bucket's rows; ``new_ids`` ``[B, width]`` of the live rows (or of the rows
+        ``placed`` names: (bucket, their cache rows))."""
         live, width = new_ids.shape
-        rows = self.rows.bucket
-        views = self._views.get((live, width, rows))
-        if views is None:  # views of the graph's input buffer: made once a shape (each slice costs the host ~us)
+        if placed is not None:
+            rows, at = placed
             size = bucket_for(width, self.buckets)
-            views = self._views[(live, width, rows)] = (size, self.ids[:live, :width], self.ids[:, :width],
-                                                        self.ids[:rows, :size])
-        size, into, wide, ids = views
-        if self.kv.index is None:
-            into.copy_(new_ids)
+            self.ids[:, :width].index_copy_(0, at, new_ids)
+            ids = self.ids[:rows, :size]
         else:
-            wide.index_copy_(0, self.kv.index, new_ids)
+            rows = self.rows.bucket
+            views = self._views.get((live, width, rows))
+            if views is None:  # views of the graph's input buffer: made once a shape (each slice costs the host ~us)
+                size = bucket_for(width, self.buckets)
+                views = self._views[(live, width, rows)] = (size, self.ids[:live, :width], self.ids[:, :width],
+                                                            self.ids[:rows, :size])
+            size, into, wide, ids = views
+            if self.kv.index is None:
+                into.copy_(new_ids)
+            else:
+                wide.index_copy_(0, self.kv.index, new_ids)
         n_real = 1
         if size > 1:
             self.n_real.fill_(width)

@@ -48,6 +48,7 @@ class LaneRows:
         self.seen = 0  # columns of the shared sequence in the cache (every row)
         self.index: torch.Tensor | None = None  # [B] cache row of each live row (device); None: in order
         self.row_moves = 0  # cache rows moved down when finished rows let the batch bucket shrink
+        self.settle = True  # rows that stay move down when the live rows fit a smaller bucket (keep)
 
     @property
     def pool(self) -> BlockPool | None:
@@ -96,6 +97,7 @@ class LaneRows:
         if total < self.seen:
             self.cache.pos.sub_(self.seen - total)
             self.seen = total
+            self.slots.read = [min(r, total) for r in self.slots.read]  # columns before total hold what they read
 
     def live(self, out: torch.Tensor) -> torch.Tensor:
         """Rows of a graph output ``[b, ...]`` that belong to live rows, in the caller's order."""
@@ -104,12 +106,14 @@ class LaneRows:
     def keep(self, index) -> None:
         """Keep only the live rows ``index`` (CPU long tensor), in that order. No buffer is reallocated: finished
         rows stay in the batch bucket as dead weight until the live ones fit a smaller bucket, then the live rows
-        above it move down (a copy of their written slots). Before the first call there is nothing to keep."""
+        above it move down (a copy of their written slots). A lane whose calls gather their rows (``settle``
+        False, :mod:`.lane_compact`) moves none: a leaving row's cache row is freed, to be taken by a joining row.
+        Before the first call there is nothing to keep."""
         if self.seen == 0:
             return
         index = [int(i) for i in index]
         before = list(self.slots.slot)
-        moves = self.slots.keep(index)
+        moves = self.slots.keep(index, settle=self.settle)
         if self.paged:  # the rows that left give their blocks back; moving rows take theirs along
             kept = {before[i] for i in index}
             self.cache.release([row for row in before if row not in kept])
@@ -147,6 +151,7 @@ class LaneRows:
         self.slots.slot += free
         self.slots.solo_seen += [0] * k
         self.slots.pad += pads
+        self.slots.read += [self.seen] * k
         self.index = None if self.slots.in_order else to_device(self.slots.slot, self.device)
 
     def pad_left(self, n: int) -> None:
@@ -187,6 +192,8 @@ class LaneRows:
             self.n_pad[row] += 1
             self.slots.pad[i] += 1
             self.slots.solo_seen[i] += 1
+            # the columns it read moved right with it; a row that read every column reads its last one again
+            self.slots.read[i] = min(self.slots.read[i] + 1, self.seen)
 
     def _shift(self, n: int, cut: int) -> None:
         """The shared columns move ``n`` to the right (``n > 0``: new masked columns in front) or ``-n`` to the
@@ -206,3 +213,22 @@ class LaneRows:
         self.n_pad.add_(n).clamp_(min=0)
         self.cache.pos.add_(cut)
         self.seen += cut
+        self.slots.read = [max(r + cut, 0) for r in self.slots.read]
+
+    def swap(self, pairs: list[tuple[int, int]]) -> None:
+        """Cache rows ``a`` and ``b`` of each pair trade places (disjoint pairs), whoever holds them (a live row or
+        nobody): a paged cache trades table rows and block lists (an index, no keys or values move), a static one
+        copies the rows' slots. The live rows' cache rows follow (:mod:`.lane_compact` gathers a call's rows so)."""
+        if not pairs:
+            return
+        a, b = [p[0] for p in pairs], [p[1] for p in pairs]
+        src, dst = to_device(a + b, self.device), to_device(b + a, self.device)
+        if self.paged:
+            self.cache.swap_rows(src, dst, pairs)
+        else:
+            self.cache.states[:, :, dst] = self.cache.states[:, :, src]
+        self.valid[dst] = self.valid[src]
+        self.n_pad[dst] = self.n_pad[src]
+        moved = {**dict(zip(a, b)), **dict(zip(b, a))}
+        self.slots.slot = [moved.get(s, s) for s in self.slots.slot]
+        self.index = None if self.slots.in_order else to_device(self.slots.slot, self.device)

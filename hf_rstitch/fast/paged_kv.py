@@ -127,6 +127,13 @@ class PagedKV:
         self.table[dst] = self.table[src]
         self.table[src] = TRASH
 
+    def swap_rows(self, src: torch.Tensor, dst: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
+        """Cache rows of each pair ``(a, b)`` trade their blocks (``src``/``dst``: the pairs' rows as device
+        indices, ``a`` then ``b`` and ``b`` then ``a``)."""
+        for a, b in pairs:
+            self.tables.swap(a, b)
+        self.table[dst] = self.table[src]
+
     def copy_row(self, other: "PagedKV", src: int, dst: int, n_slots: int) -> None:
         """Row ``src`` of ``other`` (a cache over the same pool) becomes row ``dst`` of this cache: its blocks
         are handed over, not copied (``other``'s row owns none after). ``n_slots``: unused (every block moves)."""

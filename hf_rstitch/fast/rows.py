@@ -40,15 +40,19 @@ class RowSlots:
         self.slot: list[int] = []  # cache row of each live row
         self.solo_seen: list[int] = []  # per live row, columns a solo lane's cache would hold
         self.pad: list[int] = []  # per live row, left-padding columns of its prompt
+        # per live row, columns of the shared sequence its cache row holds: the lane's ``seen`` unless the lane runs
+        # only the rows a call needs (:mod:`.lane_compact`), where rows that sat a call out lag behind
+        self.read: list[int] = []
 
     def start(self, pads: list[int]) -> None:
         if len(pads) > self.max_rows:
             raise ValueError(f"this lane holds {self.max_rows} rows, got a batch of {len(pads)}; build the engine's "
                              "lanes for the larger batch (FastEngine rebuilds them when a generation needs more rows).")
         self.slot, self.solo_seen, self.pad = list(range(len(pads))), [0] * len(pads), list(pads)
+        self.read = [0] * len(pads)
 
     def clear(self) -> None:
-        self.slot, self.solo_seen, self.pad = [], [], []
+        self.slot, self.solo_seen, self.pad, self.read = [], [], [], []
 
     @property
     def n_live(self) -> int:
@@ -64,15 +68,17 @@ class RowSlots:
         """Live row ``r`` sits in cache row ``r`` (no gather / scatter needed)."""
         return all(s == r for r, s in enumerate(self.slot))
 
-    def keep(self, index: list[int]) -> list[tuple[int, int]]:
+    def keep(self, index: list[int], settle: bool = True) -> list[tuple[int, int]]:
         """Keep live rows ``index`` (in that order); returns the cache-row moves ``(src, dst)`` that bring
-        every live row under the smallest batch bucket that holds them all."""
+        every live row under the smallest batch bucket that holds them all (none without ``settle``: the rows stay
+        in their cache rows)."""
         if any(i < 0 or i >= self.n_live for i in index):
             raise IndexError(f"keep_rows index {index} out of range for {self.n_live} live rows")
         self.slot = [self.slot[i] for i in index]
         self.solo_seen = [self.solo_seen[i] for i in index]
         self.pad = [self.pad[i] for i in index]
-        if not self.slot:
+        self.read = [self.read[i] for i in index]
+        if not self.slot or not settle:
             return []
         target = bucket_for(len(self.slot), self.sizes)
         free = sorted(set(range(target)) - set(self.slot))
