@@ -337,12 +337,14 @@ def observed_entropies(llm, slm, decoding: str, batch: int, threshold: float, se
 
 
 def clear_of_ties(llm, slm, decoding: str, batch: int, threshold: float, margin: float) -> bool:
-    """Whether the eager engine's own run at ``threshold`` meets no SLM entropy within ``margin`` of it.
-    :func:`near_thresholds` keeps ``margin`` from the entropies of the run it was drawn from, but a run at the new
-    threshold routes otherwise and meets new entropies; one within ``margin`` is a tie that an engine differing
-    by less than ``margin`` may break either way, so a threshold where the eager run meets one decides nothing."""
+    """Whether the eager engine's own run at ``threshold`` (one of :func:`near_thresholds`, ``margin`` from an
+    entropy) meets no SLM entropy within ``margin / 2`` of it. :func:`near_thresholds` keeps ``margin`` from the
+    entropies of the run it was drawn from, but a run at the new threshold may route otherwise and meet new
+    entropies; one that close is a tie that an engine differing by a fraction of ``margin`` may break either way,
+    so a threshold where the eager run meets one decides nothing. (Half: the entropy the threshold was drawn from
+    is met again ``margin`` away, give or take the rounding of ``h + margin``.)"""
     seen = observed_entropies(llm, slm, decoding, batch, threshold)
-    return all(abs(h - threshold) >= margin for h in seen)
+    return all(abs(h - threshold) >= margin / 2 for h in seen)
 
 
 def near_thresholds(entropies: list[float], margin: float | None = None) -> list[float]:
