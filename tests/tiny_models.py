@@ -132,3 +132,15 @@ def assert_wide_tier_runs(model, patches, device) -> None:
     torch.testing.assert_close(got[0], want[0], atol=1e-4, rtol=1e-4)
     assert torch.equal(got[1], want[1])
 
+
+class Shown:
+    """A streamer keeping every tensor ``generate`` gives it (the prompt first), as ``generate`` passes them."""
+
+    def __init__(self):
+        self.puts = []
+
+    def put(self, value):
+        self.puts.append(value.clone())
+
+    def end(self):
+        pass

@@ -13,7 +13,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 import hf_rstitch  # noqa: F401  (patches generate)
-from tiny_models import left_pad, make_pair, prompt
+from tiny_models import Shown, left_pad, make_pair, prompt
 
 ARCHS = ["llama", "qwen2", "gemma3"]  # qwen2: sliding window on every layer; gemma3: hybrid
 LENGTHS = [5, 11, 3]
@@ -147,19 +147,9 @@ def test_streamer_gets_the_whole_batch_each_step():
     llm, slm = make_pair("llama")
     _, ids, mask = batch()
 
-    class Collect:
-        def __init__(self):
-            self.puts = []
-
-        def put(self, value):
-            self.puts.append(value.clone())
-
-        def end(self):
-            pass
-
     free = llm.generate(ids, attention_mask=mask, max_new_tokens=N_NEW)
     kw = dict(attention_mask=mask, eos_token_id=free[1, ids.shape[1] + 2].item(), pad_token_id=2, max_new_tokens=N_NEW)
-    a, b = Collect(), Collect()
+    a, b = Shown(), Shown()
     llm.generate(ids, streamer=a, **kw)
     llm.generate(ids, assistant_model=slm, stitch_threshold=0.0, streamer=b, **kw)
     assert len(a.puts) == len(b.puts) and all(torch.equal(x, y) for x, y in zip(a.puts, b.puts))

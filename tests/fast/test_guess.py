@@ -18,7 +18,6 @@ import dataclasses
 import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
-from transformers.generation.streamers import BaseStreamer
 
 from hf_rstitch import Role
 from hf_rstitch.core.policies import EntropyPolicy
@@ -26,7 +25,7 @@ from hf_rstitch.decode import loop
 from hf_rstitch.fast import FastConfig, FastEngine
 from hf_rstitch.router.model import Router
 from hf_rstitch.router.policy import RouterPolicy
-from tiny_models import left_pad, make_pair, prompt
+from tiny_models import Shown, left_pad, make_pair, prompt
 
 READ = FastConfig(max_bucket=4, graphs=False, run_ahead=True)  # runs ahead, reads every decision first
 GUESS = dataclasses.replace(READ, ahead_of_decisions=True)
@@ -63,19 +62,6 @@ class RouterFlip(Flip):
 
     def hand_to_llm(self, step):
         return self.router.hand_to_llm(step)
-
-
-class Shown(BaseStreamer):
-    """Every tensor a streamer is given (the prompt first, as ``generate`` puts it)."""
-
-    def __init__(self):
-        self.puts = []
-
-    def put(self, value):
-        self.puts.append(value.clone())
-
-    def end(self):
-        pass
 
 
 @pytest.fixture
