@@ -224,9 +224,8 @@ def run_ahead(lanes: dict, out: StepOut, seq: torch.Tensor, mask: torch.Tensor, 
               guess: GuessGate | None = None) -> Ahead | None:
     """The next step's first lane call over ``seq`` (this step's tokens appended), run now, when the host
     knows which lane it is (:func:`next_lane`) and that lane allows it; else None. With ``guess`` (the loop's gate),
-    also where the
-    LLM's hand-back decisions are read a step late (its lane :func:`decides_late`) and it wrote every row's token:
-    the LLM, guessing it keeps every row. A call after a guessed step (``out.guess``) or a guessed LLM call is itself
+    also where the LLM's hand-back decisions are read a step late (its lane :func:`decides_late`) and it wrote every
+    row's token: the LLM, guessing it keeps every row. A call after a guessed step (``out.guess``) or a guessed LLM call is itself
     a guess (``Ahead.since`` set): the caller undoes it (:func:`roll_back`) where the decision went the other way."""
     late = guess is not None and out.back is not None and decides_late(lanes[Role.LLM], out.back, guess)
     role, guessed = next_lane(out, late), out.guess is not None
