@@ -166,9 +166,10 @@ def test_large_bodies_do_not_block_health_or_streams(tokenizer):
 # ---- slow connections ----------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_slow_connections_are_timed_out_and_capped_while_others_are_served(tokenizer):
-    """2400 connections trickling a request (serve/slow_clients.py, a process of its own) (for up to 15 s) against a 1 s deadline
-    and a cap of 500 open connections: none is left open, the cap refuses some with a 503 (new connections past it,
-    answered at once), and a normal client's completions on its open connection are served meanwhile."""
+    """2400 connections trickling a request against a 1 s deadline and a cap of 500 open connections, each opened
+    again as soon as the server sheds it, for 6 s (serve/slow_clients.py, a process of its own): none is left open
+    for 5 s, the cap refuses some with a 503 (new connections past it, answered at once), and a normal client's
+    completions on its open connection are served meanwhile."""
     import subprocess
     import sys
 
@@ -176,7 +177,7 @@ def test_slow_connections_are_timed_out_and_capped_while_others_are_served(token
     with LiveServer(app) as srv, httpx.Client(base_url=srv.url, timeout=10) as c:
         assert c.get("/health").status_code == 200  # the normal client's connection is open (kept alive) first
         port = srv.url.rsplit(":", 1)[1]
-        attack = subprocess.Popen([sys.executable, "-m", "serve.slow_clients", port, "2400", "15"],
+        attack = subprocess.Popen([sys.executable, "-m", "serve.slow_clients", port, "2400", "6", "5"],
                                   cwd=os.path.dirname(os.path.dirname(__file__)), stdout=subprocess.PIPE, text=True)
         time.sleep(1.5)  # the connections are open and trickling
         latencies = []
