@@ -61,7 +61,9 @@ def test_a_stream_running_at_shutdown_ends_complete(tokenizer):
 
     reader = threading.Thread(target=stream)
     reader.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 20  # stop once the stream is decoding, however loaded the box
+    while httpx.get(srv.url + "/health").json()["running"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
     srv.stop()
     reader.join(30)
     engine.stop()
