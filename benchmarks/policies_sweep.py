@@ -133,7 +133,9 @@ def run(args) -> None:
     progress = Path(f"{args.out}.progress.jsonl")
     progress.parent.mkdir(parents=True, exist_ok=True)
     shard, shards = (int(x) for x in args.shard.split("/"))
-    done = {(r["split"], r["method"]) for r in _rows(progress) if r.get("shard", "0/1") in ("0/1", args.shard)}
+    rows = _rows(progress)  # a row is done when run in this shard, or whole, or in every part of another sharding
+    done = {(r["split"], r["method"]) for r in rows if r.get("shard", "0/1") == args.shard}
+    done |= {(r["split"], r["method"]) for r in merge_shards(rows)}
     stop = _stop_time(args.stop_at)
     for split, problems in splits(args.n_test, args.n_hard).items():
         if args.splits and split not in args.splits:
