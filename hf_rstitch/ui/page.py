@@ -4,9 +4,13 @@ Layout, top to bottom: the prompt and Run; the controls (threshold, max new toke
 the LLM alone beside); the stitched answer coloured by model with its clock, and the LLM alone with its own; the
 entropy plot; the summary table; the code that reproduces the run; the models (load another pair).
 
-The page is served before the models load: :class:`Pairs` loads a pair (torch and transformers with it) and warms it
-up in a background thread, while Run reads "Loading models…" and the controls that depend on the pair wait; each
-page asks for its pair when it opens (:func:`_on_open`) and enables them once the pair is ready. Every handler
+The page is served before the models load: the pairs load (torch and transformers with them) and warm up in the
+background, while Run reads "Loading models…" and the controls that depend on the pair wait; each page asks for its
+pair when it opens (:func:`_on_open`) and enables them once the pair is ready. Where they load: ``rstitch ui``
+(:func:`serve`) loads and runs them in a worker process (:class:`~hf_rstitch.ui.worker.Worker`), so this process
+only serves; :func:`app` (a notebook) in a thread of this one (:class:`Pairs`). Both answer the page's two
+questions, the same way: :meth:`Pairs.ready` (a :class:`~hf_rstitch.ui.pair.PairInfo`) and :meth:`Pairs.frames`
+(a run's :class:`~hf_rstitch.ui.frames.Frame` s, which this module renders). Every handler
 turns a refusal or a failure into a message in the page (:func:`~hf_rstitch.ui.render.message_html`); the server
 logs the traceback of anything unexpected and keeps serving. Each browser tab holds its own pair key (a
 ``gr.State``); loaded pairs are shared through :class:`Pairs`, so two tabs on one pair load it once.
@@ -18,11 +22,12 @@ import concurrent.futures
 import functools
 import logging
 import threading
+from typing import Iterator
 
 from . import render
-from .code import reproduce
-from .pair import DEFAULT_THRESHOLD, Pair, PairError, is_shipped, load, refs
-from .run import MAX_NEW_TOKENS, RunError, RunSettings, stream
+from .frames import LLM_ALONE, Frame, failure, frames
+from .pair import BUDGET, DEFAULT_THRESHOLD, Pair, PairError, PairInfo, describe, is_shipped, load, refs
+from .run import MAX_NEW_TOKENS, RunSettings
 
 log = logging.getLogger("hf_rstitch.ui")
 TITLE = "R-Stitch: see it stitch"
@@ -30,7 +35,6 @@ INTRO = ("The small model (SLM) writes while it is confident; where its normaliz
          "tau, the large model (LLM) takes over until it is confident again. Every token is coloured by the model "
          "that wrote it.")
 LOADING = "Loading models…"
-BUDGET = 256  # max new tokens where the LLM's generation config names none
 
 
 class Pairs:
@@ -71,6 +75,14 @@ class Pairs:
                     del self.loads[key]
             raise
 
+    def ready(self, llm: str | None, slm: str | None) -> PairInfo:
+        """What the page shows for the pair, once loaded and warmed up (waits for it; raises as :meth:`get`)."""
+        return describe(self.get(llm, slm), MAX_NEW_TOKENS)
+
+    def frames(self, key: tuple[str, str], settings: RunSettings, compare: bool) -> Iterator[Frame]:
+        """A run's frames (:func:`hf_rstitch.ui.frames.frames`; raises as it does, and as :meth:`get`)."""
+        return frames(self.get(*key), settings, compare)
+
     def _load(self, key: tuple[str, str], router: str | None) -> Pair:
         try:
             pair = load(*key, router)
@@ -107,28 +119,34 @@ def app(llm: str | None = None, slm: str | None = None, router: str | None = Non
 
 
 def serve(llm: str | None = None, slm: str | None = None, router: str | None = None, **launch) -> None:
-    """Serve the page (``blocks.launch(**launch)``) and only then load the pair: on a small machine torch's import
-    and the load would otherwise slow the server's start (``rstitch ui``). Returns when the server stops.
+    """Serve the page (``blocks.launch(**launch)``) with its pairs in a worker process (``rstitch ui``): this process
+    imports Gradio and serves on its own core while the worker imports torch and loads the pair on another. The
+    worker starts once the page is served. Returns when the server stops.
 
     Raises:
         PairError: as :func:`app`.
     """
-    blocks, start_loading = build(llm, slm, router)
+    blocks, start_loading = build(llm, slm, router, worker=True)
     blocks.launch(prevent_thread_lock=True, **launch)
     start_loading()
     blocks.block_thread()
 
 
-def build(llm: str | None, slm: str | None, router: str | None):
+def build(llm: str | None, slm: str | None, router: str | None, worker: bool = False):
     """``(blocks, start_loading)``: the page, and a call that starts its pair's load (a page that opens first asks
-    for the pair itself)."""
+    for the pair itself); ``worker``: the pairs load and run in a worker process (:mod:`.worker`)."""
     first = refs(llm, slm)  # before Gradio's import: a missing folder fails in a second
     from .gradio_import import gradio
 
     gr = gradio()
     with gr.Blocks(title=TITLE, analytics_enabled=False) as blocks:
         c = _layout(gr, *first)
-        pairs = Pairs(c["summary"], {first: router})
+        if worker:
+            from .worker import Worker
+
+            pairs = Worker({first: router})
+        else:
+            pairs = Pairs(c["summary"], {first: router})
         key = gr.State(first)
         inputs = [key, *(c[name] for name in ("prompt", "threshold", "max_new_tokens", "mode", "seed", "router",
                                               "compare"))]
@@ -187,42 +205,29 @@ def _layout(gr, llm_ref: str, slm_ref: str) -> dict:
     return c
 
 
-def _budget(pair: Pair) -> int:
-    return min(int(getattr(pair.llm.generation_config, "max_new_tokens", None) or BUDGET), MAX_NEW_TOKENS)
-
-
-def _router_info(pair: Pair) -> str:
-    return f"router: {pair.router}" if pair.router else "this pair has no router"
-
-
-def _pair_line(pair: Pair) -> str:
-    params = [sum(p.numel() for p in m.parameters()) / 1e6 for m in (pair.llm, pair.slm)]
-    return (f"LLM <code>{pair.llm_ref}</code> ({params[0]:.1f}M), SLM <code>{pair.slm_ref}</code> ({params[1]:.1f}M) "
-            f"on {pair.device}; default tau {pair.threshold:g}; {_router_info(pair)}")
-
-
 def _warm_up(pair: Pair, table) -> None:
-    """A 4-token run through the page's own path and the table's conversion, so the first run the user starts
-    imports nothing and sets nothing up (on a busy 2-core machine the first run's first token came 5 s later than
-    the second's without it)."""
+    """A 4-token run through the page's own path and the table's conversion (``table``: None in the worker), so the
+    first run the user starts imports nothing and sets nothing up (on a busy 2-core machine the first run's first
+    token came 5 s later than the second's without it)."""
     try:
-        for outputs in _stream_page(pair, RunSettings("1 + 1 =", pair.threshold, 4).checked(), compare=False):
+        settings = RunSettings("1 + 1 =", pair.threshold, 4).checked()
+        for outputs in _outputs(frames(pair, settings, compare=False), settings.threshold):
             if table is not None:
                 table.postprocess(outputs[6])
     except Exception:  # noqa: BLE001  (a warm-up that fails costs the first run its imports, nothing else)
         log.exception("rstitch ui: warm-up failed")
 
 
-def _ready(gr, c: dict, pair: Pair | None, error: str = "") -> dict:
+def _ready(gr, c: dict, pair: PairInfo | None, error: str = "") -> dict:
     """The updates that make a page ready for ``pair`` (its defaults on the controls, Run enabled), or that say why
     it is not (``error``; Run stays off until a pair loads)."""
     if pair is None:
         return {c["message"]: render.message_html(error), c["run"]: gr.update(value="Run", interactive=False),
                 c["router"]: gr.update(info="no pair loaded"), c["models_status"]: render.message_html(error)}
     return {c["message"]: "", c["threshold"]: gr.update(value=pair.threshold, interactive=True),
-            c["max_new_tokens"]: gr.update(value=_budget(pair), interactive=True),
-            c["router"]: gr.update(value=False, interactive=pair.router is not None, info=_router_info(pair)),
-            c["run"]: gr.update(value="Run", interactive=True), c["models_status"]: _pair_line(pair)}
+            c["max_new_tokens"]: gr.update(value=pair.budget, interactive=True),
+            c["router"]: gr.update(value=False, interactive=pair.router is not None, info=pair.router_info),
+            c["run"]: gr.update(value="Run", interactive=True), c["models_status"]: pair.line}
 
 
 def _on_open(pairs: Pairs, c: dict, key):
@@ -230,7 +235,7 @@ def _on_open(pairs: Pairs, c: dict, key):
     import gradio as gr
 
     try:
-        return _ready(gr, c, pairs.get(*key))
+        return _ready(gr, c, pairs.ready(*key))
     except PairError as err:
         return _ready(gr, c, None, f"{err}. Load another pair under Models.")
 
@@ -240,7 +245,7 @@ def _on_load(pairs: Pairs, c: dict, key_state, llm: str, slm: str):
     import gradio as gr
 
     try:
-        pair = pairs.get(llm, slm)
+        pair = pairs.ready(llm, slm)
     except PairError as err:
         return {c["models_status"]: render.message_html(str(err))}
     return {key_state: (pair.llm_ref, pair.slm_ref), c["prompt"]: gr.update(value=default_prompt(pair.shipped)),
@@ -250,38 +255,30 @@ def _on_load(pairs: Pairs, c: dict, key_state, llm: str, slm: str):
 def _on_run(pairs: Pairs, key, prompt, threshold, max_new_tokens, mode, seed, router, compare):
     """The run handler: yields the page's outputs (see :func:`app`) as the run streams."""
     try:
-        pair = pairs.get(*key)
         settings = RunSettings(prompt, threshold, max_new_tokens, mode == "sampling", bool(router), seed).checked()
-        yield from _stream_page(pair, settings, bool(compare))
-    except (RunError, PairError) as err:
-        yield _error(str(err))
-    except Exception as err:  # noqa: BLE001  (the page shows one line; the server log has the traceback)
-        log.exception("rstitch ui: run failed")
-        from ..sources import one_line
-
-        yield _error(f"unexpected error ({type(err).__name__}): {one_line(err)}")
+        yield from _outputs(pairs.frames(tuple(key), settings, bool(compare)), settings.threshold)
+    except Exception as err:  # noqa: BLE001  (the page shows one line; the server log has an unexpected traceback)
+        yield _error(failure(err))
 
 
 def _error(text: str):
     return (render.message_html(text), "", "", "", "", "", [], "")
 
 
-def _stream_page(pair: Pair, settings: RunSettings, compare: bool):
-    code = reproduce(pair, settings)
-    plot = ""
-    stitched = None
-    for snap in stream(pair, settings):
-        stitched = snap
-        plot = render.entropy_svg(snap.slm_entropy, snap.llm_entropy, settings.threshold)
-        yield ("", render.tokens_html(pair.tokenizer, snap.ids, snap.roles, "stitched"),
-               render.clock_line(snap.seconds, len(snap.ids), snap.done), "", "", plot,
-               render.summary_rows(snap.summary), code)
-    if not compare:
-        return
-    left = render.tokens_html(pair.tokenizer, stitched.ids, stitched.roles, "stitched")
-    for snap in stream(pair, settings, stitched=False):
-        speedup = snap.seconds / stitched.seconds if snap.done and stitched.seconds > 0 else None
-        yield ("", left, render.clock_line(stitched.seconds, len(stitched.ids), True, speedup),
-               render.tokens_html(pair.tokenizer, snap.ids, snap.roles, "llm"),
-               render.clock_line(snap.seconds, len(snap.ids), snap.done), plot,
-               render.summary_rows(stitched.summary), code)
+def _outputs(run: Iterator[Frame], threshold: float):
+    """The page's outputs for each frame of a run: the stitched pane (its clock, plot, summary) as it streams, then
+    the LLM alone's beside the finished stitched one, with the speed-up once both ended."""
+    plot = left = stitched = None
+    for frame in run:
+        snap = frame.snap
+        if frame.pane == LLM_ALONE:
+            speedup = snap.seconds / stitched.seconds if snap.done and stitched.seconds > 0 else None
+            yield ("", left, render.clock_line(stitched.seconds, len(stitched.ids), True, speedup),
+                   render.answer_html(frame.texts, snap.roles, "llm"),
+                   render.clock_line(snap.seconds, len(snap.ids), snap.done), plot,
+                   render.summary_rows(stitched.summary), frame.code)
+            continue
+        stitched, left = snap, render.answer_html(frame.texts, snap.roles, "stitched")
+        plot = render.entropy_svg(snap.slm_entropy, snap.llm_entropy, threshold)
+        yield ("", left, render.clock_line(snap.seconds, len(snap.ids), snap.done), "", "", plot,
+               render.summary_rows(snap.summary), frame.code)

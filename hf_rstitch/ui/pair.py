@@ -4,16 +4,18 @@
 into a :class:`Pair` through the package's one loader (:func:`hf_rstitch.hf.loading.load_pair`, device and dtype
 ``"auto"`` as ``generate`` would choose them). :func:`refs` checks the references without importing torch (the page
 starts before the models load). A reference that cannot load raises :class:`PairError`, whose message the page
-shows; nothing here knows about Gradio.
+shows; :func:`describe` says what the page needs to know about a loaded pair in a :class:`PairInfo` (plain data: it
+crosses from the model worker to the page). Nothing here knows about Gradio.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 DEFAULT_THRESHOLD = 0.02  # when neither the LLM's generation config nor a router names one
+BUDGET = 256  # the page's max new tokens where the LLM's generation config names none
 
 
 class PairError(ValueError):
@@ -129,3 +131,36 @@ def load(llm: str | None = None, slm: str | None = None, router: str | None = No
     router = _router_for(models[0], is_shipped(llm_ref, slm_ref), router)
     return Pair(*models, llm_ref=llm_ref, slm_ref=slm_ref, router=router,
                 threshold=_default_threshold(models[0], router), shipped=is_shipped(llm_ref, slm_ref))
+
+
+@dataclass(frozen=True)
+class PairInfo:
+    """What the page shows and defaults to for a loaded pair (:func:`describe`): plain data, no model.
+
+    Attributes:
+        llm_ref, slm_ref, router, threshold, shipped: as :class:`Pair`'s.
+        budget: the max-new-tokens slider's default (the LLM's generation config's, else :data:`BUDGET`).
+        line: one line of HTML naming the models, their sizes, the device, tau and the router.
+    """
+
+    llm_ref: str
+    slm_ref: str
+    router: str | None
+    threshold: float
+    shipped: bool
+    budget: int
+    line: str
+
+    @property
+    def router_info(self) -> str:
+        return f"router: {self.router}" if self.router else "this pair has no router"
+
+
+def describe(pair: Pair, max_new_tokens: int) -> PairInfo:
+    """The :class:`PairInfo` of a loaded pair; the budget is at most ``max_new_tokens`` (the page's bound)."""
+    budget = min(int(getattr(pair.llm.generation_config, "max_new_tokens", None) or BUDGET), max_new_tokens)
+    info = PairInfo(pair.llm_ref, pair.slm_ref, pair.router, pair.threshold, pair.shipped, budget, "")
+    params = [sum(p.numel() for p in m.parameters()) / 1e6 for m in (pair.llm, pair.slm)]
+    line = (f"LLM <code>{pair.llm_ref}</code> ({params[0]:.1f}M), SLM <code>{pair.slm_ref}</code> ({params[1]:.1f}M) "
+            f"on {pair.device}; default tau {pair.threshold:g}; {info.router_info}")
+    return replace(info, line=line)

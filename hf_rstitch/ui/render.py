@@ -46,9 +46,14 @@ def _style(role: Role, handover: bool = False) -> str:
 
 def tokens_html(tokenizer, ids: list[int], roles: list[Role], pane: str) -> str:
     """The answer, each token in its writer's colour, inside ``<div class="answer" id="answer-{pane}">``."""
+    return answer_html(token_texts(tokenizer, ids), roles, pane)
+
+
+def answer_html(texts: list[str], roles: list[Role], pane: str) -> str:
+    """:func:`tokens_html` from the tokens' texts (:func:`token_texts`)."""
     spans = []
     previous = None
-    for text, role in zip(token_texts(tokenizer, ids), roles):
+    for text, role in zip(texts, roles):
         handover = previous is not None and role is not previous
         cls = f"tok tok-{role}" + (" handover" if handover else "")
         spans.append(f'<span class="{cls}" style="{_style(role, handover)}">{html.escape(text)}</span>')
