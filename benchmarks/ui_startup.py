@@ -11,8 +11,9 @@ process starts:
 * ``page_s``: the page has rendered and its prompt box takes typing (Run reads "Loading models…" while the pair
   loads in the server's background);
 * ``ready_s``: Run is enabled: the pair has loaded and warmed up, a click runs (the issue's "interactive");
-* ``page_cpu_s`` / ``server_cpu_s``: CPU seconds the server process had used at ``page_s`` / ``ready_s`` (user + system, all threads): on a busy
-  machine wall clocks stretch with the load, CPU time much less so;
+* ``page_cpu_s``: CPU seconds the page's process had used at ``page_s``; ``server_cpu_s``: the page's process and
+  its model worker (``rstitch ui`` loads the pair in a second process) at ``ready_s`` (user + system, all threads):
+  on a busy machine wall clocks stretch with the load, CPU time much less so;
 
 then, ``--settle`` seconds later (a reader typing), presses Run (the page's defaults) and measures from the click:
 
@@ -52,10 +53,19 @@ def browser():
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """User + system CPU seconds of a process (all its threads), with its live descendants' (``children``: the
+    model worker), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # it ended
+        return 0.0
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    if not children:
+        return own
+    kids = [int(k) for task in Path(f"/proc/{pid}/task").iterdir()
+            for k in (task / "children").read_text().split()]
+    return own + sum(cpu_seconds(k, True) for k in kids)
 
 
 def wait(predicate, timeout: float, poll: float = 0.02):
@@ -127,7 +137,7 @@ def repeat(driver, port: int, settle: float) -> dict:
         page_s, page_cpu_s = time.perf_counter() - start, cpu_seconds(proc.pid)
         wait(lambda: [b for b in driver.find_elements(By.CSS_SELECTOR, "#run") if b.is_enabled()], 600)
         out = {"http_s": http_s, "page_s": page_s, "page_cpu_s": page_cpu_s, "ready_s": time.perf_counter() - start,
-               "server_cpu_s": cpu_seconds(proc.pid)}
+               "server_cpu_s": cpu_seconds(proc.pid, children=True)}
         time.sleep(settle)  # a reader typing a prompt
         out.update(one_run(driver))
         time.sleep(1.0)  # a reader reading the answer
@@ -178,8 +188,8 @@ def main() -> None:
             f"{load_before[0]:.1f} before, {doc['load_average_after'][0]:.1f} after (the machine is shared); "
             f"niceness {doc['niceness']}.\n\n"
             "Seconds. From the process start: http_s (GET / answers), page_s (the page rendered, the prompt box "
-            "takes typing), ready_s (Run enabled: the pair loaded and warmed up); page_cpu_s, server_cpu_s: CPU the "
-            f"server had used at page_s, ready_s. Run pressed {args.settle:g} s after that; from the click: first_token_s, done_s; warm_: a "
+            "takes typing), ready_s (Run enabled: the pair loaded and warmed up); page_cpu_s: CPU the page's "
+            "process had used at page_s; server_cpu_s: it and its model worker at ready_s. Run pressed {args.settle:g} s after that; from the click: first_token_s, done_s; warm_: a "
             "second run.\n\n")
     write_result(args.out, doc, head + md)
 

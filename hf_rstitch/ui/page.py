@@ -19,6 +19,7 @@ logs the traceback of anything unexpected and keeps serving. Each browser tab ho
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import threading
@@ -136,10 +137,11 @@ def build(llm: str | None, slm: str | None, router: str | None, worker: bool = F
     """``(blocks, start_loading)``: the page, and a call that starts its pair's load (a page that opens first asks
     for the pair itself); ``worker``: the pairs load and run in a worker process (:mod:`.worker`)."""
     first = refs(llm, slm)  # before Gradio's import: a missing folder fails in a second
-    from .gradio_import import gradio
+    from .gradio_import import app_at_launch, gradio
 
-    gr = gradio()
-    with gr.Blocks(title=TITLE, analytics_enabled=False) as blocks:
+    gr = gradio(server=worker)
+    deferred = app_at_launch() if worker else contextlib.nullcontext()  # serve() launches it at once
+    with deferred, gr.Blocks(title=TITLE, analytics_enabled=False) as blocks:
         c = _layout(gr, *first)
         if worker:
             from .worker import Worker

@@ -24,7 +24,7 @@ def test_texts_of_a_growing_answer_are_token_texts_of_the_whole():
     import hf_rstitch
 
     tok = AutoTokenizer.from_pretrained(hf_rstitch.shipped("llm"))
-    ids = tok("Tom has 12 apples and buys 7 more. How many apples does he have now? 19, since 12 + 7 = 19.")["input_ids"]
+    ids = tok("Tom has 12 apples and buys 7 more. How many apples has he now? 19, as 12 + 7 = 19.")["input_ids"]
     texts = Texts(tok)
     for n in (0, 3, 4, 11, 12, len(ids)):
         assert texts(ids[:n]) == token_texts(tok, ids[:n])
