@@ -55,11 +55,15 @@ class Texts:
 
 
 def frames(pair, settings: RunSettings, compare: bool) -> Iterator[Frame]:
-    """The frames of a run on ``pair``: the stitched pane as it streams, then (``compare``) the LLM alone's.
+    """The frames of a run on ``pair``: the stitched pane as it streams, then (``compare``) the LLM alone's. The
+    settings are checked here (:meth:`~hf_rstitch.ui.run.RunSettings.checked` imports torch, which the page's process
+    of ``rstitch ui`` never does).
 
     Raises:
-        RunError: the run failed (the message says why); frames may have been yielded before.
+        RunError: the settings cannot run, or the run failed (the message says why); frames may have been yielded
+            before.
     """
+    settings = settings.checked()
     code = reproduce(pair, settings)
     texts = Texts(pair.tokenizer)
     for snap in stream(pair, settings):

@@ -257,8 +257,8 @@ def _on_load(pairs: Pairs, c: dict, key_state, llm: str, slm: str):
 def _on_run(pairs: Pairs, key, prompt, threshold, max_new_tokens, mode, seed, router, compare):
     """The run handler: yields the page's outputs (see :func:`app`) as the run streams."""
     try:
-        settings = RunSettings(prompt, threshold, max_new_tokens, mode == "sampling", bool(router), seed).checked()
-        yield from _outputs(pairs.frames(tuple(key), settings, bool(compare)), settings.threshold)
+        settings = RunSettings(prompt, threshold, max_new_tokens, mode == "sampling", bool(router), seed)
+        yield from _outputs(pairs.frames(tuple(key), settings, bool(compare)), threshold)
     except Exception as err:  # noqa: BLE001  (the page shows one line; the server log has an unexpected traceback)
         yield _error(failure(err))
 

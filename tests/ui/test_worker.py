@@ -103,25 +103,37 @@ def test_a_worker_that_dies_is_a_message_and_the_next_load_starts_another(worker
     assert list(worker.frames(KEY, RunSettings(problem, 0.02, 4).checked(), False))[-1].snap.done
 
 
+PAGE = """
+import json, sys
+from gradio_client import Client
+from hf_rstitch.cli.ui import free_port
+from hf_rstitch.ui.page import build
+
+blocks, start_loading = build(None, None, None, worker=True)
+_, url, _ = blocks.launch(server_name="127.0.0.1", server_port=free_port("127.0.0.1"), prevent_thread_lock=True,
+                          quiet=True)
+start_loading()
+out = Client(url, verbose=False).predict(sys.argv[1], 0.001, 60, "greedy", 0, False, False, api_name="/run")
+print("RESULT", json.dumps([out[:6], sorted(m for m in ("torch", "transformers") if m in sys.modules)]))
+blocks.close()
+"""
+
+
 @pytest.mark.slow
 @needs_pair
-def test_the_page_served_on_a_worker_runs_generates_answer(local, problem, text_of):
+def test_the_page_served_on_a_worker_runs_generates_answer_without_importing_torch(local, problem, text_of):
+    """``rstitch ui``'s page (hf_rstitch/ui/page.py ``serve``) in a process of its own, as the command runs it."""
     pytest.importorskip("gradio", reason="the app needs Gradio")
-    from gradio_client import Client
+    import json
+    import subprocess
+    import sys
 
-    from hf_rstitch.cli.ui import free_port
-    from hf_rstitch.ui.page import build
-
-    blocks, start_loading = build(None, None, None, worker=True)
-    _, url, _ = blocks.launch(server_name="127.0.0.1", server_port=free_port("127.0.0.1"), prevent_thread_lock=True,
-                              quiet=True)
-    try:
-        start_loading()
-        out = Client(url, verbose=False).predict(problem, 0.001, 60, "greedy", 0, False, False, api_name="/run")
-        got = dict(zip(("message", "stitched", "clock_stitched", "llm", "clock_llm", "plot"), out))
-        last = list(local.frames(KEY, RunSettings(problem, 0.001, 60).checked(), False))[-1]
-        assert got["message"] == "" and text_of(got["stitched"]) == "".join(last.texts)
-        assert "tok-slm" in got["stitched"] and "tok-llm" in got["stitched"]
-        assert 'class="threshold"' in got["plot"] and "(done)" in got["clock_stitched"]
-    finally:
-        blocks.close()
+    done = subprocess.run([sys.executable, "-c", PAGE, problem], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out, modules = json.loads(next(line[7:] for line in done.stdout.splitlines() if line.startswith("RESULT ")))
+    got = dict(zip(("message", "stitched", "clock_stitched", "llm", "clock_llm", "plot"), out))
+    last = list(local.frames(KEY, RunSettings(problem, 0.001, 60), False))[-1]
+    assert got["message"] == "" and text_of(got["stitched"]) == "".join(last.texts)
+    assert "tok-slm" in got["stitched"] and "tok-llm" in got["stitched"]
+    assert 'class="threshold"' in got["plot"] and "(done)" in got["clock_stitched"]
+    assert modules == []  # the worker imported them, the page's process did not
