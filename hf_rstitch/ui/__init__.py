@@ -6,8 +6,10 @@
     from hf_rstitch.ui import app
     app().launch()                               # in Colab / Jupyter the page renders inline
 
-Modules: :mod:`.pair` loads the pair, :mod:`.run` streams one run (stitched, or the LLM alone), :mod:`.render`
-turns a snapshot into HTML / SVG, :mod:`.code` writes the reproducing ``generate`` call, :mod:`.page` is the page
+Modules: :mod:`.pair` loads the pair, :mod:`.run` streams one run (stitched, or the LLM alone), :mod:`.frames`
+sends it to the page (each token's text, writer and entropies) and turns it into the page's outputs, :mod:`.render`
+turns a snapshot into HTML / SVG, :mod:`.code` writes the reproducing ``generate`` call, :mod:`.pairs` loads a
+page's pairs in this process and :mod:`.worker` in a worker process (``rstitch ui``), :mod:`.page` is the page
 (served before the pair loads), :mod:`.gradio_import` imports Gradio without what the app never uses, :mod:`.space`
 writes a Hugging Face Space that serves it. Needs Gradio (hf-rstitch's ``ui`` extra); importing this
 package does not import it, nor torch.

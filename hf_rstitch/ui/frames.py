@@ -1,20 +1,20 @@
 """What a run sends the page: :class:`Frame` s, each a pane's snapshot with the text of every token.
 
-:func:`frames` runs a stitched run (and, if asked, the LLM alone after it) on a loaded pair and yields frames; the
-page renders them (:func:`hf_rstitch.ui.render.answer_html`) without a tokenizer. So the same frames can come from
-this process (``app()`` in a notebook) or from the model worker (``rstitch ui``, :mod:`.worker`), pickled over a
-pipe. Nothing here knows about Gradio.
+:func:`frames` runs a stitched run (and, if asked, the LLM alone after it) on a loaded pair and yields frames;
+:func:`page_outputs` turns them into what the page's components show (:mod:`.render`), without a tokenizer. So the
+same frames can come from this process (``app()`` in a notebook) or from the model worker (``rstitch ui``,
+:mod:`.worker`), pickled over a pipe. Nothing here knows about Gradio.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterator
+from collections.abc import Iterator
 
 from .code import reproduce
 from .pair import PairError
-from .render import WINDOW, token_texts
+from .render import WINDOW, answer_html, clock_line, entropy_svg, summary_rows, token_texts
 from .run import RunError, RunSettings, Snapshot, stream
 
 log = logging.getLogger("hf_rstitch.ui")
@@ -83,3 +83,23 @@ def failure(err: Exception) -> str:
 
     log.error("rstitch ui: unexpected error", exc_info=err)
     return f"unexpected error ({type(err).__name__}): {one_line(err)}"
+
+
+def page_outputs(run: Iterator[Frame], threshold: float):
+    """The page's outputs (see :func:`hf_rstitch.ui.page.build`) for each frame of a run: the stitched pane (its
+    clock, plot, summary) as it streams, then the LLM alone's beside the finished stitched one, with the speed-up
+    once both ended."""
+    plot = left = stitched = None
+    for frame in run:
+        snap = frame.snap
+        if frame.pane == LLM_ALONE:
+            speedup = snap.seconds / stitched.seconds if snap.done and stitched.seconds > 0 else None
+            yield ("", left, clock_line(stitched.seconds, len(stitched.ids), True, speedup),
+                   answer_html(frame.texts, snap.roles, "llm"),
+                   clock_line(snap.seconds, len(snap.ids), snap.done), plot,
+                   summary_rows(stitched.summary), frame.code)
+            continue
+        stitched, left = snap, answer_html(frame.texts, snap.roles, "stitched")
+        plot = entropy_svg(snap.slm_entropy, snap.llm_entropy, threshold)
+        yield ("", left, clock_line(snap.seconds, len(snap.ids), snap.done), "", "", plot,
+               summary_rows(snap.summary), frame.code)

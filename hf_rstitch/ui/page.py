@@ -8,90 +8,29 @@ The page is served before the models load: the pairs load (torch and transformer
 background, while Run reads "Loading models…" and the controls that depend on the pair wait; each page asks for its
 pair when it opens (:func:`_on_open`) and enables them once the pair is ready. Where they load: ``rstitch ui``
 (:func:`serve`) loads and runs them in a worker process (:class:`~hf_rstitch.ui.worker.Worker`), so this process
-only serves; :func:`app` (a notebook) in a thread of this one (:class:`Pairs`). Both answer the page's two
-questions, the same way: :meth:`Pairs.ready` (a :class:`~hf_rstitch.ui.pair.PairInfo`) and :meth:`Pairs.frames`
-(a run's :class:`~hf_rstitch.ui.frames.Frame` s, which this module renders). Every handler
+only serves; :func:`app` (a notebook) in a thread of this one (:class:`~hf_rstitch.ui.pairs.Pairs`). Both answer the page's two
+questions, the same way: :meth:`~hf_rstitch.ui.pairs.Pairs.ready` (a :class:`~hf_rstitch.ui.pair.PairInfo`) and :meth:`~hf_rstitch.ui.pairs.Pairs.frames`
+(a run's :class:`~hf_rstitch.ui.frames.Frame` s, which :func:`~hf_rstitch.ui.frames.page_outputs` renders). Every handler
 turns a refusal or a failure into a message in the page (:func:`~hf_rstitch.ui.render.message_html`); the server
 logs the traceback of anything unexpected and keeps serving. Each browser tab holds its own pair key (a
-``gr.State``); loaded pairs are shared through :class:`Pairs`, so two tabs on one pair load it once.
+``gr.State``); loaded pairs are shared through :class:`~hf_rstitch.ui.pairs.Pairs`, so two tabs on one pair load it once.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import functools
-import logging
-import threading
-from typing import Iterator
 
 from . import render
-from .frames import LLM_ALONE, Frame, failure, frames
-from .pair import BUDGET, DEFAULT_THRESHOLD, Pair, PairError, PairInfo, describe, is_shipped, load, refs
+from .frames import failure, page_outputs
+from .pair import BUDGET, DEFAULT_THRESHOLD, PairError, PairInfo, is_shipped, refs
+from .pairs import Pairs
 from .run import MAX_NEW_TOKENS, RunSettings
-
-log = logging.getLogger("hf_rstitch.ui")
 TITLE = "R-Stitch: see it stitch"
 INTRO = ("The small model (SLM) writes while it is confident; where its normalized entropy rises above the threshold "
          "tau, the large model (LLM) takes over until it is confident again. Every token is coloured by the model "
          "that wrote it.")
 LOADING = "Loading models…"
-
-
-class Pairs:
-    """Pairs by ``(llm, slm)`` reference, each loaded and warmed up once, one at a time, in a background thread
-    (:meth:`start`); :meth:`get` waits for one. A load that failed is forgotten, so asking again retries it."""
-
-    def __init__(self, table=None, routers: dict | None = None):
-        self.table = table  # the summary component: the warm-up converts a table as the page will
-        self.routers = dict(routers or {})  # (llm, slm) -> the router given for that pair (the first pair's)
-        self.lock = threading.Lock()
-        self.loads: dict[tuple[str, str], concurrent.futures.Future] = {}
-        self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rstitch-ui-load")
-
-    def start(self, llm: str | None, slm: str | None, router: str | None = None) -> concurrent.futures.Future:
-        """The pair's load (begun now unless begun before).
-
-        Raises:
-            PairError: the references cannot name a pair (:func:`~hf_rstitch.ui.pair.refs`).
-        """
-        key = refs((llm or "").strip() or None, (slm or "").strip() or None)
-        with self.lock:
-            if key not in self.loads:
-                self.loads[key] = self.worker.submit(self._load, key, router or self.routers.get(key))
-            return self.loads[key]
-
-    def get(self, llm: str | None, slm: str | None) -> Pair:
-        """The pair, once loaded and warmed up (waits for it).
-
-        Raises:
-            PairError: the pair cannot load (the message says why).
-        """
-        future = self.start(llm, slm)
-        try:
-            return future.result()
-        except PairError:
-            with self.lock:
-                for key in [k for k, f in self.loads.items() if f is future]:
-                    del self.loads[key]
-            raise
-
-    def ready(self, llm: str | None, slm: str | None) -> PairInfo:
-        """What the page shows for the pair, once loaded and warmed up (waits for it; raises as :meth:`get`)."""
-        return describe(self.get(llm, slm), MAX_NEW_TOKENS)
-
-    def frames(self, key: tuple[str, str], settings: RunSettings, compare: bool) -> Iterator[Frame]:
-        """A run's frames (:func:`hf_rstitch.ui.frames.frames`; raises as it does, and as :meth:`get`)."""
-        return frames(self.get(*key), settings, compare)
-
-    def _load(self, key: tuple[str, str], router: str | None) -> Pair:
-        try:
-            pair = load(*key, router)
-        except PairError as err:
-            log.error("rstitch ui: %s", err)
-            raise
-        _warm_up(pair, self.table)
-        return pair
 
 
 def default_prompt(shipped: bool) -> str:
@@ -207,19 +146,6 @@ def _layout(gr, llm_ref: str, slm_ref: str) -> dict:
     return c
 
 
-def _warm_up(pair: Pair, table) -> None:
-    """A 4-token run through the page's own path and the table's conversion (``table``: None in the worker), so the
-    first run the user starts imports nothing and sets nothing up (on a busy 2-core machine the first run's first
-    token came 5 s later than the second's without it)."""
-    try:
-        settings = RunSettings("1 + 1 =", pair.threshold, 4).checked()
-        for outputs in _outputs(frames(pair, settings, compare=False), settings.threshold):
-            if table is not None:
-                table.postprocess(outputs[6])
-    except Exception:  # noqa: BLE001  (a warm-up that fails costs the first run its imports, nothing else)
-        log.exception("rstitch ui: warm-up failed")
-
-
 def _ready(gr, c: dict, pair: PairInfo | None, error: str = "") -> dict:
     """The updates that make a page ready for ``pair`` (its defaults on the controls, Run enabled), or that say why
     it is not (``error``; Run stays off until a pair loads)."""
@@ -258,29 +184,10 @@ def _on_run(pairs: Pairs, key, prompt, threshold, max_new_tokens, mode, seed, ro
     """The run handler: yields the page's outputs (see :func:`app`) as the run streams."""
     try:
         settings = RunSettings(prompt, threshold, max_new_tokens, mode == "sampling", bool(router), seed)
-        yield from _outputs(pairs.frames(tuple(key), settings, bool(compare)), threshold)
+        yield from page_outputs(pairs.frames(tuple(key), settings, bool(compare)), threshold)
     except Exception as err:  # noqa: BLE001  (the page shows one line; the server log has an unexpected traceback)
         yield _error(failure(err))
 
 
 def _error(text: str):
     return (render.message_html(text), "", "", "", "", "", [], "")
-
-
-def _outputs(run: Iterator[Frame], threshold: float):
-    """The page's outputs for each frame of a run: the stitched pane (its clock, plot, summary) as it streams, then
-    the LLM alone's beside the finished stitched one, with the speed-up once both ended."""
-    plot = left = stitched = None
-    for frame in run:
-        snap = frame.snap
-        if frame.pane == LLM_ALONE:
-            speedup = snap.seconds / stitched.seconds if snap.done and stitched.seconds > 0 else None
-            yield ("", left, render.clock_line(stitched.seconds, len(stitched.ids), True, speedup),
-                   render.answer_html(frame.texts, snap.roles, "llm"),
-                   render.clock_line(snap.seconds, len(snap.ids), snap.done), plot,
-                   render.summary_rows(stitched.summary), frame.code)
-            continue
-        stitched, left = snap, render.answer_html(frame.texts, snap.roles, "stitched")
-        plot = render.entropy_svg(snap.slm_entropy, snap.llm_entropy, threshold)
-        yield ("", left, render.clock_line(snap.seconds, len(snap.ids), snap.done), "", "", plot,
-               render.summary_rows(snap.summary), frame.code)

@@ -3,9 +3,9 @@
 The page's process then only imports Gradio and serves, on its own core, while the worker imports torch and
 transformers and loads the pair on the other: the page is usable sooner, and a run's streaming never waits for the
 GIL of a process that is still loading. :class:`Worker` (in the page's process) has the verbs of the in-process
-:class:`~hf_rstitch.ui.page.Pairs` the page calls: :meth:`~Worker.start`, :meth:`~Worker.ready` (a
+:class:`~hf_rstitch.ui.pairs.Pairs` the page calls: :meth:`~Worker.start`, :meth:`~Worker.ready` (a
 :class:`~hf_rstitch.ui.pair.PairInfo`) and :meth:`~Worker.frames` (:class:`~hf_rstitch.ui.frames.Frame` s, pickled
-over a pipe). :func:`main` is the worker's loop: it runs those verbs on a :class:`~hf_rstitch.ui.page.Pairs` of its
+over a pipe). :func:`main` is the worker's loop: it runs those verbs on a :class:`~hf_rstitch.ui.pairs.Pairs` of its
 own, each run in a thread, and sends back what they return or the message of what they raised.
 
 A worker that dies (killed, out of memory) fails every load and run in flight with a message saying so; the next
@@ -21,7 +21,7 @@ import logging
 import os
 import queue
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from .pair import PairError, PairInfo, refs
 from .run import RunError, RunSettings
@@ -162,7 +162,7 @@ class Worker:
 
 def main(conn) -> None:
     """The worker process: load and run what the page asks for until the page's process goes away."""
-    from .page import Pairs
+    from .pairs import Pairs
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rstitch ui worker: %(message)s")
     pairs, lock = Pairs(), threading.Lock()

@@ -1,4 +1,4 @@
-"""The page's pairs (hf_rstitch/ui/page.py ``Pairs``): each loads once in the background, a reference that names no
+"""The page's pairs (hf_rstitch/ui/pairs.py ``Pairs``): each loads once in the background, a reference that names no
 pair is refused at once, a load that failed is retried when asked again; the page is built without torch."""
 
 import subprocess
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from hf_rstitch.ui import page
+from hf_rstitch.ui import pairs as ui_pairs
 from hf_rstitch.ui.pair import PairError
 
 
@@ -23,14 +23,14 @@ def loads(monkeypatch):
             raise PairError(f"cannot load {llm}")
         return (llm, slm, router)
 
-    monkeypatch.setattr(page, "load", load)
-    monkeypatch.setattr(page, "_warm_up", lambda pair, table: None)
+    monkeypatch.setattr(ui_pairs, "load", load)
+    monkeypatch.setattr(ui_pairs, "_warm_up", lambda pair, table: None)
     return calls, failing
 
 
 def test_a_pair_loads_once_for_every_asker(loads):
     calls, _ = loads
-    pairs = page.Pairs(routers={("shipped:llm", "shipped:slm"): "shipped"})
+    pairs = ui_pairs.Pairs(routers={("shipped:llm", "shipped:slm"): "shipped"})
     got = []
     threads = [threading.Thread(target=lambda: got.append(pairs.get(None, None))) for _ in range(4)]
     for t in threads:
@@ -43,7 +43,7 @@ def test_a_pair_loads_once_for_every_asker(loads):
 
 def test_references_that_name_no_pair_are_refused_before_any_load(loads, tmp_path):
     calls, _ = loads
-    pairs = page.Pairs()
+    pairs = ui_pairs.Pairs()
     with pytest.raises(PairError, match="give both an LLM and an SLM"):
         pairs.start("shipped:llm", None)
     with pytest.raises(PairError, match="no such folder"):
@@ -54,7 +54,7 @@ def test_references_that_name_no_pair_are_refused_before_any_load(loads, tmp_pat
 def test_a_load_that_failed_is_retried(loads):
     calls, failing = loads
     failing.add(("shipped:llm", "shipped:slm"))
-    pairs = page.Pairs()
+    pairs = ui_pairs.Pairs()
     with pytest.raises(PairError, match="cannot load shipped:llm"):
         pairs.get(None, None)
     assert pairs.get(None, None)[:2] == ("shipped:llm", "shipped:slm") and len(calls) == 2

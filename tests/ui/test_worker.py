@@ -45,7 +45,7 @@ def worker():
 def local():
     import torch
 
-    from hf_rstitch.ui.page import Pairs
+    from hf_rstitch.ui.pairs import Pairs
 
     torch.set_num_threads(1)
     return Pairs()
