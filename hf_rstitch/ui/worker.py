@@ -138,7 +138,10 @@ class Worker:
             future = self.loads.get(target)
             if future is not None and not future.done():
                 info, error = rest
-                future.set_result(info) if error is None else future.set_exception(PairError(error))
+                if error is None:
+                    future.set_result(info)
+                else:
+                    future.set_exception(PairError(error))
         elif target in self.runs:
             self.runs[target].put((kind, rest[0]))
 
