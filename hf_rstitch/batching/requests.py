@@ -119,7 +119,7 @@ class RequestEngine:
     @classmethod
     def of(cls, llm, slm, threshold: float = DEFAULT_THRESHOLD, max_batch: int = 8, max_waiting: int | None = None,
            policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None,
-           prefill_chunk: int | None = None, kv_tokens: int | None = None, paged: bool = True) -> "RequestEngine":
+           prefill_chunk: int | None = None, kv_tokens: int | None = None, paged: bool = True) -> RequestEngine:
         """The request engine of ``llm`` and ``slm`` (one tokenizer), its engine built here once
         (:func:`hf_rstitch.engine.build`) with every row's whole budget of KV memory unless ``kv_tokens`` says
         otherwise (nothing sized from the GPU's memory: that is ``rstitch serve``'s ``--kv-memory``).

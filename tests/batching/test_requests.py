@@ -199,7 +199,7 @@ def _through_fast(llm, slm, requests, ahead: bool, cancel_at: dict | None = None
     from hf_rstitch.fast import FastConfig
 
     engine = RequestEngine.of(llm, slm, max_batch=3, max_length=64,
-                           engine=FastConfig(graphs=False, max_bucket=4, run_ahead=ahead))
+                              engine=FastConfig(graphs=False, max_bucket=4, run_ahead=ahead))
     for r in requests:
         engine.submit(r)
     tokens, done, k = {}, {}, 0
