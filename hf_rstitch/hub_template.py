@@ -45,6 +45,7 @@ MODULES = (
     "decode/lane.py",
     "decode/protocol.py",
     "decode/step.py",
+    "decode/emitted.py",
     "decode/loop.py",
     "decode/speculate.py",
     "engine/config.py",
