@@ -42,6 +42,7 @@ MODULES = (
     "core/trace.py",
     "core/scheduling.py",
     "core/devices.py",
+    "decode/cache_edits.py",
     "decode/lane.py",
     "decode/protocol.py",
     "decode/step.py",
