@@ -26,7 +26,8 @@ columns), :meth:`Lane.add_rows` appends rows whose first ``n_seen`` columns it p
 then merges into the cache; :meth:`Lane.trim_left` drops leading columns that are padding in
 every row once the rows that needed them have left. :meth:`Lane.hold_rows` moves some rows one
 column to the right (a masked column in front) when they gain no token at a step where the others
-do (a schedule made them wait for the LLM, :mod:`hf_rstitch.core.scheduling`).
+do (a schedule made them wait for the LLM, :mod:`hf_rstitch.core.scheduling`). Each edits the cache's layers
+through :mod:`hf_rstitch.decode.cache_edits`.
 
 Decode traces stay per row and *as if the row ran alone*: a row's :class:`ForwardCall` records
 the tokens a solo run would read at that point (``n_inf``) and hold (``n_kv``), counted from
@@ -49,6 +50,7 @@ from ..core.entropy import normalized_entropy
 from ..core.roles import Role
 from ..core.scheduling import Immediate, LLMSchedule, parse_schedule
 from ..core.trace import ForwardCall, solo_calls
+from .cache_edits import append_rows, drop_leading_columns, not_rewindable, prepend_columns, shift_rows_right
 
 
 def left_padding(mask: torch.Tensor) -> torch.Tensor:
@@ -198,7 +200,7 @@ class Lane:
             raise ValueError(f"{self.role} lane: cannot crop to {n_seen} columns, it has seen only {self.n_seen}")
         if not getattr(self, "_past", False):
             raise RuntimeError(f"{self.role} lane: crop needs keep_past() before the calls it rolls back")
-        why = _not_rewindable(self.cache) if drop else None
+        why = not_rewindable(self.cache) if drop else None
         try:
             if why is None:
                 self.cache.crop(-drop)  # also trims the kept past of sliding / linear layers back to what they need
@@ -275,9 +277,7 @@ class Lane:
             with torch.no_grad():
                 self.model(input_ids=seq[:, : self.n_seen].to(self.device), attention_mask=part,
                            position_ids=positions, use_cache=True, **{self._cache_arg: fresh}, **self._keep_kwargs)
-            for mine, new in zip(self.cache.layers, fresh.layers):
-                mine.keys = torch.cat([mine.keys, new.keys.to(mine.keys.device)], dim=0)
-                mine.values = torch.cat([mine.values, new.values.to(mine.values.device)], dim=0)
+            append_rows(self.cache, fresh)
         if self.mask is not None:
             self.mask = torch.cat([self.mask, mask[:, : self.mask.shape[1]].to(self.mask.device)], dim=0)
         if self.pad is not None:
@@ -291,18 +291,7 @@ class Lane:
         if n <= 0:
             return
         if self.n_seen > 0:
-            for layer in self.cache.layers:
-                if not _filled(layer):
-                    continue
-                stored = layer.keys.shape[-2]
-                if layer.is_sliding:
-                    layer.cumulative_length += n
-                    grow = min(layer.cumulative_length, layer.sliding_window - 1) - stored
-                else:
-                    grow = n
-                if grow > 0:
-                    layer.keys = _prepend_zeros(layer.keys, grow)
-                    layer.values = _prepend_zeros(layer.values, grow)
+            prepend_columns(self.cache, n)
             self.n_seen += n
             self.mask = torch.nn.functional.pad(self.mask, (n, 0), value=0)
         if self.pad is not None:
@@ -322,15 +311,7 @@ class Lane:
         if not index or self.n_seen == 0:  # nothing cached: the next call reads the padding from the mask
             return
         at = torch.tensor(index, dtype=torch.long)
-        for layer in self.cache.layers:
-            if not _filled(layer):
-                continue
-            if layer.is_sliding:
-                raise ValueError(f"{self.role} lane: rows of a sliding-window model cannot wait (check_holdable)")
-            rows = at.to(layer.keys.device)
-            for states in (layer.keys, layer.values):
-                states[rows, :, 1:] = states[rows, :, :-1].clone()
-                states[rows, :, 0] = 0
+        shift_rows_right(self.cache, at, self.role)
         rows = at.to(self.mask.device)
         self.mask[rows] = torch.nn.functional.pad(self.mask[rows, :-1], (1, 0), value=0)
         for r in index:
@@ -345,33 +326,12 @@ class Lane:
         if self.pad is not None and n > min(self.pad, default=n):
             raise ValueError(f"{self.role} lane: cannot trim {n} columns, some row has only {min(self.pad)} of padding")
         cut = min(n, self.n_seen)  # columns past n_seen are not in the cache yet
-        for layer in self.cache.layers:
-            if not _filled(layer) or cut == 0:
-                continue
-            if layer.is_sliding:
-                layer.cumulative_length -= cut
-                drop = layer.keys.shape[-2] - min(layer.cumulative_length, layer.sliding_window - 1)
-            else:
-                drop = cut
-            if drop > 0:
-                layer.keys, layer.values = layer.keys[..., drop:, :], layer.values[..., drop:, :]
+        drop_leading_columns(self.cache, cut)
         if self.mask is not None:
             self.mask = self.mask[:, cut:]
         self.n_seen -= cut
         self.pad = [p - n for p in self.pad] if self.pad is not None else None
         self.solo_seen = [max(s - n, 0) for s in self.solo_seen]
-
-
-def _not_rewindable(cache) -> str | None:
-    """Why ``cache`` cannot be cropped back (a state that only moves forward), or None."""
-    for layer in cache.layers:
-        if any(getattr(layer, "is_recurrent_states_initialized", {}).values()):
-            return (f"its {type(layer).__name__} layers hold a recurrent state (state-space or linear attention), "
-                    "which a crop does not rewind")
-        kernels = getattr(layer, "conv_kernel_size", {})
-        if any(on and kernels.get(i) is None for i, on in getattr(layer, "is_conv_states_initialized", {}).items()):
-            return f"its {type(layer).__name__} layers hold convolution states of no known width"
-    return None
 
 
 def check_holdable(model: PreTrainedModel) -> None:
@@ -395,12 +355,3 @@ def checked_schedule(spec, llm, slm) -> LLMSchedule | None:
     check_holdable(llm)
     check_holdable(slm)
     return schedule
-
-
-def _prepend_zeros(states: torch.Tensor, n: int) -> torch.Tensor:
-    """``[B, H, S, D]`` -> ``[B, H, n + S, D]`` with zeros in front (masked slots)."""
-    return torch.nn.functional.pad(states, (0, 0, n, 0))
-
-
-def _filled(layer) -> bool:
-    return getattr(layer, "is_initialized", True) and getattr(layer, "keys", None) is not None

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -63,6 +63,7 @@ from ..core.policies import RoutingPolicy
 from ..core.roles import Role
 from ..core.sampling import pick_tokens
 from ..core.trace import StitchTrace
+from .emitted import MaskRoom, TraceBook
 from .step import Ahead, Routing, StepOut, call_early, decides_late, roll_back, run_step, settle, to_device
 
 # (sequence [B, T], raw logits [B, V]) -> processed scores [B, V]
@@ -79,21 +80,10 @@ class StitchResult:
     logits: list[torch.Tensor] = field(default_factory=list)  # per step, [B, V] raw
 
 
-def stitch_loop(
-    engine,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    policy: RoutingPolicy,
-    process: Processor | None,
-    should_stop: Stopper,
-    do_sample: bool = False,
-    pad_token_id: int = 0,
-    on_token: Callable[[torch.Tensor], None] | None = None,
-    keep_scores: bool = False,
-    keep_logits: bool = False,
-    drop_finished: bool = True,
-    guess: bool = True,
-) -> StitchResult:
+def stitch_loop(engine, input_ids: torch.Tensor, attention_mask: torch.Tensor, policy: RoutingPolicy,
+                process: Processor | None, should_stop: Stopper, do_sample: bool = False, pad_token_id: int = 0,
+                on_token: Callable[[torch.Tensor], None] | None = None, keep_scores: bool = False,
+                keep_logits: bool = False, drop_finished: bool = True, guess: bool = True) -> StitchResult:
     """Decode until ``should_stop`` says so for every row, alternating the SLM and LLM lanes.
 
     Args:
@@ -115,70 +105,147 @@ def stitch_loop(
             docstring); ``process`` and ``should_stop`` must then be pure functions of their inputs: a guessed step
             undone at a hand-over calls them again. False: every decision is read before the next step is queued.
     """
-    lanes = engine if isinstance(engine, dict) else engine.lanes()
-    batch = input_ids.shape[0]
-    seq, mask = input_ids, attention_mask  # [B, T]: the caller's rows, all of them, all along
-    room = _MaskRoom(attention_mask)
-    unfinished = torch.ones(batch, dtype=torch.bool)  # [B] host
-    in_lanes = torch.arange(batch)  # [b] caller row of each lane row
-    at = None  # in_lanes on the device, once rows have left the lanes (copied once per change, not per step)
-    live = None  # [B] unfinished on the device, once a row has finished (derived there: no per-step copy)
-    routing = Routing.start(batch)
-    book = _TraceBook(batch, repr(policy))
-    scores_kept, logits_kept = [], []
+    run = _Generation(engine if isinstance(engine, dict) else engine.lanes(), input_ids, attention_mask, policy, guess)
+    pick = _Picker(process, should_stop, do_sample, pad_token_id, on_token is not None)
+    kept = ([] if keep_scores else None), ([] if keep_logits else None)  # (scores, logits) of every step
     policy.reset()
-    ahead = None  # the next step's first lane call, run early (run_ahead)
-    flags = _HostFlags(batch)
-    every = torch.ones(batch, dtype=torch.bool)  # [B] host, read only: `accounted` while no row has finished
-    gate = GuessGate() if guess else None  # when a guess pays (lanes whose ahead_of_decisions is None)
     for index in itertools.count():
-        accounted = every if live is None else unfinished[in_lanes]
-        here = (seq, mask) if at is None else (seq[at], mask[at])
-        out = run_step(lanes, *here, routing, policy, index, in_lanes, accounted, ahead=ahead, guess=gate)
-        while True:  # once; twice where a guessed step meets a hand-over and is undone
-            draws = _Draws(out.logits.device, do_sample and out.guess is not None)
-            logits = out.logits if at is None else out.logits.new_zeros(batch, out.logits.shape[-1]).index_copy_(0, at, out.logits)
-            scores = logits if process is None else process(seq, logits)
-            found = out.greedy if process is None and not do_sample and at is None else None  # the lanes' argmax
-            tokens = found if found is not None else pick_tokens(scores, do_sample)  # [B]
-            if live is not None:
-                tokens = torch.where(live, tokens, torch.full_like(tokens, pad_token_id))
-            longer = torch.cat([seq, tokens[:, None]], dim=-1)
-            wide = room.take(longer.shape[1])
-            stop = should_stop(longer, scores)
-            decided = out.back if out.guess is None else out.guess
-            flags.start(stop, decided, tokens if on_token is not None else None)  # queued before any early call
-            ahead = run_ahead(lanes, out, longer if at is None else longer[at], wide if at is None else wide[at],
-                              policy.needs_hidden, guess=gate)
-            done, decided, shown = flags.wait()  # the step's one wait for the device
-            if out.guess is None or not bool(decided.any()):
-                break
-            roll_back(lanes, ahead)  # a row was handed over: the SLM's token and its early call are undone
-            draws.restore()
-            out = settle(lanes, out, decided, *here, routing, policy, index, in_lanes, accounted)
-        back = None if out.guess is not None else decided  # a guess kept: no LLM ran
-        ahead = _settle_ahead(lanes, out, back, ahead, gate)
-        seq, mask = longer, wide
-        if on_token is not None:
-            on_token(shown)
-        book.record(in_lanes, accounted, out, live is None)
-        if keep_scores:
-            scores_kept.append(scores)
-        if keep_logits:
-            logits_kept.append(logits)
-        routing.after(out.writer_llm, back, no_llm=out.no_llm)
-        if not bool(done.any()):  # the common step: nothing else to update
-            continue
-        unfinished = unfinished & ~done
-        if not unfinished.any():
+        step = _decided_step(run, pick, index)  # the lanes, the tokens, the step's one wait
+        _record(run, step, on_token, kept)
+        if bool(step.done.any()) and not _rows_finished(run, step, drop_finished):  # else nothing else to update
             break
-        live = (torch.ones_like(tokens, dtype=torch.bool) if live is None else live) & ~stop.to(tokens.device).bool()
-        if drop_finished and not bool(unfinished[in_lanes].all()):
-            in_lanes, ahead = _drop_finished(lanes, routing, unfinished, in_lanes, ahead)
-            at = in_lanes.to(seq.device)
-    return StitchResult(seq, book.finish(), scores_kept, logits_kept)
+    return StitchResult(run.seq, run.book.finish(), kept[0] or [], kept[1] or [])
 
 
+class _Picked(NamedTuple):
+    """One step's tokens as the caller sees them (``[B]`` rows, the caller's order)."""
+
+    logits: torch.Tensor  # [B, V] the writers' raw logits (zeros for rows out of the lanes)
+    scores: torch.Tensor  # [B, V] processed
+    tokens: torch.Tensor  # [B] pad for finished rows
+    longer: torch.Tensor  # [B, T + 1] the sequence with the tokens appended
+    wide: torch.Tensor  # [B, T + 1] its mask
+    stop: torch.Tensor  # [B] should_stop's flags, on the device
+
+
+class _Step(NamedTuple):
+    """One step with its decisions on the host."""
+
+    out: StepOut
+    picked: _Picked
+    accounted: torch.Tensor  # [b] bool host: the lane rows whose calls are recorded
+    done: torch.Tensor  # [B] bool host: should_stop's flags
+    back: torch.Tensor | None  # [b] bool host: the LLM hands the row back (None: no LLM ran)
+    shown: torch.Tensor | None  # [B] the tokens on the host, for on_token
+
+
+class _Generation:
+    """What one ``stitch_loop`` call keeps from step to step: the lanes and policy, the caller's rows (all of
+    them, all along) and where they sit in the lanes, the routing, the traces, the early lane call."""
+
+    def __init__(self, lanes: dict, input_ids: torch.Tensor, attention_mask: torch.Tensor, policy: RoutingPolicy,
+                 guess: bool):
+        batch = input_ids.shape[0]
+        self.lanes, self.policy, self.batch = lanes, policy, batch
+        self.seq, self.mask = input_ids, attention_mask  # [B, T]: the caller's rows, all of them, all along
+        self.room = MaskRoom(attention_mask)
+        self.unfinished = torch.ones(batch, dtype=torch.bool)  # [B] host
+        self.in_lanes = torch.arange(batch)  # [b] caller row of each lane row
+        self.at = None  # in_lanes on the device, once rows have left the lanes (copied once per change, not per step)
+        self.live = None  # [B] unfinished on the device, once a row has finished (derived there: no per-step copy)
+        self.routing = Routing.start(batch)
+        self.book = TraceBook(batch, repr(policy))
+        self.ahead = None  # the next step's first lane call, run early (run_ahead)
+        self.flags = _HostFlags(batch)
+        self.every = torch.ones(batch, dtype=torch.bool)  # [B] host, read only: `accounted` while no row has finished
+        self.gate = GuessGate() if guess else None  # when a guess pays (lanes whose ahead_of_decisions is None)
+
+    def accounted(self) -> torch.Tensor:
+        """``[b]`` bool host: the lane rows whose calls are recorded (the unfinished ones)."""
+        return self.every if self.live is None else self.unfinished[self.in_lanes]
+
+    def in_lane_rows(self, seq: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``seq`` / ``mask`` of the caller's rows cut to the rows in the lanes."""
+        return (seq, mask) if self.at is None else (seq[self.at], mask[self.at])
+
+
+class _Picker:
+    """The caller's side of a step: the logits processor, the token pick and the stopping rule, over every row."""
+
+    def __init__(self, process: Processor | None, should_stop: Stopper, do_sample: bool, pad_token_id: int,
+                 show: bool):
+        self.process, self.should_stop, self.do_sample = process, should_stop, do_sample
+        self.pad_token_id, self.show = pad_token_id, show  # show: on_token wants the tokens on the host
+
+    def __call__(self, run: _Generation, out: StepOut) -> _Picked:
+        at, seq = run.at, run.seq
+        logits = out.logits
+        if at is not None:  # rows out of the lanes get zeros
+            logits = logits.new_zeros(run.batch, logits.shape[-1]).index_copy_(0, at, logits)
+        scores = logits if self.process is None else self.process(seq, logits)
+        found = out.greedy if self.process is None and not self.do_sample and at is None else None  # the lanes' argmax
+        tokens = found if found is not None else pick_tokens(scores, self.do_sample)  # [B]
+        if run.live is not None:
+            tokens = torch.where(run.live, tokens, torch.full_like(tokens, self.pad_token_id))
+        longer = torch.cat([seq, tokens[:, None]], dim=-1)
+        wide = run.room.take(longer.shape[1])
+        return _Picked(logits, scores, tokens, longer, wide, self.should_stop(longer, scores))
+
+
+def _decided_step(run: _Generation, pick: _Picker, index: int):
+    """One step up to its decisions on the host: the lanes run (:func:`run_step`), the tokens are picked, the stopping
+    flags (and decisions) queued to the host before the next step's early call (:func:`run_ahead`), then the step's
+    one wait. A guessed step that meets a hand-over is undone and settled (the module docstring), so the loop body
+    runs once, or twice."""
+    accounted = run.accounted()
+    here = run.in_lane_rows(run.seq, run.mask)
+    out = run_step(run.lanes, *here, run.routing, run.policy, index, run.in_lanes, accounted, ahead=run.ahead,
+                   guess=run.gate)
+    while True:  # once; twice where a guessed step meets a hand-over and is undone
+        draws = _Draws(out.logits.device, pick.do_sample and out.guess is not None)
+        picked = pick(run, out)
+        decided = out.back if out.guess is None else out.guess
+        run.flags.start(picked.stop, decided, picked.tokens if pick.show else None)  # queued before any early call
+        run.ahead = run_ahead(run.lanes, out, *run.in_lane_rows(picked.longer, picked.wide), run.policy.needs_hidden,
+                              guess=run.gate)
+        done, decided, shown = run.flags.wait()  # the step's one wait for the device
+        if out.guess is None or not bool(decided.any()):
+            break
+        roll_back(run.lanes, run.ahead)  # a row was handed over: the SLM's token and its early call are undone
+        draws.restore()
+        out = settle(run.lanes, out, decided, *here, run.routing, run.policy, index, run.in_lanes, accounted)
+    back = None if out.guess is not None else decided  # a guess kept: no LLM ran
+    run.ahead = _settle_ahead(run.lanes, out, back, run.ahead, run.gate)
+    return _Step(out, picked, accounted, done, back, shown)
+
+
+def _record(run: _Generation, step: _Step, on_token, kept: tuple) -> None:
+    """The step's tokens join the sequence; the streamer, the traces, the kept scores and logits and the routing
+    see them."""
+    out, picked = step.out, step.picked
+    run.seq, run.mask = picked.longer, picked.wide
+    if on_token is not None:
+        on_token(step.shown)
+    run.book.record(run.in_lanes, step.accounted, out, run.live is None)
+    for into, value in zip(kept, (picked.scores, picked.logits)):
+        if into is not None:
+            into.append(value)
+    run.routing.after(out.writer_llm, step.back, no_llm=out.no_llm)
+
+
+def _rows_finished(run: _Generation, step: _Step, drop_finished: bool) -> bool:
+    """Rows done at this step finish: their tokens are the pad token from now on and, with ``drop_finished``, they
+    leave the lanes. False where every row has finished."""
+    run.unfinished = run.unfinished & ~step.done
+    if not run.unfinished.any():
+        return False
+    tokens = step.picked.tokens
+    live = torch.ones_like(tokens, dtype=torch.bool) if run.live is None else run.live
+    run.live = live & ~step.picked.stop.to(tokens.device).bool()
+    if drop_finished and not bool(run.unfinished[run.in_lanes].all()):
+        run.in_lanes, run.ahead = _drop_finished(run.lanes, run.routing, run.unfinished, run.in_lanes, run.ahead)
+        run.at = run.in_lanes.to(run.seq.device)
+    return True
 def _settle_ahead(lanes: dict, out: StepOut, back: torch.Tensor | None, ahead: Ahead | None, gate) -> Ahead | None:
     """The step's early call once its decisions are on the host: an LLM call guessed (it keeps its rows) is rolled
     back where the LLM handed every row back (the next step may not call it). The gate sees how the step's
@@ -249,23 +316,6 @@ def keep_ahead(ahead: Ahead | None, keep: torch.Tensor) -> Ahead | None:
                  rows)
 
 
-class _MaskRoom:
-    """The attention mask grown by a column of ones a step: views of a buffer with room for :data:`ROOM` more
-    columns at a time, so that most steps launch no kernel for it (lanes read the mask, never write it)."""
-
-    ROOM = 256
-
-    def __init__(self, mask: torch.Tensor):
-        self.buffer = mask
-
-    def take(self, width: int) -> torch.Tensor:
-        """The mask of a sequence ``width`` columns long: the prompt's, then ones."""
-        if width > self.buffer.shape[1]:
-            ones = self.buffer.new_ones(self.buffer.shape[0], max(self.ROOM, width - self.buffer.shape[1]))
-            self.buffer = torch.cat([self.buffer, ones], dim=-1)
-        return self.buffer.narrow(1, 0, width)  # one view op, where [:, :width] takes two
-
-
 class _HostFlags:
     """Each step's stopping flags (and the LLM's hand-back decisions) on their way to the host.
 
@@ -331,54 +381,3 @@ class _Draws:
             torch.cuda.set_rng_state(self.state, self.device)
         else:
             torch.set_rng_state(self.state)
-
-
-class _TraceBook:
-    """Per caller row, the trace of the tokens it really generated (finished rows add nothing).
-
-    Each step is kept as it came (host lists, device entropies) and written into the traces at the end:
-    :meth:`record` does no per-row work and no tensor op while every row of the lanes is accounted."""
-
-    def __init__(self, batch: int, policy: str):
-        self.traces = [StitchTrace(policy=policy) for _ in range(batch)]
-        self.steps: list[tuple] = []  # (rows, calls, writer, handed, entropy, slm entropy), one per step
-        self._rows: tuple[torch.Tensor, list[int]] | None = None  # in_lanes and its list, converted once a change
-
-    def record(self, in_lanes: torch.Tensor, accounted: torch.Tensor, out: StepOut, every: bool) -> None:
-        """The step's records; ``every``: every lane row is accounted (``accounted`` is all True)."""
-        if self._rows is None or self._rows[0] is not in_lanes:
-            self._rows = (in_lanes, in_lanes.tolist())  # in_lanes changes only when rows leave
-        caller = self._rows[1]
-        calls = [(caller[r], call) for r, call in out.calls]
-        writer, handed = out.writer_llm, out.handed
-        entropy, slm_h = out.entropy, out.slm_entropy
-        if not every:
-            take = accounted.nonzero().flatten()
-            caller = in_lanes[take].tolist()
-            writer, handed = writer[take], handed[take] if handed is not None else None
-            entropy = entropy[take.to(entropy.device)]
-            slm_h = slm_h[take.to(slm_h.device)] if slm_h is not None else None
-        self.steps.append((caller, calls, writer.tolist(), handed.tolist() if handed is not None else None,
-                           entropy, slm_h))
-
-    def finish(self) -> list[StitchTrace]:
-        """Fill the traces after decoding: one device-to-host copy of the entropies for the whole generation."""
-        steps, traces = self.steps, self.traces
-        if not steps:
-            return traces
-        flat = torch.cat([h for *_, h, _ in steps] + [s for *_, s in steps if s is not None]).cpu().tolist()
-        n_writer = sum(len(rows) for rows, *_ in steps)
-        writer_h, slm = iter(flat[:n_writer]), iter(flat[n_writer:])
-        for rows, calls, writer, handed, _, slm_h in steps:
-            for r, call in calls:
-                traces[r].calls.append(call)
-            handed = handed if handed is not None else [False] * len(rows)
-            slm_values = [next(slm) for _ in rows] if slm_h is not None else [None] * len(rows)
-            for r, llm, hand, h, sh in zip(rows, writer, handed, writer_h, slm_values):
-                t = traces[r]
-                t.roles.append(Role.LLM if llm else Role.SLM)
-                t.handovers.append(hand)
-                t.entropies.append(h)
-                # the SLM's own entropy where it was consulted: it wrote the token, or handed it over
-                t.slm_entropies.append(sh if (not llm or hand) else None)
-        return traces

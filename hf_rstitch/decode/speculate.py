@@ -33,7 +33,8 @@ import torch
 from ..core.policies import RoutingPolicy, StepView
 from ..core.roles import Role
 from ..core.sampling import pick_tokens
-from .loop import Processor, StitchResult, Stopper, _MaskRoom, _TraceBook
+from .emitted import MaskRoom, TraceBook
+from .loop import Processor, StitchResult, Stopper
 from .step import Routing, StepOut, run_step
 
 _ROW = torch.zeros(1, dtype=torch.long)  # the one row's caller id
@@ -124,9 +125,9 @@ class _Emitter:
     trace records, kept scores and logits."""
 
     def __init__(self, input_ids, mask, policy, process, should_stop, on_token, keep_scores, keep_logits):
-        self.seq, self.mask, self.room = input_ids, mask, _MaskRoom(mask)
+        self.seq, self.mask, self.room = input_ids, mask, MaskRoom(mask)
         self.process, self.should_stop, self.on_token = process, should_stop, on_token
-        self.book = _TraceBook(1, repr(policy))
+        self.book = TraceBook(1, repr(policy))
         self.drafted = self.accepted = 0  # draft tokens made, and kept
         self.scores, self.logits = ([] if keep_scores else None), ([] if keep_logits else None)
         self.index, self.done = 0, False

@@ -155,6 +155,20 @@ class Joins:
         joining row (``benchmarks/results/request_engine_*.md``)."""
         self.groups += prefill_rows(self.lane, dst, ids, host)
 
+    def filler(self, seq: torch.Tensor, staged: list[int] | None):
+        """``fill(free, host)`` for the lane's ``add_rows`` (:meth:`~hf_rstitch.fast.lane_rows.LaneRows.add`): the
+        joining rows ``seq`` prefilled up to the lane's ``seen`` columns (:meth:`prefill`) or, with ``staged``, copied
+        from these rows of the stage."""
+        lane = self.lane
+
+        def fill(free: list[int], host: torch.Tensor) -> None:
+            if staged is None:
+                self.prefill(free, seq[:, : lane.seen], host[:, : lane.seen])
+            else:
+                self.stage.copy_into(lane, free, staged, seq.shape[1])
+
+        return fill
+
     def stage_rows(self, prompts: list[list[int]]) -> None:
         """Lay out joining prompts (at most :attr:`room`) in the twin, to be read over several steps."""
         if len(prompts) > self.room:

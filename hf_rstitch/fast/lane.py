@@ -35,11 +35,12 @@ attend to them. Prompts may be left-padded; those slots are masked out of their 
 
 The lane is one class whose parts are objects it owns, each with its own small interface: ``lane.kv``
 (:class:`~hf_rstitch.fast.lane_rows.LaneRows`: the cache, its rows' books, and the verbs rows leaving, joining,
-waiting and the shared columns moving), ``lane.kernels`` (:class:`~hf_rstitch.fast.lane_build.LaneKernels`: what
-runs in place of the model's code), ``lane.outputs`` (:class:`~hf_rstitch.fast.lane_outputs.ReadOut`: the read-out
-and its entropy and greedy tokens), ``lane.ahead`` (:class:`~hf_rstitch.fast.lane_ahead.Ahead`: kernels built
-ahead) and ``lane.joins`` (:class:`~hf_rstitch.fast.joins.Joins`: the join twin that prefills joining rows, and
-the stage of chunked joins).
+waiting and the shared columns moving), ``lane.inputs`` (:class:`~hf_rstitch.fast.lane_inputs.StepInputs`: the
+graphs' input buffers, and each call's mask and positions), ``lane.kernels``
+(:class:`~hf_rstitch.fast.lane_build.LaneKernels`: what runs in place of the model's code), ``lane.outputs``
+(:class:`~hf_rstitch.fast.lane_outputs.ReadOut`: the read-out and its entropy and greedy tokens), ``lane.ahead``
+(:class:`~hf_rstitch.fast.lane_ahead.Ahead`: kernels built and graphs captured ahead) and ``lane.joins``
+(:class:`~hf_rstitch.fast.joins.Joins`: the join twin that prefills joining rows, and the stage of chunked joins).
 
 Which of these a lane runs is decided once, when it is built, by :func:`~hf_rstitch.fast.plan.plan_for`:
 ``lane.plan`` (printable) names every kernel and patch, and the lane builds what it names.
@@ -51,7 +52,6 @@ weight addresses, so replace no parameter tensors of a model while a lane for it
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import time
 
@@ -61,13 +61,14 @@ from transformers import PreTrainedModel
 from ..core.roles import Role
 from . import joins
 from .capabilities import profile_scope
-from .buckets import bucket_for, kernel_class, round_up
+from .buckets import round_up
 from .config import FastConfig, check_supported
 from .graphs import GraphRunner
 from .kernels import rope_store
 from .lane_ahead import Ahead
 from .lane_build import LaneKernels, warn_eager
 from .lane_compact import Compact, RowCounts
+from .lane_inputs import StepInputs
 from .lane_outputs import ReadOut
 from .lane_rows import LaneRows
 from .paged_kv import BlockPool
@@ -117,12 +118,10 @@ class FastLane:
         self.graphs = GraphRunner(dev) if plan.graphs else None  # raises off CUDA
         self._run_ahead = plan.run_ahead  # see decode.protocol
         self.buckets = plan.length_buckets
-        self.slot_ids = torch.arange(n_slots, device=dev)  # [S]
-        self.ids = torch.zeros(max_rows, config.max_bucket, dtype=torch.long, device=dev)  # graph input
-        self._views: dict[tuple, tuple] = {}  # (live rows, width, batch bucket) -> views of ids (_run_bucket)
-        self.n_real = torch.ones((), dtype=torch.long, device=dev)  # real tokens in a padded bucket
+        self.inputs = StepInputs(max_rows, config.max_bucket, n_slots, self.buckets, dev)  # the graphs' input buffers
+        self.ids, self.n_real = self.inputs.ids, self.inputs.n_real
         self.long_calls = 0  # calls of this generation longer than max_bucket (run as several bucket calls)
-        self._record_only = False  # warm_up: a bucket whose kernels an earlier bucket ran, recorded without a run
+        self.record_only = False  # warm_up: a bucket whose kernels an earlier bucket ran, recorded without a run
         self.outputs = ReadOut(dev, self.kv)
         compact = config.compact_rows if config.compact_rows is not None else self.paged
         self.compact = Compact(self) if compact else None  # calls run only the rows they need (.lane_compact)
@@ -207,7 +206,7 @@ class FastLane:
         width = total - self.seen
         if width <= 0:
             raise RuntimeError(f"{self.role} lane asked to advance rows that have nothing new")
-        self._check_call(seq, mask, total)
+        self.kv.check(seq, mask, total)
         self.counts.add(self.rows.bucket, self.rows.n_live if run is None else int(run.sum()))
         self.kv.reserve(total)
         start = 0.0
@@ -232,19 +231,6 @@ class FastLane:
     def row_counts(self) -> dict[str, int]:
         """Rows the lane's graphs ran and rows whose logits its callers needed, summed over its calls (its life)."""
         return self.counts.as_dict()
-
-    def _check_call(self, seq: torch.Tensor, mask: torch.Tensor, total: int) -> None:
-        """Refuse a sequence past the capacity or of other rows than the live ones; the first call notes the padding."""
-        if total > self.capacity:
-            raise RuntimeError(
-                f"{self.role} FastLane holds {self.capacity} tokens but the sequence has {total}; build it with a "
-                "larger capacity (the generation's max_length) or lower max_new_tokens."
-            )
-        if self.seen == 0:
-            self.start(mask)
-        if seq.shape[0] != self.rows.n_live:
-            raise ValueError(f"{self.role} FastLane holds {self.rows.n_live} live rows but got a sequence of shape "
-                             f"{tuple(seq.shape)}; drop finished rows with keep_rows before advancing.")
 
     def account(self, total: int, rows: torch.Tensor, resumed: torch.Tensor) -> dict:
         """The records an :meth:`advance` to ``total`` columns would have made for ``rows`` (``[B]`` bool CPU),
@@ -274,25 +260,8 @@ class FastLane:
     def warm_up(self, want_hidden: bool = False, batch_sizes=None) -> float:
         """Capture (and compile) the one-token step and every length bucket, for each batch bucket in
         ``batch_sizes`` (default: all of this lane's), now rather than on first use, so that no later
-        generation pays for it mid-way. Returns the seconds it took."""
-        start = time.perf_counter()
-        warmed = set()  # (batch bucket, kernel class) run for real once: the class's other buckets only recorded
-        with torch.no_grad():
-            for b in batch_sizes or self.rows.sizes:
-                self.reset()
-                self.rows.start([0] * b)
-                for size in sorted(set(self.buckets) | {1}):
-                    cls = (self.rows.bucket, kernel_class(size))
-                    self._record_only = cls in warmed
-                    try:
-                        self.run(torch.ones(b, size, dtype=torch.long, device=self.device), want_hidden)
-                    finally:
-                        self._record_only = False
-                    warmed.add(cls)
-                    self.cache.pos.zero_()  # dummy tokens: nothing to keep
-        self.reset()
-        _sync(self.device)
-        return time.perf_counter() - start
+        generation pays for it mid-way (:meth:`~.lane_ahead.Ahead.warm_up`). Returns the seconds it took."""
+        return self.ahead.warm_up(want_hidden, batch_sizes)
 
     # ---- rows: the lane protocol's verbs beyond advance (lane.kv, .lane_rows) ------------------------------------
     def keep_rows(self, index: torch.Tensor) -> None:
@@ -305,13 +274,7 @@ class FastLane:
         discarded, as :meth:`hf_rstitch.decode.Lane.add_rows`), in batched calls of the join twin
         (:meth:`hf_rstitch.fast.joins.Joins.prefill`), or, with ``staged``, copied from these rows of the stage
         (:meth:`stage_rows`, read to the end); the rest is read at the next :meth:`advance`."""
-        def fill(free: list[int], host: torch.Tensor) -> None:
-            if staged is None:
-                self.joins.prefill(free, seq[:, : self.seen], host[:, : self.seen])
-            else:
-                self.joins.stage.copy_into(self, free, staged, seq.shape[1])
-
-        self.kv.add(seq, mask, fill)
+        self.kv.add(seq, mask, self.joins.filler(seq, staged))
 
     def pad_left(self, n: int) -> None:
         """As :meth:`~hf_rstitch.fast.lane_rows.LaneRows.pad_left`."""
@@ -375,28 +338,7 @@ class FastLane:
     def _run_bucket(self, new_ids: torch.Tensor, want_hidden: bool, placed=None):
         """One graph call over the batch bucket's rows; ``new_ids`` ``[B, width]`` of the live rows (or of the rows
         ``placed`` names: (bucket, their cache rows))."""
-        live, width = new_ids.shape
-        if placed is not None:
-            rows, at = placed
-            size = bucket_for(width, self.buckets)
-            self.ids[:, :width].index_copy_(0, at, new_ids)
-            ids = self.ids[:rows, :size]
-        else:
-            rows = self.rows.bucket
-            views = self._views.get((live, width, rows))
-            if views is None:  # views of the graph's input buffer: made once a shape (each slice costs the host ~us)
-                size = bucket_for(width, self.buckets)
-                views = self._views[(live, width, rows)] = (size, self.ids[:live, :width], self.ids[:, :width],
-                                                            self.ids[:rows, :size])
-            size, into, wide, ids = views
-            if self.kv.index is None:
-                into.copy_(new_ids)
-            else:
-                wide.index_copy_(0, self.kv.index, new_ids)
-        n_real = 1
-        if size > 1:
-            self.n_real.fill_(width)
-            n_real = self.n_real
+        rows, size, ids, n_real = self.inputs.place(new_ids, self.rows.bucket, self.kv.index, placed)
         if size == 1:
             fn = self._decode_step
         else:
@@ -406,23 +348,14 @@ class FastLane:
         if self.graphs is not None and key in self.graphs:  # a replay runs no model code: no dispatch set-up
             return self.graphs.run(key, step)
         with self.model_code():
-            if self.graphs is not None and self._record_only:  # a warm-up's dummy call: nothing reads its outputs
+            if self.graphs is not None and self.record_only:  # a warm-up's dummy call: nothing reads its outputs
                 return self.graphs.record(key, step)
             return step() if self.graphs is None else self.graphs.run(key, step)
 
-    @contextlib.contextmanager
     def model_code(self, defer: bool | None = None, poison: bool = False):
-        """Dispatch for the model's Python code: what :meth:`~.lane_build.LaneKernels.installed` puts in place, the
-        rotation put off to the cache's store with ``defer`` (default: this lane's choice)."""
-        try:
-            with self.kernels.installed(defer, poison):
-                yield
-        finally:
-            pending, self.cache.pending = self.cache.pending, None
-        if pending is not None:  # a rotation no update() completed: its q_out was never filled
-            raise RuntimeError(f"{self.role} FastLane: a layer rotated q and k but stored no keys; this model's "
-                               "attention code is not the one the deferred rotation supports. Build the lane with "
-                               "FastConfig(fuse_rope_store=False).")
+        """Dispatch for the model's Python code, a context: what :meth:`~.lane_build.LaneKernels.installed` puts in
+        place, the rotation put off to the cache's store with ``defer`` (default: this lane's choice)."""
+        return self.kernels.running(self.role, defer, poison)
 
     _model_code = model_code  # the name tests and the lab stand in for
 
@@ -442,15 +375,7 @@ class FastLane:
         """
         b, q = ids.shape
         kv = self.cache
-        slots = kv.pos + self.slot_ids[:q]  # [q] slot = column of each token (the same in every row)
-        kv.slots = slots
-        if self.kernels.no_mask is not None:  # the split kernel masks by pos and pad itself: a view, no kernel
-            allowed = self.kernels.no_mask.expand(b, q, -1)
-        else:
-            causal = self.slot_ids[None, :] <= slots[:, None]  # [q, S]
-            own = self.slot_ids[None, :] == slots[:, None]  # a padding query sees itself: no empty rows
-            allowed = causal[None] & (self.valid[:b, None, :] | own[None])  # [b, q, S]
-        positions = (slots[None, :] - self.n_pad[:b, None]).clamp(min=0)  # [b, q]
+        kv.slots, allowed, positions = self.inputs.layout(kv.pos, b, q, self.valid, self.n_pad, self.kernels.no_mask)
         fixed = isinstance(n_real, int)  # then n_real == q: keep the last position
         keep = 1 if fixed else (n_real - 1).reshape(1)  # tensor: index of the last real token
         out = self.model(

@@ -5,19 +5,23 @@ Two batches: before tuning, the tuner's candidates, the choices its table alread
 of every bucket (:meth:`Ahead.precompile`); after it, every other kernel the steps of a few length buckets launch
 -- norms, rotations, cache stores, the logits' read-out -- found by running those steps eagerly with each launch
 compiled instead of run (:meth:`Ahead.steps`). Kernels, launch configurations and results do not change:
-only when each is built. ``benchmarks/results/engine_warmup_*.md`` times the first call with them.
+only when each is built. ``benchmarks/results/engine_warmup_*.md`` times the first call with them. Its graphs, too,
+may be captured ahead, at build rather than at first use (:meth:`Ahead.warm_up`).
 
 A part the lane owns (``lane.ahead``), reading the lane's public attributes (model, config, plan, cache, rows,
-buffers ``ids`` / ``n_real``) and running its public ``forward`` / ``model_code`` / ``outputs`` / ``reset``.
+buffers ``ids`` / ``n_real``) and running its public ``forward`` / ``run`` / ``model_code`` / ``outputs`` /
+``reset``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 
 import torch
 
+from .buckets import kernel_class
 from .kernels import triton_cache, triton_support
 from .kernels.decode_attention import pending as attention_pending
 from .patches import products
@@ -85,6 +89,32 @@ class Ahead:
                 triton_cache.mark(marker, signature)
         lane.cache.states.zero_()
         lane.reset()
+
+    def warm_up(self, want_hidden: bool = False, batch_sizes=None) -> float:
+        """Capture (and compile) the lane's one-token step and every length bucket, for each batch bucket in
+        ``batch_sizes`` (default: all of the lane's), over dummy tokens it then forgets: the lane's
+        :meth:`~hf_rstitch.fast.lane.FastLane.warm_up`. A bucket whose kernels an earlier bucket of the same batch
+        bucket and kernel class ran is only recorded (``lane.record_only``). Returns the seconds it took."""
+        lane = self.lane
+        start = time.perf_counter()
+        warmed = set()  # (batch bucket, kernel class) run for real once: the class's other buckets only recorded
+        with torch.no_grad():
+            for b in batch_sizes or lane.rows.sizes:
+                lane.reset()
+                lane.rows.start([0] * b)
+                for size in sorted(set(lane.buckets) | {1}):
+                    cls = (lane.rows.bucket, kernel_class(size))
+                    lane.record_only = cls in warmed
+                    try:
+                        lane.run(torch.ones(b, size, dtype=torch.long, device=lane.device), want_hidden)
+                    finally:
+                        lane.record_only = False
+                    warmed.add(cls)
+                    lane.cache.pos.zero_()  # dummy tokens: nothing to keep
+        lane.reset()
+        if lane.device.type == "cuda":
+            torch.cuda.synchronize(lane.device)
+        return time.perf_counter() - start
 
     def signature(self, steps) -> str:
         """What decides the kernels :meth:`_steps_ahead` builds, not the number of layers: the model class, its

@@ -95,6 +95,20 @@ class LaneKernels:
                 rope_store.deferring(self.cache if defer else None, poison, self.qk_norms):
             yield
 
+    @contextlib.contextmanager
+    def running(self, role, defer: bool | None = None, poison: bool = False):
+        """:meth:`installed`, and afterwards a check that every rotation put off to the cache's store was completed by
+        a store (``role`` names the lane in the error)."""
+        try:
+            with self.installed(defer, poison):
+                yield
+        finally:
+            pending, self.cache.pending = self.cache.pending, None
+        if pending is not None:  # a rotation no update() completed: its q_out was never filled
+            raise RuntimeError(f"{role} FastLane: a layer rotated q and k but stored no keys; this model's "
+                               "attention code is not the one the deferred rotation supports. Build the lane with "
+                               "FastConfig(fuse_rope_store=False).")
+
     def _register(self, kind: str, n_pad: torch.Tensor) -> str:
         """The attention this lane runs (``plan.attention``), by registered name: a function bound to the cache's write
         offset, padding counts (``"split"``) and the model's layer windows (unregistered when this part goes). Where

@@ -79,7 +79,7 @@ class Compact:
         """The lane's ``advance`` (:meth:`~.lane.FastLane.advance`'s arguments): the rows ``run`` (``[B]`` bool CPU;
         None: every row) brought up to date (:meth:`advance`), ``lane.ran`` set, the records of ``rows`` made."""
         lane, total = self.lane, seq.shape[1]
-        lane._check_call(seq, mask, total)
+        lane.kv.check(seq, mask, total)
         lane.kv.reserve(total)
         start = 0.0
         if lane.timing:

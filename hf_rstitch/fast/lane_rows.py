@@ -69,6 +69,20 @@ class LaneRows:
         self.valid[:b, :t].copy_(to_device(host, self.device))
         self.index = None
 
+    def check(self, seq: torch.Tensor, mask: torch.Tensor, total: int) -> None:
+        """Before a call over ``seq`` ``[B, total]``: refuse a sequence past the capacity or of other rows than the
+        live ones; the first call of a generation notes the padding (:meth:`start`)."""
+        if total > self.capacity:
+            raise RuntimeError(
+                f"{self.role} FastLane holds {self.capacity} tokens but the sequence has {total}; build it with a "
+                "larger capacity (the generation's max_length) or lower max_new_tokens."
+            )
+        if self.seen == 0:
+            self.start(mask)
+        if seq.shape[0] != self.slots.n_live:
+            raise ValueError(f"{self.role} FastLane holds {self.slots.n_live} live rows but got a sequence of shape "
+                             f"{tuple(seq.shape)}; drop finished rows with keep_rows before advancing.")
+
     def reset(self) -> None:
         """Forget the sequence (a paged cache's blocks go back to its pool)."""
         if self.paged:
