@@ -4,10 +4,14 @@ concurrency."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
 from hf_rstitch.serve.server import DrainingServer, config_for
+
+# ``rstitch serve``'s two layouts: the engine in a process of its own (the default), and everything in one process
+LAYOUTS = {"split": ("--frontend-procs", "1"), "one-process": ("--frontend-procs", "0")}
 
 
 class LiveServer:
@@ -72,3 +76,16 @@ def start_cli_server(*args: str, timeout: float = 120):
         except httpx.HTTPError:
             time.sleep(0.3)
     return proc, url
+
+
+@contextlib.contextmanager
+def split_app(cfg, timeout_s: float = 300):
+    """The app of ``cfg`` (a ``ServeConfig``) as ``rstitch serve`` builds it by default: the engine in a spawned
+    engine process (``build_from_config``), the app over its client; the engine process is stopped on exit."""
+    from hf_rstitch.serve.frontends import split_app as build
+
+    app, engine = build(cfg)
+    try:
+        yield app
+    finally:
+        engine.stop()
