@@ -3,7 +3,7 @@
 :class:`EngineProcess` starts the engine process (spawned: it loads the pair, builds the request engine, starts
 the driver and the :class:`~.split.EngineService`, and says where front ends connect) and stops it.
 :func:`split_app` is the app of one front end over a started engine process (what a Ray replica serves).
-:func:`run_split` is what the CLI runs (by default, with N = 1): it starts the engine process, binds the port,
+:func:`run_split` is what the CLI runs (by default on a CUDA device, with N = 1): it starts the engine process, binds the port,
 starts N - 1 front-end processes on the same listening socket and serves as the first front end itself; on SIGTERM
 or Ctrl-C each front end drains (as one process does), then the engine process stops. docs/serving.md has the
 design.

@@ -50,6 +50,11 @@ class RStitchReplica:
         async for item in call_app(self._app, head, body):
             yield item
 
+    def check_health(self) -> None:
+        """Ray Serve's periodic probe: a replica whose engine process died raises, and Ray replaces it."""
+        if self._engine is not None and not self._engine.process.is_alive():
+            raise RuntimeError(f"the replica's engine process exited (code {self._engine.process.exitcode})")
+
     def __del__(self):  # Ray Serve's graceful shutdown, once the replica's requests have ended or timed out
         driver = getattr(getattr(getattr(self, "_app", None), "state", None), "driver", None)
         if driver is not None:

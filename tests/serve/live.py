@@ -10,7 +10,8 @@ import time
 
 from hf_rstitch.serve.server import DrainingServer, config_for
 
-# ``rstitch serve``'s two layouts: the engine in a process of its own (the default), and everything in one process
+# ``rstitch serve``'s two layouts: the engine in a process of its own (the default on a CUDA device; a second Python
+# to start: minutes on a busy 2-core box, hence ``start_cli_server``'s timeout), and everything in one process
 LAYOUTS = {"split": ("--frontend-procs", "1"), "one-process": ("--frontend-procs", "0")}
 
 
@@ -52,7 +53,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_cli_server(*args: str, timeout: float = 120):
+def start_cli_server(*args: str, timeout: float = 400):
     """``rstitch serve --port P *args`` in a subprocess on the shipped pair (offline, one thread), once its
     /health answers 200: ``(process, url)``; stdout and stderr merged into ``process.stdout``."""
     import os
