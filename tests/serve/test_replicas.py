@@ -101,7 +101,8 @@ def _ask(url: str, case: tuple, stream: bool, out: dict, key: int) -> None:
         out[key] = ("cut", repr(err))
 
 
-def test_a_replica_killed_under_load_is_replaced(one_thread):
+@pytest.mark.parametrize("frontend_procs", [0, 1], ids=["engine-in-replica", "engine-process"])
+def test_a_replica_killed_under_load_is_replaced(one_thread, frontend_procs):
     """Kill one of two replicas while both decode: its requests end with the clean error of a lost replica (a 503
     OpenAI error, or an error event and [DONE] in a stream), the other replica's answers equal solo generate, and
     Ray starts a replacement that serves."""
@@ -112,7 +113,7 @@ def test_a_replica_killed_under_load_is_replaced(one_thread):
 
     from hf_rstitch.serve import replicas
 
-    cfg, ray_init, url = _two_replicas()
+    cfg, ray_init, url = _two_replicas(frontend_procs)
     cases = [(i % 6, 0.0, 160) for i in range(8)]  # tau 0: the LLM writes every token, long enough to kill under
     out: dict = {}
     try:
