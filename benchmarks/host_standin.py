@@ -104,7 +104,7 @@ def request_ops() -> float:
     from hf_rstitch.batching.requests import RequestEngine
 
     model = build("tiny-qwen3", "cpu")
-    engine = RequestEngine(model, model, threshold=1.0, max_batch=1, engine="default")
+    engine = RequestEngine.of(model, model, threshold=1.0, max_batch=1, engine="default")
     inside = [False]
     for lane in engine.lanes.values():
         for name in ("advance", "entropy"):

@@ -117,8 +117,8 @@ def build_engine(cfg: dict, llm, slm):
     from hf_rstitch.batching.requests import RequestEngine
 
     policy = replay_policy(cfg["max_batch"], cfg["llm_share"], llm.device if cfg["decisions"] == "device" else None)
-    return RequestEngine(llm, slm, max_batch=cfg["max_batch"], max_waiting=cfg["max_batch"], policy=policy,
-                         engine=cfg["engine"], max_length=cfg["max_length"])
+    return RequestEngine.of(llm, slm, max_batch=cfg["max_batch"], max_waiting=cfg["max_batch"], policy=policy,
+                            engine=cfg["engine"], max_length=cfg["max_length"])
 
 
 def warm(engine, cfg: dict) -> float:

@@ -60,60 +60,37 @@ from .update import update_from_output
 HOLD_TRIM = HELD_COLUMNS  # held rows grow the shared padding; it is trimmed once every row has this much (one copy per row)
 
 
-def _build(llm, slm, spec, max_batch, max_length, schedule, prefill_chunk, kv_tokens, paged) -> Engine:
-    """The engine of ``RequestEngine(llm, slm, engine=spec, ...)``: every row's whole budget of KV memory unless
-    ``kv_tokens`` says otherwise (nothing sized from the GPU's memory: that is ``rstitch serve``'s
-    ``--kv-memory``)."""
-    cfg = EngineConfig.of(spec, max_batch=max_batch, max_length=max_length, kv_memory=None, kv_tokens=kv_tokens,
-                          paged=paged, prefill_chunk=prefill_chunk or 0)
-    return build(Pair.of(llm, slm), cfg.for_requests(schedule))
-
-
 class RequestEngine:
-    """Serve many requests through one stitched batch (any device; the fast engine on CUDA by default).
+    """Serve many requests through one stitched batch, over a pair's built engine (any device; the fast engine on
+    CUDA by default).
+
+    ``RequestEngine(engine, ...)`` runs an engine built once (:func:`hf_rstitch.engine.build` of an
+    :meth:`~hf_rstitch.engine.EngineConfig.for_requests`: ``rstitch serve`` and ``rstitch eval`` build it and hand
+    it down; its config holds the rows, lengths and KV memory); :meth:`of` builds that engine from the two models
+    and keyword arguments, as for ``generate``.
 
     Args:
-        llm: the pair's built engine (:func:`hf_rstitch.engine.build` of an :meth:`~hf_rstitch.engine.EngineConfig.for_requests`: ``rstitch
-            serve`` and ``rstitch eval`` build it once and hand it down; ``slm`` and the engine's settings below are
-            then its own), or the LLM of the pair, with ``slm`` (shared tokenizer), as for ``generate``: the engine
-            is built here from ``engine``, ``max_batch``, ``max_length``, ``kv_tokens``, ``paged`` and
-            ``prefill_chunk``.
+        engine: the pair's built :class:`~hf_rstitch.engine.Engine`.
         threshold: the default tau for requests that bring none.
-        max_batch: rows decoded together at most; further requests wait in a queue.
         max_waiting: requests that may wait beyond the batch's rows: :meth:`submit` refuses (``QueueFull``)
             once ``max_batch + max_waiting`` requests are running or waiting; None: unbounded. The one
             admission limit (a server answers 429 on it).
         policy: one routing policy for every request (e.g. ``RandomPolicy``, a router's
             ``RouterPolicy``); then requests may not bring their own ``stitch_threshold``. Default:
             the entropy rule with each request's threshold.
-        engine: ``None`` (the default): ``"auto"``, or the engine ``$HF_RSTITCH_ENGINE`` names.
-            ``"auto"``: the fast engine where it runs the pair, else the eager lanes, the reason logged
-            (:func:`hf_rstitch.engine.choose`); ``"default"``: the eager lanes (any device and model);
-            the fast engine on CUDA: ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a
-            :class:`hf_rstitch.fast.FastEngine`.
-        max_length: with the fast engine, the longest prompt + ``max_new_tokens`` a request may
-            ask for (the width of the caches' block tables); longer requests are refused at :meth:`submit`.
-        kv_tokens: with the fast engine, the KV memory of each lane in tokens (paged caches, blocks of
-            :data:`hf_rstitch.fast.blocks.BLOCK_TOKENS`: :mod:`hf_rstitch.fast.paged_kv`); requests join while
-            their prompts' blocks are free and rows that outgrow it are requeued (:mod:`.scheduler`). None:
-            ``max_batch x max_length`` (every row's whole budget: nothing is ever preempted).
-        paged: with the fast engine, paged caches (the default); False: static slabs of ``max_length`` a row, as
-            before paged caches (kept to measure against; ``kv_tokens`` is then ignored).
         schedule: when the LLM runs for the rows that need it: ``None`` / ``"now"`` (at once, the
             default), a :class:`~hf_rstitch.core.scheduling.GatherForLLM` or its string form
-            (``"gather:2:8"``: wait at most 2 steps, run at once from 8 rows). Full-attention models.
-        prefill_chunk: tokens of joining prompts each lane reads a step while rows decode (rows x columns,
-            padding included; :mod:`hf_rstitch.batching.chunked_prefill`): a long prompt joins over several steps instead
-            of stalling the batch for its whole prefill. None (the default): the step's joins prefill whole,
-            together. Lanes without stages (the eager engine's) always join whole.
+            (``"gather:2:8"``: wait at most 2 steps, run at once from 8 rows). Full-attention models; one that
+            holds rows back needs an engine built with its spare columns (``EngineConfig.for_requests(schedule)``).
     """
 
-    def __init__(self, llm, slm=None, threshold: float = DEFAULT_THRESHOLD, max_batch: int = 8, max_waiting: int | None = None,
-                 policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None,
-                 prefill_chunk: int | None = None, kv_tokens: int | None = None, paged: bool = True):
-        built = llm if isinstance(llm, Engine) else _build(llm, slm, engine, max_batch, max_length, schedule,
-                                                           prefill_chunk, kv_tokens, paged)
-        self.engine, pair, cfg = built, built.pair, built.config
+    def __init__(self, engine: Engine, threshold: float = DEFAULT_THRESHOLD, max_waiting: int | None = None,
+                 policy=None, schedule: LLMSchedule | str | None = None):
+        if not isinstance(engine, Engine):
+            raise TypeError(f"RequestEngine runs a pair's built engine (hf_rstitch.engine.build), got "
+                            f"{type(engine).__name__}; for two models use RequestEngine.of(llm, slm, ...), which "
+                            "builds it.")
+        self.engine, pair, cfg = engine, engine.pair, engine.config
         self.llm, self.slm, self.vocab, self.device = pair.llm, pair.slm, pair.vocab, pair.device
         self.default_eos, self.pad_id = pair.eos, pair.pad_id
         self.threshold = check_threshold(threshold)
@@ -124,7 +101,7 @@ class RequestEngine:
         if self.schedule is not None and cfg.spare_columns < HELD_COLUMNS:
             raise ValueError(f"a schedule holds rows back, which needs {HELD_COLUMNS} spare columns in the caches; "
                              "build the engine from EngineConfig.for_requests(schedule) (hf_rstitch.engine.config).")
-        self.lanes, self.max_length = built.lanes(), built.max_length
+        self.lanes, self.max_length = engine.lanes(), engine.max_length
         self.kv = budget_of(self.lanes.values())  # paged lanes: admission and preemption by free blocks
         self.thresholds = RowEntropyPolicy() if policy is None else None
         per_row = RowPolicies(self.thresholds) if policy is None else None  # requests' own policies
@@ -138,6 +115,40 @@ class RequestEngine:
         self.executor = Executor(batch, self.vocab, self.schedule, self.stats, step=run_step, sample=sample_one,
                                  hold_trim=HOLD_TRIM)
         self._ids = itertools.count()
+
+    @classmethod
+    def of(cls, llm, slm, threshold: float = DEFAULT_THRESHOLD, max_batch: int = 8, max_waiting: int | None = None,
+           policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None,
+           prefill_chunk: int | None = None, kv_tokens: int | None = None, paged: bool = True) -> RequestEngine:
+        """The request engine of ``llm`` and ``slm`` (one tokenizer), its engine built here once
+        (:func:`hf_rstitch.engine.build`) with every row's whole budget of KV memory unless ``kv_tokens`` says
+        otherwise (nothing sized from the GPU's memory: that is ``rstitch serve``'s ``--kv-memory``).
+        ``threshold``, ``max_waiting``, ``policy`` and ``schedule`` are as for the class.
+
+        Args:
+            max_batch: rows decoded together at most; further requests wait in a queue.
+            engine: ``None`` (the default): ``"auto"``, or the engine ``$HF_RSTITCH_ENGINE`` names.
+                ``"auto"``: the fast engine where it runs the pair, else the eager lanes, the reason logged
+                (:func:`hf_rstitch.engine.choose`); ``"default"``: the eager lanes (any device and model);
+                the fast engine on CUDA: ``"fast"``, a :class:`hf_rstitch.fast.FastConfig` or a
+                :class:`hf_rstitch.fast.FastEngine`.
+            max_length: with the fast engine, the longest prompt + ``max_new_tokens`` a request may
+                ask for (the width of the caches' block tables); longer requests are refused at :meth:`submit`.
+            prefill_chunk: tokens of joining prompts each lane reads a step while rows decode (rows x columns,
+                padding included; :mod:`hf_rstitch.batching.chunked_prefill`): a long prompt joins over several
+                steps instead of stalling the batch for its whole prefill. None (the default): the step's joins
+                prefill whole, together. Lanes without stages (the eager engine's) always join whole.
+            kv_tokens: with the fast engine, the KV memory of each lane in tokens (paged caches, blocks of
+                :data:`hf_rstitch.fast.blocks.BLOCK_TOKENS`: :mod:`hf_rstitch.fast.paged_kv`); requests join while
+                their prompts' blocks are free and rows that outgrow it are requeued (:mod:`.scheduler`). None:
+                ``max_batch x max_length`` (every row's whole budget: nothing is ever preempted).
+            paged: with the fast engine, paged caches (the default); False: static slabs of ``max_length`` a row
+                (kept to measure against; ``kv_tokens`` is then ignored).
+        """
+        cfg = EngineConfig.of(engine, max_batch=max_batch, max_length=max_length, kv_memory=None, kv_tokens=kv_tokens,
+                              paged=paged, prefill_chunk=prefill_chunk or 0)
+        built = build(Pair.of(llm, slm), cfg.for_requests(schedule))
+        return cls(built, threshold=threshold, max_waiting=max_waiting, policy=policy, schedule=schedule)
 
     # ---- public API ---------------------------------------------------------------------------
     @property

@@ -178,8 +178,8 @@ def build_engine(cfg: ServeConfig, llm, slm):
 
         policy = policy_from_router(cfg.router, slm, flag="--router")
     tau = default_threshold(llm.generation_config, cfg.threshold)
-    return RequestEngine(build(Pair.of(llm, slm), cfg.engine), threshold=tau, max_waiting=cfg.max_queue,
-                         policy=policy, schedule=cfg.schedule)
+    engine = build(Pair.of(llm, slm), cfg.engine)  # cfg.engine: ServeConfig's EngineConfig, for requests
+    return RequestEngine(engine, threshold=tau, max_waiting=cfg.max_queue, policy=policy, schedule=cfg.schedule)
 
 
 def settings_for(cfg: ServeConfig, llm) -> Any:
@@ -200,14 +200,15 @@ def settings_for(cfg: ServeConfig, llm) -> Any:
 
 
 def build_server(cfg: ServeConfig):
-    """Load the pair and return the FastAPI app serving it."""
+    """Load the pair and return the FastAPI app serving it: the request engine over the pair's engine, built once
+    (:func:`build_engine`), then the app answering HTTP with ``cfg``'s endpoint settings (:func:`settings_for`)."""
     import hf_rstitch  # noqa: F401  (registers stitched generate)
 
     from .app import create_app
 
     llm, slm, tok = load_models(cfg)
-    settings = settings_for(cfg, llm)
-    return create_app(build_engine(cfg, llm, slm), tok, settings)
+    engine = build_engine(cfg, llm, slm)
+    return create_app(engine, tok, settings_for(cfg, llm))
 
 
 def is_loopback(host: str) -> bool:

@@ -34,8 +34,8 @@ def _run(llm, slm, join_rows, monkeypatch, **engine_kw):
     """Two requests start the batch; after two steps seven more arrive at once and join together (a free row
     each): completions by id and the engine."""
     monkeypatch.setattr(joins, "JOIN_ROWS", join_rows)
-    engine = RequestEngine(llm, slm, max_batch=9, max_length=64, engine=FastConfig(graphs=False, max_bucket=4),
-                           **engine_kw)
+    engine = RequestEngine.of(llm, slm, max_batch=9, max_length=64, engine=FastConfig(graphs=False, max_bucket=4),
+                              **engine_kw)
     rs = _requests()
     for r in rs[:2]:
         engine.submit(r)
@@ -71,8 +71,8 @@ def test_batched_joins_equal_one_by_one_joins_and_solo_runs(arch, monkeypatch):
 def _chunked(llm, slm, chunk, late_prompt=29, late_at=2):
     """One request decodes from the start; at step ``late_at`` a second with a ``late_prompt``-token prompt
     arrives. Per step, the requests that got a token; completions; the engine."""
-    engine = RequestEngine(llm, slm, max_batch=4, max_length=96, prefill_chunk=chunk,
-                           engine=FastConfig(graphs=False, max_bucket=4))
+    engine = RequestEngine.of(llm, slm, max_batch=4, max_length=96, prefill_chunk=chunk,
+                              engine=FastConfig(graphs=False, max_bucket=4))
     a = Request(prompt(5, seed=3)[0].tolist(), max_new_tokens=24, stitch_threshold=0.45, request_id="a")
     b = Request(prompt(late_prompt, seed=4)[0].tolist(), max_new_tokens=6, stitch_threshold=0.5, request_id="b")
     engine.submit(a)
@@ -125,8 +125,8 @@ def test_a_failing_chunk_fails_the_batch_and_returns_the_joining_request_to_the_
     from hf_rstitch.batching.requests import StepFailed
 
     llm, slm = make_pair("llama")
-    engine = RequestEngine(llm, slm, max_batch=4, max_length=96, prefill_chunk=4,
-                           engine=FastConfig(graphs=False, max_bucket=4))
+    engine = RequestEngine.of(llm, slm, max_batch=4, max_length=96, prefill_chunk=4,
+                              engine=FastConfig(graphs=False, max_bucket=4))
     engine.submit(Request(prompt(5, seed=3)[0].tolist(), max_new_tokens=30, stitch_threshold=0.45, request_id="a"))
     engine.step()
     p = prompt(29, seed=4)
@@ -156,8 +156,8 @@ def test_chunked_joins_with_run_ahead_or_a_schedule_equal_solo_runs(option):
     arriving while others decode equal their solo runs."""
     llm, slm = make_pair("llama")
     cfg = FastConfig(graphs=False, max_bucket=4, run_ahead=option.get("run_ahead", False))
-    engine = RequestEngine(llm, slm, max_batch=4, max_length=96, prefill_chunk=5, engine=cfg,
-                           schedule=option.get("schedule"))
+    engine = RequestEngine.of(llm, slm, max_batch=4, max_length=96, prefill_chunk=5, engine=cfg,
+                              schedule=option.get("schedule"))
     lengths, news, taus = [4, 17, 9, 23, 6], [20, 8, 12, 6, 9], [0.6, 0.65, 0.55, 0.6, 0.7]
     reqs = [Request(prompt(n, seed=60 + i)[0].tolist(), max_new_tokens=m, stitch_threshold=t, request_id=f"q{i}")
             for i, (n, m, t) in enumerate(zip(lengths, news, taus))]

@@ -89,7 +89,7 @@ def _run(monkeypatch, ahead: bool):
 
     monkeypatch.setattr(engine_requests, "update_from_output", slow_host)
     llm, slm = make_pair("llama")
-    engine = RequestEngine(llm, slm, threshold=0.5, max_batch=4, engine="default")
+    engine = RequestEngine.of(llm, slm, threshold=0.5, max_batch=4, engine="default")
     engine.executor = SimulatedDevice(ahead)
     for i in range(4):
         engine.submit(Request([5, 6, 7 + i], max_new_tokens=STEPS, eos_token_id=[], request_id=f"r{i}"))

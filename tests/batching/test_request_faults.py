@@ -36,7 +36,7 @@ def test_the_wedge_scenario_is_a_clean_refusal():
     """max_batch 2, two long requests running, one queued, then a seed no torch.Generator takes: the bad
     request is refused at submit, the three others decode as if alone, and the engine takes new work."""
     llm, slm = make_pair("llama")
-    engine = RequestEngine(llm, slm, threshold=TAU, max_batch=2)
+    engine = RequestEngine.of(llm, slm, threshold=TAU, max_batch=2)
     good = [engine.submit(Request(prompt(n, seed=s)[0].tolist(), max_new_tokens=m))
             for n, s, m in ((6, 1, 14), (9, 2, 12), (4, 3, 6))]
     first = engine.step()
@@ -56,7 +56,7 @@ def test_the_wedge_scenario_is_a_clean_refusal():
 def test_extreme_sampling_values_decode_numerically(temperature, top_p):
     """Tiny temperatures tend to argmax and a tiny top_p keeps the top token: the request decodes greedily."""
     llm, slm = make_pair("llama")
-    engine = RequestEngine(llm, slm, threshold=TAU, max_batch=2)
+    engine = RequestEngine.of(llm, slm, threshold=TAU, max_batch=2)
     ids = prompt(6, seed=5)[0].tolist()
     odd = engine.submit(Request(ids, max_new_tokens=6, do_sample=True, temperature=temperature, top_p=top_p, seed=3,
                                 eos_token_id=[]))
@@ -76,7 +76,7 @@ def test_a_row_whose_sampling_fails_leaves_alone(monkeypatch):
         return real(logits, temperature, top_p, generator)
 
     monkeypatch.setattr(engine_requests, "sample_one", flaky)
-    engine = RequestEngine(llm, slm, threshold=TAU, max_batch=3)
+    engine = RequestEngine.of(llm, slm, threshold=TAU, max_batch=3)
     a = engine.submit(Request(prompt(6, seed=1)[0].tolist(), max_new_tokens=8))
     bad = engine.submit(Request([5, 6, 7, 8], max_new_tokens=8, do_sample=True, temperature=0.123, seed=1))
     b = engine.submit(Request(prompt(9, seed=2)[0].tolist(), max_new_tokens=8))
@@ -97,7 +97,7 @@ def test_a_failed_step_ends_the_running_requests_and_the_engine_goes_on(monkeypa
         return real(*args, **kwargs)
 
     monkeypatch.setattr(engine_requests, "run_step", failing_once)
-    engine = RequestEngine(llm, slm, threshold=TAU, max_batch=2)
+    engine = RequestEngine.of(llm, slm, threshold=TAU, max_batch=2)
     running = [engine.submit(Request(prompt(n, seed=s)[0].tolist(), max_new_tokens=8))
                for n, s in ((6, 1), (8, 2))]
     queued = engine.submit(Request(prompt(5, seed=3)[0].tolist(), max_new_tokens=6))

@@ -29,7 +29,7 @@ def calls(trace):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_each_request_equals_its_solo_run(arch):
     llm, slm = make_pair(arch)
-    engine = RequestEngine(llm, slm, max_batch=3)
+    engine = RequestEngine.of(llm, slm, max_batch=3)
     prompts = [prompt(n, seed=i) for i, n in enumerate(LENGTHS)]
     requests = [Request(p[0].tolist(), max_new_tokens=m, stitch_threshold=t)
                 for p, t, m in zip(prompts, TAUS[arch], MAX_NEW)]
@@ -50,7 +50,7 @@ def test_each_request_equals_its_solo_run(arch):
 
 def test_requests_submitted_while_others_decode():
     llm, slm = make_pair("llama")
-    engine = RequestEngine(llm, slm, threshold=0.5, max_batch=2)
+    engine = RequestEngine.of(llm, slm, threshold=0.5, max_batch=2)
     first = engine.submit(Request(prompt(6, seed=1)[0].tolist(), max_new_tokens=10))
     events = [e for _ in range(4) for e in engine.step()]
     late = engine.submit(Request(prompt(12, seed=2)[0].tolist(), max_new_tokens=6))
@@ -61,9 +61,24 @@ def test_requests_submitted_while_others_decode():
         assert sum(e.finished for e in events if e.request_id == rid) == 1
 
 
+def test_a_built_engine_handed_down_equals_one_built_from_the_models():
+    from hf_rstitch.engine import EngineConfig, Pair, build
+
+    llm, slm = make_pair("llama")
+    requests = [Request(prompt(n, seed=i)[0].tolist(), max_new_tokens=m, stitch_threshold=0.5, request_id=str(i))
+                for i, (n, m) in enumerate(zip(LENGTHS[:4], MAX_NEW[:4]))]
+    built = build(Pair.of(llm, slm), EngineConfig(max_batch=2, max_length=4096, kv_memory=None).for_requests())
+    handed = RequestEngine(built, threshold=0.5).run(requests)
+    own = RequestEngine.of(llm, slm, threshold=0.5, max_batch=2).run(requests)
+    assert {k: (c.tokens, c.trace.roles) for k, c in handed.items()} == \
+        {k: (c.tokens, c.trace.roles) for k, c in own.items()}
+    with pytest.raises(TypeError, match=r"RequestEngine\.of\(llm, slm"):
+        RequestEngine(llm, slm)
+
+
 def test_cancel_frees_the_row_and_reports_it():
     llm, slm = make_pair("llama")
-    engine = RequestEngine(llm, slm, threshold=0.5, max_batch=1)
+    engine = RequestEngine.of(llm, slm, threshold=0.5, max_batch=1)
     a = engine.submit(Request(prompt(5)[0].tolist(), max_new_tokens=50, eos_token_id=[]))
     b = engine.submit(Request(prompt(7, seed=3)[0].tolist(), max_new_tokens=4))
     engine.step()
@@ -77,7 +92,7 @@ def test_cancel_frees_the_row_and_reports_it():
 
 def test_queue_limit_and_bad_requests_fail_alone():
     llm, slm = make_pair("llama")
-    engine = RequestEngine(llm, slm, max_batch=1, max_waiting=1)  # one limit: 1 row + 1 waiting
+    engine = RequestEngine.of(llm, slm, max_batch=1, max_waiting=1)  # one limit: 1 row + 1 waiting
     engine.submit(Request([5, 6, 7], max_new_tokens=2))
     engine.submit(Request([5, 6, 7, 8], max_new_tokens=2))
     with pytest.raises(QueueFull, match=r"2 requests in flight \(limit 2 = max_batch 1 running \+ max_waiting 1"):
@@ -96,8 +111,8 @@ def test_queue_limit_and_bad_requests_fail_alone():
 def test_sampled_requests_depend_only_on_their_seed():
     llm, slm = make_pair("llama")
     p = prompt(6, seed=4)[0].tolist()
-    alone = RequestEngine(llm, slm, threshold=0.5).run([Request(p, max_new_tokens=8, do_sample=True, seed=7, top_p=0.9)])
-    crowd = RequestEngine(llm, slm, threshold=0.5, max_batch=4).run(
+    alone = RequestEngine.of(llm, slm, threshold=0.5).run([Request(p, max_new_tokens=8, do_sample=True, seed=7, top_p=0.9)])
+    crowd = RequestEngine.of(llm, slm, threshold=0.5, max_batch=4).run(
         [Request(prompt(9, seed=s)[0].tolist(), max_new_tokens=8, do_sample=True, seed=s) for s in range(3)]
         + [Request(p, max_new_tokens=8, do_sample=True, seed=7, top_p=0.9, request_id="me")])
     assert crowd["me"].tokens == next(iter(alone.values())).tokens
@@ -107,7 +122,7 @@ def test_submit_and_cancel_are_thread_safe():
     """Threads submit and cancel while the main thread steps: each request ends exactly once, the cancelled ones
     as cancelled unless they finished first, and the bookkeeping holds after every step."""
     llm, slm = make_pair("llama")
-    engine = RequestEngine(llm, slm, threshold=0.5, max_batch=4)
+    engine = RequestEngine.of(llm, slm, threshold=0.5, max_batch=4)
     ids, cancelled, go = [], [], threading.Event()
 
     def client(i):
@@ -139,7 +154,7 @@ def test_submit_and_cancel_are_thread_safe():
 
 def test_pinned_requests_are_the_single_models_and_a_shared_policy_routes_all():
     llm, slm = make_pair("llama")
-    engine = RequestEngine(llm, slm, threshold=0.5, max_batch=3)
+    engine = RequestEngine.of(llm, slm, threshold=0.5, max_batch=3)
     ps = [prompt(n, seed=30 + i) for i, n in enumerate([4, 9, 6])]
     reqs = [Request(ps[0][0].tolist(), max_new_tokens=8, role=Role.LLM),
             Request(ps[1][0].tolist(), max_new_tokens=8, role="slm"),
@@ -151,7 +166,7 @@ def test_pinned_requests_are_the_single_models_and_a_shared_policy_routes_all():
         assert set(done[r.request_id].trace.roles) == {Role.LLM if model is llm else Role.SLM}
     assert done[reqs[2].request_id].tokens == solo(llm, slm, ps[2], 0.5, 8).sequences[0, 6:].tolist()
     replay = hf_rstitch.ReplayPolicy(["slm", "llm", "llm", "slm"])
-    shared = RequestEngine(llm, slm, max_batch=2, policy=replay)
+    shared = RequestEngine.of(llm, slm, max_batch=2, policy=replay)
     with pytest.raises(ValueError, match="one policy"):
         shared.submit(Request([5, 6], stitch_threshold=0.1))
     out = shared.run([Request(ps[2][0].tolist(), max_new_tokens=4)])
@@ -164,7 +179,7 @@ def test_requests_through_the_fast_engine_equal_solo_runs(arch):
     from hf_rstitch.fast import FastConfig
 
     llm, slm = make_pair(arch)
-    engine = RequestEngine(llm, slm, max_batch=3, engine=FastConfig(graphs=False), max_length=64)
+    engine = RequestEngine.of(llm, slm, max_batch=3, engine=FastConfig(graphs=False), max_length=64)
     prompts = [prompt(n, seed=40 + i) for i, n in enumerate([5, 12, 3, 8, 14])]
     taus, max_new = [0.3, 0.5, 0.6, 0.4, 0.55], [10, 4, 16, 7, 9]
     requests = [Request(p[0].tolist(), max_new_tokens=m, stitch_threshold=t) for p, t, m in zip(prompts, taus, max_new)]
@@ -183,8 +198,8 @@ def _through_fast(llm, slm, requests, ahead: bool, cancel_at: dict | None = None
     the engine. ``cancel_at`` {step: request id} cancels there; ``late`` [(step, request)] submits there."""
     from hf_rstitch.fast import FastConfig
 
-    engine = RequestEngine(llm, slm, max_batch=3, max_length=64,
-                           engine=FastConfig(graphs=False, max_bucket=4, run_ahead=ahead))
+    engine = RequestEngine.of(llm, slm, max_batch=3, max_length=64,
+                              engine=FastConfig(graphs=False, max_bucket=4, run_ahead=ahead))
     for r in requests:
         engine.submit(r)
     tokens, done, k = {}, {}, 0
@@ -212,7 +227,7 @@ def test_host_padding_follows_joins_holds_trims_and_leaves(schedule):
     """Requests of different prompt lengths join a running batch (one pads it on the left), rows wait for
     the LLM (a schedule) and leave: after every step the host's padding counts equal the mask's."""
     llm, slm = make_pair("llama")
-    engine = RequestEngine(llm, slm, threshold=0.45, max_batch=3, schedule=schedule)
+    engine = RequestEngine.of(llm, slm, threshold=0.45, max_batch=3, schedule=schedule)
     for i, (n, m) in enumerate(zip([5, 9, 3, 14, 6, 2], [6, 12, 4, 9, 15, 5])):
         engine.submit(Request(prompt(n, seed=90 + i)[0].tolist(), max_new_tokens=m))
     steps = 0

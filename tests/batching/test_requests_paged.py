@@ -16,7 +16,7 @@ CPU = FastConfig(graphs=False, max_bucket=4)
 
 
 def _engine(llm, slm, kv_tokens, max_batch=3, max_length=256, **kw):
-    return RequestEngine(llm, slm, max_batch=max_batch, max_length=max_length, engine=CPU, kv_tokens=kv_tokens, **kw)
+    return RequestEngine.of(llm, slm, max_batch=max_batch, max_length=max_length, engine=CPU, kv_tokens=kv_tokens, **kw)
 
 
 def _pools_whole(engine):
@@ -159,7 +159,7 @@ def test_an_engine_shared_with_generate_gives_it_lanes_of_its_own_cache():
 
     llm, slm = make_pair("llama")
     fast = FastEngine(CPU, max_batch=3)
-    RequestEngine(llm, slm, max_batch=3, max_length=64, engine=fast, kv_tokens=48)
+    RequestEngine.of(llm, slm, max_batch=3, max_length=64, engine=fast, kv_tokens=48)
     assert fast._lanes[Role.LLM].kv_pool.n_blocks == 4
     ids = prompt(30)
     kw = dict(assistant_model=slm, stitch_threshold=0.5, max_new_tokens=40, min_new_tokens=40)
@@ -173,7 +173,7 @@ def test_static_slabs_stay_available_and_give_the_same_tokens():
     prompts = [prompt(n, seed=5 + n) for n in (4, 9, 6)]
 
     def run(**kw):
-        engine = RequestEngine(llm, slm, max_batch=2, max_length=64, engine=CPU, **kw)
+        engine = RequestEngine.of(llm, slm, max_batch=2, max_length=64, engine=CPU, **kw)
         done = engine.run([Request(p[0].tolist(), max_new_tokens=20, stitch_threshold=0.5, request_id=str(i))
                            for i, p in enumerate(prompts)])
         return engine, {k: c.tokens for k, c in done.items()}

@@ -114,7 +114,7 @@ def test_step_policy_in_the_request_engine_equals_solo_runs():
     from hf_rstitch.batching.requests import Request, RequestEngine
 
     llm, slm = make_pair("llama")
-    engine = RequestEngine(llm, slm, max_batch=2, policy=StepPolicy(0.5, step_ends=ENDS))
+    engine = RequestEngine.of(llm, slm, max_batch=2, policy=StepPolicy(0.5, step_ends=ENDS))
     prompts = [prompt(k, seed=40 + k) for k in (5, 9, 3, 7)]
     requests = [Request(p[0].tolist(), max_new_tokens=m) for p, m in zip(prompts, (6, 14, 10, 8))]
     done = engine.run(requests)

@@ -114,9 +114,9 @@ def _same(a, b):
 def test_waiting_rows_change_nothing_but_the_llm_calls(arch, engine, trim, monkeypatch):
     monkeypatch.setattr("hf_rstitch.batching.requests.HOLD_TRIM", trim)  # padding held rows leave is trimmed at
     llm, slm = make_pair(arch)
-    now = RequestEngine(llm, slm, max_batch=4, engine=engine, max_length=64)
+    now = RequestEngine.of(llm, slm, max_batch=4, engine=engine, max_length=64)
     base = now.run(_requests())
-    gather = RequestEngine(llm, slm, max_batch=4, engine=engine, max_length=64, schedule=GatherForLLM(3, 3))
+    gather = RequestEngine.of(llm, slm, max_batch=4, engine=engine, max_length=64, schedule=GatherForLLM(3, 3))
     got = gather.run(_requests())
     for rid, want in base.items():
         _same(got[rid], want)
@@ -131,8 +131,8 @@ def test_a_sampled_request_draws_nothing_while_it_waits():
     llm, slm = make_pair("llama")
     reqs = lambda: [Request(r.input_ids, max_new_tokens=r.max_new_tokens, stitch_threshold=r.stitch_threshold,  # noqa: E731
                             request_id=r.request_id, do_sample=True, seed=int(r.request_id)) for r in _requests()]
-    base = RequestEngine(llm, slm, max_batch=4).run(reqs())
-    gather = RequestEngine(llm, slm, max_batch=4, schedule="gather:3:3")
+    base = RequestEngine.of(llm, slm, max_batch=4).run(reqs())
+    gather = RequestEngine.of(llm, slm, max_batch=4, schedule="gather:3:3")
     got = gather.run(reqs())
     assert gather.stats["held"] > 0
     assert {k: c.tokens for k, c in got.items()} == {k: c.tokens for k, c in base.items()}
@@ -141,6 +141,6 @@ def test_a_sampled_request_draws_nothing_while_it_waits():
 def test_sliding_window_models_cannot_wait():
     llm, slm = make_pair("qwen2")  # a sliding window on every layer
     with pytest.raises(ValueError, match="full-attention"):
-        RequestEngine(llm, slm, schedule="gather")
+        RequestEngine.of(llm, slm, schedule="gather")
     with pytest.raises(TypeError, match="run_now"):
-        RequestEngine(*make_pair("llama"), schedule=3)
+        RequestEngine.of(*make_pair("llama"), schedule=3)

@@ -88,10 +88,10 @@ def test_requested_engine_reads_the_variable(monkeypatch):
 def test_request_engine_defaults(fast_runs, monkeypatch):
     llm, slm = make_pair("llama")
     with pytest.warns(UserWarning, match=EAGERLY):
-        fast = RequestEngine(llm, slm, threshold=0.7, max_batch=2)
+        fast = RequestEngine.of(llm, slm, threshold=0.7, max_batch=2)
     assert isinstance(fast.lanes[Role.LLM], FastLane) and fast.lanes[Role.LLM].config == NO_TRITON
     monkeypatch.setenv(ENGINE_ENV, "default")
-    eager = RequestEngine(llm, slm, threshold=0.7, max_batch=2)
+    eager = RequestEngine.of(llm, slm, threshold=0.7, max_batch=2)
     assert type(eager.lanes[Role.LLM]).__name__ == "Lane"
     request = Request(prompt(6)[0].tolist(), max_new_tokens=12)
     want = _generate(llm, slm, stitch_engine="default").sequences[0, 6:].tolist()
@@ -101,7 +101,7 @@ def test_request_engine_defaults(fast_runs, monkeypatch):
 
 def test_request_engine_without_an_engine_on_cpu_is_eager():
     llm, slm = make_pair("llama")
-    assert type(RequestEngine(llm, slm).lanes[Role.SLM]).__name__ == "Lane"
+    assert type(RequestEngine.of(llm, slm).lanes[Role.SLM]).__name__ == "Lane"
 
 
 def test_the_cli_configs_default_to_auto_or_the_variable(monkeypatch):

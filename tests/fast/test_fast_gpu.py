@@ -213,7 +213,7 @@ def test_fp32_requests_that_wait_for_the_llm_equal_those_that_do_not():
     got = {}
     for schedule in ("now", "gather:3:3"):
         policy = _RoutePerRequest({str(i): route(60, 20, 3, seed=10 + i) for i in range(10)})
-        engine = RequestEngine(llm, slm, max_batch=4, policy=policy, engine=fast, max_length=128, schedule=schedule)
+        engine = RequestEngine.of(llm, slm, max_batch=4, policy=policy, engine=fast, max_length=128, schedule=schedule)
         policy.engine = engine
         g = torch.Generator().manual_seed(0)
         reqs = [Request(torch.randint(3, 1024, (5 + 3 * i,), generator=g).tolist(), max_new_tokens=60, eos_token_id=[],

@@ -71,7 +71,7 @@ def test_request_engine_past_64_rows_equals_the_eager_lanes():
     llm, slm = make_pair("qwen2-full")
     reqs = lambda: [Request(prompt(2 + i % 11, seed=700 + i)[0].tolist(), max_new_tokens=3 + i % 7,  # noqa: E731
                             stitch_threshold=0.3 + 0.05 * (i % 6), request_id=f"r{i}") for i in range(80)]
-    eager = RequestEngine(llm, slm, max_batch=70, engine="default").run(reqs())
-    fast = RequestEngine(llm, slm, max_batch=70, max_length=32, engine=CPU).run(reqs())
+    eager = RequestEngine.of(llm, slm, max_batch=70, engine="default").run(reqs())
+    fast = RequestEngine.of(llm, slm, max_batch=70, max_length=32, engine=CPU).run(reqs())
     assert {k: (c.tokens, c.finish_reason, c.trace.roles) for k, c in fast.items()} == \
         {k: (c.tokens, c.finish_reason, c.trace.roles) for k, c in eager.items()}

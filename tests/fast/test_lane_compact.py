@@ -136,7 +136,7 @@ def test_generate_with_compact_lanes_equals_the_full_width_lanes_at_many_rows(ro
 
 
 def _serve(llm, slm, compact: bool, requests):
-    engine = RequestEngine(llm, slm, max_batch=5, max_length=96, engine=_config(compact), threshold=0.45)
+    engine = RequestEngine.of(llm, slm, max_batch=5, max_length=96, engine=_config(compact), threshold=0.45)
     done = engine.run([Request(**r) for r in requests])
     return {k: (c.tokens, c.finish_reason, c.trace.roles, [_ for _ in map(_call, c.trace.calls)])
             for k, c in done.items()}, engine

@@ -36,10 +36,10 @@ def _tokens(engine):
 @pytest.mark.parametrize("where", ["build", "warm_up"])
 def test_fast_lanes_that_fail_give_way_to_the_eager_lanes(where, monkeypatch, caplog):
     llm, slm = make_pair("llama")
-    want = _tokens(RequestEngine(llm, slm, threshold=0.7, max_batch=2, engine="default"))
+    want = _tokens(RequestEngine.of(llm, slm, threshold=0.7, max_batch=2, engine="default"))
     monkeypatch.setattr(*((FastEngine, "lanes", _fail) if where == "build" else (FastLane, "warm_up", _fail)))
     with caplog.at_level(logging.WARNING, logger="hf_rstitch.fast"):
-        engine = RequestEngine(llm, slm, threshold=0.7, max_batch=2)
+        engine = RequestEngine.of(llm, slm, threshold=0.7, max_batch=2)
     assert type(engine.lanes[Role.LLM]).__name__ == "Lane" and engine.max_length is None
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and CAPTURE in warnings[0].getMessage()
@@ -53,13 +53,13 @@ def test_warmed_fast_lanes_serve_the_pair(monkeypatch):
     warm_up = FastLane.warm_up
     monkeypatch.setattr(FastLane, "warm_up", lambda self, *a, **k: warmed.append(k) or warm_up(self, *a, **k))
     with pytest.warns(UserWarning):  # the fast lanes' note that they run eagerly off CUDA
-        engine = RequestEngine(llm, slm, threshold=0.7, max_batch=2)
+        engine = RequestEngine.of(llm, slm, threshold=0.7, max_batch=2)
     assert isinstance(engine.lanes[Role.LLM], FastLane) and len(warmed) == 2
-    assert _tokens(engine) == _tokens(RequestEngine(llm, slm, threshold=0.7, max_batch=2, engine="default"))
+    assert _tokens(engine) == _tokens(RequestEngine.of(llm, slm, threshold=0.7, max_batch=2, engine="default"))
 
 
 def test_a_named_fast_engine_raises(monkeypatch):
     llm, slm = make_pair("llama")
     monkeypatch.setattr(FastEngine, "lanes", _fail)
     with pytest.raises(RuntimeError, match="graph capture"):
-        RequestEngine(llm, slm, threshold=0.7, max_batch=2, engine="fast")
+        RequestEngine.of(llm, slm, threshold=0.7, max_batch=2, engine="fast")

@@ -25,7 +25,7 @@ def test_concurrent_requests_equal_solo_generate(one_thread):
     from hf_rstitch.serve.config import ServeConfig, settings_for
 
     llm, slm, tok = pair()
-    engine = RequestEngine(llm, slm, threshold=SERVER_TAU, max_batch=4)  # 6 requests: some wait for a row
+    engine = RequestEngine.of(llm, slm, threshold=SERVER_TAU, max_batch=4)  # 6 requests: some wait for a row
     app = create_app(engine, tok, settings_for(ServeConfig(threshold=SERVER_TAU, max_batch=4), llm))
     with LiveServer(app) as srv, ThreadPoolExecutor(len(CASES)) as pool:
         def ask(case):
@@ -71,7 +71,7 @@ def test_disconnect_frees_the_real_engines_row(one_thread):
     from hf_rstitch.serve.config import ServeConfig, settings_for
 
     llm, slm, tok = pair()
-    engine = RequestEngine(llm, slm, threshold=0.0, max_batch=2)  # tau 0: the LLM writes all 300 tokens
+    engine = RequestEngine.of(llm, slm, threshold=0.0, max_batch=2)  # tau 0: the LLM writes all 300 tokens
     app = create_app(engine, tok, settings_for(ServeConfig(threshold=0.0, max_batch=2), llm))
     with LiveServer(app) as srv:
         with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body(0, None, 300, stream=True),

@@ -41,7 +41,7 @@ def test_each_request_routes_by_its_own_policy(one_thread):
     from hf_rstitch.batching.requests import RequestEngine
 
     llm, slm, tok = pair()
-    engine = RequestEngine(llm, slm, threshold=SERVER_TAU, max_batch=3)
+    engine = RequestEngine.of(llm, slm, threshold=SERVER_TAU, max_batch=3)
     app = create_app(engine, tok, settings_for(ServeConfig(threshold=SERVER_TAU, max_batch=3), llm))
     with LiveServer(app) as srv, ThreadPoolExecutor(len(SPECS)) as pool:
         def ask(case):
