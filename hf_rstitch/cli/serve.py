@@ -15,7 +15,8 @@ DESCRIPTION = (
     "with FastAPI + uvicorn: GET /health, GET /v1/models, POST /v1/chat/completions and POST /v1/completions "
     "(OpenAI schema, stream=true as server-sent events, per-request `stitch_threshold`, usage with "
     "llm_tokens / slm_tokens / switches). Concurrent requests share one continuous batch of --max-batch rows. "
-    "--replicas N > 1 runs N copies behind Ray Serve. Needs fastapi and uvicorn: pip install fastapi uvicorn, or "
+    "With a CUDA --device the engine runs in a process of its own and the HTTP side in --frontend-procs front-end "
+    "processes (default 1; 0 on a CPU: everything in one process). --replicas N > 1 runs N copies behind Ray Serve. Needs fastapi and uvicorn: pip install fastapi uvicorn, or "
     "pip install '.[serve]' in a clone of hf-rstitch (it is on no package index)."
 )
 

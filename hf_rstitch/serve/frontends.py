@@ -2,9 +2,11 @@
 
 :class:`EngineProcess` starts the engine process (spawned: it loads the pair, builds the request engine, starts
 the driver and the :class:`~.split.EngineService`, and says where front ends connect) and stops it.
-:func:`run_split` is what the CLI runs: it starts the engine process, binds the port, starts N - 1 front-end
-processes on the same listening socket and serves as the first front end itself; on SIGTERM or Ctrl-C each front
-end drains (as one process does), then the engine process stops. docs/serving.md has the design.
+:func:`split_app` is the app of one front end over a started engine process (what a Ray replica serves).
+:func:`run_split` is what the CLI runs (by default on a CUDA device, with N = 1): it starts the engine process, binds the port,
+starts N - 1 front-end processes on the same listening socket and serves as the first front end itself; on SIGTERM
+or Ctrl-C each front end drains (as one process does), then the engine process stops. docs/serving.md has the
+design.
 """
 
 from __future__ import annotations
@@ -69,7 +71,15 @@ class EngineProcess:
         self.process = ctx.Process(target=engine_main, args=(build, self.authkey, child), name="rstitch-engine")
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> "EngineProcess":
+        """Start the engine process and wait until it has loaded (:meth:`launch`, then :meth:`wait_ready`)."""
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> "EngineProcess":
+        """Start the engine process, not waiting: the caller may load its own side meanwhile."""
         self.process.start()
+        return self
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> "EngineProcess":
         if not self._pipe.poll(timeout_s):
             self.process.kill()
             raise RuntimeError(f"the engine process did not load within {timeout_s:.0f} s")
@@ -101,6 +111,17 @@ class EngineProcess:
             self.process.join(5)
 
 
+def split_app(cfg) -> tuple[Any, EngineProcess]:
+    """``(app, engine process)``: the engine of ``cfg`` (a :class:`~.config.ServeConfig`) in a process of its own,
+    started, and the app over its client in this process (what a Ray replica and the tests serve)."""
+    from functools import partial
+
+    from .app import create_app
+
+    engine = EngineProcess(partial(build_from_config, cfg)).start()
+    return create_app(engine.client(), load_tokenizer(cfg), engine.settings), engine
+
+
 def load_tokenizer(cfg):
     """The LLM's tokenizer, from where :func:`~.config.load_models` loads the LLM (no weights)."""
     from transformers import AutoTokenizer
@@ -110,14 +131,15 @@ def load_tokenizer(cfg):
     return AutoTokenizer.from_pretrained(resolve(cfg.llm or "shipped:llm"))
 
 
-def frontend_main(cfg, address: str, authkey: bytes, settings, sock: socket.socket, on_exit=None) -> None:
+def frontend_main(cfg, address: str, authkey: bytes, settings, sock: socket.socket, on_exit=None,
+                  tokenizer=None) -> None:
     """A front-end process: the app over an :class:`~.split.EngineClient`, uvicorn on the shared socket;
     ``on_exit()`` runs once it has drained (before uvicorn re-raises the signal that stopped it)."""
     from .app import create_app
     from .server import config_for
     from .split import EngineClient
 
-    app = create_app(EngineClient(address, authkey), load_tokenizer(cfg), settings)
+    app = create_app(EngineClient(address, authkey), tokenizer or load_tokenizer(cfg), settings)
     _FrontEnd(config_for(app, cfg.host, cfg.port), on_exit).run(sockets=[sock])
 
 
@@ -161,7 +183,14 @@ def run_split(cfg) -> int:
     """``rstitch serve --frontend-procs N``: see the module docstring."""
     from functools import partial
 
-    engine = EngineProcess(partial(build_from_config, cfg)).start()
+    engine = EngineProcess(partial(build_from_config, cfg)).launch()
+    try:  # while the engine process loads the pair: the tokenizer and the web stack's imports
+        tokenizer = load_tokenizer(cfg)
+        from . import app as _app, server as _server  # noqa: F401
+        engine.wait_ready()
+    except BaseException:
+        engine.process.kill()
+        raise
     log.info("engine process %d ready; %d front-end process(es)", engine.pid, cfg.frontend_procs)
     sock = listening_socket(cfg.host, cfg.port)
     ctx = multiprocessing.get_context("spawn")
@@ -179,7 +208,8 @@ def run_split(cfg) -> int:
         engine.stop(0.0)
 
     try:
-        frontend_main(cfg, engine.address, engine.authkey, engine.settings, sock, on_exit=stop_the_rest)
+        frontend_main(cfg, engine.address, engine.authkey, engine.settings, sock, on_exit=stop_the_rest,
+                      tokenizer=tokenizer)
     finally:
         if engine.process.is_alive():  # the server failed to start, or returned without a signal
             stop_the_rest()

@@ -29,11 +29,20 @@ APP_NAME = "rstitch"
 
 
 class RStitchReplica:
-    """One engine replica: the pair, its request engine and the OpenAI app around them, called in-process."""
+    """One engine replica: the pair, its request engine and the OpenAI app around them, the app called in-process.
+    With ``cfg.frontend_procs`` (the default) and no ``build`` given, the engine runs in a child process of the
+    replica (:class:`~.frontends.EngineProcess`, which inherits the replica's ``CUDA_VISIBLE_DEVICES``) and the
+    replica's app -- schema, tokenizing, detokenizing, streaming -- talks to it as a front end does."""
 
     def __init__(self, cfg: ServeConfig, build: Callable[[ServeConfig], Any] | None = None):
         cfg = replica_config(cfg)
-        self._app = (build or build_server)(cfg)
+        self._engine = None
+        if build is None and cfg.frontend_procs:
+            from .frontends import split_app
+
+            self._app, self._engine = split_app(cfg)
+        else:
+            self._app = (build or build_server)(cfg)
         self._drain_s = cfg.drain_timeout
         self._app.state.driver.start()  # what the app's lifespan does under uvicorn
 
@@ -41,10 +50,17 @@ class RStitchReplica:
         async for item in call_app(self._app, head, body):
             yield item
 
+    def check_health(self) -> None:
+        """Ray Serve's periodic probe: a replica whose engine process died raises, and Ray replaces it."""
+        if self._engine is not None and not self._engine.process.is_alive():
+            raise RuntimeError(f"the replica's engine process exited (code {self._engine.process.exitcode})")
+
     def __del__(self):  # Ray Serve's graceful shutdown, once the replica's requests have ended or timed out
         driver = getattr(getattr(getattr(self, "_app", None), "state", None), "driver", None)
         if driver is not None:
             driver.drain(self._drain_s)
+        if getattr(self, "_engine", None) is not None:
+            self._engine.stop(0.0)  # its requests ended with the drain above
 
 
 def replica_config(cfg: ServeConfig) -> ServeConfig:

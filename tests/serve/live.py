@@ -4,10 +4,15 @@ concurrency."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
 from hf_rstitch.serve.server import DrainingServer, config_for
+
+# ``rstitch serve``'s two layouts: the engine in a process of its own (the default on a CUDA device; a second Python
+# to start: minutes on a busy 2-core box, hence ``start_cli_server``'s timeout), and everything in one process
+LAYOUTS = {"split": ("--frontend-procs", "1"), "one-process": ("--frontend-procs", "0")}
 
 
 class LiveServer:
@@ -48,7 +53,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_cli_server(*args: str, timeout: float = 120):
+def start_cli_server(*args: str, timeout: float = 400):
     """``rstitch serve --port P *args`` in a subprocess on the shipped pair (offline, one thread), once its
     /health answers 200: ``(process, url)``; stdout and stderr merged into ``process.stdout``."""
     import os
@@ -72,3 +77,16 @@ def start_cli_server(*args: str, timeout: float = 120):
         except httpx.HTTPError:
             time.sleep(0.3)
     return proc, url
+
+
+@contextlib.contextmanager
+def split_app(cfg, timeout_s: float = 300):
+    """The app of ``cfg`` (a ``ServeConfig``) as ``rstitch serve`` builds it by default: the engine in a spawned
+    engine process (``build_from_config``), the app over its client; the engine process is stopped on exit."""
+    from hf_rstitch.serve.frontends import split_app as build
+
+    app, engine = build(cfg)
+    try:
+        yield app
+    finally:
+        engine.stop()

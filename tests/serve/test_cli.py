@@ -52,3 +52,15 @@ def test_the_schedule_reaches_the_request_engine():
     assert build_engine(ServeConfig(schedule="gather:3:4"), llm, slm).schedule == GatherForLLM(3, 4)
     assert build_engine(ServeConfig(), llm, slm).schedule is None
     assert type(build_engine(ServeConfig(engine="auto"), llm, slm).lanes[Role.LLM]).__name__ == "Lane"  # CPU: eager
+
+
+def test_the_engine_runs_in_its_own_process_by_default_on_cuda_only():
+    from hf_rstitch.serve.config import ServeConfig
+
+    assert ServeConfig(device="cuda").frontend_procs == 1 and ServeConfig(device="cuda:1").frontend_procs == 1
+    assert ServeConfig().frontend_procs == 0  # a CPU: one process
+    assert ServeConfig(device="cuda", frontend_procs=0).frontend_procs == 0
+    assert ServeConfig(frontend_procs=3).frontend_procs == 3
+    assert ServeConfig(device="cuda", replicas=2).frontend_procs == 1  # each replica's engine in a child process
+    with pytest.raises(ValueError, match="pass --frontend-procs 1 .* or 0, got 2"):
+        ServeConfig(frontend_procs=2, replicas=2)

@@ -16,15 +16,22 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not assets_present(), reason=
 NAME = "rstitch-toyworld-pair"
 
 
-@pytest.fixture(scope="module")
-def server():
+@pytest.fixture(scope="module", params=["one-process", "split"])
+def server(request):
+    """The server of ``ServeConfig(threshold=SERVER_TAU, max_batch=4)`` in each of ``rstitch serve``'s layouts."""
+    import contextlib
+
     from hf_rstitch.serve.app import create_app
     from hf_rstitch.serve.config import ServeConfig, build_engine, settings_for
+    from serve.live import split_app
 
-    llm, slm, tok = pair()
     cfg = ServeConfig(threshold=SERVER_TAU, max_batch=4)
-    app = create_app(build_engine(cfg, llm, slm), tok, settings_for(cfg, llm))
-    with LiveServer(app) as srv:
+    if request.param == "split":
+        built = split_app(cfg)
+    else:
+        llm, slm, tok = pair()
+        built = contextlib.nullcontext(create_app(build_engine(cfg, llm, slm), tok, settings_for(cfg, llm)))
+    with built as app, LiveServer(app) as srv:
         srv.app = app
         yield srv
 

@@ -13,7 +13,7 @@ import pytest
 
 from hf_rstitch.toyworld.pair import assets_present
 from serve.helpers import sse_events
-from serve.live import LiveServer, start_cli_server
+from serve.live import LAYOUTS, LiveServer, start_cli_server
 from serve.pair_cases import CASES, SERVER_TAU, body, got, pair, problem, solo
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not assets_present(), reason="shipped toy-world pair absent")]
@@ -87,8 +87,9 @@ def test_disconnect_frees_the_real_engines_row(one_thread):
         assert httpx.post(srv.url + "/v1/chat/completions", json=body(1, None, 8), timeout=60).status_code == 200
 
 
-def test_cli_serve_drains_on_sigterm():
-    proc, url = start_cli_server("--threshold", "0.0")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cli_serve_drains_on_sigterm(layout):
+    proc, url = start_cli_server(*LAYOUTS[layout], "--threshold", "0.0")
     try:
         lines = []
         # tau 0: every token from the LLM, 200 of them: long enough to be running at SIGTERM

@@ -62,15 +62,16 @@ def test_the_wedge_scenario_and_overflowing_sampling_leave_innocents_alone(one_t
     assert health["status"] == "ok" and health["last_error"] is None and health["failed_steps_in_a_row"] == 0
 
 
-def test_cli_sigterm_with_a_short_drain_answers_every_admitted_request():
+@pytest.mark.parametrize("layout", ["split", "one-process"])
+def test_cli_sigterm_with_a_short_drain_answers_every_admitted_request(layout):
     """`rstitch serve --drain-timeout 0.5`, SIGTERM while 3 plain and 3 streaming requests of 300 LLM tokens
     are admitted: the plain ones get a 503 JSON error, the streams an error event then [DONE]."""
     import signal
     import threading
 
-    from serve.live import start_cli_server
+    from serve.live import LAYOUTS, start_cli_server
 
-    proc, url = start_cli_server("--threshold", "0.0", "--max-batch", "4", "--drain-timeout", "0.5")
+    proc, url = start_cli_server(*LAYOUTS[layout], "--threshold", "0.0", "--max-batch", "4", "--drain-timeout", "0.5")
     try:
 
         def ask(i, stream):

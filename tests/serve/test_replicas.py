@@ -30,25 +30,28 @@ def _stream(url: str, request: dict, started: threading.Event, out: list) -> Non
     out.extend(sse_events(lines))
 
 
-def _two_replicas():
-    """``(ServeConfig, ray.init options, url)`` of two CPU replicas on a free local port."""
+def _two_replicas(frontend_procs: int = 0):
+    """``(ServeConfig, ray.init options, url)`` of two CPU replicas on a free local port (``frontend_procs`` 1: each
+    replica's engine in a child process, as on a CUDA device by default)."""
     from hf_rstitch.serve.config import ServeConfig
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = ServeConfig(port=port, replicas=2, cpus_per_replica=0.5, max_batch=4, max_queue=8)
+    cfg = ServeConfig(port=port, replicas=2, cpus_per_replica=0.5, max_batch=4, max_queue=8,
+                      frontend_procs=frontend_procs)
     ray_init = dict(num_cpus=2, object_store_memory=100 * 1024**2, log_to_driver=False,
                     runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
                                               "OMP_NUM_THREADS": "1"}})
     return cfg, ray_init, f"http://127.0.0.1:{port}"
 
 
-def test_two_cpu_replicas_on_ray_serve(one_thread):
+@pytest.mark.parametrize("frontend_procs", [0, 1], ids=["engine-in-replica", "engine-process"])
+def test_two_cpu_replicas_on_ray_serve(one_thread, frontend_procs):
     pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'hf-rstitch[serve-ray]'")
     from hf_rstitch.serve import replicas
 
-    cfg, ray_init, url = _two_replicas()
+    cfg, ray_init, url = _two_replicas(frontend_procs)
     started, drained, long = threading.Event(), [], None
     try:
         replicas.start(cfg, ray_init)
@@ -98,7 +101,8 @@ def _ask(url: str, case: tuple, stream: bool, out: dict, key: int) -> None:
         out[key] = ("cut", repr(err))
 
 
-def test_a_replica_killed_under_load_is_replaced(one_thread):
+@pytest.mark.parametrize("frontend_procs", [0, 1], ids=["engine-in-replica", "engine-process"])
+def test_a_replica_killed_under_load_is_replaced(one_thread, frontend_procs):
     """Kill one of two replicas while both decode: its requests end with the clean error of a lost replica (a 503
     OpenAI error, or an error event and [DONE] in a stream), the other replica's answers equal solo generate, and
     Ray starts a replacement that serves."""
@@ -109,7 +113,7 @@ def test_a_replica_killed_under_load_is_replaced(one_thread):
 
     from hf_rstitch.serve import replicas
 
-    cfg, ray_init, url = _two_replicas()
+    cfg, ray_init, url = _two_replicas(frontend_procs)
     cases = [(i % 6, 0.0, 160) for i in range(8)]  # tau 0: the LLM writes every token, long enough to kill under
     out: dict = {}
     try:
