@@ -30,7 +30,7 @@ APP_NAME = "rstitch"
 
 class RStitchReplica:
     """One engine replica: the pair, its request engine and the OpenAI app around them, the app called in-process.
-    With ``cfg.frontend_procs`` (the default) and no ``build`` given, the engine runs in a child process of the
+    With ``cfg.frontend_procs`` (``--frontend-procs 1``) and no ``build`` given, the engine runs in a child process of the
     replica (:class:`~.frontends.EngineProcess`, which inherits the replica's ``CUDA_VISIBLE_DEVICES``) and the
     replica's app -- schema, tokenizing, detokenizing, streaming -- talks to it as a front end does."""
 

@@ -54,13 +54,12 @@ def test_the_schedule_reaches_the_request_engine():
     assert type(build_engine(ServeConfig(engine="auto"), llm, slm).lanes[Role.LLM]).__name__ == "Lane"  # CPU: eager
 
 
-def test_the_engine_runs_in_its_own_process_by_default_on_cuda_only():
+def test_one_process_by_default_and_the_split_on_request():
     from hf_rstitch.serve.config import ServeConfig
 
-    assert ServeConfig(device="cuda").frontend_procs == 1 and ServeConfig(device="cuda:1").frontend_procs == 1
-    assert ServeConfig().frontend_procs == 0  # a CPU: one process
-    assert ServeConfig(device="cuda", frontend_procs=0).frontend_procs == 0
+    assert ServeConfig().frontend_procs == 0 and ServeConfig(device="cuda").frontend_procs == 0  # until a GPU run says
+    assert ServeConfig(device="cuda", frontend_procs=1).frontend_procs == 1
     assert ServeConfig(frontend_procs=3).frontend_procs == 3
-    assert ServeConfig(device="cuda", replicas=2).frontend_procs == 1  # each replica's engine in a child process
+    assert ServeConfig(device="cuda", replicas=2, frontend_procs=1).frontend_procs == 1  # each replica's engine apart
     with pytest.raises(ValueError, match="pass --frontend-procs 1 .* or 0, got 2"):
         ServeConfig(frontend_procs=2, replicas=2)
