@@ -31,7 +31,8 @@ above the rows the server could hold (it retries with half the rows when a ``--m
 
 Writes ``serve_reasoning_<gpu>.json`` (``rows``: ``{"concurrency", "method", "requests_per_s",
 "tokens_per_s", "p50_s", "p99_s", "ttft_p50_s", "engine_alone_tokens_per_s"}``; ``details``, ``skipped``),
-``.md`` and ``.png``; prints the table last. ``--replicas 1 2`` instead compares Ray Serve replicas
+``.md`` and ``.png`` (``serve_reasoning_<gpu>_split.*`` with ``--frontend-procs 1``, the server's engine in a
+process of its own as ``rstitch serve --frontend-procs 1`` runs it); prints the table last. ``--replicas 1 2`` instead compares Ray Serve replicas
 (:mod:`serve_replicas`).
 """
 
@@ -44,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -136,7 +138,7 @@ def warm(engine, cfg: dict) -> float:
 def serve_worker(cfg: dict) -> int:
     """Server mode: pair, engine, warm-up, the engine alone at each level (written to ``cfg['alone_out']``), then
     the app of ``rstitch serve`` on draining uvicorn until SIGTERM."""
-    from hf_rstitch.serve.app import ServerSettings, create_app
+    from hf_rstitch.serve.app import create_app
     from hf_rstitch.serve.server import run
 
     llm, slm = build_pair(cfg) if cfg["engine"] != "standin" else (None, None)
@@ -149,11 +151,46 @@ def serve_worker(cfg: dict) -> int:
         alone["levels"][c] = engine_closed_loop(engine, cfg, ps, c, cfg["warmup_s"], cfg["window_s"])
         print(f"[engine alone {cfg['method']} c={c}] {json.dumps(alone['levels'][c])}", file=sys.stderr, flush=True)
     Path(cfg["alone_out"]).write_text(json.dumps(alone))
-    settings = ServerSettings(model_name="random-pair", max_context=cfg["max_length"], vocab_size=vocab,
-                              default_max_tokens=16, pin="llm" if cfg["method"] == "llm_only" else None,
-                              **cfg.get("settings", {}))
-    run(create_app(engine, sc.IdTokenizer(), settings), "127.0.0.1", cfg["port"], log_level="warning")
+    settings = server_settings(cfg, vocab)
+    if cfg.get("frontend_procs"):  # rstitch serve --frontend-procs 1: the engine in a process of its own
+        from hf_rstitch.serve.frontends import EngineProcess
+
+        del engine, llm, slm  # the engine process builds its own pair: free this one's memory first
+        _free_device_memory()
+        engine = EngineProcess(partial(split_build, cfg)).start(timeout_s=cfg.get("startup_s", 600))
+        app = create_app(engine.client(), sc.IdTokenizer(), engine.settings)
+    else:
+        app = create_app(engine, sc.IdTokenizer(), settings)
+    run(app, "127.0.0.1", cfg["port"], log_level="warning")
     return 0
+
+
+def server_settings(cfg: dict, vocab: int):
+    from hf_rstitch.serve.app import ServerSettings
+
+    return ServerSettings(model_name="random-pair", max_context=cfg["max_length"], vocab_size=vocab,
+                          default_max_tokens=16, pin="llm" if cfg["method"] == "llm_only" else None,
+                          **cfg.get("settings", {}))
+
+
+def split_build(cfg: dict):
+    """The engine process's build with ``--frontend-procs 1``: the same pair, engine and warm-up as one process."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    llm, slm = build_pair(cfg) if cfg["engine"] != "standin" else (None, None)
+    vocab = min(llm.config.vocab_size, slm.config.vocab_size) if llm is not None else PROMPT_VOCAB
+    engine = build_engine(cfg, llm, slm)
+    warm(engine, cfg)
+    return engine, server_settings(cfg, vocab)
+
+
+def _free_device_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def standin_timing(args) -> dict | None:
@@ -208,6 +245,7 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
                "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method],
                "alone_levels": fit, "warmup_s": args.warmup_s, "window_s": args.window_s, "port": sc.free_port(),
                "alone_out": str(work / f"alone_{method}.json"), "standin": standin_timing(args),
+               "frontend_procs": getattr(args, "frontend_procs", 0), "startup_s": args.startup_s,
                "settings": {k: v for k, v in (("stream_interval_s", args.stream_interval),
                                               ("stream_writes_per_s", args.stream_writes_per_s)) if v is not None}}
         t0, alone_s = time.monotonic(), len(fit) * (args.warmup_s + args.window_s)
@@ -343,6 +381,9 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", default="fast", choices=["fast", "default"])
     ap.add_argument("--decisions", default="device", choices=["device", "host"],
                     help="where the replayed routes' decisions come back (device: as an entropy policy's)")
+    ap.add_argument("--frontend-procs", type=int, default=0, choices=[0, 1],
+                    help="the server's --frontend-procs: 1 runs its engine in a process of its own (rstitch serve's "
+                         "split; the engine alone is still measured in the server process before it starts)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--replicas", type=int, nargs="+", default=None,
@@ -409,7 +450,8 @@ def report(args, shape: dict, rows: list, skipped: list, details: dict, out: Pat
            "rows": sorted(rows, key=lambda r: (r["concurrency"], r["method"])), "skipped": skipped, "details": details,
            "phases": {k: d["engine_alone"]["phases"] for k, d in details.items()
                       if isinstance(d, dict) and d.get("engine_alone", {}).get("phases")}}
-    stem = out / f"serve_reasoning_{gpu.lower().replace(' ', '_')}"
+    split = "_split" if args.frontend_procs else ""  # the engine in a process of its own: beside, not over, one process
+    stem = out / f"serve_reasoning_{gpu.lower().replace(' ', '_')}{split}"
     text = markdown(doc)
     write_result(stem, doc, text)
     if doc["rows"]:
