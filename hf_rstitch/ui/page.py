@@ -61,7 +61,7 @@ def app(llm: str | None = None, slm: str | None = None, router: str | None = Non
 def serve(llm: str | None = None, slm: str | None = None, router: str | None = None, **launch) -> None:
     """Serve the page (``blocks.launch(**launch)``) with its pairs in a worker process (``rstitch ui``): this process
     imports Gradio and serves on its own core while the worker imports torch and loads the pair on another. The
-    worker starts once the page is served. Returns when the server stops.
+    worker starts before Gradio is imported. Returns when the server stops.
 
     Raises:
         PairError: as :func:`app`.
@@ -76,6 +76,12 @@ def build(llm: str | None, slm: str | None, router: str | None, worker: bool = F
     """``(blocks, start_loading)``: the page, and a call that starts its pair's load (a page that opens first asks
     for the pair itself); ``worker``: the pairs load and run in a worker process (:mod:`.worker`)."""
     first = refs(llm, slm)  # before Gradio's import: a missing folder fails in a second
+    early = None
+    if worker:  # the worker imports torch and loads the pair on the other core while this process imports Gradio
+        from .worker import Worker
+
+        early = Worker({first: router})
+        early.start(*first)
     from .gradio_import import app_at_launch, gradio
 
     gr = gradio(server=worker)
@@ -83,9 +89,7 @@ def build(llm: str | None, slm: str | None, router: str | None, worker: bool = F
     with deferred, gr.Blocks(title=TITLE, analytics_enabled=False) as blocks:
         c = _layout(gr, *first)
         if worker:
-            from .worker import Worker
-
-            pairs = Worker({first: router})
+            pairs = early
         else:
             pairs = Pairs(c["summary"], {first: router})
         key = gr.State(first)
