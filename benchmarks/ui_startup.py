@@ -189,8 +189,8 @@ def main() -> None:
             f"niceness {doc['niceness']}.\n\n"
             "Seconds. From the process start: http_s (GET / answers), page_s (the page rendered, the prompt box "
             "takes typing), ready_s (Run enabled: the pair loaded and warmed up); page_cpu_s: CPU the page's "
-            "process had used at page_s; server_cpu_s: it and its model worker at ready_s. Run pressed {args.settle:g} s after that; from the click: first_token_s, done_s; warm_: a "
-            "second run.\n\n")
+            "process had used at page_s; server_cpu_s: it and its model worker at ready_s. "
+            f"Run pressed {args.settle:g} s after that; from the click: first_token_s, done_s; warm_: a second run.\n\n")
     write_result(args.out, doc, head + md)
 
 
