@@ -10,6 +10,9 @@ crosses from the model worker to the page). Nothing here knows about Gradio.
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -164,3 +167,37 @@ def describe(pair: Pair, max_new_tokens: int) -> PairInfo:
     line = (f"LLM <code>{pair.llm_ref}</code> ({params[0]:.1f}M), SLM <code>{pair.slm_ref}</code> ({params[1]:.1f}M) "
             f"on {pair.device}; default tau {pair.threshold:g}; {info.router_info}")
     return replace(info, line=line)
+
+
+class Loads:
+    """A page's pair loads by ``(llm, slm)`` reference, each begun once (``begin(key, router)``, called under
+    ``lock``, returns its future); a load that failed is forgotten, so asking again retries it. ``routers``: the
+    router given for a pair (the first pair's)."""
+
+    def __init__(self, begin: Callable[[tuple[str, str], str | None], concurrent.futures.Future],
+                 routers: dict | None = None, lock: threading.Lock | None = None):
+        self.begin, self.routers, self.lock = begin, dict(routers or {}), lock or threading.Lock()
+        self.futures: dict[tuple[str, str], concurrent.futures.Future] = {}
+
+    def start(self, llm: str | None, slm: str | None, router: str | None = None) -> concurrent.futures.Future:
+        """The pair's load (begun now unless begun before).
+
+        Raises:
+            PairError: the references cannot name a pair (:func:`refs`).
+        """
+        key = refs((llm or "").strip() or None, (slm or "").strip() or None)
+        with self.lock:
+            if key not in self.futures:
+                self.futures[key] = self.begin(key, router or self.routers.get(key))
+            return self.futures[key]
+
+    def result(self, llm: str | None, slm: str | None):
+        """The load's result, once done (waits for it); a :class:`PairError` forgets the load and is raised."""
+        future = self.start(llm, slm)
+        try:
+            return future.result()
+        except PairError:
+            with self.lock:
+                for key in [k for k, f in self.futures.items() if f is future]:
+                    del self.futures[key]
+            raise

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import threading
 from collections.abc import Iterator
 
 from .frames import Frame, frames, page_outputs
-from .pair import Pair, PairError, PairInfo, describe, load, refs
+from .pair import Loads, Pair, PairError, PairInfo, describe, load
 from .run import MAX_NEW_TOKENS, RunSettings
 
 log = logging.getLogger("hf_rstitch.ui")
@@ -24,22 +23,12 @@ class Pairs:
 
     def __init__(self, table=None, routers: dict | None = None):
         self.table = table  # the summary component: the warm-up converts a table as the page will
-        self.routers = dict(routers or {})  # (llm, slm) -> the router given for that pair (the first pair's)
-        self.lock = threading.Lock()
-        self.loads: dict[tuple[str, str], concurrent.futures.Future] = {}
         self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rstitch-ui-load")
+        self.loads = Loads(lambda key, router: self.worker.submit(self._load, key, router), routers)
 
     def start(self, llm: str | None, slm: str | None, router: str | None = None) -> concurrent.futures.Future:
-        """The pair's load (begun now unless begun before).
-
-        Raises:
-            PairError: the references cannot name a pair (:func:`~hf_rstitch.ui.pair.refs`).
-        """
-        key = refs((llm or "").strip() or None, (slm or "").strip() or None)
-        with self.lock:
-            if key not in self.loads:
-                self.loads[key] = self.worker.submit(self._load, key, router or self.routers.get(key))
-            return self.loads[key]
+        """The pair's load (begun now unless begun before; raises as :meth:`~hf_rstitch.ui.pair.Loads.start`)."""
+        return self.loads.start(llm, slm, router)
 
     def get(self, llm: str | None, slm: str | None) -> Pair:
         """The pair, once loaded and warmed up (waits for it).
@@ -47,14 +36,7 @@ class Pairs:
         Raises:
             PairError: the pair cannot load (the message says why).
         """
-        future = self.start(llm, slm)
-        try:
-            return future.result()
-        except PairError:
-            with self.lock:
-                for key in [k for k, f in self.loads.items() if f is future]:
-                    del self.loads[key]
-            raise
+        return self.loads.result(llm, slm)
 
     def ready(self, llm: str | None, slm: str | None) -> PairInfo:
         """What the page shows for the pair, once loaded and warmed up (waits for it; raises as :meth:`get`)."""

@@ -23,7 +23,7 @@ import queue
 import threading
 from collections.abc import Iterator
 
-from .pair import PairError, PairInfo, refs
+from .pair import Loads, PairError, PairInfo
 from .run import RunError, RunSettings
 
 log = logging.getLogger("hf_rstitch.ui")
@@ -33,26 +33,17 @@ class Worker:
     """The page's pairs, loaded and run in a worker process (started at the first load, again after one died)."""
 
     def __init__(self, routers: dict | None = None):
-        self.routers = dict(routers or {})  # (llm, slm) -> the router given for that pair
         self.lock = threading.Lock()  # guards everything below, and sends
-        self.loads: dict[tuple[str, str], concurrent.futures.Future] = {}
+        self.loads = Loads(self._begin, routers, self.lock)
         self.runs: dict[int, queue.Queue] = {}
         self.ids = itertools.count()
         self.conn = None
         self.process = None
 
     def start(self, llm: str | None, slm: str | None, router: str | None = None) -> concurrent.futures.Future:
-        """The pair's load in the worker (asked for now unless asked before): a future of its :class:`PairInfo`.
-
-        Raises:
-            PairError: the references cannot name a pair (:func:`~hf_rstitch.ui.pair.refs`).
-        """
-        key = refs((llm or "").strip() or None, (slm or "").strip() or None)
-        with self.lock:
-            if key not in self.loads:
-                self.loads[key] = concurrent.futures.Future()
-                self._send("load", key, router or self.routers.get(key))
-            return self.loads[key]
+        """The pair's load in the worker (asked for now unless asked before): a future of its :class:`PairInfo`
+        (raises as :meth:`~hf_rstitch.ui.pair.Loads.start`)."""
+        return self.loads.start(llm, slm, router)
 
     def ready(self, llm: str | None, slm: str | None) -> PairInfo:
         """The pair's :class:`PairInfo` once it loaded and warmed up (waits for it). A failed load is forgotten.
@@ -60,14 +51,11 @@ class Worker:
         Raises:
             PairError: the pair cannot load, or the worker died (the message says why).
         """
-        future = self.start(llm, slm)
-        try:
-            return future.result()
-        except PairError:
-            with self.lock:
-                for key in [k for k, f in self.loads.items() if f is future]:
-                    del self.loads[key]
-            raise
+        return self.loads.result(llm, slm)
+
+    def _begin(self, key: tuple[str, str], router: str | None) -> concurrent.futures.Future:
+        self._send("load", key, router)
+        return concurrent.futures.Future()
 
     def frames(self, key: tuple[str, str], settings: RunSettings, compare: bool) -> Iterator:
         """The run's frames as the worker sends them (see :func:`hf_rstitch.ui.frames.frames`).
@@ -135,7 +123,7 @@ class Worker:
     def _dispatch(self, message: tuple) -> None:
         kind, target, *rest = message
         if kind == "loaded":
-            future = self.loads.get(target)
+            future = self.loads.futures.get(target)
             if future is not None and not future.done():
                 info, error = rest
                 if error is None:
@@ -154,10 +142,10 @@ class Worker:
         with self.lock:
             if self.process is not process:
                 return
-            for future in self.loads.values():
+            for future in self.loads.futures.values():
                 if not future.done():
                     future.set_exception(PairError(why))
-            self.loads.clear()  # a new worker loads its pairs again
+            self.loads.futures.clear()  # a new worker loads its pairs again
             for inbox in self.runs.values():
                 inbox.put(("end", why))
             self.process = self.conn = None
