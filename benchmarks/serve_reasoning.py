@@ -141,10 +141,7 @@ def serve_worker(cfg: dict) -> int:
     from hf_rstitch.serve.app import create_app
     from hf_rstitch.serve.server import run
 
-    llm, slm = build_pair(cfg) if cfg["engine"] != "standin" else (None, None)
-    vocab = min(llm.config.vocab_size, slm.config.vocab_size) if llm is not None else PROMPT_VOCAB
-    engine = build_engine(cfg, llm, slm)
-    warm_s = warm(engine, cfg)
+    engine, vocab, warm_s = built(cfg)
     alone = {"warm_up_s": warm_s, "levels": {}}
     ps = prompts(len(cfg["lengths"]), cfg["prompt"])
     for c in cfg["alone_levels"]:
@@ -155,7 +152,7 @@ def serve_worker(cfg: dict) -> int:
     if cfg.get("frontend_procs"):  # rstitch serve --frontend-procs 1: the engine in a process of its own
         from hf_rstitch.serve.frontends import EngineProcess
 
-        del engine, llm, slm  # the engine process builds its own pair: free this one's memory first
+        del engine  # the engine process builds its own pair: free this one's memory first
         _free_device_memory()
         engine = EngineProcess(partial(split_build, cfg)).start(timeout_s=cfg.get("startup_s", 600))
         app = create_app(engine.client(), sc.IdTokenizer(), engine.settings)
@@ -173,13 +170,18 @@ def server_settings(cfg: dict, vocab: int):
                           **cfg.get("settings", {}))
 
 
-def split_build(cfg: dict):
-    """The engine process's build with ``--frontend-procs 1``: the same pair, engine and warm-up as one process."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+def built(cfg: dict) -> tuple:
+    """``(engine, vocab, warm-up seconds)``: the pair, its request engine, every batch bucket warmed up."""
     llm, slm = build_pair(cfg) if cfg["engine"] != "standin" else (None, None)
     vocab = min(llm.config.vocab_size, slm.config.vocab_size) if llm is not None else PROMPT_VOCAB
     engine = build_engine(cfg, llm, slm)
-    warm(engine, cfg)
+    return engine, vocab, warm(engine, cfg)
+
+
+def split_build(cfg: dict):
+    """The engine process's build with ``--frontend-procs 1``: the same pair, engine and warm-up as one process."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    engine, vocab, _ = built(cfg)
     return engine, server_settings(cfg, vocab)
 
 
