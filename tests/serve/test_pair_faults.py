@@ -44,14 +44,24 @@ def test_the_wedge_scenario_and_overflowing_sampling_leave_innocents_alone(one_t
         while (engine.running, engine.waiting) != (2, 1) and time.monotonic() < deadline:
             time.sleep(0.005)
         assert (engine.running, engine.waiting) == (2, 1)
-        answers = [httpx.post(srv.url + "/v1/chat/completions", json=body(3, None, 16, **odd), timeout=300)
-                   for odd in ODD]
-        results = [s.result(timeout=300) for s in streams]
-        health = httpx.get(srv.url + "/health").json()
-        again = httpx.post(srv.url + "/v1/chat/completions", json=body(3, None, 16, temperature=0.7, seed=0),
-                           timeout=300).json()["choices"][0]["message"]["content"]
-        later = httpx.post(srv.url + "/v1/chat/completions", json=body(4, None, 16), timeout=300)
+        seen = odd_requests_beside(srv.url, streams)
         engine.check_consistent()
+    assert_innocents_alone(innocents, *seen)
+
+
+def odd_requests_beside(url: str, streams: list) -> tuple:
+    """The ODD requests sent while the innocents' ``streams`` run, then what the innocents got, /health, seed 0 at
+    temperature 0.7 and a plain request after them: ``(answers, results, health, again, later)``."""
+    answers = [httpx.post(url + "/v1/chat/completions", json=body(3, None, 16, **odd), timeout=300) for odd in ODD]
+    results = [s.result(timeout=300) for s in streams]
+    health = httpx.get(url + "/health").json()
+    again = httpx.post(url + "/v1/chat/completions", json=body(3, None, 16, temperature=0.7, seed=0),
+                       timeout=300).json()["choices"][0]["message"]["content"]
+    later = httpx.post(url + "/v1/chat/completions", json=body(4, None, 16), timeout=300)
+    return answers, results, health, again, later
+
+
+def assert_innocents_alone(innocents: list, answers, results, health, again, later) -> None:
     assert [a.status_code for a in answers] == [200] * len(ODD), [a.text for a in answers]
     assert answers[0].json()["choices"][0]["message"]["content"] == again  # 2**64 draws as seed 0
     greedy = solo(3, None, 16)["text"]  # tiny temperature / top_p: the most likely token each step

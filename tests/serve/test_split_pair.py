@@ -109,7 +109,7 @@ def test_disconnect_frees_the_engine_processes_row(one_thread):
 
 def test_the_wedge_scenario_and_overflowing_sampling_leave_innocents_alone(one_thread):
     from hf_rstitch.serve.config import ServeConfig
-    from serve.test_pair_faults import ODD, _stream
+    from serve.test_pair_faults import _stream, assert_innocents_alone, odd_requests_beside
 
     innocents = [(0, None, 120), (1, 0.0, 120), (2, None, 40)]  # two long rows, one queued
     with split_app(ServeConfig(threshold=SERVER_TAU, max_batch=2)) as app, LiveServer(app) as srv, \
@@ -120,18 +120,5 @@ def test_the_wedge_scenario_and_overflowing_sampling_leave_innocents_alone(one_t
             health = httpx.get(srv.url + "/health").json()
             time.sleep(0.005)
         assert (health["running"], health["waiting"]) == (2, 1), health
-        answers = [httpx.post(srv.url + "/v1/chat/completions", json=body(3, None, 16, **odd), timeout=300)
-                   for odd in ODD]
-        results = [s.result(timeout=300) for s in streams]
-        health = httpx.get(srv.url + "/health").json()
-        again = httpx.post(srv.url + "/v1/chat/completions", json=body(3, None, 16, temperature=0.7, seed=0),
-                           timeout=300).json()["choices"][0]["message"]["content"]
-        later = httpx.post(srv.url + "/v1/chat/completions", json=body(4, None, 16), timeout=300)
-    assert [a.status_code for a in answers] == [200] * len(ODD), [a.text for a in answers]
-    assert answers[0].json()["choices"][0]["message"]["content"] == again  # 2**64 draws as seed 0
-    greedy = solo(3, None, 16)["text"]  # tiny temperature / top_p: the most likely token each step
-    assert [a.json()["choices"][0]["message"]["content"] for a in answers[1:4]] == [greedy] * 3
-    for case, (events, text) in zip(innocents, results):
-        assert events[-1] == "[DONE]" and text == solo(*case)["text"], case
-    assert got(later.json()) == solo(4, None, 16)
-    assert health["status"] == "ok" and health["last_error"] is None and health["failed_steps_in_a_row"] == 0
+        seen = odd_requests_beside(srv.url, streams)
+    assert_innocents_alone(innocents, *seen)
