@@ -120,7 +120,43 @@ def build_engine(cfg: dict, llm, slm):
 
     policy = replay_policy(cfg["max_batch"], cfg["llm_share"], llm.device if cfg["decisions"] == "device" else None)
     return RequestEngine.of(llm, slm, max_batch=cfg["max_batch"], max_waiting=cfg["max_batch"], policy=policy,
-                            engine=cfg["engine"], max_length=cfg["max_length"])
+                            engine=engine_spec(cfg["engine"], cfg.get("fast") or {}), max_length=cfg["max_length"])
+
+
+def engine_spec(name: str, fields: dict):
+    """``--engine`` as ``RequestEngine.of`` takes it: the name, or with ``--fast`` fields the FastConfig that the
+    name runs (auto: :data:`hf_rstitch.fast.engine.AUTO`; fast: ``FastConfig()``) with those fields replaced."""
+    if not fields or name == "default":
+        return name
+    import dataclasses
+
+    from hf_rstitch.fast import FastConfig
+    from hf_rstitch.fast.engine import AUTO
+
+    return dataclasses.replace(AUTO if name == "auto" else FastConfig(), **fields)
+
+
+def fast_fields(pairs: list[str]) -> dict:
+    """``--fast KEY=VALUE ...`` as FastConfig fields (values: true / false / none, numbers, else strings)."""
+    import dataclasses
+
+    from hf_rstitch.fast.config import FastConfig
+
+    names, fields = {f.name for f in dataclasses.fields(FastConfig)}, {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or key not in names:
+            raise SystemExit(f"--fast {pair!r}: expected KEY=VALUE with KEY a FastConfig field ({', '.join(sorted(names))})")
+        word = raw.strip().lower()
+        value = {"true": True, "false": False, "none": None}.get(word, raw)
+        if value is raw:
+            try:
+                value = float(raw) if "." in raw else int(raw)
+            except ValueError:
+                pass
+        fields[key] = value
+    FastConfig(**fields)  # validated here, before any server starts
+    return fields
 
 
 def warm(engine, cfg: dict) -> float:
@@ -242,7 +278,7 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
         reserve = getattr(args, "reserve_s", args.startup_s)  # for this server's start
         fit = fit[:max(0, int((budget.left() - reserve) // per_level))]
         cfg = {"method": method, "pair": "tiny" if args.dry_run_cpu else "qwen2", "device": args.device,
-               "dtype": args.dtype, "engine": args.engine, "decisions": args.decisions, "max_batch": max_batch,
+               "dtype": args.dtype, "engine": args.engine, "fast": fast_fields(args.fast), "decisions": args.decisions, "max_batch": max_batch,
                "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
                "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method],
                "alone_levels": fit, "warmup_s": args.warmup_s, "window_s": args.window_s, "port": sc.free_port(),
@@ -380,7 +416,11 @@ def main(argv=None) -> int:
                          "1.5x the first's actual start for the next")
     ap.add_argument("--max-batch", type=int, default=None, help="server rows (default: the largest level)")
     ap.add_argument("--client-procs", type=int, default=0, help="client processes (0: one per 16 clients, <= 8)")
-    ap.add_argument("--engine", default="fast", choices=["fast", "default"])
+    ap.add_argument("--engine", default="auto", choices=["auto", "fast", "default"],
+                    help="the server's --engine (default: rstitch serve's, auto: AUTO's FastConfig on a proven pair)")
+    ap.add_argument("--fast", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="FastConfig fields replaced in the engine's config, e.g. compact_rows=true")
+    ap.add_argument("--tag", default="", help="a suffix of the results' file names")
     ap.add_argument("--decisions", default="device", choices=["device", "host"],
                     help="where the replayed routes' decisions come back (device: as an entropy policy's)")
     ap.add_argument("--frontend-procs", type=int, default=0, choices=[0, 1],
@@ -424,7 +464,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="serve_reasoning_"))  # server logs: only the results go to --out-dir
     shape = shapes(args.scale)
-    if shape["prompt"] + max(shape["llm_only"]) + 8 > 4096 and args.engine == "fast":
+    fast_fields(args.fast)  # a bad --fast fails now, not in a server process
+    if shape["prompt"] + max(shape["llm_only"]) + 8 > 4096 and args.engine != "default":
         sys.exit(f"--scale {args.scale}: prompt + max_tokens reach {shape['prompt'] + max(shape['llm_only'])} tokens, "
                  "beyond the fast engine's 4096 a row; lower --scale")
     rows, skipped, details = [], [], {}
@@ -453,7 +494,7 @@ def report(args, shape: dict, rows: list, skipped: list, details: dict, out: Pat
            "phases": {k: d["engine_alone"]["phases"] for k, d in details.items()
                       if isinstance(d, dict) and d.get("engine_alone", {}).get("phases")}}
     split = "_split" if args.frontend_procs else ""  # the engine in a process of its own: beside, not over, one process
-    stem = out / f"serve_reasoning_{gpu.lower().replace(' ', '_')}{split}"
+    stem = out / f"serve_reasoning_{gpu.lower().replace(' ', '_')}{split}{args.tag}"
     text = markdown(doc)
     write_result(stem, doc, text)
     if doc["rows"]:
