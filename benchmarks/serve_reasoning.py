@@ -371,6 +371,10 @@ def markdown(doc: dict) -> str:
                  "device ms a step between CUDA events around each lane call; batch: rows the lane's graph ran, "
                  "rows: rows that took part, columns: columns read a call; other: host work the device did not "
                  "overlap, and idle):", "", *table(doc["phases"])]
+    if doc.get("command") and not a.get("dry_run_cpu"):
+        argv = doc["command"].split("serve_reasoning.py", 1)[-1].replace(f"--out-dir {a['out_dir']}", "").split()
+        head += ["", f"Regenerate (one device call, `.wheels` carried: the script's header lists them): "
+                 f"`bash benchmarks/gpu_i48.sh serve {' '.join(argv)}`; results under `$OUT`."]
     return "\n".join(head) + "\n"
 
 
