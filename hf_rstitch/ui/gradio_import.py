@@ -4,16 +4,21 @@
 (``benchmarks/ui_startup.py``), and about 40% of that serves Gradio's own development only: every component class
 regenerates its type stub as it is defined (``gradio.component_meta.create_or_modify_pyi`` reads and parses the
 class's source file, renders a template and compares it with the ``.pyi`` beside it). The app reads no stubs.
+Every component class also renders the docstring of each of its event listeners (``.click``, ``.change``, ...) as
+a Jinja template, compiled anew each time (``gradio.events.EventListener.set_doc``: about 200 compilations of 36
+distinct templates, about 10% of the import).
 
-:func:`gradio` imports Gradio with that step skipped when it is the first to import Gradio, and as usual otherwise
-(a notebook that imported it already; a Gradio without ``create_or_modify_pyi`` is imported unchanged). It changes
-no behaviour of a component.
+:func:`gradio` imports Gradio with the stubs skipped and each distinct listener template compiled once (the
+rendered docstrings are the same) when it is the first to import Gradio, and as usual otherwise (a notebook that
+imported it already; a Gradio without ``create_or_modify_pyi`` or ``Template`` is imported unchanged). It changes no
+behaviour of a component.
 
 ``gradio(server=True)`` (``rstitch ui``'s page process, which only serves) also refuses, for the rest of the
-process, two imports Gradio and its HTTP client make only in case they are wanted, and guard with ``except
-ImportError``: IPython (notebook magics, and "am I in a notebook?" checks at launch; a process that did not import
-IPython before Gradio is no notebook) and trio (an async backend the server, on asyncio, never runs). Together about
-5% of the import.
+process, imports that Gradio and its dependencies make only in case they are wanted, and guard with ``except
+ImportError`` (:data:`UNUSED`): IPython (notebook magics, and "am I in a notebook?" checks at launch; a process that
+did not import IPython before Gradio is no notebook), trio (an async backend the server, on asyncio, never runs),
+pyarrow (pandas' optional Arrow storage; the page's one table, the summary, converts the same without it) and
+``httpx._main`` (httpx's command-line client, with click, pygments and rich). Together about 15% of the import.
 
 :func:`app_at_launch` skips two more: Gradio builds the server's FastAPI app (about 80 routes, each with pydantic
 models) when a ``gr.Blocks`` is created, again when its ``with`` block ends, and a last time at ``launch``, which
@@ -24,19 +29,18 @@ serves the last one only. Within :func:`app_at_launch` the first two are not bui
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
 import sys
 from types import ModuleType
 
-STUBS = "gradio.component_meta"
 
-
-class _SkipStubs(importlib.abc.MetaPathFinder):
-    """Finds ``gradio.component_meta`` as usual and, once it has run, makes its stub writer do nothing."""
+class _Patched(importlib.abc.MetaPathFinder):
+    """Finds the modules of :data:`PATCHES` as usual and, once one has run, applies its patch."""
 
     def find_spec(self, name, path, target=None):
-        if name != STUBS:
+        if name not in PATCHES:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -45,24 +49,38 @@ class _SkipStubs(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            if callable(getattr(module, "create_or_modify_pyi", None)):
-                module.create_or_modify_pyi = _no_stub
+            PATCHES[name](module)
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+def _skip_stubs(module: ModuleType) -> None:
+    """``gradio.component_meta``: its stub writer does nothing."""
+    if callable(getattr(module, "create_or_modify_pyi", None)):
+        module.create_or_modify_pyi = _no_stub
+
+
+def _templates_once(module: ModuleType) -> None:
+    """``gradio.events``: ``Template(source)`` (the listeners' docstrings) compiles each distinct source once."""
+    if isinstance(getattr(module, "Template", None), type):
+        module.Template = functools.lru_cache(maxsize=None)(module.Template)
+
+
+PATCHES = {"gradio.component_meta": _skip_stubs, "gradio.events": _templates_once}
 
 
 class _Refuse(importlib.abc.MetaPathFinder):
     """Refuses the imports of :data:`UNUSED` (and their submodules), as if they were not installed."""
 
     def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in UNUSED:
+        if any(name == unused or name.startswith(unused + ".") for unused in UNUSED):
             raise ImportError(f"{name} is not imported in rstitch ui's page process (hf_rstitch.ui.gradio_import)",
                               name=name)
         return None
 
 
-UNUSED = ("IPython", "trio")
+UNUSED = ("IPython", "trio", "pyarrow", "httpx._main")
 
 
 def _no_stub(*args, **kwargs) -> None:
@@ -70,13 +88,14 @@ def _no_stub(*args, **kwargs) -> None:
 
 
 def gradio(server: bool = False) -> ModuleType:
-    """The ``gradio`` module (imported here without its type stubs when no one has imported it yet); ``server``:
-    this process only serves, and :data:`UNUSED` stays unimported (where it is not imported already)."""
+    """The ``gradio`` module (imported here without its type stubs and with each listener template compiled once,
+    when no one has imported it yet); ``server``: this process only serves, and :data:`UNUSED` stays unimported
+    (where none of it is imported already)."""
     if "gradio" in sys.modules:
         return sys.modules["gradio"]
     if server and not any(name in sys.modules for name in UNUSED):
         sys.meta_path.insert(0, _Refuse())
-    finder = _SkipStubs()
+    finder = _Patched()
     sys.meta_path.insert(0, finder)
     try:
         import gradio as gr
