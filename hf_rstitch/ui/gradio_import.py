@@ -77,7 +77,6 @@ class _Refuse(importlib.abc.MetaPathFinder):
         if any(name == unused or name.startswith(unused + ".") for unused in UNUSED):
             raise ImportError(f"{name} is not imported in rstitch ui's page process (hf_rstitch.ui.gradio_import)",
                               name=name)
-        return None
 
 
 UNUSED = ("IPython", "trio", "pyarrow", "httpx._main")
