@@ -202,7 +202,7 @@ def server_settings(cfg: dict, vocab: int):
     from hf_rstitch.serve.app import ServerSettings
 
     return ServerSettings(model_name="random-pair", max_context=cfg["max_length"], vocab_size=vocab,
-                          default_max_tokens=16, pin="llm" if cfg["method"] == "llm_only" else None,
+                          max_tokens=16, pin="llm" if cfg["method"] == "llm_only" else None,
                           **cfg.get("settings", {}))
 
 
@@ -284,7 +284,7 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
                "alone_levels": fit, "warmup_s": args.warmup_s, "window_s": args.window_s, "port": sc.free_port(),
                "alone_out": str(work / f"alone_{method}.json"), "standin": standin_timing(args),
                "frontend_procs": getattr(args, "frontend_procs", 0), "startup_s": args.startup_s,
-               "settings": {k: v for k, v in (("stream_interval_s", args.stream_interval),
+               "settings": {k: v for k, v in (("stream_interval", args.stream_interval),
                                               ("stream_writes_per_s", args.stream_writes_per_s)) if v is not None}}
         t0, alone_s = time.monotonic(), len(fit) * (args.warmup_s + args.window_s)
         proc, err = start_server(cfg, work, args.startup_s + alone_s + 2 * len(fit))

@@ -2,7 +2,7 @@
 
 Torch-free (the CLI configs import it: ``rstitch --help`` stays fast). ``ServeConfig`` and ``EvalConfig`` embed
 it whole (their ``engine`` field); the CLI turns its fields into flags (``--engine``, ``--max-batch``, ...)
-through :func:`hf_rstitch.cli.args.add_dataclass_args`, and :func:`embeds_engine` lets their Python API keep
+through :func:`hf_rstitch.cli.args.add_dataclass_args`, and :func:`embeds_engine` (:mod:`hf_rstitch.configs`) lets their Python API keep
 taking those fields flat (``ServeConfig(engine="fast", max_batch=4)``). Which engine the config runs is
 :func:`hf_rstitch.engine.choose`'s to say, how it is built :func:`hf_rstitch.engine.build`'s.
 """
@@ -10,10 +10,11 @@ taking those fields flat (``ServeConfig(engine="fast", max_batch=4)``). Which en
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..configs import embeds
 
 ENGINE_NAMES = ("default", "fast", "auto")
 HELD_COLUMNS = 32  # spare cache columns of a request engine whose schedule holds rows back (their padding grows)
@@ -139,31 +140,8 @@ ALIASES = {"engine": "kind", "max_model_len": "max_length"}  # the flat names of
 
 
 def embeds_engine(**defaults: Any):
-    """Class decorator for a config dataclass whose ``engine`` field is an :class:`EngineConfig`: its constructor
-    also takes the engine's fields flat (``engine="fast"`` the kind, ``max_batch=4``, ``max_model_len=40``, ...),
-    folded into ``engine`` over ``defaults``; reading ``cfg.max_batch`` reads ``cfg.engine.max_batch``."""
-
-    def embed(cls):
-        init, own = cls.__init__, {f.name for f in dataclasses.fields(cls)}
-        inner = {f.name for f in dataclasses.fields(EngineConfig)}
-
-        @functools.wraps(init)
-        def __init__(self, *args, engine=None, **kwargs):
-            flat = {ALIASES.get(k, k): kwargs.pop(k) for k in list(kwargs)
-                    if k not in own and ALIASES.get(k, k) in inner}
-            if isinstance(engine, EngineConfig):
-                engine = dataclasses.replace(engine, **flat) if flat else engine
-            else:  # a name (or None): refused as --engine where it names none
-                engine = EngineConfig(kind=engine, **{**defaults, **flat})
-            init(self, *args, engine=engine, **kwargs)
-
-        def __getattr__(self, name):
-            engine = self.__dict__.get("engine")
-            if isinstance(engine, EngineConfig) and (name in inner or name in ALIASES and name != "engine"):
-                return getattr(engine, ALIASES.get(name, name))
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-        cls.__init__, cls.__getattr__ = __init__, __getattr__
-        return cls
-
-    return embed
+    """Class decorator for a config dataclass whose ``engine`` field is an :class:`EngineConfig`
+    (:func:`hf_rstitch.configs.embeds`): its constructor also takes the engine's fields flat (``engine="fast"`` the
+    kind, ``max_batch=4``, ``max_model_len=40``, ...), folded into ``engine`` over ``defaults``; reading
+    ``cfg.max_batch`` reads ``cfg.engine.max_batch``."""
+    return embeds("engine", EngineConfig, ALIASES, **defaults)
