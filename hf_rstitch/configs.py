@@ -29,21 +29,14 @@ def embeds(name: str, inner: type, aliases: Mapping[str, str] | None = None, **d
     def embed(cls):
         init, own = cls.__init__, {f.name for f in dataclasses.fields(cls)}
         fields = {f.name for f in dataclasses.fields(inner)}
-        flat_names = {a for a, f in aliases.items() if a != name and a not in own} | (fields - own)
+        flat_names = {a for a in aliases if a != name and a not in own} | (fields - own)
         outer_getattr = getattr(cls, "__getattr__", None)
 
         @functools.wraps(init)
         def __init__(self, *args, **kwargs):
             given = kwargs.pop(name, None)
             flat = {aliases.get(k, k): kwargs.pop(k) for k in list(kwargs) if k in flat_names}
-            if isinstance(given, inner):
-                value = dataclasses.replace(given, **flat) if flat else given
-            elif given is None or name in aliases:  # None, or the value of the field that ``name`` stands for
-                named = {} if given is None else {aliases[name]: given}
-                value = inner(**{**defaults, **named, **flat})
-            else:
-                raise TypeError(f"{cls.__name__}.{name} must be a {inner.__name__} (or left out, its fields given "
-                                f"flat), got {given!r}")
+            value = _folded(f"{cls.__name__}.{name}", inner, given, aliases.get(name), defaults, flat)
             init(self, *args, **{name: value}, **kwargs)
 
         def __getattr__(self, attr):
@@ -58,3 +51,13 @@ def embeds(name: str, inner: type, aliases: Mapping[str, str] | None = None, **d
         return cls
 
     return embed
+
+
+def _folded(where: str, inner: type, given: Any, stands_for: str | None, defaults: dict, flat: dict) -> Any:
+    """The embedded object: ``given`` (an ``inner``) with the ``flat`` fields replaced, else a new ``inner`` of
+    ``flat`` over ``defaults`` (``given`` being its field ``stands_for``, where the embedding field stands for one)."""
+    if isinstance(given, inner):
+        return dataclasses.replace(given, **flat) if flat else given
+    if given is None or stands_for is not None:
+        return inner(**{**defaults, **({} if given is None else {stands_for: given}), **flat})
+    raise TypeError(f"{where} must be a {inner.__name__} (or left out, its fields given flat), got {given!r}")

@@ -141,12 +141,12 @@ def build_engine(cfg: ServeConfig, llm, slm, tau: float | None = None):
     from ..engine import Pair, build
     from ..batching.requests import RequestEngine
 
+    tau = served_threshold(cfg, llm) if tau is None else tau
     policy = None
     if cfg.router:
         from ..router.policy import policy_from_router
 
         policy = policy_from_router(cfg.router, slm, flag="--router")
-    tau = served_threshold(cfg, llm) if tau is None else tau
     engine = build(Pair.of(llm, slm), cfg.engine)  # cfg.engine: ServeConfig's EngineConfig, for requests
     return RequestEngine(engine, threshold=tau, max_waiting=cfg.max_queue, policy=policy, schedule=cfg.schedule)
 
