@@ -2,8 +2,8 @@
 
 Torch-free (the CLI configs import it: ``rstitch --help`` stays fast). ``ServeConfig`` and ``EvalConfig`` embed
 it whole (their ``engine`` field); the CLI turns its fields into flags (``--engine``, ``--max-batch``, ...)
-through :func:`hf_rstitch.cli.args.add_dataclass_args`, and :func:`embeds_engine` (:mod:`hf_rstitch.configs`) lets their Python API keep
-taking those fields flat (``ServeConfig(engine="fast", max_batch=4)``). Which engine the config runs is
+through :func:`hf_rstitch.cli.args.add_dataclass_args`, and :func:`embeds_engine` (:mod:`hf_rstitch.configs`)
+lets their Python API keep taking those fields flat (``ServeConfig(engine="fast", max_batch=4)``). Which engine the config runs is
 :func:`hf_rstitch.engine.choose`'s to say, how it is built :func:`hf_rstitch.engine.build`'s.
 """
 

@@ -41,10 +41,11 @@ from .responses import Transcript
 from .streams import follow, stream_chat, stream_text, whole_response
 
 
-# ServerSettings' earlier flat names of HttpConfig's fields (scripts and tests build settings with them)
-SETTINGS_ALIASES = {"default_max_tokens": "max_tokens", "drain_timeout_s": "drain_timeout", "stream_interval_s": "stream_interval",
-                    "header_timeout_s": "header_timeout", "body_timeout_s": "body_timeout",
-                    "disconnect_poll_s": "disconnect_poll", "error_ttl_s": "error_ttl"}
+# more flat names ServerSettings takes for HttpConfig's fields: seconds with an _s, the budget of a request naming none
+SETTINGS_ALIASES = {"default_max_tokens": "max_tokens", "drain_timeout_s": "drain_timeout",
+                    "stream_interval_s": "stream_interval", "header_timeout_s": "header_timeout",
+                    "body_timeout_s": "body_timeout", "disconnect_poll_s": "disconnect_poll",
+                    "error_ttl_s": "error_ttl"}
 
 
 @embeds("http", HttpConfig, SETTINGS_ALIASES)

@@ -2,8 +2,12 @@
 
 One dataclass, so the CLI flags, their help and their validation live in one place, and a replica
 on another machine rebuilds exactly the server the command line described (the config is plain
-data and pickles). :func:`build_server` loads the pair and returns the app; the web stack is
-imported only there.
+data and pickles). It embeds two parts whole, each handed on as one object: ``engine``, an
+:class:`~hf_rstitch.engine.EngineConfig` (to :func:`hf_rstitch.engine.build`), and ``http``, an
+:class:`~.http_config.HttpConfig` (to the app's settings); their fields keep their flags and flat
+names (``ServeConfig(max_batch=4, header_timeout=5)``). :func:`build_server` loads the pair, works
+out the default tau once (:func:`served_threshold`) and returns the app; the web stack is imported
+only there.
 """
 
 from __future__ import annotations
