@@ -63,7 +63,7 @@ def _modules(extra: str) -> list[str]:
     """The modules of hf_rstitch/serve that an install with ``extra`` runs (Ray's files need serve-ray)."""
     files = sorted((ROOT / "hf_rstitch" / "serve").glob("*.py"))
     ray = {p for p in files if re.search(r"^\s*(import ray|from ray)", p.read_text(), re.M)}
-    chosen = [p for p in files if (p in ray) == (extra == "serve-ray") or extra == "serve-ray"]
+    chosen = [p for p in files if extra == "serve-ray" or p not in ray]
     return [f"hf_rstitch.serve.{p.stem}" for p in chosen if p.stem != "__init__"]
 
 
