@@ -370,7 +370,9 @@ def markdown(doc: dict) -> str:
         head += ["", "The request engine alone, where a step's time goes (the second half of each level's warm-up; "
                  "device ms a step between CUDA events around each lane call; batch: rows the lane's graph ran, "
                  "rows: rows that took part, columns: columns read a call; other: host work the device did not "
-                 "overlap, and idle):", "", *table(doc["phases"])]
+                 "overlap, and idle; steps run ahead: steps whose next call was queued before their values were read, "
+                 "so that the host's work for them overlapped the device -- none where a waiting request could join "
+                 "at the next step):", "", *table(doc["phases"])]
     if doc.get("command") and not a.get("dry_run_cpu"):
         argv = doc["command"].split("serve_reasoning.py", 1)[-1].replace(f"--out-dir {a['out_dir']}", "").split()
         if "--frontend-procs" not in argv:  # the layout named: the default changed once (docs/serving.md)
