@@ -80,7 +80,7 @@ class ServeConfig:
         if self.replicas < 1:
             raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
         if self.frontend_procs is None:  # the measured default: docs/serving.md, "Which layout by default"
-            self.frontend_procs = 1 if self.device.startswith("cuda") and self.replicas == 1 else 0
+            self.frontend_procs = 1 if self.device.startswith("cuda") and self.replicas == 1 and not self.ray_address else 0
         if self.frontend_procs < 0:
             raise ValueError(f"--frontend-procs must be >= 0 (0: one process), got {self.frontend_procs}")
         if self.frontend_procs > 1 and self.replicas > 1:

@@ -60,6 +60,7 @@ def test_the_split_by_default_for_one_server_on_cuda_one_process_elsewhere():
     assert ServeConfig().frontend_procs == 0  # CPU: measured, the split decodes no faster (docs/serving.md)
     assert ServeConfig(device="cuda").frontend_procs == 1 and ServeConfig(device="cuda:1").frontend_procs == 1
     assert ServeConfig(device="cuda", replicas=2).frontend_procs == 0  # replicas: the split not measured there
+    assert ServeConfig(device="cuda", ray_address="auto").frontend_procs == 0  # a Ray replica, even one
     assert ServeConfig(device="cuda", frontend_procs=0).frontend_procs == 0
     assert ServeConfig(device="cuda", frontend_procs=1).frontend_procs == 1
     assert ServeConfig(frontend_procs=3).frontend_procs == 3
