@@ -4,15 +4,17 @@
 engine's where it runs the pair, else the eager ones). Each :meth:`~RequestEngine.step` is schedule -> execute ->
 update, as in vLLM's v1 engine core (docs/serving.md, "The request engine"):
 
-* the :class:`~.scheduler.Scheduler` alone decides which requests run: admission into free rows, preemption by KV
-  blocks, the joins' chunks (:mod:`.chunked_prefill`); it returns a :class:`~.scheduler.StepPlan` and keeps each
-  request's :class:`~.request_types.RequestStatus`;
+* the :class:`~.scheduler.Scheduler` alone decides which requests run: admission into free rows (at once, or in
+  groups: :class:`~hf_rstitch.core.scheduling.JoinPacing`, the config's ``join_wait``), preemption by KV blocks, the
+  joins' chunks (:mod:`.chunked_prefill`); it returns a :class:`~.scheduler.StepPlan` and keeps each request's
+  :class:`~.request_types.RequestStatus`;
 * the :class:`~.executor.Executor` runs the plan on the lanes (:mod:`.batch`: the rows' shared columns): one token
   for every running row with :func:`~hf_rstitch.decode.step.run_step` (the same switch point as ``generate``),
   its values' copy to the host queued, and where the algorithm allows the next step's first lane call queued
   before the host reads them (run-ahead), so that the host's update runs while the device works;
 * the update (:func:`~.update.update_from_output`) turns the step's values into events; a row that finishes (EOS,
-  its ``max_new_tokens``) leaves at once, and its place is taken at the next step.
+  its ``max_new_tokens``) leaves at once, and its place is taken at the next step (with join pacing, up to
+  ``join_wait`` steps later, by a group).
 
 Each request routes with its own threshold, and a greedy request's tokens equal its solo ``generate`` (tested).
 With :class:`~hf_rstitch.core.scheduling.GatherForLLM` (``schedule=``), rows whose next token is the LLM's may

@@ -61,8 +61,8 @@ class Scheduler:
         kv: the paged KV pool's budget (None: caches that are not paged; nothing is preempted).
         chunks: the joins' chunked prefill (None: the step's joins prefill whole).
         stats: the engine's counters, counted here: ``preempted``; ``joins`` (steps whose plan admits rows: a join
-            call a lane, whose groups are the lane's), ``joined`` (rows admitted), ``paced`` (steps joinable requests waited
-            under a join pacing that holds requests back: held by it, or a step a call ran ahead).
+            call a lane, whose groups are the lane's), ``joined`` (rows admitted), ``paced`` (steps joinable
+            requests waited under a join pacing that holds requests back: held by it, or a call ran ahead).
         pacing: when waiting requests join (None: at once, at every step a row is free).
     """
 
