@@ -45,8 +45,14 @@ class Phases:
         sched, ex = self.engine.scheduler, self.engine.executor
         sched._admit = self._timed("joins", sched._admit, None)  # who joins, and a chunk of their prompts
         ex.apply = self._timed("joins", ex.apply, None)  # their rows' prefill into the batch
+        self._ahead0 = self._ahead()
         self._t0 = time.perf_counter()
         return self
+
+    def _ahead(self) -> tuple[int, int]:
+        """(steps, steps whose next call was queued before their values were read) so far: the executor's stats."""
+        st = getattr(self.engine.executor, "stats", {})
+        return st.get("steps", 0), st.get("ahead", 0)
 
     def step(self) -> None:
         self.steps += 1
@@ -54,6 +60,8 @@ class Phases:
     def remove(self) -> None:
         self.wall_s, self.removed = time.perf_counter() - self._t0, True
         self.joins = self.engine.stats.get("joins", 0) - getattr(self, "_joins", 0)
+        (s0, a0), (s1, a1) = getattr(self, "_ahead0", (0, 0)), self._ahead()
+        self.ahead_share = (a1 - a0) / (s1 - s0) if s1 > s0 else None
         for lane in self.engine.lanes.values():
             for attr in ("advance", "account"):
                 lane.__dict__.pop(attr, None)
@@ -105,7 +113,7 @@ class Phases:
             self.torch.cuda.synchronize()
         steps = max(1, self.steps)
         step_ms = 1e3 * self.wall_s / steps
-        out = {"steps": self.steps, "step_ms": step_ms}
+        out = {"steps": self.steps, "step_ms": step_ms, "ahead_share": getattr(self, "ahead_share", None)}
         busy = 0.0
         for name, calls in self.calls.items():
             ms = sum(s.elapsed_time(e) if s is not None else 1e3 * h for h, s, e, *_ in calls)
@@ -132,8 +140,8 @@ def _seen(lane, seq) -> int:
 def table(levels: dict) -> list[str]:
     """Markdown rows, one per (method, concurrency): ``levels`` maps ``"method@c"`` to a :meth:`Phases.summary`."""
     lines = ["| method | concurrency | step ms | SLM: ms (share), batch / rows / columns | LLM: ms (share), calls a "
-             "step, batch / rows / columns | joins ms (share), joins a step | other ms (share) |",
-             "|---|---|---|---|---|---|---|"]
+             "step, batch / rows / columns | joins ms (share), joins a step | other ms (share) | steps run ahead |",
+             "|---|---|---|---|---|---|---|---|"]
     for key, p in levels.items():
         method, c = key.split("@")
         cell = {}
@@ -144,8 +152,10 @@ def table(levels: dict) -> list[str]:
                                             + f"{x['batch']:.0f} / {x['rows']:.1f} / {x['columns']:.1f}")
         j, o = p.get("joins", {"ms_per_step": 0, "share": 0}), p["other"]
         per = f", {j['joins_per_step']:.2f}" if "joins_per_step" in j else ""  # results written before it: none
+        ahead = "-" if p.get("ahead_share") is None else f"{p['ahead_share']:.0%}"
         lines.append(f"| {method} | {c} | {p['step_ms']:.2f} | {cell['slm']} | {cell['llm']} | "
-                     f"{j['ms_per_step']:.2f} ({j['share']:.0%}){per} | {o['ms_per_step']:.2f} ({o['share']:.0%}) |")
+                     f"{j['ms_per_step']:.2f} ({j['share']:.0%}){per} | {o['ms_per_step']:.2f} ({o['share']:.0%}) | "
+                     f"{ahead} |")
     return lines
 
 

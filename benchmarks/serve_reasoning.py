@@ -390,9 +390,13 @@ def markdown(doc: dict) -> str:
         head += ["", "The request engine alone, where a step's time goes (the second half of each level's warm-up; "
                  "device ms a step between CUDA events around each lane call; batch: rows the lane's graph ran, "
                  "rows: rows that took part, columns: columns read a call; other: host work the device did not "
-                 "overlap, and idle):", "", *table(doc["phases"])]
+                 "overlap, and idle; steps run ahead: steps whose next call was queued before their values were read, "
+                 "so that the host's work for them overlapped the device -- none where a waiting request could join "
+                 "at the next step):", "", *table(doc["phases"])]
     if doc.get("command") and not a.get("dry_run_cpu"):
         argv = doc["command"].split("serve_reasoning.py", 1)[-1].replace(f"--out-dir {a['out_dir']}", "").split()
+        if "--frontend-procs" not in argv:  # the layout named: the default changed once (docs/serving.md)
+            argv += ["--frontend-procs", str(a.get("frontend_procs") or 0)]
         head += ["", f"Regenerate (one device call, `.wheels` carried: the script's header lists them): "
                  f"`bash benchmarks/gpu_i48.sh serve {' '.join(argv)}`; results under `$OUT`."]
     return "\n".join(head) + "\n"
@@ -453,9 +457,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="", help="a suffix of the results' file names")
     ap.add_argument("--decisions", default="device", choices=["device", "host"],
                     help="where the replayed routes' decisions come back (device: as an entropy policy's)")
-    ap.add_argument("--frontend-procs", type=int, default=0, choices=[0, 1],
+    ap.add_argument("--frontend-procs", type=int, default=None, choices=[0, 1],
                     help="the server's --frontend-procs: 1 runs its engine in a process of its own (rstitch serve's "
-                         "split; the engine alone is still measured in the server process before it starts)")
+                         "split; the engine alone is still measured in the server process before it starts); "
+                         "default: rstitch serve's (1 on a CUDA --device, else 0)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--replicas", type=int, nargs="+", default=None,
@@ -489,6 +494,8 @@ def main(argv=None) -> int:
         args.max_batch = args.max_batch or (2 if args.replicas else None)
     if args.standin:
         args.device, args.dtype, args.engine = "cpu", "float32", "standin"
+    if args.frontend_procs is None:  # rstitch serve's default layout (ServeConfig.__post_init__)
+        args.frontend_procs = 1 if args.device.startswith("cuda") and not args.replicas else 0
     if args.replicas:
         import serve_replicas
 

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from .preflight import preflight
 
     preflight(sources={"--llm": cfg.llm, "--slm": cfg.slm, "--router": cfg.router})  # one line at once, not minutes
-    if not all(_need(m, "serve") for m in ("fastapi", "uvicorn")):
+    if not all(_need(m, "serve") for m in ("fastapi", "uvicorn", "httptools")):
         return 2
     if not is_loopback(cfg.host):
         print(f"rstitch serve: listening on {cfg.host}: the server has no authentication; put it behind a proxy "

@@ -56,10 +56,14 @@ def test_the_schedule_reaches_the_request_engine():
     assert type(build_engine(ServeConfig(engine="auto"), llm, slm).lanes[Role.LLM]).__name__ == "Lane"  # CPU: eager
 
 
-def test_one_process_by_default_and_the_split_on_request():
+def test_the_split_by_default_for_one_server_on_cuda_one_process_elsewhere():
     from hf_rstitch.serve.config import ServeConfig
 
-    assert ServeConfig().frontend_procs == 0 and ServeConfig(device="cuda").frontend_procs == 0  # until a GPU run says
+    assert ServeConfig().frontend_procs == 0  # CPU: measured, the split decodes no faster (docs/serving.md)
+    assert ServeConfig(device="cuda").frontend_procs == 1 and ServeConfig(device="cuda:1").frontend_procs == 1
+    assert ServeConfig(device="cuda", replicas=2).frontend_procs == 0  # replicas: the split not measured there
+    assert ServeConfig(device="cuda", ray_address="auto").frontend_procs == 0  # a Ray replica, even one
+    assert ServeConfig(device="cuda", frontend_procs=0).frontend_procs == 0
     assert ServeConfig(device="cuda", frontend_procs=1).frontend_procs == 1
     assert ServeConfig(frontend_procs=3).frontend_procs == 3
     assert ServeConfig(device="cuda", replicas=2, frontend_procs=1).frontend_procs == 1  # each replica's engine apart
