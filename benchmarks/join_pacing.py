@@ -65,9 +65,12 @@ def level(engine, lengths: list[int], prompt: int, clients: int, args) -> dict:
 
 
 def standin_share(row: dict, join_ms: tuple[float, float]) -> float:
-    """The stand-in's share of a step spent joining: its join cost per step over its step's wall time."""
+    """The stand-in's share of a step spent joining, by its timing model (not the busy CPU's wall): join ms a step
+    over the step's ms with every row running."""
+    from serve_standin import StandinTiming
+
     per_step = row["joins_per_step"] * (join_ms[0] + join_ms[1] * row["joiners_per_join"])
-    return per_step * row["steps_per_s"] / 1e3
+    return per_step / (1e3 * StandinTiming().step_s(row["clients"]) + per_step)
 
 
 def run(args) -> list[dict]:
@@ -98,10 +101,12 @@ def markdown(rows: list[dict], args) -> str:
              f"Closed loop of the engine alone, {args.warmup_s} s warm-up then a {args.window_s} s window a level; "
              f"requests of the reasoning benchmark's LLM-alone lengths (stand-in: scale 0.05, ~138 tokens; tiny pair: "
              f"scale {args.tiny_scale}). Stand-in: 6 + 0.04 x rows ms a step (2 of it host Python), a step that "
-             f"admits requests {args.join_ms[0]} + {args.join_ms[1]} x joiners ms more; joins share: that cost over "
-             "the step. Tiny pair: the request engine on eager CPU lanes (a join: a forward of each model); joins "
+             f"admits requests {args.join_ms[0]} + {args.join_ms[1]} x joiners ms more; joins share: that cost a step "
+             "over the model's step (every row running, joins included). Tiny pair: the request engine on eager CPU lanes (a join: a forward of each model); joins "
              "share: the phase table's (admission and the batch's moves, host time). join_group "
-             f"{args.join_group}. A busy shared 2-core CPU: timings are indicative, joins a step are not.", "",
+             f"{args.join_group}. On a busy shared 2-core CPU (other jobs running) steps/s, tokens/s and latencies "
+             "are not comparable between rows; joins a step, joiners a join and the stand-in's joins share are "
+             "(counts, and its timing model).", "",
              "| engine | clients | join_wait | joins a step | joiners a join | joins share | steps/s | tokens/s | "
              "TTFT p50 (s) | p50 (s) | p99 (s) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda x, d=3: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
