@@ -1,7 +1,8 @@
 """Join pacing (``join_wait`` / ``join_group``: hf_rstitch.core.scheduling.JoinPacing) changes when requests join, never
 what they write: many requests arriving alone and in bursts, joining and leaving, greedy and seeded sampling, one
 pinned to the LLM -- the same tokens, finish reasons, routes and per-call records as joins at once, with fewer join
-steps. The eager engine and the fast engine's CPU static path (paged, and running ahead), tiny random models."""
+steps. The eager engine and the fast engine's CPU static path (paged, running ahead, joining prompts read in chunks),
+tiny random models."""
 
 import pytest
 
@@ -22,10 +23,10 @@ def _requests() -> list[Request]:
                     role=Role.LLM if i == 6 else None, request_id=f"q{i}") for i in range(N)]
 
 
-def _run(llm, slm, engine, **pacing):
+def _run(llm, slm, engine, **kw):
     """Requests arrive at the steps of ARRIVE; completions by id, the step each request's first token came, and the
-    engine."""
-    eng = RequestEngine.of(llm, slm, max_batch=6, max_length=64, engine=engine, **pacing)
+    engine (``kw``: pacing, a prefill chunk)."""
+    eng = RequestEngine.of(llm, slm, max_batch=6, max_length=64, engine=engine, **kw)
     reqs, done, tokens, first, k = _requests(), {}, {}, {}, 0
     while eng.has_work() or k <= max(ARRIVE):
         for i in ARRIVE.get(k, []):
@@ -40,15 +41,17 @@ def _run(llm, slm, engine, **pacing):
     return done, first, eng
 
 
-ENGINES = {"eager": "default", "fast-static": FastConfig(graphs=False, max_bucket=4, paged=False),
-           "fast-paged-ahead": FastConfig(graphs=False, max_bucket=4, run_ahead=True)}
+ENGINES = {"eager": ("default", {}), "fast-static": (FastConfig(graphs=False, max_bucket=4, paged=False), {}),
+           "fast-paged-ahead": (FastConfig(graphs=False, max_bucket=4, run_ahead=True), {}),
+           "fast-chunked": (FastConfig(graphs=False, max_bucket=4), {"prefill_chunk": 6})}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n != "eager" else n for n in ENGINES])
 def test_paced_joins_write_what_joins_at_once_write(name):
     llm, slm = make_pair("llama")
-    ref, first_ref, at_once = _run(llm, slm, ENGINES[name])
-    got, first, paced = _run(llm, slm, ENGINES[name], join_wait=3, join_group=3)
+    engine, kw = ENGINES[name]
+    ref, first_ref, at_once = _run(llm, slm, engine, **kw)
+    got, first, paced = _run(llm, slm, engine, join_wait=3, join_group=3, **kw)
     assert got == ref
     assert len(ref) == N and all(reason in ("stop", "length") for _, reason, _ in ref.values())
     assert len({tuple(roles) for _, _, (roles, _) in ref.values()}) > 2  # routes differ: switches happen
