@@ -73,6 +73,14 @@ class EngineConfig:
         "tokens of joining prompts each model reads a step while rows decode (fast engine): a long prompt joins "
         "over several steps instead of stalling the batch for its whole prefill; 0: the joins of a step prefill "
         "whole, together"))
+    join_wait: int = field(default=0, metadata=_help(
+        "steps a free row may stay empty while requests wait, so that joiners come in groups (one join prefill, a "
+        "weight read of each model, per group instead of per step); a group of --join-group, or a batch decoding "
+        "fewer rows than that, joins at once. Trade-off: a request's first token up to that many steps later, against "
+        "fewer join forwards under load. 0 (the default): join at once, every step a row is free"))
+    join_group: int = field(default=8, metadata=_help(
+        "with --join-wait: joiners that join at once without waiting (8: one join call of the fast engine); a batch "
+        "decoding fewer rows than this counts as nearly empty and takes joiners at once"))
     fast: Any = field(default=None, metadata={"cli": False, "help":
         "a hf_rstitch.fast.FastConfig for the fast engine; None: FastConfig() when named, AUTO under auto"})
     builder: Any = field(default=None, metadata={"cli": False, "help":
@@ -111,6 +119,14 @@ class EngineConfig:
             raise ValueError(f"--kv-tokens must be >= 1 (or left out: sized from --kv-memory), got {self.kv_tokens}")
         if self.prefill_chunk is None or self.prefill_chunk < 0:
             raise ValueError(f"--prefill-chunk must be >= 0 tokens (0: joins prefill whole), got {self.prefill_chunk}")
+        self.join_pacing()  # --join-wait / --join-group checked here
+
+    def join_pacing(self):
+        """When a request engine's waiting requests join: :class:`~hf_rstitch.core.scheduling.JoinPacing` of
+        ``join_wait`` and ``join_group``. Raises ValueError naming the flag."""
+        from ..core.scheduling import JoinPacing
+
+        return JoinPacing(self.join_wait, self.join_group)
 
     def for_requests(self, schedule=None) -> "EngineConfig":
         """This config for a request engine's lanes (rows join and leave), with :data:`HELD_COLUMNS` spare columns
