@@ -11,8 +11,9 @@ of the fast lane's graphs, its ``row_counts``: only the rows a call needs where 
 :mod:`hf_rstitch.fast.lane_compact`, else every row of its batch bucket), the rows that took part (the records the call made, or its run-ahead's ``account``), the columns
 read, and the device time between CUDA events recorded around the call (from when the device reached it: the lane's
 kernels, plus any wait for the host in between). ``summary`` gives ms a step and the share of the step's wall time
-of each: ``slm``, ``llm``, ``joins``, and ``other`` (host work the device did not overlap -- sampling, hand-over
-reads, bookkeeping -- and idle time). On CPU (no CUDA) the times are the host's around each call.
+of each: ``slm``, ``llm``, ``joins`` (with ``joins_per_step``: the steps that admitted requests, from the engine's
+``stats``), and ``other`` (host work the device did not overlap -- sampling, hand-over reads, bookkeeping -- and
+idle time). On CPU (no CUDA) the times are the host's around each call.
 """
 
 from __future__ import annotations
@@ -40,17 +41,27 @@ class Phases:
             lane.advance = self._timed(name, lane.advance, lane)
             if hasattr(lane, "account"):  # lanes that run ahead (the fast lane)
                 lane.account = self._counted(name, lane.account)
+        self._joins = self.engine.stats.get("joins", 0)  # steps that admitted requests (a join call a lane)
         sched, ex = self.engine.scheduler, self.engine.executor
         sched._admit = self._timed("joins", sched._admit, None)  # who joins, and a chunk of their prompts
         ex.apply = self._timed("joins", ex.apply, None)  # their rows' prefill into the batch
+        self._ahead0 = self._ahead()
         self._t0 = time.perf_counter()
         return self
+
+    def _ahead(self) -> tuple[int, int]:
+        """(steps, steps whose next call was queued before their values were read) so far: the executor's stats."""
+        st = getattr(self.engine.executor, "stats", {})
+        return st.get("steps", 0), st.get("ahead", 0)
 
     def step(self) -> None:
         self.steps += 1
 
     def remove(self) -> None:
         self.wall_s, self.removed = time.perf_counter() - self._t0, True
+        self.joins = self.engine.stats.get("joins", 0) - getattr(self, "_joins", 0)
+        (s0, a0), (s1, a1) = getattr(self, "_ahead0", (0, 0)), self._ahead()
+        self.ahead_share = (a1 - a0) / (s1 - s0) if s1 > s0 else None
         for lane in self.engine.lanes.values():
             for attr in ("advance", "account"):
                 lane.__dict__.pop(attr, None)
@@ -102,7 +113,7 @@ class Phases:
             self.torch.cuda.synchronize()
         steps = max(1, self.steps)
         step_ms = 1e3 * self.wall_s / steps
-        out = {"steps": self.steps, "step_ms": step_ms}
+        out = {"steps": self.steps, "step_ms": step_ms, "ahead_share": getattr(self, "ahead_share", None)}
         busy = 0.0
         for name, calls in self.calls.items():
             ms = sum(s.elapsed_time(e) if s is not None else 1e3 * h for h, s, e, *_ in calls)
@@ -113,6 +124,8 @@ class Phases:
             if name != "joins":
                 out[name].update(batch=sum(c[3] for c in calls) / n, rows=sum(c[5] for c in calls) / n,
                                  columns=sum(c[4] for c in calls) / n)
+        if "joins" in out:  # its calls are the admission's and the batch's moves (two a step); joins proper:
+            out["joins"]["joins_per_step"] = getattr(self, "joins", 0) / steps
         out["other"] = {"ms_per_step": max(0.0, step_ms - busy / steps),
                         "share": max(0.0, 1 - busy / max(1e-9, 1e3 * self.wall_s))}
         return out
@@ -127,7 +140,8 @@ def _seen(lane, seq) -> int:
 def table(levels: dict) -> list[str]:
     """Markdown rows, one per (method, concurrency): ``levels`` maps ``"method@c"`` to a :meth:`Phases.summary`."""
     lines = ["| method | concurrency | step ms | SLM: ms (share), batch / rows / columns | LLM: ms (share), calls a "
-             "step, batch / rows / columns | joins ms (share) | other ms (share) |", "|---|---|---|---|---|---|---|"]
+             "step, batch / rows / columns | joins ms (share), joins a step | other ms (share) | steps run ahead |",
+             "|---|---|---|---|---|---|---|---|"]
     for key, p in levels.items():
         method, c = key.split("@")
         cell = {}
@@ -137,8 +151,11 @@ def table(levels: dict) -> list[str]:
                                             + (f"{x['calls_per_step']:.2f}, " if name == "llm" else "")
                                             + f"{x['batch']:.0f} / {x['rows']:.1f} / {x['columns']:.1f}")
         j, o = p.get("joins", {"ms_per_step": 0, "share": 0}), p["other"]
+        per = f", {j['joins_per_step']:.2f}" if "joins_per_step" in j else ""  # results written before it: none
+        ahead = "-" if p.get("ahead_share") is None else f"{p['ahead_share']:.0%}"
         lines.append(f"| {method} | {c} | {p['step_ms']:.2f} | {cell['slm']} | {cell['llm']} | "
-                     f"{j['ms_per_step']:.2f} ({j['share']:.0%}) | {o['ms_per_step']:.2f} ({o['share']:.0%}) |")
+                     f"{j['ms_per_step']:.2f} ({j['share']:.0%}){per} | {o['ms_per_step']:.2f} ({o['share']:.0%}) | "
+                     f"{ahead} |")
     return lines
 
 

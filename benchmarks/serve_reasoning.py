@@ -115,12 +115,16 @@ def build_engine(cfg: dict, llm, slm):
     if cfg["engine"] == "standin":  # no model: tokens at a set rate (the server's own ceiling)
         from serve_standin import StandinEngine, StandinTiming
 
-        return StandinEngine(cfg["max_batch"], timing=StandinTiming(**cfg["standin"]))
+        from hf_rstitch.core.scheduling import JoinPacing
+
+        return StandinEngine(cfg["max_batch"], timing=StandinTiming(**cfg["standin"]),
+                             pacing=JoinPacing(**cfg.get("join", {})))
     from hf_rstitch.batching.requests import RequestEngine
 
     policy = replay_policy(cfg["max_batch"], cfg["llm_share"], llm.device if cfg["decisions"] == "device" else None)
     return RequestEngine.of(llm, slm, max_batch=cfg["max_batch"], max_waiting=cfg["max_batch"], policy=policy,
-                            engine=engine_spec(cfg["engine"], cfg.get("fast") or {}), max_length=cfg["max_length"])
+                            engine=engine_spec(cfg["engine"], cfg.get("fast") or {}), max_length=cfg["max_length"],
+                            **cfg.get("join", {}))
 
 
 def engine_spec(name: str, fields: dict):
@@ -202,7 +206,7 @@ def server_settings(cfg: dict, vocab: int):
     from hf_rstitch.serve.app import ServerSettings
 
     return ServerSettings(model_name="random-pair", max_context=cfg["max_length"], vocab_size=vocab,
-                          default_max_tokens=16, pin="llm" if cfg["method"] == "llm_only" else None,
+                          max_tokens=16, pin="llm" if cfg["method"] == "llm_only" else None,
                           **cfg.get("settings", {}))
 
 
@@ -236,7 +240,20 @@ def standin_timing(args) -> dict | None:
     if not getattr(args, "standin", False):
         return None
     base, row, host = args.standin_ms or (6.0, 0.04, 2.0)
-    return {"base_ms": base, "row_ms": row, "host_ms": host}
+    join, join_row = getattr(args, "standin_join_ms", None) or (0.0, 0.0)
+    return {"base_ms": base, "row_ms": row, "host_ms": host, "join_ms": join, "join_row_ms": join_row}
+
+
+def join_pacing(args) -> dict:
+    """``--join-wait`` / ``--join-group`` as the engine's ``join_wait`` / ``join_group`` (checked here)."""
+    from hf_rstitch.core.scheduling import JoinPacing
+
+    fields = {"join_wait": args.join_wait, "join_group": args.join_group}
+    try:
+        JoinPacing(**fields)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    return fields
 
 
 # ---- the sweep ---------------------------------------------------------------------------------
@@ -283,8 +300,9 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
                "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method],
                "alone_levels": fit, "warmup_s": args.warmup_s, "window_s": args.window_s, "port": sc.free_port(),
                "alone_out": str(work / f"alone_{method}.json"), "standin": standin_timing(args),
+               "join": join_pacing(args),
                "frontend_procs": getattr(args, "frontend_procs", 0), "startup_s": args.startup_s,
-               "settings": {k: v for k, v in (("stream_interval_s", args.stream_interval),
+               "settings": {k: v for k, v in (("stream_interval", args.stream_interval),
                                               ("stream_writes_per_s", args.stream_writes_per_s)) if v is not None}}
         t0, alone_s = time.monotonic(), len(fit) * (args.warmup_s + args.window_s)
         proc, err = start_server(cfg, work, args.startup_s + alone_s + 2 * len(fit))
@@ -344,7 +362,9 @@ def markdown(doc: dict) -> str:
             f"{doc['pair']}; MATH-shaped requests scaled by {a['scale']} (LLM alone {doc['mean_tokens']['llm_only']:.0f} "
             f"tokens a request, stitched {doc['mean_tokens']['stitched']:.0f} at LLM share "
             f"{doc['llm_share']:.2f}, runs of ~4, prompts of {doc['prompt_tokens']}); closed loop, "
-            f"{a['warmup_s']} s warm-up then a {a['window_s']} s window per level; decisions on the {a['decisions']}.",
+            f"{a['warmup_s']} s warm-up then a {a['window_s']} s window per level; decisions on the {a['decisions']}; "
+            + (f"join pacing: --join-wait {a['join_wait']} --join-group {a['join_group']}." if a.get("join_wait")
+               else "joins at once."),
             "", "| concurrency | method | requests/s | tokens/s | engine alone tokens/s | server / engine | "
             "p50 (s) | p99 (s) | TTFT p50 (s) | stitched / LLM alone requests/s | completed in window (server / engine) | "
             "ms a step (server / engine) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -370,9 +390,13 @@ def markdown(doc: dict) -> str:
         head += ["", "The request engine alone, where a step's time goes (the second half of each level's warm-up; "
                  "device ms a step between CUDA events around each lane call; batch: rows the lane's graph ran, "
                  "rows: rows that took part, columns: columns read a call; other: host work the device did not "
-                 "overlap, and idle):", "", *table(doc["phases"])]
+                 "overlap, and idle; steps run ahead: steps whose next call was queued before their values were read, "
+                 "so that the host's work for them overlapped the device -- none where a waiting request could join "
+                 "at the next step):", "", *table(doc["phases"])]
     if doc.get("command") and not a.get("dry_run_cpu"):
         argv = doc["command"].split("serve_reasoning.py", 1)[-1].replace(f"--out-dir {a['out_dir']}", "").split()
+        if "--frontend-procs" not in argv:  # the layout named: the default changed once (docs/serving.md)
+            argv += ["--frontend-procs", str(a.get("frontend_procs") or 0)]
         head += ["", f"Regenerate (one device call, `.wheels` carried: the script's header lists them): "
                  f"`bash benchmarks/gpu_i48.sh serve {' '.join(argv)}`; results under `$OUT`."]
     return "\n".join(head) + "\n"
@@ -424,12 +448,19 @@ def main(argv=None) -> int:
                     help="the server's --engine (default: rstitch serve's, auto: AUTO's FastConfig on a proven pair)")
     ap.add_argument("--fast", nargs="+", default=[], metavar="KEY=VALUE",
                     help="FastConfig fields replaced in the engine's config, e.g. compact_rows=true")
+    ap.add_argument("--join-wait", type=int, default=0, metavar="K",
+                    help="the engine's join pacing (rstitch serve --join-wait): free rows stay empty up to K steps so "
+                         "that waiting requests join in groups, one join call a group (first tokens up to K steps "
+                         "later); 0 (the default): join at once")
+    ap.add_argument("--join-group", type=int, default=8, metavar="M",
+                    help="with --join-wait: M joiners join at once (rstitch serve --join-group)")
     ap.add_argument("--tag", default="", help="a suffix of the results' file names")
     ap.add_argument("--decisions", default="device", choices=["device", "host"],
                     help="where the replayed routes' decisions come back (device: as an entropy policy's)")
-    ap.add_argument("--frontend-procs", type=int, default=0, choices=[0, 1],
+    ap.add_argument("--frontend-procs", type=int, default=None, choices=[0, 1],
                     help="the server's --frontend-procs: 1 runs its engine in a process of its own (rstitch serve's "
-                         "split; the engine alone is still measured in the server process before it starts)")
+                         "split; the engine alone is still measured in the server process before it starts); "
+                         "default: rstitch serve's (1 on a CUDA --device, else 0)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--replicas", type=int, nargs="+", default=None,
@@ -449,6 +480,9 @@ def main(argv=None) -> int:
     ap.add_argument("--standin-ms", type=float, nargs=3, default=None, metavar=("BASE", "ROW", "HOST"),
                     help="--standin: a step takes BASE + ROW x rows ms, HOST ms of it Python holding the GIL "
                          "(default 6 0.04 2: 256 rows at 16k tokens/s)")
+    ap.add_argument("--standin-join-ms", type=float, nargs=2, default=None, metavar=("JOIN", "JOIN_ROW"),
+                    help="--standin: a step that admits requests takes JOIN + JOIN_ROW x joiners ms more (their join "
+                         "call; default 0 0)")
     args = ap.parse_args(argv)
     if args.dry_run_cpu:
         args.device, args.dtype, args.engine = "cpu", "float32", "default"
@@ -460,6 +494,8 @@ def main(argv=None) -> int:
         args.max_batch = args.max_batch or (2 if args.replicas else None)
     if args.standin:
         args.device, args.dtype, args.engine = "cpu", "float32", "standin"
+    if args.frontend_procs is None:  # rstitch serve's default layout (ServeConfig.__post_init__)
+        args.frontend_procs = 1 if args.device.startswith("cuda") and not args.replicas else 0
     if args.replicas:
         import serve_replicas
 
@@ -469,6 +505,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="serve_reasoning_"))  # server logs: only the results go to --out-dir
     shape = shapes(args.scale)
     fast_fields(args.fast)  # a bad --fast fails now, not in a server process
+    join_pacing(args)  # and a bad --join-wait / --join-group
     if shape["prompt"] + max(shape["llm_only"]) + 8 > 4096 and args.engine != "default":
         sys.exit(f"--scale {args.scale}: prompt + max_tokens reach {shape['prompt'] + max(shape['llm_only'])} tokens, "
                  "beyond the fast engine's 4096 a row; lower --scale")
@@ -488,8 +525,8 @@ def report(args, shape: dict, rows: list, skipped: list, details: dict, out: Pat
     from lab import environment, write_result
 
     gpu = "cpu_standin" if args.standin else "cpu" if args.dry_run_cpu else torch.cuda.get_device_name()
-    pair = ("a stand-in engine, no model (serve_standin.py: step ms = {} + {} x rows, {} of it host Python)".format(
-        *standin_timing(args).values()) if args.standin else "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu
+    pair = ("a stand-in engine, no model (serve_standin.py: step ms = {} + {} x rows, {} of it host Python; a step "
+            "that admits requests {} + {} x joiners ms more)".format(*standin_timing(args).values()) if args.standin else "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu
         else f"random Qwen2 7B / 1.5B, {args.dtype}")
     doc = {**environment(), "gpu": gpu, "args": vars(args), "pair": pair,
            "prompt_tokens": shape["prompt"], "llm_share": shape["llm_share"],

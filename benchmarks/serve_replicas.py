@@ -24,6 +24,7 @@ Writes ``serve_replicas_<gpu>.json`` (``rows``: per replica count; ``kill``) and
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -50,9 +51,8 @@ class Builder:
         vocab = min(llm.config.vocab_size, slm.config.vocab_size) if llm is not None else sr.PROMPT_VOCAB
         engine = sr.build_engine(self.bench, llm, slm)
         sr.warm(engine, self.bench)
-        settings = ServerSettings(model_name="random-pair", max_context=self.bench["max_length"], vocab_size=vocab,
-                                  default_max_tokens=16, drain_timeout_s=cfg.drain_timeout,
-                                  stream_interval_s=cfg.stream_interval, stream_writes_per_s=cfg.stream_writes_per_s,
+        settings = ServerSettings(http=dataclasses.replace(cfg.http, max_tokens=16), model_name="random-pair",
+                                  max_context=self.bench["max_length"], vocab_size=vocab,
                                   pin="llm" if self.bench["method"] == "llm_only" else None)
         return create_app(engine, sc.IdTokenizer(), settings)
 

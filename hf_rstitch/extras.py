@@ -9,8 +9,8 @@ from __future__ import annotations
 EXTRAS = {
     "eval": ("math-verify>=0.7", "matplotlib>=3.7", "datasets>=2.19"),
     "notebook": ("math-verify>=0.7", "matplotlib>=3.7", "datasets>=2.19", "ipywidgets>=8"),
-    "serve": ("fastapi>=0.110", "uvicorn>=0.29"),
-    "serve-ray": ("fastapi>=0.110", "uvicorn>=0.29", "ray[serve]>=2.40"),
+    "serve": ("fastapi>=0.110", "uvicorn>=0.29", "httptools>=0.6"),
+    "serve-ray": ("fastapi>=0.110", "uvicorn>=0.29", "httptools>=0.6", "ray[serve]>=2.40"),
     "flashinfer": ("flashinfer-python>=0.6",),
     "ui": ("gradio>=5.0",),
 }

@@ -45,7 +45,7 @@ LAYERS = {
     "hf_rstitch": 6, "hf_rstitch.__main__": 6, "hf_rstitch.cli": 6, "hf_rstitch.hub_template": 6,
     "hf_rstitch.ui": 6,
     "hf_rstitch.core": 0, "hf_rstitch.resources": 0, "hf_rstitch.sources": 0, "hf_rstitch.extras": 0,
-    "hf_rstitch.threads": 0, "hf_rstitch.lazy": 0,
+    "hf_rstitch.threads": 0, "hf_rstitch.lazy": 0, "hf_rstitch.configs": 0,
     "hf_rstitch.decode": 1,
     "hf_rstitch.fast": 2, "hf_rstitch.router": 2,
     "hf_rstitch.engine": 3,

@@ -4,15 +4,17 @@
 engine's where it runs the pair, else the eager ones). Each :meth:`~RequestEngine.step` is schedule -> execute ->
 update, as in vLLM's v1 engine core (docs/serving.md, "The request engine"):
 
-* the :class:`~.scheduler.Scheduler` alone decides which requests run: admission into free rows, preemption by KV
-  blocks, the joins' chunks (:mod:`.chunked_prefill`); it returns a :class:`~.scheduler.StepPlan` and keeps each
-  request's :class:`~.request_types.RequestStatus`;
+* the :class:`~.scheduler.Scheduler` alone decides which requests run: admission into free rows (at once, or in
+  groups: :class:`~hf_rstitch.core.scheduling.JoinPacing`, the config's ``join_wait``), preemption by KV blocks, the
+  joins' chunks (:mod:`.chunked_prefill`); it returns a :class:`~.scheduler.StepPlan` and keeps each request's
+  :class:`~.request_types.RequestStatus`;
 * the :class:`~.executor.Executor` runs the plan on the lanes (:mod:`.batch`: the rows' shared columns): one token
   for every running row with :func:`~hf_rstitch.decode.step.run_step` (the same switch point as ``generate``),
   its values' copy to the host queued, and where the algorithm allows the next step's first lane call queued
   before the host reads them (run-ahead), so that the host's update runs while the device works;
 * the update (:func:`~.update.update_from_output`) turns the step's values into events; a row that finishes (EOS,
-  its ``max_new_tokens``) leaves at once, and its place is taken at the next step.
+  its ``max_new_tokens``) leaves at once, and its place is taken at the next step (with join pacing, up to
+  ``join_wait`` steps later, by a group).
 
 Each request routes with its own threshold, and a greedy request's tokens equal its solo ``generate`` (tested).
 With :class:`~hf_rstitch.core.scheduling.GatherForLLM` (``schedule=``), rows whose next token is the LLM's may
@@ -107,10 +109,10 @@ class RequestEngine:
         per_row = RowPolicies(self.thresholds) if policy is None else None  # requests' own policies
         self.policy = PinnedRoles(per_row if policy is None else checked(policy))
         self.policy.reset()
-        self.stats = {"steps": 0, "slm_calls": 0, "llm_calls": 0, "held": 0, "ahead": 0,
-                      "preempted": 0}  # held: row-steps waiting; preempted: rows requeued for KV memory
+        self.stats = {"steps": 0, "slm_calls": 0, "llm_calls": 0, "held": 0, "ahead": 0, "preempted": 0, "joins": 0,
+                      "joined": 0, "paced": 0}  # held: row-steps waiting for the LLM; the rest: Scheduler's
         chunks = ChunkedPrefill.for_lanes(self.lanes, cfg.prefill_chunk or None)  # None: joins prefill whole
-        self.scheduler = Scheduler(self.max_batch, self.kv, chunks, self.stats)
+        self.scheduler = Scheduler(self.max_batch, self.kv, chunks, self.stats, cfg.join_pacing())
         batch = Batch(self.lanes, self.device, self.pad_id, self.policy, self.thresholds, per_row)
         self.executor = Executor(batch, self.vocab, self.schedule, self.stats, step=run_step, sample=sample_one,
                                  hold_trim=HOLD_TRIM)
@@ -119,7 +121,8 @@ class RequestEngine:
     @classmethod
     def of(cls, llm, slm, threshold: float = DEFAULT_THRESHOLD, max_batch: int = 8, max_waiting: int | None = None,
            policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None,
-           prefill_chunk: int | None = None, kv_tokens: int | None = None, paged: bool = True) -> RequestEngine:
+           prefill_chunk: int | None = None, kv_tokens: int | None = None, paged: bool = True, join_wait: int = 0,
+           join_group: int = 8) -> RequestEngine:
         """The request engine of ``llm`` and ``slm`` (one tokenizer), its engine built here once
         (:func:`hf_rstitch.engine.build`) with every row's whole budget of KV memory unless ``kv_tokens`` says
         otherwise (nothing sized from the GPU's memory: that is ``rstitch serve``'s ``--kv-memory``).
@@ -144,9 +147,12 @@ class RequestEngine:
                 ``max_batch x max_length`` (every row's whole budget: nothing is ever preempted).
             paged: with the fast engine, paged caches (the default); False: static slabs of ``max_length`` a row
                 (kept to measure against; ``kv_tokens`` is then ignored).
+            join_wait, join_group: join pacing (:class:`~hf_rstitch.core.scheduling.JoinPacing`): free rows may
+                stay empty up to ``join_wait`` steps so that waiting requests join in groups (of ``join_group`` at
+                once); 0 (the default): they join at once.
         """
         cfg = EngineConfig.of(engine, max_batch=max_batch, max_length=max_length, kv_memory=None, kv_tokens=kv_tokens,
-                              paged=paged, prefill_chunk=prefill_chunk or 0)
+                              paged=paged, prefill_chunk=prefill_chunk or 0, join_wait=join_wait, join_group=join_group)
         built = build(Pair.of(llm, slm), cfg.for_requests(schedule))
         return cls(built, threshold=threshold, max_waiting=max_waiting, policy=policy, schedule=schedule)
 

@@ -6,8 +6,10 @@ being read in chunks (:mod:`.chunked_prefill`), and ``running`` (the batch's row
 :meth:`Scheduler.schedule` returns a :class:`StepPlan` for the executor (:mod:`.executor`):
 
 1. **admission** (unless the lanes ran the next step early: a join changes the batch's layout): waiting requests
-   join free rows, in order of arrival, while their prompts' KV blocks are free (:meth:`~.kv_budget.KVBudget.admit`);
-   with ``prefill_chunk`` and rows decoding, a group of them is read a chunk a step first and joins once read;
+   join free rows, in order of arrival, while their prompts' KV blocks are free (:meth:`~.kv_budget.KVBudget.admit`),
+   at the steps the join pacing picks (:class:`~hf_rstitch.core.scheduling.JoinPacing`: at once by default, or in
+   groups, free rows held empty a few steps); with ``prefill_chunk`` and rows decoding, a group of them is read a
+   chunk a step first and joins once read;
 2. **preemption** (paged KV memory): while the running rows' blocks (this step's column and a run-ahead's
    included) would not fit the pool, the newest rows leave (:meth:`~.kv_budget.KVBudget.preempt`): each goes back
    to the head of the queue (``WAITING``) with its prompt and the tokens it has written as its new input, and
@@ -31,6 +33,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+from ..core.scheduling import JoinDemand, JoinPacing
 from .chunked_prefill import ChunkedPrefill
 from .kv_budget import KVBudget
 from .request_types import KV_FULL, Event, RequestState, RequestStatus
@@ -57,11 +60,19 @@ class Scheduler:
         max_batch: rows decoded together at most.
         kv: the paged KV pool's budget (None: caches that are not paged; nothing is preempted).
         chunks: the joins' chunked prefill (None: the step's joins prefill whole).
-        stats: the engine's counters (``preempted`` is counted here).
+        stats: the engine's counters, counted here: ``preempted``; ``joins`` (steps whose plan admits rows: a join
+            call a lane, whose groups are the lane's), ``joined`` (rows admitted), ``paced`` (steps joinable
+            requests waited under a join pacing that holds requests back: held by it, or a call ran ahead).
+        pacing: when waiting requests join (None: at once, at every step a row is free).
     """
 
-    def __init__(self, max_batch: int, kv: KVBudget | None, chunks: ChunkedPrefill | None, stats: dict):
+    def __init__(self, max_batch: int, kv: KVBudget | None, chunks: ChunkedPrefill | None, stats: dict,
+                 pacing: JoinPacing | None = None):
         self.max_batch, self.kv, self.chunks, self.stats = max_batch, kv, chunks, stats
+        self.pacing = pacing or JoinPacing()
+        self.waited = 0  # steps in a row that joinable requests have waited (JoinDemand.waited)
+        for key in ("preempted", "joins", "joined", "paced"):
+            stats.setdefault(key, 0)
         self.running: list[RequestState] = []  # RUNNING, in batch order
         self.waiting: deque[RequestState] = deque()  # WAITING, in order of arrival
         self.states: dict[str, RequestState] = {}  # every request not finished yet, by id
@@ -122,7 +133,11 @@ class Scheduler:
     # ---- one step's plan ------------------------------------------------------------------------
     def schedule(self, admit: bool = True) -> StepPlan:
         """This step's plan: admission (when ``admit``), then preemption (module docstring)."""
-        new, staged = self._admit() if admit else ([], None)
+        join = self._joins_now(admit)
+        new, staged = self._admit(join) if admit else ([], None)
+        if new:
+            self.stats["joins"] += 1
+            self.stats["joined"] += len(new)
         for state in new:  # the host's record first: a lane that fails to take them fails these rows with the batch
             state.status = RequestStatus.RUNNING
         self.running += new
@@ -135,16 +150,46 @@ class Scheduler:
         with self.lock:
             if self.chunks:
                 return True
-            room = bool(self.waiting) and len(self.running) < self.max_batch
-            return room and self._admit_limit([self.waiting[0]]) > 0  # and its prompt's KV blocks
+            if not self.pacing.paces:
+                room = bool(self.waiting) and len(self.running) < self.max_batch
+                return room and self._admit_limit([self.waiting[0]]) > 0  # and its prompt's KV blocks
+            demand = self._demand()
+            return demand.joinable > 0 and self.pacing.join_now(demand)
 
-    def _admit(self) -> tuple[list[RequestState], list[int] | None]:
+    def _joins_now(self, admit: bool) -> bool:
+        """Whether waiting requests may join at this step: ``admit`` (no call ran ahead) and the join pacing says so.
+        Counts the steps joinable requests wait (a step without admission counts too: their rows stayed empty)."""
+        if not self.pacing.paces:
+            return admit
+        with self.lock:
+            demand = self._demand()
+        if demand.joinable == 0:
+            self.waited = 0
+            return admit
+        if admit and self.pacing.join_now(demand):
+            self.waited = 0
+            return True
+        self.waited += 1
+        self.stats["paced"] += 1
+        return False
+
+    def _demand(self) -> JoinDemand:
+        """What the join pacing sees now (under :attr:`lock`)."""
+        free = self.max_batch - len(self.running) - (len(self.chunks) if self.chunks is not None else 0)
+        joinable = self._admit_limit(list(itertools.islice(self.waiting, max(0, free))))
+        return JoinDemand(joinable, len(self.running), self.waited)
+
+    def _admit(self, join: bool) -> tuple[list[RequestState], list[int] | None]:
+        """Who joins at this step (``join``: waiting requests may; a group being read in chunks goes on either way)."""
+        take = self._take_waiting if join else _no_one
         staged = None
         if self.chunks is not None and self.running:  # rows decode: joining prompts are read a chunk a step
-            staged, new = self.chunks.step(self._take_waiting)
+            staged, new = self.chunks.step(take)
         else:
+            if not join:
+                return [], None
             new = self.chunks.release()[1] if self.chunks is not None else []  # an empty batch: join at once
-            new += self._take_waiting(self.max_batch - len(new))
+            new += take(self.max_batch - len(new))
         return new, staged
 
     def _take_waiting(self, n: int) -> list[RequestState]:
@@ -196,3 +241,7 @@ class Scheduler:
         assert all(s.status is RequestStatus.WAITING for _, s in staged), [s.status for _, s in staged]
         held = [s.request_id for s in self.running + waiting + [s for _, s in staged]]
         assert sorted(held) == sorted(states), f"requests held {held} vs known {sorted(states)}"
+
+
+def _no_one(n: int) -> list[RequestState]:
+    return []

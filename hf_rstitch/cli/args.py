@@ -65,13 +65,14 @@ def _dest(f: dataclasses.Field) -> str:
 def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, only: Any = True) -> None:
     """Add one option per field of dataclass ``cls`` (``only``: the names of the fields to add, True: all); a
     field embedding a config whole adds that config's options (``metadata={"embed": True or [names]}``); defaults
-    are shown as :class:`DefaultsHelpFormatter` does."""
+    are shown as :class:`DefaultsHelpFormatter` does. Options come in the order of the fields."""
     parser.formatter_class = DefaultsHelpFormatter
     hints = typing.get_type_hints(cls)
-    for inner, names in _embedded(cls):
-        add_dataclass_args(parser, inner, names)
     for f in dataclasses.fields(cls):
-        if f.metadata.get("cli") is False or f.metadata.get("embed") or (only is not True and f.name not in only):
+        if f.metadata.get("cli") is False or (only is not True and f.name not in only):
+            continue
+        if f.metadata.get("embed"):  # the embedded config's options, where its field stands
+            add_dataclass_args(parser, hints[f.name], f.metadata["embed"])
             continue
         flag = "--" + _dest(f).replace("_", "-")
         help_text = f.metadata.get("help", "")

@@ -42,10 +42,10 @@ def run(args: argparse.Namespace) -> int:
     from .preflight import preflight
 
     preflight(sources={"--llm": cfg.llm, "--slm": cfg.slm, "--router": cfg.router})  # one line at once, not minutes
-    if not all(_need(m, "serve") for m in ("fastapi", "uvicorn")):
+    if not all(_need(m, "serve") for m in ("fastapi", "uvicorn", "httptools")):
         return 2
-    if not is_loopback(cfg.host):
-        print(f"rstitch serve: listening on {cfg.host}: the server has no authentication; put it behind a proxy "
+    if not is_loopback(cfg.http.host):
+        print(f"rstitch serve: listening on {cfg.http.host}: the server has no authentication; put it behind a proxy "
               "that has", file=sys.stderr)
     if cfg.replicas > 1 or cfg.ray_address:
         if not _need("ray", "serve-ray"):
@@ -60,5 +60,5 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.config import build_server
     from ..serve.server import run as serve_app
 
-    serve_app(build_server(cfg), cfg.host, cfg.port)  # drains the engine before uvicorn closes connections
+    serve_app(build_server(cfg), cfg.http.host, cfg.http.port)  # drains the engine before uvicorn closes connections
     return 0

@@ -1,15 +1,14 @@
-"""When the LLM runs in a batch: as soon as any row needs it, or once a few rows have gathered.
+"""When the LLM runs in a batch, and when waiting requests join it: the request engine's two timing rules.
 
-Pure decision logic, no tensors. A batched LLM call reads the LLM's weights once whatever the
-number of rows it serves, so at batch sizes of a few to a few dozen rows a call for one row costs
-nearly as much as a call for eight. Stitching leaves a freedom plain decoding has not: a row whose
-next token is the LLM's may *wait* (gain no token this step) while the rows the SLM serves go on;
-a later LLM call then serves the waiting rows together. Outputs do not change -- a waiting row's
-token is decided by the same model on the same prefix, one step later -- only the number of LLM
-calls and when each row's tokens arrive.
+Pure decision logic, no tensors. Both rest on one fact: a batched forward reads the model's weights once whatever
+the number of rows it serves, so at batch sizes of a few to a few dozen rows a call for one row costs nearly as
+much as a call for eight.
 
-A schedule answers one question per step, asked only when some row needs the LLM (see
-:func:`hf_rstitch.decode.step.run_step`): run the LLM now?
+**The LLM's calls.** Stitching leaves a freedom plain decoding has not: a row whose next token is the LLM's may
+*wait* (gain no token this step) while the rows the SLM serves go on; a later LLM call then serves the waiting rows
+together. Outputs do not change -- a waiting row's token is decided by the same model on the same prefix, one step
+later -- only the number of LLM calls and when each row's tokens arrive. A schedule answers one question per step,
+asked only when some row needs the LLM (see :func:`hf_rstitch.decode.step.run_step`): run the LLM now?
 
 * :class:`Immediate` -- always (the seed paper's Algorithm 1, one row at a time; the default).
 * :class:`GatherForLLM` -- once ``min_rows`` rows need it, or one of them has waited
@@ -17,6 +16,13 @@ A schedule answers one question per step, asked only when some row needs the LLM
 
 Measured (``benchmarks/results/engine_schedule_*.md``, docs/howto/batching.md): with a 7B / 1.5B pair it
 makes fewer LLM calls but loses throughput at every batch size, so ``Immediate`` stays the default.
+
+**Joins.** Each step that admits waiting requests prefills their prompts in a join call per model (one weight read
+each, beside the step's own). Under load a row ends nearly every step, so nearly every step pays one.
+:class:`JoinPacing` lets free rows stay empty a few steps so that joiners come in groups, one join call for the
+group: the scheduler (:mod:`hf_rstitch.batching.scheduler`) asks it each step where a request waits and a row is
+free. A request's tokens do not depend on when it joins, so outputs do not change; its first token may come up to
+``join_wait`` steps later.
 """
 
 from __future__ import annotations
@@ -99,3 +105,51 @@ def parse_schedule(spec: str | None) -> LLMSchedule:
     except ValueError:
         raise ValueError(f"schedule {spec!r}: K and M must be integers, e.g. 'gather:2:8'.") from None
     return GatherForLLM(*nums)
+
+
+@dataclass(frozen=True)
+class JoinDemand:
+    """What join pacing sees at a step where a waiting request could take a free row."""
+
+    joinable: int  # waiting requests that would join now (free rows and KV blocks allowing), >= 1
+    running: int  # rows decoding
+    waited: int  # steps in a row that joinable requests have been held back so far
+
+
+@dataclass(frozen=True)
+class JoinPacing:
+    """Waiting requests join in groups: at once when ``join_group`` of them can, when they have been held back
+    ``join_wait`` steps, or when the batch decodes fewer than ``join_group`` rows (nearly empty: at low load joins
+    are rare, so a wait would gather no one and only delay the request -- a lone request joins at once).
+
+    Args:
+        join_wait: steps a free row may stay empty while requests wait (0: join at once, at every step).
+            Trade-off: a request's first token up to ``join_wait`` steps later, against one join call (a weight
+            read of each model) per group instead of per step.
+        join_group: joiners worth a join call at once (8: one group of the fast lane's join call,
+            :data:`hf_rstitch.fast.joins.JOIN_ROWS`); also the size below which a batch counts as nearly empty.
+    """
+
+    join_wait: int = 0
+    join_group: int = 8
+
+    def __post_init__(self):
+        for name, low in (("join_wait", 0), ("join_group", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{name} ({flag}) must be an integer >= {low}, got {value!r}; "
+                                 + ("0 joins waiting requests at once." if low == 0 else
+                                    "8 fills one join call of the fast engine."))
+
+    @property
+    def paces(self) -> bool:
+        """Whether it ever holds a request back (``join_wait`` > 0)."""
+        return self.join_wait > 0
+
+    def join_now(self, demand: JoinDemand) -> bool:
+        """True: the joinable requests join at this step; False: they wait one more step."""
+        return (not self.paces
+                or demand.joinable >= self.join_group  # a group worth its join call
+                or demand.waited >= self.join_wait  # held back long enough
+                or demand.running < self.join_group)  # nearly empty: waiting would gather no one

@@ -2,18 +2,19 @@
 
 Torch-free (the CLI configs import it: ``rstitch --help`` stays fast). ``ServeConfig`` and ``EvalConfig`` embed
 it whole (their ``engine`` field); the CLI turns its fields into flags (``--engine``, ``--max-batch``, ...)
-through :func:`hf_rstitch.cli.args.add_dataclass_args`, and :func:`embeds_engine` lets their Python API keep
-taking those fields flat (``ServeConfig(engine="fast", max_batch=4)``). Which engine the config runs is
+through :func:`hf_rstitch.cli.args.add_dataclass_args`, and :func:`embeds_engine` (:mod:`hf_rstitch.configs`)
+lets their Python API keep taking those fields flat (``ServeConfig(engine="fast", max_batch=4)``). Which engine the config runs is
 :func:`hf_rstitch.engine.choose`'s to say, how it is built :func:`hf_rstitch.engine.build`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..configs import embeds
 
 ENGINE_NAMES = ("default", "fast", "auto")
 HELD_COLUMNS = 32  # spare cache columns of a request engine whose schedule holds rows back (their padding grows)
@@ -72,6 +73,14 @@ class EngineConfig:
         "tokens of joining prompts each model reads a step while rows decode (fast engine): a long prompt joins "
         "over several steps instead of stalling the batch for its whole prefill; 0: the joins of a step prefill "
         "whole, together"))
+    join_wait: int = field(default=0, metadata=_help(
+        "steps a free row may stay empty while requests wait, so that joiners come in groups (one join prefill, a "
+        "weight read of each model, per group instead of per step); a group of --join-group, or a batch decoding "
+        "fewer rows than that, joins at once. Trade-off: a request's first token up to that many steps later, against "
+        "fewer join forwards under load. 0 (the default): join at once, every step a row is free"))
+    join_group: int = field(default=8, metadata=_help(
+        "with --join-wait: joiners that join at once without waiting (8: one join call of the fast engine); a batch "
+        "decoding fewer rows than this counts as nearly empty and takes joiners at once"))
     fast: Any = field(default=None, metadata={"cli": False, "help":
         "a hf_rstitch.fast.FastConfig for the fast engine; None: FastConfig() when named, AUTO under auto"})
     builder: Any = field(default=None, metadata={"cli": False, "help":
@@ -110,6 +119,14 @@ class EngineConfig:
             raise ValueError(f"--kv-tokens must be >= 1 (or left out: sized from --kv-memory), got {self.kv_tokens}")
         if self.prefill_chunk is None or self.prefill_chunk < 0:
             raise ValueError(f"--prefill-chunk must be >= 0 tokens (0: joins prefill whole), got {self.prefill_chunk}")
+        self.join_pacing()  # --join-wait / --join-group checked here
+
+    def join_pacing(self):
+        """When a request engine's waiting requests join: :class:`~hf_rstitch.core.scheduling.JoinPacing` of
+        ``join_wait`` and ``join_group``. Raises ValueError naming the flag."""
+        from ..core.scheduling import JoinPacing
+
+        return JoinPacing(self.join_wait, self.join_group)
 
     def for_requests(self, schedule=None) -> "EngineConfig":
         """This config for a request engine's lanes (rows join and leave), with :data:`HELD_COLUMNS` spare columns
@@ -139,31 +156,8 @@ ALIASES = {"engine": "kind", "max_model_len": "max_length"}  # the flat names of
 
 
 def embeds_engine(**defaults: Any):
-    """Class decorator for a config dataclass whose ``engine`` field is an :class:`EngineConfig`: its constructor
-    also takes the engine's fields flat (``engine="fast"`` the kind, ``max_batch=4``, ``max_model_len=40``, ...),
-    folded into ``engine`` over ``defaults``; reading ``cfg.max_batch`` reads ``cfg.engine.max_batch``."""
-
-    def embed(cls):
-        init, own = cls.__init__, {f.name for f in dataclasses.fields(cls)}
-        inner = {f.name for f in dataclasses.fields(EngineConfig)}
-
-        @functools.wraps(init)
-        def __init__(self, *args, engine=None, **kwargs):
-            flat = {ALIASES.get(k, k): kwargs.pop(k) for k in list(kwargs)
-                    if k not in own and ALIASES.get(k, k) in inner}
-            if isinstance(engine, EngineConfig):
-                engine = dataclasses.replace(engine, **flat) if flat else engine
-            else:  # a name (or None): refused as --engine where it names none
-                engine = EngineConfig(kind=engine, **{**defaults, **flat})
-            init(self, *args, engine=engine, **kwargs)
-
-        def __getattr__(self, name):
-            engine = self.__dict__.get("engine")
-            if isinstance(engine, EngineConfig) and (name in inner or name in ALIASES and name != "engine"):
-                return getattr(engine, ALIASES.get(name, name))
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-        cls.__init__, cls.__getattr__ = __init__, __getattr__
-        return cls
-
-    return embed
+    """Class decorator for a config dataclass whose ``engine`` field is an :class:`EngineConfig`
+    (:func:`hf_rstitch.configs.embeds`): its constructor also takes the engine's fields flat (``engine="fast"`` the
+    kind, ``max_batch=4``, ``max_model_len=40``, ...), folded into ``engine`` over ``defaults``; reading
+    ``cfg.max_batch`` reads ``cfg.engine.max_batch``."""
+    return embeds("engine", EngineConfig, ALIASES, **defaults)

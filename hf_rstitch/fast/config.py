@@ -64,7 +64,8 @@ class FastConfig:
     paged: bool = False
     # each call runs only the rows that need its logits, gathered into the smallest batch bucket (.lane_compact);
     # None: where the cache is paged (gathering is an index there; a static cache copies the rows' slots); False
-    # (default until timed on a GPU: a call with rows handed over makes two graph calls, each reading the weights)
+    # (default: a call with rows handed over makes two graph calls, each reading the weights; on an H200 serving a
+    # 7B / 1.5B pair that cost more than the rows saved, docs/benchmarks.md "Serving: reasoning traffic")
     compact_rows: bool | None = False
     # which GPU features the lane uses (.capabilities): "native" (what the GPU has), "generic" (what an Ampere /
     # Ada GPU gets: every Hopper-only feature off); None: $HF_RSTITCH_PROFILE, else native

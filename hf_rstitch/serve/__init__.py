@@ -7,6 +7,8 @@
 * :mod:`.app` -- the FastAPI app (``create_app``);
 * :mod:`.server` -- uvicorn that drains the engine before it closes connections (what the CLI runs);
 * :mod:`.config` -- ``ServeConfig`` and ``build_server`` (what the CLI and each replica run);
+* :mod:`.http_config` -- ``HttpConfig``, the HTTP side's flags as one object (``ServeConfig.http``, the app's
+  ``settings.http``, the connection guard's limits);
 * :mod:`.split` / :mod:`.frontends` -- the engine in a process of its own and the HTTP side in front-end processes
   (the default on a CUDA device);
 * :mod:`.replicas` -- several replicas across GPUs and machines on Ray Serve.

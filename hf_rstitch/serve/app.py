@@ -21,7 +21,7 @@ import os
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -29,40 +29,43 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from ..batching.request_types import QueueFull
+from ..configs import embeds
 from .bodies import BodyReader
 from .driver import EngineDriver, ShuttingDown
 from .split import EngineClient
 from .errors import ERROR_RESPONSES, BadRequest, error, install, json_body
-from .handover import STREAM_INTERVAL_S, STREAM_WRITES_PER_S, Pacer, PostOffice
+from .handover import Pacer, PostOffice
+from .http_config import HttpConfig
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import Transcript
 from .streams import follow, stream_chat, stream_text, whole_response
 
 
+# more flat names ServerSettings takes for HttpConfig's fields: seconds with an _s, the budget of a request naming none
+SETTINGS_ALIASES = {"default_max_tokens": "max_tokens", "drain_timeout_s": "drain_timeout",
+                    "stream_interval_s": "stream_interval", "header_timeout_s": "header_timeout",
+                    "body_timeout_s": "body_timeout", "disconnect_poll_s": "disconnect_poll",
+                    "error_ttl_s": "error_ttl"}
+
+
+@embeds("http", HttpConfig, SETTINGS_ALIASES)
 @dataclass
 class ServerSettings:
-    """What the endpoints need besides the engine and tokenizer."""
+    """What the endpoints need besides the engine and tokenizer: the HTTP side's config whole (``http``), and what
+    the served pair decides. Built by :func:`~.config.settings_for`; ``ServerSettings(drain_timeout_s=1)`` also
+    takes ``http``'s fields flat."""
 
-    model_name: str = "rstitch"  # the id /v1/models lists and responses echo
+    http: HttpConfig = field(default_factory=HttpConfig)  # rstitch serve's HTTP flags (ServeConfig.http)
+    model_name: str = "rstitch"  # the id /v1/models lists and responses echo (the first of http.served_names)
     model_aliases: tuple[str, ...] = ()  # further names a request's `model` may use (others: 404)
-    default_max_tokens: int = 256  # budget of a request that names none
     max_context: int | None = None  # prompt + completion tokens at most (the LLM's max_position_embeddings)
     vocab_size: int | None = None  # token ids a /v1/completions prompt may hold
-    max_body_bytes: int = 4 * 2**20  # larger request bodies get 413
-    drain_timeout_s: float = 30.0  # on shutdown, how long running requests may take to finish
     do_sample: bool = False  # sampling defaults (the LLM's generation config)
     temperature: float = 1.0
     top_p: float = 1.0
     threshold: float | None = None  # the engine's default tau, reported by /health
     router: str | None = None  # the R-Stitch+ router every request routes with (then no per-request tau)
     pin: str | None = None  # "llm" / "slm": every request decoded by that model alone; None: stitched
-    disconnect_poll_s: float = 0.25  # how often a non-streaming handler checks that its client is still there
-    stream_interval_s: float = STREAM_INTERVAL_S  # an answer writes at most this often, the tokens since in one chunk (Pacer)
-    stream_writes_per_s: float = STREAM_WRITES_PER_S  # and all answers together at most this many times a second; 0s: every step
-    error_ttl_s: float = 300.0  # how long /health shows the last failed step's error
-    header_timeout_s: float = 10.0  # a request's headers must arrive within this (serve/guard.py)
-    body_timeout_s: float = 60.0  # and its body within this of its headers
-    max_connections: int = 4096  # open connections at most; one more gets a 503 and is closed
 
 
 class UnknownModel(LookupError):
@@ -85,12 +88,12 @@ def create_app(engine: Any, tokenizer: Any, settings: ServerSettings | None = No
     async def lifespan(app: FastAPI):
         driver.start()
         yield
-        await asyncio.to_thread(driver.drain, settings.drain_timeout_s)
+        await asyncio.to_thread(driver.drain, settings.http.drain_timeout)
         complete.read_body.close()
 
     app = FastAPI(title="hf-rstitch", summary="R-Stitch stitched decoding behind the OpenAI API", lifespan=lifespan)
     app.state.driver, app.state.settings = driver, settings
-    install(app, settings.max_body_bytes, lambda schema: _publish_limits(schema, settings),
+    install(app, settings.http.max_body_bytes, lambda schema: _publish_limits(schema, settings),
             bodies=(ChatCompletionRequest, CompletionRequest))
 
     @app.get("/health", responses={503: {"model": dict, "description": "draining, stopped or unhealthy"}})
@@ -125,7 +128,7 @@ class _Completions:
         self.driver, self.tokenizer, self.settings = driver, tokenizer, settings
         self.chars_per_token = (max(map(len, tokenizer.get_vocab()), default=1) if hasattr(tokenizer, "get_vocab")
                                 else None)
-        self.pacer = Pacer(settings.stream_interval_s, settings.stream_writes_per_s)
+        self.pacer = Pacer(settings.http.stream_interval, settings.http.stream_writes_per_s)
         self.read_body = BodyReader(settings.max_context)
         self.dropped_roles: tuple[str, ...] | None = None  # roles the chat template leaves out (probed on first use)
         self.offices: dict[asyncio.AbstractEventLoop, PostOffice] = {}  # one per event loop serving the app
@@ -152,7 +155,7 @@ class _Completions:
             await driver.admit(engine_request, box)
         except (UnknownModel, BadRequest, QueueFull, ShuttingDown, ValueError) as err:
             return _refusal(err)
-        events = follow(driver, rid, box, request, None if body.stream else settings.disconnect_poll_s, self.pacer)
+        events = follow(driver, rid, box, request, None if body.stream else settings.http.disconnect_poll, self.pacer)
         transcript = Transcript(tokenizer, len(ids), body.stop_strings, notes)
         if body.stream:
             sse = (stream_chat if kind == "chat" else stream_text)(rid, settings.model_name, body.include_usage_chunk,
@@ -178,7 +181,7 @@ def _health(driver: EngineDriver | EngineClient, settings: ServerSettings) -> JS
     """``GET /health``: 200 while the driver runs, accepts and is healthy, else 503 with which of them failed."""
     ok = driver.alive and driver.accepting and driver.healthy
     status = "ok" if ok else ("stopped" if not driver.alive else "draining" if not driver.accepting else "unhealthy")
-    recent = driver.last_error_at is not None and time.monotonic() - driver.last_error_at < settings.error_ttl_s
+    recent = driver.last_error_at is not None and time.monotonic() - driver.last_error_at < settings.http.error_ttl
     body = {"status": status, "model": settings.model_name, "pid": os.getpid(), "threshold": settings.threshold,
             "router": settings.router, "pin": settings.pin, "running": driver.running, "waiting": driver.waiting,
             "in_flight": driver.in_flight, "max_pending": driver.capacity, "steps": driver.steps,
@@ -312,7 +315,7 @@ def token_budget(requested: int | None, n_prompt: int, settings: ServerSettings,
                  name: str = "max_tokens") -> int:
     """``max_tokens`` (or the field ``name``) checked against the context window; the server default when absent."""
     if settings.max_context is None:
-        return requested or settings.default_max_tokens
+        return requested or settings.http.max_tokens
     room = settings.max_context - n_prompt
     if room < 1:
         raise BadRequest(f"the prompt has {n_prompt} tokens but the model reads at most {settings.max_context} "
@@ -320,7 +323,7 @@ def token_budget(requested: int | None, n_prompt: int, settings: ServerSettings,
     if requested is not None and requested > room:
         raise BadRequest(f"{name}={requested} plus the prompt's {n_prompt} tokens exceed the model's context of "
                          f"{settings.max_context} tokens; ask for at most {room}", param=name)
-    return requested or min(settings.default_max_tokens, room)
+    return requested or min(settings.http.max_tokens, room)
 
 
 def build_request(body, ids: list[int], request_id: str, settings: ServerSettings, tokenizer: Any = None):

@@ -2,23 +2,28 @@
 
 One dataclass, so the CLI flags, their help and their validation live in one place, and a replica
 on another machine rebuilds exactly the server the command line described (the config is plain
-data and pickles). :func:`build_server` loads the pair and returns the app; the web stack is
-imported only there.
+data and pickles). It embeds two parts whole, each handed on as one object: ``engine``, an
+:class:`~hf_rstitch.engine.EngineConfig` (to :func:`hf_rstitch.engine.build`), and ``http``, an
+:class:`~.http_config.HttpConfig` (to the app's settings); their fields keep their flags and flat
+names (``ServeConfig(max_batch=4, header_timeout=5)``). :func:`build_server` loads the pair, works
+out the default tau once (:func:`served_threshold`) and returns the app; the web stack is imported
+only there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from ..configs import embeds
 from ..engine.config import EngineConfig, embeds_engine
 from ..hf.settings import DEFAULT_THRESHOLD, default_threshold
-from .handover import STREAM_INTERVAL_S, STREAM_WRITES_PER_S
+from .http_config import HttpConfig
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+@embeds("http", HttpConfig)
 @embeds_engine()
 @dataclass
 class ServeConfig:
@@ -30,14 +35,13 @@ class ServeConfig:
     router: str = field(default="", metadata={
         "help": "R-Stitch+ router (folder or Hub id, e.g. hf_rstitch/assets/router) instead of the threshold: it "
                 "routes every request with its own trained threshold, and requests may not set stitch_threshold"})
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
-    port: int = field(default=8000, metadata={"help": "TCP port to listen on"})
     device: str = field(default="cpu", metadata={"help": "torch device of both models (e.g. cpu, cuda, cuda:1)"})
     dtype: str = field(default="float32", metadata={"help": "model dtype",
                                                      "choices": ["float32", "bfloat16", "float16"]})
     engine: EngineConfig = field(default_factory=EngineConfig, metadata={"embed": True, "help":
         "the pair's engine: kind (--engine), --max-batch, --max-model-len, --kv-memory, --kv-tokens, --paged, "
-        "--prefill-chunk (hf_rstitch.engine.EngineConfig); ServeConfig(engine='fast', max_batch=4) takes them flat"})
+        "--prefill-chunk, --join-wait, --join-group (hf_rstitch.engine.EngineConfig); "
+        "ServeConfig(engine='fast', max_batch=4) takes them flat"})
     schedule: str = field(default="now", metadata={"help":
         "When the LLM runs for rows that need it in a batch: now (at once), or gather[:K[:M]]: such rows "
         "wait (no token) at most K steps (default 2) until M rows need it (default a quarter of the batch), while "
@@ -48,34 +52,17 @@ class ServeConfig:
                 "measured against) or slm; none (the default): stitched", "choices": ["none", "llm", "slm"]})
     max_queue: int = field(default=64, metadata={
         "help": "requests that may wait for a free row; beyond max-batch + max-queue the server answers 429"})
-    max_tokens: int = field(default=256, metadata={"help": "completion budget of a request that sets no max_tokens"})
-    model_name: str = field(default="", metadata={
-        "help": "model id that /v1/models lists and responses carry (default: the LLM folder's name); several "
-                "comma-separated names are aliases (the first is the one responses carry); requests naming any other "
-                "model get 404"})
-    max_body_bytes: int = field(default=4 * 2**20, metadata={
-        "help": "largest request body in bytes; larger ones get 413 before they are read in full"})
-    stream_interval: float = field(default=STREAM_INTERVAL_S, metadata={
-        "help": "seconds an answer waits after a write before its next, which carries every token written meanwhile "
-                "(the first token and the end go out at once); 0: a write per engine step"})
-    stream_writes_per_s: float = field(default=STREAM_WRITES_PER_S, metadata={
-        "help": "writes a second of all answers together at most: with many streams open each writes less often, "
-                "several tokens a chunk, so that the HTTP side's Python leaves the engine its GIL; 0: no limit"})
-    header_timeout: float = field(default=10.0, metadata={
-        "help": "seconds a request's headers may take to arrive (from the connection, or the request's first byte); "
-                "a connection that trickles them is closed"})
-    body_timeout: float = field(default=60.0, metadata={
-        "help": "seconds a request's body may take to arrive after its headers; a slower one is closed"})
-    max_connections: int = field(default=4096, metadata={
-        "help": "open HTTP connections at most; one more is answered 503 and closed before it is read"})
-    drain_timeout: float = field(default=30.0, metadata={
-        "help": "on SIGTERM, seconds that running requests get to finish before they are cancelled"})
-    frontend_procs: int = field(default=0, metadata={
+    http: HttpConfig = field(default_factory=HttpConfig, metadata={"embed": True, "help":
+        "the HTTP side: --host, --port, --max-tokens, --model-name, --max-body-bytes, --stream-interval, "
+        "--stream-writes-per-s, --header-timeout, --body-timeout, --max-connections, --drain-timeout "
+        "(hf_rstitch.serve.http_config.HttpConfig); ServeConfig(header_timeout=5) takes them flat"})
+    frontend_procs: int | None = field(default=None, metadata={
         "help": "N >= 1: the engine runs in a process of its own (it only steps the batch) and the HTTP side (schema, "
-                "tokenizing, detokenizing, streaming) in N front-end processes sharing the port; 0 (the default): both "
-                "in one process (on a CPU the split costs a second Python to start and decodes no faster; on a GPU it "
-                "is not yet measured against one process: docs/serving.md). With --replicas: 1 puts each replica's "
-                "engine in a child process, 0 keeps it in the replica's"})
+                "tokenizing, detokenizing, streaming) in N front-end processes sharing the port; 0: both in one "
+                "process. Default: 1 for one server on a CUDA --device (on an H200 the split kept 0.89-0.95 of the "
+                "engine's own throughput where one process kept 0.68-0.97), else 0 (on a CPU the split costs a "
+                "second Python to start and decodes no faster; replicas: not measured split). With --replicas: 1 "
+                "puts each replica's engine in a child process, 0 keeps it in the replica's (docs/serving.md)"})
     replicas: int = field(default=1, metadata={
         "help": "server replicas; more than 1 runs them on Ray Serve (pip install fastapi uvicorn 'ray[serve]', or '.[serve-ray]' in a clone)"})
     ray_address: str = field(default="", metadata={
@@ -91,9 +78,10 @@ class ServeConfig:
         self.threshold = None if self.threshold is None else check_threshold(self.threshold, "--threshold")
         if bool(self.llm) != bool(self.slm):
             raise ValueError("pass both --llm and --slm, or neither (to serve the shipped pair)")
-        for name in ("max_tokens", "replicas", "max_body_bytes", "max_connections"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.replicas < 1:
+            raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
+        if self.frontend_procs is None:  # the measured default: docs/serving.md, "Which layout by default"
+            self.frontend_procs = 1 if self.device.startswith("cuda") and self.replicas == 1 and not self.ray_address else 0
         if self.frontend_procs < 0:
             raise ValueError(f"--frontend-procs must be >= 0 (0: one process), got {self.frontend_procs}")
         if self.frontend_procs > 1 and self.replicas > 1:
@@ -102,8 +90,6 @@ class ServeConfig:
                              f"replica's engine in a process of its own) or 0, got {self.frontend_procs}")
         if self.max_queue < 0:
             raise ValueError(f"--max-queue must be >= 0, got {self.max_queue}")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         try:
             self.engine = self.engine.for_requests(self.schedule)  # a server's engine serves requests
         except ValueError as e:
@@ -115,14 +101,6 @@ class ServeConfig:
         if self.replicas > 1 and self.replica_gpus > 0 and self.device not in ("cuda", "cuda:0"):
             raise ValueError(f"--device {self.device} with --replicas {self.replicas}: Ray shows each replica only its "
                              "own GPUs, numbered from cuda:0; pass --device cuda")
-        for name in ("stream_interval", "stream_writes_per_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: off), got {getattr(self, name)}")
-        for name in ("header_timeout", "body_timeout"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
-        if self.drain_timeout < 0:
-            raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout}")
 
     @property
     def replica_gpus(self) -> float:
@@ -143,16 +121,6 @@ class ServeConfig:
                         "(--ray-address)")
         return None
 
-    @property
-    def served_names(self) -> tuple[str, ...]:
-        """The served model's name, then its aliases."""
-        names = tuple(n.strip() for n in self.model_name.split(",") if n.strip())
-        return names or ((Path(self.llm).name if self.llm else "rstitch-toyworld-pair"),)
-
-    @property
-    def served_name(self) -> str:
-        return self.served_names[0]
-
 
 def load_models(cfg: ServeConfig):
     """``(llm, slm, tokenizer)`` on ``cfg.device`` in eval mode (the shipped pair by default), through the one
@@ -163,50 +131,65 @@ def load_models(cfg: ServeConfig):
     return load_pair(resolve(cfg.llm or "shipped:llm"), resolve(cfg.slm or "shipped:slm"), cfg.dtype, cfg.device)
 
 
-def build_engine(cfg: ServeConfig, llm, slm):
+def served_threshold(cfg: ServeConfig, llm) -> float:
+    """The server's default tau (a request that sets no ``stitch_threshold``): ``--threshold``, else the LLM's tuned
+    ``generation_config.stitch_threshold``, else the library's default. Worked out here alone, once a server
+    (:func:`build_parts`), and handed to the engine and to the endpoints' settings alike."""
+    return default_threshold(llm.generation_config, cfg.threshold)
+
+
+def build_engine(cfg: ServeConfig, llm, slm, tau: float | None = None):
     """The request engine over the pair's engine, built once from ``cfg.engine`` (continuous batching,
-    ``cfg.engine.max_batch`` rows, KV memory from ``cfg.engine.kv_memory``: :func:`hf_rstitch.engine.build`); with
-    ``cfg.router``, every request routes with that R-Stitch+ router."""
+    ``cfg.engine.max_batch`` rows, KV memory from ``cfg.engine.kv_memory``: :func:`hf_rstitch.engine.build`), whose
+    requests default to ``tau`` (None: :func:`served_threshold`); with ``cfg.router``, every request routes with
+    that R-Stitch+ router."""
     from ..engine import Pair, build
     from ..batching.requests import RequestEngine
 
+    tau = served_threshold(cfg, llm) if tau is None else tau
     policy = None
     if cfg.router:
         from ..router.policy import policy_from_router
 
         policy = policy_from_router(cfg.router, slm, flag="--router")
-    tau = default_threshold(llm.generation_config, cfg.threshold)
     engine = build(Pair.of(llm, slm), cfg.engine)  # cfg.engine: ServeConfig's EngineConfig, for requests
     return RequestEngine(engine, threshold=tau, max_waiting=cfg.max_queue, policy=policy, schedule=cfg.schedule)
 
 
-def settings_for(cfg: ServeConfig, llm) -> Any:
-    """Endpoint settings: context window, vocabulary and sampling defaults read from the LLM."""
+def settings_for(cfg: ServeConfig, llm, tau: float | None = None) -> Any:
+    """The endpoints' settings: ``cfg.http`` whole, plus what the LLM decides -- the served names' default (its
+    folder's name), its context window, vocabulary and sampling defaults -- and the default ``tau`` /health reports
+    (None: :func:`served_threshold`; no tau under ``cfg.router``)."""
     from .app import ServerSettings
 
-    gen = llm.generation_config
+    gen, text = llm.generation_config, llm.config.get_text_config()
+    names = cfg.http.served_names(cfg.llm)
     return ServerSettings(
-        model_name=cfg.served_name, model_aliases=cfg.served_names[1:], default_max_tokens=cfg.max_tokens,
-        max_context=getattr(llm.config.get_text_config(), "max_position_embeddings", None),
-        vocab_size=int(llm.config.get_text_config().vocab_size), max_body_bytes=cfg.max_body_bytes,
-        drain_timeout_s=cfg.drain_timeout, stream_interval_s=cfg.stream_interval, header_timeout_s=cfg.header_timeout,
-        body_timeout_s=cfg.body_timeout, max_connections=cfg.max_connections,
-        stream_writes_per_s=cfg.stream_writes_per_s, do_sample=bool(gen.do_sample),
-        temperature=float(gen.temperature if gen.temperature is not None else 1.0),
-        top_p=float(gen.top_p if gen.top_p is not None else 1.0), threshold=None if cfg.router else default_threshold(gen, cfg.threshold),
+        http=cfg.http, model_name=names[0], model_aliases=names[1:],
+        max_context=getattr(text, "max_position_embeddings", None), vocab_size=int(text.vocab_size),
+        do_sample=bool(gen.do_sample), temperature=float(gen.temperature if gen.temperature is not None else 1.0),
+        top_p=float(gen.top_p if gen.top_p is not None else 1.0),
+        threshold=None if cfg.router else (served_threshold(cfg, llm) if tau is None else tau),
         router=cfg.router or None, pin=None if cfg.pin == "none" else cfg.pin)
 
 
+def build_parts(cfg: ServeConfig, llm, slm) -> tuple[Any, Any]:
+    """``(request engine, endpoints' settings)`` of a loaded pair, the server's default tau worked out once
+    (:func:`served_threshold`) and handed to both: what one process and a split server's engine process build."""
+    tau = served_threshold(cfg, llm)
+    return build_engine(cfg, llm, slm, tau), settings_for(cfg, llm, tau)
+
+
 def build_server(cfg: ServeConfig):
-    """Load the pair and return the FastAPI app serving it: the request engine over the pair's engine, built once
-    (:func:`build_engine`), then the app answering HTTP with ``cfg``'s endpoint settings (:func:`settings_for`)."""
+    """Load the pair and return the FastAPI app serving it: the request engine over the pair's engine and the
+    endpoints' settings (``cfg.http`` and what the LLM decides), built once (:func:`build_parts`)."""
     import hf_rstitch  # noqa: F401  (registers stitched generate)
 
     from .app import create_app
 
     llm, slm, tok = load_models(cfg)
-    engine = build_engine(cfg, llm, slm)
-    return create_app(engine, tok, settings_for(cfg, llm))
+    engine, settings = build_parts(cfg, llm, slm)
+    return create_app(engine, tok, settings)
 
 
 def is_loopback(host: str) -> bool:

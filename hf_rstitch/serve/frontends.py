@@ -29,10 +29,10 @@ def build_from_config(cfg) -> tuple[Any, Any]:
     """``(request engine, ServerSettings)`` for a :class:`~.config.ServeConfig`: the engine process's build."""
     import hf_rstitch  # noqa: F401  (registers stitched generate)
 
-    from .config import build_engine, load_models, settings_for
+    from .config import build_parts, load_models
 
     llm, slm, _ = load_models(cfg)
-    return build_engine(cfg, llm, slm), settings_for(cfg, llm)
+    return build_parts(cfg, llm, slm)
 
 
 def engine_main(build: Callable[[], tuple[Any, Any]], authkey: bytes, pipe) -> None:
@@ -140,7 +140,7 @@ def frontend_main(cfg, address: str, authkey: bytes, settings, sock: socket.sock
     from .split import EngineClient
 
     app = create_app(EngineClient(address, authkey), tokenizer or load_tokenizer(cfg), settings)
-    _FrontEnd(config_for(app, cfg.host, cfg.port), on_exit).run(sockets=[sock])
+    _FrontEnd(config_for(app, cfg.http.host, cfg.http.port), on_exit).run(sockets=[sock])
 
 
 def _front_end_class():
@@ -192,7 +192,7 @@ def run_split(cfg) -> int:
         engine.process.kill()
         raise
     log.info("engine process %d ready; %d front-end process(es)", engine.pid, cfg.frontend_procs)
-    sock = listening_socket(cfg.host, cfg.port)
+    sock = listening_socket(cfg.http.host, cfg.http.port)
     ctx = multiprocessing.get_context("spawn")
     others = [ctx.Process(target=frontend_main, args=(cfg, engine.address, engine.authkey, engine.settings, sock),
                           name=f"rstitch-frontend-{i + 1}") for i in range(cfg.frontend_procs - 1)]
@@ -204,7 +204,7 @@ def run_split(cfg) -> int:
             if proc.is_alive():
                 os.kill(proc.pid, signal.SIGTERM)
         for proc in others:
-            proc.join(cfg.drain_timeout + 10)
+            proc.join(cfg.http.drain_timeout + 10)
         engine.stop(0.0)
 
     try:

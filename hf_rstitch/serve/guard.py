@@ -4,32 +4,26 @@ Uvicorn times out only idle keep-alive connections: one that connects and trickl
 byte at a time is held for ever, and twenty thousand of them take every file descriptor the process has.
 :func:`guarded_protocol` gives uvicorn (its ``http`` option) its own HTTP protocol with three limits added:
 
-* a request's headers must arrive within ``header_timeout_s`` of the connection opening or of the request's
+* a request's headers must arrive within ``header_timeout`` of the connection opening or of the request's
   first byte (a keep-alive connection between requests stays under uvicorn's own ``timeout_keep_alive``);
-* its body within ``body_timeout_s`` of its headers;
+* its body within ``body_timeout`` of its headers;
 * at most ``max_connections`` connections are open: one past it is answered a 503 in OpenAI's error shape and
   closed at once, before it is read.
 
 A connection that misses a deadline is closed; a handler that was reading its body sees the client leave (no
-answer, nothing logged as an error). Nothing here knows the engine or the endpoints.
+answer, nothing logged as an error). The limits are ``rstitch serve``'s flags of those names, read from its
+:class:`~.http_config.HttpConfig`. Nothing here knows the engine or the endpoints.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .errors import error_body
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    header_timeout_s: float = 10.0  # rstitch serve --header-timeout
-    body_timeout_s: float = 60.0  # --body-timeout
-    max_connections: int = 4096  # --max-connections
+from .http_config import HttpConfig
 
 
 def _refusal(limit: int) -> bytes:
@@ -40,10 +34,10 @@ def _refusal(limit: int) -> bytes:
 
 
 class GuardedProtocol(HttpToolsProtocol):
-    """Uvicorn's httptools protocol with :class:`ConnectionLimits` (set on the subclass
+    """Uvicorn's httptools protocol with an :class:`~.http_config.HttpConfig`'s limits (set on the subclass
     :func:`guarded_protocol` makes)."""
 
-    limits = ConnectionLimits()
+    limits = HttpConfig()
     _deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
@@ -52,7 +46,7 @@ class GuardedProtocol(HttpToolsProtocol):
             transport.write(_refusal(self.limits.max_connections))
             transport.close()
             return
-        self._arm(self.limits.header_timeout_s)
+        self._arm(self.limits.header_timeout)
 
     def connection_lost(self, exc) -> None:
         self._disarm()
@@ -61,10 +55,10 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self._deadline is None:  # a keep-alive connection's next request: its headers from now
-            self._arm(self.limits.header_timeout_s)
+            self._arm(self.limits.header_timeout)
 
     def on_headers_complete(self) -> None:
-        self._arm(self.limits.body_timeout_s)
+        self._arm(self.limits.body_timeout)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -86,6 +80,7 @@ class GuardedProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[GuardedProtocol]:
-    """The protocol class to hand uvicorn (``uvicorn.Config(http=...)``) for ``limits``."""
+def guarded_protocol(limits: HttpConfig) -> type[GuardedProtocol]:
+    """The protocol class to hand uvicorn (``uvicorn.Config(http=...)``) for ``limits`` (its ``header_timeout``,
+    ``body_timeout`` and ``max_connections``)."""
     return type("GuardedProtocol", (GuardedProtocol,), {"limits": limits})

@@ -43,7 +43,7 @@ class RStitchReplica:
             self._app, self._engine = split_app(cfg)
         else:
             self._app = (build or build_server)(cfg)
-        self._drain_s = cfg.drain_timeout
+        self._drain_s = cfg.http.drain_timeout
         self._app.state.driver.start()  # what the app's lifespan does under uvicorn
 
     async def forward(self, head: dict[str, Any], body: bytes):
@@ -69,8 +69,9 @@ def replica_config(cfg: ServeConfig) -> ServeConfig:
     write an item of a Ray stream at each hop -- so each replica gets its share of the budget, and the proxy carries
     as many writes as one server's uvicorn would (2 replicas at the default 500: 250 each; 64 streams on a replica
     then write every 0.256 s, several tokens a chunk). The first token and the end still go out at once."""
-    if cfg.replicas > 1 and cfg.stream_writes_per_s > 0:
-        return dataclasses.replace(cfg, stream_writes_per_s=cfg.stream_writes_per_s / cfg.replicas)
+    if cfg.replicas > 1 and cfg.http.stream_writes_per_s > 0:
+        share = cfg.http.stream_writes_per_s / cfg.replicas
+        return dataclasses.replace(cfg, http=dataclasses.replace(cfg.http, stream_writes_per_s=share))
     return cfg
 
 
@@ -108,7 +109,7 @@ def deployment(cfg: ServeConfig):
         ray_actor_options={"num_cpus": cfg.cpus_per_replica, "num_gpus": cfg.replica_gpus},
         # a replica takes what its own engine holds (rows + queue); Ray queues up to max_queue more, then 503s
         max_ongoing_requests=cfg.engine.max_batch + cfg.max_queue, max_queued_requests=cfg.max_queue,
-        graceful_shutdown_timeout_s=cfg.drain_timeout, graceful_shutdown_wait_loop_s=0.5,
+        graceful_shutdown_timeout_s=cfg.http.drain_timeout, graceful_shutdown_wait_loop_s=0.5,
     )
 
 
@@ -117,13 +118,13 @@ def application(cfg: ServeConfig, build: Callable[[ServeConfig], Any] | None = N
     front = serve.deployment(
         RStitchFront, name="RStitchFront", num_replicas=cfg.replicas, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=2 * cfg.replicas * (cfg.engine.max_batch + cfg.max_queue),
-        graceful_shutdown_timeout_s=cfg.drain_timeout + 5, graceful_shutdown_wait_loop_s=0.5)
+        graceful_shutdown_timeout_s=cfg.http.drain_timeout + 5, graceful_shutdown_wait_loop_s=0.5)
     return front.bind(deployment(cfg).bind(cfg, build))
 
 
 def start(cfg: ServeConfig, ray_init: dict[str, Any] | None = None,
           build: Callable[[ServeConfig], Any] | None = None) -> None:
-    """Connect to (or start) Ray, start Serve's HTTP proxy on ``cfg.host:cfg.port`` and deploy
+    """Connect to (or start) Ray, start Serve's HTTP proxy on ``cfg.http.host:cfg.http.port`` and deploy
     ``cfg.replicas`` replicas (``build``: see :func:`application`); returns once every replica is ready."""
     import ray
 
@@ -136,7 +137,7 @@ def start(cfg: ServeConfig, ray_init: dict[str, Any] | None = None,
     if problem:  # else serve.run would wait forever for replicas Ray cannot place
         ray.shutdown()
         raise RuntimeError(problem)
-    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    serve.start(http_options={"host": cfg.http.host, "port": cfg.http.port})
     serve.run(application(cfg, build), name=APP_NAME, route_prefix="/")
 
 
@@ -166,7 +167,7 @@ def run_replicas(cfg: ServeConfig) -> int:
     start(cfg)
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, whose own SIGTERM handler aborts the process
         signal.signal(sig, lambda *_: done.set())
-    print(f"rstitch serve: {cfg.replicas} replicas on Ray Serve at http://{cfg.host}:{cfg.port}", flush=True)
+    print(f"rstitch serve: {cfg.replicas} replicas on Ray Serve at http://{cfg.http.host}:{cfg.http.port}", flush=True)
     while not done.wait(1.0):
         pass
     stop()

@@ -16,7 +16,7 @@ import math
 
 import uvicorn
 
-from .guard import ConnectionLimits, guarded_protocol
+from .guard import guarded_protocol
 
 
 class DrainingServer(uvicorn.Server):
@@ -30,7 +30,7 @@ class DrainingServer(uvicorn.Server):
         app = self.config.app
         if not self._drained and hasattr(getattr(app, "state", None), "driver"):
             self._drained = True
-            await asyncio.to_thread(app.state.driver.finish, app.state.settings.drain_timeout_s)
+            await asyncio.to_thread(app.state.driver.finish, app.state.settings.http.drain_timeout)
             await asyncio.sleep(0.05)  # the handlers write their last bytes
         await super().shutdown(sockets)
 
@@ -38,10 +38,9 @@ class DrainingServer(uvicorn.Server):
 def config_for(app, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
     """Uvicorn's config: the connection limits of :mod:`.guard`, and a graceful-shutdown timeout that leaves the
     answers after a drain time to be written."""
-    settings = app.state.settings
-    limits = ConnectionLimits(settings.header_timeout_s, settings.body_timeout_s, settings.max_connections)
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=guarded_protocol(limits),
-                          timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s) + 5)
+    http = app.state.settings.http  # the HttpConfig: the guard's limits and the drain time
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=guarded_protocol(http),
+                          timeout_graceful_shutdown=math.ceil(http.drain_timeout) + 5)
 
 
 def run(app, host: str, port: int, log_level: str = "info") -> None:

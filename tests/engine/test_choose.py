@@ -73,7 +73,8 @@ def test_the_environment_names_the_kind_of_a_config_naming_none(monkeypatch, pai
 @pytest.mark.parametrize("bad, match", [
     (dict(kind="turbo"), "--engine must be default, fast or auto"), (dict(max_batch=0), "--max-batch"),
     (dict(kv_memory=1.5), "--kv-memory"), (dict(max_length=-1), "--max-model-len"),
-    (dict(prefill_chunk=-1), "--prefill-chunk"), (dict(kv_tokens=0), "--kv-tokens")])
+    (dict(prefill_chunk=-1), "--prefill-chunk"), (dict(kv_tokens=0), "--kv-tokens"),
+    (dict(join_wait=-1), "--join-wait"), (dict(join_group=0), "--join-group")])
 def test_engine_config_refuses_bad_values_naming_the_flag(bad, match):
     with pytest.raises(ValueError, match=match):
         EngineConfig(**bad)
@@ -99,13 +100,16 @@ def test_the_cli_takes_the_engine_config_s_flags(monkeypatch):
     monkeypatch.delenv(ENGINE_ENV, raising=False)
     from hf_rstitch.cli.main import build_parser
     from hf_rstitch.cli.args import dataclass_from_args
+    from hf_rstitch.core.scheduling import JoinPacing
     from hf_rstitch.serve.config import ServeConfig
 
     args = build_parser().parse_args(["serve", "--engine", "fast", "--max-batch", "3", "--max-model-len", "50",
-                                      "--kv-tokens", "640", "--no-paged", "--prefill-chunk", "16"])
+                                      "--kv-tokens", "640", "--no-paged", "--prefill-chunk", "16",
+                                      "--join-wait", "4", "--join-group", "6"])
     cfg = dataclass_from_args(ServeConfig, args)
     assert cfg.engine == EngineConfig(kind="fast", max_batch=3, max_length=50, kv_tokens=640, paged=False,
-                                      prefill_chunk=16, requests=True)
+                                      prefill_chunk=16, join_wait=4, join_group=6, requests=True)
+    assert cfg.engine.join_pacing() == JoinPacing(join_wait=4, join_group=6)
 
 
 def test_auto_on_an_unproven_pair_proves_it_on_this_machine(pair, monkeypatch):

@@ -11,7 +11,7 @@ def test_help_lists_the_issue_flags():
     sub = build_parser()._subparsers._group_actions[0].choices["serve"]
     flags = {o for a in sub._actions for o in a.option_strings}
     assert {"--llm", "--slm", "--threshold", "--router", "--host", "--port", "--device", "--max-batch",
-            "--max-queue", "--replicas", "--schedule", "--prefill-chunk"} <= flags
+            "--max-queue", "--replicas", "--schedule", "--prefill-chunk", "--join-wait", "--join-group"} <= flags
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -21,6 +21,8 @@ def test_help_lists_the_issue_flags():
     (["--port", "70000"], "--port must be in [0, 65535], got 70000"),
     (["--schedule", "later"], "--schedule: schedule 'later': use 'now', 'gather'"),
     (["--prefill-chunk", "-1"], "--prefill-chunk must be >= 0 tokens (0: joins prefill whole), got -1"),
+    (["--join-wait", "-2"], "join_wait (--join-wait) must be an integer >= 0, got -2"),
+    (["--join-group", "0"], "join_group (--join-group) must be an integer >= 1, got 0"),
 ])
 def test_bad_flags_exit_2_with_a_message(argv, needle, capsys):
     assert main(["serve", *argv]) == 2
@@ -54,10 +56,14 @@ def test_the_schedule_reaches_the_request_engine():
     assert type(build_engine(ServeConfig(engine="auto"), llm, slm).lanes[Role.LLM]).__name__ == "Lane"  # CPU: eager
 
 
-def test_one_process_by_default_and_the_split_on_request():
+def test_the_split_by_default_for_one_server_on_cuda_one_process_elsewhere():
     from hf_rstitch.serve.config import ServeConfig
 
-    assert ServeConfig().frontend_procs == 0 and ServeConfig(device="cuda").frontend_procs == 0  # until a GPU run says
+    assert ServeConfig().frontend_procs == 0  # CPU: measured, the split decodes no faster (docs/serving.md)
+    assert ServeConfig(device="cuda").frontend_procs == 1 and ServeConfig(device="cuda:1").frontend_procs == 1
+    assert ServeConfig(device="cuda", replicas=2).frontend_procs == 0  # replicas: the split not measured there
+    assert ServeConfig(device="cuda", ray_address="auto").frontend_procs == 0  # a Ray replica, even one
+    assert ServeConfig(device="cuda", frontend_procs=0).frontend_procs == 0
     assert ServeConfig(device="cuda", frontend_procs=1).frontend_procs == 1
     assert ServeConfig(frontend_procs=3).frontend_procs == 3
     assert ServeConfig(device="cuda", replicas=2, frontend_procs=1).frontend_procs == 1  # each replica's engine apart
