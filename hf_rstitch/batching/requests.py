@@ -108,7 +108,7 @@ class RequestEngine:
         self.kv = budget_of(self.lanes.values())  # paged lanes: admission and preemption by free blocks
         self.thresholds = RowEntropyPolicy() if policy is None else None
         self.server_policy = None if policy is None else checked(policy)  # every request's, but for their own
-        per_row = RowPolicies(self.thresholds or self.server_policy)  # requests' own policies
+        per_row = RowPolicies(self.thresholds if policy is None else self.server_policy)  # requests' own policies
         self.policy = PinnedRoles(per_row)
         self.policy.reset()
         self.stats = {"steps": 0, "slm_calls": 0, "llm_calls": 0, "held": 0, "ahead": 0, "preempted": 0, "joins": 0,
