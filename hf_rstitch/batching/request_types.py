@@ -146,9 +146,8 @@ def prepare(r: Request, *, vocab: int, max_length: int | None, default_eos: froz
                          f"engine's max_length {max_length}; shorten the request or build the engine with "
                          "a larger max_length.")
     tau = r.stitch_threshold
-    if r.stitch_policy is not None and (tau is not None or not routes_per_request):
-        raise ValueError("Request.stitch_policy routes the request by its own rule: drop stitch_threshold, and build "
-                         "the engine without `policy=` (which routes every request with one policy).")
+    if r.stitch_policy is not None and tau is not None:
+        raise ValueError("Request.stitch_policy routes the request by its own rule: drop stitch_threshold.")
     if tau is not None:
         if not routes_per_request:
             raise ValueError("this engine routes every request with one policy; drop Request.stitch_threshold "

@@ -34,13 +34,14 @@ one thread calls ``step`` (a server's engine loop, or :meth:`run`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Iterable, Iterator
 
 import torch
 
 from ..core.policies import PinnedRoles, RowEntropyPolicy, check_threshold, checked
-from ..core.policies_rows import RowPolicies
+from ..core.policies_rows import RowPolicies, ServerRouter
 from ..core.sampling import sample_one
 from ..core.scheduling import LLMSchedule
 from ..core.trace import StitchTrace
@@ -106,8 +107,9 @@ class RequestEngine:
         self.lanes, self.max_length = engine.lanes(), engine.max_length
         self.kv = budget_of(self.lanes.values())  # paged lanes: admission and preemption by free blocks
         self.thresholds = RowEntropyPolicy() if policy is None else None
-        per_row = RowPolicies(self.thresholds) if policy is None else None  # requests' own policies
-        self.policy = PinnedRoles(per_row if policy is None else checked(policy))
+        self.server_policy = None if policy is None else checked(policy)  # every request's, but for their own
+        per_row = RowPolicies(self.thresholds if policy is None else self.server_policy)  # requests' own policies
+        self.policy = PinnedRoles(per_row)
         self.policy.reset()
         self.stats = {"steps": 0, "slm_calls": 0, "llm_calls": 0, "held": 0, "ahead": 0, "preempted": 0, "joins": 0,
                       "joined": 0, "paced": 0}  # held: row-steps waiting for the LLM; the rest: Scheduler's
@@ -187,6 +189,8 @@ class RequestEngine:
         ``QueueFull``; ``request`` is not changed (but for its ``request_id`` when None)."""
         r = prepare(request, vocab=self.vocab, max_length=self.max_length, default_eos=self.default_eos,
                     routes_per_request=self.thresholds is not None)
+        if isinstance(r.stitch_policy, ServerRouter):
+            r = dataclasses.replace(r, stitch_policy=self._server_router(r.stitch_policy))
         self.scheduler.check_fits(r)
         try:
             generator = generator_for(r)
@@ -196,7 +200,7 @@ class RequestEngine:
         tau = None
         if self.thresholds is not None:
             tau = r.stitch_threshold if r.stitch_threshold is not None else self.threshold
-        name = repr(self.policy.base) if tau is None else f"EntropyPolicy(threshold={tau})"
+        name = repr(self.server_policy) if tau is None else f"EntropyPolicy(threshold={tau})"
         if r.stitch_policy is not None:
             tau, name = getattr(r.stitch_policy, "threshold", None), repr(r.stitch_policy)
         eos = frozenset(r.eos_token_id) if r.eos_token_id is not None else self.default_eos
@@ -237,6 +241,16 @@ class RequestEngine:
             events += self._fail_batch(f"{type(err).__name__}: {err}")
             raise StepFailed(err, events) from err
         return events
+
+    def _server_router(self, spec: ServerRouter):
+        """The engine's own router policy at a request's threshold (``stitch_policy`` ``router`` / ``r2r``)."""
+        base = self.server_policy
+        if getattr(base, "kind", None) != spec.kind or not hasattr(base, "with_threshold"):
+            has = "no router" if base is None else f"{base!r}"
+            raise ValueError(f"stitch_policy {spec.kind!r} routes by the server's own {spec.kind} router, but this "
+                             f"engine routes with {has}; start the server with --router <an "
+                             f"{'R-Stitch+' if spec.kind == 'router' else 'R2R'} router> or name another policy.")
+        return base.with_threshold(spec.threshold)
 
     def _leave(self, index: list[int]) -> None:
         """The running rows ``index`` leave the batch (they finished or were cancelled)."""

@@ -1,7 +1,9 @@
 """Routing policies by name, and one policy per row: how a served request brings its own routing rule.
 
 * :func:`policy_from_spec` builds a policy from a name and its parameters (``{"name": "step", "threshold":
-  0.3}``), the form an HTTP request carries (``rstitch serve``'s ``stitch_policy`` field).
+  0.3}``), the form an HTTP request carries (``rstitch serve``'s ``stitch_policy`` field). The names ``router``
+  and ``r2r`` ask for the server's own router at the request's threshold (:class:`ServerRouter`), which the
+  request engine resolves against the router it was built with (no weights travel with a request).
 * :class:`RowPolicies` answers for a batch whose rows follow different policies: each row id may have its
   own; the others follow ``default``. Each policy sees the rows it routes, as a batch of their own
   (:meth:`StepView` sliced), so a policy with per-row state keeps it by the same row ids.
@@ -13,14 +15,39 @@ from typing import Any
 
 import torch
 
-from .policies import EntropyPolicy, RandomPolicy, RoutingPolicy, StepView
+from .policies import EntropyPolicy, RandomPolicy, RoutingPolicy, StepView, check_threshold
 from .policies_step import StepPolicy
+
+
+class ServerRouter:
+    """A request's ``{"name": "router" | "r2r", "threshold": t}``: the server's own router (R-Stitch+'s, or an R2R
+    router: ``kind``) at this request's threshold. Not a policy yet: the request engine replaces it with its router
+    policy's ``with_threshold(t)`` (:meth:`hf_rstitch.batching.requests.RequestEngine.submit`), and refuses it
+    where the engine routes with no router of that kind."""
+
+    needs_hidden = True
+
+    def __init__(self, kind: str, threshold: float):
+        self.kind, self.threshold = kind, check_threshold(threshold, f"stitch_policy {kind!r} threshold")
+
+    def hand_to_llm(self, step: StepView) -> torch.Tensor:
+        raise TypeError(f"{self!r} routes nothing itself: the request engine resolves it against its router")
+
+    hand_to_slm = hand_to_llm
+
+    def reset(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"ServerRouter({self.kind!r}, threshold={self.threshold})"
 
 # name -> (class, the parameters it takes, the ones it needs)
 POLICY_NAMES: dict[str, tuple[type, tuple[str, ...], tuple[str, ...]]] = {
     "rstitch": (EntropyPolicy, ("threshold",), ("threshold",)),
     "step": (StepPolicy, ("threshold", "delimiter"), ("threshold",)),
     "random": (RandomPolicy, ("p", "return_threshold", "seed"), ("p",)),
+    "router": (ServerRouter, ("threshold",), ("threshold",)),  # the server's R-Stitch+ router (rstitch serve --router)
+    "r2r": (ServerRouter, ("threshold",), ("threshold",)),  # the server's R2R router (--router an R2R checkpoint)
 }
 
 
@@ -39,6 +66,8 @@ def policy_from_spec(spec: dict[str, Any], tokenizer=None) -> RoutingPolicy:
                          f"unknown {unknown} and missing {missing}.")
     if cls is StepPolicy:
         return StepPolicy(spec["threshold"], spec.get("delimiter", "\n\n"), tokenizer)
+    if cls is ServerRouter:
+        return ServerRouter(name, spec["threshold"])
     return cls(**spec)
 
 

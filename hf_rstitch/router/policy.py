@@ -69,6 +69,12 @@ class RouterPolicy:
         self.consults: list[Consult] = []
         self.router_calls, self.router_seconds = 0, 0.0
 
+    kind = "router"  # what a request names to route by this server's router (core.policies_rows.ServerRouter)
+
+    def with_threshold(self, threshold: float) -> "RouterPolicy":
+        """The same router (its weights shared) at another tau: a served request's own threshold."""
+        return RouterPolicy(self.router, threshold, sample=self.sample, generator=self.generator, record=self.record)
+
     def reset(self) -> None:
         self.consults = []
 

@@ -274,6 +274,12 @@ class R2RPolicy:
         self.router = router
         self.threshold = router.threshold if threshold is None else check_threshold(threshold, "R2R threshold")
 
+    kind = "r2r"  # what a request names to route by this server's router (core.policies_rows.ServerRouter)
+
+    def with_threshold(self, threshold: float) -> "R2RPolicy":
+        """The same router (its weights shared) at another probability cut-off: a served request's own."""
+        return R2RPolicy(self.router, threshold)
+
     def reset(self) -> None:
         pass
 

@@ -352,9 +352,9 @@ def request_policy(body, settings: ServerSettings, tokenizer: Any):
     spec = getattr(body, "stitch_policy", None)
     if spec is None:
         return None
-    if settings.router or body.stitch_threshold is not None:
-        raise BadRequest("stitch_policy routes this request by its own rule; drop stitch_threshold (and a server "
-                         "started with --router routes every request with its router)", param="stitch_policy")
+    if body.stitch_threshold is not None:
+        raise BadRequest("stitch_policy routes this request by its own rule; drop stitch_threshold",
+                         param="stitch_policy")
     from ..core.policies_rows import policy_from_spec
 
     try:

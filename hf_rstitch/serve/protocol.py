@@ -81,12 +81,14 @@ class StreamOptions(BaseModel):
 class StitchPolicySpec(BaseModel):
     """This request's own routing rule by name (:data:`hf_rstitch.core.policies_rows.POLICY_NAMES`):
     ``{"name": "step", "threshold": 0.3, "delimiter": "\\n\\n"}``, ``{"name": "rstitch", "threshold": 0.02}``,
-    ``{"name": "random", "p": 0.2}``."""
+    ``{"name": "random", "p": 0.2}``; on a server started with ``--router``, ``{"name": "router", "threshold": 0.05}``
+    (its R-Stitch+ router at this tau) or ``{"name": "r2r", "threshold": 0.7}`` (its R2R router at this cut-off)."""
 
     model_config = _STRICT
 
-    name: Literal["rstitch", "step", "random"]
-    threshold: float | None = Field(default=None, ge=0.0, le=1.0, description="rstitch / step: the entropy tau")
+    name: Literal["rstitch", "step", "random", "router", "r2r"]
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0, description=(
+        "rstitch / step / router: the entropy tau; r2r: the router's probability cut-off"))
     delimiter: str | None = Field(default=None, min_length=1, max_length=16, description="step: text ending a step")
     p: float | None = Field(default=None, ge=0.0, le=1.0, description="random: share of SLM steps sent to the LLM")
 

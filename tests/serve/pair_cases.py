@@ -31,7 +31,8 @@ def solo(i: int, tau: float | None, max_tokens: int, router: str | None = None) 
 
     llm, slm, tok = pair()
     ids = torch.tensor([prompt_ids(tok, problem(i), instruction="")])
-    routing = dict(stitch_router=router) if router else dict(stitch_threshold=SERVER_TAU if tau is None else tau)
+    routing = (dict(stitch_router=router, **({} if tau is None else {"stitch_threshold": tau})) if router
+               else dict(stitch_threshold=SERVER_TAU if tau is None else tau))
     out = llm.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=slm, do_sample=False,
                        max_new_tokens=max_tokens, return_dict_in_generate=True, **routing)
     new = out.sequences[0, ids.shape[1]:].tolist()

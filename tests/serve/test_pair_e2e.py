@@ -65,6 +65,35 @@ def test_router_serving_equals_solo_generate_with_the_router(one_thread):
     assert health["router"] == router and health["threshold"] is None
 
 
+def test_a_request_names_the_servers_router_at_its_own_threshold(one_thread):
+    """``stitch_policy: {"name": "router", "threshold": t}`` on a server started with --router answers what solo
+    generate with that router at tau t answers, beside requests at the server's default; naming an R2R router
+    the server has not is a 400 that names --router."""
+    from hf_rstitch.serve.app import create_app
+    from hf_rstitch.serve.config import ServeConfig, build_engine, settings_for
+    from hf_rstitch.toyworld.pair import ASSETS
+
+    router = str(ASSETS.parent / "router")
+    llm, slm, tok = pair()
+    cfg = ServeConfig(router=router, max_batch=3)
+    app = create_app(build_engine(cfg, llm, slm), tok, settings_for(cfg, llm))
+    cases = [(0, 0.0, 32), (1, 0.2, 32), (2, None, 32)]
+
+    def ask(srv, case):
+        i, tau, m = case
+        extra = {} if tau is None else {"stitch_policy": {"name": "router", "threshold": tau}}
+        return httpx.post(srv.url + "/v1/chat/completions", json=body(i, None, m, **extra), timeout=120).json()
+
+    with LiveServer(app) as srv, ThreadPoolExecutor(len(cases)) as pool:
+        answers = list(pool.map(lambda c: ask(srv, c), cases))
+        r2r = httpx.post(srv.url + "/v1/chat/completions", timeout=60,
+                         json=body(0, None, 8, stitch_policy={"name": "r2r", "threshold": 0.5}))
+    for case, answer in zip(cases, answers):
+        assert got(answer) == solo(*case, router=router), case
+    assert got(answers[0])["llm_tokens"] > got(answers[1])["llm_tokens"]  # the request's own tau routed it
+    assert r2r.status_code == 400 and "--router" in r2r.json()["error"]["message"]
+
+
 def test_disconnect_frees_the_real_engines_row(one_thread):
     from hf_rstitch.batching.requests import RequestEngine
     from hf_rstitch.serve.app import create_app

@@ -68,6 +68,21 @@ def test_router_serving_equals_solo_generate_with_the_router(one_thread):
     assert health["router"] == router and health["threshold"] is None
 
 
+def test_a_request_names_the_engine_processes_router_at_its_own_threshold(one_thread):
+    """The front end sends the name and threshold (no weights); the engine process routes the row with its router."""
+    from hf_rstitch.serve.config import ServeConfig
+    from hf_rstitch.toyworld.pair import ASSETS
+
+    router = str(ASSETS.parent / "router")
+    with split_app(ServeConfig(router=router, max_batch=2)) as app, LiveServer(app) as srv:
+        answer = httpx.post(srv.url + "/v1/chat/completions", timeout=120,
+                            json=body(1, None, 32, stitch_policy={"name": "router", "threshold": 0.0})).json()
+        r2r = httpx.post(srv.url + "/v1/chat/completions", timeout=60,
+                         json=body(0, None, 8, stitch_policy={"name": "r2r", "threshold": 0.5}))
+    assert got(answer) == solo(1, 0.0, 32, router=router)
+    assert r2r.status_code == 400 and "--router" in r2r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("pin", ["llm", "slm"])
 def test_pinned_server_equals_each_model_alone(one_thread, pin):
     import torch
