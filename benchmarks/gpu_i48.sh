@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Issue 48 on one H200, a device call per mode. Run from the repository root with .wheels carried (the server's web
-# stack and pytest, which the GPU image lacks: fastapi, starlette, uvicorn, pydantic, h11, click, anyio, pytest,
-# pytest-xdist, hypothesis and their needs, as `pip download --no-deps ... -d .wheels` for CPython 3.12 fetched them).
+# Issue 48 on one H200, a device call per mode. Run from the repository root with .wheels carried: the server's web
+# stack and pytest, which the GPU image lacks, fetched here for CPython 3.12 with `python3 -m pip download --no-deps
+# --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform
+# manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .wheels` of: fastapi==0.165.0 starlette==1.10.0
+# uvicorn==0.54.0 httptools==0.9.0 pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0
+# typing-inspection==0.4.2 typing-extensions==4.16.0 annotated-doc==0.0.7 opentelemetry-api==1.45.2 h11==0.16.0
+# click==8.5.1 anyio==4.16.0 pytest==9.0.3 pluggy==1.6.0 iniconfig==2.3.0 pytest-xdist==3.8.0 execnet==2.1.2
+# hypothesis==6.155.2 sortedcontainers attrs packaging==26.4 (the versions tested here).
 #
 #   bash benchmarks/gpu_i48.sh serve [ARGS...]      # serve_reasoning.py (rstitch serve's default engine) + ARGS
 #   bash benchmarks/gpu_i48.sh tests [PYTEST...]    # the GPU tier (make test-gpu), or pytest over PYTEST
