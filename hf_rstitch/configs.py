@@ -14,6 +14,12 @@ import functools
 from typing import Any, Mapping
 
 
+def help_meta(text: str, **extra: Any) -> dict:
+    """A config field's metadata: its ``--help`` text, and ``extra`` keys for the CLI (``flag=``, ``choices=``,
+    ``cli=False``: :func:`hf_rstitch.cli.args.add_dataclass_args`)."""
+    return {"help": text, **extra}
+
+
 def embeds(name: str, inner: type, aliases: Mapping[str, str] | None = None, **defaults: Any):
     """Class decorator for a config dataclass whose field ``name`` holds an ``inner`` dataclass whole.
 

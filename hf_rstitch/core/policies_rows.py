@@ -100,6 +100,8 @@ class RowPolicies:
                 p.start_rows(rows)
 
     def _ask(self, step: StepView, method: str) -> torch.Tensor:
+        if not self.policies:  # every row follows the default: no per-row lookup on the step's path
+            return getattr(self.default, method)(step)
         ids = step.row_ids().tolist()
         owners = [self.policies.get(r, self.default) for r in ids]
         if all(o is owners[0] for o in owners):  # one policy for the whole batch: no slicing

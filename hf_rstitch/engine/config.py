@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..configs import embeds
+from ..configs import embeds, help_meta
 
 ENGINE_NAMES = ("default", "fast", "auto")
 HELD_COLUMNS = 32  # spare cache columns of a request engine whose schedule holds rows back (their padding grows)
@@ -42,43 +42,40 @@ def engine_option(value, flag: str = "--engine") -> str:
     return name
 
 
-def _help(text: str, **extra: Any) -> dict:
-    return {"help": text, **extra}
-
 
 @dataclass
 class EngineConfig:
     """Which engine runs a pair and how large it is built. Every field has the CLI flag of its name
     (``kind``: ``--engine``, ``max_length``: ``--max-model-len``)."""
 
-    kind: str | None = field(default=None, metadata=_help(
+    kind: str | None = field(default=None, metadata=help_meta(
         "auto (the default, or $HF_RSTITCH_ENGINE): fast where it runs the pair, else default (the reason logged); "
         "default: eager lanes (any device, any model); fast: static or paged KV caches + CUDA graphs (CUDA, "
         "full-attention single-device models; see --kv-memory)", choices=list(ENGINE_NAMES), flag="engine"))
-    max_batch: int = field(default=8, metadata=_help("rows decoded together at most (requests of a continuous batch)"))
-    max_length: int = field(default=0, metadata=_help(
+    max_batch: int = field(default=8, metadata=help_meta("rows decoded together at most (requests of a continuous batch)"))
+    max_length: int = field(default=0, metadata=help_meta(
         "longest prompt + new tokens a request may ask for with the fast engine; 0: the LLM's context window "
         "(max_position_embeddings), at most what the KV memory holds", flag="max-model-len"))
-    kv_memory: float | None = field(default=0.9, metadata=_help(
+    kv_memory: float | None = field(default=0.9, metadata=help_meta(
         "fast engine on CUDA: fraction of the GPU's memory that the pair's weights and KV blocks may fill (the rest "
         "is for CUDA graphs and activations); KV memory follows the tokens rows write, requests join while their "
         "prompts' blocks are free, and rows that outgrow it wait again (docs/serving.md)"))
-    kv_tokens: int | None = field(default=None, metadata=_help(
+    kv_tokens: int | None = field(default=None, metadata=help_meta(
         "fast engine: KV tokens each model's paged pool holds (overrides --kv-memory); default: sized from "
         "--kv-memory (max-batch x max-length where that is unset)"))
-    paged: bool = field(default=True, metadata=_help(
+    paged: bool = field(default=True, metadata=help_meta(
         "fast engine serving requests: paged KV caches (blocks rows own as they write); --no-paged: a static slab "
         "of max-length a row (kept to measure against)"))
-    prefill_chunk: int = field(default=0, metadata=_help(
+    prefill_chunk: int = field(default=0, metadata=help_meta(
         "tokens of joining prompts each model reads a step while rows decode (fast engine): a long prompt joins "
         "over several steps instead of stalling the batch for its whole prefill; 0: the joins of a step prefill "
         "whole, together"))
-    join_wait: int = field(default=0, metadata=_help(
+    join_wait: int = field(default=0, metadata=help_meta(
         "steps a free row may stay empty while requests wait, so that joiners come in groups (one join prefill, a "
         "weight read of each model, per group instead of per step); a group of --join-group, or a batch decoding "
         "fewer rows than that, joins at once. Trade-off: a request's first token up to that many steps later, against "
         "fewer join forwards under load. 0 (the default): join at once, every step a row is free"))
-    join_group: int = field(default=8, metadata=_help(
+    join_group: int = field(default=8, metadata=help_meta(
         "with --join-wait: joiners that join at once without waiting (8: one join call of the fast engine); a batch "
         "decoding fewer rows than this counts as nearly empty and takes joiners at once"))
     fast: Any = field(default=None, metadata={"cli": False, "help":

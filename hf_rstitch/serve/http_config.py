@@ -13,15 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from ..configs import help_meta
 from .handover import STREAM_INTERVAL_S, STREAM_WRITES_PER_S
 
 SHIPPED_NAME = "rstitch-toyworld-pair"  # the served name of the shipped pair
 
-
-def _help(text: str, **extra: Any) -> dict:
-    return {"help": text, **extra}
 
 
 @dataclass
@@ -29,33 +26,33 @@ class HttpConfig:
     """The HTTP side's settings. Every field is the ``rstitch serve`` flag of its name (``header_timeout``:
     ``--header-timeout``), except those kept off the command line."""
 
-    host: str = field(default="127.0.0.1", metadata=_help("address to listen on"))
-    port: int = field(default=8000, metadata=_help("TCP port to listen on"))
-    max_tokens: int = field(default=256, metadata=_help("completion budget of a request that sets no max_tokens"))
-    model_name: str = field(default="", metadata=_help(
+    host: str = field(default="127.0.0.1", metadata=help_meta("address to listen on"))
+    port: int = field(default=8000, metadata=help_meta("TCP port to listen on"))
+    max_tokens: int = field(default=256, metadata=help_meta("completion budget of a request that sets no max_tokens"))
+    model_name: str = field(default="", metadata=help_meta(
         "model id that /v1/models lists and responses carry (default: the LLM folder's name); several "
         "comma-separated names are aliases (the first is the one responses carry); requests naming any other "
         "model get 404"))
-    max_body_bytes: int = field(default=4 * 2**20, metadata=_help(
+    max_body_bytes: int = field(default=4 * 2**20, metadata=help_meta(
         "largest request body in bytes; larger ones get 413 before they are read in full"))
-    stream_interval: float = field(default=STREAM_INTERVAL_S, metadata=_help(
+    stream_interval: float = field(default=STREAM_INTERVAL_S, metadata=help_meta(
         "seconds an answer waits after a write before its next, which carries every token written meanwhile "
         "(the first token and the end go out at once); 0: a write per engine step"))
-    stream_writes_per_s: float = field(default=STREAM_WRITES_PER_S, metadata=_help(
+    stream_writes_per_s: float = field(default=STREAM_WRITES_PER_S, metadata=help_meta(
         "writes a second of all answers together at most: with many streams open each writes less often, "
         "several tokens a chunk, so that the HTTP side's Python leaves the engine its GIL; 0: no limit"))
-    header_timeout: float = field(default=10.0, metadata=_help(
+    header_timeout: float = field(default=10.0, metadata=help_meta(
         "seconds a request's headers may take to arrive (from the connection, or the request's first byte); "
         "a connection that trickles them is closed"))
-    body_timeout: float = field(default=60.0, metadata=_help(
+    body_timeout: float = field(default=60.0, metadata=help_meta(
         "seconds a request's body may take to arrive after its headers; a slower one is closed"))
-    max_connections: int = field(default=4096, metadata=_help(
+    max_connections: int = field(default=4096, metadata=help_meta(
         "open HTTP connections at most; one more is answered 503 and closed before it is read"))
-    drain_timeout: float = field(default=30.0, metadata=_help(
+    drain_timeout: float = field(default=30.0, metadata=help_meta(
         "on SIGTERM, seconds that running requests get to finish before they are cancelled"))
-    disconnect_poll: float = field(default=0.25, metadata=_help(
+    disconnect_poll: float = field(default=0.25, metadata=help_meta(
         "seconds between a non-streaming handler's checks that its client is still there", cli=False))
-    error_ttl: float = field(default=300.0, metadata=_help(
+    error_ttl: float = field(default=300.0, metadata=help_meta(
         "seconds /health shows the last failed engine step's error", cli=False))
 
     def __post_init__(self) -> None:
