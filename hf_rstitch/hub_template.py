@@ -34,6 +34,7 @@ TEMPLATES = PACKAGE / "templates"
 
 # Flattened in this order: each module only uses names defined above it.
 MODULES = (
+    "configs.py",
     "core/roles.py",
     "core/guessing.py",
     "core/entropy.py",
