@@ -155,21 +155,22 @@ def _generate_batch(llm, slm, ids, mask, engine, **kw):
                         return_dict_in_generate=True, output_logits=True, **kw)
 
 
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("compile,attention", [(None, "split"), (None, "matmul"), ("decode", "split"),
-                                               ("parts", "split")])
-def test_fp32_batched_fast_engine_equals_default(compile, attention):
-    """B = 5 (batch buckets 1, 2, 4, 5), prompts of 37/20/29/5/33 tokens left-padded, independent routes,
-    rows 1 and 3 finishing early (an end token), so the batch bucket shrinks and cache rows move."""
+def batched_reference():
+    """The fp32 pair, B = 5 prompts of 37/20/29/5/33 tokens left-padded, end tokens that finish rows 1 and 3 early,
+    and the eager engine's output with them: ``(llm, slm, ids, mask, eos, ref)``."""
     llm, slm = _pair(torch.float32)
     ids, mask = _left_padded([37, 20, 29, 5, 33])
     free = _generate_batch(llm, slm, ids, mask, "default")
     t = ids.shape[1]
     eos = [int(free.sequences[1, t + 9]), int(free.sequences[3, t + 40])]
     ref = _generate_batch(llm, slm, ids, mask, "default", eos_token_id=eos, pad_token_id=0)
-    engine = FastEngine(FastConfig(max_bucket=8, compile=compile, attention=attention))
-    for _ in range(2):  # first run captures, second replays every graph
+    return llm, slm, ids, mask, eos, ref
+
+
+def assert_batched_equal(engine, llm, slm, ids, mask, eos, ref) -> None:
+    """``engine`` twice (the first run captures, the second replays every graph): the same tokens and routes as
+    ``ref``, the same finished rows, logits within 1e-3."""
+    for _ in range(2):
         out = _generate_batch(llm, slm, ids, mask, engine, eos_token_id=eos, pad_token_id=0)
         assert torch.equal(out.sequences, ref.sequences)
         assert [t.roles for t in out.stitch] == [t.roles for t in ref.stitch]
@@ -177,6 +178,18 @@ def test_fp32_batched_fast_engine_equals_default(compile, attention):
             live = torch.isfinite(b[:, 0])
             assert torch.equal(live, torch.isfinite(a[:, 0]))
             assert float((a[live] - b[live]).abs().max()) < 1e-3
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("compile,attention", [(None, "split"), (None, "matmul"), ("decode", "split"),
+                                               ("parts", "split")])
+def test_fp32_batched_fast_engine_equals_default(compile, attention):
+    """B = 5 (batch buckets 1, 2, 4, 5), prompts of 37/20/29/5/33 tokens left-padded, independent routes,
+    rows 1 and 3 finishing early (an end token), so the batch bucket shrinks and cache rows move."""
+    llm, slm, ids, mask, eos, ref = batched_reference()
+    engine = FastEngine(FastConfig(max_bucket=8, compile=compile, attention=attention))
+    assert_batched_equal(engine, llm, slm, ids, mask, eos, ref)
     lengths = [tr.n_tokens for tr in ref.stitch]
     print(f"[batched fp32 compile={compile} attention={attention}] row lengths {lengths}, graphs "
           f"{engine.graph_count()}, row moves {[lane.row_moves for lane in engine._lanes.values()]}")

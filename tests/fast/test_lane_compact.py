@@ -195,25 +195,13 @@ def test_fp32_compact_lanes_on_cuda_with_graphs_equal_the_default_engine(compile
     """The CUDA path: captured graphs of every bucket, paged caches, B = 5 with independent replayed routes and rows
     1 and 3 ending early (an end token): the same tokens and routes as the eager engine, logits within 1e-3, fewer
     rows run than the full-width lane's."""
-    from .test_fast_gpu import BATCH_ROUTES, _generate_batch, _left_padded, _pair
+    from .test_fast_gpu import BATCH_ROUTES, assert_batched_equal, batched_reference
 
-    llm, slm = _pair(torch.float32)
-    ids, mask = _left_padded([37, 20, 29, 5, 33])
-    free = _generate_batch(llm, slm, ids, mask, "default")
-    t = ids.shape[1]
-    eos = [int(free.sequences[1, t + 9]), int(free.sequences[3, t + 40])]
-    ref = _generate_batch(llm, slm, ids, mask, "default", eos_token_id=eos, pad_token_id=0)
+    llm, slm, ids, mask, eos, ref = batched_reference()
     runs = {}
     for compact in (False, True):
         engine = FastEngine(FastConfig(max_bucket=8, compile=compile, paged=True, compact_rows=compact))
-        for _ in range(2):  # first run captures, second replays every graph
-            out = _generate_batch(llm, slm, ids, mask, engine, eos_token_id=eos, pad_token_id=0)
-            assert torch.equal(out.sequences, ref.sequences)
-            assert [t.roles for t in out.stitch] == [t.roles for t in ref.stitch]
-            for a, b in zip(out.logits, ref.logits):
-                live = torch.isfinite(b[:, 0])
-                assert torch.equal(live, torch.isfinite(a[:, 0]))
-                assert float((a[live] - b[live]).abs().max()) < 1e-3
+        assert_batched_equal(engine, llm, slm, ids, mask, eos, ref)
         runs[compact] = sum(lane.row_counts["rows_run"] for lane in engine._lanes.values())
     assert len(BATCH_ROUTES) == 5 and runs[True] < runs[False], runs
 
