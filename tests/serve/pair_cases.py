@@ -22,8 +22,10 @@ def problem(i: int) -> str:
     return load_test_split()[i]["problem"]
 
 
+@functools.lru_cache(maxsize=None)
 def solo(i: int, tau: float | None, max_tokens: int, router: str | None = None) -> dict:
-    """Greedy solo generate (with the threshold, or ``router``): the completion text and its stitch counts."""
+    """Greedy solo generate (with the threshold, or ``router``): the completion text and its stitch counts (cached:
+    treat as read-only)."""
     import torch
 
     import hf_rstitch  # noqa: F401
