@@ -11,6 +11,11 @@ join the batch (``add_rows(..., staged=...)``) and decode with it. A step's pref
 ``prefill_chunk`` tokens a lane, whatever the prompts' lengths. Requests of a group wait (``WAITING``) until it
 joins; an empty batch takes its requests at once (nothing decodes that a prefill would stall).
 
+Each chunk after a group's first is read ahead (:meth:`ChunkedPrefill.read_ahead`, the scheduler's
+``read_ahead``): once a step's calls are queued on the device and before the host reads that step's values, so
+the device reads it while the host reads the step, updates the requests and plans the next step, instead of after.
+A group is taken then too, from the rows free at that moment (a row the step frees is filled one step later).
+
 Lanes without stages (the eager engine's) join whole, as without a budget (logged once).
 
 The group's keys and values equal those of a whole prefill (same positions; slots are moved by a copy), so a
@@ -34,6 +39,8 @@ class ChunkedPrefill:
         self.lanes, self.budget = lanes, prefill_chunk
         self.group: list[tuple[int, object]] = []  # (stage row, request state), in order of arrival
         self.steps = 0  # steps that read a chunk
+        self.done = False  # the group's prompts are read to their last token in every lane
+        self.ahead = False  # the coming step's chunk was read ahead (read_ahead)
 
     @classmethod
     def for_lanes(cls, lanes: dict, prefill_chunk: int | None) -> "ChunkedPrefill | None":
@@ -54,26 +61,40 @@ class ChunkedPrefill:
         return len(self.group)
 
     def step(self, take: Callable[[int], list]) -> list:
-        """Read one chunk of the group's prompts in every lane (a new group from ``take(n)``, at most ``n``
-        waiting requests, when none is staged). Returns ``(stage rows, states)`` of the group once read to
-        the end (their rows join now), else ``([], [])``."""
+        """This step's chunk of the group's prompts in every lane, unless :meth:`read_ahead` read it already (a new
+        group from ``take(n)``, at most ``n`` waiting requests, when none is staged). Returns ``(stage rows,
+        states)`` of the group once read to the end (their rows join now), else ``([], [])``."""
+        if self.ahead:
+            self.ahead = False
+        else:
+            self._read(take)
+        if not self.group or not self.done:
+            return [], []
+        return self.release(done=True)
+
+    def read_ahead(self, take: Callable[[int], list]) -> None:
+        """The next step's chunk, read now: called once a step's calls are queued and before its values are read,
+        so the device reads it while the host reads that step and schedules the next (which then reads no chunk of
+        its own: one chunk a step either way)."""
+        self._read(take)
+        self.ahead = bool(self.group)
+
+    def _read(self, take: Callable[[int], list]) -> None:
         if not self.group:
             new = take(self.room)
             if not new:
-                return [], []
+                return
             self.group = list(enumerate(new))
             for lane in self.lanes.values():
                 lane.stage_rows([s.request.input_ids for s in new])
         self.steps += 1
-        done = [lane.prefill_staged(self.budget) for lane in self.lanes.values()]
-        if not all(done):
-            return [], []
-        return self.release(done=True)
+        done = [lane.prefill_staged(self.budget) for lane in self.lanes.values()]  # every lane reads its chunk
+        self.done = all(done)
 
     def release(self, done: bool = False) -> tuple[list[int], list]:
         """Empty the group: its stage rows and states (``done``: the lanes keep the stages until the rows have
         joined; else they forget them and the requests are admitted afresh)."""
-        group, self.group = self.group, []
+        group, self.group, self.done, self.ahead = self.group, [], False, False
         if not done:
             for lane in self.lanes.values():
                 lane.unstage()

@@ -234,6 +234,8 @@ class RequestEngine:
             events += plan.events
             run = self.executor.execute(plan, self.scheduler.admissible)  # device: queued, then the next call early
             if run is not None:
+                if not self.executor.ran_ahead:
+                    self.scheduler.read_ahead()  # device: a joining group's next chunk, beside the host's reading
                 done = update_from_output(plan.rows, run.wait(), self.scheduler.finish)  # host, while the device runs
                 events += done[0]
                 self._leave(done[1])

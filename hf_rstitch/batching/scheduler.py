@@ -145,6 +145,16 @@ class Scheduler:
         leave, events = self._make_room()
         return StepPlan(new, staged, joined, leave, list(self.running), events)
 
+    def read_ahead(self) -> None:
+        """The joining group's next chunk, queued right after a step's calls and before the host reads that step
+        (:meth:`~.chunked_prefill.ChunkedPrefill.read_ahead`); a new group is taken from the rows free now when the
+        join pacing would let requests join."""
+        if self.chunks is None or not self.running:
+            return
+        with self.lock:
+            join = not self.pacing.paces or self.pacing.join_now(self._demand())
+        self.chunks.read_ahead(self._take_waiting if join else _no_one)
+
     def admissible(self) -> bool:
         """Whether a waiting request would take a free row at the next step."""
         with self.lock:

@@ -18,21 +18,25 @@ from .request_types import Event, RequestState
 
 def update_from_output(rows: list[RequestState], out: StepOutput, finish: Callable[..., Event]
                        ) -> tuple[list[Event], list[int]]:
-    """The events of one step for ``rows`` (the plan's, in batch order), and the rows that ended (indices)."""
+    """The events of one step for ``rows`` (the plan's, in batch order), and the rows that ended (indices).
+    One pass over plain host lists: at hundreds of rows a step this loop is host time the device may wait on."""
     for i, call in out.calls:
         rows[i].trace.calls.append(call)
     events, done = [], []
-    for i, row in enumerate(rows):
-        if i in out.failed:  # this row alone: it leaves with an error, the others go on
-            events.append(finish(row, "error", error=out.failed[i]))
+    failed, held = out.failed, out.held
+    odd = bool(failed or held)  # rows that gain no token this step: looked up only when some exist
+    for i, (row, token, llm, handed, h, slm_h) in enumerate(zip(rows, out.tokens, out.writer_llm, out.handed,
+                                                                 out.entropy, out.slm_entropy)):
+        if odd and i in failed:  # this row alone: it leaves with an error, the others go on
+            events.append(finish(row, "error", error=failed[i]))
             done.append(i)
             continue
-        if i in out.held:  # no token: remember the hand-over for the token the LLM writes later
-            row.held = row.held or (out.handed[i], out.slm_entropy[i])
+        if odd and i in held:  # no token: remember the hand-over for the token the LLM writes later
+            row.held = row.held or (handed, slm_h)
             continue
-        events.append(_advance(row, out.tokens[i], out.writer_llm[i], out.handed[i], out.entropy[i],
-                               out.slm_entropy[i], finish))
-        if events[-1].finished:
+        event = _advance(row, token, llm, handed, h, slm_h, finish)
+        events.append(event)
+        if event.finished:
             done.append(i)
     return events, done
 
@@ -41,13 +45,14 @@ def _advance(row: RequestState, token: int, llm: bool, handed: bool, entropy: fl
              finish: Callable[..., Event]) -> Event:
     if row.held is not None:  # the LLM's token after waiting: the hand-over happened when it began to wait
         (handed, slm_h), row.held = row.held, None
-    t = row.trace
-    t.roles.append(Role.LLM if llm else Role.SLM)
+    t, role = row.trace, (Role.LLM if llm else Role.SLM)
+    t.roles.append(role)
     t.handovers.append(handed)
     t.entropies.append(entropy)
     t.slm_entropies.append(slm_h if (not llm or handed) else None)
     row.output.append(token)
-    reason = "stop" if token in row.eos else ("length" if t.n_tokens >= row.request.max_new_tokens else None)
-    if reason is not None:
-        return finish(row, reason, token=token)
-    return Event(row.request_id, token, t.roles[-1])
+    if token in row.eos:
+        return finish(row, "stop", token=token)
+    if len(t.roles) >= row.request.max_new_tokens:  # t.n_tokens, without the property's call
+        return finish(row, "length", token=token)
+    return Event(row.request.request_id, token, role)

@@ -164,6 +164,7 @@ class ReplayPolicy:
         table = torch.tensor([[x is Role.LLM for x in r] + [r[-1] is Role.LLM] * (width - len(r)) for r in self.routes])
         self._llm = table  # [R, N] bool: row r's token i is the LLM's
         self._on_device = table.to(device) if device is not None else None
+        self._share = float(table.float().mean())  # for repr, which each request's trace takes: once, not per request
 
     def reset(self) -> None:
         pass
@@ -189,8 +190,7 @@ class ReplayPolicy:
         return ~self._llm_at(step, step.index + 1)
 
     def __repr__(self) -> str:
-        share = float(self._llm.float().mean())
-        return f"ReplayPolicy(routes={len(self.routes)}, len={self._llm.shape[1]}, llm_share={share:.2f})"
+        return f"ReplayPolicy(routes={len(self.routes)}, len={self._llm.shape[1]}, llm_share={self._share:.2f})"
 
 
 class RowEntropyPolicy:

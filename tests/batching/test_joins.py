@@ -176,3 +176,38 @@ def test_chunked_joins_with_run_ahead_or_a_schedule_equal_solo_runs(option):
     for i, r in enumerate(reqs):
         p = prompt(lengths[i], seed=60 + i)
         assert tokens[r.request_id] == solo(llm, slm, p, taus[i], news[i]).sequences[0, p.shape[1]:].tolist(), i
+
+
+def test_a_joining_chunk_is_read_after_the_step_is_queued_and_before_its_values_are_read(monkeypatch):
+    """The chunk of a joining group is queued right after a step's calls (the device reads it while the host reads
+    that step): in every step after the group's first, each lane reads one chunk between the step's execute and its
+    values' read, and no chunk at the next schedule -- one chunk a step, as before."""
+    from hf_rstitch.batching import executor
+
+    llm, slm = make_pair("llama")
+    engine = RequestEngine.of(llm, slm, max_batch=4, max_length=96, prefill_chunk=4,
+                              engine=FastConfig(graphs=False, max_bucket=4))
+    log = []
+    for role, lane in engine.lanes.items():
+        real = lane.prefill_staged
+        monkeypatch.setattr(lane, "prefill_staged", lambda budget, _r=real, _n=role.value: (log.append(_n), _r(budget))[1])
+    real_wait, real_execute = executor.StepRun.wait, executor.Executor.execute
+    monkeypatch.setattr(executor.StepRun, "wait", lambda self: (log.append("wait"), real_wait(self))[1])
+    monkeypatch.setattr(executor.Executor, "execute", lambda self, *a: (log.append("execute"), real_execute(self, *a))[1])
+    engine.submit(Request(prompt(5, seed=3)[0].tolist(), max_new_tokens=12, stitch_threshold=0.45, request_id="a"))
+    engine.step()
+    engine.submit(Request(prompt(29, seed=4)[0].tolist(), max_new_tokens=4, stitch_threshold=0.5, request_id="b"))
+    per_step = []
+    while engine.has_work():
+        log.clear()
+        engine.step()
+        per_step.append(list(log))
+    reads = [s for s in per_step if len(s) > 2]
+    lanes = sorted(r.value for r in engine.lanes)
+    # the step that takes the group: its first chunk at the schedule, the second read ahead once the step is queued
+    first = reads[0]
+    assert sorted(first[:2]) == lanes and first[2] == "execute" and sorted(first[3:5]) == lanes, per_step
+    assert first[5:] == ["wait"], per_step
+    for s in reads[1:]:  # each later chunk: after the step is queued, before its values are read
+        assert s[0] == "execute" and sorted(s[1:3]) == lanes and s[3:] == ["wait"], per_step
+    assert engine._staging.steps == 7  # 28 columns of 4, as without reading ahead
