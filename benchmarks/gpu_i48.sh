@@ -11,8 +11,10 @@
 #   bash benchmarks/gpu_i48.sh serve [ARGS...]      # serve_reasoning.py (rstitch serve's default engine) + ARGS
 #   bash benchmarks/gpu_i48.sh tests [PYTEST...]    # the GPU tier (make test-gpu), or pytest over PYTEST
 #   bash benchmarks/gpu_i48.sh tests-then-serve ARGS  # both in one call: the tier first (<= $TESTS_S s)
+#   bash benchmarks/gpu_i48.sh variants [ARGS...]   # engine_variants.py: the engine alone, join settings compared
 #
-# Results under $OUT: serve_reasoning_<gpu><tags>.{json,md,png}, gpu_tests.txt, and the server logs in logs.tgz.
+# Results under $OUT: serve_reasoning_<gpu><tags>.{json,md,png}, engine_variants_<gpu>.{json,md,png}, gpu_tests.txt,
+# and the server logs in logs.tgz.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
@@ -41,10 +43,17 @@ serve() {  # serve_reasoning.py with the given arguments; server logs kept in lo
   echo "serve done at $((SECONDS - t0)) s"
 }
 
+variants() {  # engine_variants.py with the given arguments (default: default, join_wait=4, prefill_chunk=512)
+  python3 benchmarks/engine_variants.py --out-dir "$OUT" "$@" 2>"$OUT/variants.err" | tail -30
+  tail -5 "$OUT/variants.err"
+  echo "variants done at $((SECONDS - t0)) s"
+}
+
 mode="${1:-serve}"; shift || true
 case "$mode" in
   serve) serve "$@" ;;
   tests) tests "$@" ;;
   tests-then-serve) tests; serve "$@" ;;
-  *) echo "unknown mode $mode: serve, tests or tests-then-serve"; exit 2 ;;
+  variants) variants "$@" ;;
+  *) echo "unknown mode $mode: serve, tests, tests-then-serve or variants"; exit 2 ;;
 esac

@@ -44,6 +44,7 @@ class Phases:
         self._joins = self.engine.stats.get("joins", 0)  # steps that admitted requests (a join call a lane)
         sched, ex = self.engine.scheduler, self.engine.executor
         sched._admit = self._timed("joins", sched._admit, None)  # who joins, and a chunk of their prompts
+        sched.read_ahead = self._timed("joins", sched.read_ahead, None)  # a chunk queued before a step's values
         ex.apply = self._timed("joins", ex.apply, None)  # their rows' prefill into the batch
         self._ahead0 = self._ahead()
         self._t0 = time.perf_counter()
@@ -66,6 +67,7 @@ class Phases:
             for attr in ("advance", "account"):
                 lane.__dict__.pop(attr, None)
         self.engine.scheduler.__dict__.pop("_admit", None)
+        self.engine.scheduler.__dict__.pop("read_ahead", None)
         self.engine.executor.__dict__.pop("apply", None)
 
     def _event(self):

@@ -124,7 +124,7 @@ def build_engine(cfg: dict, llm, slm):
     policy = replay_policy(cfg["max_batch"], cfg["llm_share"], llm.device if cfg["decisions"] == "device" else None)
     return RequestEngine.of(llm, slm, max_batch=cfg["max_batch"], max_waiting=cfg["max_batch"], policy=policy,
                             engine=engine_spec(cfg["engine"], cfg.get("fast") or {}), max_length=cfg["max_length"],
-                            **cfg.get("join", {}))
+                            prefill_chunk=cfg.get("prefill_chunk"), **cfg.get("join", {}))
 
 
 def engine_spec(name: str, fields: dict):
