@@ -95,6 +95,8 @@ class Scheduler:
     def take_cancelled(self) -> tuple[list[Event], list[int]]:
         """Cancelled requests end: their events, and the running rows that leave (indices, before)."""
         with self.lock:
+            if not self.cancelled:  # the common step: no scan of the queue or the rows
+                return [], []
             cancel, self.cancelled = self.cancelled, set()
             waiting = [s for s in self.waiting if s.request_id in cancel]
             self.waiting = deque(s for s in self.waiting if s.request_id not in cancel)
@@ -211,7 +213,7 @@ class Scheduler:
 
     def _admit_limit(self, waiting: list[RequestState]) -> int:
         """How many of ``waiting`` (in order) the KV pool lets join now (all of them without a budget)."""
-        if self.kv is None:
+        if self.kv is None or not waiting:  # no one to weigh: no count of the running rows' tokens
             return len(waiting)
         return self.kv.admit([row.n_tokens for row in self.running], [s.n_tokens for s in waiting])
 

@@ -125,7 +125,7 @@ class LaneRows:
         Before the first call there is nothing to keep."""
         if self.seen == 0:
             return
-        index = [int(i) for i in index]
+        index = index.tolist() if isinstance(index, torch.Tensor) else [int(i) for i in index]  # not a tensor a row
         before = list(self.slots.slot)
         moves = self.slots.keep(index, settle=self.settle)
         if self.paged:  # the rows that left give their blocks back; moving rows take theirs along
