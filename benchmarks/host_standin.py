@@ -96,6 +96,57 @@ def host_cpu(repeats: int = 5) -> dict:
             "lane_us": 1e6 * min(lane_steps(512) for _ in range(repeats)) / 512, "request_ops": request_ops()}
 
 
+def request_host_ms(method: str, rows: int = 256, steps: int = 300, warm: int = 100) -> float:
+    """CPU milliseconds a step of the request engine on the fast lanes' path (their CPU eager steps) with every
+    model call stubbed (fixed logits), ``rows`` requests in a closed loop (a request that ends is replaced at once)
+    of ``serve_reasoning.py``'s shapes: the LLM alone (``llm_only``) or stitched on replayed routes. What the host
+    does a step for that many rows -- scheduling, the lanes' bookkeeping, picking, the update, joins' host side --
+    which on a GPU is the device's idle time wherever it is not overlapped (the phase table's ``other``)."""
+    import contextlib
+    import warnings
+
+    import serve_reasoning as sr
+    from hf_rstitch.batching.requests import Request
+    from hf_rstitch.core import policies
+
+    shape = sr.shapes(0.05)
+    cfg = {"method": method, "pair": "tiny", "device": "cpu", "engine": "fast", "fast": {"graphs": False},
+           "max_batch": rows, "llm_share": shape["llm_share"], "decisions": "device", "max_length": 512}
+    llm, slm = sr.build_pair(cfg)
+    repr_before = policies.ReplayPolicy.__repr__
+    policies.ReplayPolicy.__repr__ = lambda self: "ReplayPolicy(stand-in)"  # every revision alike: not the engine's
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the fast engine's "eager on cpu" note
+            engine = sr.build_engine(cfg, llm, slm)
+        logits = torch.randn(rows, min(llm.config.vocab_size, slm.config.vocab_size))
+        for lane in [x for lane in engine.lanes.values() for x in (lane, lane.joins.twin())]:
+            def stub(ids, n_real, hidden, _lane=lane):
+                _lane.cache.pos.add_(n_real)
+                return logits[: ids.shape[0]], None
+            lane.forward = lane._decode_step = lane._compiled_bucket = stub
+            lane.model_code = lambda *a, **k: contextlib.nullcontext()
+        ps, lengths, role = sr.prompts(512, shape["prompt"]), shape[method], "llm" if method == "llm_only" else None
+        nxt = iter(range(10**9))
+
+        def submit():
+            i = next(nxt) % len(lengths)
+            engine.submit(Request(ps[i], max_new_tokens=lengths[i], role=role))
+
+        for _ in range(rows):
+            submit()
+        t0 = None
+        for k in range(warm + steps):
+            if k == warm:
+                t0 = time.process_time()
+            for event in engine.step():
+                if event.finished:
+                    submit()
+        return 1e3 * (time.process_time() - t0) / steps
+    finally:
+        policies.ReplayPolicy.__repr__ = repr_before
+
+
 def request_ops() -> float:
     """Tensor operations a step of the request engine (one request, greedy, the SLM writing every token) outside
     its lanes' calls (eager tiny lanes; their calls are not counted)."""
