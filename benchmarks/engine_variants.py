@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -160,7 +161,7 @@ def main(argv=None) -> int:
     shape = sr.shapes(args.scale)
     import torch
 
-    gpu = "cpu" if args.dry_run_cpu else torch.cuda.get_device_name().lower().replace(" ", "_")
+    gpu = "cpu" if args.dry_run_cpu else re.sub(r"[^a-z0-9]+", "_", torch.cuda.get_device_name().lower()).strip("_")
     pair_cfg = {"pair": "tiny" if args.dry_run_cpu else "qwen2", "device": args.device, "dtype": args.dtype}
     pair = sr.build_pair(pair_cfg)
     doc = {**lab.environment([args.device]), "gpu": gpu,

@@ -102,7 +102,6 @@ def request_host_ms(method: str, rows: int = 256, steps: int = 300, warm: int = 
     of ``serve_reasoning.py``'s shapes: the LLM alone (``llm_only``) or stitched on replayed routes. What the host
     does a step for that many rows -- scheduling, the lanes' bookkeeping, picking, the update, joins' host side --
     which on a GPU is the device's idle time wherever it is not overlapped (the phase table's ``other``)."""
-    import contextlib
     import warnings
 
     import serve_reasoning as sr
@@ -120,12 +119,9 @@ def request_host_ms(method: str, rows: int = 256, steps: int = 300, warm: int = 
             warnings.simplefilter("ignore")  # the fast engine's "eager on cpu" note
             engine = sr.build_engine(cfg, llm, slm)
         logits = torch.randn(rows, min(llm.config.vocab_size, slm.config.vocab_size))
-        for lane in [x for lane in engine.lanes.values() for x in (lane, lane.joins.twin())]:
-            def stub(ids, n_real, hidden, _lane=lane):
-                _lane.cache.pos.add_(n_real)
-                return logits[: ids.shape[0]], None
-            lane.forward = lane._decode_step = lane._compiled_bucket = stub
-            lane.model_code = lambda *a, **k: contextlib.nullcontext()
+        for lane in engine.lanes.values():
+            stub_model(lane, logits)
+            stub_model(lane.joins.twin(), logits)
         ps, lengths, role = sr.prompts(512, shape["prompt"]), shape[method], "llm" if method == "llm_only" else None
         nxt = iter(range(10**9))
 
@@ -215,17 +211,25 @@ def write_host_rows(stem: Path, row: dict) -> None:
 
 def stubbed_lane(n: int):
     """A FastLane (eager, CPU) of the tiny shape whose model call is a stub: its host path alone."""
-    import contextlib
-
     from engine_profile import PROMPT, build
     from hf_rstitch.fast import FastConfig, FastLane
 
     model = build("tiny-qwen3", "cpu")
     lane = FastLane(model, Role.SLM, model.config.vocab_size, PROMPT + n + 8, FastConfig(graphs=False))
-    logits = torch.randn(1, model.config.vocab_size)
-    lane.forward = lane._decode_step = lane._compiled_bucket = lambda ids, n_real, hidden: (
-        lane.cache.pos.add_(n_real), (logits, None))[1]
-    lane.model_code = contextlib.nullcontext  # a graph replay runs no model code either
+    stub_model(lane, torch.randn(1, model.config.vocab_size))
     seq = torch.ones(1, PROMPT + n + 1, dtype=torch.long)
     lane.advance(seq[:, :PROMPT], seq[:, :PROMPT], torch.ones(1, dtype=torch.bool), torch.zeros(1, dtype=torch.bool))
     return lane, seq
+
+
+def stub_model(lane, logits: torch.Tensor) -> None:
+    """``lane``'s model calls (eager and graph-step alike) become a stub: the cache's write offset moves on as a
+    call's would, and the call returns the first rows of ``logits`` -- what is left of a call is its host path."""
+    import contextlib
+
+    def call(ids, n_real, hidden):
+        lane.cache.pos.add_(n_real)
+        return logits[: ids.shape[0]], None
+
+    lane.forward = lane._decode_step = lane._compiled_bucket = call
+    lane.model_code = lambda *a, **k: contextlib.nullcontext()  # a graph replay runs no model code either
