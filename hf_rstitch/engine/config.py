@@ -42,7 +42,6 @@ def engine_option(value, flag: str = "--engine") -> str:
     return name
 
 
-
 @dataclass
 class EngineConfig:
     """Which engine runs a pair and how large it is built. Every field has the CLI flag of its name
@@ -52,7 +51,8 @@ class EngineConfig:
         "auto (the default, or $HF_RSTITCH_ENGINE): fast where it runs the pair, else default (the reason logged); "
         "default: eager lanes (any device, any model); fast: static or paged KV caches + CUDA graphs (CUDA, "
         "full-attention single-device models; see --kv-memory)", choices=list(ENGINE_NAMES), flag="engine"))
-    max_batch: int = field(default=8, metadata=help_meta("rows decoded together at most (requests of a continuous batch)"))
+    max_batch: int = field(default=8, metadata=help_meta(
+        "rows decoded together at most (requests of a continuous batch)"))
     max_length: int = field(default=0, metadata=help_meta(
         "longest prompt + new tokens a request may ask for with the fast engine; 0: the LLM's context window "
         "(max_position_embeddings), at most what the KV memory holds", flag="max-model-len"))

@@ -20,7 +20,6 @@ from .handover import STREAM_INTERVAL_S, STREAM_WRITES_PER_S
 SHIPPED_NAME = "rstitch-toyworld-pair"  # the served name of the shipped pair
 
 
-
 @dataclass
 class HttpConfig:
     """The HTTP side's settings. Every field is the ``rstitch serve`` flag of its name (``header_timeout``:
