@@ -126,7 +126,7 @@ class Phases:
             if name != "joins":
                 out[name].update(batch=sum(c[3] for c in calls) / n, rows=sum(c[5] for c in calls) / n,
                                  columns=sum(c[4] for c in calls) / n)
-        if "joins" in out:  # its calls are the admission's and the batch's moves (two a step); joins proper:
+        if "joins" in out:  # its calls: the admission, the batch's moves and a chunk read ahead; joins proper:
             out["joins"]["joins_per_step"] = getattr(self, "joins", 0) / steps
         out["other"] = {"ms_per_step": max(0.0, step_ms - busy / steps),
                         "share": max(0.0, 1 - busy / max(1e-9, 1e3 * self.wall_s))}
