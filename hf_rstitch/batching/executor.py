@@ -9,9 +9,14 @@ queues the step's values' one copy to the host (page-locked memory and an event 
 :class:`StepRun` at once: the host reads the step's values (:meth:`StepRun.wait`, which waits for this step's
 kernels only) and turns them into events while the device runs that call.
 
-The run-ahead is left out where the next step depends on what the host has not read: rows held for the LLM (a
-schedule), a row whose sampling failed, or a waiting request that would join at the next step (the scheduler's
-``admissible``: joins change the batch's layout). The executor knows no request's life, no queue and no HTTP.
+Where every row was the LLM's and its hand-back decisions are still on the device, the next call is the LLM's when
+some row is pinned to it (``Request.role``: it keeps that row whatever it decides), else on a guess (it keeps some
+row), where its lane allows it (``ahead_of_decisions``, gated by a
+:class:`~hf_rstitch.core.guessing.GuessGate` where None) and undone (a position reset) when the values show it
+handed every row back (:meth:`StepRun.wait`). The run-ahead is left out where the next step depends on what the
+host has not read: rows held for the LLM (a schedule), a row whose sampling failed, or a waiting request that would
+join at the next step (the scheduler's ``admissible``: joins change the batch's layout). The executor knows no
+request's life, no queue and no HTTP.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from typing import Callable
 
 import torch
 
+from ..core.guessing import GuessGate
+from ..core.roles import Role
 from ..core.trace import ForwardCall
-from ..decode.loop import run_ahead
+from ..decode.loop import run_ahead, settle_ahead
 from ..decode.step import StepOut
 from ..decode.step_values import receive_values, send_values
 from .batch import Batch
@@ -46,15 +53,20 @@ class StepOutput:
 class StepRun:
     """A step queued on the device; :meth:`wait` reads its values once their copy is on the host."""
 
-    def __init__(self, out: StepOut, held: set[int], failed: dict[int, str], pending, batch: Batch):
+    def __init__(self, out: StepOut, held: set[int], failed: dict[int, str], pending, batch: Batch,
+                 gate: GuessGate, stats: dict):
         self.out, self.held, self.failed, self.pending, self.batch = out, held, failed, pending, batch
+        self.gate, self.stats = gate, stats
 
     def wait(self) -> StepOutput:
         """The step's values on the host (one copy, queued before any early call of the next step); the routing of
-        the rows after it (the LLM's hand-back decisions are among the values)."""
-        out, b = self.out, len(self.out.writer_llm)
+        the rows after it (the LLM's hand-back decisions are among the values). An LLM call run ahead on a guess is
+        undone where the LLM handed every row back (:func:`~hf_rstitch.decode.loop.settle_ahead`)."""
+        out, b, batch = self.out, len(self.out.writer_llm), self.batch
         tokens, entropy, slm_h, back = receive_values(self.pending)
-        self.batch.routing.after(out.writer_llm, back, out.held, out.no_llm)
+        guessed, batch.ahead = batch.ahead, settle_ahead(batch.lanes, out, back, batch.ahead, self.gate)
+        self.stats["undone"] += guessed is not None and batch.ahead is None
+        batch.routing.after(out.writer_llm, back, out.held, out.no_llm)
         handed = out.handed.tolist() if out.handed is not None else [False] * b
         slm = slm_h.tolist() if slm_h is not None else [None] * b  # per-row values: one conversion each
         return StepOutput(tokens.tolist(), entropy.tolist(), slm, out.writer_llm.tolist(), handed, self.held,
@@ -69,7 +81,8 @@ class Executor:
         batch: the rows on the device and their lanes.
         vocab: ids the pair shares (a vocabulary past 2**24 sends its ids as float64).
         schedule: when the LLM runs for the rows that need it (None: at once).
-        stats: the engine's counters (``steps``, ``slm_calls``, ``llm_calls``, ``held``, ``ahead``), updated here.
+        stats: the engine's counters (``steps``, ``slm_calls``, ``llm_calls``, ``held``, ``ahead``, ``undone``: LLM
+            calls run ahead on a guess and undone), updated here.
         step, sample: the stitched step and the sampler it runs (:func:`~hf_rstitch.decode.step.run_step`,
             :func:`~hf_rstitch.core.sampling.sample_one`; a test may stand either in).
         hold_trim: held rows grow the shared padding; it is trimmed once every row has this much (one copy a row).
@@ -80,6 +93,7 @@ class Executor:
         self.batch, self.vocab, self.schedule, self.stats = batch, vocab, schedule, stats
         self.step, self.sample, self.hold_trim = step, sample, hold_trim
         self.index = 0  # StepView.index of the next step
+        self.gate = GuessGate()  # whether the LLM's next call is queued before its hand-back decisions are read
 
     @property
     def ran_ahead(self) -> bool:
@@ -127,9 +141,10 @@ class Executor:
         batch.append(plan.rows, picked, held, self.hold_trim)
         pending = send_values(picked, out.entropy, out.slm_entropy, out.back, self.vocab >= 1 << 24)  # before an early call
         if not held and not failed and self.schedule is None and not admissible():
-            batch.ahead = run_ahead(batch.lanes, out, batch.seq, batch.mask, batch.policy.needs_hidden)
+            batch.ahead = run_ahead(batch.lanes, out, batch.seq, batch.mask, batch.policy.needs_hidden, self.gate,
+                                    llm_keeps=batch.policy.holds(Role.LLM))
             self.stats["ahead"] += batch.ahead is not None
-        return StepRun(out, held, failed, pending, batch)
+        return StepRun(out, held, failed, pending, batch, self.gate, self.stats)
 
     def _count(self, out: StepOut, held: set[int]) -> None:
         st = self.stats

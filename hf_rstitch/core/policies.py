@@ -243,6 +243,10 @@ class PinnedRoles:
         if start is not None:
             start(rows)
 
+    def holds(self, role: Role) -> bool:
+        """Whether some row is pinned to ``role``: that model keeps a row whatever it decides."""
+        return role in self.pins.values()
+
     def _free(self, step: StepView, role: Role, device) -> torch.Tensor:
         """``[B]`` bool: rows not pinned to ``role``."""
         free = tuple(self.pins.get(r) is not role for r in step.row_ids().tolist())

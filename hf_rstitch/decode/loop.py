@@ -215,7 +215,7 @@ def _decided_step(run: _Generation, pick: _Picker, index: int):
         draws.restore()
         out = settle(run.lanes, out, decided, *here, run.routing, run.policy, index, run.in_lanes, accounted)
     back = None if out.guess is not None else decided  # a guess kept: no LLM ran
-    run.ahead = _settle_ahead(run.lanes, out, back, run.ahead, run.gate)
+    run.ahead = settle_ahead(run.lanes, out, back, run.ahead, run.gate)
     return _Step(out, picked, accounted, done, back, shown)
 
 
@@ -246,7 +246,7 @@ def _rows_finished(run: _Generation, step: _Step, drop_finished: bool) -> bool:
         run.in_lanes, run.ahead = _drop_finished(run.lanes, run.routing, run.unfinished, run.in_lanes, run.ahead)
         run.at = run.in_lanes.to(run.seq.device)
     return True
-def _settle_ahead(lanes: dict, out: StepOut, back: torch.Tensor | None, ahead: Ahead | None, gate) -> Ahead | None:
+def settle_ahead(lanes: dict, out: StepOut, back: torch.Tensor | None, ahead: Ahead | None, gate) -> Ahead | None:
     """The step's early call once its decisions are on the host: an LLM call guessed (it keeps its rows) is rolled
     back where the LLM handed every row back (the next step may not call it). The gate sees how the step's
     decisions went against a guess: the SLM's, where every row was the SLM's; the LLM's, where it wrote every row."""
@@ -274,28 +274,30 @@ def _drop_finished(lanes: dict, routing: Routing, unfinished: torch.Tensor, in_l
     return in_lanes[keep], keep_ahead(ahead, keep)
 
 
-def next_lane(out: StepOut, late: bool = False) -> Role | None:
+def next_lane(out: StepOut, late: bool = False, llm_keeps: bool = False) -> Role | None:
     """The lane the step after ``out`` calls first, if the host knows it now: the SLM's when some row will
     be the SLM's (it wrote the row's token, or the LLM hands the row back and the policy said so on the
-    host); the LLM's when it keeps every row and the host knows it; else None (the LLM's decision to hand
-    back is still on the device, or ``late``: the loop reads it a step late wherever it is)."""
+    host); the LLM's when it keeps every row and the host knows it, or when it wrote every row and keeps one
+    whatever it decides (``llm_keeps``: a row pinned to it); else None (the LLM's decision to hand back is
+    still on the device, or ``late``: the loop reads it a step late wherever it is)."""
     back = out.back
     if back is None or late or back.device.type != "cpu":
         every_llm = out.all_llm if out.all_llm is not None else bool(out.writer_llm.all())
-        return Role.SLM if not every_llm else None
+        return Role.SLM if not every_llm else Role.LLM if llm_keeps else None
     llm_next = out.writer_llm & ~back
     return Role.LLM if bool(llm_next.all()) else Role.SLM
 
 
 def run_ahead(lanes: dict, out: StepOut, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool,
-              guess: GuessGate | None = None) -> Ahead | None:
+              guess: GuessGate | None = None, llm_keeps: bool = False) -> Ahead | None:
     """The next step's first lane call over ``seq`` (this step's tokens appended), run now, when the host
-    knows which lane it is (:func:`next_lane`) and that lane allows it; else None. With ``guess`` (the loop's gate),
+    knows which lane it is (:func:`next_lane`; ``llm_keeps``: the LLM keeps a row whatever it decides) and that
+    lane allows it; else None. With ``guess`` (the loop's gate),
     also where the LLM's hand-back decisions are read a step late (its lane :func:`decides_late`) and it wrote every
     row's token: the LLM, guessing it keeps every row. A call after a guessed step (``out.guess``) or a guessed LLM call is itself
     a guess (``Ahead.since`` set): the caller undoes it (:func:`roll_back`) where the decision went the other way."""
     late = guess is not None and out.back is not None and decides_late(lanes[Role.LLM], out.back, guess)
-    role, guessed = next_lane(out, late), out.guess is not None
+    role, guessed = next_lane(out, late, llm_keeps), out.guess is not None
     if role is None and late:
         role, guessed = Role.LLM, True
     if role is None:
