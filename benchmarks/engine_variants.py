@@ -1,7 +1,7 @@
 """The request engine alone under serving load, one variant of its join settings against another, in one process.
 
     PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/engine_variants.py --out-dir $OUT --levels 64 256 \\
-        --variants default join_wait=4 prefill_chunk=512 --budget-s 540   # one GPU call
+        --variants default join_wait=0 prefill_chunk=512 --budget-s 540   # one GPU call
     PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/engine_variants.py --dry-run-cpu --out-dir /tmp/ev  # checks it
 
 What ``serve_reasoning.py`` measures as "the engine alone" (its closed loop on the same MATH-shaped requests,
@@ -137,7 +137,7 @@ def plot(doc: dict, path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
-    ap.add_argument("--variants", nargs="+", default=["default", "join_wait=4", "prefill_chunk=512"],
+    ap.add_argument("--variants", nargs="+", default=["default", "join_wait=0", "prefill_chunk=512"],
                     help="default, or KEY=VALUE[,KEY=VALUE] of join_wait, join_group, prefill_chunk, fast.<field>")
     ap.add_argument("--methods", nargs="+", default=list(sr.METHODS), choices=sr.METHODS)
     ap.add_argument("--levels", type=int, nargs="+", default=[64, 256], help="concurrencies")

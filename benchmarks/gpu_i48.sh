@@ -43,7 +43,7 @@ serve() {  # serve_reasoning.py with the given arguments; server logs kept in lo
   echo "serve done at $((SECONDS - t0)) s"
 }
 
-variants() {  # engine_variants.py with the given arguments (default: default, join_wait=4, prefill_chunk=512)
+variants() {  # engine_variants.py with the given arguments (default: default, join_wait=0, prefill_chunk=512)
   python3 benchmarks/engine_variants.py --out-dir "$OUT" "$@" 2>"$OUT/variants.err" | tail -30
   tail -5 "$OUT/variants.err"
   echo "variants done at $((SECONDS - t0)) s"

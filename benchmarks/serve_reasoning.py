@@ -245,9 +245,14 @@ def standin_timing(args) -> dict | None:
 
 
 def join_pacing(args) -> dict:
-    """``--join-wait`` / ``--join-group`` as the engine's ``join_wait`` / ``join_group`` (checked here)."""
+    """``--join-wait`` / ``--join-group`` as the engine's ``join_wait`` / ``join_group`` (checked here; those left out:
+    ``rstitch serve``'s defaults, :class:`~hf_rstitch.engine.EngineConfig`'s, written back into ``args``)."""
     from hf_rstitch.core.scheduling import JoinPacing
+    from hf_rstitch.engine.config import EngineConfig
 
+    served = EngineConfig()
+    args.join_wait = served.join_wait if args.join_wait is None else args.join_wait
+    args.join_group = served.join_group if args.join_group is None else args.join_group
     fields = {"join_wait": args.join_wait, "join_group": args.join_group}
     try:
         JoinPacing(**fields)
@@ -448,12 +453,12 @@ def main(argv=None) -> int:
                     help="the server's --engine (default: rstitch serve's, auto: AUTO's FastConfig on a proven pair)")
     ap.add_argument("--fast", nargs="+", default=[], metavar="KEY=VALUE",
                     help="FastConfig fields replaced in the engine's config, e.g. compact_rows=true")
-    ap.add_argument("--join-wait", type=int, default=0, metavar="K",
+    ap.add_argument("--join-wait", type=int, default=None, metavar="K",
                     help="the engine's join pacing (rstitch serve --join-wait): free rows stay empty up to K steps so "
                          "that waiting requests join in groups, one join call a group (first tokens up to K steps "
-                         "later); 0 (the default): join at once")
-    ap.add_argument("--join-group", type=int, default=8, metavar="M",
-                    help="with --join-wait: M joiners join at once (rstitch serve --join-group)")
+                         "later); 0: join at once; default: rstitch serve's")
+    ap.add_argument("--join-group", type=int, default=None, metavar="M",
+                    help="with --join-wait: M joiners join at once (default: rstitch serve's --join-group)")
     ap.add_argument("--tag", default="", help="a suffix of the results' file names")
     ap.add_argument("--decisions", default="device", choices=["device", "host"],
                     help="where the replayed routes' decisions come back (device: as an entropy policy's)")

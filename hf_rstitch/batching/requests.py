@@ -124,8 +124,8 @@ class RequestEngine:
     @classmethod
     def of(cls, llm, slm, threshold: float = DEFAULT_THRESHOLD, max_batch: int = 8, max_waiting: int | None = None,
            policy=None, engine=None, max_length: int = 4096, schedule: LLMSchedule | str | None = None,
-           prefill_chunk: int | None = None, kv_tokens: int | None = None, paged: bool = True, join_wait: int = 0,
-           join_group: int = 8) -> RequestEngine:
+           prefill_chunk: int | None = None, kv_tokens: int | None = None, paged: bool = True,
+           join_wait: int | None = None, join_group: int | None = None) -> RequestEngine:
         """The request engine of ``llm`` and ``slm`` (one tokenizer), its engine built here once
         (:func:`hf_rstitch.engine.build`) with every row's whole budget of KV memory unless ``kv_tokens`` says
         otherwise (nothing sized from the GPU's memory: that is ``rstitch serve``'s ``--kv-memory``).
@@ -152,10 +152,12 @@ class RequestEngine:
                 (kept to measure against; ``kv_tokens`` is then ignored).
             join_wait, join_group: join pacing (:class:`~hf_rstitch.core.scheduling.JoinPacing`): free rows may
                 stay empty up to ``join_wait`` steps so that waiting requests join in groups (of ``join_group`` at
-                once); 0 (the default): they join at once.
+                once); 0: they join at once. None: :class:`~hf_rstitch.engine.EngineConfig`'s defaults (``rstitch
+                serve``'s).
         """
+        pacing = {k: v for k, v in (("join_wait", join_wait), ("join_group", join_group)) if v is not None}
         cfg = EngineConfig.of(engine, max_batch=max_batch, max_length=max_length, kv_memory=None, kv_tokens=kv_tokens,
-                              paged=paged, prefill_chunk=prefill_chunk or 0, join_wait=join_wait, join_group=join_group)
+                              paged=paged, prefill_chunk=prefill_chunk or 0, **pacing)
         built = build(Pair.of(llm, slm), cfg.for_requests(schedule))
         return cls(built, threshold=threshold, max_waiting=max_waiting, policy=policy, schedule=schedule)
 

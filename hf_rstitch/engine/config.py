@@ -70,11 +70,11 @@ class EngineConfig:
         "tokens of joining prompts each model reads a step while rows decode (fast engine): a long prompt joins "
         "over several steps instead of stalling the batch for its whole prefill; 0: the joins of a step prefill "
         "whole, together"))
-    join_wait: int = field(default=0, metadata=help_meta(
+    join_wait: int = field(default=4, metadata=help_meta(
         "steps a free row may stay empty while requests wait, so that joiners come in groups (one join prefill, a "
         "weight read of each model, per group instead of per step); a group of --join-group, or a batch decoding "
         "fewer rows than that, joins at once. Trade-off: a request's first token up to that many steps later, against "
-        "fewer join forwards under load. 0 (the default): join at once, every step a row is free"))
+        "fewer join forwards under load (docs/serving.md, join pacing). 0: join at once, every step a row is free"))
     join_group: int = field(default=8, metadata=help_meta(
         "with --join-wait: joiners that join at once without waiting (8: one join call of the fast engine); a batch "
         "decoding fewer rows than this counts as nearly empty and takes joiners at once"))
