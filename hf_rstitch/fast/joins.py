@@ -130,11 +130,11 @@ class Joins:
 
     @property
     def room(self) -> int:
-        """Prompts one stage holds (the join twin's rows)."""
-        return min(self.lane.max_rows, JOIN_ROWS)
+        """Prompts one stage holds (the join twin's rows: the config's ``join_rows``, else :data:`JOIN_ROWS`)."""
+        return min(self.lane.max_rows, self.lane.config.join_rows or JOIN_ROWS)
 
     def twin(self):
-        """A lane of the same model and configuration with up to :data:`JOIN_ROWS` rows (built on first use, kept):
+        """A lane of the same model and configuration with up to :attr:`room` rows (built on first use, kept):
         it prefills joining rows. It shares the lane's products (no second copy of the fused q/k/v weights) and the
         process's compiled pieces; its cache holds its rows (a paged lane's twin draws on the lane's pool and hands
         its blocks over)."""

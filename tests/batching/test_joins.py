@@ -30,12 +30,12 @@ def _requests():
             for i, (n, m, t) in enumerate(zip(LENGTHS, MAX_NEW, TAUS))]
 
 
-def _run(llm, slm, join_rows, monkeypatch, **engine_kw):
+def _run(llm, slm, join_rows, monkeypatch, config_rows=None, **engine_kw):
     """Two requests start the batch; after two steps seven more arrive at once and join together (a free row
-    each): completions by id and the engine."""
+    each): completions by id and the engine. ``join_rows``: the module's default; ``config_rows``: the config's."""
     monkeypatch.setattr(joins, "JOIN_ROWS", join_rows)
-    engine = RequestEngine.of(llm, slm, max_batch=9, max_length=64, engine=FastConfig(graphs=False, max_bucket=4),
-                              **engine_kw)
+    engine = RequestEngine.of(llm, slm, max_batch=9, max_length=64, **engine_kw,
+                              engine=FastConfig(graphs=False, max_bucket=4, join_rows=config_rows))
     rs = _requests()
     for r in rs[:2]:
         engine.submit(r)
@@ -66,6 +66,16 @@ def test_batched_joins_equal_one_by_one_joins_and_solo_runs(arch, monkeypatch):
     for role in (Role.SLM, Role.LLM):  # seven joins of one step: a one-row group each that has columns to
         rows = one_engine.lanes[role].join_groups  # prefill (a 2-token prompt may have none yet), or groups of 4
         assert rows >= 5 and engine.lanes[role].join_groups == -(-rows // 4)
+
+
+def test_a_configs_join_rows_groups_the_joins_as_the_default_does(monkeypatch):
+    """``FastConfig(join_rows=4)`` over a module default of 1: the groups and outputs of a default of 4."""
+    llm, slm = make_pair("llama")
+    by_default, default_engine = _run(llm, slm, 4, monkeypatch)
+    by_config, engine = _run(llm, slm, 1, monkeypatch, config_rows=4)
+    assert by_config == by_default
+    for role in (Role.SLM, Role.LLM):
+        assert engine.lanes[role].join_groups == default_engine.lanes[role].join_groups
 
 
 def _chunked(llm, slm, chunk, late_prompt=29, late_at=2):

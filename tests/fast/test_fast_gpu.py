@@ -238,6 +238,49 @@ def test_fp32_requests_that_wait_for_the_llm_equal_those_that_do_not():
         assert gather[rid].tokens == c.tokens and gather[rid].trace.roles == c.trace.roles, rid
 
 
+class _DeviceRoutes(_RoutePerRequest):
+    """:class:`_RoutePerRequest` with its decisions on the device, as an entropy rule's: the host reads them late."""
+
+    def hand_to_llm(self, step):
+        return self._llm(0).to(step.entropy.device)
+
+    def hand_to_slm(self, step):
+        return (~self._llm(1)).to(step.entropy.device)
+
+
+@gpu
+@pytest.mark.parametrize("pinned", [False, True])
+def test_fp32_requests_run_ahead_of_the_llms_decisions_equal_reading_them_first(pinned):
+    """The request engine's LLM calls queued before its hand-back decisions reach the host (on a guess, undone where
+    it hands every row back; without one where the rows are pinned to it): tokens and routes equal reading them
+    first."""
+    from hf_rstitch import Role
+    from hf_rstitch.batching import Request, RequestEngine
+
+    llm, slm = _pair(torch.float32)
+    got = {}
+    for ahead in (False, None, True):
+        fast = FastEngine(FastConfig(max_bucket=16, ahead_of_decisions=ahead), capacity=128, max_batch=2)
+        policy = _DeviceRoutes({str(i): route(60, 40, 2, seed=20 + i) for i in range(8)})
+        engine = RequestEngine.of(llm, slm, max_batch=2, policy=policy, engine=fast, max_length=128, join_wait=0)
+        policy.engine = engine
+        g = torch.Generator().manual_seed(1)
+        reqs = [Request(torch.randint(3, 1024, (4 + 3 * i,), generator=g).tolist(), max_new_tokens=60,
+                        eos_token_id=[], request_id=str(i), role=Role.LLM if pinned else None)
+                for i in range(8)]
+        got[ahead] = (engine.run(reqs), dict(engine.stats))
+    (ref, st_read), (_, st_guess) = got[False], got[True]
+    for ahead in (None, True):
+        for rid, c in ref.items():
+            assert got[ahead][0][rid].tokens == c.tokens and got[ahead][0][rid].trace.roles == c.trace.roles, rid
+    if pinned:  # every row the LLM's for good: its calls run ahead without a guess, nothing undone
+        assert st_read["ahead"] > st_read["steps"] // 2 and st_guess["undone"] == st_read["undone"] == 0
+    else:
+        assert st_guess["ahead"] > st_read["ahead"] and st_guess["undone"] > 0 and st_read["undone"] == 0
+    print(f"[requests ahead of decisions, pinned={pinned}] ahead / undone: read first {st_read['ahead']} / 0, "
+          f"gated {got[None][1]['ahead']} / {got[None][1]['undone']}, always {st_guess['ahead']} / {st_guess['undone']}")
+
+
 @pytest.mark.gpu
 @gpu
 def test_fp32_generate_naming_no_engine_runs_the_fast_engine_and_keeps_it(monkeypatch):
