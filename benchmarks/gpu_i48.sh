@@ -12,6 +12,7 @@
 #   bash benchmarks/gpu_i48.sh tests [PYTEST...]    # the GPU tier (make test-gpu), or pytest over PYTEST
 #   bash benchmarks/gpu_i48.sh tests-then-serve ARGS  # both in one call: the tier first (<= $TESTS_S s)
 #   bash benchmarks/gpu_i48.sh variants [ARGS...]   # engine_variants.py: the engine alone, join settings compared
+#   bash benchmarks/gpu_i48.sh tests-then-variants ARGS  # the GPU tier first (<= $TESTS_S s), then variants ARGS
 #
 # Results under $OUT: serve_reasoning_<gpu><tags>.{json,md,png}, engine_variants_<gpu>.{json,md,png}, gpu_tests.txt,
 # and the server logs in logs.tgz.
@@ -55,5 +56,6 @@ case "$mode" in
   tests) tests "$@" ;;
   tests-then-serve) tests; serve "$@" ;;
   variants) variants "$@" ;;
-  *) echo "unknown mode $mode: serve, tests, tests-then-serve or variants"; exit 2 ;;
+  tests-then-variants) tests; variants "$@" ;;
+  *) echo "unknown mode $mode: serve, tests, tests-then-serve, variants or tests-then-variants"; exit 2 ;;
 esac
