@@ -13,7 +13,7 @@ second half of each warm-up), for several engine settings on one pair built once
 answers: which join setting serves best -- tokens/s, first tokens and p99, and where the step's time goes (joins,
 other host work, steps that ran ahead) -- before one becomes ``rstitch serve``'s default.
 
-Writes ``engine_variants_<gpu>.{json,md,png}`` (``rows``: ``{"variant", "method", "concurrency", "tokens_per_s",
+Writes ``engine_variants_<gpu><tag>.{json,md,png}`` (``rows``: ``{"variant", "method", "concurrency", "tokens_per_s",
 "requests_per_s", "steps_per_s", "ttft_p50_s", "p50_s", "p99_s", "joins_share", "joins_per_step", "other_share",
 "ahead_share"}``), after each variant (a run cut short keeps what it measured).
 """
@@ -148,6 +148,7 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", default="auto", choices=["auto", "fast", "default"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--tag", default="", help="a suffix of the results' file names (e.g. _join_rows)")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny pair on CPU, tiny counts: checks the whole path")
     args = ap.parse_args(argv)
     for v in args.variants:
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
            "pair": "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu else f"random Qwen2 7B / 1.5B, {args.dtype}",
            "scale": args.scale, "warmup_s": args.warmup_s, "window_s": args.window_s, "engine": args.engine,
            "mean_tokens": {m: sum(shape[m]) / len(shape[m]) for m in sr.METHODS}, "rows": []}
-    stem = out / f"engine_variants_{gpu}"
+    stem = out / f"engine_variants_{gpu}{args.tag}"
     for variant in args.variants:
         for method in args.methods:
             doc["rows"] += measure(args, variant, method, shape, pair, budget)
