@@ -20,26 +20,12 @@ from hf_rstitch.core.roles import Role
 from hf_rstitch.decode import loop
 from hf_rstitch.fast import FastConfig
 from request_events import gather
+from stand_in_policies import Flip
 from tiny_models import make_pair, prompt
 
 READ = FastConfig(graphs=False, max_bucket=4, run_ahead=True)  # runs ahead, reads every decision first
 GUESS = dataclasses.replace(READ, ahead_of_decisions=True)
 ARRIVE = {0: [0, 1, 2], 1: [3], 3: [4, 5], 6: [6, 7], 11: [8, 9]}  # step: requests
-
-
-class Flip:
-    """A hand-over at every step: every SLM proposal goes to the LLM, every LLM row comes back."""
-
-    needs_hidden = False
-
-    def reset(self) -> None:
-        pass
-
-    def hand_to_llm(self, step):
-        return step.entropy >= 0
-
-    def hand_to_slm(self, step):
-        return step.entropy >= 0
 
 
 @pytest.fixture

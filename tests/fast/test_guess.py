@@ -25,28 +25,13 @@ from hf_rstitch.decode import loop
 from hf_rstitch.fast import FastConfig, FastEngine
 from hf_rstitch.router.model import Router
 from hf_rstitch.router.policy import RouterPolicy
+from stand_in_policies import Flip
 from tiny_models import Shown, left_pad, make_pair, prompt
 
 READ = FastConfig(max_bucket=4, graphs=False, run_ahead=True)  # runs ahead, reads every decision first
 GUESS = dataclasses.replace(READ, ahead_of_decisions=True)
 PAGED = dataclasses.replace(GUESS, paged=True)
 N = 12
-
-
-class Flip:
-    """A hand-over at every step: every SLM proposal goes to the LLM, every LLM row comes back (device ops:
-    comparisons of the entropies, as the entropy rule's)."""
-
-    needs_hidden = False
-
-    def reset(self) -> None:
-        pass
-
-    def hand_to_llm(self, step):
-        return step.entropy >= 0
-
-    def hand_to_slm(self, step):
-        return step.entropy >= 0
 
 
 class RouterFlip(Flip):
