@@ -7,7 +7,9 @@
 What ``serve_reasoning.py`` measures as "the engine alone" (its closed loop on the same MATH-shaped requests,
 replayed routes with the decisions on the device, :func:`serve_alone.engine_closed_loop`, the phase profile in the
 second half of each warm-up), for several engine settings on one pair built once: a variant is ``default`` or
-``KEY=VALUE[,KEY=VALUE]`` of ``RequestEngine.of``'s ``join_wait``, ``join_group`` and ``prefill_chunk``, or of a
+``KEY=VALUE[,KEY=VALUE]`` of ``RequestEngine.of``'s ``join_wait``, ``join_group`` and ``prefill_chunk``,
+``join_ahead=0`` (requests join at a step's start, after the step before has been read: ``Executor.join_ahead``
+None), or of a
 :class:`~hf_rstitch.fast.FastConfig` field (``fast.compact_rows=true``). Each variant builds its engine afresh
 (``rstitch serve``'s ``auto``, as the server does), warms it up, and runs each method at each level. The question it
 answers: which join setting serves best -- tokens/s, first tokens and p99, and where the step's time goes (joins,
@@ -33,7 +35,7 @@ import lab  # noqa: E402
 import serve_alone  # noqa: E402
 import serve_reasoning as sr  # noqa: E402
 
-ENGINE_KEYS = ("join_wait", "join_group", "prefill_chunk")
+ENGINE_KEYS = ("join_wait", "join_group", "prefill_chunk", "join_ahead")  # join_ahead=0: joins at a step's start
 
 
 def parse_variant(text: str) -> tuple[dict, dict]:
@@ -60,10 +62,12 @@ def measure(args, variant: str, method: str, shape: dict, pair: tuple, budget) -
            "dtype": args.dtype, "engine": args.engine, "fast": fast, "decisions": "device",
            "max_batch": max(args.levels), "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
            "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method],
-           "join": {k: v for k, v in engine_kw.items() if k != "prefill_chunk"},
+           "join": {k: v for k, v in engine_kw.items() if k not in ("prefill_chunk", "join_ahead")},
            "prefill_chunk": engine_kw.get("prefill_chunk")}
     t0 = time.monotonic()
     engine = sr.build_engine(cfg, *pair)
+    if engine_kw.get("join_ahead") == 0:  # the step before a join reads its values first, then the joins run
+        engine.executor.join_ahead = None
     warm_s = sr.warm(engine, cfg)
     print(f"[{variant} {method}] built and warmed in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
     ps, rows = sr.prompts(len(shape[method]), shape["prompt"]), []

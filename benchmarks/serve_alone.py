@@ -5,7 +5,8 @@
 (:func:`serve_clients.summarize`).
 
 :class:`Phases` wraps, while installed, each lane's ``advance`` and ``account``, the scheduler's admission (which
-requests join, a chunk of their prompts) and the executor's ``apply`` (their rows' prefill into the batch) of one
+requests join, a chunk of their prompts) and the executor's ``join`` (their rows' prefill into the batch, at a step's
+start or ahead of it) of one
 :class:`~hf_rstitch.batching.requests.RequestEngine`; per lane it counts calls, the batch a call ran (the rows
 of the fast lane's graphs, its ``row_counts``: only the rows a call needs where the lane gathers them,
 :mod:`hf_rstitch.fast.lane_compact`, else every row of its batch bucket), the rows that took part (the records the call made, or its run-ahead's ``account``), the columns
@@ -45,7 +46,7 @@ class Phases:
         sched, ex = self.engine.scheduler, self.engine.executor
         sched._admit = self._timed("joins", sched._admit, None)  # who joins, and a chunk of their prompts
         sched.read_ahead = self._timed("joins", sched.read_ahead, None)  # a chunk queued before a step's values
-        ex.apply = self._timed("joins", ex.apply, None)  # their rows' prefill into the batch
+        ex.join = self._timed("joins", ex.join, None)  # their rows' prefill into the batch (at a step's start or ahead)
         self._ahead0 = self._ahead()
         self._t0 = time.perf_counter()
         return self
@@ -68,7 +69,7 @@ class Phases:
                 lane.__dict__.pop(attr, None)
         self.engine.scheduler.__dict__.pop("_admit", None)
         self.engine.scheduler.__dict__.pop("read_ahead", None)
-        self.engine.executor.__dict__.pop("apply", None)
+        self.engine.executor.__dict__.pop("join", None)
 
     def _event(self):
         if not self.cuda:

@@ -63,13 +63,15 @@ class Batch:
             for row in rows[:-len(new)]:
                 row.pad += grow
         width = self.seq.shape[1]
-        seq, mask = self._layout([s.request.input_ids for s in new], width)
+        seq, mask = self._layout([s.request.input_ids for s in new], width)  # on the host: the lanes read no
+        # mask back from the device (a join queued while a step runs does not wait for it)
         for lane in self.lanes.values():
             if staged:
                 lane.add_rows(seq, mask, staged=staged)
                 lane.unstage()
             else:
                 lane.add_rows(seq, mask)
+        seq, mask = to_device(seq, self.device), to_device(mask, self.device)
         self.seq, self.mask = torch.cat([self.seq, seq]), torch.cat([self.mask, mask])
         self.routing.add([s.request.role is Role.LLM for s in new])
         slots = self._free_slots(len(new))
@@ -93,13 +95,13 @@ class Batch:
         return list(itertools.islice((i for i in itertools.count() if i not in used), n))
 
     def _layout(self, prompts: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The new prompts right-aligned in ``width`` columns: ids ``[k, width]`` and mask."""
+        """The new prompts right-aligned in ``width`` columns: ids ``[k, width]`` and mask, on the host."""
         seq = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros(len(prompts), width, dtype=torch.long)
         for i, ids in enumerate(prompts):
             seq[i, width - len(ids):] = torch.tensor(ids)
             mask[i, width - len(ids):] = 1
-        return to_device(seq, self.device), to_device(mask, self.device)
+        return seq, mask
 
     def drop(self, rows: list[RequestState], index: list[int]) -> None:
         """Remove the rows ``index`` of ``rows`` (every row, before), then trim columns that are padding in every row."""

@@ -86,12 +86,16 @@ class Executor:
         step, sample: the stitched step and the sampler it runs (:func:`~hf_rstitch.decode.step.run_step`,
             :func:`~hf_rstitch.core.sampling.sample_one`; a test may stand either in).
         hold_trim: held rows grow the shared padding; it is trimmed once every row has this much (one copy a row).
+        join_ahead: where a waiting request would join at the next step, takes the joiners at once (the scheduler's
+            :meth:`~.scheduler.Scheduler.join_ahead`), so that their rows join and the next call still runs ahead;
+            None (or it returns None): the next call waits for the step's values and the joins.
     """
 
     def __init__(self, batch: Batch, vocab: int, schedule, stats: dict, step: Callable, sample: Callable,
-                 hold_trim: int):
+                 hold_trim: int, join_ahead: Callable | None = None):
         self.batch, self.vocab, self.schedule, self.stats = batch, vocab, schedule, stats
-        self.step, self.sample, self.hold_trim = step, sample, hold_trim
+        self.step, self.sample, self.hold_trim, self.join_ahead = step, sample, hold_trim, join_ahead
+        stats.setdefault("joined_ahead", 0)
         self.index = 0  # StepView.index of the next step
         self.gate = GuessGate()  # whether the LLM's next call is queued before its hand-back decisions are read
 
@@ -121,8 +125,12 @@ class Executor:
         if plan.join:
             if len(plan.joined) == len(plan.join):
                 self.batch.start_afresh()
-            self.batch.join(plan.joined, plan.join, plan.staged)
+            self.join(plan.joined, plan.join, plan.staged)
         self.batch.drop(plan.joined, plan.leave)
+
+    def join(self, rows: list[RequestState], new: list[RequestState], staged: list[int] | None = None) -> None:
+        """The rows of ``new`` (the last of ``rows``, every row after) join the batch: each lane prefills them."""
+        self.batch.join(rows, new, staged)
 
     def execute(self, plan, admissible: Callable[[], bool]) -> StepRun | None:
         """Run ``plan``: its moves, then one token for every row of ``plan.rows`` (None when no row is left).
@@ -140,11 +148,27 @@ class Executor:
         picked, failed = self._pick(plan.rows, out.logits, held, out.greedy)  # [b] on the device
         batch.append(plan.rows, picked, held, self.hold_trim)
         pending = send_values(picked, out.entropy, out.slm_entropy, out.back, self.vocab >= 1 << 24)  # before an early call
-        if not held and not failed and self.schedule is None and not admissible():
-            batch.ahead = run_ahead(batch.lanes, out, batch.seq, batch.mask, batch.policy.needs_hidden, self.gate,
-                                    llm_keeps=batch.policy.holds(Role.LLM))
-            self.stats["ahead"] += batch.ahead is not None
+        if not held and not failed and self.schedule is None:
+            self._queue_next(out, admissible)
         return StepRun(out, held, failed, pending, batch, self.gate, self.stats)
+
+    def _queue_next(self, out: StepOut, admissible: Callable[[], bool]) -> None:
+        """The next step's first lane call, queued now where the host knows it (:func:`run_ahead`). Where a waiting
+        request would join at the next step, the joiners are taken now (``join_ahead``) and join first -- their
+        prefill queued behind this step's calls, their first token read in that call -- else nothing is queued."""
+        batch, joined = self.batch, []
+        if admissible():
+            taken = self.join_ahead() if self.join_ahead is not None else None
+            if taken is None:
+                return
+            rows, joined = taken
+            if joined:
+                self.join(rows, joined)
+                self.stats["joined_ahead"] += len(joined)
+        batch.ahead = run_ahead(batch.lanes, out, batch.seq, batch.mask, batch.policy.needs_hidden, self.gate,
+                                llm_keeps=batch.policy.holds(Role.LLM),
+                                slm_joined=any(s.request.role is not Role.LLM for s in joined))
+        self.stats["ahead"] += batch.ahead is not None
 
     def _count(self, out: StepOut, held: set[int]) -> None:
         st = self.stats

@@ -118,7 +118,7 @@ class RequestEngine:
         self.scheduler = Scheduler(self.max_batch, self.kv, chunks, self.stats, cfg.join_pacing())
         batch = Batch(self.lanes, self.device, self.pad_id, self.policy, self.thresholds, per_row)
         self.executor = Executor(batch, self.vocab, self.schedule, self.stats, step=run_step, sample=sample_one,
-                                 hold_trim=HOLD_TRIM)
+                                 hold_trim=HOLD_TRIM, join_ahead=self.scheduler.join_ahead)
         self._ids = itertools.count()
 
     @classmethod

@@ -137,15 +137,33 @@ class Scheduler:
         """This step's plan: admission (when ``admit``), then preemption (module docstring)."""
         join = self._joins_now(admit)
         new, staged = self._admit(join) if admit else ([], None)
+        self._start(new)
+        joined = list(self.running)
+        leave, events = self._make_room()
+        return StepPlan(new, staged, joined, leave, list(self.running), events)
+
+    def join_ahead(self) -> tuple[list[RequestState], list[RequestState]] | None:
+        """Requests that join before the next step, taken now -- once a step's calls are queued, before the host reads
+        its values -- where :meth:`admissible` says some would join at the next step: ``(every running row, the new
+        ones, the last of them)``. They take the rows free now (a row this step frees is filled a step later), in
+        order of arrival, while their prompts' KV blocks fit beside the running rows' with the column this step
+        writes. None: joins wait for the step's values (a group read in chunks joins at a step's start)."""
+        if self.chunks is not None:
+            return None
+        new = self._take_waiting(self.max_batch, written=1)
+        if new:
+            self.waited = 0
+        self._start(new)
+        return list(self.running), new
+
+    def _start(self, new: list[RequestState]) -> None:
+        """``new`` join the running rows (at the end, in order)."""
         if new:
             self.stats["joins"] += 1
             self.stats["joined"] += len(new)
         for state in new:  # the host's record first: a lane that fails to take them fails these rows with the batch
             state.status = RequestStatus.RUNNING
         self.running += new
-        joined = list(self.running)
-        leave, events = self._make_room()
-        return StepPlan(new, staged, joined, leave, list(self.running), events)
 
     def read_ahead(self) -> None:
         """The joining group's next chunk, queued right after a step's calls and before the host reads that step
@@ -204,18 +222,19 @@ class Scheduler:
             new += take(self.max_batch - len(new))
         return new, staged
 
-    def _take_waiting(self, n: int) -> list[RequestState]:
-        """Up to ``n`` waiting requests, in order of arrival, and no more than the free rows and KV blocks."""
+    def _take_waiting(self, n: int, written: int = 0) -> list[RequestState]:
+        """Up to ``n`` waiting requests, in order of arrival, and no more than the free rows and KV blocks
+        (``written``: tokens each running row has written beyond its count, in a step not read yet)."""
         with self.lock:
             free = self.max_batch - len(self.running) - (len(self.chunks) if self.chunks is not None else 0)
-            free = self._admit_limit(list(itertools.islice(self.waiting, max(0, min(n, free)))))
+            free = self._admit_limit(list(itertools.islice(self.waiting, max(0, min(n, free)))), written)
             return [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
 
-    def _admit_limit(self, waiting: list[RequestState]) -> int:
+    def _admit_limit(self, waiting: list[RequestState], written: int = 0) -> int:
         """How many of ``waiting`` (in order) the KV pool lets join now (all of them without a budget)."""
         if self.kv is None or not waiting:  # no one to weigh: no count of the running rows' tokens
             return len(waiting)
-        return self.kv.admit([row.n_tokens for row in self.running], [s.n_tokens for s in waiting])
+        return self.kv.admit([row.n_tokens + written for row in self.running], [s.n_tokens for s in waiting])
 
     def _make_room(self) -> tuple[list[int], list[Event]]:
         """Rows to take out before the step so that the rest fit the KV pool: requeued (oldest first at the head of

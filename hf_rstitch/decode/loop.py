@@ -289,15 +289,16 @@ def next_lane(out: StepOut, late: bool = False, llm_keeps: bool = False) -> Role
 
 
 def run_ahead(lanes: dict, out: StepOut, seq: torch.Tensor, mask: torch.Tensor, want_hidden: bool,
-              guess: GuessGate | None = None, llm_keeps: bool = False) -> Ahead | None:
+              guess: GuessGate | None = None, llm_keeps: bool = False, slm_joined: bool = False) -> Ahead | None:
     """The next step's first lane call over ``seq`` (this step's tokens appended), run now, when the host
-    knows which lane it is (:func:`next_lane`; ``llm_keeps``: the LLM keeps a row whatever it decides) and that
+    knows which lane it is (:func:`next_lane`; ``llm_keeps``: the LLM keeps a row whatever it decides;
+    ``slm_joined``: rows that start with the SLM joined after ``out``'s calls, so the SLM's is next) and that
     lane allows it; else None. With ``guess`` (the loop's gate),
     also where the LLM's hand-back decisions are read a step late (its lane :func:`decides_late`) and it wrote every
     row's token: the LLM, guessing it keeps every row. A call after a guessed step (``out.guess``) or a guessed LLM call is itself
     a guess (``Ahead.since`` set): the caller undoes it (:func:`roll_back`) where the decision went the other way."""
     late = guess is not None and out.back is not None and decides_late(lanes[Role.LLM], out.back, guess)
-    role, guessed = next_lane(out, late, llm_keeps), out.guess is not None
+    role, guessed = Role.SLM if slm_joined else next_lane(out, late, llm_keeps), out.guess is not None
     if role is None and late:
         role, guessed = Role.LLM, True
     if role is None:

@@ -21,7 +21,7 @@ Verbs (tensors on the host are marked CPU):
 * ``reset()`` -- forget everything, ready for a new generation.
 
 For continuous batching (:mod:`hf_rstitch.batching.requests`) both lanes also have
-``add_rows(seq, mask)`` (append rows laid out in the shared columns), ``pad_left(n)`` (prepend
+``add_rows(seq, mask)`` (append rows laid out in the shared columns; given on the host or the lane's device), ``pad_left(n)`` (prepend
 ``n`` masked columns to every row), ``trim_left(n)`` (drop leading columns that are padding in
 every row) and ``hold_rows(index)`` (rows that gain no token this step move one column right: a
 schedule made them wait for the LLM, :mod:`hf_rstitch.core.scheduling`).

@@ -49,7 +49,15 @@ class Routing:
               no_llm: bool | None = None) -> None:
         """Record who wrote this step's tokens; LLM rows handed back give control to the SLM.
         ``held`` rows wrote nothing: they keep waiting for the LLM. ``no_llm``: the host knows no row's token
-        was the LLM's (``StepOut.no_llm``)."""
+        was the LLM's (``StepOut.no_llm``). Rows past the step's (they joined after its calls were queued: the
+        request engine's joins ahead) keep the routing they joined with."""
+        joined = len(self.llm_on) - len(writer_llm)
+        if joined > 0:
+            first = self.llm_on[-joined:].tolist()
+            self.keep(torch.arange(len(writer_llm)))
+            self.after(writer_llm, back, held, no_llm)
+            self.add(first)
+            return
         self.slm_only = bool(no_llm) and held is None
         if held is not None:  # the LLM did not run: held == writer_llm, every other row is the SLM's
             self.waited = torch.where(held, self.waited + 1, 0)

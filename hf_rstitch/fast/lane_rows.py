@@ -144,7 +144,8 @@ class LaneRows:
         self.index = None if self.slots.in_order else to_device(self.slots.slot, self.device)
 
     def add(self, seq: torch.Tensor, mask: torch.Tensor, fill) -> None:
-        """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free cache rows;
+        """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded; on the host, as the
+        request engine's batch passes them, nothing is read back from the device) in free cache rows;
         ``fill(free, host)`` writes their first ``seen`` columns into cache rows ``free`` (``host``: their mask on
         the CPU). Their trace records count from nothing seen, as in a solo run."""
         if self.seen == 0:  # nothing read yet: the first advance reads every row's padding from its mask

@@ -281,6 +281,46 @@ def test_fp32_requests_run_ahead_of_the_llms_decisions_equal_reading_them_first(
           f"gated {got[None][1]['ahead']} / {got[None][1]['undone']}, always {st_guess['ahead']} / {st_guess['undone']}")
 
 
+@gpu
+@pytest.mark.parametrize("pinned", [False, True])
+def test_fp32_requests_joining_ahead_equal_joining_at_a_step_start_and_never_wait_for_the_device(pinned, monkeypatch):
+    """Joins ahead on CUDA (hf_rstitch.batching.scheduler.join_ahead): rows taken at the end of a step's calls join
+    with their prefill queued behind the step, no device read in the join (sync debug mode "error"), and the next
+    call runs ahead; tokens and routes equal joining at a step's start."""
+    from hf_rstitch import Role
+    from hf_rstitch.batching import Request, RequestEngine
+    from hf_rstitch.batching import executor as executor_module
+
+    join = executor_module.Executor.join
+
+    def no_sync_join(self, rows, new, staged=None):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return join(self, rows, new, staged)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(executor_module.Executor, "join", no_sync_join)
+    llm, slm = _pair(torch.float32)
+    got = {}
+    for ahead in (False, True):
+        fast = FastEngine(FastConfig(max_bucket=16), capacity=160, max_batch=4)
+        engine = RequestEngine.of(llm, slm, max_batch=4, threshold=0.5, engine=fast, max_length=160, join_wait=0)
+        if not ahead:
+            engine.executor.join_ahead = None
+        g = torch.Generator().manual_seed(3)
+        reqs = [Request(torch.randint(3, 1024, (4 + 5 * (i % 5),), generator=g).tolist(),
+                        max_new_tokens=10 + 7 * (i % 4), eos_token_id=[], request_id=str(i),
+                        role=Role.LLM if pinned else None) for i in range(12)]
+        got[ahead] = (engine.run(reqs), dict(engine.stats))
+    (ref, before), (new, after) = got[False], got[True]
+    for rid, c in ref.items():
+        assert new[rid].tokens == c.tokens and new[rid].trace.roles == c.trace.roles, rid
+    assert before["joined_ahead"] == 0 and after["joined_ahead"] > 4 and after["ahead"] > before["ahead"]
+    print(f"[requests joining ahead, pinned={pinned}] steps run ahead: {before['ahead']}/{before['steps']} joining "
+          f"at a step's start, {after['ahead']}/{after['steps']} joining ahead ({after['joined_ahead']} rows)")
+
+
 @pytest.mark.gpu
 @gpu
 def test_fp32_generate_naming_no_engine_runs_the_fast_engine_and_keeps_it(monkeypatch):
