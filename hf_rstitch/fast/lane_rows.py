@@ -160,7 +160,7 @@ class LaneRows:
                              "batch.")
         fill(free, host)
         dst = to_device(free, self.device)
-        self.valid[dst] = True
+        self.valid.index_fill_(0, dst, True)  # not valid[dst] = True: a blocking copy of the scalar (paged_kv.release)
         self.valid[dst, : host.shape[1]] = to_device(host, self.device)
         self.n_pad[dst] = to_device(pads, self.device)
         self.slots.slot += free

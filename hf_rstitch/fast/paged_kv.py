@@ -116,7 +116,9 @@ class PagedKV:
         """Cache rows ``rows`` give their blocks back; their table entries point at the trash block again."""
         cleared = self.tables.release(rows)
         if cleared:
-            self.table[to_device(cleared, self.table.device)] = TRASH
+            # index_fill_, not ``table[rows] = TRASH``: torch stages an indexed assignment's Python scalar on the
+            # host and copies it over blocking, which waits for every kernel queued (a step run ahead)
+            self.table.index_fill_(0, to_device(cleared, self.table.device), TRASH)
 
     def release_all(self) -> None:
         self.release(range(self.n_rows))

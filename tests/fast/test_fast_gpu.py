@@ -291,10 +291,14 @@ def test_fp32_requests_joining_ahead_equal_joining_at_a_step_start_and_never_wai
     from hf_rstitch.batching import Request, RequestEngine
     from hf_rstitch.batching import executor as executor_module
 
-    join = executor_module.Executor.join
+    join, checked = executor_module.Executor.join, []
 
     def no_sync_join(self, rows, new, staged=None):
-        torch.cuda.set_sync_debug_mode("error")
+        built = all(lane.joins.built is not None for lane in self.batch.lanes.values())  # a lane's join twin is
+        # built (and probes the device) at its first join: later joins must queue work only
+        if built and self.ran_ahead is False and self.join_ahead is not None and len(rows) > len(new):
+            torch.cuda.set_sync_debug_mode("error")
+            checked.append(len(new))
         try:
             return join(self, rows, new, staged)
         finally:
@@ -317,8 +321,44 @@ def test_fp32_requests_joining_ahead_equal_joining_at_a_step_start_and_never_wai
     for rid, c in ref.items():
         assert new[rid].tokens == c.tokens and new[rid].trace.roles == c.trace.roles, rid
     assert before["joined_ahead"] == 0 and after["joined_ahead"] > 4 and after["ahead"] > before["ahead"]
+    assert len(checked) > 2  # joins ahead into a running batch, with built twins, read nothing back
     print(f"[requests joining ahead, pinned={pinned}] steps run ahead: {before['ahead']}/{before['steps']} joining "
           f"at a step's start, {after['ahead']}/{after['steps']} joining ahead ({after['joined_ahead']} rows)")
+
+
+@gpu
+@pytest.mark.parametrize("method", ["llm_only", "stitched"])
+def test_request_engine_steps_make_no_synchronizing_call(method):
+    """The request engine's steps on CUDA (fast engine, paged KV, rows finishing, leaving and joining) under torch's
+    sync debug mode "error": the host reads a step's values and the SLM's decisions through event waits only, so
+    that a lane call run ahead is never waited for (benchmarks/host_syncs.py lists any call sites)."""
+    from hf_rstitch import Role
+    from hf_rstitch.batching import Request, RequestEngine
+
+    llm, slm = _pair(torch.bfloat16)
+    engine = RequestEngine.of(llm, slm, max_batch=8, threshold=0.5, engine="auto", max_length=160)
+    g, k = torch.Generator().manual_seed(5), 0
+
+    def submit():
+        nonlocal k
+        engine.submit(Request(torch.randint(3, 1024, (int(torch.randint(4, 20, (1,), generator=g)),),
+                                            generator=g).tolist(), eos_token_id=[],
+                              max_new_tokens=int(torch.randint(6, 30, (1,), generator=g)),
+                              role=Role.LLM if method == "llm_only" else None, request_id=f"s{k}"))
+        k += 1
+
+    for _ in range(12):
+        submit()
+    try:
+        for step in range(160):
+            if step == 40:  # graphs captured and join twins built: from here on no step may wait for the device
+                torch.cuda.set_sync_debug_mode("error")
+            for e in engine.step():
+                if e.finished:
+                    submit()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert engine.stats["joins"] > 10 and engine.stats["ahead"] > 100, engine.stats
 
 
 @pytest.mark.gpu
