@@ -3,7 +3,9 @@
     PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/host_syncs.py --out-dir $OUT
 
 Runs the request engine as ``rstitch serve`` builds it (the fast engine, paged KV) on a small random pair in a
-closed loop -- rows finishing, leaving and joining every few steps -- under torch's sync debug mode ("warn"), and
+closed loop -- rows finishing, leaving and joining every few steps; requests pinned to the LLM (``llm_only``), the
+entropy rule (``stitched``), and ``serve_reasoning.py``'s replayed routes with decisions on the device (``replayed``)
+-- under torch's sync debug mode ("warn"), and
 counts every synchronizing call by its innermost ``hf_rstitch`` frame (and the request-engine frame above it). A
 synchronizing call inside a step makes the host wait for every kernel queued before it, a lane call run ahead
 included, so the device then idles while the host finishes the step. The reads the design allows -- a step's values
@@ -49,7 +51,13 @@ def run(method: str, clients: int, steps: int, warm: int, max_batch: int) -> dic
     llm, slm = tiny_qwen2(256, 4, 0, "cuda", torch.bfloat16, vocab=1024), tiny_qwen2(128, 2, 1, "cuda", torch.bfloat16, vocab=1024)
     for m in (llm, slm):
         m.generation_config.eos_token_id = None
-    eng = RequestEngine.of(llm, slm, max_batch=max_batch, threshold=0.55, engine="auto", max_length=192)
+    policy = None
+    if method == "replayed":  # serve_reasoning.py's stand-in policy: replayed routes, decisions on the device
+        import serve_reasoning
+
+        policy = serve_reasoning.replay_policy(max_batch, 0.31, llm.device)
+    eng = RequestEngine.of(llm, slm, max_batch=max_batch, threshold=0.55, engine="auto", max_length=192,
+                           policy=policy)
     gen = torch.Generator().manual_seed(0)
     k = 0
 
@@ -100,7 +108,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("host_syncs.py needs CUDA: torch's sync debug mode watches CUDA calls")
-    rows = [run(m, args.clients, args.steps, args.warm, args.max_batch) for m in ("llm_only", "stitched")]
+    rows = [run(m, args.clients, args.steps, args.warm, args.max_batch) for m in ("llm_only", "stitched", "replayed")]
     gpu = torch.cuda.get_device_name(0).lower().replace(" ", "_")
     import transformers
 

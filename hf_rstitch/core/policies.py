@@ -181,7 +181,8 @@ class ReplayPolicy:
             return self._on_device[0, col].expand(n)
         if rows.tolist() == list(range(n)):  # rows in order: no copy of the row ids to the device
             return self._on_device[:n, col]
-        return self._on_device[rows.to(self._on_device.device), col]
+        return self._on_device[rows.to(self._on_device.device, non_blocking=True), col]  # blocking, the copy would
+        # wait for every kernel queued (a lane call run ahead)
 
     def hand_to_llm(self, step: StepView) -> torch.Tensor:
         return self._llm_at(step, step.index)
@@ -328,5 +329,5 @@ def _on_device(cache: dict, values: tuple, dtype: torch.dtype, device) -> torch.
     if key not in cache:
         if len(cache) > 8:
             cache.clear()
-        cache[key] = torch.tensor(values, dtype=dtype).to(device)
+        cache[key] = torch.tensor(values, dtype=dtype).to(device, non_blocking=True)  # queued: no wait for the device
     return cache[key]

@@ -73,7 +73,7 @@ def policy_from_spec(spec: dict[str, Any], tokenizer=None) -> RoutingPolicy:
 
 def _slice(step: StepView, at: torch.Tensor) -> StepView:
     """The view of the rows ``at`` (host long): every per-row tensor indexed on its own device."""
-    pick = lambda t: None if t is None else t.index_select(0, at.to(t.device))  # noqa: E731
+    pick = lambda t: None if t is None else t.index_select(0, at.to(t.device, non_blocking=True))  # noqa: E731
     return StepView(step.index, pick(step.entropy), pick(step.hidden), step.row_ids()[at], pick(step.logits),
                     pick(step.tokens))
 
