@@ -22,17 +22,19 @@ def send_values(tokens, entropy, slm_h, back, wide: bool = False):
     parts = [tokens.double() if wide else tokens, entropy]
     if slm_h is not None:
         parts.append(slm_h.to(tokens.device))
-    if back is not None:
+    kept = back.clone() if back is not None and back.device.type == "cpu" else None  # decided on the host: there
+    # (a blocking copy to the device would wait for every kernel queued)
+    if back is not None and kept is None:
         parts.append(back.to(tokens.device))
-    return send_to_host(torch.cat(parts)), len(tokens), slm_h is not None, back is not None
+    return send_to_host(torch.cat(parts)), len(tokens), slm_h is not None, back is not None, kept
 
 
 def receive_values(pending):
     """The values :func:`send_values` queued, once on the host: ``(tokens, entropy, slm_h, back)``."""
-    copy, n, with_slm, with_back = pending
+    copy, n, with_slm, with_back, kept = pending
     flat = on_host(copy)
     tok, ent = flat[:n].long(), flat[n: 2 * n]
     rest = flat[2 * n:]
     sh = rest[:n] if with_slm else None
-    bk = (rest[n:] if with_slm else rest[:n]).bool() if with_back else None
+    bk = kept if kept is not None else (rest[n:] if with_slm else rest[:n]).bool() if with_back else None
     return tok, ent, sh, bk
