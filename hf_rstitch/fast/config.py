@@ -71,14 +71,16 @@ class FastConfig:
     # Ada GPU gets: every Hopper-only feature off); None: $HF_RSTITCH_PROFILE, else native
     profile: str | None = None
     # rows a join call of a request engine's lane prefills at once (its join twin's rows, .joins): a step's joiners
-    # cost one weight read of each model a group of this many; None: .joins.JOIN_ROWS (8)
+    # cost one weight read of each model a group of this many; None: .joins.default_rows (8; a paged lane's an
+    # eighth of its batch, up to 32)
     join_rows: int | None = None
 
     def __post_init__(self):
         bucket_sizes(self.max_bucket)  # validates
         if self.join_rows is not None and (isinstance(self.join_rows, bool) or not isinstance(self.join_rows, int)
                                            or self.join_rows < 1):
-            raise ValueError(f"join_rows must be None (8) or an integer >= 1, got {self.join_rows!r}")
+            raise ValueError(f"join_rows must be None (8, or an eighth of a paged lane's batch up to 32) or an "
+                             f"integer >= 1, got {self.join_rows!r}")
         if self.compile_max_bucket < 1:
             raise ValueError(f"compile_max_bucket must be >= 1, got {self.compile_max_bucket}")
         if self.compile not in (None, "parts", "decode", "all"):

@@ -221,3 +221,18 @@ def test_a_joining_chunk_is_read_after_the_step_is_queued_and_before_its_values_
     for s in reads[1:]:  # each later chunk: after the step is queued, before its values are read
         assert s[0] == "execute" and sorted(s[1:3]) == lanes and s[3:] == ["wait"], per_step
     assert engine._staging.steps == 7  # 28 columns of 4, as without reading ahead
+
+
+def test_a_paged_lanes_join_twin_grows_with_its_batch_and_a_static_ones_does_not():
+    """Joins.room: an eighth of a paged lane's batch within [JOIN_ROWS, MAX_JOIN_ROWS] (one join call for a step's
+    joiners under load), JOIN_ROWS for a static cache, the config's join_rows where given, never past the batch."""
+    from types import SimpleNamespace
+
+    def room(max_rows, paged=True, join_rows=None):
+        lane = SimpleNamespace(max_rows=max_rows, config=FastConfig(join_rows=join_rows),
+                               kv_pool=object() if paged else None)
+        return joins.Joins(lane).room
+
+    assert [room(n) for n in (3, 8, 64, 128, 200, 256, 1024)] == [3, 8, 8, 16, 25, 32, 32]
+    assert [room(n, paged=False) for n in (3, 64, 256)] == [3, 8, 8]
+    assert room(256, join_rows=8) == 8 and room(4, join_rows=16) == 4
