@@ -13,9 +13,13 @@ Where every row was the LLM's and its hand-back decisions are still on the devic
 some row is pinned to it (``Request.role``: it keeps that row whatever it decides), else on a guess (it keeps some
 row), where its lane allows it (``ahead_of_decisions``, gated by a
 :class:`~hf_rstitch.core.guessing.GuessGate` where None) and undone (a position reset) when the values show it
-handed every row back (:meth:`StepRun.wait`). The run-ahead is left out where the next step depends on what the
-host has not read: rows held for the LLM (a schedule), a row whose sampling failed, or a waiting request that would
-join at the next step (the scheduler's ``admissible``: joins change the batch's layout). The executor knows no
+handed every row back (:meth:`StepRun.wait`). Where a waiting request would join at the next step (the scheduler's
+``admissible``), it joins now, before the host reads the step's values (``join_ahead``: the scheduler takes it into a
+row free now; :meth:`join` queues each lane's prefill of it behind the step), and the next call runs ahead over it
+too -- the SLM's, where it starts with the SLM. The run-ahead is left out where the next step depends on what the
+host has not read: rows held for the LLM (a schedule), a row whose sampling failed, or joins that wait for the
+step's values (a group read in chunks). Nothing here makes the host wait for the device but :meth:`StepRun.wait`
+(``tests/fast/test_fast_gpu.py`` runs steps under torch's sync debug mode "error"). The executor knows no
 request's life, no queue and no HTTP.
 """
 

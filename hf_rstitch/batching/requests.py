@@ -13,8 +13,9 @@ update, as in vLLM's v1 engine core (docs/serving.md, "The request engine"):
   its values' copy to the host queued, and where the algorithm allows the next step's first lane call queued
   before the host reads them (run-ahead), so that the host's update runs while the device works;
 * the update (:func:`~.update.update_from_output`) turns the step's values into events; a row that finishes (EOS,
-  its ``max_new_tokens``) leaves at once, and its place is taken at the next step (with join pacing, up to
-  ``join_wait`` steps later, by a group).
+  its ``max_new_tokens``) leaves at once, and its place is taken by a request that joins at the end of the next
+  step's calls (joins ahead: its first token comes in the step after; with join pacing, up to ``join_wait`` steps
+  later, by a group).
 
 Each request routes with its own threshold, and a greedy request's tokens equal its solo ``generate`` (tested).
 With :class:`~hf_rstitch.core.scheduling.GatherForLLM` (``schedule=``), rows whose next token is the LLM's may

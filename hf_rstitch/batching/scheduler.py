@@ -5,8 +5,10 @@ It holds every request the engine has not finished: ``waiting`` (in order of arr
 being read in chunks (:mod:`.chunked_prefill`), and ``running`` (the batch's rows, in batch order). Each step,
 :meth:`Scheduler.schedule` returns a :class:`StepPlan` for the executor (:mod:`.executor`):
 
-1. **admission** (unless the lanes ran the next step early: a join changes the batch's layout): waiting requests
-   join free rows, in order of arrival, while their prompts' KV blocks are free (:meth:`~.kv_budget.KVBudget.admit`),
+1. **admission**: waiting requests join free rows, in order of arrival, while their prompts' KV blocks are free
+   (:meth:`~.kv_budget.KVBudget.admit`) -- taken at the end of the step before, once its calls are queued and
+   before the host reads its values (:meth:`Scheduler.join_ahead`, so that the next call still runs ahead), or at
+   a step's start where no call ran ahead --
    at the steps the join pacing picks (:class:`~hf_rstitch.core.scheduling.JoinPacing`: at once by default, or in
    groups, free rows held empty a few steps); with ``prefill_chunk`` and rows decoding, a group of them is read a
    chunk a step first and joins once read;
