@@ -138,7 +138,8 @@ class Executor:
 
     def execute(self, plan, admissible: Callable[[], bool]) -> StepRun | None:
         """Run ``plan``: its moves, then one token for every row of ``plan.rows`` (None when no row is left).
-        ``admissible()`` says whether a waiting request would join at the next step (then no run-ahead)."""
+        ``admissible()`` says whether a waiting request would join at the next step (then it joins ahead of it,
+        :meth:`_queue_next`, or no call runs ahead)."""
         self.apply(plan)
         if not plan.rows:
             return None

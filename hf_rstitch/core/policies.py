@@ -181,7 +181,7 @@ class ReplayPolicy:
             return self._on_device[0, col].expand(n)
         if rows.tolist() == list(range(n)):  # rows in order: no copy of the row ids to the device
             return self._on_device[:n, col]
-        return self._on_device[rows.to(self._on_device.device, non_blocking=True), col]  # blocking, the copy would
+        return self._on_device[rows.to(self._on_device.device, non_blocking=True), col]  # a blocking copy would
         # wait for every kernel queued (a lane call run ahead)
 
     def hand_to_llm(self, step: StepView) -> torch.Tensor:
