@@ -13,9 +13,11 @@
 #   bash benchmarks/gpu_i48.sh tests-then-serve ARGS  # both in one call: the tier first (<= $TESTS_S s)
 #   bash benchmarks/gpu_i48.sh variants [ARGS...]   # engine_variants.py: the engine alone, join settings compared
 #   bash benchmarks/gpu_i48.sh tests-then-variants ARGS  # the GPU tier first (<= $TESTS_S s), then variants ARGS
+#   bash benchmarks/gpu_i48.sh diag                 # host_syncs.py and request_host_gpu.py: synchronizing calls
+#                                                   # inside a step, and the host's own work a step (~2 min)
 #
 # Results under $OUT: serve_reasoning_<gpu><tags>.{json,md,png}, engine_variants_<gpu>.{json,md,png}, gpu_tests.txt,
-# and the server logs in logs.tgz.
+# host_syncs_<gpu>.{json,md}, request_host_<gpu>.{json,md}, and the server logs in logs.tgz.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
@@ -50,6 +52,12 @@ variants() {  # engine_variants.py with the given arguments (default: default, j
   echo "variants done at $((SECONDS - t0)) s"
 }
 
+diag() {  # where a step could wait for the device, and what the host does a step (tiny pair: the host's time)
+  timeout 150 python3 benchmarks/host_syncs.py --out-dir "$OUT" 2>/dev/null | grep "^|"
+  timeout 300 python3 benchmarks/request_host_gpu.py --out-dir "$OUT" "$@" 2>&1 | grep "^\["
+  echo "diag done at $((SECONDS - t0)) s"
+}
+
 mode="${1:-serve}"; shift || true
 case "$mode" in
   serve) serve "$@" ;;
@@ -57,5 +65,6 @@ case "$mode" in
   tests-then-serve) tests; serve "$@" ;;
   variants) variants "$@" ;;
   tests-then-variants) tests; variants "$@" ;;
-  *) echo "unknown mode $mode: serve, tests, tests-then-serve, variants or tests-then-variants"; exit 2 ;;
+  diag) diag "$@" ;;
+  *) echo "unknown mode $mode: serve, tests, tests-then-serve, variants, tests-then-variants or diag"; exit 2 ;;
 esac
