@@ -137,3 +137,46 @@ def test_the_routing_of_rows_that_joined_after_a_step_is_theirs_after_its_values
     assert routing.llm_on.tolist() == [True, False, False, False, True]
     assert routing.last_llm.tolist() == [True, False, True, False, False]
     assert routing.waited.tolist() == [0] * 5 and not routing.slm_only
+
+
+ZOO = ["llama", "gemma3_text", "mistral", "qwen2_moe", "gpt_oss", "phi3", "gpt2", "gpt_neox", "cohere2", "olmoe"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ZOO)
+def test_joins_ahead_write_what_joins_at_a_step_start_write_across_the_zoo(model_type):
+    """Architectures of the fast engine's proven zoo that differ where a join could go wrong -- sliding windows
+    (mistral, gemma3, cohere2, gpt_oss), experts (qwen2_moe, gpt_oss, olmoe), learned or partial positions (gpt2,
+    gpt_neox), fused projections (phi3): requests arriving over time on paged CPU FastLanes that run ahead, at a
+    threshold where routes mix, write the same tokens and routes joining ahead as joining at a step's start."""
+    import warnings
+
+    from zoo_models import VOCAB, build_pair, pick_threshold, zoo
+
+    if model_type not in zoo():
+        pytest.skip(f"{model_type} is not in this transformers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        llm, slm = build_pair(model_type)
+    tau = pick_threshold(slm)
+    g = torch.Generator().manual_seed(11)
+    reqs = [dict(input_ids=torch.randint(3, VOCAB, (3 + (5 * i) % 9,), generator=g).tolist(),
+                 max_new_tokens=3 + (7 * i) % 11, eos_token_id=[], request_id=f"z{i}") for i in range(9)]
+    arrive = {0: [0, 1, 2], 1: [3], 3: [4, 5], 6: [6, 7], 8: [8]}
+    got = {}
+    for ahead in (False, True):
+        eng = RequestEngine.of(llm, slm, max_batch=3, max_length=64, engine=AHEAD, threshold=tau, kv_tokens=256)
+        if not ahead:
+            eng.executor.join_ahead = None
+        tokens, done, k = {}, {}, 0
+        while eng.has_work() or k <= max(arrive):
+            for i in arrive.get(k, []):
+                eng.submit(Request(**reqs[i]))
+            gather(eng.step(), tokens, done, last=lambda e: e.trace.roles)
+            eng.check_consistent()
+            k += 1
+        got[ahead] = (done, dict(eng.stats))
+    (ref, before), (new, after) = got[False], got[True]
+    assert new == ref and len(ref) == 9
+    assert after["joined_ahead"] > 0 and after["ahead"] > before["ahead"], (before, after)
+    assert {r for _, _, roles in ref.values() for r in roles} == {Role.SLM, Role.LLM}, "routes do not mix"
