@@ -6,7 +6,8 @@ On CPU there is no device to overlap with, so a stand-in executor simulates one:
 background thread, started by ``execute`` and waited for only where the real executor reads a decision (the next
 step's SLM call, which the run-ahead queued). The host's work is simulated too: the update sleeps before it runs.
 With the run-ahead a step then takes about max(host, device); without it (the device waited for inside
-``execute``, as when a schedule holds rows) it takes their sum; the events are the same either way.
+``execute``, as when a schedule holds rows) it takes their sum; the events are the same either way. Steps followed
+by a join keep the overlap where requests join ahead (the scheduler's ``join_ahead``).
 """
 
 from __future__ import annotations
@@ -109,3 +110,62 @@ def test_host_work_is_hidden_behind_the_device(monkeypatch):
     assert all(e.role is Role.SLM for e in events)
     assert serial >= 0.95 * (DEVICE_S + HOST_S)  # the stand-in does cost its sum when nothing overlaps
     assert overlapped < 0.75 * (DEVICE_S + HOST_S), (overlapped, serial)  # ~ max(host, device), not the sum
+
+
+class JoiningDevice(SimulatedDevice):
+    """:class:`SimulatedDevice` that, where a waiting request would join at the next step, takes it now (the
+    scheduler's ``join_ahead``, as the real executor does) and still queues the next call early; without
+    ``join_ahead`` such a step waits for its device work, as the executor did before joins ran ahead."""
+
+    def __init__(self, join_ahead):
+        super().__init__(ahead=True)
+        self.join_ahead, self.queued_early = join_ahead, 0
+
+    def execute(self, plan, admissible):
+        if not plan.rows:
+            return None
+        if self.pending is not None:
+            self.pending.join()
+        work = self._device()
+        early = not admissible() or (self.join_ahead is not None and self.join_ahead() is not None)
+        if early:
+            self.pending, self.queued_early = work, self.queued_early + 1
+        else:
+            work.join()
+            self.pending = None
+        b = len(plan.rows)
+        tokens = [10 + len(row.output) for row in plan.rows]
+        return _Run(StepOutput(tokens, [0.1] * b, [0.1] * b, [False] * b, [False] * b, set(), {}, []))
+
+
+def _run_joining(monkeypatch, join_ahead: bool):
+    """Eight requests of 2-4 tokens through two rows (rows finish at different steps, so most steps are followed by
+    a join): seconds a step, events, steps queued early, steps."""
+    real = engine_requests.update_from_output
+
+    def slow_host(*args):
+        time.sleep(HOST_S)
+        return real(*args)
+
+    monkeypatch.setattr(engine_requests, "update_from_output", slow_host)
+    llm, slm = make_pair("llama")
+    engine = RequestEngine.of(llm, slm, threshold=0.5, max_batch=2, engine="default", join_wait=0)
+    engine.executor = JoiningDevice(engine.scheduler.join_ahead if join_ahead else None)
+    for i in range(8):
+        engine.submit(Request([5, 6, 7 + i], max_new_tokens=2 + i % 3, eos_token_id=[], request_id=f"j{i}"))
+    events, steps, start = [], 0, time.perf_counter()
+    while engine.has_work():
+        events += engine.step()
+        steps += 1
+    return (time.perf_counter() - start) / steps, events, engine.executor.queued_early, steps
+
+
+def test_steps_that_admit_requests_hide_host_work_too_when_joins_run_ahead(monkeypatch):
+    """A join used to cost a step its overlap (the next call waited for the step's values and the joins); joining
+    ahead, every step but the last queues its next call early, and a step takes about max(host, device)."""
+    ahead, events, early, steps = _run_joining(monkeypatch, join_ahead=True)
+    serial, same, early_before, _ = _run_joining(monkeypatch, join_ahead=False)
+    key = lambda evs: sorted((e.request_id, e.token, e.finish_reason) for e in evs)  # noqa: E731
+    assert key(events) == key(same) and sum(e.finished for e in events) == 8
+    assert early == steps and early_before < steps - 3  # before: each step followed by a join waited
+    assert ahead < 0.85 * serial, (ahead, serial)
