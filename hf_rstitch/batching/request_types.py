@@ -117,7 +117,8 @@ class RequestState:
     @property
     def n_tokens(self) -> int:
         """Tokens its row holds: prompt and output so far."""
-        return len(self.request.input_ids) + self.trace.n_tokens - self.replayed
+        return len(self.request.input_ids) + len(self.trace.roles) - self.replayed  # trace.n_tokens, inlined: the
+        # scheduler counts every running row a few times a step
 
     @property
     def request_id(self) -> str:
