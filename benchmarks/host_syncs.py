@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
-import json
 import sys
 import traceback
 import warnings
@@ -28,6 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import lab  # noqa: E402
 
 PKG = str(Path(__file__).resolve().parent.parent / "hf_rstitch")
 
@@ -78,8 +78,6 @@ def run(method: str, clients: int, steps: int, warm: int, max_batch: int) -> dic
         if counting and "synchronizing" in str(message):
             sites[_site(traceback.extract_stack()[:-1])] += 1
 
-    before = warnings.showwarning
-    warnings.showwarning = show
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings():
@@ -91,8 +89,7 @@ def run(method: str, clients: int, steps: int, warm: int, max_batch: int) -> dic
                     if e.finished:
                         submit()
     finally:
-        torch.cuda.set_sync_debug_mode("default")
-        warnings.showwarning = before
+        torch.cuda.set_sync_debug_mode("default")  # catch_warnings puts showwarning back
     return {"method": method, "clients": clients, "max_batch": max_batch, "steps": steps,
             "syncs_per_step": sum(sites.values()) / steps, "sites": dict(sites.most_common()),
             "stats": dict(eng.stats)}
@@ -109,15 +106,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("host_syncs.py needs CUDA: torch's sync debug mode watches CUDA calls")
     rows = [run(m, args.clients, args.steps, args.warm, args.max_batch) for m in ("llm_only", "stitched", "replayed")]
-    gpu = torch.cuda.get_device_name(0).lower().replace(" ", "_")
-    import transformers
-
-    doc = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-           "transformers": transformers.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "rows": rows}
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"host_syncs_{gpu}.json").write_text(json.dumps(doc, indent=1))
-    lines = [f"# Synchronizing calls inside the request engine's steps: {doc['device']}", "",
+    doc = {**lab.environment(["cuda"]), "rows": rows}
+    device = doc["devices"][0]
+    lines = [f"# Synchronizing calls inside the request engine's steps: {device}", "",
              f"torch {doc['torch']}, transformers {doc['transformers']}, {doc['date']}. A small random Qwen2 pair, the "
              f"fast engine with paged KV, {args.clients} clients in a closed loop over {args.max_batch} rows, "
              f"{args.steps} steps counted after {args.warm}; torch's sync debug mode (a floor: it does not see every "
@@ -127,9 +118,7 @@ def main(argv=None) -> int:
             lines.append(f"| {r['method']} | {r['syncs_per_step']:.2f} | `{site}` | {n} |")
         if not r["sites"]:
             lines.append(f"| {r['method']} | 0.00 | none | 0 |")
-    lines += ["", "Regenerate: `PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/host_syncs.py --out-dir "
-              "benchmarks/results`"]
-    (args.out_dir / f"host_syncs_{gpu}.md").write_text("\n".join(lines) + "\n")
+    lab.write_result(args.out_dir / f"host_syncs_{device.lower().replace(' ', '_')}", doc, "\n".join(lines))
     print("\n".join(lines))
     return 0
 

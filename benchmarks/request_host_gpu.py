@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime
 import io
-import json
 import pstats
 import sys
 import time
@@ -24,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import lab  # noqa: E402
 import serve_alone  # noqa: E402
 import serve_reasoning as sr  # noqa: E402
 
@@ -57,7 +56,6 @@ def measure(method: str, level: int, args, pair) -> dict:
 
 def main(argv=None) -> int:
     import torch
-    import transformers
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out-dir", type=Path, required=True)
@@ -70,9 +68,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("request_host_gpu.py times the real path's launches: it needs CUDA (request_host.py: CPU)")
-    from lab import random_pair
-
-    pair = random_pair("tiny", "cuda", torch.bfloat16)
+    pair = lab.random_pair("tiny", "cuda", torch.bfloat16)
     for m in pair:
         m.generation_config.eos_token_id = None
     rows = []
@@ -81,13 +77,9 @@ def main(argv=None) -> int:
             rows.append(measure(method, level, args, pair))
             print(f"[{method} c={level}] {rows[-1]['ms_per_step']:.2f} ms a step "
                   f"({rows[-1]['ms_per_step_profiled']:.2f} under cProfile)", flush=True)
-    gpu = torch.cuda.get_device_name(0).lower().replace(" ", "_")
-    doc = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-           "transformers": transformers.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "rows": rows}
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"request_host_{gpu}.json").write_text(json.dumps(doc, indent=1))
-    lines = [f"# The request engine's host work a step, tiny pair on {doc['device']}", "",
+    doc = {**lab.environment(["cuda"]), "rows": rows}
+    device = doc["devices"][0]
+    lines = [f"# The request engine's host work a step, tiny pair on {device}", "",
              f"torch {doc['torch']}, transformers {doc['transformers']}, {doc['date']}; the serving closed loop "
              f"(scale {args.scale}, decisions on the device), a tiny random pair: a step's wall time is the host's.",
              "", "| method | clients | ms a step | under cProfile | tokens/s |", "|---|---|---|---|---|"]
@@ -96,9 +88,7 @@ def main(argv=None) -> int:
     for r in rows:
         for key, text in r["profile"].items():
             lines += ["", f"## {r['method']}, {r['concurrency']} clients: by {key}", "", "```", text.strip(), "```"]
-    lines += ["", "Regenerate: `PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/request_host_gpu.py --out-dir "
-              "benchmarks/results`"]
-    (args.out_dir / f"request_host_{gpu}.md").write_text("\n".join(lines) + "\n")
+    lab.write_result(args.out_dir / f"request_host_{device.lower().replace(' ', '_')}", doc, "\n".join(lines))
     return 0
 
 

@@ -86,7 +86,7 @@ class Executor:
         vocab: ids the pair shares (a vocabulary past 2**24 sends its ids as float64).
         schedule: when the LLM runs for the rows that need it (None: at once).
         stats: the engine's counters (``steps``, ``slm_calls``, ``llm_calls``, ``held``, ``ahead``, ``undone``: LLM
-            calls run ahead on a guess and undone), updated here.
+            calls run ahead on a guess and undone; ``joined_ahead``: rows that joined ahead of a step), updated here.
         step, sample: the stitched step and the sampler it runs (:func:`~hf_rstitch.decode.step.run_step`,
             :func:`~hf_rstitch.core.sampling.sample_one`; a test may stand either in).
         hold_trim: held rows grow the shared padding; it is trimmed once every row has this much (one copy a row).
@@ -99,7 +99,6 @@ class Executor:
                  hold_trim: int, join_ahead: Callable | None = None):
         self.batch, self.vocab, self.schedule, self.stats = batch, vocab, schedule, stats
         self.step, self.sample, self.hold_trim, self.join_ahead = step, sample, hold_trim, join_ahead
-        stats.setdefault("joined_ahead", 0)
         self.index = 0  # StepView.index of the next step
         self.gate = GuessGate()  # whether the LLM's next call is queued before its hand-back decisions are read
 

@@ -19,7 +19,7 @@ from hf_rstitch.batching.requests import Request, RequestEngine
 from hf_rstitch.core.roles import Role
 from hf_rstitch.decode import loop
 from hf_rstitch.fast import FastConfig
-from request_events import gather
+from request_events import drive
 from stand_in_policies import Flip
 from tiny_models import make_pair, prompt
 
@@ -55,17 +55,7 @@ def _run(config: FastConfig, taus, policy=None, pinned=(5,), **kw):
     completions by id, and the engine."""
     llm, slm = make_pair("llama")
     eng = RequestEngine.of(llm, slm, max_batch=4, max_length=64, engine=config, policy=policy, **kw)
-    reqs, tokens, done, k = _requests(taus, pinned), {}, {}, 0
-    while eng.has_work() or k <= max(ARRIVE):
-        for i in ARRIVE.get(k, []):
-            eng.submit(reqs[i])
-        if k == 5:
-            eng.cancel("g2")
-        gather(eng.step(), tokens, done, last=lambda e: (e.trace.roles, e.trace.entropies, [
-            (c.role, c.kind, c.n_inf, c.n_kv) for c in e.trace.calls]))
-        eng.check_consistent()
-        k += 1
-    return done, eng
+    return drive(eng, _requests(taus, pinned), ARRIVE, cancel=(5, "g2")), eng
 
 
 def _assert_equal(got: dict, ref: dict) -> None:

@@ -19,7 +19,7 @@ from hf_rstitch.batching.requests import Request, RequestEngine
 from hf_rstitch.core.roles import Role
 from hf_rstitch.decode.step import Routing
 from hf_rstitch.fast import FastConfig
-from request_events import gather
+from request_events import drive
 from tiny_models import make_pair, prompt
 
 AHEAD = FastConfig(graphs=False, max_bucket=4, run_ahead=True)
@@ -38,17 +38,7 @@ def _run(ahead: bool, taus, pinned=(), **kw):
     eng = RequestEngine.of(llm, slm, max_batch=4, max_length=96, engine=AHEAD, **kw)
     if not ahead:
         eng.executor.join_ahead = None  # joins at a step's start: the step before them runs nothing ahead
-    reqs, tokens, done, k = _requests(taus, pinned), {}, {}, 0
-    while eng.has_work() or k <= max(ARRIVE):
-        for i in ARRIVE.get(k, []):
-            eng.submit(reqs[i])
-        if k == 6:
-            eng.cancel("j4")
-        gather(eng.step(), tokens, done, last=lambda e: (e.trace.roles, e.trace.entropies, [
-            (c.role, c.kind, c.n_inf, c.n_kv) for c in e.trace.calls]))
-        eng.check_consistent()
-        k += 1
-    return done, eng
+    return drive(eng, _requests(taus, pinned), ARRIVE, cancel=(6, "j4")), eng
 
 
 def _assert_equal(got: dict, ref: dict) -> None:
@@ -168,13 +158,7 @@ def test_joins_ahead_write_what_joins_at_a_step_start_write_across_the_zoo(model
         eng = RequestEngine.of(llm, slm, max_batch=3, max_length=64, engine=AHEAD, threshold=tau, kv_tokens=256)
         if not ahead:
             eng.executor.join_ahead = None
-        tokens, done, k = {}, {}, 0
-        while eng.has_work() or k <= max(arrive):
-            for i in arrive.get(k, []):
-                eng.submit(Request(**reqs[i]))
-            gather(eng.step(), tokens, done, last=lambda e: e.trace.roles)
-            eng.check_consistent()
-            k += 1
+        done = drive(eng, [Request(**r) for r in reqs], arrive, last=lambda e: e.trace.roles)
         got[ahead] = (done, dict(eng.stats))
     (ref, before), (new, after) = got[False], got[True]
     assert new == ref and len(ref) == 9

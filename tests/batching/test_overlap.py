@@ -59,7 +59,7 @@ class SimulatedDevice:
         if self.pending is not None:  # the step's first decision: the call queued early must have run
             self.pending.join()
         work = self._device()
-        if self.ahead and not admissible():
+        if self._early(admissible):
             self.pending = work  # the next step's first call: the host's update runs beside it
         else:
             work.join()
@@ -67,6 +67,10 @@ class SimulatedDevice:
         b = len(plan.rows)
         tokens = [10 + len(row.output) for row in plan.rows]
         return _Run(StepOutput(tokens, [0.1] * b, [0.1] * b, [False] * b, [False] * b, set(), {}, []))
+
+    def _early(self, admissible) -> bool:
+        """Whether the next step's first call is queued early (else ``execute`` waits for its device work)."""
+        return self.ahead and not admissible()
 
     def leave(self, rows, index):
         if len(index) == len(rows):
@@ -121,21 +125,10 @@ class JoiningDevice(SimulatedDevice):
         super().__init__(ahead=True)
         self.join_ahead, self.queued_early = join_ahead, 0
 
-    def execute(self, plan, admissible):
-        if not plan.rows:
-            return None
-        if self.pending is not None:
-            self.pending.join()
-        work = self._device()
+    def _early(self, admissible) -> bool:
         early = not admissible() or (self.join_ahead is not None and self.join_ahead() is not None)
-        if early:
-            self.pending, self.queued_early = work, self.queued_early + 1
-        else:
-            work.join()
-            self.pending = None
-        b = len(plan.rows)
-        tokens = [10 + len(row.output) for row in plan.rows]
-        return _Run(StepOutput(tokens, [0.1] * b, [0.1] * b, [False] * b, [False] * b, set(), {}, []))
+        self.queued_early += early
+        return early
 
 
 def _run_joining(monkeypatch, join_ahead: bool):
