@@ -162,11 +162,13 @@ def table(levels: dict) -> list[str]:
     return lines
 
 
-def engine_closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: float, window_s: float) -> dict:
+def engine_closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: float, window_s: float,
+                       on_step=None) -> dict:
     """The request engine alone (no HTTP): ``concurrency`` requests in flight, a new one submitted as one ends (slot
     ``k`` sends requests ``k, k + c, ...`` of ``ps`` / ``cfg["lengths"]``, as the HTTP clients do); the window's
     summary (:func:`serve_clients.summarize`), its steps a second, and the phase profile of the warm-up's second
-    half (:class:`Phases`)."""
+    half (:class:`Phases`). ``on_step(seconds since the start)``, if given, is called before each step (a probe of
+    a caller's own, e.g. ``join_profile.py``'s profiler)."""
     import torch
 
     from hf_rstitch.batching.requests import Request
@@ -190,6 +192,8 @@ def engine_closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: 
     steps = 0  # in the window
     while time.monotonic() < end:
         probing = _probe(engine, probing, probe)
+        if on_step is not None:
+            on_step(time.monotonic() - t0)
         steps += time.monotonic() >= t0 + warmup_s
         try:
             events = engine.step()
