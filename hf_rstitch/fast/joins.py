@@ -54,8 +54,7 @@ def prefill_rows(lane, dst: list[int], ids: torch.Tensor, host: torch.Tensor) ->
         part = order[start:start + joiner.max_rows]
         at = torch.tensor(part, dtype=torch.long)
         run_group(joiner, ids[at], host[at])
-        for i, r in enumerate(part):
-            lane.cache.copy_row(joiner.cache, i, dst[r], lane.seen)
+        lane.cache.copy_rows(joiner.cache, list(range(len(part))), [dst[r] for r in part], lane.seen)
         groups += 1
     return groups
 

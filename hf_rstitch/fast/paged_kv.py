@@ -13,7 +13,7 @@ entries with no block go to the trash block (:data:`~.blocks.TRASH`), which noth
 data is addressed relative to its padding, the lane's column moves cost nothing here: padding a row on the
 left (``pad_left``, ``hold_rows``) or trimming it only changes ``pad`` (:meth:`PagedKV.shift_row` is a
 no-op), rows moving down a batch bucket move their table rows, and a joining row prefilled by the lane's
-one-row twin (which shares the pool) is handed over without a copy (:meth:`PagedKV.copy_row`).
+one-row twin (which shares the pool) is handed over without a copy (:meth:`PagedKV.copy_rows`).
 
 The block table is a device tensor of fixed shape ``[rows, width]`` written in place, so CUDA graphs
 captured once stay valid; the host grows it (:meth:`PagedKV.reserve`) before each call for the tokens
@@ -136,12 +136,20 @@ class PagedKV:
             self.tables.swap(a, b)
         self.table[dst] = self.table[src]
 
+    def copy_rows(self, other: "PagedKV", src: list[int], dst: list[int], n_slots: int) -> None:
+        """Rows ``src`` of ``other`` (a cache over the same pool) become rows ``dst`` of this cache: their blocks
+        are handed over, not copied (``other``'s rows own none after). ``n_slots``: unused (every block moves).
+        Three device operations for any number of rows (a join's rows, handed over together)."""
+        for s, d in zip(src, dst):
+            self.tables.take(other.tables, s, d)
+        index = to_device(list(src) + list(dst), self.table.device)  # one copy, queued behind a step run ahead
+        src_t, dst_t = index[:len(src)], index[len(src):]
+        self.table.index_copy_(0, dst_t, other.table.index_select(0, src_t))
+        other.table.index_fill_(0, src_t, TRASH)  # not table[src] = TRASH (see release)
+
     def copy_row(self, other: "PagedKV", src: int, dst: int, n_slots: int) -> None:
-        """Row ``src`` of ``other`` (a cache over the same pool) becomes row ``dst`` of this cache: its blocks
-        are handed over, not copied (``other``'s row owns none after). ``n_slots``: unused (every block moves)."""
-        self.tables.take(other.tables, src, dst)
-        self.table[dst] = other.table[src]
-        other.table[src] = TRASH
+        """:meth:`copy_rows` of one row."""
+        self.copy_rows(other, [src], [dst], n_slots)
 
     def copy_slots(self, other: "PagedKV", src: int, src_start: int, dst: int, dst_start: int, n: int) -> None:
         """Slots ``[src_start, src_start + n)`` of ``other``'s row ``src`` to ``[dst_start, dst_start + n)`` of row

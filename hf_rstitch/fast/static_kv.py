@@ -102,6 +102,12 @@ class StaticKV:
         (one copy; the caches must share model, dtype and device)."""
         self.states[:, :, dst, :, :n_slots].copy_(other.states[:, :, src, :, :n_slots])
 
+    def copy_rows(self, other: "StaticKV", src: list[int], dst: list[int], n_slots: int) -> None:
+        """:meth:`copy_row` for each pair of ``src`` / ``dst`` (a join's rows): a copy each, no temporary (a gather
+        of several rows' slots would hold them all twice)."""
+        for s, d in zip(src, dst):
+            self.copy_row(other, s, d, n_slots)
+
     def copy_slots(self, other: "StaticKV", src: int, src_start: int, dst: int, dst_start: int, n: int) -> None:
         """``n`` slots of ``other``'s cache row ``src`` from ``src_start`` into row ``dst`` of this cache from
         ``dst_start``, every layer (one copy): a row whose columns sit elsewhere in the two caches."""

@@ -173,3 +173,31 @@ def test_paged_kernels_in_generate_equal_the_static_cache_and_the_eager_engine()
     assert torch.equal(outs[0].sequences, outs[1].sequences) and torch.equal(outs[1].sequences, eager.sequences)
     for a, b in zip(outs[0].logits, outs[1].logits):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_handing_several_rows_over_at_once_equals_one_at_a_time():
+    """A join's rows go from the join twin to their lane in one hand-over (PagedKV.copy_rows): the device table and
+    the host's block ownership equal handing them over row by row, and the twin's rows own nothing after."""
+    from hf_rstitch.fast.blocks import TRASH
+    from hf_rstitch.fast.paged_kv import BlockPool, PagedKV
+
+    def caches():
+        pool = BlockPool((2, 1, 4), 64, torch.float32, torch.device("cpu"))
+        lane = PagedKV(pool, 6, 40, torch.zeros(6, dtype=torch.long))
+        twin = PagedKV(pool, 4, 40, torch.zeros(4, dtype=torch.long))
+        lane.reserve({0: 3, 5: 17})
+        twin.reserve({0: 9, 1: 1, 2: 33, 3: 16})
+        return lane, twin
+
+    src, dst = [0, 2, 3, 1], [4, 1, 3, 2]
+    at_once, twin_once = caches()
+    at_once.copy_rows(twin_once, src, dst, 40)
+    one_by_one, twin_each = caches()
+    for s, d in zip(src, dst):
+        one_by_one.copy_row(twin_each, s, d, 40)
+    assert torch.equal(at_once.table, one_by_one.table)
+    assert at_once.tables.covered == one_by_one.tables.covered
+    assert torch.equal(twin_once.table, torch.full_like(twin_once.table, TRASH))
+    assert (twin_once.table == twin_each.table).all()
+    assert at_once.pool.allocator.n_free == one_by_one.pool.allocator.n_free
+    at_once.tables.check(twin_once.tables)
