@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     gpu = "cpu" if args.device == "cpu" else re.sub(r"[^a-z0-9]+", "_", torch.cuda.get_device_name().lower()).strip("_")
     pair_cfg = {"pair": "tiny" if args.dry_run_cpu else "qwen2", "device": args.device, "dtype": args.dtype}
     llm, slm = sr.build_pair(pair_cfg)
-    bandwidth = lab.copy_bandwidth() if args.device == "cuda" else 1e10
+    bandwidth = 1e9 * (lab.copy_bandwidth() if args.device == "cuda" else 10.0)  # bytes/s (copy_bandwidth: GB/s)
     doc = {**lab.environment([args.device]), "gpu": gpu, "scale": args.scale, "steps": args.steps,
            "warmup_s": args.warmup_s, "pair": "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu
            else f"random Qwen2 7B / 1.5B, {args.dtype}", "bandwidth_gb_s": bandwidth / 1e9,
