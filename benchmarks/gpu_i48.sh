@@ -15,9 +15,12 @@
 #   bash benchmarks/gpu_i48.sh tests-then-variants ARGS  # the GPU tier first (<= $TESTS_S s), then variants ARGS
 #   bash benchmarks/gpu_i48.sh diag                 # host_syncs.py and request_host_gpu.py: synchronizing calls
 #                                                   # inside a step, and the host's own work a step (~2 min)
+#   bash benchmarks/gpu_i48.sh profile [ARGS...]    # join_profile.py (where a step's device time goes, joins apart)
+#                                                   # and gc_pauses.py (the collector's pauses, frozen or not)
 #
 # Results under $OUT: serve_reasoning_<gpu><tags>.{json,md,png}, engine_variants_<gpu>.{json,md,png}, gpu_tests.txt,
-# host_syncs_<gpu>.{json,md}, request_host_<gpu>.{json,md}, and the server logs in logs.tgz.
+# host_syncs_<gpu>.{json,md}, request_host_<gpu>.{json,md}, join_profile_<gpu>.{json,md}, gc_pauses_<gpu>.{json,md},
+# and the server logs in logs.tgz.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
@@ -58,6 +61,12 @@ diag() {  # where a step could wait for the device, and what the host does a ste
   echo "diag done at $((SECONDS - t0)) s"
 }
 
+profile() {  # where a serving step's device time goes by part (torch.profiler), and the collector's pauses
+  timeout 200 python3 benchmarks/join_profile.py --out-dir "$OUT" "$@" 2>/dev/null | grep "^|"
+  timeout 240 python3 benchmarks/gc_pauses.py --device cuda --pair qwen2 --clients 256 --out-dir "$OUT" 2>/dev/null | grep "^|"
+  echo "profile done at $((SECONDS - t0)) s"
+}
+
 mode="${1:-serve}"; shift || true
 case "$mode" in
   serve) serve "$@" ;;
@@ -66,5 +75,6 @@ case "$mode" in
   variants) variants "$@" ;;
   tests-then-variants) tests; variants "$@" ;;
   diag) diag "$@" ;;
-  *) echo "unknown mode $mode: serve, tests, tests-then-serve, variants, tests-then-variants or diag"; exit 2 ;;
+  profile) profile "$@" ;;
+  *) echo "unknown mode $mode: serve, tests, tests-then-serve, variants, tests-then-variants, diag or profile"; exit 2 ;;
 esac

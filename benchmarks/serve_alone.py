@@ -172,7 +172,9 @@ def engine_closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: 
     import torch
 
     from hf_rstitch.batching.requests import Request
+    from hf_rstitch.serve.driver import freeze_gc
 
+    freeze_gc()  # as rstitch serve's engine process does once built: the engine alone is the engine it serves with
     lengths, role = cfg["lengths"], ("llm" if cfg["method"] == "llm_only" else None)
     started, records, slot_of, nxt = {}, [], {}, list(range(concurrency))  # slot k sends k, k + c, ... (the clients')
 

@@ -58,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
 
         return run_split(cfg)  # the engine in a process of its own, the HTTP side in cfg.frontend_procs
     from ..serve.config import build_server
+    from ..serve.driver import freeze_gc
     from ..serve.server import run as serve_app
 
-    serve_app(build_server(cfg), cfg.http.host, cfg.http.port)  # drains the engine before uvicorn closes connections
+    app = build_server(cfg)
+    freeze_gc()  # the process serves and nothing else: its start-up objects out of the collector's walks
+    serve_app(app, cfg.http.host, cfg.http.port)  # drains the engine before uvicorn closes connections
     return 0

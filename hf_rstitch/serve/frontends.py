@@ -37,7 +37,7 @@ def build_from_config(cfg) -> tuple[Any, Any]:
 
 def engine_main(build: Callable[[], tuple[Any, Any]], authkey: bytes, pipe) -> None:
     """The engine process: build, then serve front ends until the supervisor says stop (or is gone)."""
-    from .driver import EngineDriver
+    from .driver import EngineDriver, freeze_gc
     from .split import EngineService
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the supervisor stops us
@@ -46,6 +46,7 @@ def engine_main(build: Callable[[], tuple[Any, Any]], authkey: bytes, pipe) -> N
     except Exception:  # noqa: BLE001 -- the supervisor reports it
         pipe.send(("failed", traceback.format_exc()))
         return
+    freeze_gc()  # the process serves and nothing else: its start-up objects out of the collector's walks
     driver = EngineDriver(engine).start()
     service = EngineService(driver, authkey).start()
     pipe.send(("ready", service.address, settings))

@@ -73,3 +73,29 @@ def test_failed_step_fails_in_flight_requests_and_the_thread_goes_on():
     assert good.done.wait(5) and good.events[-1].finish_reason == "stop"
     assert driver.last_error == "RuntimeError: poisoned batch"
     driver.drain(1)
+
+
+def test_freeze_gc_takes_the_objects_alive_now_out_of_collections_and_leaves_the_collector_on():
+    """What rstitch serve's process does once its engine is built (serve.driver.freeze_gc): a collection first (no
+    garbage frozen), then every object alive moved to the permanent generation; later objects are collected as before."""
+    import gc
+    import weakref
+
+    from hf_rstitch.serve.driver import freeze_gc
+
+    class Cycle:
+        pass
+
+    try:
+        garbage = Cycle()
+        garbage.me = garbage  # a cycle: only the collector frees it
+        gone = weakref.ref(garbage)
+        del garbage
+        frozen = freeze_gc()
+        assert frozen == gc.get_freeze_count() > 0 and gc.isenabled()
+        assert gone() is None  # collected before the freeze, not frozen
+        later = Cycle()
+        later.me = later
+        assert any(o is later for o in gc.get_objects())  # made after: tracked, collectable
+    finally:
+        gc.unfreeze()  # the test process goes on as before
