@@ -9,7 +9,7 @@ does, then ``serve_alone``'s closed loop of the engine alone for ``--seconds`` a
 server does once built (the loop itself freezes: :func:`serve_alone.engine_closed_loop`); ``plain``: the same with the
 freeze undone (``gc.unfreeze()`` right after it), so every collection walks the start-up objects. Per variant and
 collector generation: collections, mean and largest pause (``gc.callbacks``), with the objects tracked, steps a
-second and tokens a second. Writes ``gc_pauses_<device>.{json,md}``.
+second and tokens a second (the loop undoes its freeze when it ends). Writes ``gc_pauses_<device>.{json,md}``.
 """
 
 from __future__ import annotations
@@ -53,15 +53,19 @@ def child(args) -> dict:
         elif "t" in started:
             pauses[info["generation"]].append(time.perf_counter() - started.pop("t"))
 
+    tracked = {}
+
     def undo_freeze(_elapsed):  # the loop froze on entry; "plain" undoes it before its first step
-        if args.variant == "plain" and gc.get_freeze_count():
-            gc.unfreeze()
+        if not tracked:
+            if args.variant == "plain":
+                gc.unfreeze()
+            tracked.update(objects=len(gc.get_objects()), frozen=gc.get_freeze_count())
 
     gc.callbacks.append(on_gc)
     ps = sr.prompts(len(shape[args.method]), shape["prompt"])
     loop = serve_alone.engine_closed_loop(engine, cfg, ps, args.clients, 1.0, args.seconds, on_step=undo_freeze)
     gc.callbacks.remove(on_gc)
-    return {"variant": args.variant, "tracked": len(gc.get_objects()), "frozen": gc.get_freeze_count(),
+    return {"variant": args.variant, "tracked": tracked["objects"], "frozen": tracked["frozen"],
             "steps_per_s": loop["steps_per_s"], "tokens_per_s": loop["tokens_per_s"], "p99_s": loop["p99_s"],
             "generations": {g: {"collections": len(p), "mean_ms": 1e3 * sum(p) / len(p) if p else 0.0,
                                 "max_ms": 1e3 * max(p, default=0.0), "total_s": sum(p)} for g, p in pauses.items()}}

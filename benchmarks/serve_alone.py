@@ -19,6 +19,7 @@ idle time). On CPU (no CUDA) the times are the host's around each call.
 
 from __future__ import annotations
 
+import gc
 import time
 
 import serve_clients as sc
@@ -174,7 +175,8 @@ def engine_closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: 
     from hf_rstitch.batching.requests import Request
     from hf_rstitch.serve.driver import freeze_gc
 
-    freeze_gc()  # as rstitch serve's engine process does once built: the engine alone is the engine it serves with
+    freeze_gc()  # as rstitch serve's process does once built: the engine alone is the engine it serves with
+    # (undone at the end: the caller's process goes on as it was)
     lengths, role = cfg["lengths"], ("llm" if cfg["method"] == "llm_only" else None)
     started, records, slot_of, nxt = {}, [], {}, list(range(concurrency))  # slot k sends k, k + c, ... (the clients')
 
@@ -218,6 +220,7 @@ def engine_closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: 
         engine.cancel(rid)
     while engine.has_work():
         engine.step()
+    gc.unfreeze()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     if probing is not None and not probing.removed:  # the level ended before the span did

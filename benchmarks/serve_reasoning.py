@@ -197,7 +197,10 @@ def serve_worker(cfg: dict) -> int:
         engine = EngineProcess(partial(split_build, cfg)).start(timeout_s=cfg.get("startup_s", 600))
         app = create_app(engine.client(), sc.IdTokenizer(), engine.settings)
     else:
+        from hf_rstitch.serve.driver import freeze_gc
+
         app = create_app(engine, sc.IdTokenizer(), settings)
+        freeze_gc()  # as rstitch serve's one process does before it serves (the split one's engine process does too)
     run(app, "127.0.0.1", cfg["port"], log_level="warning")
     return 0
 

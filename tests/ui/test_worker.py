@@ -92,13 +92,19 @@ def test_pairs_that_cannot_load_are_messages_and_the_worker_keeps_serving(worker
 
 @pytest.mark.slow
 @needs_pair
-def test_a_worker_that_dies_is_a_message_and_the_next_load_starts_another(worker, problem):
+def test_a_worker_that_dies_is_a_message_and_the_next_load_starts_another(worker, problem, monkeypatch):
     worker.ready(None, None)
-    run = worker.frames(KEY, RunSettings(problem, 0.001, 2000).checked(), False)
-    next(run)  # the run is going
-    os.kill(worker.process.pid, signal.SIGKILL)
+    send = worker._send
+
+    def send_then_die(*message):  # the worker dies as soon as it has the run: before the run can end (killed after
+        send(*message)            # its first frame instead, a short answer could end first on a loaded machine)
+        if message[0] == "run":
+            os.kill(worker.process.pid, signal.SIGKILL)
+
+    monkeypatch.setattr(worker, "_send", send_then_die)
     with pytest.raises(RunError, match="model worker stopped"):
-        list(run)
+        list(worker.frames(KEY, RunSettings(problem, 0.001, 2000).checked(), False))
+    monkeypatch.undo()
     assert worker.ready(None, None).router == "shipped"  # a new worker, the first pair's router kept
     assert list(worker.frames(KEY, RunSettings(problem, 0.02, 4).checked(), False))[-1].snap.done
 
