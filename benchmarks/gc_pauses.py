@@ -8,8 +8,8 @@ Each variant runs in a fresh process (what has been collected or frozen before d
 does, then ``serve_alone``'s closed loop of the engine alone for ``--seconds`` at ``--clients``. ``frozen``: as the
 server does once built (the loop itself freezes: :func:`serve_alone.engine_closed_loop`); ``plain``: the same with the
 freeze undone (``gc.unfreeze()`` right after it), so every collection walks the start-up objects. Per variant and
-collector generation: collections, mean and largest pause (``gc.callbacks``), with the objects tracked, steps a
-second and tokens a second (the loop undoes its freeze when it ends). Writes ``gc_pauses_<device>.{json,md}``.
+collector generation, from the loop's first step (the freeze's own collection is not a step's): collections, mean
+and largest pause (``gc.callbacks``), with the objects tracked, steps a second and tokens a second (the loop undoes its freeze when it ends). Writes ``gc_pauses_<device>.{json,md}``.
 """
 
 from __future__ import annotations
@@ -55,13 +55,12 @@ def child(args) -> dict:
 
     tracked = {}
 
-    def undo_freeze(_elapsed):  # the loop froze on entry; "plain" undoes it before its first step
-        if not tracked:
+    def undo_freeze(_elapsed):  # the loop froze on entry (its own full collection not counted: the probe starts
+        if not tracked:          # now); "plain" undoes the freeze before its first step
             if args.variant == "plain":
                 gc.unfreeze()
             tracked.update(objects=len(gc.get_objects()), frozen=gc.get_freeze_count())
-
-    gc.callbacks.append(on_gc)
+            gc.callbacks.append(on_gc)
     ps = sr.prompts(len(shape[args.method]), shape["prompt"])
     loop = serve_alone.engine_closed_loop(engine, cfg, ps, args.clients, 1.0, args.seconds, on_step=undo_freeze)
     gc.callbacks.remove(on_gc)
