@@ -8,7 +8,8 @@ Each variant runs in a fresh process (what has been collected or frozen before d
 does, then ``serve_alone``'s closed loop of the engine alone for ``--seconds`` at ``--clients``. ``frozen``: as the
 server does once built (the loop itself freezes: :func:`serve_alone.engine_closed_loop`); ``plain``: the same with the
 freeze undone (``gc.unfreeze()`` right after it), so every collection walks the start-up objects. Per variant and
-collector generation, from the loop's first step (the freeze's own collection is not a step's): collections, mean
+collector generation, from the loop's first step to the end of its window (the freeze's own collection and the drain
+after are not the loop's steps): collections, mean
 and largest pause (``gc.callbacks``), with the objects tracked, steps a second and tokens a second (the loop undoes its freeze when it ends). Writes ``gc_pauses_<device>.{json,md}``.
 """
 
@@ -47,10 +48,10 @@ def child(args) -> dict:
     pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
     started = {}
 
-    def on_gc(phase, info):
+    def on_gc(phase, info):  # a collection inside the loop's warm-up and window (not its drain after)
         if phase == "start":
             started["t"] = time.perf_counter()
-        elif "t" in started:
+        elif "t" in started and started["t"] < tracked["until"]:
             pauses[info["generation"]].append(time.perf_counter() - started.pop("t"))
 
     tracked = {}
@@ -59,7 +60,8 @@ def child(args) -> dict:
         if not tracked:          # now); "plain" undoes the freeze before its first step
             if args.variant == "plain":
                 gc.unfreeze()
-            tracked.update(objects=len(gc.get_objects()), frozen=gc.get_freeze_count())
+            tracked.update(objects=len(gc.get_objects()), frozen=gc.get_freeze_count(),
+                           until=time.perf_counter() + 1.0 + args.seconds)  # the loop's warm-up and window
             gc.callbacks.append(on_gc)
     ps = sr.prompts(len(shape[args.method]), shape["prompt"])
     loop = serve_alone.engine_closed_loop(engine, cfg, ps, args.clients, 1.0, args.seconds, on_step=undo_freeze)

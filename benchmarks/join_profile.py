@@ -36,6 +36,7 @@ import serve_alone  # noqa: E402
 import serve_reasoning as sr  # noqa: E402
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")  # Triton launches through the driver API (cuLaunchKernel)
 
 
 def install_ranges(engine, record_function) -> None:
@@ -77,20 +78,25 @@ def attribute(trace: dict) -> dict:
             device[e["args"]["correlation"]].append(e)
     calls = [{"name": r["name"], "ts": r["ts"], "end": r["ts"] + r["dur"], "host_us": r["dur"], "ops": [],
               "launches": 0, "graphs": 0} for r in ranges]
+    unranged = {"ops": 0, "us": 0.0}  # device operations launched outside every range (a sanity total)
     starts = [c["ts"] for c in calls]
     for e in events:
-        if e.get("cat") != "cuda_runtime" or "correlation" not in e.get("args", {}):
+        if e.get("cat") not in LAUNCH_CATS or "correlation" not in e.get("args", {}):
             continue
         ops = device.get(e["args"]["correlation"])
         if not ops:
             continue
         owner = _innermost(calls, starts, e["ts"])
         if owner is None:
+            unranged["ops"] += len(ops)
+            unranged["us"] += sum(o["dur"] for o in ops)
             continue
         owner["ops"] += ops
         owner["launches"] += 1
         owner["graphs"] += "Graph" in e["name"]
-    return summarize(calls)
+    out = summarize(calls)
+    out["outside_ranges"] = {"ops": unranged["ops"], "device_ms": unranged["us"] / 1e3}
+    return out
 
 
 def _innermost(calls: list[dict], starts: list[float], ts: float) -> dict | None:
@@ -167,8 +173,9 @@ def profile_level(engine, cfg, ps, level: int, args, profiler_mod) -> dict:
         path = Path(tmp) / "trace.json"
         state["prof"].export_chrome_trace(str(path))
         ranges = attribute(json.loads(path.read_text()))
+    outside = ranges.pop("outside_ranges")
     return {"concurrency": level, "profiled_steps": args.steps, "tokens_per_s_unprofiled_window": loop["tokens_per_s"],
-            "phases": loop.get("phases"), "ranges": ranges}
+            "phases": loop.get("phases"), "ranges": ranges, "outside_ranges": outside}
 
 
 def markdown(doc: dict) -> str:
@@ -186,6 +193,9 @@ def markdown(doc: dict) -> str:
             lines.append(f"| {r['method']} | {r['concurrency']} | {name} | {s['calls']} | {s['host_ms']:.2f} | "
                          f"{s['device_busy_ms']:.2f} | {s['device_span_ms']:.2f} | {s['launches']:.1f} | "
                          f"{s['graph_replays']:.1f} |")
+    lines += ["", "Device operations launched outside every range (the profiler's start and stop, a sanity total): " +
+              "; ".join(f"{r['method']} at {r['concurrency']}: {r['outside_ranges']['ops']} operations, "
+                        f"{r['outside_ranges']['device_ms']:.2f} ms" for r in doc["rows"] if "outside_ranges" in r)]
     lines += ["", "Device operations of a join, by ms a join:", ""]
     for r in doc["rows"]:
         j = r["ranges"].get("join")

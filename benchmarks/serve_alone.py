@@ -19,6 +19,7 @@ idle time). On CPU (no CUDA) the times are the host's around each call.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 
@@ -170,13 +171,30 @@ def engine_closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: 
     summary (:func:`serve_clients.summarize`), its steps a second, and the phase profile of the warm-up's second
     half (:class:`Phases`). ``on_step(seconds since the start)``, if given, is called before each step (a probe of
     a caller's own, e.g. ``join_profile.py``'s profiler)."""
+    with _frozen():  # as rstitch serve's process: the engine alone is the engine it serves with
+        return _closed_loop(engine, cfg, ps, concurrency, warmup_s, window_s, on_step)
+
+
+@contextlib.contextmanager
+def _frozen():
+    """The start-up objects frozen out of the garbage collector (``serve.driver.freeze_gc``, what a serving process
+    does once built) while the loop runs; afterwards the caller's process is as it was (unfrozen unless it was)."""
+    from hf_rstitch.serve.driver import freeze_gc
+
+    was = gc.get_freeze_count()
+    freeze_gc()
+    try:
+        yield
+    finally:
+        if not was:
+            gc.unfreeze()
+
+
+def _closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: float, window_s: float, on_step) -> dict:
     import torch
 
     from hf_rstitch.batching.requests import Request
-    from hf_rstitch.serve.driver import freeze_gc
 
-    freeze_gc()  # as rstitch serve's process does once built: the engine alone is the engine it serves with
-    # (undone at the end: the caller's process goes on as it was)
     lengths, role = cfg["lengths"], ("llm" if cfg["method"] == "llm_only" else None)
     started, records, slot_of, nxt = {}, [], {}, list(range(concurrency))  # slot k sends k, k + c, ... (the clients')
 
@@ -220,7 +238,6 @@ def engine_closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: 
         engine.cancel(rid)
     while engine.has_work():
         engine.step()
-    gc.unfreeze()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     if probing is not None and not probing.removed:  # the level ended before the span did

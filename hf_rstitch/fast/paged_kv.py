@@ -137,9 +137,15 @@ class PagedKV:
         self.table[dst] = self.table[src]
 
     def copy_rows(self, other: "PagedKV", src: list[int], dst: list[int], n_slots: int) -> None:
-        """Rows ``src`` of ``other`` (a cache over the same pool) become rows ``dst`` of this cache: their blocks
-        are handed over, not copied (``other``'s rows own none after). ``n_slots``: unused (every block moves).
-        Three device operations for any number of rows (a join's rows, handed over together)."""
+        """Rows ``src`` of ``other`` (another cache over the same pool) become rows ``dst`` of this cache: their
+        blocks are handed over, not copied (``other``'s rows own none after). ``n_slots``: unused (every block
+        moves). Several rows in three device operations (a join's rows, handed over together); one row in two."""
+        if len(src) != len(dst) or len(set(src)) < len(src) or len(set(dst)) < len(dst) or other is self:
+            raise ValueError(f"copy_rows hands distinct rows of another cache to as many distinct rows, got {src} "
+                             f"-> {dst}{' within one cache' if other is self else ''}")
+        if len(src) == 1:
+            self.copy_row(other, src[0], dst[0], n_slots)
+            return
         for s, d in zip(src, dst):
             self.tables.take(other.tables, s, d)
         index = to_device(list(src) + list(dst), self.table.device)  # one copy, queued behind a step run ahead
@@ -148,8 +154,11 @@ class PagedKV:
         other.table.index_fill_(0, src_t, TRASH)  # not table[src] = TRASH (see release)
 
     def copy_row(self, other: "PagedKV", src: int, dst: int, n_slots: int) -> None:
-        """:meth:`copy_rows` of one row."""
-        self.copy_rows(other, [src], [dst], n_slots)
+        """Row ``src`` of ``other`` (a cache over the same pool) becomes row ``dst`` of this cache (:meth:`copy_rows`
+        of one row: two device operations, no index to copy over)."""
+        self.tables.take(other.tables, src, dst)
+        self.table[dst] = other.table[src]
+        other.table[src] = TRASH
 
     def copy_slots(self, other: "PagedKV", src: int, src_start: int, dst: int, dst_start: int, n: int) -> None:
         """Slots ``[src_start, src_start + n)`` of ``other``'s row ``src`` to ``[dst_start, dst_start + n)`` of row

@@ -201,3 +201,8 @@ def test_handing_several_rows_over_at_once_equals_one_at_a_time():
     assert (twin_once.table == twin_each.table).all()
     assert at_once.pool.allocator.n_free == one_by_one.pool.allocator.n_free
     at_once.tables.check(twin_once.tables)
+    lane, twin = caches()
+    for src, dst, other in (([0, 0], [1, 2], twin), ([0, 1], [2, 2], twin), ([0, 1], [2], twin), ([1, 2], [3, 4], lane)):
+        with pytest.raises(ValueError, match="distinct rows"):
+            lane.copy_rows(other, src, dst, 40)
+    lane.tables.check(twin.tables)  # refused before any row moved
