@@ -74,18 +74,21 @@ def assert_innocents_alone(innocents: list, answers, results, health, again, lat
 
 @pytest.mark.parametrize("layout", ["split", "one-process"])
 def test_cli_sigterm_with_a_short_drain_answers_every_admitted_request(layout):
-    """`rstitch serve --drain-timeout 0.5`, SIGTERM while 3 plain and 3 streaming requests of 300 LLM tokens
-    are admitted: the plain ones get a 503 JSON error, the streams an error event then [DONE]."""
+    """`rstitch serve --drain-timeout 0.2`, SIGTERM as soon as 3 plain and 3 streaming requests are admitted: the
+    plain ones get a 503 JSON error, the streams an error event then [DONE]. The requests are the problems whose
+    greedy answers are the shipped LLM's longest (274-290 tokens): none can end within the drain, however idle the
+    machine (with a 0.5 s drain a 122-token answer once ended in time on an idle box, a 200)."""
     import signal
     import threading
 
     from serve.live import LAYOUTS, start_cli_server
 
-    proc, url = start_cli_server(*LAYOUTS[layout], "--threshold", "0.0", "--max-batch", "4", "--drain-timeout", "0.5")
+    proc, url = start_cli_server(*LAYOUTS[layout], "--threshold", "0.0", "--max-batch", "4", "--drain-timeout", "0.2")
+    longest = (23, 32, 17, 14, 8, 2)  # problems whose greedy answers take 290, 288, 288, 282, 282, 274 LLM tokens
     try:
 
         def ask(i, stream):
-            b = body(i, None, 300, stream=stream)
+            b = body(longest[i], None, 400, stream=stream)
             if not stream:
                 r = httpx.post(url + "/v1/chat/completions", json=b, timeout=120)
                 return r.status_code, r.headers.get("content-type"), r.json()
@@ -97,7 +100,7 @@ def test_cli_sigterm_with_a_short_drain_answers_every_admitted_request(layout):
             deadline = time.monotonic() + 30
             while httpx.get(url + "/health", timeout=5).json()["in_flight"] < 6 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            threading.Timer(0.2, proc.send_signal, (signal.SIGTERM,)).start()
+            threading.Timer(0.05, proc.send_signal, (signal.SIGTERM,)).start()
             answers = [f.result(timeout=120) for f in futures]
         assert proc.wait(60) in (0, -signal.SIGTERM)
     finally:
