@@ -16,6 +16,10 @@ def pair():
     return load_pair("cpu")
 
 
+LONGEST = (23, 32, 17, 14, 8, 2)  # problems whose greedy answers are the shipped LLM's longest: 290, 288, 288, 282,
+# 282 and 274 tokens (the tests that must still be running when something happens ask these)
+
+
 def problem(i: int) -> str:
     from hf_rstitch.toyworld.pair import load_test_split
 

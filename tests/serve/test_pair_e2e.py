@@ -14,7 +14,7 @@ import pytest
 from hf_rstitch.toyworld.pair import assets_present
 from serve.helpers import sse_events
 from serve.live import LAYOUTS, LiveServer, start_cli_server
-from serve.pair_cases import CASES, SERVER_TAU, body, got, pair, problem, solo
+from serve.pair_cases import CASES, LONGEST, SERVER_TAU, body, got, pair, problem, solo
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not assets_present(), reason="shipped toy-world pair absent")]
 
@@ -100,10 +100,10 @@ def test_disconnect_frees_the_real_engines_row(one_thread):
     from hf_rstitch.serve.config import ServeConfig, settings_for
 
     llm, slm, tok = pair()
-    engine = RequestEngine.of(llm, slm, threshold=0.0, max_batch=2)  # tau 0: the LLM writes all 300 tokens
+    engine = RequestEngine.of(llm, slm, threshold=0.0, max_batch=2)  # tau 0: the LLM writes all 290 tokens
     app = create_app(engine, tok, settings_for(ServeConfig(threshold=0.0, max_batch=2), llm))
     with LiveServer(app) as srv:
-        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body(0, None, 300, stream=True),
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body(LONGEST[0], None, 400, stream=True),
                           timeout=60) as r:
             for n, _ in enumerate(r.iter_lines()):
                 if n == 4:
@@ -112,7 +112,7 @@ def test_disconnect_frees_the_real_engines_row(one_thread):
         while (engine.running or app.state.driver.in_flight) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert engine.running == 0 and app.state.driver.in_flight == 0
-        assert app.state.driver.completed == 0  # cancelled, not run to its 300 tokens
+        assert app.state.driver.completed == 0  # cancelled, not run to its 290 tokens
         assert httpx.post(srv.url + "/v1/chat/completions", json=body(1, None, 8), timeout=60).status_code == 200
 
 

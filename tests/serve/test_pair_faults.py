@@ -14,7 +14,7 @@ import pytest
 from hf_rstitch.toyworld.pair import assets_present
 from serve.helpers import sse_events
 from serve.live import LiveServer
-from serve.pair_cases import SERVER_TAU, body, got, pair, solo
+from serve.pair_cases import LONGEST, SERVER_TAU, body, got, pair, solo
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not assets_present(), reason="shipped toy-world pair absent")]
 
@@ -84,11 +84,10 @@ def test_cli_sigterm_with_a_short_drain_answers_every_admitted_request(layout):
     from serve.live import LAYOUTS, start_cli_server
 
     proc, url = start_cli_server(*LAYOUTS[layout], "--threshold", "0.0", "--max-batch", "4", "--drain-timeout", "0.2")
-    longest = (23, 32, 17, 14, 8, 2)  # problems whose greedy answers take 290, 288, 288, 282, 282, 274 LLM tokens
     try:
 
         def ask(i, stream):
-            b = body(longest[i], None, 400, stream=stream)
+            b = body(LONGEST[i], None, 400, stream=stream)
             if not stream:
                 r = httpx.post(url + "/v1/chat/completions", json=b, timeout=120)
                 return r.status_code, r.headers.get("content-type"), r.json()

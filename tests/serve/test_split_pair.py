@@ -16,7 +16,7 @@ import pytest
 from hf_rstitch.toyworld.pair import assets_present
 from serve.helpers import sse_events
 from serve.live import LiveServer, split_app
-from serve.pair_cases import CASES, SERVER_TAU, body, got, pair, problem, solo
+from serve.pair_cases import CASES, LONGEST, SERVER_TAU, body, got, pair, problem, solo
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not assets_present(), reason="shipped toy-world pair absent")]
 
@@ -106,8 +106,8 @@ def test_disconnect_frees_the_engine_processes_row(one_thread):
     from hf_rstitch.serve.config import ServeConfig
 
     with split_app(ServeConfig(threshold=0.0, max_batch=2)) as app, LiveServer(app) as srv:
-        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body(0, None, 300, stream=True),
-                          timeout=60) as r:  # tau 0: the LLM writes all 300 tokens
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body(LONGEST[0], None, 400, stream=True),
+                          timeout=60) as r:  # tau 0: the LLM writes all 290 tokens
             for n, _ in enumerate(r.iter_lines()):
                 if n == 4:
                     break
@@ -118,7 +118,7 @@ def test_disconnect_frees_the_engine_processes_row(one_thread):
                 break
             time.sleep(0.05)
         assert health["running"] == 0 and health["in_flight"] == 0, health
-        assert health["completed"] == 0  # cancelled, not run to its 300 tokens
+        assert health["completed"] == 0  # cancelled, not run to its 290 tokens
         assert httpx.post(srv.url + "/v1/chat/completions", json=body(1, None, 8), timeout=60).status_code == 200
 
 
