@@ -121,9 +121,9 @@ def test_cli_serve_drains_on_sigterm(layout):
     proc, url = start_cli_server(*LAYOUTS[layout], "--threshold", "0.0")
     try:
         lines = []
-        # tau 0: every token from the LLM, 200 of them: long enough to be running at SIGTERM
+        # tau 0: every token from the LLM, 290 of them: long enough to be running at SIGTERM
         with httpx.stream("POST", url + "/v1/chat/completions", timeout=120,
-                          json=body(0, None, 200, stream=True)) as r:
+                          json=body(LONGEST[0], None, 400, stream=True)) as r:
             for line in r.iter_lines():
                 lines.append(line)
                 if len(lines) == 3:
