@@ -1,0 +1,55 @@
+"""The paged cache's addressing carries the design docs/serving.md calls *virtual rows* (not built yet): a row's token
+``t`` lives where its block table and its padding count put it (``t = column - pad``), whichever cache row reads it.
+So a one-column call whose extra cache rows copy a joiner's block-table row, each with the padding count that puts the
+call's column on one of the joiner's prompt tokens, reads the whole prompt in that call: the joiner's last token gets
+the logits, and its keys and values equal those of the prompt's prefill (every row of a layer stores before it
+attends, so the prompt's tokens see each other causally). This test holds that property of PagedKV and the lane's
+forward (eager attention, fp64), on which the design relies."""
+
+import pytest
+import torch
+
+from hf_rstitch import Role
+from hf_rstitch.fast import FastConfig, FastLane
+from tiny_models import make_pair, prompt
+
+CONFIG = FastConfig(max_bucket=16, graphs=False, paged=True)
+
+
+def _lane(llm) -> FastLane:
+    return FastLane(llm, Role.LLM, 96, capacity=64, config=CONFIG, max_rows=16, kv_blocks=64)
+
+
+def _row_keys(lane: FastLane) -> torch.Tensor:
+    """Every layer's keys in the blocks of cache row 0, in token order."""
+    blocks = lane.cache.table[0].long()
+    return torch.stack([keys[blocks] for keys in lane.cache.keys]).flatten(1, 3)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_a_prompt_read_as_virtual_rows_of_one_column_equals_its_prefill(arch):
+    llm, _ = make_pair(arch)
+    llm = llm.double()
+    ids = prompt(9, seed=5)[0]
+    n = ids.shape[0]
+    whole = torch.ones(1, n, dtype=torch.long)
+
+    ref = _lane(llm)
+    ref.start(whole)
+    ref.reserve(n)
+    with torch.no_grad():
+        want = ref.forward(ids[None], n, False)[0][0]
+
+    lane = _lane(llm)  # row 0 reads its last token at column n - 1; rows 1..n-1 its tokens 0..n-2 there
+    lane.start(whole)
+    lane.reserve(n)
+    column = n - 1
+    lane.cache.table[1:n] = lane.cache.table[0]  # the virtual rows' blocks are row 0's
+    lane.cache.pos.fill_(column)
+    lane.n_pad[1:n] = torch.tensor([column - t for t in range(n - 1)])  # column - pad = the token each reads
+    lane.valid[:n] = torch.arange(lane.valid.shape[1])[None, :] >= lane.n_pad[:n, None]
+    with torch.no_grad():
+        got = lane.forward(torch.cat([ids[-1:], ids[:-1]])[:, None], 1, False)[0]
+
+    torch.testing.assert_close(got[0], want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(_row_keys(lane), _row_keys(ref), rtol=0, atol=1e-12)
