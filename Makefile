@@ -11,7 +11,7 @@ SHELL := /bin/bash
 KERNEL_TESTS = tests/fast/kernels/test_gemv.py tests/fast/kernels/test_gated.py tests/fast/patches/test_folds.py \
 	tests/fast/kernels/test_decode_attention.py tests/fast/kernels/test_fused_entropy.py \
 	tests/fast/kernels/test_rope_store.py tests/fast/kernels/test_expert_gemv.py tests/fast/patches/test_fast_moe.py \
-	tests/fast/kernels/test_norms.py tests/fast/kernels/test_moe_router.py
+	tests/fast/kernels/test_norms.py tests/fast/kernels/test_moe_router.py tests/fast/test_virtual_rows.py
 # The GPU tier: the tests that exercise CUDA (marked gpu, or cuda by tests/conftest.py), over pytest-xdist's
 # workers where it is installed (the dev extra), to fit one 10-minute device call.
 GPU_TESTS = tests/fast tests/multigpu/test_gpu.py

@@ -4,7 +4,8 @@ So a one-column call whose extra cache rows copy a joiner's block-table row, eac
 call's column on one of the joiner's prompt tokens, reads the whole prompt in that call: the joiner's last token gets
 the logits, and its keys and values equal those of the prompt's prefill (every row of a layer stores before it
 attends, so the prompt's tokens see each other causally). This test holds that property of PagedKV and the lane's
-forward (eager attention, fp64), on which the design relies."""
+forward, on which the design relies: on the CPU in fp64 (eager attention; under Triton's interpreter, as the kernel
+tier runs it, the cache's store kernel too), on CUDA in fp32 through the split attention and store kernels."""
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from hf_rstitch.fast import FastConfig, FastLane
 from tiny_models import make_pair, prompt
 
 CONFIG = FastConfig(max_bucket=16, graphs=False, paged=True)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE, ATOL = (torch.float32, 1e-4) if DEVICE == "cuda" else (torch.float64, 1e-12)
 
 
 def _lane(llm) -> FastLane:
@@ -26,13 +29,14 @@ def _row_keys(lane: FastLane) -> torch.Tensor:
     return torch.stack([keys[blocks] for keys in lane.cache.keys]).flatten(1, 3)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_a_prompt_read_as_virtual_rows_of_one_column_equals_its_prefill(arch):
     llm, _ = make_pair(arch)
-    llm = llm.double()
-    ids = prompt(9, seed=5)[0]
+    llm = llm.to(DEVICE, DTYPE)
+    ids = prompt(9, seed=5)[0].to(DEVICE)
     n = ids.shape[0]
-    whole = torch.ones(1, n, dtype=torch.long)
+    whole = torch.ones(1, n, dtype=torch.long, device=DEVICE)
 
     ref = _lane(llm)
     ref.start(whole)
@@ -46,10 +50,10 @@ def test_a_prompt_read_as_virtual_rows_of_one_column_equals_its_prefill(arch):
     column = n - 1
     lane.cache.table[1:n] = lane.cache.table[0]  # the virtual rows' blocks are row 0's
     lane.cache.pos.fill_(column)
-    lane.n_pad[1:n] = torch.tensor([column - t for t in range(n - 1)])  # column - pad = the token each reads
-    lane.valid[:n] = torch.arange(lane.valid.shape[1])[None, :] >= lane.n_pad[:n, None]
+    lane.n_pad[1:n] = torch.tensor([column - t for t in range(n - 1)], device=DEVICE)  # column - pad: its token
+    lane.valid[:n] = torch.arange(lane.valid.shape[1], device=DEVICE)[None, :] >= lane.n_pad[:n, None]
     with torch.no_grad():
         got = lane.forward(torch.cat([ids[-1:], ids[:-1]])[:, None], 1, False)[0]
 
-    torch.testing.assert_close(got[0], want, rtol=0, atol=1e-12)
-    torch.testing.assert_close(_row_keys(lane), _row_keys(ref), rtol=0, atol=1e-12)
+    torch.testing.assert_close(got[0], want, rtol=0, atol=ATOL)
+    torch.testing.assert_close(_row_keys(lane), _row_keys(ref), rtol=0, atol=ATOL)
