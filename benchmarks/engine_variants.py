@@ -58,12 +58,10 @@ def parse_variant(text: str) -> tuple[dict, dict]:
 def measure(args, variant: str, method: str, shape: dict, pair: tuple, budget) -> list[dict]:
     """One variant and method at each level that fits the budget: its rows."""
     engine_kw, fast = parse_variant(variant)
-    cfg = {"method": method, "pair": "tiny" if args.dry_run_cpu else "qwen2", "device": args.device,
-           "dtype": args.dtype, "engine": args.engine, "fast": fast, "decisions": "device",
-           "max_batch": max(args.levels), "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
-           "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method],
-           "join": {k: v for k, v in engine_kw.items() if k not in ("prefill_chunk", "join_ahead")},
-           "prefill_chunk": engine_kw.get("prefill_chunk")}
+    cfg = sr.alone_cfg(method, shape, "tiny" if args.dry_run_cpu else "qwen2", args.device, args.dtype, args.engine,
+                       max(args.levels), fast=fast,
+                       join={k: v for k, v in engine_kw.items() if k not in ("prefill_chunk", "join_ahead")},
+                       prefill_chunk=engine_kw.get("prefill_chunk"))
     t0 = time.monotonic()
     engine = sr.build_engine(cfg, *pair)
     if engine_kw.get("join_ahead") == 0:  # the step before a join reads its values first, then the joins run

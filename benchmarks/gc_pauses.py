@@ -18,8 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import re
-import subprocess
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,11 +37,8 @@ def child(args) -> dict:
 
     shape = sr.shapes(args.scale)
     dtype = "float32" if args.device == "cpu" else "bfloat16"
-    cfg = {"method": args.method, "pair": args.pair, "device": args.device, "dtype": dtype,
-           "engine": "default" if args.device == "cpu" else "auto", "fast": {}, "decisions": "device",
-           "max_batch": args.clients, "llm_share": shape["llm_share"], "prompt": shape["prompt"],
-           "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
-           "lengths": shape[args.method]}
+    cfg = sr.alone_cfg(args.method, shape, args.pair, args.device, dtype, "default" if args.device == "cpu" else "auto",
+                       args.clients)
     engine = sr.build_engine(cfg, *sr.build_pair(cfg))
     sr.warm(engine, cfg)
     pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
@@ -104,14 +100,14 @@ def main(argv=None) -> int:
     rows = []
     for variant in VARIANTS:
         cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--variant", variant]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        rows.append(json.loads(next(line for line in out.splitlines() if line.startswith(lab.CHILD_RESULT))
-                               [len(lab.CHILD_RESULT):]))
-        print(f"[{variant}] {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+        row = lab.run_child(cmd, dict(os.environ), timeout=600)
+        if "error" in row:
+            raise SystemExit(f"gc_pauses.py: the {variant} run failed: {row['error']}")
+        rows.append(row)
+        print(f"[{variant}] {json.dumps(row)}", file=sys.stderr, flush=True)
     doc = {**lab.environment([args.device]), "device_name": lab.device_name(args.device), "pair": args.pair,
            "method": args.method, "clients": args.clients, "seconds": args.seconds, "rows": rows}
-    name = "cpu" if args.device == "cpu" else re.sub(r"[^a-z0-9]+", "_", lab.device_name(args.device).lower()).strip("_")
-    stem = Path(args.out_dir) / f"gc_pauses_{name}"
+    stem = Path(args.out_dir) / f"gc_pauses_{lab.file_tag(args.device)}"
     lab.write_result(stem, doc, markdown(doc))
     print(markdown(doc))
     return 0

@@ -118,7 +118,7 @@ def main(argv=None) -> int:
             lines.append(f"| {r['method']} | {r['syncs_per_step']:.2f} | `{site}` | {n} |")
         if not r["sites"]:
             lines.append(f"| {r['method']} | 0.00 | none | 0 |")
-    lab.write_result(args.out_dir / f"host_syncs_{device.lower().replace(' ', '_')}", doc, "\n".join(lines))
+    lab.write_result(args.out_dir / f"host_syncs_{lab.file_tag('cuda')}", doc, "\n".join(lines))
     print("\n".join(lines))
     return 0
 

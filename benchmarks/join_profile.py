@@ -39,6 +39,12 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")  # Triton launches through the driver API (cuLaunchKernel)
 
 
+def _parts(engine) -> list[tuple[object, str, str]]:
+    """``(object, attribute, range name)`` of the engine's step and the parts of it that get a range."""
+    return [(engine, "step", "step"), (engine.executor, "join", "join"), (engine.scheduler, "_admit", "admit"),
+            *((lane, "advance", f"advance:{role}") for role, lane in engine.lanes.items())]
+
+
 def install_ranges(engine, record_function) -> None:
     """Named ranges around the engine's step and its parts (instance attributes, as the phase profile's
     :class:`serve_alone.Phases`, whose removal drops them: install after it is gone)."""
@@ -50,19 +56,15 @@ def install_ranges(engine, record_function) -> None:
                 return fn(*args, **kwargs)
         return call
 
-    engine.step = ranged("step", engine.step)
-    engine.executor.join = ranged("join", engine.executor.join)
-    engine.scheduler._admit = ranged("admit", engine.scheduler._admit)
-    for role, lane in engine.lanes.items():
-        lane.advance = ranged(f"advance:{role}", lane.advance)
+    for obj, attr, name in _parts(engine):
+        setattr(obj, attr, ranged(name, getattr(obj, attr)))
     if not getattr(executor_module.run_ahead, "ranged", False):  # once a process (a module-level function)
         executor_module.run_ahead = ranged("run_ahead", executor_module.run_ahead)
         executor_module.run_ahead.ranged = True
 
 
 def remove_ranges(engine) -> None:
-    for obj, attr in ((engine, "step"), (engine.executor, "join"), (engine.scheduler, "_admit"),
-                      *((lane, "advance") for lane in engine.lanes.values())):
+    for obj, attr, _ in _parts(engine):
         obj.__dict__.pop(attr, None)
 
 
@@ -206,7 +208,6 @@ def markdown(doc: dict) -> str:
 
 
 def main(argv=None) -> int:
-    import torch
     import torch.profiler as profiler_mod
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -227,7 +228,7 @@ def main(argv=None) -> int:
         args.scale, args.levels, args.steps = min(args.scale, 0.01), [4], min(args.steps, 6)
         args.warmup_s, args.window_s = min(args.warmup_s, 0.5), min(args.window_s, 1.5)
     shape = sr.shapes(args.scale)
-    gpu = "cpu" if args.device == "cpu" else re.sub(r"[^a-z0-9]+", "_", torch.cuda.get_device_name().lower()).strip("_")
+    gpu = lab.file_tag(args.device)
     pair_cfg = {"pair": "tiny" if args.dry_run_cpu else "qwen2", "device": args.device, "dtype": args.dtype}
     llm, slm = sr.build_pair(pair_cfg)
     bandwidth = 1e9 * (lab.copy_bandwidth() if args.device == "cuda" else 10.0)  # bytes/s (copy_bandwidth: GB/s)
@@ -237,11 +238,8 @@ def main(argv=None) -> int:
            "floor_ms": {"llm": weight_floor_ms(llm, bandwidth), "slm": weight_floor_ms(slm, bandwidth)}, "rows": []}
     stem = Path(args.out_dir) / f"join_profile_{gpu}{args.tag}"
     for method in args.methods:
-        cfg = {"method": method, "pair": pair_cfg["pair"], "device": args.device, "dtype": args.dtype,
-               "engine": "default" if args.dry_run_cpu else "auto", "fast": {}, "decisions": "device",
-               "max_batch": max(args.levels), "llm_share": shape["llm_share"], "prompt": shape["prompt"],
-               "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
-               "lengths": shape[method]}
+        cfg = sr.alone_cfg(method, shape, pair_cfg["pair"], args.device, args.dtype,
+                           "default" if args.dry_run_cpu else "auto", max(args.levels))
         engine = sr.build_engine(cfg, llm, slm)
         sr.warm(engine, cfg)
         ps = sr.prompts(len(shape[method]), shape["prompt"])

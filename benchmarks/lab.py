@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import sys
@@ -85,6 +86,14 @@ def environment(devices: Iterable[torch.device | str] = ()) -> dict[str, Any]:
             "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command()}
+
+
+def file_tag(device: str) -> str:
+    """The device part of a result file's name: ``cpu``, or the GPU's name in lower case with ``_`` for the rest
+    (``NVIDIA H200`` -> ``nvidia_h200``)."""
+    if not str(device).startswith("cuda"):
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "_", torch.cuda.get_device_name(torch.device(device)).lower()).strip("_")
 
 
 def device_name(device: str) -> str:

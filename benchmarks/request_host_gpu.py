@@ -29,9 +29,7 @@ import serve_reasoning as sr  # noqa: E402
 
 def measure(method: str, level: int, args, pair) -> dict:
     shape = sr.shapes(args.scale)
-    cfg = {"method": method, "pair": "tiny", "device": "cuda", "dtype": "bfloat16", "engine": "auto", "fast": {},
-           "decisions": "device", "max_batch": level, "llm_share": shape["llm_share"], "prompt": shape["prompt"],
-           "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8, "lengths": shape[method]}
+    cfg = sr.alone_cfg(method, shape, "tiny", "cuda", "bfloat16", "auto", level)
     engine = sr.build_engine(cfg, *pair)
     sr.warm(engine, cfg)
     ps = sr.prompts(len(shape[method]), shape["prompt"])
@@ -88,7 +86,7 @@ def main(argv=None) -> int:
     for r in rows:
         for key, text in r["profile"].items():
             lines += ["", f"## {r['method']}, {r['concurrency']} clients: by {key}", "", "```", text.strip(), "```"]
-    lab.write_result(args.out_dir / f"request_host_{device.lower().replace(' ', '_')}", doc, "\n".join(lines))
+    lab.write_result(args.out_dir / f"request_host_{lab.file_tag('cuda')}", doc, "\n".join(lines))
     return 0
 
 

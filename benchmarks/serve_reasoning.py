@@ -73,6 +73,17 @@ def shapes(scale: float, n: int = 512, seed: int = 0) -> dict:
             "llm_share": MATH["llm_tokens"] / (MATH["llm_tokens"] + MATH["slm_tokens"])}
 
 
+def alone_cfg(method: str, shape: dict, pair: str, device: str, dtype: str, engine: str, max_batch: int,
+              **extra) -> dict:
+    """The engine's part of a run's config (what :func:`build_engine`, :func:`warm` and
+    :func:`serve_alone.engine_closed_loop` read) for ``method`` on ``shape``'s requests: decisions on the device,
+    the fast engine's own configuration, a row long enough for the longest request; ``extra`` adds or overrides."""
+    return {"method": method, "pair": pair, "device": device, "dtype": dtype, "engine": engine, "fast": {},
+            "decisions": "device", "max_batch": max_batch,
+            "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
+            "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method], **extra}
+
+
 def prompts(n: int, length: int, vocab: int = PROMPT_VOCAB, seed: int = 1) -> list[list[int]]:
     import random
 
@@ -302,16 +313,14 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
         fit = [c for c in levels if c <= max_batch]
         reserve = getattr(args, "reserve_s", args.startup_s)  # for this server's start
         fit = fit[:max(0, int((budget.left() - reserve) // per_level))]
-        cfg = {"method": method, "pair": "tiny" if args.dry_run_cpu else "qwen2", "device": args.device,
-               "dtype": args.dtype, "engine": args.engine, "fast": fast_fields(args.fast), "decisions": args.decisions, "max_batch": max_batch,
-               "max_length": shape["prompt"] + max(shape["llm_only"] + shape["stitched"]) + 8,
-               "llm_share": shape["llm_share"], "prompt": shape["prompt"], "lengths": shape[method],
-               "alone_levels": fit, "warmup_s": args.warmup_s, "window_s": args.window_s, "port": sc.free_port(),
-               "alone_out": str(work / f"alone_{method}.json"), "standin": standin_timing(args),
-               "join": join_pacing(args),
-               "frontend_procs": getattr(args, "frontend_procs", 0), "startup_s": args.startup_s,
-               "settings": {k: v for k, v in (("stream_interval", args.stream_interval),
-                                              ("stream_writes_per_s", args.stream_writes_per_s)) if v is not None}}
+        cfg = alone_cfg(method, shape, "tiny" if args.dry_run_cpu else "qwen2", args.device, args.dtype, args.engine,
+                        max_batch, fast=fast_fields(args.fast), decisions=args.decisions, alone_levels=fit,
+                        warmup_s=args.warmup_s, window_s=args.window_s, port=sc.free_port(),
+                        alone_out=str(work / f"alone_{method}.json"), standin=standin_timing(args),
+                        join=join_pacing(args), frontend_procs=getattr(args, "frontend_procs", 0),
+                        startup_s=args.startup_s,
+                        settings={k: v for k, v in (("stream_interval", args.stream_interval),
+                                                    ("stream_writes_per_s", args.stream_writes_per_s)) if v is not None})
         t0, alone_s = time.monotonic(), len(fit) * (args.warmup_s + args.window_s)
         proc, err = start_server(cfg, work, args.startup_s + alone_s + 2 * len(fit))
         if proc is not None:  # what the next method's start reserves: this one's load and warm-up, with a margin

@@ -58,12 +58,12 @@ class LaneRows:
     def start(self, mask: torch.Tensor) -> None:
         """First call of a generation: note each row's left padding from ``mask`` ``[B, T]`` (one host sync)."""
         host = mask.detach().cpu().bool()  # [B, T]
-        pads = left_padding(host)
-        holes = ~host & (torch.arange(host.shape[1]) >= pads[:, None])  # masked columns past a row's padding
+        padding = left_padding(host)  # [B]
+        holes = ~host & (torch.arange(host.shape[1]) >= padding[:, None])  # masked columns past a row's padding
         if bool(holes.any()):
             r = int(holes.any(1).nonzero()[0])
             raise ValueError(f"FastLane supports left padding only; row {r} of the attention mask has holes.")
-        pads = pads.tolist()
+        pads = padding.tolist()
         self.slots.start(pads)
         b, t = host.shape
         self.n_pad[:b].copy_(to_device(pads, self.device))
