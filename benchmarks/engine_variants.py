@@ -1,4 +1,4 @@
-"""The request engine alone under serving load, one variant of its join settings against another, in one process.
+"""The request engine alone under serving load, one variant of its join settings against another.
 
     PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/engine_variants.py --out-dir $OUT --levels 64 256 \\
         --variants default join_wait=0 prefill_chunk=512 --budget-s 540   # one GPU call
@@ -6,16 +6,17 @@
 
 What ``serve_reasoning.py`` measures as "the engine alone" (its closed loop on the same MATH-shaped requests,
 replayed routes with the decisions on the device, :func:`serve_alone.engine_closed_loop`, the phase profile in the
-second half of each warm-up), for several engine settings on one pair built once: a variant is ``default`` or
-``KEY=VALUE[,KEY=VALUE]`` of ``RequestEngine.of``'s ``join_wait``, ``join_group`` and ``prefill_chunk``,
-``join_ahead=0`` (requests join at a step's start, after the step before has been read: ``Executor.join_ahead``
-None), or of a
-:class:`~hf_rstitch.fast.FastConfig` field (``fast.compact_rows=true``). Each variant builds its engine afresh
-(``rstitch serve``'s ``auto``, as the server does), warms it up, and runs each method at each level. The question it
+second half of each warm-up), for several engine settings: a variant is ``default`` or ``KEY=VALUE[,KEY=VALUE]``
+of ``RequestEngine.of``'s ``join_wait``, ``join_group`` and ``prefill_chunk``, ``join_ahead=0`` (requests join at a
+step's start, after the step before has been read: ``Executor.join_ahead`` None), or of a
+:class:`~hf_rstitch.fast.FastConfig` field (``fast.compact_rows=true``). Each variant and method runs in a process
+of its own, which builds the pair and its engine (``rstitch serve``'s ``auto``, as the server does), warms it up,
+and runs each level. The question it
 answers: which join setting serves best -- tokens/s, first tokens and p99, and where the step's time goes (joins,
 other host work, steps that ran ahead) -- before one becomes ``rstitch serve``'s default.
 
-Writes ``engine_variants_<gpu><tag>.{json,md,png}`` (``rows``: ``{"variant", "method", "concurrency", "tokens_per_s",
+Writes ``engine_variants_<gpu><tag>.{json,md,png}`` (``rows``: ``{"variant", "method", "concurrency", "engine"
+(fast, or default where the fast engine fell back), "tokens_per_s",
 "requests_per_s", "steps_per_s", "ttft_p50_s", "p50_s", "p99_s", "joins_share", "joins_per_step", "other_share",
 "ahead_share"}``), after each variant (a run cut short keeps what it measured).
 """
@@ -67,7 +68,8 @@ def measure(args, variant: str, method: str, shape: dict, pair: tuple, budget) -
     if engine_kw.get("join_ahead") == 0:  # the step before a join reads its values first, then the joins run
         engine.executor.join_ahead = None
     warm_s = sr.warm(engine, cfg)
-    print(f"[{variant} {method}] built and warmed in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+    print(f"[{variant} {method}] built and warmed in {time.monotonic() - t0:.1f} s{_memory(args)}", file=sys.stderr,
+          flush=True)
     ps, rows = sr.prompts(len(shape[method]), shape["prompt"]), []
     for c in args.levels:
         if not budget.allows(args.warmup_s + args.window_s + 5):
@@ -75,7 +77,8 @@ def measure(args, variant: str, method: str, shape: dict, pair: tuple, budget) -
             continue
         r = serve_alone.engine_closed_loop(engine, cfg, ps, c, args.warmup_s, args.window_s)
         p = r.get("phases") or {}
-        rows.append({"variant": variant, "method": method, "concurrency": c, "tokens_per_s": r["tokens_per_s"],
+        rows.append({"variant": variant, "method": method, "concurrency": c, "engine": engine.engine.kind,
+                     "tokens_per_s": r["tokens_per_s"],
                      "requests_per_s": r["requests_per_s"], "steps_per_s": r["steps_per_s"],
                      "ttft_p50_s": r["ttft_p50_s"], "p50_s": r["p50_s"], "p99_s": r["p99_s"],
                      "joins_share": p.get("joins", {}).get("share"),
@@ -84,9 +87,50 @@ def measure(args, variant: str, method: str, shape: dict, pair: tuple, budget) -
                      "step_ms": p.get("step_ms"), "errors": r["errors"], "warm_up_s": warm_s, "phases": p})
         print(f"[{variant} {method} c={c}] {json.dumps({k: v for k, v in rows[-1].items() if k != 'phases'})}",
               file=sys.stderr, flush=True)
-    del engine
-    sr._free_device_memory()
     return rows
+
+
+def _memory(args) -> str:
+    """``": N GiB allocated, M reserved"`` on CUDA (the engine's pools, graphs and the pair), else empty."""
+    if not args.device.startswith("cuda"):
+        return ""
+    import torch
+
+    return (f": {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated, "
+            f"{torch.cuda.memory_reserved() / 2**30:.1f} reserved")
+
+
+def pair_cfg(args) -> dict:
+    return {"pair": "tiny" if args.dry_run_cpu else "qwen2", "device": args.device, "dtype": args.dtype}
+
+
+def child(fields: dict, variant: str, method: str, budget_s: float, out_file: str) -> None:
+    """One variant and method in a process of its own (:func:`measure`, its pair built here): its rows to
+    ``out_file``. Each build then has the GPU to itself: a request engine dropped in a process did not give its KV
+    pools back on an H200 (99.8 GiB kept; tests/fast/test_fast_gpu.py checks the release), so a second build in
+    one process at MATH's lengths ran out of memory and fell back to the eager engine."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    args = argparse.Namespace(**fields)
+    rows = measure(args, variant, method, sr.shapes(args.scale), sr.build_pair(pair_cfg(args)), lab.Budget(budget_s))
+    Path(out_file).write_text(json.dumps(rows))
+
+
+def in_child(args, variant: str, method: str, budget) -> list[dict]:
+    """:func:`child` in a spawned process, waited for; its rows ([] where it failed, said on stderr)."""
+    import multiprocessing
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out_file = str(Path(tmp) / "rows.json")
+        proc = multiprocessing.get_context("spawn").Process(
+            target=child, args=(vars(args), variant, method, budget.left(), out_file))
+        proc.start()
+        proc.join()
+        if proc.exitcode != 0 or not Path(out_file).exists():
+            print(f"[{variant} {method}] failed: its process exited with code {proc.exitcode}", file=sys.stderr,
+                  flush=True)
+            return []
+        return json.loads(Path(out_file).read_text())
 
 
 def markdown(doc: dict) -> str:
@@ -106,7 +150,8 @@ def markdown(doc: dict) -> str:
     for r in doc["rows"]:
         b = base.get((r["method"], r["concurrency"]))
         vs = f"{r['tokens_per_s'] / b:.2f}x" if b else "-"
-        lines.append(f"| {r['variant']} | {r['method']} | {r['concurrency']} | {r['tokens_per_s']:.0f} | {vs} | "
+        method = r["method"] if r.get("engine", "fast") == "fast" else f"{r['method']} (eager engine)"
+        lines.append(f"| {r['variant']} | {method} | {r['concurrency']} | {r['tokens_per_s']:.0f} | {vs} | "
                      f"{r['steps_per_s']:.1f} | {f(r['ttft_p50_s'], '.3f')} | {f(r['p50_s'], '.2f')} | "
                      f"{f(r['p99_s'], '.2f')} | {f(r['joins_share'], '.0%')}, {f(r['joins_per_step'], '.2f')} | "
                      f"{f(r['other_share'], '.0%')} | {f(r['ahead_share'], '.0%')} |")
@@ -165,8 +210,6 @@ def main(argv=None) -> int:
     import torch
 
     gpu = "cpu" if args.dry_run_cpu else re.sub(r"[^a-z0-9]+", "_", torch.cuda.get_device_name().lower()).strip("_")
-    pair_cfg = {"pair": "tiny" if args.dry_run_cpu else "qwen2", "device": args.device, "dtype": args.dtype}
-    pair = sr.build_pair(pair_cfg)
     doc = {**lab.environment([args.device]), "gpu": gpu,
            "pair": "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu else f"random Qwen2 7B / 1.5B, {args.dtype}",
            "scale": args.scale, "warmup_s": args.warmup_s, "window_s": args.window_s, "engine": args.engine,
@@ -174,7 +217,7 @@ def main(argv=None) -> int:
     stem = out / f"engine_variants_{gpu}{args.tag}"
     for variant in args.variants:
         for method in args.methods:
-            doc["rows"] += measure(args, variant, method, shape, pair, budget)
+            doc["rows"] += in_child(args, variant, method, budget)
         lab.write_result(stem, doc, markdown(doc))
         plot(doc, stem.with_suffix(".png"))
     print(markdown(doc))

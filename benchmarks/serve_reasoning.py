@@ -188,32 +188,57 @@ def warm(engine, cfg: dict) -> float:
 
 def serve_worker(cfg: dict) -> int:
     """Server mode: pair, engine, warm-up, the engine alone at each level (written to ``cfg['alone_out']``), then
-    the app of ``rstitch serve`` on draining uvicorn until SIGTERM."""
+    the app of ``rstitch serve`` on draining uvicorn until SIGTERM. With ``--frontend-procs 1`` the engine alone
+    runs in a process of its own that exits before the server's engine process starts: each holds the GPU alone
+    (a request engine dropped in a process did not give its KV pools back on an H200, 99.8 GiB kept: at MATH's
+    lengths the engine process then ran out of memory; tests/fast/test_fast_gpu.py checks the release)."""
     from hf_rstitch.serve.app import create_app
     from hf_rstitch.serve.server import run
 
-    engine, vocab, warm_s = built(cfg)
+    if cfg.get("frontend_procs"):  # rstitch serve --frontend-procs 1: the engine in a process of its own
+        from hf_rstitch.serve.frontends import EngineProcess
+
+        _in_own_process(alone_worker, cfg)
+        engine = EngineProcess(partial(split_build, cfg)).start(timeout_s=cfg.get("startup_s", 600))
+        app = create_app(engine.client(), sc.IdTokenizer(), engine.settings)
+    else:
+        from hf_rstitch.serve.driver import freeze_gc
+
+        engine, vocab, warm_s = built(cfg)
+        engine_alone(engine, cfg, warm_s)
+        app = create_app(engine, sc.IdTokenizer(), server_settings(cfg, vocab))
+        freeze_gc()  # as rstitch serve's one process does before it serves (the split one's engine process does too)
+    run(app, "127.0.0.1", cfg["port"], log_level="warning")
+    return 0
+
+
+def engine_alone(engine, cfg: dict, warm_s: float) -> dict:
+    """The engine alone at each of ``cfg['alone_levels']``, written to ``cfg['alone_out']`` (and returned)."""
     alone = {"warm_up_s": warm_s, "levels": {}}
     ps = prompts(len(cfg["lengths"]), cfg["prompt"])
     for c in cfg["alone_levels"]:
         alone["levels"][c] = engine_closed_loop(engine, cfg, ps, c, cfg["warmup_s"], cfg["window_s"])
         print(f"[engine alone {cfg['method']} c={c}] {json.dumps(alone['levels'][c])}", file=sys.stderr, flush=True)
     Path(cfg["alone_out"]).write_text(json.dumps(alone))
-    settings = server_settings(cfg, vocab)
-    if cfg.get("frontend_procs"):  # rstitch serve --frontend-procs 1: the engine in a process of its own
-        from hf_rstitch.serve.frontends import EngineProcess
+    return alone
 
-        del engine  # the engine process builds its own pair: free this one's memory first
-        _free_device_memory()
-        engine = EngineProcess(partial(split_build, cfg)).start(timeout_s=cfg.get("startup_s", 600))
-        app = create_app(engine.client(), sc.IdTokenizer(), engine.settings)
-    else:
-        from hf_rstitch.serve.driver import freeze_gc
 
-        app = create_app(engine, sc.IdTokenizer(), settings)
-        freeze_gc()  # as rstitch serve's one process does before it serves (the split one's engine process does too)
-    run(app, "127.0.0.1", cfg["port"], log_level="warning")
-    return 0
+def alone_worker(cfg: dict) -> None:
+    """The engine alone in a process of its own: pair, engine, warm-up, each level (:func:`engine_alone`)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    engine, _, warm_s = built(cfg)
+    engine_alone(engine, cfg, warm_s)
+
+
+def _in_own_process(fn, cfg: dict) -> None:
+    """``fn(cfg)`` in a spawned process, waited for; raises RuntimeError if it failed."""
+    import multiprocessing
+
+    proc = multiprocessing.get_context("spawn").Process(target=fn, args=(cfg,))
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        raise RuntimeError(f"{fn.__name__} exited with code {proc.exitcode} (its traceback is above)")
 
 
 def server_settings(cfg: dict, vocab: int):

@@ -23,10 +23,15 @@ def _lane(llm) -> FastLane:
     return FastLane(llm, Role.LLM, 96, capacity=64, config=CONFIG, max_rows=16, kv_blocks=64)
 
 
-def _row_keys(lane: FastLane) -> torch.Tensor:
-    """Every layer's keys in the blocks of cache row 0, in token order."""
+def _row_kv(lane: FastLane, n: int) -> torch.Tensor:
+    """Every layer's keys and values of cache row 0's first ``n`` tokens ``[2, layers, H_kv, n, D]`` (what the row
+    holds; slots past its length, in blocks it has not reserved, are scratch that any padded write may touch)."""
     blocks = lane.cache.table[0].long()
-    return torch.stack([keys[blocks] for keys in lane.cache.keys]).flatten(1, 3)
+
+    def tokens(pool):  # [n_blocks, H_kv, BLOCK, D] a layer -> [H_kv, n, D]
+        return torch.stack([t[blocks].permute(1, 0, 2, 3).flatten(1, 2)[:, :n] for t in pool])
+
+    return torch.stack([tokens(lane.cache.keys), tokens(lane.cache.values)])
 
 
 @pytest.mark.cuda
@@ -41,7 +46,7 @@ def test_a_prompt_read_as_virtual_rows_of_one_column_equals_its_prefill(arch):
     ref = _lane(llm)
     ref.start(whole)
     ref.reserve(n)
-    with torch.no_grad():
+    with torch.no_grad(), ref.model_code():  # the lane's kernels (split attention, store), as its calls run them
         want = ref.forward(ids[None], n, False)[0][0]
 
     lane = _lane(llm)  # row 0 reads its last token at column n - 1; rows 1..n-1 its tokens 0..n-2 there
@@ -52,8 +57,8 @@ def test_a_prompt_read_as_virtual_rows_of_one_column_equals_its_prefill(arch):
     lane.cache.pos.fill_(column)
     lane.n_pad[1:n] = torch.tensor([column - t for t in range(n - 1)], device=DEVICE)  # column - pad: its token
     lane.valid[:n] = torch.arange(lane.valid.shape[1], device=DEVICE)[None, :] >= lane.n_pad[:n, None]
-    with torch.no_grad():
+    with torch.no_grad(), lane.model_code():
         got = lane.forward(torch.cat([ids[-1:], ids[:-1]])[:, None], 1, False)[0]
 
     torch.testing.assert_close(got[0], want, rtol=0, atol=ATOL)
-    torch.testing.assert_close(_row_keys(lane), _row_keys(ref), rtol=0, atol=ATOL)
+    torch.testing.assert_close(_row_kv(lane, n), _row_kv(ref, n), rtol=0, atol=ATOL)
