@@ -17,6 +17,8 @@
 #                                                   # inside a step, and the host's own work a step (~2 min)
 #   bash benchmarks/gpu_i48.sh profile [ARGS...]    # join_profile.py (where a step's device time goes, joins apart)
 #                                                   # and gc_pauses.py (the collector's pauses, frozen or not)
+#   bash benchmarks/gpu_i48.sh math [ARGS...]       # the server at MATH's lengths (--scale 0.9), 256 clients, both
+#                                                   # methods, the engine alone beside it (~9 min): serve_reasoning_<gpu>_split_math
 #
 # Results under $OUT: serve_reasoning_<gpu><tags>.{json,md,png}, engine_variants_<gpu>.{json,md,png}, gpu_tests.txt,
 # host_syncs_<gpu>.{json,md}, request_host_<gpu>.{json,md}, join_profile_<gpu>.{json,md}, gc_pauses_<gpu>.{json,md},
@@ -76,5 +78,6 @@ case "$mode" in
   tests-then-variants) tests; variants "$@" ;;
   diag) diag "$@" ;;
   profile) profile "$@" ;;
-  *) echo "unknown mode $mode: serve, tests, tests-then-serve, variants, tests-then-variants, diag or profile"; exit 2 ;;
+  math) serve --scale 0.9 --levels 256 --warmup-s 30 --window-s 20 --startup-s 300 --budget-s 540 --tag _math "$@" ;;
+  *) echo "unknown mode $mode: serve, tests, tests-then-serve, variants, tests-then-variants, diag, profile or math"; exit 2 ;;
 esac
