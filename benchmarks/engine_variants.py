@@ -106,9 +106,9 @@ def pair_cfg(args) -> dict:
 
 def child(fields: dict, variant: str, method: str, budget_s: float, out_file: str) -> None:
     """One variant and method in a process of its own (:func:`measure`, its pair built here): its rows to
-    ``out_file``. Each build then has the GPU to itself: a request engine dropped in a process did not give its KV
-    pools back on an H200 (99.8 GiB kept; tests/fast/test_fast_gpu.py checks the release), so a second build in
-    one process at MATH's lengths ran out of memory and fell back to the eager engine."""
+    ``out_file``. Each build then finds the GPU as a fresh server does, whatever the process before it kept (its
+    caching allocator's blocks, its graphs' pools; once, a collector freeze that never ended: 99.8 GiB of a dropped
+    engine kept, and the next build at MATH's lengths ran out of memory and fell back to the eager engine)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     args = argparse.Namespace(**fields)
     rows = measure(args, variant, method, sr.shapes(args.scale), sr.build_pair(pair_cfg(args)), lab.Budget(budget_s))

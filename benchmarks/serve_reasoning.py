@@ -189,9 +189,8 @@ def warm(engine, cfg: dict) -> float:
 def serve_worker(cfg: dict) -> int:
     """Server mode: pair, engine, warm-up, the engine alone at each level (written to ``cfg['alone_out']``), then
     the app of ``rstitch serve`` on draining uvicorn until SIGTERM. With ``--frontend-procs 1`` the engine alone
-    runs in a process of its own that exits before the server's engine process starts: each holds the GPU alone
-    (a request engine dropped in a process did not give its KV pools back on an H200, 99.8 GiB kept: at MATH's
-    lengths the engine process then ran out of memory; tests/fast/test_fast_gpu.py checks the release)."""
+    runs in a process of its own that exits before the server's engine process starts, so that each holds the GPU
+    alone (two engines of the 7B pair at MATH's lengths do not fit one H200)."""
     from hf_rstitch.serve.app import create_app
     from hf_rstitch.serve.server import run
 

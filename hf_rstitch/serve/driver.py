@@ -40,7 +40,8 @@ def freeze_gc() -> int:
     return how many. Why: the oldest generation's collections walk every tracked object, and a process that has
     imported torch and transformers and built a pair holds ~400k of them, so under load one collection every few
     seconds stalls the engine's step for a quarter of a second (the tiny pair on the 2-core CPU box, 64 clients:
-    235 ms a collection, 8 ms once frozen; benchmarks/results/gc_pauses_cpu.md). The objects frozen -- modules,
+    235 ms a collection, 8 ms once frozen; the 7B pair on an H200 at 256 clients: 253 ms and 31 ms;
+    benchmarks/results/gc_pauses_{cpu,nvidia_h200}.md). The objects frozen -- modules,
     weights, graphs, the imports -- live as long as the server; objects made afterwards (requests, events) are
     collected as before. For a process that serves and nothing else: in a notebook or a test, frozen objects that
     later form garbage cycles are never freed. vLLM's engine freezes after its CUDA graphs are captured, for the

@@ -492,7 +492,7 @@ def test_fp32_greedy_tokens_come_from_the_lanes_read_out(monkeypatch):
 
 def _holders(ref, depth: int = 6) -> list[str]:
     """What keeps ``ref()`` alive: chains of referrer types up to ``depth`` (frames and this function's own lists
-    left out), for a failure message."""
+    left out), for a failure message. Objects frozen out of the collector (``gc.freeze``) list no referrers."""
     import gc
     import types
 
@@ -527,7 +527,8 @@ def _holders(ref, depth: int = 6) -> list[str]:
 def test_a_dropped_request_engine_gives_its_kv_pools_back():
     """A request engine of the fast engine ("auto", as rstitch serve builds it), run and then dropped, frees its
     paged KV pools: a process that builds another engine (a benchmark's next method, a notebook's second try) finds
-    the memory free. On an H200, one dropped engine of the 7B pair kept 99.8 GiB allocated."""
+    the memory free -- graphs, run-ahead and the CUDA read-outs included, which the CPU does not run. (The 99.8 GiB
+    an H200 once kept came from a benchmark's collector freeze, not the engine: tests/docs/test_serve_alone.py.)"""
     import gc
     import weakref
 
