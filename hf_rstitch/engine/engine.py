@@ -199,8 +199,12 @@ def _builder(pair: Pair, cfg: EngineConfig, choice: Choice):
     if cfg.shared:
         kept = engine_for
     else:
-        def kept(llm, config):  # noqa: ARG001  (the request engine's own fast engine)
-            return FastEngine(config, max_batch=cfg.max_batch)
+        own: dict = {}
+
+        def kept(llm, config):  # noqa: ARG001  (the request engine's own fast engine: made once, its lanes reused)
+            if config not in own:
+                own[config] = FastEngine(config, max_batch=cfg.max_batch)
+            return own[config]
     return proof.Proving(choice.fast, kept) if choice.proving else kept(pair.llm, choice.fast)
 
 

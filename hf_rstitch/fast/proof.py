@@ -89,17 +89,19 @@ class Proving:
     single_device = True
 
     def __init__(self, config, kept):
-        self.config, self._kept = config, kept
+        self.config, self._kept, self._proved = config, kept, False
 
     def __repr__(self) -> str:
         return f"Proving({self.config!r})"
 
     def lanes(self, llm, slm, vocab, batch_size, capacity, timing=False, kv_tokens=None) -> dict:
         engine = self._kept(llm, self.config)
-        if kv_tokens is not None:
+        if kv_tokens is not None:  # proven once, on the first set of lanes (later calls get them again, reset)
             built = engine.lanes(llm, slm, vocab, batch_size, capacity, timing, kv_tokens)
-            ids = torch.arange(SYNTHETIC, device=llm.device).remainder(vocab).repeat(batch_size, 1)
-            _settle(llm, slm, self.config, built, ids, torch.ones_like(ids))
+            if not self._proved:
+                ids = torch.arange(SYNTHETIC, device=llm.device).remainder(vocab).repeat(batch_size, 1)
+                _settle(llm, slm, self.config, built, ids, torch.ones_like(ids))
+                self._proved = True
             return built
         built = engine.lanes(llm, slm, vocab, batch_size, capacity, timing)
         state = _Pending(llm, slm, self.config, built)

@@ -159,3 +159,26 @@ def test_store_survives_concurrent_writers_and_torn_files(store):
     proof_store.save({"n": 0}, True, None, {}, 0.2)
     assert proof_store.load({"n": 0})["passed"] is True
     assert json.loads(path.read_text())["key"] == {"n": 0}
+
+
+def test_a_request_engine_on_an_unproven_pair_builds_and_proves_its_lanes_once(monkeypatch):
+    """``rstitch serve`` on a GPU outside the proven lists: the request engine's "auto" proves the fast engine on a
+    synthetic prompt. Its build warms the lanes up and the request engine then takes them: one set of lanes (one
+    set of KV pools, which the server sizes to fill the GPU's free memory: a second set would not fit) and one
+    probe, not one of each a call."""
+    from hf_rstitch.batching import Request, RequestEngine
+
+    llm, slm = build_pair("qwen2")
+    _auto_on_cpu(monkeypatch)
+    built, probes = [], []
+    real_init, real_probe = FastLane.__init__, proof.probe
+    monkeypatch.setattr(FastLane, "__init__", lambda self, *a, **k: built.append(1) or real_init(self, *a, **k))
+    monkeypatch.setattr(proof, "probe", lambda *a: probes.append(1) or real_probe(*a))
+    engine = RequestEngine.of(llm, slm, max_batch=2, max_length=64)
+    assert engine.engine.kind == "fast" and engine.engine.choice.proving
+    lanes = dict(engine.lanes)
+    assert engine.engine.lanes() == lanes  # the same lanes, reset, whoever asks
+    assert probes == [1]
+    assert len(built) == 2  # a lane a model (their join twins come at the first join)
+    done = engine.run([Request([5, 6, 7, 8], max_new_tokens=6, eos_token_id=[])])
+    assert len(next(iter(done.values())).tokens) == 6
