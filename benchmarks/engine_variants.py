@@ -18,7 +18,8 @@ other host work, steps that ran ahead) -- before one becomes ``rstitch serve``'s
 Writes ``engine_variants_<gpu><tag>.{json,md,png}`` (``rows``: ``{"variant", "method", "concurrency", "engine"
 (fast, or default where the fast engine fell back), "tokens_per_s",
 "requests_per_s", "steps_per_s", "ttft_p50_s", "p50_s", "p99_s", "joins_share", "joins_per_step", "other_share",
-"ahead_share"}``), after each variant (a run cut short keeps what it measured).
+"ahead_share"}``; ``failed``: the variants and methods whose process failed or found no time left, and why),
+after each variant (a run cut short keeps what it measured); exits 1 where a process failed.
 """
 
 from __future__ import annotations
@@ -104,33 +105,38 @@ def pair_cfg(args) -> dict:
     return {"pair": "tiny" if args.dry_run_cpu else "qwen2", "device": args.device, "dtype": args.dtype}
 
 
-def child(fields: dict, variant: str, method: str, budget_s: float, out_file: str) -> None:
+def child(fields: dict, variant: str, method: str, deadline: float, out_file: str) -> None:
     """One variant and method in a process of its own (:func:`measure`, its pair built here): its rows to
     ``out_file``. Each build then finds the GPU as a fresh server does, whatever the process before it kept (its
     caching allocator's blocks, its graphs' pools; once, a collector freeze that never ended: 99.8 GiB of a dropped
     engine kept, and the next build at MATH's lengths ran out of memory and fell back to the eager engine)."""
+    budget = lab.Budget(deadline - time.time())  # the run's deadline (wall clock): this process's start counts too
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     args = argparse.Namespace(**fields)
-    rows = measure(args, variant, method, sr.shapes(args.scale), sr.build_pair(pair_cfg(args)), lab.Budget(budget_s))
+    rows = measure(args, variant, method, sr.shapes(args.scale), sr.build_pair(pair_cfg(args)), budget)
     Path(out_file).write_text(json.dumps(rows))
 
 
-def in_child(args, variant: str, method: str, budget) -> list[dict]:
-    """:func:`child` in a spawned process, waited for; its rows ([] where it failed, said on stderr)."""
+def in_child(args, variant: str, method: str, budget) -> tuple[list[dict], str | None]:
+    """:func:`child` in a spawned process, waited for: ``(rows, None)``, or ``([], why)`` where it failed or the
+    budget leaves no room for a level (said on stderr too)."""
     import multiprocessing
     import tempfile
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out_file = str(Path(tmp) / "rows.json")
-        proc = multiprocessing.get_context("spawn").Process(
-            target=child, args=(vars(args), variant, method, budget.left(), out_file))
-        proc.start()
-        proc.join()
-        if proc.exitcode != 0 or not Path(out_file).exists():
-            print(f"[{variant} {method}] failed: its process exited with code {proc.exitcode}", file=sys.stderr,
-                  flush=True)
-            return []
-        return json.loads(Path(out_file).read_text())
+    if not budget.allows(args.warmup_s + args.window_s + 5):
+        why = f"skipped: {budget.left():.0f} s left"
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            out_file = Path(tmp) / "rows.json"
+            proc = multiprocessing.get_context("spawn").Process(
+                target=child, args=(vars(args), variant, method, time.time() + budget.left(), str(out_file)))
+            proc.start()
+            proc.join()
+            if proc.exitcode == 0 and out_file.exists():
+                return json.loads(out_file.read_text()), None
+            why = f"failed: its process exited with code {proc.exitcode} (its traceback is on stderr)"
+    print(f"[{variant} {method}] {why}", file=sys.stderr, flush=True)
+    return [], why
 
 
 def markdown(doc: dict) -> str:
@@ -155,6 +161,7 @@ def markdown(doc: dict) -> str:
                      f"{r['steps_per_s']:.1f} | {f(r['ttft_p50_s'], '.3f')} | {f(r['p50_s'], '.2f')} | "
                      f"{f(r['p99_s'], '.2f')} | {f(r['joins_share'], '.0%')}, {f(r['joins_per_step'], '.2f')} | "
                      f"{f(r['other_share'], '.0%')} | {f(r['ahead_share'], '.0%')} |")
+    lines += [f"\n{f['variant']} {f['method']}: {f['why']}" for f in doc.get("failed", [])]
     return "\n".join(lines) + "\n"
 
 
@@ -213,15 +220,18 @@ def main(argv=None) -> int:
     doc = {**lab.environment([args.device]), "gpu": gpu,
            "pair": "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu else f"random Qwen2 7B / 1.5B, {args.dtype}",
            "scale": args.scale, "warmup_s": args.warmup_s, "window_s": args.window_s, "engine": args.engine,
-           "mean_tokens": {m: sum(shape[m]) / len(shape[m]) for m in sr.METHODS}, "rows": []}
+           "mean_tokens": {m: sum(shape[m]) / len(shape[m]) for m in sr.METHODS}, "rows": [], "failed": []}
     stem = out / f"engine_variants_{gpu}{args.tag}"
     for variant in args.variants:
         for method in args.methods:
-            doc["rows"] += in_child(args, variant, method, budget)
+            rows, why = in_child(args, variant, method, budget)
+            doc["rows"] += rows
+            if why is not None:
+                doc["failed"].append({"variant": variant, "method": method, "why": why})
         lab.write_result(stem, doc, markdown(doc))
         plot(doc, stem.with_suffix(".png"))
     print(markdown(doc))
-    return 0
+    return 1 if any(f["why"].startswith("failed") for f in doc["failed"]) else 0
 
 
 if __name__ == "__main__":

@@ -180,9 +180,9 @@ def _frozen():
     """The start-up objects frozen out of the garbage collector (``serve.driver.freeze_gc``, what a serving process
     does once built) while the loop runs; afterwards every object is back with the collector (``gc.unfreeze()``),
     so that an engine the caller drops next is freed. The permanent generation cannot be restored in part, and a
-    fresh CPython 3.12 already holds a few hundred objects there (375 on 3.12.1; 0 on 3.11 and 3.13): unfreezing
-    only where nothing was frozen before left each engine frozen for good on the H200's Python 3.12, its KV pools
-    never freed (99.8 GiB kept after ``del engine``)."""
+    fresh CPython 3.12 already holds a few hundred objects there (375 on 3.12.1, counted on the CPU box; 0 on 3.11
+    and 3.13): unfreezing only where nothing was frozen before left each engine frozen for good under the H200
+    image's Python 3.12.3 (its count not taken), its KV pools never freed (99.8 GiB kept after ``del engine``)."""
     from hf_rstitch.serve.driver import freeze_gc
 
     freeze_gc()

@@ -17,7 +17,8 @@ the decisions returned on the device as an entropy policy's are. Both methods ru
 ``rstitch serve`` runs it), the LLM-only one with every request pinned to the LLM (``rstitch serve --pin llm``).
 
 Per method: the server process loads the pair, warms every batch bucket up, measures the request engine alone
-(no HTTP, :func:`serve_alone.engine_closed_loop`) at each concurrency on the same requests, then serves; the client
+(no HTTP, :func:`serve_alone.engine_closed_loop`) at each concurrency on the same requests, then serves (with
+``--frontend-procs 1`` the engine alone runs in a spawned process that exits before the engine process starts); the client
 (``--client-procs`` processes of asyncio + httpx streaming clients) runs a closed loop at each concurrency:
 ``c`` clients, client ``k`` sending requests ``k, k + c, ...`` one after another (the engine alone's slot ``k``
 the same). A level runs ``--warmup-s`` (excluded) then ``--window-s``; tokens/s counts the tokens received in
@@ -41,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -235,7 +237,15 @@ def _in_own_process(fn, cfg: dict) -> None:
 
     proc = multiprocessing.get_context("spawn").Process(target=fn, args=(cfg,))
     proc.start()
-    proc.join()
+    # the benchmark stops a server that does not come up with SIGTERM: the child goes with it, not on holding the GPU
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        proc.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
     if proc.exitcode != 0:
         raise RuntimeError(f"{fn.__name__} exited with code {proc.exitcode} (its traceback is above)")
 
@@ -500,7 +510,7 @@ def main(argv=None) -> int:
                     help="where the replayed routes' decisions come back (device: as an entropy policy's)")
     ap.add_argument("--frontend-procs", type=int, default=None, choices=[0, 1],
                     help="the server's --frontend-procs: 1 runs its engine in a process of its own (rstitch serve's "
-                         "split; the engine alone is still measured in the server process before it starts); "
+                         "split; the engine alone is measured before it starts, in a process of its own too); "
                          "default: rstitch serve's (1 on a CUDA --device, else 0)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")

@@ -81,10 +81,11 @@ def unproven(llm, slm, batch: int, reason: str, config, kept):
 
 
 class Proving:
-    """The lane builder of an unproven pair: the lanes of the engine kept on the LLM for ``config``, which prove
-    themselves on their first ``advance`` (the prompt's tokens) -- or at once on a synthetic prompt where the caller
-    asks for paged lanes (the request engine, which cannot rerun a request). ``config`` names the kept engine (the
-    fallback drops that engine by it)."""
+    """The lane builder of an unproven pair: the lanes of ``kept(llm, config)`` -- the fast engine kept on the LLM
+    for ``config`` (``generate``'s; the fallback drops it by ``config``), or the request engine's own, freed with its
+    :class:`~hf_rstitch.engine.Engine` -- which prove themselves on their first ``advance`` (the prompt's tokens), or
+    once, at once, on a synthetic prompt where the caller asks for paged lanes (the request engine, which cannot
+    rerun a request; later calls get the same lanes again)."""
 
     single_device = True
 

@@ -502,7 +502,8 @@ def _holders(ref, depth: int = 6) -> list[str]:
         seen.add(id(o))
         referrers = gc.get_referrers(o)
         seen.add(id(referrers))
-        mine = [r for r in referrers if id(r) not in seen and not isinstance(r, types.FrameType)]
+        mine = tuple(r for r in referrers if id(r) not in seen and not isinstance(r, types.FrameType))
+        seen.add(id(mine))
         if len(path) == depth or not mine:
             chains.append(" <- ".join(path))
             return
