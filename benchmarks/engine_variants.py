@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -120,7 +119,6 @@ def child(fields: dict, variant: str, method: str, deadline: float, out_file: st
 def in_child(args, variant: str, method: str, budget) -> tuple[list[dict], str | None]:
     """:func:`child` in a spawned process, waited for: ``(rows, None)``, or ``([], why)`` where it failed or the
     budget leaves no room for a level (said on stderr too)."""
-    import multiprocessing
     import tempfile
 
     if not budget.allows(args.warmup_s + args.window_s + 5):
@@ -128,13 +126,10 @@ def in_child(args, variant: str, method: str, budget) -> tuple[list[dict], str |
     else:
         with tempfile.TemporaryDirectory() as tmp:
             out_file = Path(tmp) / "rows.json"
-            proc = multiprocessing.get_context("spawn").Process(
-                target=child, args=(vars(args), variant, method, time.time() + budget.left(), str(out_file)))
-            proc.start()
-            proc.join()
-            if proc.exitcode == 0 and out_file.exists():
+            code = lab.in_own_process(child, vars(args), variant, method, time.time() + budget.left(), str(out_file))
+            if code == 0 and out_file.exists():
                 return json.loads(out_file.read_text()), None
-            why = f"failed: its process exited with code {proc.exitcode} (its traceback is on stderr)"
+            why = f"failed: its process exited with code {code} (its traceback is on stderr)"
     print(f"[{variant} {method}] {why}", file=sys.stderr, flush=True)
     return [], why
 
@@ -214,9 +209,7 @@ def main(argv=None) -> int:
     budget, out = lab.Budget(args.budget_s), Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     shape = sr.shapes(args.scale)
-    import torch
-
-    gpu = "cpu" if args.dry_run_cpu else re.sub(r"[^a-z0-9]+", "_", torch.cuda.get_device_name().lower()).strip("_")
+    gpu = lab.file_tag(args.device)
     doc = {**lab.environment([args.device]), "gpu": gpu,
            "pair": "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu else f"random Qwen2 7B / 1.5B, {args.dtype}",
            "scale": args.scale, "warmup_s": args.warmup_s, "window_s": args.window_s, "engine": args.engine,

@@ -119,6 +119,25 @@ def write_result(stem: str | Path, doc: dict[str, Any], markdown: str = "") -> N
 CHILD_RESULT = "RESULT "  # prefix of the line a child process prints its result on (:func:`run_child`)
 
 
+def in_own_process(fn: Callable, *args) -> int:
+    """``fn(*args)`` in a spawned process (a GPU of its own: nothing an earlier engine of this process kept),
+    waited for; its exit code. A SIGTERM to this process ends the child too, so that it does not hold the GPU on."""
+    import multiprocessing
+    import signal
+
+    proc = multiprocessing.get_context("spawn").Process(target=fn, args=args)
+    proc.start()
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        proc.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    return proc.exitcode
+
+
 def run_child(cmd: list[str], env: dict, timeout: float) -> dict:
     """Run ``cmd`` (a script in a fresh process); its last ``CHILD_RESULT`` line as a dict plus ``process_s``, or
     ``{"error": ...}`` (the time-out, or the end of its output when it failed or printed no result)."""

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -199,7 +198,8 @@ def serve_worker(cfg: dict) -> int:
     if cfg.get("frontend_procs"):  # rstitch serve --frontend-procs 1: the engine in a process of its own
         from hf_rstitch.serve.frontends import EngineProcess
 
-        _in_own_process(alone_worker, cfg)
+        if lab.in_own_process(alone_worker, cfg) != 0:
+            raise RuntimeError("the engine alone's process failed (its traceback is above)")
         engine = EngineProcess(partial(split_build, cfg)).start(timeout_s=cfg.get("startup_s", 600))
         app = create_app(engine.client(), sc.IdTokenizer(), engine.settings)
     else:
@@ -229,25 +229,6 @@ def alone_worker(cfg: dict) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     engine, _, warm_s = built(cfg)
     engine_alone(engine, cfg, warm_s)
-
-
-def _in_own_process(fn, cfg: dict) -> None:
-    """``fn(cfg)`` in a spawned process, waited for; raises RuntimeError if it failed."""
-    import multiprocessing
-
-    proc = multiprocessing.get_context("spawn").Process(target=fn, args=(cfg,))
-    proc.start()
-    # the benchmark stops a server that does not come up with SIGTERM: the child goes with it, not on holding the GPU
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        proc.join()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-    if proc.exitcode != 0:
-        raise RuntimeError(f"{fn.__name__} exited with code {proc.exitcode} (its traceback is above)")
 
 
 def server_settings(cfg: dict, vocab: int):

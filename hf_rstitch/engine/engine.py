@@ -27,6 +27,7 @@ replaced: its errors are raised.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, NamedTuple
 
@@ -199,12 +200,9 @@ def _builder(pair: Pair, cfg: EngineConfig, choice: Choice):
     if cfg.shared:
         kept = engine_for
     else:
-        own: dict = {}
-
+        @functools.cache
         def kept(llm, config):  # noqa: ARG001  (the request engine's own fast engine: made once, its lanes reused)
-            if config not in own:
-                own[config] = FastEngine(config, max_batch=cfg.max_batch)
-            return own[config]
+            return FastEngine(config, max_batch=cfg.max_batch)
     return proof.Proving(choice.fast, kept) if choice.proving else kept(pair.llm, choice.fast)
 
 
