@@ -17,8 +17,11 @@
 #                                                   # inside a step, and the host's own work a step (~2 min)
 #   bash benchmarks/gpu_i48.sh profile [ARGS...]    # join_profile.py (where a step's device time goes, joins apart)
 #                                                   # and gc_pauses.py (the collector's pauses, frozen or not)
-#   bash benchmarks/gpu_i48.sh math [ARGS...]       # the server at MATH's lengths (--scale 0.9), 256 clients, both
-#                                                   # methods, the engine alone beside it (~9 min): serve_reasoning_<gpu>_split_math
+#   bash benchmarks/gpu_i48.sh math METHOD [ARGS...]  # the server at MATH's lengths (--scale 0.9), 256 clients, one
+#                                                   # method a call (llm_only ~7.5 min, stitched ~5 min), the engine
+#                                                   # alone beside it: serve_reasoning_<gpu>_split_math_<METHOD>; then
+#                                                   # here: python benchmarks/serve_reasoning.py --merge A.json B.json
+#                                                   # --tag _math --out-dir benchmarks/results (one table, both methods)
 #
 # Results under $OUT: serve_reasoning_<gpu><tags>.{json,md,png}, engine_variants_<gpu>.{json,md,png}, gpu_tests.txt,
 # host_syncs_<gpu>.{json,md}, request_host_<gpu>.{json,md}, join_profile_<gpu>.{json,md}, gc_pauses_<gpu>.{json,md},
@@ -78,6 +81,8 @@ case "$mode" in
   tests-then-variants) tests; variants "$@" ;;
   diag) diag "$@" ;;
   profile) profile "$@" ;;
-  math) serve --scale 0.9 --levels 256 --warmup-s 30 --window-s 20 --startup-s 300 --budget-s 540 --tag _math "$@" ;;
+  math) method="${1:?math METHOD: llm_only or stitched (both do not fit one call)}"; shift
+        serve --scale 0.9 --levels 256 --warmup-s 30 --window-s 20 --startup-s 300 --budget-s 540 --methods "$method" \
+          --tag "_math_$method" "$@" ;;
   *) echo "unknown mode $mode: serve, tests, tests-then-serve, variants, tests-then-variants, diag, profile or math"; exit 2 ;;
 esac

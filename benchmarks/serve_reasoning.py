@@ -425,13 +425,55 @@ def markdown(doc: dict) -> str:
                  "overlap, and idle; steps run ahead: steps whose next call was queued before their values were read, "
                  "so that the host's work for them overlapped the device -- none where a waiting request could join "
                  "at the next step):", "", *table(doc["phases"])]
-    if doc.get("command") and not a.get("dry_run_cpu"):
-        argv = doc["command"].split("serve_reasoning.py", 1)[-1].replace(f"--out-dir {a['out_dir']}", "").split()
-        if "--frontend-procs" not in argv:  # the layout named: the default changed once (docs/serving.md)
-            argv += ["--frontend-procs", str(a.get("frontend_procs") or 0)]
+    if doc.get("sources"):
+        head += ["", "Merged from runs made in separate device calls (`.wheels` carried: the script's header lists "
+                 "them), then merged here by the last line's command:", "",
+                 *(f"- {device_call(src)} ({src['date']})" for src in doc["sources"])]
+    elif doc.get("command") and not a.get("dry_run_cpu"):
         head += ["", f"Regenerate (one device call, `.wheels` carried: the script's header lists them): "
-                 f"`bash benchmarks/gpu_i48.sh serve {' '.join(argv)}`; results under `$OUT`."]
+                 f"{device_call(doc)}; results under `$OUT`."]
     return "\n".join(head) + "\n"
+
+
+def device_call(doc: dict) -> str:
+    """The one device call that regenerates ``doc`` (a run's results), quoted for markdown."""
+    a = doc["args"]
+    argv = doc["command"].split("serve_reasoning.py", 1)[-1].replace(f"--out-dir {a['out_dir']}", "").split()
+    if "--frontend-procs" not in argv:  # the layout named: the default changed once (docs/serving.md)
+        argv += ["--frontend-procs", str(a.get("frontend_procs") or 0)]
+    return f"`bash benchmarks/gpu_i48.sh serve {' '.join(argv)}`"
+
+
+SAME_QUESTION = ("scale", "warmup_s", "window_s", "decisions", "join_wait", "join_group", "frontend_procs", "engine",
+                 "dtype", "fast")
+
+
+def merge(paths: list[str], out: Path, tag: str) -> str:
+    """One results file (rows, phases, plot) from runs of one question made in separate device calls -- a method a
+    call where both do not fit one (``gpu_i48.sh math``). A row measured by a later file replaces an earlier one's
+    and its skip; runs that differ in GPU, pair or settings are refused, naming the field."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    for path, d in zip(paths[1:], docs[1:]):
+        for key, mine, first in [(k, d[k], docs[0][k]) for k in ("gpu", "pair", "prompt_tokens")] + [
+                (f"args.{k}", d["args"].get(k), docs[0]["args"].get(k)) for k in SAME_QUESTION]:
+            if mine != first:
+                sys.exit(f"--merge: {path} has {key} = {mine!r} but {paths[0]} has {first!r}: "
+                         "not runs of one question, so not one table")
+    rows = {(r["concurrency"], r["method"]): r for d in docs for r in d["rows"]}
+    skipped = [s for d in docs for s in d["skipped"] if (s["concurrency"], s["method"]) not in rows]
+    doc = {**docs[0], "command": lab.command(), "rows": sorted(rows.values(), key=lambda r: (r["concurrency"],
+                                                                                           r["method"])),
+           "skipped": skipped, "details": {k: v for d in docs for k, v in d["details"].items()},
+           "phases": {k: v for d in docs for k, v in d["phases"].items()},
+           "sources": [{k: d[k] for k in ("command", "date", "args")} for d in docs]}
+    doc["args"] = {**docs[0]["args"], "methods": sorted({m for d in docs for m in d["args"]["methods"]}), "tag": tag}
+    split = "_split" if doc["args"].get("frontend_procs") else ""
+    stem = out / f"serve_reasoning_{doc['gpu'].lower().replace(' ', '_')}{split}{tag}"
+    text = markdown(doc)
+    lab.write_result(stem, doc, text)
+    if doc["rows"]:
+        plot(doc, stem.with_suffix(".png"))
+    return text
 
 
 def plot(doc: dict, path: Path) -> None:
@@ -515,7 +557,13 @@ def main(argv=None) -> int:
     ap.add_argument("--standin-join-ms", type=float, nargs=2, default=None, metavar=("JOIN", "JOIN_ROW"),
                     help="--standin: a step that admits requests takes JOIN + JOIN_ROW x joiners ms more (their join "
                          "call; default 0 0)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="instead: write one results file under --out-dir (named with --tag) from the JSON files of "
+                         "runs made in separate device calls, e.g. gpu_i48.sh math's one method a call")
     args = ap.parse_args(argv)
+    if args.merge:
+        print(merge(args.merge, Path(args.out_dir), args.tag))
+        return 0
     if args.dry_run_cpu:
         args.device, args.dtype, args.engine = "cpu", "float32", "default"
         args.scale = min(args.scale, 0.01)

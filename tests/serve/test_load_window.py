@@ -59,3 +59,47 @@ def test_replayed_routes_repeat_per_slot():
     assert [at(i) for i in range(64)] == [at(i + 64) for i in range(64)]
     share = policy._llm.float().mean().item()
     assert share == pytest.approx(0.31, abs=0.02)
+
+
+def run_doc(method, date, scale=0.9, skipped=(), gpu="NVIDIA H200"):
+    """A serve_reasoning results document as a run with one method measured writes it."""
+    row = {"concurrency": 256, "method": method, "requests_per_s": {"llm_only": 5.0, "stitched": 12.5}[method],
+           "tokens_per_s": 1e4, "p50_s": 1.0, "p99_s": 2.0, "ttft_p50_s": 0.1, "engine_alone_tokens_per_s": 1e4}
+    args = {"scale": scale, "warmup_s": 30.0, "window_s": 20.0, "decisions": "device", "join_wait": 4, "join_group": 8,
+            "frontend_procs": 1, "engine": "auto", "dtype": "bfloat16", "fast": [], "methods": [method],
+            "out_dir": "/tmp/out", "tag": f"_math_{method}"}
+    return {"command": f"python benchmarks/serve_reasoning.py --scale {scale} --methods {method} --out-dir /tmp/out",
+            "date": date, "gpu": gpu, "pair": "random Qwen2 7B / 1.5B, bfloat16", "prompt_tokens": 115,
+            "llm_share": 0.31, "mean_tokens": {"llm_only": 2507, "stitched": 1016}, "args": args, "rows": [row],
+            "skipped": list(skipped), "details": {f"{method}@256": {"server": {"completed": 9}}}, "phases": {}}
+
+
+def test_merge_makes_one_table_of_runs_made_a_method_a_call(tmp_path):
+    import json
+
+    first = run_doc("llm_only", "d1", skipped=[{"concurrency": 256, "method": "stitched", "reason": "time budget"}])
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, doc in zip(paths, (first, run_doc("stitched", "d2"))):
+        path.write_text(json.dumps(doc))
+    text = sr.merge([str(p) for p in paths], tmp_path, "_math")
+    merged = json.loads((tmp_path / "serve_reasoning_nvidia_h200_split_math.json").read_text())
+    assert [(r["method"], r["concurrency"]) for r in merged["rows"]] == [("llm_only", 256), ("stitched", 256)]
+    assert merged["skipped"] == []  # the stitched row measured by the second run replaces the first run's skip
+    assert merged["args"]["methods"] == ["llm_only", "stitched"]
+    assert [s["date"] for s in merged["sources"]] == ["d1", "d2"]
+    assert "| 256 | stitched | 12.50 |" in text and "| 2.50x |" in text
+    table = (tmp_path / "serve_reasoning_nvidia_h200_split_math.md").read_text()
+    assert table.count("gpu_i48.sh serve") == 2 and table.rstrip().splitlines()[-1].startswith("Regenerate: `python")  # each call, then the merge
+    assert (tmp_path / "serve_reasoning_nvidia_h200_split_math.png").exists()
+
+
+@pytest.mark.parametrize("field, other", [("gpu", {"gpu": "NVIDIA H100"}), ("args.scale", {"scale": 0.05})])
+def test_merge_refuses_runs_of_different_questions_naming_the_field(tmp_path, field, other):
+    import json
+
+    docs = [run_doc("llm_only", "d1"), run_doc("stitched", "d2", **other)]
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, doc in zip(paths, docs):
+        path.write_text(json.dumps(doc))
+    with pytest.raises(SystemExit, match=f"{field} = .* not runs of one question"):
+        sr.merge([str(p) for p in paths], tmp_path, "_math")
