@@ -2,6 +2,8 @@
 
     PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/join_profile.py --out-dir $OUT --levels 256 --methods llm_only stitched
     PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/join_profile.py --dry-run-cpu --out-dir /tmp/jp   # checks it
+    PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/join_profile.py --out-dir $OUT --levels 8 64 --methods stitched \
+        --kernels join advance:slm advance:llm --tag _lanes   # each lane's kernels against its weight-read floor
 
 ``serve_reasoning.py``'s engine alone (its MATH-shaped requests, replayed routes with decisions on the device, the
 random Qwen2 7B / 1.5B pair, ``rstitch serve``'s engine) in its closed loop; after ``--warmup-s`` seconds,
@@ -13,7 +15,8 @@ that launched it (a CUDA graph's kernels to the range that replayed it).
 
 Per range, a call: host ms, device busy ms (the sum of its operations' durations), device span ms (its first
 operation's start to its last one's end: busy plus the device's gaps inside, e.g. waiting for the host's next
-launch), launches and graph replays; for joins also the kernels by total time. With the weight-read floor of each
+launch), launches and graph replays; and the device operations by total time of the ranges ``--kernels`` names (joins
+by default). With the weight-read floor of each
 model (parameter bytes / the device's copy bandwidth), it says whether a join costs what its weight reads cost or
 more, and where the rest goes. Writes ``join_profile_<gpu>.{json,md}``.
 """
@@ -198,12 +201,13 @@ def markdown(doc: dict) -> str:
     lines += ["", "Device operations launched outside every range (the profiler's start and stop, a sanity total): " +
               "; ".join(f"{r['method']} at {r['concurrency']}: {r['outside_ranges']['ops']} operations, "
                         f"{r['outside_ranges']['device_ms']:.2f} ms" for r in doc["rows"] if "outside_ranges" in r)]
-    lines += ["", "Device operations of a join, by ms a join:", ""]
-    for r in doc["rows"]:
-        j = r["ranges"].get("join")
-        if j:
-            lines.append(f"- {r['method']} at {r['concurrency']} clients: " +
-                         "; ".join(f"`{k}` {v:.3f}" for k, v in j["top_ops_ms_per_call"].items()))
+    for name in doc.get("kernels", ["join"]):
+        lines += ["", f"Device operations of `{name}`, by ms a call (the 12 largest):", ""]
+        for r in doc["rows"]:
+            j = r["ranges"].get(name)
+            if j:
+                lines.append(f"- {r['method']} at {r['concurrency']} clients: " +
+                             "; ".join(f"`{k}` {v:.3f}" for k, v in j["top_ops_ms_per_call"].items()))
     return "\n".join(lines) + "\n"
 
 
@@ -221,6 +225,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--kernels", nargs="+", default=["join"], metavar="RANGE",
+                    help="ranges whose device operations the table lists by time: join, admit, advance:slm, "
+                         "advance:llm, run_ahead, step (the JSON holds them for every range)")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny pair on CPU, tiny counts: checks the whole path")
     args = ap.parse_args(argv)
     if args.dry_run_cpu:
@@ -235,7 +242,8 @@ def main(argv=None) -> int:
     doc = {**lab.environment([args.device]), "gpu": gpu, "scale": args.scale, "steps": args.steps,
            "warmup_s": args.warmup_s, "pair": "tiny random Qwen2 pair (CPU dry run)" if args.dry_run_cpu
            else f"random Qwen2 7B / 1.5B, {args.dtype}", "bandwidth_gb_s": bandwidth / 1e9,
-           "floor_ms": {"llm": weight_floor_ms(llm, bandwidth), "slm": weight_floor_ms(slm, bandwidth)}, "rows": []}
+           "floor_ms": {"llm": weight_floor_ms(llm, bandwidth), "slm": weight_floor_ms(slm, bandwidth)}, "rows": [],
+           "kernels": args.kernels}
     stem = Path(args.out_dir) / f"join_profile_{gpu}{args.tag}"
     for method in args.methods:
         cfg = sr.alone_cfg(method, shape, pair_cfg["pair"], args.device, args.dtype,
