@@ -18,7 +18,7 @@ other host work, steps that ran ahead) -- before one becomes ``rstitch serve``'s
 Writes ``engine_variants_<gpu><tag>.{json,md,png}`` (``rows``: ``{"variant", "method", "concurrency", "engine"
 (fast, or default where the fast engine fell back), "tokens_per_s",
 "requests_per_s", "steps_per_s", "ttft_p50_s", "p50_s", "p99_s", "joins_share", "joins_per_step", "other_share",
-"ahead_share"}``; ``failed``: the variants and methods whose process failed or found no time left, and why),
+"ahead_share", "after_read_share"}``; ``failed``: the variants and methods whose process failed or found no time left, and why),
 after each variant (a run cut short keeps what it measured); exits 1 where a process failed.
 """
 
@@ -36,7 +36,8 @@ import lab  # noqa: E402
 import serve_alone  # noqa: E402
 import serve_reasoning as sr  # noqa: E402
 
-ENGINE_KEYS = ("join_wait", "join_group", "prefill_chunk", "join_ahead")  # join_ahead=0: joins at a step's start
+ENGINE_KEYS = ("join_wait", "join_group", "prefill_chunk", "join_ahead", "after_read")  # join_ahead=0: joins at a
+# step's start; after_read=0: where nothing ran ahead, the next call waits for the next step (Executor.after_read)
 
 
 def parse_variant(text: str) -> tuple[dict, dict]:
@@ -61,12 +62,14 @@ def measure(args, variant: str, method: str, shape: dict, pair: tuple, budget) -
     engine_kw, fast = parse_variant(variant)
     cfg = sr.alone_cfg(method, shape, "tiny" if args.dry_run_cpu else "qwen2", args.device, args.dtype, args.engine,
                        max(args.levels), fast=fast,
-                       join={k: v for k, v in engine_kw.items() if k not in ("prefill_chunk", "join_ahead")},
+                       join={k: v for k, v in engine_kw.items() if k not in ("prefill_chunk", "join_ahead", "after_read")},
                        prefill_chunk=engine_kw.get("prefill_chunk"))
     t0 = time.monotonic()
     engine = sr.build_engine(cfg, *pair)
     if engine_kw.get("join_ahead") == 0:  # the step before a join reads its values first, then the joins run
         engine.executor.join_ahead = None
+    if engine_kw.get("after_read") == 0:  # where nothing ran ahead, the next call waits for the next step
+        engine.executor.after_read = False
     warm_s = sr.warm(engine, cfg)
     print(f"[{variant} {method}] built and warmed in {time.monotonic() - t0:.1f} s{_memory(args)}", file=sys.stderr,
           flush=True)
@@ -84,6 +87,7 @@ def measure(args, variant: str, method: str, shape: dict, pair: tuple, budget) -
                      "joins_share": p.get("joins", {}).get("share"),
                      "joins_per_step": p.get("joins", {}).get("joins_per_step"),
                      "other_share": p.get("other", {}).get("share"), "ahead_share": p.get("ahead_share"),
+                     "after_read_share": p.get("after_read_share"),
                      "step_ms": p.get("step_ms"), "errors": r["errors"], "warm_up_s": warm_s, "phases": p})
         print(f"[{variant} {method} c={c}] {json.dumps({k: v for k, v in rows[-1].items() if k != 'phases'})}",
               file=sys.stderr, flush=True)
@@ -155,9 +159,15 @@ def markdown(doc: dict) -> str:
         lines.append(f"| {r['variant']} | {method} | {r['concurrency']} | {r['tokens_per_s']:.0f} | {vs} | "
                      f"{r['steps_per_s']:.1f} | {f(r['ttft_p50_s'], '.3f')} | {f(r['p50_s'], '.2f')} | "
                      f"{f(r['p99_s'], '.2f')} | {f(r['joins_share'], '.0%')}, {f(r['joins_per_step'], '.2f')} | "
-                     f"{f(r['other_share'], '.0%')} | {f(r['ahead_share'], '.0%')} |")
+                     f"{f(r['other_share'], '.0%')} | {f(r['ahead_share'], '.0%')}{_after(r)} |")
     lines += [f"\n{f['variant']} {f['method']}: {f['why']}" for f in doc.get("failed", [])]
     return "\n".join(lines) + "\n"
+
+
+def _after(row: dict) -> str:
+    """The steps whose next call was queued right after their values were read, where any."""
+    share = row.get("after_read_share")
+    return f" (+{share:.0%} after the read)" if share else ""
 
 
 def plot(doc: dict, path: Path) -> None:
@@ -187,7 +197,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--variants", nargs="+", default=["default", "join_wait=0", "prefill_chunk=512"],
-                    help="default, or KEY=VALUE[,KEY=VALUE] of join_wait, join_group, prefill_chunk, fast.<field>")
+                    help="default, or KEY=VALUE[,KEY=VALUE] of join_wait, join_group, prefill_chunk, "
+                         "join_ahead=0, after_read=0, fast.<field>")
     ap.add_argument("--methods", nargs="+", default=list(sr.METHODS), choices=sr.METHODS)
     ap.add_argument("--levels", type=int, nargs="+", default=[64, 256], help="concurrencies")
     ap.add_argument("--scale", type=float, default=0.05, help="factor on every token count (serve_reasoning.py's)")

@@ -53,10 +53,11 @@ class Phases:
         self._t0 = time.perf_counter()
         return self
 
-    def _ahead(self) -> tuple[int, int]:
-        """(steps, steps whose next call was queued before their values were read) so far: the executor's stats."""
+    def _ahead(self) -> tuple[int, int, int]:
+        """(steps, steps whose next call was queued before their values were read, steps whose next call was queued
+        right after) so far: the executor's stats."""
         st = getattr(self.engine.executor, "stats", {})
-        return st.get("steps", 0), st.get("ahead", 0)
+        return st.get("steps", 0), st.get("ahead", 0), st.get("ahead_after_read", 0)
 
     def step(self) -> None:
         self.steps += 1
@@ -64,8 +65,9 @@ class Phases:
     def remove(self) -> None:
         self.wall_s, self.removed = time.perf_counter() - self._t0, True
         self.joins = self.engine.stats.get("joins", 0) - getattr(self, "_joins", 0)
-        (s0, a0), (s1, a1) = getattr(self, "_ahead0", (0, 0)), self._ahead()
+        (s0, a0, r0), (s1, a1, r1) = getattr(self, "_ahead0", (0, 0, 0)), self._ahead()
         self.ahead_share = (a1 - a0) / (s1 - s0) if s1 > s0 else None
+        self.after_read_share = (r1 - r0) / (s1 - s0) if s1 > s0 else None
         for lane in self.engine.lanes.values():
             for attr in ("advance", "account"):
                 lane.__dict__.pop(attr, None)
@@ -118,7 +120,8 @@ class Phases:
             self.torch.cuda.synchronize()
         steps = max(1, self.steps)
         step_ms = 1e3 * self.wall_s / steps
-        out = {"steps": self.steps, "step_ms": step_ms, "ahead_share": getattr(self, "ahead_share", None)}
+        out = {"steps": self.steps, "step_ms": step_ms, "ahead_share": getattr(self, "ahead_share", None),
+               "after_read_share": getattr(self, "after_read_share", None)}
         busy = 0.0
         for name, calls in self.calls.items():
             ms = sum(s.elapsed_time(e) if s is not None else 1e3 * h for h, s, e, *_ in calls)
@@ -158,6 +161,8 @@ def table(levels: dict) -> list[str]:
         j, o = p.get("joins", {"ms_per_step": 0, "share": 0}), p["other"]
         per = f", {j['joins_per_step']:.2f}" if "joins_per_step" in j else ""  # results written before it: none
         ahead = "-" if p.get("ahead_share") is None else f"{p['ahead_share']:.0%}"
+        if p.get("after_read_share"):  # steps whose next call waited for the read, then went first
+            ahead += f" (+{p['after_read_share']:.0%} after the read)"
         lines.append(f"| {method} | {c} | {p['step_ms']:.2f} | {cell['slm']} | {cell['llm']} | "
                      f"{j['ms_per_step']:.2f} ({j['share']:.0%}){per} | {o['ms_per_step']:.2f} ({o['share']:.0%}) | "
                      f"{ahead} |")

@@ -424,7 +424,8 @@ def markdown(doc: dict) -> str:
                  "rows: rows that took part, columns: columns read a call; other: host work the device did not "
                  "overlap, and idle; steps run ahead: steps whose next call was queued before their values were read, "
                  "so that the host's work for them overlapped the device -- none where a waiting request could join "
-                 "at the next step):", "", *table(doc["phases"])]
+                 "at the next step; after the read: steps whose next call was queued right after their values were "
+                 "read, before the host's work for them):", "", *table(doc["phases"])]
     if doc.get("sources"):
         head += ["", "Merged from runs made in separate device calls (`.wheels` carried: the script's header lists "
                  "them), then merged here by the last line's command:", "",

@@ -11,21 +11,25 @@ kernels only) and turns them into events while the device runs that call.
 
 Where every row was the LLM's and its hand-back decisions are still on the device, the next call is the LLM's when
 some row is pinned to it (``Request.role``: it keeps that row whatever it decides), else on a guess (it keeps some
-row), where its lane allows it (``ahead_of_decisions``, gated by a
-:class:`~hf_rstitch.core.guessing.GuessGate` where None) and undone (a position reset) when the values show it
-handed every row back (:meth:`StepRun.wait`). Where a waiting request would join at the next step (the scheduler's
-``admissible``), it joins now, before the host reads the step's values (``join_ahead``: the scheduler takes it into a
-row free now; :meth:`join` queues each lane's prefill of it behind the step), and the next call runs ahead over it
+row), where its lane allows it (``ahead_of_decisions``, gated by a :class:`~hf_rstitch.core.guessing.GuessGate`
+where None) and undone (a position reset) when the values show it handed every row back (:meth:`StepRun.wait`).
+Where nothing ran ahead for that reason, :meth:`StepRun.wait` queues the next call as soon as it has read the
+values, where no row ends with them (:meth:`Executor._after_read`: the host knows the lane then), so that the call
+runs while the host makes the step's events, hands them on and plans the next step: only the read and that call's
+launch stand between two device calls. Where a waiting request would join at the next step (the scheduler's
+``admissible``), it joins now, before the host reads the step's values (``join_ahead``: the scheduler takes it into
+a row free now; :meth:`join` queues each lane's prefill of it behind the step), and the next call runs ahead over it
 too -- the SLM's, where it starts with the SLM. The run-ahead is left out where the next step depends on what the
 host has not read: rows held for the LLM (a schedule), a row whose sampling failed, or joins that wait for the
 step's values (a group read in chunks). Nothing here makes the host wait for the device but :meth:`StepRun.wait`
-(``tests/fast/test_fast_gpu.py`` runs steps under torch's sync debug mode "error"). The executor knows no
-request's life, no queue and no HTTP.
+(``tests/fast/test_fast_gpu.py`` runs steps under torch's sync debug mode "error"). The executor knows no request's
+life, no queue and no HTTP.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable
 
 import torch
@@ -33,7 +37,7 @@ import torch
 from ..core.guessing import GuessGate
 from ..core.roles import Role
 from ..core.trace import ForwardCall
-from ..decode.loop import run_ahead, settle_ahead
+from ..decode.loop import on_device, run_ahead, settle_ahead
 from ..decode.step import StepOut
 from ..decode.step_values import receive_values, send_values
 from .batch import Batch
@@ -58,9 +62,10 @@ class StepRun:
     """A step queued on the device; :meth:`wait` reads its values once their copy is on the host."""
 
     def __init__(self, out: StepOut, held: set[int], failed: dict[int, str], pending, batch: Batch,
-                 gate: GuessGate, stats: dict):
+                 gate: GuessGate, stats: dict, after_read: Callable[[StepRun, list[int]], None] | None = None):
         self.out, self.held, self.failed, self.pending, self.batch = out, held, failed, pending, batch
-        self.gate, self.stats = gate, stats
+        self.gate, self.stats, self.after_read = gate, stats, after_read
+        self.back: torch.Tensor | None = None  # the LLM's hand-back decisions once read (host), where it ran
 
     def wait(self) -> StepOutput:
         """The step's values on the host (one copy, queued before any early call of the next step); the routing of
@@ -71,10 +76,13 @@ class StepRun:
         guessed, batch.ahead = batch.ahead, settle_ahead(batch.lanes, out, back, batch.ahead, self.gate)
         self.stats["undone"] += guessed is not None and batch.ahead is None
         batch.routing.after(out.writer_llm, back, out.held, out.no_llm)
+        self.back, picked = back, tokens.tolist()
+        if self.after_read is not None:
+            self.after_read(self, picked)
         handed = out.handed.tolist() if out.handed is not None else [False] * b
         slm = slm_h.tolist() if slm_h is not None else [None] * b  # per-row values: one conversion each
-        return StepOutput(tokens.tolist(), entropy.tolist(), slm, out.writer_llm.tolist(), handed, self.held,
-                          self.failed, out.calls)
+        return StepOutput(picked, entropy.tolist(), slm, out.writer_llm.tolist(), handed, self.held, self.failed,
+                          out.calls)
 
 
 class Executor:
@@ -86,7 +94,8 @@ class Executor:
         vocab: ids the pair shares (a vocabulary past 2**24 sends its ids as float64).
         schedule: when the LLM runs for the rows that need it (None: at once).
         stats: the engine's counters (``steps``, ``slm_calls``, ``llm_calls``, ``held``, ``ahead``, ``undone``: LLM
-            calls run ahead on a guess and undone; ``joined_ahead``: rows that joined ahead of a step), updated here.
+            calls run ahead on a guess and undone; ``ahead_after_read``: next calls queued once a step's values were
+            read, :meth:`_after_read`; ``joined_ahead``: rows that joined ahead of a step), updated here.
         step, sample: the stitched step and the sampler it runs (:func:`~hf_rstitch.decode.step.run_step`,
             :func:`~hf_rstitch.core.sampling.sample_one`; a test may stand either in).
         hold_trim: held rows grow the shared padding; it is trimmed once every row has this much (one copy a row).
@@ -101,6 +110,8 @@ class Executor:
         self.step, self.sample, self.hold_trim, self.join_ahead = step, sample, hold_trim, join_ahead
         self.index = 0  # StepView.index of the next step
         self.gate = GuessGate()  # whether the LLM's next call is queued before its hand-back decisions are read
+        self.after_read = True  # where none ran ahead, the next call is queued right after a step's values are read
+        # (:meth:`_after_read`); False: at the next step, as a benchmark's comparison sets it (engine_variants.py)
 
     @property
     def ran_ahead(self) -> bool:
@@ -152,11 +163,26 @@ class Executor:
         picked, failed = self._pick(plan.rows, out.logits, held, out.greedy)  # [b] on the device
         batch.append(plan.rows, picked, held, self.hold_trim)
         pending = send_values(picked, out.entropy, out.slm_entropy, out.back, self.vocab >= 1 << 24)  # before an early call
-        if not held and not failed and self.schedule is None:
-            self._queue_next(out, admissible)
-        return StepRun(out, held, failed, pending, batch, self.gate, self.stats)
+        if held or failed or self.schedule is not None:
+            return StepRun(out, held, failed, pending, batch, self.gate, self.stats)
+        self._queue_next(out, admissible)
+        # the LLM's decisions on the device: where nothing runs ahead once they are read (none did, or a guess was
+        # undone), the lane they name is known then
+        after = partial(self._after_read, plan.rows, admissible) if self.after_read and on_device(out.back) else None
+        return StepRun(out, held, failed, pending, batch, self.gate, self.stats, after)
 
-    def _queue_next(self, out: StepOut, admissible: Callable[[], bool]) -> None:
+    def _after_read(self, rows: list[RequestState], admissible: Callable[[], bool], run: StepRun,
+                    tokens: list[int]) -> None:
+        """Where no call ran ahead of a step's values because the LLM wrote every row and its hand-back decisions were
+        on the device (or its guess was undone once read): the next step's first call, queued once
+        :meth:`StepRun.wait` has read them (the lane they name, no guess). Not where a guess of the LLM's was kept, a
+        row ends with these tokens (its call would be wasted and its row re-laid first) or a waiting request would
+        join (the next step's admission places it)."""
+        if self.batch.ahead is not None or any(row.ending(t) for row, t in zip(rows, tokens)) or admissible():
+            return
+        self._queue_next(replace(run.out, back=run.back), admissible, count="ahead_after_read")
+
+    def _queue_next(self, out: StepOut, admissible: Callable[[], bool], count: str = "ahead") -> None:
         """The next step's first lane call, queued now where the host knows it (:func:`run_ahead`). Where a waiting
         request would join at the next step, the joiners are taken now (``join_ahead``) and join first -- their
         prefill queued behind this step's calls, their first token read in that call -- else nothing is queued."""
@@ -172,7 +198,7 @@ class Executor:
         batch.ahead = run_ahead(batch.lanes, out, batch.seq, batch.mask, batch.policy.needs_hidden, self.gate,
                                 llm_keeps=batch.policy.holds(Role.LLM),
                                 slm_joined=any(s.request.role is not Role.LLM for s in joined))
-        self.stats["ahead"] += batch.ahead is not None
+        self.stats[count] += batch.ahead is not None
 
     def _count(self, out: StepOut, held: set[int]) -> None:
         st = self.stats

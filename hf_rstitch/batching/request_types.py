@@ -124,6 +124,13 @@ class RequestState:
     def request_id(self) -> str:
         return self.request.request_id
 
+    def ending(self, token: int) -> str | None:
+        """Why ``token``, written next, ends the request: ``"stop"`` (one of its end ids), ``"length"`` (its
+        ``max_new_tokens`` reached), or None (it goes on)."""
+        if token in self.eos:
+            return "stop"
+        return "length" if len(self.trace.roles) + 1 >= self.request.max_new_tokens else None
+
 
 def prepare(r: Request, *, vocab: int, max_length: int | None, default_eos: frozenset[int],
             routes_per_request: bool) -> Request:

@@ -113,9 +113,10 @@ class RequestEngine:
         self.policy = PinnedRoles(per_row)
         self.policy.reset()
         self.stats = {"steps": 0, "slm_calls": 0, "llm_calls": 0, "held": 0, "ahead": 0, "undone": 0,
-                      "joined_ahead": 0, "preempted": 0, "joins": 0, "joined": 0, "paced": 0}  # held: row-steps
-        # waiting for the LLM; ahead, undone, joined_ahead: the Executor's (calls run a step early; those of them
-        # undone; rows that joined before a step's values were read); the rest: the Scheduler's
+                      "joined_ahead": 0, "ahead_after_read": 0, "preempted": 0, "joins": 0, "joined": 0,
+                      "paced": 0}  # held: row-steps waiting for the LLM; ahead, undone, joined_ahead, ahead_after_read:
+        # the Executor's (calls run a step early; those of them undone; rows that joined before a step's values were
+        # read; next calls queued once the values were read); the rest: the Scheduler's
         chunks = ChunkedPrefill.for_lanes(self.lanes, cfg.prefill_chunk or None)  # None: joins prefill whole
         self.scheduler = Scheduler(self.max_batch, self.kv, chunks, self.stats, cfg.join_pacing())
         batch = Batch(self.lanes, self.device, self.pad_id, self.policy, self.thresholds, per_row)

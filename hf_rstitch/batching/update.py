@@ -48,14 +48,13 @@ def _advance(row: RequestState, token: int, llm: bool, handed: bool, entropy: fl
              finish: Callable[..., Event]) -> Event:
     if row.held is not None:  # the LLM's token after waiting: the hand-over happened when it began to wait
         (handed, slm_h), row.held = row.held, None
+    reason = row.ending(token)
     t, role = row.trace, (_LLM if llm else _SLM)
     t.roles.append(role)
     t.handovers.append(handed)
     t.entropies.append(entropy)
     t.slm_entropies.append(slm_h if (not llm or handed) else None)
     row.output.append(token)
-    if token in row.eos:
-        return finish(row, "stop", token=token)
-    if len(t.roles) >= row.request.max_new_tokens:  # t.n_tokens, without the property's call
-        return finish(row, "length", token=token)
+    if reason is not None:
+        return finish(row, reason, token=token)
     return Event(row.request.request_id, token, role)

@@ -24,7 +24,9 @@ check and its host wait (:func:`run_ahead`): the device decodes the next token w
 records this one. A lane runs every row either way, so the early call serves the next step whoever
 takes part; its records are made then (``account``). If rows finished meanwhile, their part of the
 early call is dropped; if every row finished, the whole call is (the lane has read one column more,
-which the next generation's reset forgets). Outputs and traces do not change.
+which the next generation's reset forgets). Where the LLM wrote every row and its decisions are on the device (a GPU
+policy's) the lane is not known before the step's one wait; it is known right after it, so the call runs then,
+before the host records the step (where no row ends at it). Outputs and traces do not change.
 
 Decisions read a step late (``guess``, lanes whose ``ahead_of_decisions`` allows it: the fast engine on CUDA,
 where the policy decides on the device -- the entropy rule, the router): the host learns a step's routing
@@ -53,7 +55,7 @@ processor or stopping criterion is not known to be pure).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, NamedTuple
 
 import torch
@@ -216,6 +218,11 @@ def _decided_step(run: _Generation, pick: _Picker, index: int):
         out = settle(run.lanes, out, decided, *here, run.routing, run.policy, index, run.in_lanes, accounted)
     back = None if out.guess is not None else decided  # a guess kept: no LLM ran
     run.ahead = settle_ahead(run.lanes, out, back, run.ahead, run.gate)
+    if run.ahead is None and back is not None and on_device(out.back) and not bool((done & run.unfinished).any()):
+        # nothing ran ahead because the LLM's decisions were on the device: its lane is known now, so its call runs
+        # while the host records this step and prepares the next (no row ends here: a leaving row's call is wasted)
+        run.ahead = run_ahead(run.lanes, replace(out, back=back), *run.in_lane_rows(picked.longer, picked.wide),
+                              run.policy.needs_hidden)
     return _Step(out, picked, accounted, done, back, shown)
 
 
@@ -274,6 +281,11 @@ def _drop_finished(lanes: dict, routing: Routing, unfinished: torch.Tensor, in_l
     return in_lanes[keep], keep_ahead(ahead, keep)
 
 
+def on_device(decisions: torch.Tensor | None) -> bool:
+    """Whether a step's routing decisions are still on a device: the host has not read them (a GPU policy's)."""
+    return decisions is not None and decisions.device.type != "cpu"
+
+
 def next_lane(out: StepOut, late: bool = False, llm_keeps: bool = False) -> Role | None:
     """The lane the step after ``out`` calls first, if the host knows it now: the SLM's when some row will
     be the SLM's (it wrote the row's token, or the LLM hands the row back and the policy said so on the
@@ -281,7 +293,7 @@ def next_lane(out: StepOut, late: bool = False, llm_keeps: bool = False) -> Role
     whatever it decides (``llm_keeps``: a row pinned to it); else None (the LLM's decision to hand back is
     still on the device, or ``late``: the loop reads it a step late wherever it is)."""
     back = out.back
-    if back is None or late or back.device.type != "cpu":
+    if back is None or late or on_device(back):
         every_llm = out.all_llm if out.all_llm is not None else bool(out.writer_llm.all())
         return Role.SLM if not every_llm else Role.LLM if llm_keeps else None
     llm_next = out.writer_llm & ~back

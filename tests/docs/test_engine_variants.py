@@ -17,6 +17,12 @@ def test_variants_parse_into_engine_and_fast_config_fields():
             parse_variant(bad)
 
 
+def test_the_engines_own_switches_parse_as_engine_fields():
+    from engine_variants import parse_variant
+
+    assert parse_variant("join_ahead=0,after_read=0") == ({"join_ahead": 0, "after_read": 0}, {})
+
+
 @pytest.mark.slow
 def test_the_cpu_dry_run_writes_every_variant_and_method(tmp_path):
     import torch
