@@ -180,12 +180,15 @@ class Executor:
         join (the next step's admission places it)."""
         if self.batch.ahead is not None or any(row.ending(t) for row, t in zip(rows, tokens)) or admissible():
             return
-        self._queue_next(replace(run.out, back=run.back), admissible, count="ahead_after_read")
+        # no guess: the host has read the decisions (a lane told to guess, ahead_of_decisions=True, would guess anyway)
+        self._queue_next(replace(run.out, back=run.back), admissible, count="ahead_after_read", guess=False)
 
-    def _queue_next(self, out: StepOut, admissible: Callable[[], bool], count: str = "ahead") -> None:
-        """The next step's first lane call, queued now where the host knows it (:func:`run_ahead`). Where a waiting
-        request would join at the next step, the joiners are taken now (``join_ahead``) and join first -- their
-        prefill queued behind this step's calls, their first token read in that call -- else nothing is queued."""
+    def _queue_next(self, out: StepOut, admissible: Callable[[], bool], count: str = "ahead",
+                    guess: bool = True) -> None:
+        """The next step's first lane call, queued now where the host knows it (:func:`run_ahead`; ``guess``: or
+        where the LLM's lane may guess it, the loop's gate deciding). Where a waiting request would join at the next
+        step, the joiners are taken now (``join_ahead``) and join first -- their prefill queued behind this step's
+        calls, their first token read in that call -- else nothing is queued."""
         batch, joined = self.batch, []
         if admissible():
             taken = self.join_ahead() if self.join_ahead is not None else None
@@ -195,7 +198,8 @@ class Executor:
             if joined:
                 self.join(rows, joined)
                 self.stats["joined_ahead"] += len(joined)
-        batch.ahead = run_ahead(batch.lanes, out, batch.seq, batch.mask, batch.policy.needs_hidden, self.gate,
+        batch.ahead = run_ahead(batch.lanes, out, batch.seq, batch.mask, batch.policy.needs_hidden,
+                                self.gate if guess else None,
                                 llm_keeps=batch.policy.holds(Role.LLM),
                                 slm_joined=any(s.request.role is not Role.LLM for s in joined))
         self.stats[count] += batch.ahead is not None

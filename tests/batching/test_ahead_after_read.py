@@ -32,6 +32,40 @@ def on_a_device(monkeypatch):
     simulate_a_device(monkeypatch, requests_module, "run_step")
 
 
+@pytest.fixture
+def used(monkeypatch):
+    """In order: ``("after", role)`` for each call queued after a read, ``("used", role)`` for each early call a step
+    used (its lane's ``account``)."""
+    from hf_rstitch.batching.executor import Executor
+    from hf_rstitch.decode import step as step_module
+
+    seen, after_read, account = [], Executor._after_read, step_module._advance
+
+    def noted_after_read(self, *args):
+        before = self.stats["ahead_after_read"]
+        after_read(self, *args)
+        if self.stats["ahead_after_read"] > before:
+            seen.append(("after", self.batch.ahead.role))
+
+    def noted_advance(lane, ahead, *args, **kwargs):
+        if ahead is not None and ahead.role is lane.role:
+            seen.append(("used", lane.role))
+        return account(lane, ahead, *args, **kwargs)
+
+    monkeypatch.setattr(Executor, "_after_read", noted_after_read)
+    monkeypatch.setattr(step_module, "_advance", noted_advance)
+    return seen
+
+
+def _each_used(seen: list) -> None:
+    """Every call queued after a read is the one the next step uses: the next early call used is of its lane, before
+    the next call queued after a read (a call of the wrong lane would go unused: the outputs could not tell)."""
+    for i, (what, role) in enumerate(seen):
+        if what == "after":
+            nxt = next((x for x in seen[i + 1:] if x[0] == "used" or x[0] == "after"), None)
+            assert nxt == ("used", role), (i, seen[i:i + 4])
+
+
 def _requests(taus, pinned=()) -> list[Request]:
     return [Request(prompt(3 + (5 * i) % 9, seed=60 + i)[0].tolist(), max_new_tokens=4 + (7 * i) % 15,
                     stitch_threshold=taus[i] if taus is not None else None, do_sample=i % 4 == 3,
@@ -63,7 +97,7 @@ CASES = {  # name: (thresholds, policy, run kwargs)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_next_call_queued_after_the_read_writes_what_running_ahead_at_once_writes(case, request):
+def test_the_next_call_queued_after_the_read_writes_what_running_ahead_at_once_writes(case, request, used):
     taus, policy, kw = CASES[case]
     ref, host = _run(taus, policy, **kw)
     assert host.stats["ahead_after_read"] == 0  # on the host every call that can run ahead does so at once
@@ -71,6 +105,7 @@ def test_the_next_call_queued_after_the_read_writes_what_running_ahead_at_once_w
     got, eng = _run(taus, policy, **kw)
     _assert_equal(got, ref)
     assert eng.stats["ahead_after_read"] > 0
+    _each_used(used)
     assert eng.stats["ahead"] + eng.stats["ahead_after_read"] <= host.stats["ahead"]
 
 
@@ -113,3 +148,20 @@ def test_a_request_ends_at_an_end_id_or_at_its_budget():
     assert [state.ending(t) for t in (7, 5)] == ["stop", None]
     state.trace.roles += [Role.SLM, Role.LLM]  # two written: the third is the last
     assert [state.ending(t) for t in (7, 5)] == ["stop", "length"]
+
+
+def test_a_guess_undone_at_the_read_runs_the_slm_after_it_not_another_guess(on_a_device, used):
+    """A lane told to guess (``ahead_of_decisions=True``) queues the LLM's next call before the read; where the LLM
+    handed every row back, the read undoes it, and the call after the read is the SLM's, queued without a guess."""
+    import dataclasses
+
+    taus = None
+    ref, _ = _run(taus, Flip())
+    llm, slm = make_pair("llama")
+    eng = RequestEngine.of(llm, slm, max_batch=4, max_length=64, policy=Flip(),
+                           engine=dataclasses.replace(READ, ahead_of_decisions=True))
+    got = drive(eng, _requests(taus), ARRIVE, cancel=(5, "a2"))
+    _assert_equal(got, ref)
+    assert eng.stats["undone"] > 0 and eng.stats["ahead_after_read"] > 0
+    assert {role for what, role in used if what == "after"} == {Role.SLM}
+    _each_used(used)

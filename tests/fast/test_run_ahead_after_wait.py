@@ -22,7 +22,7 @@ ROUTES = [["llm"] * 6 + ["slm"] * 3 + ["llm"] * 4, ["llm"] * 4 + ["slm"] * 5 + [
 @pytest.fixture
 def after_wait(monkeypatch):
     """A simulated device, and the lanes run ahead after a step's wait (the host had read the decisions)."""
-    simulate_a_device(monkeypatch, loop, "run_step")
+    simulate_a_device(monkeypatch, loop, "run_step", "settle")
     seen, original = [], loop.run_ahead
 
     def spy(lanes, out, *args, **kwargs):
@@ -97,3 +97,18 @@ def test_entropy_policy(after_wait):
     ref = _generate(llm, slm, ids, "default", stitch_policy=EntropyPolicy(0.7), max_new_tokens=16)
     _same(_generate(llm, slm, ids, FastEngine(AHEAD), stitch_policy=EntropyPolicy(0.7), max_new_tokens=16), ref)
     assert set(ref.stitch.roles) == {Role.SLM, Role.LLM} and after_wait
+
+
+def test_a_guess_undone_at_the_wait_runs_the_slm_after_it(after_wait):
+    """A lane told to guess queues the LLM's next call before the wait; at a stretch's end the wait undoes it, and the
+    call after the wait is the SLM's (no second guess)."""
+    import dataclasses
+
+    llm, slm = make_pair("llama")
+    ids, mask = left_pad([prompt(k, seed=50 + i) for i, k in enumerate([5, 8, 3])])
+    routes = [["llm"] * 6 + ["slm"] * 3 + ["llm"] * 4] * 3  # every row's stretch ends at once: the guess undone
+    kw = dict(stitch_policy=ReplayPolicy(routes), max_new_tokens=13, min_new_tokens=13, output_logits=True)
+    ref = _generate(llm, slm, ids, "default", mask, **kw)
+    guessing = FastEngine(dataclasses.replace(AHEAD, ahead_of_decisions=True))
+    _same(_generate(llm, slm, ids, guessing, mask, **kw), ref)
+    assert after_wait == [Role.SLM], after_wait
