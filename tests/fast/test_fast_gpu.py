@@ -371,6 +371,50 @@ def test_request_engine_steps_make_no_synchronizing_call(method):
     assert engine.stats["joins"] > 10 and (method == "entropy" or engine.stats["ahead"] > 100), engine.stats
 
 
+@gpu
+def test_request_engine_queues_the_call_after_the_read_on_cuda():
+    """The entropy rule decides on the device (on these random models every row goes to the LLM and stays), so no call
+    can run ahead of a step's values: the next one is queued right after the read (``ahead_after_read``), with no
+    synchronizing call in a step, and every request's tokens and route equal the same engine's with that off
+    (``Executor.after_read = False``: the call waits for the next step). fp32, rows finishing, leaving and joining."""
+    from hf_rstitch.batching import Request, RequestEngine
+
+    llm, slm = _pair(torch.float32)
+    got = {}
+    for after_read in (False, True):
+        fast = FastEngine(FastConfig(max_bucket=16), capacity=160, max_batch=4)
+        engine = RequestEngine.of(llm, slm, max_batch=4, threshold=0.5, engine=fast, max_length=160, join_wait=0)
+        engine.executor.after_read = after_read
+        g = torch.Generator().manual_seed(7)
+        reqs = [Request(torch.randint(3, 1024, (4 + 5 * (i % 5),), generator=g).tolist(), eos_token_id=[],
+                        max_new_tokens=10 + 7 * (i % 4), request_id=str(i)) for i in range(10)]
+        for r in reqs[:4]:
+            engine.submit(r)
+        done, tokens, k = {}, {r.request_id: [] for r in reqs}, 4
+        try:
+            for step in range(400):
+                if step == 12:  # graphs captured, join twins built: no step may wait for the device from here
+                    torch.cuda.set_sync_debug_mode("error")
+                for e in engine.step():
+                    if e.token is not None:
+                        tokens[e.request_id].append(e.token)
+                    if e.finished:
+                        done[e.request_id] = (tokens[e.request_id], e.trace.roles, e.finish_reason)
+                        if k < len(reqs):
+                            engine.submit(reqs[k])
+                            k += 1
+                if len(done) == len(reqs):
+                    break
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        got[after_read] = (done, dict(engine.stats))
+    (ref, before), (new, after) = got[False], got[True]
+    assert new == ref and len(ref) == 10
+    assert before["ahead_after_read"] == 0 and after["ahead_after_read"] > 20, (before, after)
+    print(f"[after the read] steps: {after['steps']}, run ahead {after['ahead']}, after the read "
+          f"{after['ahead_after_read']} (off: {before['ahead']} run ahead)")
+
+
 @pytest.mark.gpu
 @gpu
 def test_fp32_generate_naming_no_engine_runs_the_fast_engine_and_keeps_it(monkeypatch):
