@@ -468,8 +468,14 @@ def merge(paths: list[str], out: Path, tag: str) -> str:
            "phases": {k: v for d in docs for k, v in d["phases"].items()},
            "sources": [{k: d[k] for k in ("command", "date", "args")} for d in docs]}
     doc["args"] = {**docs[0]["args"], "methods": sorted({m for d in docs for m in d["args"]["methods"]}), "tag": tag}
+    return write(doc, out)
+
+
+def write(doc: dict, out: Path) -> str:
+    """``serve_reasoning_<gpu>[_split]<tag>.{json,md,png}`` of ``doc`` under ``out`` (``_split``: the server's
+    engine in a process of its own, as ``rstitch serve --frontend-procs 1`` runs it); returns the markdown."""
     split = "_split" if doc["args"].get("frontend_procs") else ""
-    stem = out / f"serve_reasoning_{doc['gpu'].lower().replace(' ', '_')}{split}{tag}"
+    stem = out / f"serve_reasoning_{doc['gpu'].lower().replace(' ', '_')}{split}{doc['args']['tag']}"
     text = markdown(doc)
     lab.write_result(stem, doc, text)
     if doc["rows"]:
@@ -600,10 +606,10 @@ def main(argv=None) -> int:
 
 
 def report(args, shape: dict, rows: list, skipped: list, details: dict, out: Path) -> str:
-    """Writes ``serve_reasoning_<gpu>.{json,md,png}`` under ``out``; returns the markdown."""
+    """The run's results document, written under ``out`` (:func:`write`); returns the markdown."""
     import torch
 
-    from lab import environment, write_result
+    from lab import environment
 
     gpu = "cpu_standin" if args.standin else "cpu" if args.dry_run_cpu else torch.cuda.get_device_name()
     pair = ("a stand-in engine, no model (serve_standin.py: step ms = {} + {} x rows, {} of it host Python; a step "
@@ -615,13 +621,7 @@ def report(args, shape: dict, rows: list, skipped: list, details: dict, out: Pat
            "rows": sorted(rows, key=lambda r: (r["concurrency"], r["method"])), "skipped": skipped, "details": details,
            "phases": {k: d["engine_alone"]["phases"] for k, d in details.items()
                       if isinstance(d, dict) and d.get("engine_alone", {}).get("phases")}}
-    split = "_split" if args.frontend_procs else ""  # the engine in a process of its own: beside, not over, one process
-    stem = out / f"serve_reasoning_{gpu.lower().replace(' ', '_')}{split}{args.tag}"
-    text = markdown(doc)
-    write_result(stem, doc, text)
-    if doc["rows"]:
-        plot(doc, stem.with_suffix(".png"))
-    return text
+    return write(doc, out)
 
 
 if __name__ == "__main__":

@@ -18,3 +18,19 @@ def assert_same(out, ref, tol: float) -> None:
     assert [t.roles for t in traces(out)] == [t.roles for t in traces(ref)]
     for a, b in zip(out.logits, ref.logits):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def assert_same_run(out, ref) -> None:
+    """Same tokens, routes and per-row forward-call records in every row; entropies and logits (where returned)
+    within 1e-9 (fp64 tiny models)."""
+    import pytest
+
+    traces = lambda o: o.stitch if isinstance(o.stitch, list) else [o.stitch]  # noqa: E731
+    calls = lambda t: [(c.role, c.kind, c.n_inf, c.n_kv) for c in t.calls]  # noqa: E731
+    assert torch.equal(out.sequences, ref.sequences)
+    assert [t.roles for t in traces(out)] == [t.roles for t in traces(ref)]
+    assert [calls(t) for t in traces(out)] == [calls(t) for t in traces(ref)]
+    for a, b in zip(traces(out), traces(ref)):
+        assert a.entropies == pytest.approx(b.entropies, abs=1e-9)
+    for a, b in zip(out.logits or (), ref.logits or ()):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)

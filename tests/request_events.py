@@ -32,3 +32,15 @@ def drive(engine, requests: list, arrive: dict, cancel: tuple[int, str] | None =
         engine.check_consistent()
         k += 1
     return done
+
+
+def assert_same_completions(got: dict, ref: dict) -> None:
+    """Two :func:`drive` results (``last=route_record``) equal: the same requests, each with the same tokens, finish
+    reason, route and per-call records, and entropies within 1e-5."""
+    import pytest
+
+    assert got.keys() == ref.keys()
+    for rid, (tokens, reason, (roles, entropies, calls)) in ref.items():
+        g_tokens, g_reason, (g_roles, g_entropies, g_calls) = got[rid]
+        assert (g_tokens, g_reason, g_roles, g_calls) == (tokens, reason, roles, calls), rid
+        assert g_entropies == pytest.approx(entropies, abs=1e-5), rid

@@ -38,7 +38,7 @@ from ..core.guessing import GuessGate
 from ..core.roles import Role
 from ..core.trace import ForwardCall
 from ..decode.loop import on_device, run_ahead, settle_ahead
-from ..decode.step import StepOut
+from ..decode.step import Ahead, StepOut
 from ..decode.step_values import receive_values, send_values
 from .batch import Batch
 from .request_types import RequestState
@@ -62,10 +62,10 @@ class StepRun:
     """A step queued on the device; :meth:`wait` reads its values once their copy is on the host."""
 
     def __init__(self, out: StepOut, held: set[int], failed: dict[int, str], pending, batch: Batch,
-                 gate: GuessGate, stats: dict, after_read: Callable[[StepRun, list[int]], None] | None = None):
+                 gate: GuessGate, stats: dict, after_read: Callable[..., None] | None = None):
         self.out, self.held, self.failed, self.pending, self.batch = out, held, failed, pending, batch
-        self.gate, self.stats, self.after_read = gate, stats, after_read
-        self.back: torch.Tensor | None = None  # the LLM's hand-back decisions once read (host), where it ran
+        self.gate, self.stats = gate, stats
+        self.after_read = after_read  # called with (out, the decisions read, the tokens read) once they are read
 
     def wait(self) -> StepOutput:
         """The step's values on the host (one copy, queued before any early call of the next step); the routing of
@@ -76,9 +76,9 @@ class StepRun:
         guessed, batch.ahead = batch.ahead, settle_ahead(batch.lanes, out, back, batch.ahead, self.gate)
         self.stats["undone"] += guessed is not None and batch.ahead is None
         batch.routing.after(out.writer_llm, back, out.held, out.no_llm)
-        self.back, picked = back, tokens.tolist()
+        picked = tokens.tolist()
         if self.after_read is not None:
-            self.after_read(self, picked)
+            self.after_read(out, back, picked)
         handed = out.handed.tolist() if out.handed is not None else [False] * b
         slm = slm_h.tolist() if slm_h is not None else [None] * b  # per-row values: one conversion each
         return StepOutput(picked, entropy.tolist(), slm, out.writer_llm.tolist(), handed, self.held, self.failed,
@@ -171,24 +171,25 @@ class Executor:
         after = partial(self._after_read, plan.rows, admissible) if self.after_read and on_device(out.back) else None
         return StepRun(out, held, failed, pending, batch, self.gate, self.stats, after)
 
-    def _after_read(self, rows: list[RequestState], admissible: Callable[[], bool], run: StepRun,
-                    tokens: list[int]) -> None:
+    def _after_read(self, rows: list[RequestState], admissible: Callable[[], bool], out: StepOut,
+                    back: torch.Tensor, tokens: list[int]) -> None:
         """Where no call ran ahead of a step's values because the LLM wrote every row and its hand-back decisions were
         on the device (or its guess was undone once read): the next step's first call, queued once
         :meth:`StepRun.wait` has read them (the lane they name, no guess). Not where a guess of the LLM's was kept, a
         row ends with these tokens (its call would be wasted and its row re-laid first) or a waiting request would
         join (the next step's admission places it)."""
-        if self.batch.ahead is not None or any(row.ending(t) for row, t in zip(rows, tokens)) or admissible():
+        batch = self.batch
+        if batch.ahead is not None or any(row.ending(t) for row, t in zip(rows, tokens)) or admissible():
             return
         # no guess: the host has read the decisions (a lane told to guess, ahead_of_decisions=True, would guess anyway)
-        self._queue_next(replace(run.out, back=run.back), admissible, count="ahead_after_read", guess=False)
+        batch.ahead = self._run_ahead(replace(out, back=back), None)
+        self.stats["ahead_after_read"] += batch.ahead is not None
 
-    def _queue_next(self, out: StepOut, admissible: Callable[[], bool], count: str = "ahead",
-                    guess: bool = True) -> None:
-        """The next step's first lane call, queued now where the host knows it (:func:`run_ahead`; ``guess``: or
-        where the LLM's lane may guess it, the loop's gate deciding). Where a waiting request would join at the next
-        step, the joiners are taken now (``join_ahead``) and join first -- their prefill queued behind this step's
-        calls, their first token read in that call -- else nothing is queued."""
+    def _queue_next(self, out: StepOut, admissible: Callable[[], bool]) -> None:
+        """The next step's first lane call, queued now where the host knows it, or where the LLM's lane may guess
+        it (:meth:`_run_ahead`, the loop's gate deciding). Where a waiting request would join at the next step, the
+        joiners are taken now (``join_ahead``) and join first -- their prefill queued behind this step's calls, their
+        first token read in that call -- else nothing is queued."""
         batch, joined = self.batch, []
         if admissible():
             taken = self.join_ahead() if self.join_ahead is not None else None
@@ -198,11 +199,15 @@ class Executor:
             if joined:
                 self.join(rows, joined)
                 self.stats["joined_ahead"] += len(joined)
-        batch.ahead = run_ahead(batch.lanes, out, batch.seq, batch.mask, batch.policy.needs_hidden,
-                                self.gate if guess else None,
-                                llm_keeps=batch.policy.holds(Role.LLM),
-                                slm_joined=any(s.request.role is not Role.LLM for s in joined))
-        self.stats[count] += batch.ahead is not None
+        batch.ahead = self._run_ahead(out, self.gate, joined)
+        self.stats["ahead"] += batch.ahead is not None
+
+    def _run_ahead(self, out: StepOut, gate: GuessGate | None, joined: list[RequestState] = ()) -> Ahead | None:
+        """:func:`run_ahead` over the batch after ``out`` (``joined``: rows that joined after its calls)."""
+        batch = self.batch
+        return run_ahead(batch.lanes, out, batch.seq, batch.mask, batch.policy.needs_hidden, gate,
+                         llm_keeps=batch.policy.holds(Role.LLM),
+                         slm_joined=any(s.request.role is not Role.LLM for s in joined))
 
     def _count(self, out: StepOut, held: set[int]) -> None:
         st = self.stats

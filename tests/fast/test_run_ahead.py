@@ -15,6 +15,7 @@ import torch
 from hf_rstitch import ReplayPolicy, Role
 from hf_rstitch.decode import loop
 from hf_rstitch.fast import FastConfig, FastEngine
+from engine_checks import assert_same_run as _same
 from tiny_models import left_pad, make_pair, prompt
 
 AHEAD = FastConfig(max_bucket=4, graphs=False, run_ahead=True)
@@ -49,21 +50,6 @@ def counted(monkeypatch):
 def lanes_ahead(monkeypatch):
     """Which lane each run-ahead advanced (None where none ran)."""
     return _spy(monkeypatch, lambda got: got.role if got is not None else None)
-
-
-def _calls(trace):
-    return [(c.role, c.kind, c.n_inf, c.n_kv) for c in trace.calls]
-
-
-def _same(out, ref):
-    assert torch.equal(out.sequences, ref.sequences)
-    traces = lambda o: o.stitch if isinstance(o.stitch, list) else [o.stitch]  # noqa: E731
-    assert [t.roles for t in traces(out)] == [t.roles for t in traces(ref)]
-    assert [_calls(t) for t in traces(out)] == [_calls(t) for t in traces(ref)]
-    for a, b in zip(traces(out), traces(ref)):
-        assert a.entropies == pytest.approx(b.entropies, abs=1e-9)
-    for a, b in zip(out.logits or (), ref.logits or ()):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
 def _generate(llm, slm, ids, engine, mask=None, **kw):

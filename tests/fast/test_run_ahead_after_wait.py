@@ -12,6 +12,7 @@ import torch
 from hf_rstitch import ReplayPolicy, Role
 from hf_rstitch.decode import loop
 from hf_rstitch.fast import FastConfig, FastEngine
+from engine_checks import assert_same_run as _same
 from simulated_device import MARK, simulate_a_device
 from tiny_models import left_pad, make_pair, prompt
 
@@ -38,18 +39,6 @@ def after_wait(monkeypatch):
 def _generate(llm, slm, ids, engine, mask=None, **kw):
     return llm.generate(ids, attention_mask=mask if mask is not None else torch.ones_like(ids), assistant_model=slm,
                         stitch_engine=engine, return_dict_in_generate=True, **kw)
-
-
-def _same(out, ref):
-    assert torch.equal(out.sequences, ref.sequences)
-    traces = lambda o: o.stitch if isinstance(o.stitch, list) else [o.stitch]  # noqa: E731
-    calls = lambda t: [(c.role, c.kind, c.n_inf, c.n_kv) for c in t.calls]  # noqa: E731
-    assert [t.roles for t in traces(out)] == [t.roles for t in traces(ref)]
-    assert [calls(t) for t in traces(out)] == [calls(t) for t in traces(ref)]
-    for a, b in zip(traces(out), traces(ref)):
-        assert a.entropies == pytest.approx(b.entropies, abs=1e-9)
-    for a, b in zip(out.logits or (), ref.logits or ()):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2-full"])
