@@ -291,19 +291,22 @@ def join_pacing(args) -> dict:
 
 
 # ---- the sweep ---------------------------------------------------------------------------------
-def start_server(cfg: dict, out: Path, timeout_s: float) -> tuple[subprocess.Popen | None, str]:
-    """The server process for ``cfg``; (None, its last stderr lines) if it exits before it is healthy."""
+def start_server(cfg: dict, out: Path, timeout_s: float) -> tuple[subprocess.Popen | None, str, bool]:
+    """The server process for ``cfg``, or None with why (and its last log lines) and whether it merely ran out of
+    ``timeout_s`` (a slow start, which fewer rows would not cure) rather than exiting."""
     log = out / f"server_{cfg['method']}_b{cfg['max_batch']}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-worker", json.dumps(cfg)],
                             env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         sc.wait_healthy(f"http://127.0.0.1:{cfg['port']}", proc, timeout_s)
-        return proc, ""
+        return proc, "", False
     except RuntimeError as err:
+        slow = proc.poll() is None  # still starting when the time ran out
         stop(proc)
         tail = log.read_text().strip().splitlines()[-5:]
-        return None, f"{err}: " + " | ".join(tail)
+        why = f"{err} (still starting: raise --startup-s)" if slow else str(err)
+        return None, f"{why}: " + " | ".join(tail), slow
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -316,8 +319,8 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list, list, dict]:
-    """One method's rows, skipped levels and details; tries ``args.max_batch``, then halves it on a failed start
-    unless the same failure repeats (the rows that worked stay in ``args.max_batch`` for the next method). Server
+    """One method's rows, skipped levels and details; tries ``args.max_batch``, then halves it on a start that exited,
+    unless the same failure repeats (a start that ran out of --startup-s is not retried; the rows that worked stay in ``args.max_batch`` for the next method). Server
     logs and the engine-alone numbers go through ``work``, a scratch folder."""
     rows, skipped, details = [], [], {}
     overhead = getattr(args, "level_overhead_s", LEVEL_OVERHEAD_S)  # measured by the first method, if any
@@ -337,13 +340,13 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
                         settings={k: v for k, v in (("stream_interval", args.stream_interval),
                                                     ("stream_writes_per_s", args.stream_writes_per_s)) if v is not None})
         t0, alone_s = time.monotonic(), len(fit) * (args.warmup_s + args.window_s)
-        proc, err = start_server(cfg, work, args.startup_s + alone_s + 2 * len(fit))
+        proc, err, slow = start_server(cfg, work, args.startup_s + alone_s + 2 * len(fit))
         if proc is not None:  # what the next method's start reserves: this one's load and warm-up, with a margin
             args.reserve_s = max(15.0, 1.15 * (time.monotonic() - t0 - alone_s) + 2)
         else:
             why = f"the server did not start with --max-batch {max_batch}: {err}"
             print(why, file=sys.stderr)
-            if err == last:  # the same failure with fewer rows: rows are not the cause
+            if slow or err == last:  # a slow start, or the same failure with fewer rows: rows are not the cause
                 break
             last, max_batch = err, max_batch // 2
     if proc is None:
@@ -520,9 +523,10 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup-s", type=float, default=4.0, help="per level, excluded from the window")
     ap.add_argument("--window-s", type=float, default=8.0, help="per level, the measurement window")
     ap.add_argument("--budget-s", type=float, default=400.0, help="the whole run; levels that would not fit are skipped")
-    ap.add_argument("--startup-s", type=float, default=60.0,
+    ap.add_argument("--startup-s", type=float, default=None,
                     help="a server's start (load, warm-up) at most; the budget reserves it for the first server, "
-                         "1.5x the first's actual start for the next")
+                         "1.15x the first's actual start for the next (default: 200 on CUDA, where a 7B pair loads, "
+                         "captures its graphs and measures the engine alone first; 60 on CPU)")
     ap.add_argument("--max-batch", type=int, default=None, help="server rows (default: the largest level)")
     ap.add_argument("--client-procs", type=int, default=0, help="client processes (0: one per 16 clients, <= 8)")
     ap.add_argument("--engine", default="auto", choices=["auto", "fast", "default"],
@@ -581,6 +585,8 @@ def main(argv=None) -> int:
         args.max_batch = args.max_batch or (2 if args.replicas else None)
     if args.standin:
         args.device, args.dtype, args.engine = "cpu", "float32", "standin"
+    if args.startup_s is None:
+        args.startup_s = 200.0 if args.device.startswith("cuda") else 60.0
     if args.frontend_procs is None:  # rstitch serve's default layout (ServeConfig.__post_init__)
         args.frontend_procs = 1 if args.device.startswith("cuda") and not args.replicas else 0
     if args.replicas:

@@ -103,3 +103,23 @@ def test_merge_refuses_runs_of_different_questions_naming_the_field(tmp_path, fi
         path.write_text(json.dumps(doc))
     with pytest.raises(SystemExit, match=f"{field} = .* not runs of one question"):
         sr.merge([str(p) for p in paths], tmp_path, "_math")
+
+
+@pytest.mark.parametrize("slow, starts", [(True, 1), (False, 3)])
+def test_a_server_that_starts_slowly_is_not_retried_with_fewer_rows(monkeypatch, tmp_path, slow, starts):
+    """A start that runs out of --startup-s names the flag and is not retried (fewer rows would not start it
+    faster); one that exits is retried at half the rows until the same failure repeats."""
+    calls = []
+
+    def start(cfg, out, timeout_s):
+        calls.append(cfg["max_batch"])
+        return None, "not healthy" if slow else f"exited with {cfg['max_batch'] > 4}", slow
+
+    monkeypatch.setattr(sr, "start_server", start)
+    args = sr.argparse.Namespace(levels=[1, 8], max_batch=None, warmup_s=1.0, window_s=1.0, startup_s=60.0,
+                                 dry_run_cpu=True, device="cpu", dtype="float32", engine="default", fast=[],
+                                 decisions="device", join_wait=None, join_group=None, stream_interval=None,
+                                 stream_writes_per_s=None, standin=False)
+    rows, skipped, _ = sr.run_method("stitched", args, sr.shapes(0.01), tmp_path, sr.lab.Budget(1000))
+    assert len(calls) == starts and calls[0] == 8 and rows == []
+    assert [s["concurrency"] for s in skipped] == [1, 8]
