@@ -163,25 +163,30 @@ def closed_loop(url: str, bodies: list[dict], concurrency: int, warmup_s: float,
     import threading
 
     t_start = time.monotonic() + 0.8  # up to 8 client processes start meanwhile
-    t0, t1, steps = t_start + warmup_s, t_start + warmup_s + window_s, []
-    watch = threading.Thread(target=lambda: steps.extend(_steps_at(url, t) for t in (t0, t1)), daemon=True)
+    t0, t1, at = t_start + warmup_s, t_start + warmup_s + window_s, []
+    watch = threading.Thread(target=lambda: at.extend(_engine_at(url, t) for t in (t0, t1)), daemon=True)
     watch.start()
     records, _, busiest = run_clients(url, bodies, concurrency, warmup_s + window_s, procs, t_start)
     watch.join(5)
-    ok = len(steps) == 2 and None not in steps
-    return {**summarize(records, t0, t1), "steps_per_s": (steps[1] - steps[0]) / window_s if ok else None,
+    ok = len(at) == 2 and None not in at
+    steps, busy = (at[1][0] - at[0][0], at[1][1] - at[0][1]) if ok else (None, None)
+    return {**summarize(records, t0, t1), "steps_per_s": steps / window_s if ok else None,
+            "busy_share": busy / window_s if ok and busy is not None else None,
+            "busy_ms_a_step": 1e3 * busy / steps if ok and busy is not None and steps else None,
             "client_cpu_max": busiest}
 
 
-def _steps_at(url: str, when: float) -> int | None:
-    """The server's engine steps so far (/health), read at ``when`` (time.monotonic())."""
+def _engine_at(url: str, when: float) -> tuple[int, float | None] | None:
+    """The server's engine steps so far and the seconds its thread spent on them (/health ``steps``, ``busy_s``),
+    read at ``when`` (time.monotonic())."""
     import httpx
 
     time.sleep(max(0.0, when - time.monotonic()))
     try:
-        return httpx.get(url + "/health", timeout=2).json().get("steps")
+        health = httpx.get(url + "/health", timeout=2).json()
     except (httpx.HTTPError, ValueError):
         return None
+    return (health["steps"], health.get("busy_s")) if "steps" in health else None
 
 
 def percentile(xs: list[float], q: float) -> float | None:

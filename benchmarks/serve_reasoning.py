@@ -399,10 +399,13 @@ def markdown(doc: dict) -> str:
             f"{doc['llm_share']:.2f}, runs of ~4, prompts of {doc['prompt_tokens']}); closed loop, "
             f"{a['warmup_s']} s warm-up then a {a['window_s']} s window per level; decisions on the {a['decisions']}; "
             + (f"join pacing: --join-wait {a['join_wait']} --join-group {a['join_group']}." if a.get("join_wait")
-               else "joins at once."),
+               else "joins at once.")
+            + " A server's ms a step is the window over its engine's steps; its busy part is the engine thread's "
+              "time stepping and handing events on (/health `busy_s`), the rest of the window (server idle) it "
+              "waited for requests: a round trip between a request's end and the next one's arrival.",
             "", "| concurrency | method | requests/s | tokens/s | engine alone tokens/s | server / engine | "
             "p50 (s) | p99 (s) | TTFT p50 (s) | stitched / LLM alone requests/s | completed in window (server / engine) | "
-            "ms a step (server / engine) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "ms a step (server / busy part / engine) | server idle |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["concurrency"], r["method"]): r for r in doc["rows"]}
     f = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in doc["rows"]:
@@ -412,11 +415,13 @@ def markdown(doc: dict) -> str:
         ratio = r["tokens_per_s"] / r["engine_alone_tokens_per_s"] if r["engine_alone_tokens_per_s"] else None
         d = doc["details"].get(f"{r['method']}@{r['concurrency']}", {})
         done = f"{d.get('server', {}).get('completed', '-')} / {d.get('engine_alone', {}).get('completed', '-')}"
-        ms = [1e3 / x if x else None for x in (d.get("server", {}).get("steps_per_s"),
-                                                d.get("engine_alone", {}).get("steps_per_s"))]
+        server = d.get("server", {})
+        ms = [1e3 / x if x else None for x in (server.get("steps_per_s"), d.get("engine_alone", {}).get("steps_per_s"))]
+        idle = None if server.get("busy_share") is None else f"{max(0.0, 1 - server['busy_share']):.0%}"
         head.append(f"| {r['concurrency']} | {r['method']} | {f(r['requests_per_s'])} | {f(r['tokens_per_s'], 0)} | "
                     f"{f(r['engine_alone_tokens_per_s'], 0)} | {f(ratio)} | {f(r['p50_s'])} | {f(r['p99_s'])} | "
-                    f"{f(r['ttft_p50_s'])} | {f(gain)}x | {done} | {f(ms[0])} / {f(ms[1])} |".replace("| -x |", "| - |"))
+                    f"{f(r['ttft_p50_s'])} | {f(gain)}x | {done} | {f(ms[0])} / {f(server.get('busy_ms_a_step'))} / "
+                    f"{f(ms[1])} | {idle or '-'} |".replace("| -x |", "| - |"))
     for s in doc["skipped"]:
         head.append(f"\nSkipped: {s['method']} at concurrency {s['concurrency']}: {s['reason']}")
     if doc.get("phases"):

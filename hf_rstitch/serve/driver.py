@@ -88,6 +88,7 @@ class EngineDriver:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.steps = 0
+        self.busy_s = 0.0  # seconds the thread spent stepping and handing events on (the rest: waiting for work)
         self.completed = 0
         self.failed_in_a_row = 0
         self.last_error: str | None = None
@@ -192,6 +193,7 @@ class EngineDriver:
             if not self.engine.has_work():
                 self._wake.wait(self._idle_wait_s)
                 continue
+            t0 = time.perf_counter()
             try:
                 events = self.engine.step()
             except Exception as err:  # noqa: BLE001 -- one bad step must not stop the server
@@ -207,6 +209,7 @@ class EngineDriver:
             self.failed_in_a_row = 0
             self.steps += 1
             self._dispatch(events)
+            self.busy_s += time.perf_counter() - t0
 
     def _failed(self, message: str) -> None:
         """Count a failed step, log a streak once, and pause before the next step."""

@@ -19,6 +19,9 @@ def chat_ids(tokenizer, content):
 def test_health_and_models(client):
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["in_flight"] == 0 and health["max_pending"] == 64
+    client.post("/v1/chat/completions", json=CHAT)
+    stepped = client.get("/health").json()
+    assert stepped["steps"] > health["steps"] and stepped["busy_s"] > health["busy_s"] >= 0
     models = client.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["rstitch"]
 
