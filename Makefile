@@ -21,7 +21,7 @@ GPU_WORKERS ?= 8
 GPU_TIMEOUT ?= 540
 GPU_RESULT ?= benchmarks/results/gpu_tests.txt
 
-.PHONY: install install-dev demo test test-slow test-kernels test-gpu
+.PHONY: install install-dev demo test test-slow test-kernels test-gpu check-assets
 
 install:
 	$(PIP) install -q $(TORCH)
@@ -48,6 +48,11 @@ test-slow: install-dev
 # end-to-end bf16 accuracy bounds of test_fast_gpu.py hold on CUDA, not here (docs/fast-engine.md, "Tests").
 test-kernels: install-dev
 	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q $(KERNEL_TESTS)
+
+# Whether each shipped Triton archive was made from this checkout's kernel code (exit 1 where one is stale: make
+# it again on its GPU, tools/triton_kernels_asset.py; docs/fast-engine.md, "Compiled kernels ship too").
+check-assets:
+	OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR) $(PYTHON) tools/triton_kernels_asset.py --check
 
 # The GPU tier, on a CUDA machine, in one go (no install: the machine may have no network); the result,
 # with the card, versions, date and commit, goes to $(GPU_RESULT) (the latest is kept in the repository).

@@ -20,6 +20,14 @@ The same cache holds markers (:func:`steps_marker`): a lane that built the kerne
 (:mod:`hf_rstitch.fast.lane_ahead`) notes it there for its machine, kernel code and signature, so that a later
 lane of the same signature skips that work; archives carry them like Triton's entries.
 
+Why an archive goes stale: Triton's entry names also hash each kernel's first line number, so an edit anywhere
+in a kernel's module above it (host code too) renames its entries, and the archive's markers name the kernel
+code as a whole (:func:`kernels_hash`). The index therefore records the kernel code it was made from
+(``kernel_sources``); :func:`freshness` compares it with this package's, ``tools/triton_kernels_asset.py --check``
+reports it (``make check-assets``), and :func:`seed` warns once where it differs: a fresh machine then builds
+kernels in its first call (60.7 s on an H200 against 3.6 s with a current archive,
+``benchmarks/results/engine_shapes_nvidia_h200_qwen2_policies.md``) until the archive is made again.
+
 What it does not do: touch a cache Triton does not keep in plain files (``TRITON_CACHE_MANAGER`` set: remote
 or custom caches), overwrite an entry, or seed off CUDA. ``HF_RSTITCH_SHIPPED_KERNELS=off`` turns it off.
 ``tools/triton_kernels_asset.py`` writes the archive on a GPU in one command.
@@ -81,21 +89,35 @@ def cache_dir() -> Path | None:
     return Path(path) if path else None
 
 
-def archive_for(machine: str, shipped: Path | None = None) -> tuple[Path, list[str]] | None:
-    """The archive under ``shipped`` (default :data:`SHIPPED_DIR`) made on ``machine`` (an :func:`identity`) and
-    the entries its index lists, or None: only an exact match counts."""
+def indices(shipped: Path | None = None) -> list[tuple[Path, dict]]:
+    """Every readable archive index under ``shipped`` (default :data:`SHIPPED_DIR`), with its path."""
     shipped = SHIPPED_DIR if shipped is None else shipped
-    if not shipped.is_dir():
-        return None
-    for index in sorted(shipped.glob("*.json")):
+    found = []
+    for index in sorted(shipped.glob("*.json")) if shipped.is_dir() else []:
         try:
             about = json.loads(index.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(about, dict) and about.get("format") == FORMAT and about.get("identity") == machine:
+        if isinstance(about, dict) and about.get("format") == FORMAT:
+            found.append((index, about))
+    return found
+
+
+def archive_for(machine: str, shipped: Path | None = None) -> tuple[Path, list[str], dict] | None:
+    """The archive under ``shipped`` (default :data:`SHIPPED_DIR`) made on ``machine`` (an :func:`identity`), the
+    entries its index lists and the index, or None: only an exact match counts."""
+    for index, about in indices(shipped):
+        if about.get("identity") == machine:
             archive = index.with_name(str(about.get("archive", "")))
-            return (archive, list(about.get("entries", []))) if archive.is_file() else None
+            return (archive, list(about.get("entries", [])), about) if archive.is_file() else None
     return None
+
+
+def freshness(about: dict) -> str:
+    """Whether an archive's index was made from this package's kernel code: ``"current"``, ``"stale"`` (its
+    entries and markers name other code: kernels are built again), or ``"unknown"`` (an index that does not say)."""
+    made_from = about.get("kernel_sources")
+    return "unknown" if not made_from else "current" if made_from == kernels_hash() else "stale"
 
 
 _SEEDED: dict[str, int] = {}  # machine -> entries seeded by this process (once each)
@@ -115,7 +137,13 @@ def seed(device: torch.device | str) -> int:
         target, found = cache_dir(), archive_for(machine)
         _SEEDED[machine] = 0
         if target is not None and found is not None:
-            archive, listed = found
+            archive, listed, about = found
+            if freshness(about) == "stale":
+                log.warning("hf_rstitch: the shipped Triton kernels for this GPU (%s) were made from other kernel "
+                            "code than this package's: a first call may build its kernels (up to a minute on an "
+                            "H200) unless Triton's cache holds them. Make them again on this GPU: python "
+                            "tools/triton_kernels_asset.py",
+                            archive.name)
             missing = not listed or not all((target / name).is_dir() for name in listed)
             _SEEDED[machine] = seed_from(archive, target) if missing else 0  # all there: the archive stays shut
     return _SEEDED[machine]
@@ -190,11 +218,16 @@ def _move_in(tar: tarfile.TarFile, name: str, members, scratch: Path, target: Pa
 STEPS = "hf_rstitch_steps_"  # entry name prefix of a marker (packed and seeded like Triton's entries)
 
 
+CACHES = ("triton_cache.py", "tuning_cache.py")  # this package's modules that hold no kernel code: the caches'
+
+
 @functools.lru_cache(maxsize=1)
-def _kernels_hash() -> str:
-    """The Triton kernels' source files (every module of this package): a change is a new marker."""
+def kernels_hash() -> str:
+    """The Triton kernels' code (every module of this package but the caches', :data:`CACHES`: the kernels and the
+    host code that picks their launches): a change is a new marker, and makes a shipped archive made before it
+    stale (:func:`freshness`)."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
+    for path in sorted(p for p in Path(__file__).parent.glob("*.py") if p.name not in CACHES):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
@@ -206,7 +239,7 @@ def steps_marker(device: torch.device | str, signature: str) -> Path | None:
     target = cache_dir()
     if target is None or torch.device(device).type != "cuda":
         return None
-    key = f"{identity(str(device))}|{_kernels_hash()}|{signature}"
+    key = f"{identity(str(device))}|{kernels_hash()}|{signature}"
     return target / f"{STEPS}{hashlib.sha256(key.encode()).hexdigest()[:32]}" / "steps.json"
 
 
@@ -251,7 +284,8 @@ def pack(source: Path, machine: str, stem: str, out_dir: Path | None = None, abo
             kernels += bool(groups)
             launchers += any(f.suffix == ".so" for f in files)
             names += [entry.name] if files else []
-    about = {"format": FORMAT, "identity": machine, "archive": archive.name, **(about or {}), "kernels": kernels,
+    about = {"format": FORMAT, "identity": machine, "archive": archive.name, "kernel_sources": kernels_hash(),
+             **(about or {}), "kernels": kernels,
              "shared_objects": launchers, "entries": names}
     (out_dir / f"{stem}.json").write_text(json.dumps(about, indent=1) + "\n")
     return {**about, "bytes": archive.stat().st_size}

@@ -46,7 +46,7 @@ def test_pack_keeps_what_triton_reads_back(shipped):
 
 def test_seeding_rewrites_the_group_index_to_the_new_cache(shipped, tmp_path):
     assets, _ = shipped
-    archive, listed = triton_cache.archive_for(MACHINE, assets)
+    archive, listed, _ = triton_cache.archive_for(MACHINE, assets)
     target = tmp_path / "fresh"
     assert triton_cache.seed_from(archive, target) == 2
     group = json.loads((target / "AAAA" / "__grp__gemv.json").read_text())["child_paths"]
@@ -176,3 +176,50 @@ def test_a_lanes_steps_signature_ignores_depth_only():
     assert signature(32, 1) != signature(64, 1)
     assert signature(32, 1) != signature(32, 1, capacity=1024)
     json.loads(signature(32, 1))
+
+
+def test_an_index_says_which_kernel_code_it_was_made_from(shipped, monkeypatch):
+    """Triton renames a kernel's entries when its module changes above it, and markers name the code whole: an
+    archive made before a change to the kernels' sources is stale, one whose index does not say is unknown."""
+    assets, about = shipped
+    assert about["kernel_sources"] == triton_cache.kernels_hash()
+    assert triton_cache.freshness(triton_cache.archive_for(MACHINE, assets)[2]) == "current"
+    assert triton_cache.freshness({**about, "kernel_sources": "0" * 64}) == "stale"
+    assert triton_cache.freshness({k: v for k, v in about.items() if k != "kernel_sources"}) == "unknown"
+
+
+def test_the_kernels_hash_follows_every_kernel_module(tmp_path, monkeypatch):
+    from hf_rstitch.fast.kernels import gemv
+
+    copy = tmp_path / "kernels"
+    copy.mkdir()
+    for path in Path(gemv.__file__).parent.glob("*.py"):
+        (copy / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(triton_cache, "__file__", str(copy / "triton_cache.py"))
+    triton_cache.kernels_hash.cache_clear()
+    try:
+        same = triton_cache.kernels_hash()
+        (copy / "gemv.py").write_text((copy / "gemv.py").read_text() + "\n")  # a blank line shifts nothing, still new
+        triton_cache.kernels_hash.cache_clear()
+        assert triton_cache.kernels_hash() != same
+    finally:
+        monkeypatch.undo()
+        triton_cache.kernels_hash.cache_clear()
+    assert triton_cache.kernels_hash() == same  # the package's own, as before
+
+
+def test_a_stale_archive_is_seeded_with_one_warning(shipped, tmp_path, monkeypatch):
+    assets, about = shipped
+    (assets / "h100.json").write_text(json.dumps({**about, "kernel_sources": "0" * 64}))
+    seen = []
+    monkeypatch.setattr(triton_cache.log, "warning", lambda fmt, *args: seen.append(fmt % args))
+    assert _seed_on(monkeypatch, assets, tmp_path / "fresh") == 2  # entries of unchanged kernels still serve
+    assert triton_cache.seed("cuda:0") == 2
+    assert len(seen) == 1 and "h100.tar.gz" in seen[0] and "tools/triton_kernels_asset.py" in seen[0]
+
+
+def test_the_shipped_indices_name_their_kernel_code():
+    """Every archive the package ships records the kernel code it was made from (``--check`` compares it)."""
+    found = triton_cache.indices()
+    assert found, "no shipped Triton archive"
+    assert all(len(about.get("kernel_sources", "")) == 64 for _, about in found), [p.name for p, _ in found]
