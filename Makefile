@@ -49,10 +49,10 @@ test-slow: install-dev
 test-kernels: install-dev
 	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q $(KERNEL_TESTS)
 
-# Whether each shipped Triton archive was made from this checkout's kernel code (exit 1 where one is stale: make
-# it again on its GPU, tools/triton_kernels_asset.py; docs/fast-engine.md, "Compiled kernels ship too").
+# Whether each shipped GPU asset (GEMV tuning table, Triton kernels) was made from this checkout's kernel code
+# (exit 1 where one is stale: make it again on its GPU; docs/fast-engine.md, "Compiled kernels ship too").
 check-assets:
-	OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR) $(PYTHON) tools/triton_kernels_asset.py --check
+	OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR) $(PYTHON) tools/check_assets.py
 
 # The GPU tier, on a CUDA machine, in one go (no install: the machine may have no network); the result,
 # with the card, versions, date and commit, goes to $(GPU_RESULT) (the latest is kept in the repository).

@@ -2,7 +2,6 @@
 
     PYTHONPATH=$PWD python tools/triton_kernels_asset.py            # writes the shipped archive
     PYTHONPATH=$PWD python tools/triton_kernels_asset.py --out-dir $OUT --pairs qwen2-7b/qwen2-1.5b
-    PYTHONPATH=$PWD python tools/triton_kernels_asset.py --check   # any machine: is each shipped archive current?
 
 The question: which compiled kernels a fresh machine of this kind (same GPU, torch and Triton) can load instead of
 building -- Triton's own cache entries, shipped in the package (:mod:`hf_rstitch.fast.kernels.triton_cache`).
@@ -14,8 +13,7 @@ variants at batch 1), every graph captured; then packs the cache it filled.
 
 Writes ``hf_rstitch/assets/triton_kernels/<gpu>.{tar.gz,json}`` (``--asset-dir``; replaced whole) and a copy
 under ``--out-dir``; prints one compact JSON last (entries, bytes, seconds). The index records the kernel code
-it was made from; ``--check`` compares every shipped index with this checkout's kernels and exits 1 where one is
-stale (a kernel module changed since: make it again on that GPU, or a fresh machine's first call builds kernels).
+it was made from; ``tools/check_assets.py`` (``make check-assets``) says where it is stale.
 """
 
 from __future__ import annotations
@@ -72,11 +70,7 @@ def main() -> None:
     ap.add_argument("--out-dir", default=str(lab.RESULTS))
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU, a fake cache packed: checks "
                                                                 "the script, builds nothing")
-    ap.add_argument("--check", action="store_true", help="build nothing: say whether each shipped archive was "
-                    "made from this checkout's kernel code (exit 1 where one is stale)")
     args = ap.parse_args()
-    if args.check:
-        raise SystemExit(check(Path(args.asset_dir) if args.asset_dir else None))
     scratch = Path(tempfile.mkdtemp(prefix="triton_kernels_"))
     os.environ.update(TRITON_CACHE_DIR=str(scratch / "triton"),  # empty: every kernel is built and lands here
                       TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"),
@@ -116,25 +110,6 @@ def main() -> None:
     print(json.dumps({"device": name, "identity": machine, "cache_entries": built, "kernels": about["kernels"],
                       "shared_objects": about["shared_objects"], "bytes": about["bytes"],
                       "archive": str(asset_dir / about["archive"]), "seconds": seconds}))
-
-
-def check(asset_dir: Path | None) -> int:
-    """Print each shipped archive's freshness (:func:`triton_cache.freshness`); 1 where one is stale or unknown."""
-    from hf_rstitch.fast.kernels import triton_cache
-
-    found = triton_cache.indices(asset_dir)
-    worst = 0 if found else 1
-    for index, about in found:
-        state = triton_cache.freshness(about)
-        worst = max(worst, state != "current")
-        made = about.get("kernel_sources") or "-"
-        print(f"{index.name}: {state} (made from kernel code {made[:12]}, this checkout's "
-              f"{triton_cache.kernels_hash()[:12]}; {about.get('identity')})")
-        if state != "current":
-            print(f"  make it again on that GPU: PYTHONPATH=$PWD python tools/triton_kernels_asset.py")
-    if not found:
-        print(f"no shipped Triton archive under {asset_dir or triton_cache.SHIPPED_DIR}")
-    return worst
 
 
 def ship(cache: Path, machine: str, stem: str, asset_dir: Path, made: dict, out_dir: Path) -> dict:

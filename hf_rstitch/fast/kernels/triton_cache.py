@@ -23,8 +23,8 @@ lane of the same signature skips that work; archives carry them like Triton's en
 Why an archive goes stale: Triton's entry names also hash each kernel's first line number, so an edit anywhere
 in a kernel's module above it (host code too) renames its entries, and the archive's markers name the kernel
 code as a whole (:func:`kernels_hash`). The index therefore records the kernel code it was made from
-(``kernel_sources``); :func:`freshness` compares it with this package's, ``tools/triton_kernels_asset.py --check``
-reports it (``make check-assets``), and :func:`seed` warns once where it differs: a fresh machine then builds
+(``kernel_sources``); :func:`freshness` compares it with this package's, ``tools/check_assets.py`` reports it
+(``make check-assets``), and :func:`seed` warns once where it differs: a fresh machine then builds
 kernels in its first call (60.7 s on an H200 against 3.6 s with a current archive,
 ``benchmarks/results/engine_shapes_nvidia_h200_qwen2_policies.md``) until the archive is made again.
 

@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -74,6 +75,15 @@ def _code_hash() -> str:
     for module in (gemv, gated, triton_support):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:16]
+
+
+def freshness(table: Path) -> str:
+    """Whether a shipped table's keys name this package's kernel code (:func:`_code_hash`): ``"current"``,
+    ``"stale"`` (a kernel or search space changed since: its shapes are timed again on a fresh machine), or
+    ``"unknown"`` (no entry names a code)."""
+    codes = {m.group(1) for key in json.loads(table.read_text()).get("entries", {})
+             for m in [re.search(r"\|code ([0-9a-f]+)", key)] if m}
+    return "unknown" if not codes else "current" if codes == {_code_hash()} else "stale"
 
 
 def hardware(device: str) -> str:

@@ -182,3 +182,46 @@ def test_rekey_moves_a_table_to_this_code_and_notes_the_old(tmp_path):
     code = tuning_cache._code_hash()
     assert out["code"] == code and data["timed_on_code"] == ["0123abcd"]
     assert data["entries"] == {key.replace("0123abcd", code): value}
+
+
+def test_a_shipped_table_is_current_only_for_this_kernel_code(tmp_path):
+    """tuning_cache.freshness, as tools/check_assets.py reads it: every key names this code -> current; any other
+    code -> stale (a fresh machine would time those shapes again); no code at all -> unknown."""
+    value = {"type": "GemvConfig", "block_n": 2, "block_k": 512, "num_warps": 4, "num_stages": 2, "block_m": 1,
+             "split_k": 1}
+
+    def table(*codes):
+        keys = [f'[[8, {i}], "torch.bfloat16", false, "GPU|sm90|triton 3|code {c}", 1]' for i, c in enumerate(codes)]
+        path = tmp_path / f"t{len(codes)}{'_'.join(codes)}.json"
+        path.write_text(json.dumps({"format": tuning_cache.FORMAT, "entries": {k: value for k in keys}}))
+        return path
+
+    code = tuning_cache._code_hash()
+    assert tuning_cache.freshness(table(code, code)) == "current"
+    assert tuning_cache.freshness(table(code, "0123abcd")) == "stale"
+    assert tuning_cache.freshness(table()) == "unknown"
+
+
+def test_check_assets_names_each_shipped_asset_and_what_remakes_it(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    from hf_rstitch.fast.kernels import triton_cache
+
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("check_assets", root / "tools" / "check_assets.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tuning, kernels = tmp_path / "tuning", tmp_path / "kernels"
+    tuning.mkdir()
+    kernels.mkdir()
+    key = f'[[8, 4], "torch.bfloat16", false, "GPU|code {tuning_cache._code_hash()}", 1]'
+    (tuning / "gpu.json").write_text(json.dumps({"format": tuning_cache.FORMAT, "entries": {key: None}}))
+    (kernels / "gpu.json").write_text(json.dumps({"format": triton_cache.FORMAT, "identity": "GPU",
+                                                  "kernel_sources": "0" * 64}))
+    assert tool.states(tuning, kernels) == [("gemv_tuning/gpu.json", "current", "tools/gemv_tuning_table.py"),
+                                            ("triton_kernels/gpu.json", "stale", "tools/triton_kernels_asset.py")]
+    shipped = tool.states()  # the package's own: every asset named, whatever its state
+    assert {a.split("/")[0] for a, _, _ in shipped} == {"gemv_tuning", "triton_kernels"}
+    assert tool.main([]) == int(any(state != "current" for _, state, _ in shipped))
+    assert "triton_kernels/nvidia_h200.json" in capsys.readouterr().out
