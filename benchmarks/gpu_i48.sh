@@ -6,7 +6,8 @@
 # uvicorn==0.54.0 httptools==0.9.0 pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0
 # typing-inspection==0.4.2 typing-extensions==4.16.0 annotated-doc==0.0.7 opentelemetry-api==1.45.2 h11==0.16.0
 # click==8.5.1 anyio==4.16.0 pytest==9.0.3 pluggy==1.6.0 iniconfig==2.3.0 pytest-xdist==3.8.0 execnet==2.1.2
-# hypothesis==6.155.2 sortedcontainers attrs packaging==26.4 (the versions tested here).
+# hypothesis==6.155.2 sortedcontainers attrs packaging==26.4 py-spy==0.4.3 (the versions tested here; py-spy for
+# serve_reasoning.py --spy, its binary in /tmp/site/bin).
 #
 #   bash benchmarks/gpu_i48.sh serve [ARGS...]      # serve_reasoning.py (rstitch serve's default engine) + ARGS
 #   bash benchmarks/gpu_i48.sh tests [PYTEST...]    # the GPU tier (make test-gpu), or pytest over PYTEST
@@ -33,6 +34,7 @@ t0=$SECONDS
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl \
   || { echo "FAILED: the wheels in .wheels did not install (carry .wheels)"; exit 1; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD:$PWD/benchmarks:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="/tmp/site/bin:$PATH"  # py-spy
 python3 -c 'import torch, transformers, fastapi; print("torch", torch.__version__, "transformers", transformers.__version__,
 "fastapi", fastapi.__version__, torch.cuda.get_device_name(0))'
 

@@ -309,6 +309,26 @@ def start_server(cfg: dict, out: Path, timeout_s: float) -> tuple[subprocess.Pop
         return None, f"{why}: " + " | ".join(tail), slow
 
 
+def spy_on(pid: int, args, out: Path) -> subprocess.Popen | None:
+    """``--spy``: py-spy over the server's processes for the level's window (closed_loop starts its clients 0.8 s
+    from now, then warms up), only samples taken while a thread holds the GIL (spy.py)."""
+    if not getattr(args, "spy", False):
+        return None
+    import spy
+
+    return spy.start(pid, 0.8 + args.warmup_s, args.window_s, out)
+
+
+def spied(recording: subprocess.Popen, out: Path) -> dict:
+    import spy
+
+    try:
+        recording.wait(30)
+    except subprocess.TimeoutExpired:
+        recording.kill()
+    return spy.summary(out)
+
+
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -367,9 +387,12 @@ def run_method(method: str, args, shape: dict, work: Path, budget) -> tuple[list
                                 "reason": f"time budget: {budget.left():.0f} s left of --budget-s {args.budget_s}"})
                 continue
             t_level = time.monotonic()
+            recording = spy_on(proc.pid, args, work / f"spy_{method}_c{c}.txt")
             s = sc.closed_loop(url, bodies, c, args.warmup_s, args.window_s, args.client_procs)
             e = alone["levels"][str(c)]
             details[f"{method}@{c}"] = {"server": s, "engine_alone": e, "max_batch": max_batch}
+            if recording is not None:
+                details[f"{method}@{c}"]["spy"] = spied(recording, work / f"spy_{method}_c{c}.txt")
             if s["errors"] or e["errors"]:  # requests the server or engine failed: said, and no row if none completed
                 skipped.append({"concurrency": c, "method": method, "reason": (
                     f"{s['errors']} requests failed through the server (statuses {s['statuses']}), {e['errors']} in "
@@ -424,6 +447,14 @@ def markdown(doc: dict) -> str:
                     f"{f(ms[1])} | {idle or '-'} |".replace("| -x |", "| - |"))
     for s in doc["skipped"]:
         head.append(f"\nSkipped: {s['method']} at concurrency {s['concurrency']}: {s['reason']}")
+    spied = [(k, d["spy"]) for k, d in doc["details"].items() if isinstance(d, dict) and d.get("spy")]
+    if spied:
+        import spy
+
+        head += ["", "Who held the GIL in the server's processes during each window (py-spy --gil, "
+                 f"{spy.RATE} samples a second while a thread holds it; the spawned child is the split layout's "
+                 "engine process, its rstitch-engine thread the one that steps the engine):", ""]
+        head += [f"- {k}: " + "; ".join(spy.lines(s)) for k, s in spied]
     if doc.get("phases"):
         from serve_alone import table
 
@@ -533,6 +564,9 @@ def main(argv=None) -> int:
                          "1.15x the first's actual start for the next (default: 200 on CUDA, where a 7B pair loads, "
                          "captures its graphs and measures the engine alone first; 60 on CPU)")
     ap.add_argument("--max-batch", type=int, default=None, help="server rows (default: the largest level)")
+    ap.add_argument("--spy", action="store_true",
+                    help="record each server level's window with py-spy (pip install py-spy): which threads of the "
+                         "server's processes hold the GIL, and in what (spy.py; a table in the report)")
     ap.add_argument("--client-procs", type=int, default=0, help="client processes (0: one per 16 clients, <= 8)")
     ap.add_argument("--engine", default="auto", choices=["auto", "fast", "default"],
                     help="the server's --engine (default: rstitch serve's, auto: AUTO's FastConfig on a proven pair)")
@@ -590,6 +624,12 @@ def main(argv=None) -> int:
         args.max_batch = args.max_batch or (2 if args.replicas else None)
     if args.standin:
         args.device, args.dtype, args.engine = "cpu", "float32", "standin"
+    if args.spy:
+        import spy
+
+        if not spy.available():
+            sys.exit("--spy needs py-spy on the PATH: pip install py-spy (benchmarks/gpu_i48.sh installs it from "
+                     ".wheels)")
     if args.startup_s is None:
         args.startup_s = 200.0 if args.device.startswith("cuda") else 60.0
     if args.frontend_procs is None:  # rstitch serve's default layout (ServeConfig.__post_init__)

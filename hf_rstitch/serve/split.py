@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pickle
 import threading
 import time
 from collections import deque
@@ -43,6 +44,15 @@ def figures(driver: EngineDriver) -> dict[str, Any]:
 
 
 _ROLES = (None, Role.SLM, Role.LLM)  # a token's writer as it crosses the socket: its index here
+
+
+def post(conn: Connection, message: Any) -> None:
+    """Send ``message`` as ``conn.send`` does (``conn.recv`` reads it), through plain pickle. ``Connection.send``
+    pickles with multiprocessing's ForkingPickler, which copies its table of reducers on every message (78 of them
+    once torch is imported, its tensors' shared-memory ones among them). That copy was two thirds of the link
+    writer's hold on the engine process's GIL, a message a step (py-spy on the CPU, the shipped pair, 1 client). A
+    tensor, should a message ever carry one, then travels by value, not as a handle to shared memory."""
+    conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
 
 
 def _item(event: Any) -> tuple:
@@ -164,7 +174,7 @@ class _Link:
             while self.outbox:
                 items.append(self.outbox.popleft())
             try:
-                self.conn.send((items, figures(self.driver)))
+                post(self.conn, (items, figures(self.driver)))
             except (OSError, ValueError):
                 break
         self.conn.close()
@@ -252,7 +262,7 @@ class EngineClient:
     def _send(self, message: tuple) -> bool:
         try:
             with self._send_lock:
-                self._conn.send(message)
+                post(self._conn, message)
             return True
         except (OSError, ValueError, AttributeError):  # closed, or never opened
             return False

@@ -123,3 +123,27 @@ def test_a_server_that_starts_slowly_is_not_retried_with_fewer_rows(monkeypatch,
     rows, skipped, _ = sr.run_method("stitched", args, sr.shapes(0.01), tmp_path, sr.lab.Budget(1000))
     assert len(calls) == starts and calls[0] == 8 and rows == []
     assert [s["concurrency"] for s in skipped] == [1, 8]
+
+
+def test_spy_reads_each_processs_threads_share_of_the_gil(tmp_path):
+    """benchmarks/spy.py on py-spy's raw output (--subprocesses --threads): leading process frames name the
+    process (the spawned engine process apart from the server), the next frame the thread; shares are of the
+    samples taken while that process held the GIL."""
+    import spy
+
+    server = 'process 10:"python serve_reasoning.py --serve-worker {}"'
+    child = 'process 11:"python -B -c from multiprocessing.spawn import spawn_main"'
+    raw = tmp_path / "spy.txt"
+    raw.write_text("\n".join([
+        f"{server};{child};thread (1): rstitch-engine;Thread.run (threading.py:1);step (requests.py:9) 90",
+        f"{server};{child};thread (2): rstitch-link-write;_write (split.py:1);post (split.py:2) 6",
+        f"{server};{child};thread (2): rstitch-link-write;_write (split.py:1);figures (split.py:3) 4",
+        f"{server};thread (3): MainThread;run (uvicorn.py:1) 5",
+        "a line that is not a stack",
+    ]) + "\n")
+    s = spy.summary(raw)
+    assert s["spawned child"]["samples"] == 100 and s["server"]["samples"] == 5
+    writer = s["spawned child"]["threads"]["rstitch-link-write"]
+    assert writer["share"] == pytest.approx(0.10) and writer["top"] == [["post", 0.6], ["figures", 0.4]]
+    assert spy.lines(s)[0] == "spawned child (100 samples): rstitch-engine 90%, rstitch-link-write 10%"
+    assert "no recording" in spy.summary(tmp_path / "missing.txt")
