@@ -23,7 +23,9 @@ t0=$SECONDS
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__,
 "gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else None)'
 timeout -k 10 "${TUNE_S:-240}" python3 tools/gemv_tuning_table.py --table-dir "$OUT/gemv_tuning" --out-dir "$OUT" \
-  $EXTRA 2>&1 | grep '^{'  # a line a model (written after each: a cut-short run keeps the models done)
+  $EXTRA 2>&1 | grep '^{' | tee "$OUT/tuning.log"  # a line a model (written after each: a cut-short run keeps them)
+grep -q '"device"' "$OUT/tuning.log" || echo "WARNING: tuning cut short at ${TUNE_S:-240} s: the table lacks the" \
+  "models after the last line above (a fresh machine times their shapes); raise TUNE_S or pass --models"
 echo "tuning done at $((SECONDS - t0)) s"
 for table in "$OUT"/gemv_tuning/*.json; do  # the package reads the new table from here on (not a dry run's)
   [ -f "$table" ] && [ -z "$EXTRA" ] && cp "$table" hf_rstitch/assets/gemv_tuning/

@@ -50,7 +50,7 @@ def summary(path: Path, top: int = 4) -> dict:
         threads = [f for f in frames if f.startswith("thread (")]
         if not procs or not threads:
             continue
-        proc = _process_name(procs[-1])
+        proc = _process_name(procs)
         thread = threads[0].split(": ", 1)[-1]
         counts[proc][thread] += int(n)
         leaves[(proc, thread)][frames[-1].split(" (")[0]] += int(n)
@@ -63,10 +63,16 @@ def summary(path: Path, top: int = 4) -> dict:
     return out
 
 
-def _process_name(frame: str) -> str:
-    """``process 123:"python -B -c from multiprocessing.spawn ..."`` -> a short stable name."""
-    cmd = frame.split(":", 1)[-1].strip('"')
-    return "spawned child" if "multiprocessing.spawn" in cmd else "server"
+def _process_name(procs: list[str]) -> str:
+    """A sample's process frames (``process 123:"command"``, the recorded process first, then each child down to
+    the one sampled) -> a short stable name: "server" (the process recorded), "spawned child" (a child made by
+    multiprocessing's spawn: the split layout's engine process), else the child's command's first 40 characters."""
+    if len(procs) == 1:
+        return "server"
+    cmd = procs[-1].split(":", 1)[-1].strip('"')
+    if "multiprocessing.spawn" in cmd and len(procs) == 2:
+        return "spawned child"
+    return f"child: {cmd[:40]}"
 
 
 def lines(spy: dict) -> list[str]:

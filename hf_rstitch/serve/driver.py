@@ -88,7 +88,8 @@ class EngineDriver:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.steps = 0
-        self.busy_s = 0.0  # seconds the thread spent stepping and handing events on (the rest: waiting for work)
+        self.busy_s = 0.0  # seconds the thread spent in steps, failed ones too, and handing their events on (the
+        # rest: waiting for work, or backing off after a failed step)
         self.completed = 0
         self.failed_in_a_row = 0
         self.last_error: str | None = None
@@ -197,6 +198,7 @@ class EngineDriver:
             try:
                 events = self.engine.step()
             except Exception as err:  # noqa: BLE001 -- one bad step must not stop the server
+                self.busy_s += time.perf_counter() - t0  # a failed step was work too (its back-off is not)
                 ended = getattr(err, "events", None)  # the engine's StepFailed: it ended that batch's requests
                 self._failed(str(err) if ended is not None else f"{type(err).__name__}: {err}")
                 if ended is not None:

@@ -49,9 +49,9 @@ _ROLES = (None, Role.SLM, Role.LLM)  # a token's writer as it crosses the socket
 def post(conn: Connection, message: Any) -> None:
     """Send ``message`` as ``conn.send`` does (``conn.recv`` reads it), through plain pickle. ``Connection.send``
     pickles with multiprocessing's ForkingPickler, which copies its table of reducers on every message (78 of them
-    once torch is imported, its tensors' shared-memory ones among them). That copy was two thirds of the link
-    writer's hold on the engine process's GIL, a message a step (py-spy on the CPU, the shipped pair, 1 client). A
-    tensor, should a message ever carry one, then travels by value, not as a handle to shared memory."""
+    once torch is imported, its tensors' shared-memory ones among them): 43 % of the link writer's GIL samples in
+    the engine process, a message a step (py-spy on the CPU, the shipped pair, 1 client). A tensor, should a
+    message ever carry one, then travels by value, not as a handle to shared memory."""
     conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
 
 

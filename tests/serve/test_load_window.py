@@ -139,6 +139,8 @@ def test_spy_reads_each_processs_threads_share_of_the_gil(tmp_path):
         f"{server};{child};thread (2): rstitch-link-write;_write (split.py:1);post (split.py:2) 6",
         f"{server};{child};thread (2): rstitch-link-write;_write (split.py:1);figures (split.py:3) 4",
         f"{server};thread (3): MainThread;run (uvicorn.py:1) 5",
+        f'{server};process 12:"python -c from multiprocessing.resource_tracker import main";thread (4): MainThread;'
+        "main (resource_tracker.py:1) 2",
         "a line that is not a stack",
     ]) + "\n")
     s = spy.summary(raw)
@@ -146,4 +148,5 @@ def test_spy_reads_each_processs_threads_share_of_the_gil(tmp_path):
     writer = s["spawned child"]["threads"]["rstitch-link-write"]
     assert writer["share"] == pytest.approx(0.10) and writer["top"] == [["post", 0.6], ["figures", 0.4]]
     assert spy.lines(s)[0] == "spawned child (100 samples): rstitch-engine 90%, rstitch-link-write 10%"
+    assert s["child: python -c from multiprocessing.resource_"]["samples"] == 2  # not merged into the server's
     assert "no recording" in spy.summary(tmp_path / "missing.txt")

@@ -24,9 +24,10 @@ Why an archive goes stale: Triton's entry names also hash each kernel's first li
 in a kernel's module above it (host code too) renames its entries, and the archive's markers name the kernel
 code as a whole (:func:`kernels_hash`). The index therefore records the kernel code it was made from
 (``kernel_sources``); :func:`freshness` compares it with this package's, ``tools/check_assets.py`` reports it
-(``make check-assets``), and :func:`seed` warns once where it differs: a fresh machine then builds
-kernels in its first call (60.7 s on an H200 against 3.6 s with a current archive,
-``benchmarks/results/engine_shapes_nvidia_h200_qwen2_policies.md``) until the archive is made again.
+and the GEMV tuning tables' state (``make check-assets``), and :func:`seed` warns once where it differs: a fresh
+machine then builds kernels in its first call until the archive is made again. On an H200 the first call took
+60.7 s with both this archive and the tuning table stale, against 3.6 s with both current
+(``benchmarks/results/engine_shapes_nvidia_h200_qwen2_policies.md``).
 
 What it does not do: touch a cache Triton does not keep in plain files (``TRITON_CACHE_MANAGER`` set: remote
 or custom caches), overwrite an entry, or seed off CUDA. ``HF_RSTITCH_SHIPPED_KERNELS=off`` turns it off.
@@ -141,9 +142,9 @@ def seed(device: torch.device | str) -> int:
             if freshness(about) == "stale":
                 log.warning("hf_rstitch: the shipped Triton kernels for this GPU (%s) were made from other kernel "
                             "code than this package's: a first call may build its kernels (up to a minute on an "
-                            "H200) unless Triton's cache holds them. Make them again on this GPU: python "
-                            "tools/triton_kernels_asset.py",
-                            archive.name)
+                            "H200) unless Triton's cache holds them. In a checkout of the repository, "
+                            "`make check-assets` lists the stale assets and `bash benchmarks/gpu_assets.sh` makes "
+                            "them again on this GPU.", archive.name)
             missing = not listed or not all((target / name).is_dir() for name in listed)
             _SEEDED[machine] = seed_from(archive, target) if missing else 0  # all there: the archive stays shut
     return _SEEDED[machine]

@@ -80,9 +80,12 @@ def _code_hash() -> str:
 def freshness(table: Path) -> str:
     """Whether a shipped table's keys name this package's kernel code (:func:`_code_hash`): ``"current"``,
     ``"stale"`` (a kernel or search space changed since: its shapes are timed again on a fresh machine), or
-    ``"unknown"`` (no entry names a code)."""
-    codes = {m.group(1) for key in json.loads(table.read_text()).get("entries", {})
-             for m in [re.search(r"\|code ([0-9a-f]+)", key)] if m}
+    ``"unknown"`` (no entry names a code, or the file cannot be read as a table)."""
+    try:
+        entries = json.loads(table.read_text()).get("entries", {})
+    except (OSError, ValueError, AttributeError):
+        return "unknown"
+    codes = {m.group(1) for key in entries for m in [re.search(r"\|code ([0-9a-f]+)", key)] if m}
     return "unknown" if not codes else "current" if codes == {_code_hash()} else "stale"
 
 

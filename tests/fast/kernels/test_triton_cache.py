@@ -215,11 +215,12 @@ def test_a_stale_archive_is_seeded_with_one_warning(shipped, tmp_path, monkeypat
     monkeypatch.setattr(triton_cache.log, "warning", lambda fmt, *args: seen.append(fmt % args))
     assert _seed_on(monkeypatch, assets, tmp_path / "fresh") == 2  # entries of unchanged kernels still serve
     assert triton_cache.seed("cuda:0") == 2
-    assert len(seen) == 1 and "h100.tar.gz" in seen[0] and "tools/triton_kernels_asset.py" in seen[0]
+    assert len(seen) == 1 and "h100.tar.gz" in seen[0] and "gpu_assets.sh" in seen[0]
 
 
 def test_the_shipped_indices_name_their_kernel_code():
-    """Every archive the package ships records the kernel code it was made from (``--check`` compares it)."""
+    """Every archive the package ships records the kernel code it was made from (tools/check_assets.py compares
+    it)."""
     found = triton_cache.indices()
     assert found, "no shipped Triton archive"
     assert all(len(about.get("kernel_sources", "")) == 64 for _, about in found), [p.name for p, _ in found]

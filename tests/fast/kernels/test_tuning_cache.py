@@ -200,6 +200,8 @@ def test_a_shipped_table_is_current_only_for_this_kernel_code(tmp_path):
     assert tuning_cache.freshness(table(code, code)) == "current"
     assert tuning_cache.freshness(table(code, "0123abcd")) == "stale"
     assert tuning_cache.freshness(table()) == "unknown"
+    (tmp_path / "bad.json").write_text("[1, 2")
+    assert tuning_cache.freshness(tmp_path / "bad.json") == "unknown"
 
 
 def test_check_assets_names_each_shipped_asset_and_what_remakes_it(tmp_path, capsys):
