@@ -218,12 +218,14 @@ def _closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: float,
     for k in range(concurrency):
         submit(k)
     probe, probing = (t0 + warmup_s / 2, t0 + warmup_s), None  # phases: the warm-up's second half, off the window
-    steps = 0  # in the window
+    steps, llm_at = 0, None  # in the window; the engine's LLM calls when it began
     while time.monotonic() < end:
         probing = _probe(engine, probing, probe)
         if on_step is not None:
             on_step(time.monotonic() - t0)
         steps += time.monotonic() >= t0 + warmup_s
+        if steps == 1 and llm_at is None:
+            llm_at = _llm_calls(engine)
         try:
             events = engine.step()
         except Exception as err:  # noqa: BLE001 -- StepFailed: that batch's requests end with errors, the loop goes on
@@ -241,6 +243,7 @@ def _closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: float,
                            error=None if ev.finish_reason == "length" else ev.error or ev.finish_reason)
                 records.append(started.pop(ev.request_id))
                 submit(slot_of.pop(ev.request_id))
+    llm = None if llm_at is None else _llm_calls(engine) - llm_at  # the window's, before the drain
     for rid in list(started):
         engine.cancel(rid)
     while engine.has_work():
@@ -255,7 +258,13 @@ def _closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: float,
         phases = None
         print(f"phase profile failed: {type(err).__name__}: {err}", flush=True)
     return {**sc.summarize(records + list(started.values()), t0 + warmup_s, end), "phases": phases,
-            "steps_per_s": steps / window_s}
+            "steps_per_s": steps / window_s, "llm_calls_a_step": llm / steps if llm is not None and steps else None}
+
+
+def _llm_calls(engine) -> int | None:
+    """The engine's steps the LLM ran in so far (``stats``), as /health reports them; None without a count."""
+    stats = getattr(engine, "stats", None)
+    return stats.get("llm_calls") if isinstance(stats, dict) else None
 
 
 def _probe(engine, probing, span: tuple[float, float]):

@@ -169,16 +169,17 @@ def closed_loop(url: str, bodies: list[dict], concurrency: int, warmup_s: float,
     records, _, busiest = run_clients(url, bodies, concurrency, warmup_s + window_s, procs, t_start)
     watch.join(5)
     ok = len(at) == 2 and None not in at
-    steps, busy = (at[1][0] - at[0][0], at[1][1] - at[0][1]) if ok else (None, None)
+    steps, busy, llm = ([b - a if None not in (a, b) else None for a, b in zip(*at)] if ok else (None, None, None))
     return {**summarize(records, t0, t1), "steps_per_s": steps / window_s if ok else None,
-            "busy_share": busy / window_s if ok and busy is not None else None,
-            "busy_ms_a_step": 1e3 * busy / steps if ok and busy is not None and steps else None,
+            "busy_share": busy / window_s if busy is not None else None,
+            "busy_ms_a_step": 1e3 * busy / steps if busy is not None and steps else None,
+            "llm_calls_a_step": llm / steps if llm is not None and steps else None,
             "client_cpu_max": busiest}
 
 
-def _engine_at(url: str, when: float) -> tuple[int, float | None] | None:
-    """The server's engine steps so far and the seconds its thread spent on them (/health ``steps``, ``busy_s``),
-    read at ``when`` (time.monotonic())."""
+def _engine_at(url: str, when: float) -> tuple[int, float | None, int | None] | None:
+    """The server's engine steps so far, the seconds its thread spent on them and the steps the LLM ran in
+    (/health ``steps``, ``busy_s``, ``llm_calls``), read at ``when`` (time.monotonic())."""
     import httpx
 
     time.sleep(max(0.0, when - time.monotonic()))
@@ -186,7 +187,7 @@ def _engine_at(url: str, when: float) -> tuple[int, float | None] | None:
         health = httpx.get(url + "/health", timeout=2).json()
     except (httpx.HTTPError, ValueError):
         return None
-    return (health["steps"], health.get("busy_s")) if "steps" in health else None
+    return (health["steps"], health.get("busy_s"), health.get("llm_calls")) if "steps" in health else None
 
 
 def percentile(xs: list[float], q: float) -> float | None:

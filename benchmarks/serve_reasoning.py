@@ -93,8 +93,18 @@ def prompts(n: int, length: int, vocab: int = PROMPT_VOCAB, seed: int = 1) -> li
 
 
 # ---- the server process ------------------------------------------------------------------------
-def replay_policy(slots: int, llm_share: float, device, width: int = 4096):
-    """One seeded route per row slot (LLM share, runs of ~4), replayed cyclically, decisions on ``device``."""
+ROUTE_STEPS = 256  # a replayed route's length before it repeats (see replay_policy)
+
+
+def replay_policy(slots: int, llm_share: float, device, width: int = ROUTE_STEPS):
+    """One seeded route per row slot (LLM share, runs of ~4), replayed cyclically, decisions on ``device``.
+
+    The routes follow the engine's step count, so with few rows a measurement window reads the stretch of route
+    its steps fall on. Routes of 256 steps repeat often enough that any window of 1,100 steps or more reads MATH's
+    LLM share within 0.7 points (0.304-0.316 for 0.309). Routes of 4,096 steps read 0.285-0.338: at 1 client a
+    difference of 3 points between two windows is ~0.12 ms of a 2.6 ms stitched step on an H200 (an LLM call ~4 ms),
+    as large as the server's gap to its engine alone that it was measured beside (estimated from the phase table,
+    not measured apart)."""
     from hf_rstitch import ReplayPolicy
     from hf_rstitch.fast.routes import route
 
@@ -425,10 +435,13 @@ def markdown(doc: dict) -> str:
                else "joins at once.")
             + " A server's ms a step is the window over its engine's steps; its busy part is the engine thread's "
               "time stepping and handing events on (/health `busy_s`), the rest of the window (server idle) it "
-              "waited for requests: a round trip between a request's end and the next one's arrival.",
+              "waited for requests: a round trip between a request's end and the next one's arrival. LLM calls a step: the "
+              "share of the window's steps the LLM ran in (/health `llm_calls`); the replayed routes follow the "
+              "engine's step count, so two windows of few rows may read different route stretches.",
             "", "| concurrency | method | requests/s | tokens/s | engine alone tokens/s | server / engine | "
             "p50 (s) | p99 (s) | TTFT p50 (s) | stitched / LLM alone requests/s | completed in window (server / engine) | "
-            "ms a step (server / busy part / engine) | server idle |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "ms a step (server / busy part / engine) | server idle | LLM calls a step (server / engine) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["concurrency"], r["method"]): r for r in doc["rows"]}
     f = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in doc["rows"]:
@@ -444,7 +457,8 @@ def markdown(doc: dict) -> str:
         head.append(f"| {r['concurrency']} | {r['method']} | {f(r['requests_per_s'])} | {f(r['tokens_per_s'], 0)} | "
                     f"{f(r['engine_alone_tokens_per_s'], 0)} | {f(ratio)} | {f(r['p50_s'])} | {f(r['p99_s'])} | "
                     f"{f(r['ttft_p50_s'])} | {f(gain)}x | {done} | {f(ms[0])} / {f(server.get('busy_ms_a_step'))} / "
-                    f"{f(ms[1])} | {idle or '-'} |".replace("| -x |", "| - |"))
+                    f"{f(ms[1])} | {idle or '-'} | {f(server.get('llm_calls_a_step'))} / "
+                    f"{f(d.get('engine_alone', {}).get('llm_calls_a_step'))} |".replace("| -x |", "| - |"))
     for s in doc["skipped"]:
         head.append(f"\nSkipped: {s['method']} at concurrency {s['concurrency']}: {s['reason']}")
     spied = [(k, d["spy"]) for k, d in doc["details"].items() if isinstance(d, dict) and d.get("spy")]

@@ -185,7 +185,7 @@ def _health(driver: EngineDriver | EngineClient, settings: ServerSettings) -> JS
     body = {"status": status, "model": settings.model_name, "pid": os.getpid(), "threshold": settings.threshold,
             "router": settings.router, "pin": settings.pin, "running": driver.running, "waiting": driver.waiting,
             "in_flight": driver.in_flight, "max_pending": driver.capacity, "steps": driver.steps,
-            "busy_s": round(driver.busy_s, 6), "completed": driver.completed,
+            "busy_s": round(driver.busy_s, 6), "llm_calls": driver.llm_calls, "completed": driver.completed,
             "failed_steps_in_a_row": driver.failed_in_a_row,
             "last_error": driver.last_error if recent else None}
     return JSONResponse(body, status_code=200 if ok else 503)

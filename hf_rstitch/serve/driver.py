@@ -126,6 +126,12 @@ class EngineDriver:
         """Requests in the engine's queue."""
         return self.engine.waiting
 
+    @property
+    def llm_calls(self) -> int | None:
+        """Steps in which the LLM ran so far (the engine's ``stats``; None for an engine that keeps none)."""
+        stats = getattr(self.engine, "stats", None)
+        return stats.get("llm_calls") if isinstance(stats, dict) else None
+
     def finish(self, timeout_s: float) -> int:
         """Refuse new requests, let those in flight finish for up to ``timeout_s``, then end the rest with a
         ``cancelled`` event (their handlers answer 503). The thread keeps running. Returns how many were ended."""

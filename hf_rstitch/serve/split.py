@@ -38,7 +38,8 @@ def figures(driver: EngineDriver) -> dict[str, Any]:
     at = driver.last_error_at
     return {"alive": driver.alive, "accepting": driver.accepting, "healthy": driver.healthy,
             "running": driver.running, "waiting": driver.waiting, "capacity": driver.capacity,
-            "steps": driver.steps, "busy_s": driver.busy_s, "completed": driver.completed,
+            "steps": driver.steps, "busy_s": driver.busy_s, "llm_calls": driver.llm_calls,
+            "completed": driver.completed,
             "failed_in_a_row": driver.failed_in_a_row,
             "last_error": driver.last_error, "last_error_age": None if at is None else time.monotonic() - at}
 
@@ -317,6 +318,7 @@ class EngineClient:
     waiting = property(lambda self: self._figure("waiting", 0))
     steps = property(lambda self: self._figure("steps", 0))
     busy_s = property(lambda self: self._figure("busy_s", 0.0))
+    llm_calls = property(lambda self: self._figure("llm_calls"))
     completed = property(lambda self: self._figure("completed", 0))
     failed_in_a_row = property(lambda self: self._figure("failed_in_a_row", 0))
     last_error = property(lambda self: self._figure("last_error"))

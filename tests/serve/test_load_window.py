@@ -61,6 +61,19 @@ def test_replayed_routes_repeat_per_slot():
     assert share == pytest.approx(0.31, abs=0.02)
 
 
+def test_any_long_window_of_the_default_routes_reads_maths_llm_share():
+    """The routes follow the engine's step count: with one row, a window reads the stretch its steps fall on. Every
+    window of 1,100 steps (3 s at 1 client on an H200) of each slot's default route is within 0.7 points of MATH's
+    share, so that a server's window and its engine alone's read the same mix."""
+    share = sr.shapes(0.05)["llm_share"]
+    policy = sr.replay_policy(slots=4, llm_share=share, device=None)
+    table = policy._llm.float()
+    assert table.shape[1] == sr.ROUTE_STEPS and table.mean().item() == pytest.approx(share, abs=0.002)
+    cycled = table.repeat(1, 1100 // sr.ROUTE_STEPS + 2)
+    windows = cycled.unfold(1, 1100, 1)[:, :sr.ROUTE_STEPS].mean(-1)  # every start within a cycle
+    assert (windows - share).abs().max().item() < 0.007
+
+
 def run_doc(method, date, scale=0.9, skipped=(), gpu="NVIDIA H200"):
     """A serve_reasoning results document as a run with one method measured writes it."""
     row = {"concurrency": 256, "method": method, "requests_per_s": {"llm_only": 5.0, "stitched": 12.5}[method],

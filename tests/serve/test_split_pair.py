@@ -66,6 +66,8 @@ def test_router_serving_equals_solo_generate_with_the_router(one_thread):
         assert answer == solo(*case, router=router), case
     assert refused.status_code == 400 and "drop stitch_threshold" in refused.json()["error"]["message"]
     assert health["router"] == router and health["threshold"] is None
+    most = max(a["llm_tokens"] for a in answers)  # each of a request's LLM tokens took a step of its own
+    assert 0 < most <= health["llm_calls"] <= health["steps"]  # steps the LLM ran in, from the engine's figures
 
 
 def test_a_request_names_the_engine_processes_router_at_its_own_threshold(one_thread):
