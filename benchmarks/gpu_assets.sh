@@ -5,13 +5,14 @@
 #   bash benchmarks/gpu_assets.sh              # one H200 (nvidia-h200), from the repository root
 #   EXTRA=--dry-run-cpu bash benchmarks/gpu_assets.sh   # on a CPU: checks the script, builds nothing
 #
-# 1. tools/gemv_tuning_table.py: every candidate of every product shape timed (<= $TUNE_S s, default 230), the table written
-#    under $OUT/gemv_tuning and put in the package here, so that
-# 2. tools/triton_kernels_asset.py builds the kernels a fresh machine builds with that table (<= $KERNELS_S s, default 190),
-#    the archive under $OUT/triton_kernels;
+# 1. tools/gemv_tuning_table.py: every candidate of every product shape timed (<= $TUNE_S s, default 230), the
+#    table written under $OUT/gemv_tuning and put in the package here, so that
+# 2. tools/triton_kernels_asset.py builds the kernels a fresh machine builds with that table (<= $KERNELS_S s,
+#    default 190), the archive under $OUT/triton_kernels;
 # 3. tools/check_assets.py against the new assets;
 # 4. engine_shapes.py --fresh on Qwen2 7B / 1.5B: the first call in a fresh process with empty caches and the
-#    new assets seeded (<= $SHAPES_S s, default 130; the three within one 600 s call), engine_shapes_<gpu>_assets.{json,md} under $OUT.
+#    new assets seeded (<= $SHAPES_S s, default 130; the three fit one 600 s call),
+#    engine_shapes_<gpu>_assets.{json,md} under $OUT.
 # Then here: copy $OUT/gemv_tuning/<gpu>.json to hf_rstitch/assets/gemv_tuning/ and $OUT/triton_kernels/<gpu>.*
 # to hf_rstitch/assets/triton_kernels/, run make check-assets, commit them with the first call's result.
 set -uo pipefail
