@@ -201,6 +201,7 @@ def _closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: float,
     import torch
 
     from hf_rstitch.batching.requests import Request
+    from hf_rstitch.serve.driver import llm_calls  # as /health reports them
 
     lengths, role = cfg["lengths"], ("llm" if cfg["method"] == "llm_only" else None)
     started, records, slot_of, nxt = {}, [], {}, list(range(concurrency))  # slot k sends k, k + c, ... (the clients')
@@ -225,7 +226,7 @@ def _closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: float,
             on_step(time.monotonic() - t0)
         steps += time.monotonic() >= t0 + warmup_s
         if steps == 1 and llm_at is None:
-            llm_at = _llm_calls(engine)
+            llm_at = llm_calls(engine)
         try:
             events = engine.step()
         except Exception as err:  # noqa: BLE001 -- StepFailed: that batch's requests end with errors, the loop goes on
@@ -243,7 +244,7 @@ def _closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: float,
                            error=None if ev.finish_reason == "length" else ev.error or ev.finish_reason)
                 records.append(started.pop(ev.request_id))
                 submit(slot_of.pop(ev.request_id))
-    llm = None if llm_at is None else _llm_calls(engine) - llm_at  # the window's, before the drain
+    llm = None if llm_at is None else llm_calls(engine) - llm_at  # the window's, before the drain
     for rid in list(started):
         engine.cancel(rid)
     while engine.has_work():
@@ -259,12 +260,6 @@ def _closed_loop(engine, cfg: dict, ps: list, concurrency: int, warmup_s: float,
         print(f"phase profile failed: {type(err).__name__}: {err}", flush=True)
     return {**sc.summarize(records + list(started.values()), t0 + warmup_s, end), "phases": phases,
             "steps_per_s": steps / window_s, "llm_calls_a_step": llm / steps if llm is not None and steps else None}
-
-
-def _llm_calls(engine) -> int | None:
-    """The engine's steps the LLM ran in so far (``stats``), as /health reports them; None without a count."""
-    stats = getattr(engine, "stats", None)
-    return stats.get("llm_calls") if isinstance(stats, dict) else None
 
 
 def _probe(engine, probing, span: tuple[float, float]):

@@ -141,8 +141,8 @@ def rekey(table: Path) -> dict:
 
     data = json.loads(table.read_text())
     code = tuning_cache._code_hash()
-    old = sorted({m.group(1) for k in data["entries"] for m in [re.search(r"\|code ([0-9a-f]+)", k)] if m})
-    data["entries"] = {re.sub(r"\|code [0-9a-f]+", f"|code {code}", k): v for k, v in data["entries"].items()}
+    old = sorted(tuning_cache.key_codes(data["entries"]))
+    data["entries"] = {tuning_cache.CODE_IN_KEY.sub(f"|code {code}", k): v for k, v in data["entries"].items()}
     data["timed_on_code"] = sorted(set(data.get("timed_on_code", [])) | set(old) - {code})
     table.write_text(json.dumps(data, indent=0) + "\n")
     return {"table": str(table), "entries": len(data["entries"]), "code": code, "timed_on_code": data["timed_on_code"]}

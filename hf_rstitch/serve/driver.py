@@ -128,9 +128,8 @@ class EngineDriver:
 
     @property
     def llm_calls(self) -> int | None:
-        """Steps in which the LLM ran so far (the engine's ``stats``; None for an engine that keeps none)."""
-        stats = getattr(self.engine, "stats", None)
-        return stats.get("llm_calls") if isinstance(stats, dict) else None
+        """Steps in which the LLM ran so far (:func:`llm_calls`)."""
+        return llm_calls(self.engine)
 
     def finish(self, timeout_s: float) -> int:
         """Refuse new requests, let those in flight finish for up to ``timeout_s``, then end the rest with a
@@ -252,6 +251,12 @@ class EngineDriver:
                     log.exception("cancel(%s) failed after a failed step", rid)
         for rid, sink in sinks.items():
             _deliver(sink, StepFailure(rid, f"the engine failed while decoding this batch ({message})"))
+
+
+def llm_calls(engine: Any) -> int | None:
+    """Steps in which ``engine``'s LLM ran so far (its ``stats``; None for an engine that keeps none)."""
+    stats = getattr(engine, "stats", None)
+    return stats.get("llm_calls") if isinstance(stats, dict) else None
 
 
 def _deliver(sink: Sink, event: Any) -> None:

@@ -25,6 +25,7 @@ from hf_rstitch.decode import loop
 from hf_rstitch.fast import FastConfig, FastEngine
 from hf_rstitch.router.model import Router
 from hf_rstitch.router.policy import RouterPolicy
+from engine_checks import assert_same_run
 from stand_in_policies import Flip
 from tiny_models import Shown, left_pad, make_pair, prompt
 
@@ -64,23 +65,13 @@ def undone(monkeypatch):
     return seen
 
 
-def _calls(trace):
-    return [(c.role, c.kind, c.n_inf, c.n_kv) for c in trace.calls]
-
-
 def _traces(out):
     return out.stitch if isinstance(out.stitch, list) else [out.stitch]
 
 
 def _same(out, ref):
-    assert torch.equal(out.sequences, ref.sequences)
-    assert [t.roles for t in _traces(out)] == [t.roles for t in _traces(ref)]
+    assert_same_run(out, ref)  # tokens, routes, call records, entropies, logits
     assert [t.handovers for t in _traces(out)] == [t.handovers for t in _traces(ref)]
-    assert [_calls(t) for t in _traces(out)] == [_calls(t) for t in _traces(ref)]
-    for a, b in zip(_traces(out), _traces(ref)):
-        assert a.entropies == pytest.approx(b.entropies, abs=1e-9)
-    for a, b in zip(out.logits or (), ref.logits or ()):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
     for a, b in zip(out.scores or (), ref.scores or ()):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 

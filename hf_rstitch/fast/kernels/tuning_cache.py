@@ -77,6 +77,14 @@ def _code_hash() -> str:
     return digest.hexdigest()[:16]
 
 
+CODE_IN_KEY = re.compile(r"\|code ([0-9a-f]+)")  # an encoded key's kernel-code part (:func:`identity`)
+
+
+def key_codes(keys) -> set[str]:
+    """The kernel-code hashes that encoded table keys name."""
+    return {m.group(1) for key in keys for m in [CODE_IN_KEY.search(key)] if m}
+
+
 def freshness(table: Path) -> str:
     """Whether a shipped table's keys name this package's kernel code (:func:`_code_hash`): ``"current"``,
     ``"stale"`` (a kernel or search space changed since: its shapes are timed again on a fresh machine), or
@@ -85,7 +93,7 @@ def freshness(table: Path) -> str:
         entries = json.loads(table.read_text()).get("entries", {})
     except (OSError, ValueError, AttributeError):
         return "unknown"
-    codes = {m.group(1) for key in entries for m in [re.search(r"\|code ([0-9a-f]+)", key)] if m}
+    codes = key_codes(entries)
     return "unknown" if not codes else "current" if codes == {_code_hash()} else "stale"
 
 
