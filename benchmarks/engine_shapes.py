@@ -47,6 +47,7 @@ versions, date) and ``.md``; prints the table and one compact JSON document last
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -176,7 +177,10 @@ def child(args) -> dict:
                                     return_dict_in_generate=True)
 
     with torch.no_grad():
-        res["first_call_s"], _ = lab.timed(generate(["slm", "llm", "slm", "llm"], 4, args.policies[0]), device)
+        first = generate(["slm", "llm", "slm", "llm"], 4, args.policies[0])
+        with first_call_profile(args.profile_first, res):
+            res["first_call_s"], _ = lab.timed(first, device)
+        res["caches_after_first"] = cache_files()
         engine = llm.__dict__.get(ATTRIBUTE, {}).get(AUTO)
         res["engine"] = "fast" if engine is not None and engine._lanes else "eager"
         res["config"] = repr(AUTO)
@@ -184,6 +188,39 @@ def child(args) -> dict:
         res["graphs"] = engine.graph_count() if engine is not None else 0
     res["warnings"] = warnings.messages
     return res
+
+
+@contextlib.contextmanager
+def first_call_profile(top: int, res: dict):
+    """With ``top`` > 0: the first call under cProfile, its ``top`` functions by cumulative and by own time in
+    ``res["first_call_profile"]`` (where a fresh machine's first call spends its seconds)."""
+    if top <= 0:
+        yield
+        return
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        out = {}
+        for key in ("cumulative", "tottime"):
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats(key).print_stats(top)
+            out[key] = [line for line in text.getvalue().splitlines() if line.strip()][-top:]
+        res["first_call_profile"] = out
+
+
+def cache_files() -> dict[str, int]:
+    """Files in this process's compile caches now (after the first call: what it compiled, the seeded assets
+    included)."""
+    dirs = cache_dirs()
+    return {k: sum(1 for f in p.rglob("*") if f.is_file()) if p.is_dir() else int(p.exists())
+            for k, p in dirs.items()}
 
 
 def per_token(role: str, model, generate, args, device, bw: float, policy: str) -> dict:
@@ -258,7 +295,8 @@ def empty(path: Path) -> bool:
 
 def spawn(args, kind: str, what: str, root: Path, timeout: float) -> dict:
     cmd = [sys.executable, __file__, "--child", kind, "--what", what, "--prompt", str(args.prompt),
-           "--new", str(args.new), "--scale", str(args.scale), "--policies", *args.policies] + (
+           "--new", str(args.new), "--scale", str(args.scale), "--policies", *args.policies,
+           "--profile-first", str(args.profile_first)] + (
         ["--dry-run-cpu"] if args.dry_run_cpu else [])
     env = dict(os.environ)
     if args.fresh:
@@ -293,7 +331,8 @@ def to_rows(r: dict) -> list[dict]:
 def to_pairs(r: dict) -> list[dict]:
     """A pair's process as one entry a policy (``vs_replay``: its stitched seconds over the replay's)."""
     llm, slm = r["what"].split("/")
-    keep = ("stitched_floor_s", "llm_alone_floor_s", "speedup_at_floors", "first_call_s", "route",
+    keep = ("stitched_floor_s", "llm_alone_floor_s", "speedup_at_floors", "first_call_s", "first_call_profile",
+            "caches_after_first", "route",
             "engine", "bandwidth_gbps", "graphs", "caches", "process_s", "warnings", "error")
     stitched = r.get("stitched") or {None: {}}  # a failed process: one empty entry
     replay = stitched.get("replay", {}).get("stitched_s")
@@ -368,6 +407,9 @@ def main() -> None:
     ap.add_argument("--merge", metavar="JSON", help="an earlier run's result on the same card: its rows and pairs "
                     "that this run does not measure are kept (marked with the earlier run's date)")
     ap.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU: checks the script, times nothing")
+    ap.add_argument("--profile-first", type=int, default=0, metavar="N",
+                    help="each process's first call under cProfile: its N costliest functions in the JSON "
+                         "(first_call_profile)")
     ap.add_argument("--child", choices=["row", "pair"], help=argparse.SUPPRESS)
     ap.add_argument("--what", help=argparse.SUPPRESS)
     lab.add_profile(ap)

@@ -126,3 +126,38 @@ def test_norm_candidates_are_what_compile_parts_compiles():
     forwards, _ = regions.plan(model)
     norms = [m for m, _ in forwards if regions.norm_candidate(m)]
     assert len(norms) == _modules(plan_for(model, PARTS))["norm", "Qwen2RMSNorm"].count == 5
+
+
+class FlippedUnitsDecoderLayer(LlamaDecoderLayer):
+    """Llama's decoder layer whose attention reads its normed input with the hidden units reversed (and writes them
+    back reversed): the same sums in another place."""
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
+                position_embeddings=None, **kwargs):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states).flip(-1)
+        hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                          position_ids=position_ids, cache=cache, use_cache=use_cache,
+                                          position_embeddings=position_embeddings, **kwargs)
+        hidden_states = residual + hidden_states.flip(-1)
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        return residual + self.mlp(hidden_states)
+
+
+def test_a_layer_that_moves_hidden_units_keeps_its_forward():
+    model = _retyped(make_model("llama", 32, 2, 0), LlamaDecoderLayer, FlippedUnitsDecoderLayer)
+    assert add_norm.verdict(model.model.layers[0]).why.startswith("probe differs (max abs err ")
+
+
+def test_a_layer_probe_draws_values_in_proportion_to_the_width():
+    """A 7B layer's probe draws O(d) random values (it drew four d x d matrices, a minute on a 7B/1.5B pair)."""
+    d = 3584
+    parts = add_norm._stand_ins(d, torch.empty(0, dtype=torch.bfloat16))
+    drawn = sum(t.numel() for p in parts.values() for t in (p.w, *(p.mix or ())))
+    assert drawn <= 4 * d * (add_norm.RANK + 1)  # two norms, two parts of a diagonal and two rank-RANK factors
+
+
+def test_a_llama_layer_probes_equal_in_bfloat16():
+    layer = make_model("llama", 32, 2, 0).to(torch.bfloat16).model.layers[0]
+    assert add_norm.verdict(layer).same
