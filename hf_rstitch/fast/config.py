@@ -74,6 +74,10 @@ class FastConfig:
     # cost one weight read of each model a group of this many; None: .joins.default_rows (8; a paged lane's an
     # eighth of its batch, up to 32)
     join_rows: int | None = None
+    # up to this many prompt tokens of a paged lane's joining rows are read in its next one-column call as virtual
+    # rows (.virtual_rows: free cache rows with the joiner's block table), not by a join call of their own; 0: off
+    # (every join takes the join twin). Off by default until timed on a GPU
+    virtual_joins: int = 0
 
     def __post_init__(self):
         bucket_sizes(self.max_bucket)  # validates
@@ -81,6 +85,9 @@ class FastConfig:
                                            or self.join_rows < 1):
             raise ValueError(f"join_rows must be None (8, or an eighth of a paged lane's batch up to 32) or an "
                              f"integer >= 1, got {self.join_rows!r}")
+        if isinstance(self.virtual_joins, bool) or not isinstance(self.virtual_joins, int) or self.virtual_joins < 0:
+            raise ValueError(f"virtual_joins must be an integer >= 0 (prompt tokens a call reads as virtual rows; "
+                             f"0: off), got {self.virtual_joins!r}")
         if self.compile_max_bucket < 1:
             raise ValueError(f"compile_max_bucket must be >= 1, got {self.compile_max_bucket}")
         if self.compile not in (None, "parts", "decode", "all"):

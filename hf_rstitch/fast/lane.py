@@ -60,8 +60,8 @@ from transformers import PreTrainedModel
 
 from ..core.roles import Role
 from . import joins
-from .capabilities import profile_scope
 from .buckets import round_up
+from .capabilities import profile_scope
 from .config import FastConfig, check_supported
 from .graphs import GraphRunner
 from .kernels import rope_store
@@ -75,6 +75,7 @@ from .paged_kv import BlockPool
 from .patches.products import product_layers
 from .plan import plan_for
 from .static_kv import KV_CHUNK
+from .virtual_rows import VirtualJoins
 
 
 def _sync(device: torch.device) -> None:
@@ -129,6 +130,7 @@ class FastLane:
         self.ran: torch.Tensor | None = None  # [B] bool CPU: the rows whose logits the last advance returned (compact)
         self.counts = RowCounts()  # rows run and rows needed over the lane's calls (row_counts)
         self.joins = joins.Joins(self)
+        self.virtual = VirtualJoins(self)  # joins read in the next call as virtual rows (config.virtual_joins)
         self.ahead = Ahead(self)
         with profile_scope(config.profile):
             self._build_steps(n_slots, max_rows)
@@ -214,8 +216,11 @@ class FastLane:
             _sync(self.device)
             start = time.perf_counter()
         new = seq.narrow(1, total - width, width)  # [B, width] the columns not seen yet
+        new = new if new.device == self.device else new.to(self.device)
+        ids, placed = self.virtual.place(new, width) or (new, None)  # joiners' prompts as virtual rows, if kept
         with torch.no_grad():
-            logits, hidden = self.run(new if new.device == self.device else new.to(self.device), want_hidden)
+            logits, hidden = self.run(ids, want_hidden, placed)
+        self.virtual.finish()
         # copy out of the graph's buffers: the next replay (of either lane) may overwrite them
         logits = self.outputs.read(logits, seq.device)
         hidden = self.kv.live(hidden).clone() if hidden is not None else None
@@ -239,6 +244,7 @@ class FastLane:
 
     def crop(self, total: int) -> None:
         """Forget the columns past ``total`` (a guessed early call undone): :meth:`~.lane_rows.LaneRows.crop`."""
+        self.virtual.flush()  # kept joins read before the rows or columns move
         self.kv.crop(total)
 
     def entropy(self, logits: torch.Tensor) -> torch.Tensor:
@@ -253,6 +259,7 @@ class FastLane:
         """Forget the sequence (keeps buffers and graphs; a paged cache's blocks go back to its pool): ready for the
         next generation."""
         self.kv.reset()
+        self.virtual.pending = []
         self.long_calls = 0
         self.outputs.last = None
         self.joins.stage = None
@@ -266,6 +273,7 @@ class FastLane:
     # ---- rows: the lane protocol's verbs beyond advance (lane.kv, .lane_rows) ------------------------------------
     def keep_rows(self, index: torch.Tensor) -> None:
         """As :meth:`~hf_rstitch.fast.lane_rows.LaneRows.keep`."""
+        self.virtual.flush()  # kept joins read before the rows or columns move
         self.kv.keep(index)
 
     def add_rows(self, seq: torch.Tensor, mask: torch.Tensor, staged: list[int] | None = None) -> None:
@@ -273,19 +281,23 @@ class FastLane:
         rows. Their first ``seen`` columns are prefilled now, all the step's joining rows together (logits
         discarded, as :meth:`hf_rstitch.decode.Lane.add_rows`), in batched calls of the join twin
         (:meth:`hf_rstitch.fast.joins.Joins.prefill`), or, with ``staged``, copied from these rows of the stage
-        (:meth:`stage_rows`, read to the end); the rest is read at the next :meth:`advance`."""
-        self.kv.add(seq, mask, self.joins.filler(seq, staged))
+        (:meth:`stage_rows`, read to the end); the rest is read at the next :meth:`advance`. With
+        ``config.virtual_joins`` the join twin's part may instead ride in that call (:mod:`.virtual_rows`)."""
+        self.kv.add(seq, mask, self.virtual.filler(self.joins.filler(seq, staged), seq, staged))
 
     def pad_left(self, n: int) -> None:
         """As :meth:`~hf_rstitch.fast.lane_rows.LaneRows.pad_left`."""
+        self.virtual.flush()  # kept joins read before the rows or columns move
         self.kv.pad_left(n)
 
     def trim_left(self, n: int) -> None:
         """As :meth:`~hf_rstitch.fast.lane_rows.LaneRows.trim_left`."""
+        self.virtual.flush()  # kept joins read before the rows or columns move
         self.kv.trim_left(n)
 
     def hold_rows(self, index: list[int]) -> None:
         """As :meth:`hf_rstitch.decode.Lane.hold_rows` (:meth:`~hf_rstitch.fast.lane_rows.LaneRows.hold`)."""
+        self.virtual.flush()  # kept joins read before the rows or columns move
         self.kv.hold(index)
 
     # ---- chunked joins: prompts read over several steps in the join twin before their rows join (lane.joins) ---
@@ -297,11 +309,13 @@ class FastLane:
     def stage_rows(self, prompts: list[list[int]]) -> None:
         """Lay out joining prompts (at most :attr:`stage_room`) in the join twin, to be read over several steps
         (:meth:`prefill_staged`) while the batch decodes; they join with ``add_rows(..., staged=...)``."""
+        self.virtual.flush()  # kept joins read before the rows or columns move
         self.joins.stage_rows(prompts)
 
     def prefill_staged(self, budget: int) -> bool:
         """Read the staged prompts' next chunk (at most ``budget`` tokens, rows x columns); True once every
         prompt but its last token is read."""
+        self.virtual.flush()  # kept joins read before the rows or columns move
         return self.joins.stage.advance(budget)
 
     def unstage(self) -> None:
@@ -343,7 +357,7 @@ class FastLane:
             fn = self._decode_step
         else:
             fn = self._compiled_bucket if size <= self.config.compile_max_bucket else self.forward
-        step = lambda: fn(ids, n_real, want_hidden)  # noqa: E731
+        step = lambda: fn(ids, n_real, want_hidden)
         key = (rows, size, want_hidden)
         if self.graphs is not None and key in self.graphs:  # a replay runs no model code: no dispatch set-up
             return self.graphs.run(key, step)

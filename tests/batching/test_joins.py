@@ -3,13 +3,13 @@ every request's greedy tokens, roles and per-call records equal those of one-by-
 CPU FastLanes (eager steps), tiny random models."""
 
 import pytest
-
-import hf_rstitch  # noqa: F401  (patches generate)
-from hf_rstitch.core.roles import Role
-from hf_rstitch.batching.requests import Request, RequestEngine
-from hf_rstitch.fast import FastConfig, joins
 from request_events import gather
 from tiny_models import make_pair, prompt
+
+import hf_rstitch  # noqa: F401  (patches generate)
+from hf_rstitch.batching.requests import Request, RequestEngine
+from hf_rstitch.core.roles import Role
+from hf_rstitch.fast import FastConfig, joins
 
 LENGTHS = [6, 4, 13, 3, 9, 5, 11, 7, 2]  # the 13-token prompt pads the batch on the left as it joins
 MAX_NEW = [3, 14, 9, 12, 6, 10, 8, 5, 7]
@@ -236,3 +236,39 @@ def test_a_paged_lanes_join_twin_grows_with_its_batch_and_a_static_ones_does_not
     assert [room(n) for n in (3, 8, 64, 128, 200, 256, 1024)] == [3, 8, 8, 16, 25, 32, 32]
     assert [room(n, paged=False) for n in (3, 64, 256)] == [3, 8, 8]
     assert room(256, join_rows=8) == 8 and room(4, join_rows=16) == 4
+
+
+def _run_with(llm, slm, config: FastConfig, max_batch: int = 9):
+    """As :func:`_run` with the engine's fast config ``config``: completions by id and the engine."""
+    engine = RequestEngine.of(llm, slm, max_batch=max_batch, max_length=64, engine=config)
+    rs = _requests()
+    for r in rs[:2]:
+        engine.submit(r)
+    done, tokens, k = {}, {}, 0
+    while engine.has_work():
+        if k == 2:
+            for r in rs[2:]:
+                engine.submit(r)
+        gather(engine.step(), tokens, done)
+        engine.check_consistent()
+        k += 1
+    return done, engine
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-full", "gemma3"])
+def test_joins_read_as_virtual_rows_equal_the_join_twins_and_solo_runs(arch):
+    """``FastConfig(virtual_joins=64)``: joining prompts ride in the lanes' next one-column call where they fit (the
+    request engine's lanes hold 64 cache rows beyond its batch for them); tokens, roles and records equal the join
+    twin's and each request's solo run."""
+    llm, slm = make_pair(arch)
+    base = FastConfig(graphs=False, max_bucket=4)
+    twin, _ = _run_with(llm, slm, base)
+    virtual, engine = _run_with(llm, slm, FastConfig(graphs=False, max_bucket=4, virtual_joins=64))
+    for i, r in enumerate(_requests()):
+        got, want = virtual[r.request_id], twin[r.request_id]
+        assert got[0] == want[0] and got[1] == want[1], r.request_id
+        assert got[2].roles == want[2].roles and calls(got[2]) == calls(want[2])
+        p = prompt(LENGTHS[i], seed=20 + i)
+        assert got[0] == solo(llm, slm, p, TAUS[i], MAX_NEW[i]).sequences[0, p.shape[1]:].tolist(), r.request_id
+    assert sum(engine.lanes[role].virtual.calls for role in (Role.SLM, Role.LLM)) > 0
+    assert all(engine.lanes[role].max_rows == 9 + 64 for role in (Role.SLM, Role.LLM))

@@ -7,12 +7,16 @@ attends, so the prompt's tokens see each other causally). This test holds that p
 forward, on which the design relies: on the CPU in fp64 (eager attention; under Triton's interpreter, as the kernel
 tier runs it, the cache's store kernel too), on CUDA in fp32 through the split attention and store kernels."""
 
+import dataclasses
+
 import pytest
 import torch
+from lane_batch import Batch
+from tiny_models import make_pair, prompt
 
 from hf_rstitch import Role
 from hf_rstitch.fast import FastConfig, FastLane
-from tiny_models import make_pair, prompt
+from hf_rstitch.fast.blocks import TRASH
 
 CONFIG = FastConfig(max_bucket=16, graphs=False, paged=True)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -62,3 +66,88 @@ def test_a_prompt_read_as_virtual_rows_of_one_column_equals_its_prefill(arch):
 
     torch.testing.assert_close(got[0], want, rtol=0, atol=ATOL)
     torch.testing.assert_close(_row_kv(lane, n), _row_kv(ref, n), rtol=0, atol=ATOL)
+
+
+# ---- the feature on it: FastConfig(virtual_joins=V) reads joining rows' prompts in the lane's next call ----------
+VIRTUAL = FastConfig(max_bucket=4, graphs=False, paged=True, virtual_joins=64)
+
+
+def _kv_of(lane: FastLane, row: int, n: int) -> torch.Tensor:
+    """Keys and values of cache row ``row``'s first ``n`` tokens, every layer ``[2, layers, H_kv, n, D]``."""
+    blocks = lane.cache.table[row].long()
+    return torch.stack([torch.stack([t[blocks].permute(1, 0, 2, 3).flatten(1, 2)[:, :n] for t in pool])
+                        for pool in (lane.cache.keys, lane.cache.values)])
+
+
+def _script(lane: FastLane, llm) -> list:
+    """Rows join and leave a lane as a request engine's would; each call's logits, checked against each row's plain
+    forward alone (``Batch.check``), and the live rows' caches at the end."""
+    b = Batch(lane, seed=3)
+    b.join([5, 3])
+    out = [b.append(1)[0], b.append(2)[0]]
+    b.join([4, 2])  # within the 8 columns read: the next one-column call reads both prompts as 6 virtual rows
+    out.append(b.append(1)[0])
+    b.join([11])  # longer than the shared columns: the lane pads left, then 11 virtual rows
+    out.append(b.append(1)[0])
+    out.append(b.append(3)[0])
+    b.join([3])  # the next call reads two columns: the join twin prefills it
+    out.append(b.append(2)[0])
+    b.keep([0, 2, 3, 4])
+    b.join([6, 2, 2])  # rows joining freed cache rows: 10 virtual rows
+    out.append(b.append(1)[0])
+    if DEVICE == "cpu":  # fp64: each row's logits equal its plain forward alone (fp32 on CUDA: the twin's, below)
+        b.check(out[-1], llm)
+    lengths = b.mask.sum(1).tolist()
+    kv = [_kv_of(lane, row, n - 1) for row, n in zip(lane.rows.slot, lengths)]  # the last token: the next call's
+    return out, kv
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_joins_read_as_virtual_rows_equal_the_join_twins_prefill(arch):
+    llm, _ = make_pair(arch)
+    llm = llm.to(DEVICE, DTYPE)
+    runs = {}
+    for budget in (64, 0):
+        lane = FastLane(llm, Role.LLM, 96, capacity=64, config=dataclasses.replace(VIRTUAL, virtual_joins=budget),
+                        max_rows=32, kv_blocks=160)
+        runs[budget] = _script(lane, llm), lane.virtual.calls, lane.virtual.rows, lane.join_groups
+    ((got, got_kv), calls, rows, groups), ((want, want_kv), none, _, twin_groups) = runs[64], runs[0]
+    assert (calls, rows, none) == (3, 6 + 11 + 10, 0)
+    assert groups < twin_groups  # the two-column call's join still took the twin
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=ATOL)
+    for g, w in zip(got_kv, want_kv):
+        torch.testing.assert_close(g, w, rtol=0, atol=ATOL)
+
+
+def test_joins_past_the_budget_or_the_free_rows_take_the_join_twin():
+    llm, _ = make_pair("llama")
+    llm = llm.to(DEVICE, DTYPE)
+    lane = FastLane(llm, Role.LLM, 96, capacity=64, config=dataclasses.replace(VIRTUAL, virtual_joins=4),
+                    max_rows=4, kv_blocks=64)
+    b = Batch(lane, seed=1)
+    b.join([3])
+    b.append(2)
+    b.join([6])  # six tokens to read before the next call: past the budget of four
+    b.check(b.append(1)[0], llm)
+    assert (lane.virtual.calls, lane.join_groups) == (0, 1)
+    b.join([2, 1])  # three tokens, two free cache rows of four
+    b.check(b.append(1)[0], llm)
+    assert (lane.virtual.calls, lane.join_groups) == (0, 2)
+    b.keep([0, 1])
+    b.join([2, 1])  # three tokens, but as many free cache rows as joiners
+    b.check(b.append(1)[0], llm)
+    assert (lane.virtual.calls, lane.join_groups) == (0, 3)
+    b.keep([0])
+    b.join([2])  # two tokens, two free cache rows
+    b.check(b.append(1)[0], llm)
+    assert (lane.virtual.calls, lane.virtual.rows, lane.join_groups) == (1, 2, 3)
+    free = sorted(set(range(4)) - set(lane.rows.slot))
+    assert bool((lane.cache.table[free] == TRASH).all())  # the virtual rows' tables point at the trash again
+
+
+def test_virtual_joins_is_refused_unless_a_count():
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="virtual_joins must be an integer >= 0"):
+            FastConfig(virtual_joins=bad)
