@@ -210,6 +210,7 @@ class FastLane:
             raise RuntimeError(f"{self.role} lane asked to advance rows that have nothing new")
         self.kv.check(seq, mask, total)
         self.counts.add(self.rows.bucket, self.rows.n_live if run is None else int(run.sum()))
+        virtual = self.virtual.ready(width)  # kept joins ride in this call, or the join twin prefills them now
         self.kv.reserve(total)
         start = 0.0
         if self.timing:
@@ -217,7 +218,7 @@ class FastLane:
             start = time.perf_counter()
         new = seq.narrow(1, total - width, width)  # [B, width] the columns not seen yet
         new = new if new.device == self.device else new.to(self.device)
-        ids, placed = self.virtual.place(new, width) or (new, None)  # joiners' prompts as virtual rows, if kept
+        ids, placed = self.virtual.place(new) if virtual else (new, None)  # joiners' prompts as virtual rows
         with torch.no_grad():
             logits, hidden = self.run(ids, want_hidden, placed)
         self.virtual.finish()

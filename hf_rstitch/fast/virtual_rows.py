@@ -60,21 +60,26 @@ class VirtualJoins:
         for free, ids, host in pending:
             self.lane.joins.prefill(free, ids, host)
 
-    def place(self, new_ids: torch.Tensor, width: int):
-        """For a call reading ``new_ids`` ``[B, width]`` of the live rows: ``(ids, placed)`` -- the call's ids with the
-        virtual rows' tokens after the live rows', and (batch bucket, cache row of each) -- where the kept joins fit
-        this call, their table rows and padding set on the device; None where there is nothing to place (the kept
-        joins, if any, prefilled by the twin)."""
+    def ready(self, width: int) -> bool:
+        """Before a call reading ``width`` columns (and before its blocks are reserved): True where the kept joins
+        ride in it (:meth:`place`); else they are prefilled by the join twin now, so that the call's reservation
+        covers the blocks the twin hands over."""
         if not self.pending:
-            return None
-        lane = self.lane
-        reads = self._reads() if width == 1 else None
-        free = sorted(set(range(lane.kv.slots.max_rows)) - set(lane.kv.slots.slot))
-        if reads is None or not reads[0] or len(reads[0]) > min(self.budget, len(free)):
+            return False
+        owners = self._reads()[0] if width == 1 else []
+        free = self.lane.kv.slots.max_rows - self.lane.kv.slots.n_live
+        if not owners or len(owners) > min(self.budget, free):
             self.flush()
-            return None
-        owners, tokens, ids = reads
-        virtual = free[: len(owners)]
+            return False
+        return True
+
+    def place(self, new_ids: torch.Tensor):
+        """For a one-column call reading ``new_ids`` ``[B, 1]`` of the live rows, once :meth:`ready` and the call's
+        blocks reserved: ``(ids, placed)`` -- the call's ids with the virtual rows' tokens after the live rows', and
+        (batch bucket, cache row of each) -- the virtual rows' table rows and padding set on the device."""
+        lane = self.lane
+        owners, tokens, ids = self._reads()
+        virtual = sorted(set(range(lane.kv.slots.max_rows)) - set(lane.kv.slots.slot))[: len(owners)]
         self.pending = []
         dev = lane.kv.device
         at = to_device(virtual, dev)
@@ -84,12 +89,12 @@ class VirtualJoins:
         lane.kv.n_pad.index_copy_(0, at, pads)
         lane.kv.valid.index_copy_(0, at, cache.slot_ids[None, : lane.kv.valid.shape[1]] >= pads[:, None])
         live = lane.kv.index if lane.kv.index is not None else torch.arange(new_ids.shape[0], device=dev)
-        rows = torch.cat([live, at])
         bucket = bucket_for(max(*lane.rows.slot, virtual[-1]) + 1, lane.rows.sizes)
         self.placed = at
         self.calls += 1
         self.rows += len(virtual)
-        return torch.cat([new_ids, to_device(ids, dev)[:, None].to(new_ids.dtype)]), (bucket, rows)
+        ids = torch.cat([new_ids, to_device(ids, dev)[:, None].to(new_ids.dtype)])
+        return ids, (bucket, torch.cat([live, at]))
 
     def finish(self) -> None:
         """After the call is queued: the virtual rows' table rows point at the trash block again (a later call's

@@ -122,9 +122,8 @@ def test_joins_read_as_virtual_rows_equal_the_join_twins_prefill(arch):
 
 
 def test_joins_past_the_budget_or_the_free_rows_take_the_join_twin():
-    llm, _ = make_pair("llama")
-    llm = llm.to(DEVICE, DTYPE)
-    lane = FastLane(llm, Role.LLM, 96, capacity=64, config=dataclasses.replace(VIRTUAL, virtual_joins=4),
+    llm, _ = make_pair("llama")  # on the CPU in fp64 (each row's logits to its plain forward)
+    lane = FastLane(llm.double(), Role.LLM, 96, capacity=64, config=dataclasses.replace(VIRTUAL, virtual_joins=4),
                     max_rows=4, kv_blocks=64)
     b = Batch(lane, seed=1)
     b.join([3])
@@ -151,3 +150,19 @@ def test_virtual_joins_is_refused_unless_a_count():
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="virtual_joins must be an integer >= 0"):
             FastConfig(virtual_joins=bad)
+
+
+def test_a_kept_join_prefilled_before_a_wider_call_gets_that_calls_blocks():
+    """The join twin hands its blocks over before the wider call reserves its own: the call's tokens past the
+    prompt's last block (here 15 tokens, then 3 more across the 16-token block edge) land in blocks, not the trash."""
+    llm, _ = make_pair("llama")  # on the CPU in fp64 (each row's logits to its plain forward)
+    lane = FastLane(llm.double(), Role.LLM, 96, capacity=64, config=VIRTUAL, max_rows=4, kv_blocks=32)
+    b = Batch(lane, seed=2)
+    b.join([3])
+    b.append(14)
+    b.join([15])  # within the 17 columns read: kept for the next call, which reads three
+    b.check(b.append(3)[0], llm)
+    b.check(b.append(1)[0], llm)
+    assert (lane.virtual.calls, lane.join_groups) == (0, 1)
+    lane.cache.tables.check(lane.joins.built.cache.tables)
+    assert lane.cache.tables.covered[lane.rows.slot[1]] >= 15 + 3 + 1
