@@ -88,10 +88,21 @@ def measure(args, variant: str, method: str, shape: dict, pair: tuple, budget) -
                      "joins_per_step": p.get("joins", {}).get("joins_per_step"),
                      "other_share": p.get("other", {}).get("share"), "ahead_share": p.get("ahead_share"),
                      "after_read_share": p.get("after_read_share"),
-                     "step_ms": p.get("step_ms"), "errors": r["errors"], "warm_up_s": warm_s, "phases": p})
+                     "step_ms": p.get("step_ms"), "errors": r["errors"], "warm_up_s": warm_s, "phases": p,
+                     "lanes": lane_counts(engine)})
         print(f"[{variant} {method} c={c}] {json.dumps({k: v for k, v in rows[-1].items() if k != 'phases'})}",
               file=sys.stderr, flush=True)
     return rows
+
+
+def lane_counts(engine) -> dict:
+    """Per fast lane, since the engine was built (warm-ups and earlier levels included): the join twin's groups, and
+    the calls that carried joiners as virtual rows with the rows they carried (``FastConfig(virtual_joins=...)``)."""
+    lanes = getattr(engine, "lanes", None) or {}
+    return {getattr(role, "value", str(role)): {"join_groups": getattr(lane, "join_groups", None),
+                                                 "virtual_calls": getattr(getattr(lane, "virtual", None), "calls", None),
+                                                 "virtual_rows": getattr(getattr(lane, "virtual", None), "rows", None)}
+            for role, lane in lanes.items()}
 
 
 def _memory(args) -> str:
@@ -160,8 +171,22 @@ def markdown(doc: dict) -> str:
                      f"{r['steps_per_s']:.1f} | {f(r['ttft_p50_s'], '.3f')} | {f(r['p50_s'], '.2f')} | "
                      f"{f(r['p99_s'], '.2f')} | {f(r['joins_share'], '.0%')}, {f(r['joins_per_step'], '.2f')} | "
                      f"{f(r['other_share'], '.0%')} | {f(r['ahead_share'], '.0%')}{_after(r)} |")
+    lines += _virtual_lines(doc["rows"])
     lines += [f"\n{f['variant']} {f['method']}: {f['why']}" for f in doc.get("failed", [])]
     return "\n".join(lines) + "\n"
+
+
+def _virtual_lines(rows: list[dict]) -> list[str]:
+    """Where a variant's lanes read joiners as virtual rows: its calls that carried them and the rows carried, per
+    lane, over the engine's life up to each level (from ``lane_counts``), beside the join twin's groups."""
+    out = []
+    for r in rows:
+        lanes = {k: v for k, v in (r.get("lanes") or {}).items() if v.get("virtual_calls")}
+        if lanes:
+            out.append(f"- {r['variant']} {r['method']} at {r['concurrency']}: " + "; ".join(
+                f"{k} lane {v['virtual_calls']} calls with {v['virtual_rows']} virtual rows, {v['join_groups']} twin "
+                "groups" for k, v in lanes.items()))
+    return ["", "Joins read as virtual rows (each engine's life up to the level):", *out] if out else []
 
 
 def _after(row: dict) -> str:
