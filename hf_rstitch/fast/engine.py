@@ -83,7 +83,7 @@ class FastEngine:
             spare = self.config.virtual_joins if kv_blocks is not None else 0  # a request engine's lanes: cache
             # rows for joining prompts read as virtual rows (.virtual_rows), beyond the live rows' batch
             lane = FastLane(model, role, vocab, room, self.config, max_rows=max(batch, self.max_batch, 1) + spare,
-                            kv_blocks=kv_blocks)
+                            kv_blocks=kv_blocks, spare_rows=spare)
             lane.build_seconds["lane"] = time.perf_counter() - start
             self._lanes[role], self._weights[role] = lane, weights
             self.builds += 1

@@ -97,21 +97,24 @@ class FastLane:
         kv_blocks: a paged cache (:mod:`hf_rstitch.fast.paged_kv`) of this many blocks; None: paged only with
             ``config.paged`` (then blocks for ``max_rows`` full rows), else a static cache.
         kv_pool: a paged cache over this pool (a lane's joiner shares its lane's).
+        spare_rows: of ``max_rows``, the cache rows held beyond the batch for joins read as virtual rows
+            (:mod:`.virtual_rows`): batch buckets of a few of them above the batch (:func:`.rows.batch_sizes`).
     """
 
     def __init__(self, model: PreTrainedModel, role: Role, vocab: int, capacity: int,
                  config: FastConfig | None = None, timing: bool = False, max_rows: int = 1,
-                 kv_blocks: int | None = None, kv_pool: BlockPool | None = None):
+                 kv_blocks: int | None = None, kv_pool: BlockPool | None = None, spare_rows: int = 0):
         check_supported(model, max_rows)
         self.config = config = config or FastConfig()
         self.model, self.role, self.vocab, self.timing = model, role, vocab, timing
         self.device = dev = model.device
         self.capacity = capacity
         n_slots = round_up(capacity + config.max_bucket, KV_CHUNK)  # padded writes stay inside; whole chunks
-        self.kv = LaneRows(model, role, capacity, max_rows, n_slots, config.paged, kv_blocks, kv_pool)
+        self.kv = LaneRows(model, role, capacity, max_rows, n_slots, config.paged, kv_blocks, kv_pool, spare_rows)
         self.cache, self.rows, self.paged = self.kv.cache, self.kv.slots, self.kv.paged
         with profile_scope(config.profile):  # the GPU features its kernels and patches may use (.capabilities)
-            self.plan = plan = plan_for(model, config, max_rows, self.cache.head_dim)  # every kernel and patch it runs
+            self.plan = plan = plan_for(model, config, max_rows, self.cache.head_dim, spare_rows)  # every kernel
+            # and patch it runs
         if self.paged:
             self.cache.gather = not plan.mask_free  # the split kernel reads the blocks, eager attentions a copy
         if config.graphs is None and not plan.graphs:

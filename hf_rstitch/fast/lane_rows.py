@@ -31,10 +31,10 @@ class LaneRows:
     capacity; or ``kv_pool``'s, shared with another lane), else static."""
 
     def __init__(self, model, role, capacity: int, max_rows: int, n_slots: int, paged: bool = False,
-                 kv_blocks: int | None = None, kv_pool: BlockPool | None = None):
+                 kv_blocks: int | None = None, kv_pool: BlockPool | None = None, spare: int = 0):
         dev = self.device = model.device
         self.role, self.capacity = role, capacity
-        self.slots = RowSlots(max_rows)  # live row -> cache row, per-row trace bookkeeping
+        self.slots = RowSlots(max_rows, spare)  # live row -> cache row, per-row trace bookkeeping
         self.n_pad = torch.zeros(max_rows, dtype=torch.long, device=dev)  # left-padding columns of each cache row
         self.valid = torch.ones(max_rows, n_slots, dtype=torch.bool, device=dev)  # False on left-padding slots
         self.paged = paged or kv_blocks is not None or kv_pool is not None

@@ -154,9 +154,10 @@ class FastPlan:
         return f"sliding window {', '.join(map(str, sliding))} on {count} of {len(self.windows)} layers"
 
 
-def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head_dim: int | None = None) -> FastPlan:
-    """The plan of a lane of ``max_rows`` rows for ``model`` under ``config`` (``head_dim``: the cache's head size;
-    None: read by :func:`~hf_rstitch.fast.kv_shapes.kv_shape`). Raises as :class:`FastConfig` and
+def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head_dim: int | None = None,
+             spare_rows: int = 0) -> FastPlan:
+    """The plan of a lane of ``max_rows`` rows (``spare_rows`` of them beyond its batch) for ``model`` under
+    ``config`` (``head_dim``: the cache's head size; None: read by :func:`~hf_rstitch.fast.kv_shapes.kv_shape`). Raises as :class:`FastConfig` and
     :func:`~hf_rstitch.fast.patches.products.kernels_run` do (``gemv=True`` without Triton)."""
     device, dtype = model.device, model.dtype
     triton = triton_support.available(device)
@@ -174,7 +175,7 @@ def plan_for(model: PreTrainedModel, config: FastConfig, max_rows: int = 1, head
     fold_norms = add_norm and kernels and config.fuse_qkv and config.fuse_mlp and folds.ENABLED
     return FastPlan(
         model=type(model).__name__, device=str(device), dtype=str(dtype), max_rows=max_rows, graphs=graphs,
-        batch_buckets=batch_sizes(max_rows), length_buckets=bucket_sizes(config.max_bucket), compile=compile,
+        batch_buckets=batch_sizes(max_rows, spare_rows), length_buckets=bucket_sizes(config.max_bucket), compile=compile,
         attention=attention,
         mask_free=attention == "split" and decode_attention.runs_for(head_dim, dtype, device),
         products="triton" if kernels else "cublas",

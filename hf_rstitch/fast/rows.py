@@ -19,24 +19,38 @@ from ..core.trace import ForwardCall, solo_calls
 from .buckets import bucket_for
 
 
-def batch_sizes(max_rows: int) -> tuple[int, ...]:
+SPARE_STEP = 16  # the first batch bucket above a lane's batch when it holds spare rows (then doubling)
+
+
+def batch_sizes(max_rows: int, spare: int = 0) -> tuple[int, ...]:
     """Batch buckets ``(1, 2, 4, ..., max_rows)``: powers of two below ``max_rows``, then ``max_rows``
-    itself (so a batch of 48 runs in a 48-row graph, not a 64-row one)."""
+    itself (so a batch of 48 runs in a 48-row graph, not a 64-row one). With ``spare`` of the ``max_rows`` held
+    beyond the batch (cache rows for joins read as virtual rows, :mod:`.virtual_rows`): the buckets up to the batch
+    ``max_rows - spare``, then the batch plus 16, 32, 64, ... spare rows up to ``max_rows`` (a call with a few
+    virtual rows runs a few more rows, not all of the spare ones)."""
     if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
         raise ValueError(f"a fast lane holds at least one row, got max_rows={max_rows!r}")
+    if not 0 <= spare < max_rows:
+        raise ValueError(f"spare rows are fewer than a lane's rows and not negative, got {spare} of {max_rows}")
+    base = max_rows - spare
     sizes, size = [], 1
-    while size < max_rows:
+    while size < base:
         sizes.append(size)
         size *= 2
-    return tuple(sizes) + (max_rows,)
+    sizes.append(base)
+    step = SPARE_STEP
+    while step < spare:
+        sizes.append(base + step)
+        step *= 2
+    return tuple(sizes) + ((max_rows,) if spare else ())
 
 
 class RowSlots:
     """Host bookkeeping of the live rows: cache row, columns a solo run would have seen, left padding."""
 
-    def __init__(self, max_rows: int):
+    def __init__(self, max_rows: int, spare: int = 0):
         self.max_rows = max_rows
-        self.sizes = batch_sizes(max_rows)
+        self.sizes = batch_sizes(max_rows, spare)  # the batch buckets (spare rows: a few buckets above the batch)
         self.slot: list[int] = []  # cache row of each live row
         self.solo_seen: list[int] = []  # per live row, columns a solo lane's cache would hold
         self.pad: list[int] = []  # per live row, left-padding columns of its prompt

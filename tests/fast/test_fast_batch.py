@@ -130,6 +130,15 @@ def test_batch_sizes():
         batch_sizes(0)
 
 
+def test_spare_rows_add_batch_buckets_a_few_rows_above_the_batch():
+    assert batch_sizes(256 + 64, spare=64) == (1, 2, 4, 8, 16, 32, 64, 128, 256, 272, 288, 320)
+    assert batch_sizes(48 + 64, spare=64) == (1, 2, 4, 8, 16, 32, 48, 64, 80, 112)
+    assert batch_sizes(4 + 8, spare=8) == (1, 2, 4, 12)
+    for spare in (-1, 12):
+        with pytest.raises(ValueError, match="spare rows are fewer than a lane's rows"):
+            batch_sizes(12, spare=spare)
+
+
 def test_row_slots_move_only_rows_above_the_smaller_bucket():
     rows = RowSlots(8)
     rows.start([0] * 8)

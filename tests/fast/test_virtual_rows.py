@@ -166,3 +166,18 @@ def test_a_kept_join_prefilled_before_a_wider_call_gets_that_calls_blocks():
     assert (lane.virtual.calls, lane.join_groups) == (0, 1)
     lane.cache.tables.check(lane.joins.built.cache.tables)
     assert lane.cache.tables.covered[lane.rows.slot[1]] >= 15 + 3 + 1
+
+
+def test_a_call_with_virtual_rows_runs_in_the_smallest_bucket_that_holds_them():
+    llm, _ = make_pair("llama")
+    lane = FastLane(llm.double(), Role.LLM, 96, capacity=64, config=VIRTUAL, max_rows=4 + 64, kv_blocks=64,
+                    spare_rows=64)
+    assert lane.rows.sizes == (1, 2, 4, 20, 36, 68)
+    buckets, place = [], lane.inputs.place
+    lane.inputs.place = lambda *a: (buckets.append(a[-1][0] if a[-1] is not None else a[1]), place(*a))[1]
+    b = Batch(lane, seed=4)
+    b.join([3, 2])
+    b.append(2)
+    b.join([2])  # cache row 2; its two tokens in cache rows 3 and 4
+    b.check(b.append(1)[0], llm)
+    assert (lane.virtual.calls, lane.virtual.rows, buckets[-1]) == (1, 2, 20)  # not 68: the 16 rows above the batch
