@@ -143,7 +143,8 @@ class Joins:
     def room(self) -> int:
         """Prompts one stage holds (the join twin's rows: the config's ``join_rows``, else :func:`default_rows`)."""
         lane = self.lane
-        return min(lane.max_rows, lane.config.join_rows or default_rows(lane.max_rows, lane.kv_pool is not None))
+        rows = lane.rows.base  # the batch (a lane's spare rows for virtual joins do not count)
+        return min(rows, lane.config.join_rows or default_rows(rows, lane.kv_pool is not None))
 
     def twin(self):
         """A lane of the same model and configuration with up to :attr:`room` rows (built on first use, kept):

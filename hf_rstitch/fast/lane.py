@@ -212,7 +212,6 @@ class FastLane:
         if width <= 0:
             raise RuntimeError(f"{self.role} lane asked to advance rows that have nothing new")
         self.kv.check(seq, mask, total)
-        self.counts.add(self.rows.bucket, self.rows.n_live if run is None else int(run.sum()))
         virtual = self.virtual.ready(width)  # kept joins ride in this call, or the join twin prefills them now
         self.kv.reserve(total)
         start = 0.0
@@ -222,9 +221,12 @@ class FastLane:
         new = seq.narrow(1, total - width, width)  # [B, width] the columns not seen yet
         new = new if new.device == self.device else new.to(self.device)
         ids, placed = self.virtual.place(new) if virtual else (new, None)  # joiners' prompts as virtual rows
-        with torch.no_grad():
-            logits, hidden = self.run(ids, want_hidden, placed)
-        self.virtual.finish()
+        self.counts.add(placed[0] if placed else self.rows.bucket, self.rows.n_live if run is None else int(run.sum()))
+        try:
+            with torch.no_grad():
+                logits, hidden = self.run(ids, want_hidden, placed)
+        finally:  # a failed call too: no table row but the joiner's may point at its blocks
+            self.virtual.finish()
         # copy out of the graph's buffers: the next replay (of either lane) may overwrite them
         logits = self.outputs.read(logits, seq.device)
         hidden = self.kv.live(hidden).clone() if hidden is not None else None
@@ -262,8 +264,8 @@ class FastLane:
     def reset(self) -> None:
         """Forget the sequence (keeps buffers and graphs; a paged cache's blocks go back to its pool): ready for the
         next generation."""
+        self.virtual.forget()
         self.kv.reset()
-        self.virtual.pending = []
         self.long_calls = 0
         self.outputs.last = None
         self.joins.stage = None
@@ -277,7 +279,7 @@ class FastLane:
     # ---- rows: the lane protocol's verbs beyond advance (lane.kv, .lane_rows) ------------------------------------
     def keep_rows(self, index: torch.Tensor) -> None:
         """As :meth:`~hf_rstitch.fast.lane_rows.LaneRows.keep`."""
-        self.virtual.flush()  # kept joins read before the rows or columns move
+        self.virtual.flush(keep=index)  # the kept joins that stay read before the rows move
         self.kv.keep(index)
 
     def add_rows(self, seq: torch.Tensor, mask: torch.Tensor, staged: list[int] | None = None) -> None:

@@ -50,6 +50,7 @@ class RowSlots:
 
     def __init__(self, max_rows: int, spare: int = 0):
         self.max_rows = max_rows
+        self.base = max_rows - spare  # the batch: live rows at most (the rest held for virtual rows)
         self.sizes = batch_sizes(max_rows, spare)  # the batch buckets (spare rows: a few buckets above the batch)
         self.slot: list[int] = []  # cache row of each live row
         self.solo_seen: list[int] = []  # per live row, columns a solo lane's cache would hold

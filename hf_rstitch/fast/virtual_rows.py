@@ -40,6 +40,7 @@ class VirtualJoins:
         self.budget = lane.config.virtual_joins if lane.paged else 0
         self.pending: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []  # (cache rows, ids, host mask)
         self.placed: torch.Tensor | None = None  # the virtual rows of the call being made (cleared by finish)
+        self.reads = None  # what ready() found the kept joins read, for place()
         self.calls = self.rows = 0
 
     def filler(self, fill, seq: torch.Tensor, staged: list[int] | None):
@@ -54,11 +55,23 @@ class VirtualJoins:
 
         return keep
 
-    def flush(self) -> None:
-        """The kept joins prefilled by the join twin now (before anything moves the lane's rows or columns)."""
-        pending, self.pending = self.pending, []
-        for free, ids, host in pending:
-            self.lane.joins.prefill(free, ids, host)
+    def flush(self, keep=None) -> None:
+        """The kept joins prefilled by the join twin now (before anything moves the lane's rows or columns); with
+        ``keep`` (the live rows that stay, as ``keep_rows`` takes them), only the joiners among them."""
+        if not self.pending:
+            return
+        stay = None if keep is None else {self.lane.kv.slots.slot[int(i)] for i in keep}
+        while self.pending:
+            free, ids, host = self.pending.pop(0)
+            picked = [i for i, row in enumerate(free) if stay is None or row in stay]
+            if picked:
+                at = torch.tensor(picked, dtype=torch.long)
+                self.lane.joins.prefill([free[i] for i in picked], ids[at], host[at])
+
+    def forget(self) -> None:
+        """Nothing kept, nothing placed (the lane is reset)."""
+        self.finish()
+        self.pending = []
 
     def ready(self, width: int) -> bool:
         """Before a call reading ``width`` columns (and before its blocks are reserved): True where the kept joins
@@ -66,9 +79,10 @@ class VirtualJoins:
         covers the blocks the twin hands over."""
         if not self.pending:
             return False
-        owners = self._reads()[0] if width == 1 else []
+        self.reads = self._reads() if width == 1 else None
         free = self.lane.kv.slots.max_rows - self.lane.kv.slots.n_live
-        if not owners or len(owners) > min(self.budget, free):
+        if self.reads is None or not self.reads[0] or len(self.reads[0]) > min(self.budget, free):
+            self.reads = None
             self.flush()
             return False
         return True
@@ -78,7 +92,7 @@ class VirtualJoins:
         blocks reserved: ``(ids, placed)`` -- the call's ids with the virtual rows' tokens after the live rows', and
         (batch bucket, cache row of each) -- the virtual rows' table rows and padding set on the device."""
         lane = self.lane
-        owners, tokens, ids = self._reads()
+        (owners, tokens, ids), self.reads = self.reads, None
         virtual = sorted(set(range(lane.kv.slots.max_rows)) - set(lane.kv.slots.slot))[: len(owners)]
         self.pending = []
         dev = lane.kv.device
@@ -97,8 +111,8 @@ class VirtualJoins:
         return ids, (bucket, torch.cat([live, at]))
 
     def finish(self) -> None:
-        """After the call is queued: the virtual rows' table rows point at the trash block again (a later call's
-        dead rows write there, never in the joiner's blocks)."""
+        """After the call is queued, or failed: the virtual rows' table rows point at the trash block again (a later
+        call's dead rows write there, never in the joiner's blocks)."""
         if self.placed is not None:
             self.lane.cache.table.index_fill_(0, self.placed, TRASH)
             self.placed = None

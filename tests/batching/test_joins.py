@@ -225,17 +225,19 @@ def test_a_joining_chunk_is_read_after_the_step_is_queued_and_before_its_values_
 
 def test_a_paged_lanes_join_twin_grows_with_its_batch_and_a_static_ones_does_not():
     """Joins.room: an eighth of a paged lane's batch within [JOIN_ROWS, MAX_JOIN_ROWS] (one join call for a step's
-    joiners under load), JOIN_ROWS for a static cache, the config's join_rows where given, never past the batch."""
+    joiners under load), JOIN_ROWS for a static cache, the config's join_rows where given, never past the batch (its
+    rows.base: a lane's spare rows for virtual joins are not counted)."""
     from types import SimpleNamespace
 
-    def room(max_rows, paged=True, join_rows=None):
-        lane = SimpleNamespace(max_rows=max_rows, config=FastConfig(join_rows=join_rows),
-                               kv_pool=object() if paged else None)
+    def room(max_rows, paged=True, join_rows=None, spare=0):
+        lane = SimpleNamespace(max_rows=max_rows + spare, rows=SimpleNamespace(base=max_rows),
+                               config=FastConfig(join_rows=join_rows), kv_pool=object() if paged else None)
         return joins.Joins(lane).room
 
     assert [room(n) for n in (3, 8, 64, 128, 200, 256, 1024)] == [3, 8, 8, 16, 25, 32, 32]
     assert [room(n, paged=False) for n in (3, 64, 256)] == [3, 8, 8]
     assert room(256, join_rows=8) == 8 and room(4, join_rows=16) == 4
+    assert room(64, spare=64) == 8  # the spare rows of virtual joins are not the batch
 
 
 def _run_with(llm, slm, config: FastConfig, max_batch: int = 9):

@@ -103,14 +103,18 @@ def _script(lane: FastLane, llm) -> list:
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("graphs", [False, pytest.param(True, marks=pytest.mark.skipif(
+    DEVICE != "cuda", reason="CUDA graphs need CUDA"))])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
-def test_joins_read_as_virtual_rows_equal_the_join_twins_prefill(arch):
+def test_joins_read_as_virtual_rows_equal_the_join_twins_prefill(arch, graphs):
+    """Equal logits and caches; on CUDA also with the calls replayed as CUDA graphs (the buffers a graph reads in
+    place: ids, block table, padding counts and masks)."""
     llm, _ = make_pair(arch)
     llm = llm.to(DEVICE, DTYPE)
     runs = {}
     for budget in (64, 0):
-        lane = FastLane(llm, Role.LLM, 96, capacity=64, config=dataclasses.replace(VIRTUAL, virtual_joins=budget),
-                        max_rows=32, kv_blocks=160)
+        config = dataclasses.replace(VIRTUAL, virtual_joins=budget, graphs=graphs)
+        lane = FastLane(llm, Role.LLM, 96, capacity=64, config=config, max_rows=32, kv_blocks=160)
         runs[budget] = _script(lane, llm), lane.virtual.calls, lane.virtual.rows, lane.join_groups
     ((got, got_kv), calls, rows, groups), ((want, want_kv), none, _, twin_groups) = runs[64], runs[0]
     assert (calls, rows, none) == (3, 6 + 11 + 10, 0)
@@ -181,3 +185,37 @@ def test_a_call_with_virtual_rows_runs_in_the_smallest_bucket_that_holds_them():
     b.join([2])  # cache row 2; its two tokens in cache rows 3 and 4
     b.check(b.append(1)[0], llm)
     assert (lane.virtual.calls, lane.virtual.rows, buckets[-1]) == (1, 2, 20)  # not 68: the 16 rows above the batch
+
+
+def test_a_call_with_virtual_rows_that_fails_leaves_no_table_row_at_the_joiners_blocks():
+    """A capture or allocation failure inside the call: the virtual rows' tables point at the trash block again, so
+    the next generation's rows (which get the freed blocks) are not written over by a stale row."""
+    llm, _ = make_pair("llama")
+    lane = FastLane(llm.double(), Role.LLM, 96, capacity=64, config=VIRTUAL, max_rows=8, kv_blocks=64)
+    b = Batch(lane, seed=1)
+    b.join([5])
+    b.append(1)
+    b.join([4])  # four virtual rows in the next call, which fails
+    real = lane._decode_step
+    lane._decode_step = lambda *a: (_ for _ in ()).throw(RuntimeError("simulated failure inside the call"))
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        b.append(1)
+    lane._decode_step = real
+    free = sorted(set(range(8)) - set(lane.rows.slot))
+    assert bool((lane.cache.table[free] == TRASH).all())
+    lane.reset()
+    again = Batch(lane, seed=7)
+    again.join([5, 5, 5])  # three live rows in the 4-row bucket: cache row 3 runs as a dead row
+    again.check(again.append(1)[0], llm)
+
+
+def test_joiners_that_leave_before_the_next_call_are_not_prefilled():
+    llm, _ = make_pair("llama")
+    lane = FastLane(llm.double(), Role.LLM, 96, capacity=64, config=VIRTUAL, max_rows=8, kv_blocks=64)
+    b = Batch(lane, seed=5)
+    b.join([4, 3])
+    b.append(2)
+    b.join([3, 5])  # kept for the next call; the second leaves first (preempted, cancelled)
+    b.keep([0, 1, 2])
+    assert lane.join_groups == 1  # the twin prefilled the one that stays
+    b.check(b.append(1)[0], llm)
