@@ -181,6 +181,8 @@ def child(args) -> dict:
         with first_call_profile(args.profile_first, res):
             res["first_call_s"], _ = lab.timed(first, device)
         res["caches_after_first"] = cache_files()
+        res["build_seconds"] = {role.value: dict(lane.build_seconds)  # where the first call's lane builds went
+                                for role, lane in getattr(engine_for(llm, AUTO), "_lanes", {}).items()}
         engine = llm.__dict__.get(ATTRIBUTE, {}).get(AUTO)
         res["engine"] = "fast" if engine is not None and engine._lanes else "eager"
         res["config"] = repr(AUTO)
@@ -332,7 +334,7 @@ def to_pairs(r: dict) -> list[dict]:
     """A pair's process as one entry a policy (``vs_replay``: its stitched seconds over the replay's)."""
     llm, slm = r["what"].split("/")
     keep = ("stitched_floor_s", "llm_alone_floor_s", "speedup_at_floors", "first_call_s", "first_call_profile",
-            "caches_after_first", "route",
+            "caches_after_first", "build_seconds", "route",
             "engine", "bandwidth_gbps", "graphs", "caches", "process_s", "warnings", "error")
     stitched = r.get("stitched") or {None: {}}  # a failed process: one empty entry
     replay = stitched.get("replay", {}).get("stitched_s")

@@ -112,9 +112,11 @@ class FastLane:
         n_slots = round_up(capacity + config.max_bucket, KV_CHUNK)  # padded writes stay inside; whole chunks
         self.kv = LaneRows(model, role, capacity, max_rows, n_slots, config.paged, kv_blocks, kv_pool, spare_rows)
         self.cache, self.rows, self.paged = self.kv.cache, self.kv.slots, self.kv.paged
+        start = time.perf_counter()
         with profile_scope(config.profile):  # the GPU features its kernels and patches may use (.capabilities)
             self.plan = plan = plan_for(model, config, max_rows, self.cache.head_dim, spare_rows)  # every kernel
-            # and patch it runs
+            # and patch it runs (the modules' probes included)
+        self._plan_seconds = time.perf_counter() - start
         if self.paged:
             self.cache.gather = not plan.mask_free  # the split kernel reads the blocks, eager attentions a copy
         if config.graphs is None and not plan.graphs:
@@ -146,9 +148,11 @@ class FastLane:
         built = time.perf_counter()
         products = product_layers(self.model, self.config, max_rows)  # [] keeps cuBLAS everywhere
         self.gemv_tune_seconds = time.perf_counter() - start
-        # where a lane's build went (host seconds): kernels built ahead, the tuner's timing and table look-ups;
+        # where a lane's build went (host seconds): its plan (the modules' probes), kernels built ahead, the tuner's
+        # timing and table look-ups;
         # FastEngine adds the whole build and the warm-up's captures
-        self.build_seconds = {"precompile": built - start, "tune": start + self.gemv_tune_seconds - built}
+        self.build_seconds = {"plan": self._plan_seconds, "precompile": built - start,
+                              "tune": start + self.gemv_tune_seconds - built}
         self.kernels = kernels = LaneKernels(self.model, self.plan, self.cache, self.kv.n_pad, n_slots, products)
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.24
