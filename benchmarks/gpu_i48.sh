@@ -86,7 +86,8 @@ case "$mode" in
   tests-then-variants) tests; variants "$@" ;;
   diag) diag "$@" ;;
   profile) profile "$@" ;;
-  virtual) TESTS_S=120 tests -n 4 tests/fast/test_virtual_rows.py tests/batching/test_joins.py
+  virtual) TESTS_S=150 tests -n 4 -k "virtual or joins" tests/fast/test_virtual_rows.py tests/batching/test_joins.py \
+             tests/fast/test_fast_gpu.py
            variants --variants default fast.virtual_joins=64 fast.virtual_joins=64,join_wait=0 \
              --levels 64 256 --warmup-s 3 --window-s 6 --budget-s 420 --tag _virtual "$@" ;;
   math) method="${1:?math METHOD: llm_only or stitched (both do not fit one call)}"; shift

@@ -331,6 +331,33 @@ def test_fp32_requests_joining_ahead_equal_joining_at_a_step_start_and_never_wai
 
 
 @gpu
+@pytest.mark.parametrize("pinned", [False, True])
+def test_fp32_requests_with_joins_read_as_virtual_rows_equal_the_join_twins(pinned):
+    """FastConfig(virtual_joins=64) on CUDA (graphs, the split attention and store kernels, joins ahead and run-ahead):
+    tokens and routes equal the join twin's, and joins did ride in the lanes' calls."""
+    from hf_rstitch import Role
+    from hf_rstitch.batching import Request, RequestEngine
+
+    llm, slm = _pair(torch.float32)
+    got = {}
+    for budget in (0, 64):
+        fast = FastEngine(FastConfig(max_bucket=16, virtual_joins=budget), capacity=160, max_batch=4)
+        policy = _RoutePerRequest({str(i): route(60, 25, 3, seed=30 + i) for i in range(12)})  # mixed, on the host
+        engine = RequestEngine.of(llm, slm, max_batch=4, policy=policy, engine=fast, max_length=160, join_wait=0)
+        policy.engine = engine
+        g = torch.Generator().manual_seed(3)
+        reqs = [Request(torch.randint(3, 1024, (4 + 5 * (i % 5),), generator=g).tolist(),
+                        max_new_tokens=10 + 7 * (i % 4), eos_token_id=[], request_id=str(i),
+                        role=Role.LLM if pinned else None) for i in range(12)]
+        got[budget] = engine.run(reqs), {role: lane.virtual.calls for role, lane in engine.lanes.items()}
+    (ref, none), (new, calls) = got[0], got[64]
+    for rid, c in ref.items():
+        assert new[rid].tokens == c.tokens and new[rid].trace.roles == c.trace.roles, rid
+    assert sum(none.values()) == 0 and sum(calls.values()) > 0
+    print(f"[requests with virtual joins, pinned={pinned}] calls carrying virtual rows by lane: {calls}")
+
+
+@gpu
 @pytest.mark.parametrize("method", ["llm_only", "routes", "entropy"])
 def test_request_engine_steps_make_no_synchronizing_call(method):
     """The request engine's steps on CUDA (fast engine, paged KV, rows finishing, leaving and joining) under torch's
