@@ -47,7 +47,6 @@ versions, date) and ``.md``; prints the table and one compact JSON document last
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -177,9 +176,12 @@ def child(args) -> dict:
                                     return_dict_in_generate=True)
 
     with torch.no_grad():
-        first = generate(["slm", "llm", "slm", "llm"], 4, args.policies[0])
-        with first_call_profile(args.profile_first, res):
-            res["first_call_s"], _ = lab.timed(first, device)
+        first, report = generate(["slm", "llm", "slm", "llm"], 4, args.policies[0]), None
+        if args.profile_first:  # host profile (slows the Python-heavy parts: for where, not how long)
+            first, report = lab.host_profiled(first, args.profile_first)
+        res["first_call_s"], _ = lab.timed(first, device)
+        if report is not None:
+            res["first_call_profile"] = report()
         res["caches_after_first"] = cache_files()
         res["build_seconds"] = {role.value: dict(lane.build_seconds)  # where the first call's lane builds went
                                 for role, lane in getattr(engine_for(llm, AUTO), "_lanes", {}).items()}
@@ -190,31 +192,6 @@ def child(args) -> dict:
         res["graphs"] = engine.graph_count() if engine is not None else 0
     res["warnings"] = warnings.messages
     return res
-
-
-@contextlib.contextmanager
-def first_call_profile(top: int, res: dict):
-    """With ``top`` > 0: the first call under cProfile, its ``top`` functions by cumulative and by own time in
-    ``res["first_call_profile"]`` (where a fresh machine's first call spends its seconds)."""
-    if top <= 0:
-        yield
-        return
-    import cProfile
-    import io
-    import pstats
-
-    prof = cProfile.Profile()
-    prof.enable()
-    try:
-        yield
-    finally:
-        prof.disable()
-        out = {}
-        for key in ("cumulative", "tottime"):
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats(key).print_stats(top)
-            out[key] = [line for line in text.getvalue().splitlines() if line.strip()][-top:]
-        res["first_call_profile"] = out
 
 
 def cache_files() -> dict[str, int]:

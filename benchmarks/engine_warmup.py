@@ -100,7 +100,7 @@ def child(args) -> dict:
            "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "bandwidth_gbps": bw}
     first = lambda: generate(["slm", "llm", "slm", "llm"], 4)  # noqa: E731
     if args.profile_first_call:  # host profile (slows the Python-heavy parts: for where, not how long)
-        first, res["first_call_profile"] = host_profiled(first, args.profile_first_call)
+        first, res["first_call_profile"] = lab.host_profiled(first, args.profile_first_call)
     res["first_call_s"], _ = lab.timed(first, device)
     res["first_call_profile"] = res.get("first_call_profile", lambda: None)()
     res["phases"] = first_call_phases(engine, phases, res["first_call_s"])
@@ -153,30 +153,6 @@ def models(pair: str, device: str, tiny: bool):
 
     big, small = pair.split("/")
     return build(big, device, seed=0), build(small, device, seed=1)
-
-
-def host_profiled(fn, top: int):
-    """``(profiled fn, report)``: ``fn`` under cProfile, and a function giving its ``top`` functions by cumulative
-    and by own host seconds (``[seconds, own seconds, calls, "file:line(function)"]``) once it ran."""
-    import cProfile
-    import pstats
-
-    prof = cProfile.Profile()
-
-    def run():
-        prof.enable()
-        try:
-            return fn()
-        finally:
-            prof.disable()
-
-    def report():
-        stats = pstats.Stats(prof).stats
-        rows = [[round(ct, 3), round(tt, 3), nc, f"{Path(f).name}:{line}({name})"]
-                for (f, line, name), (_, nc, tt, ct, _) in stats.items()]
-        return {"cumulative": sorted(rows, reverse=True)[:top], "own": sorted(rows, key=lambda r: -r[1])[:top]}
-
-    return run, report
 
 
 def count_phases() -> dict:

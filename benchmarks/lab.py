@@ -296,3 +296,27 @@ def prompt_ids(vocab: int, length: int, device: str = "cuda") -> torch.Tensor:
     """``[1, length]`` seeded random token ids below ``vocab``."""
     g = torch.Generator().manual_seed(0)
     return torch.randint(0, vocab, (1, length), generator=g).to(device)
+
+
+def host_profiled(fn, top: int):
+    """``(profiled fn, report)``: ``fn`` under cProfile, and a function giving its ``top`` functions by cumulative
+    and by own host seconds (``[seconds, own seconds, calls, "file:line(function)"]``) once it ran."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+
+    def run():
+        prof.enable()
+        try:
+            return fn()
+        finally:
+            prof.disable()
+
+    def report():
+        stats = pstats.Stats(prof).stats
+        rows = [[round(ct, 3), round(tt, 3), nc, f"{Path(f).name}:{line}({name})"]
+                for (f, line, name), (_, nc, tt, ct, _) in stats.items()]
+        return {"cumulative": sorted(rows, reverse=True)[:top], "own": sorted(rows, key=lambda r: -r[1])[:top]}
+
+    return run, report

@@ -367,7 +367,7 @@ class FastLane:
             fn = self._decode_step
         else:
             fn = self._compiled_bucket if size <= self.config.compile_max_bucket else self.forward
-        step = lambda: fn(ids, n_real, want_hidden)
+        step = lambda: fn(ids, n_real, want_hidden)  # noqa: E731
         key = (rows, size, want_hidden)
         if self.graphs is not None and key in self.graphs:  # a replay runs no model code: no dispatch set-up
             return self.graphs.run(key, step)

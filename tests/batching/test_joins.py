@@ -34,20 +34,7 @@ def _run(llm, slm, join_rows, monkeypatch, config_rows=None, **engine_kw):
     """Two requests start the batch; after two steps seven more arrive at once and join together (a free row
     each): completions by id and the engine. ``join_rows``: the module's default; ``config_rows``: the config's."""
     monkeypatch.setattr(joins, "JOIN_ROWS", join_rows)
-    engine = RequestEngine.of(llm, slm, max_batch=9, max_length=64, **engine_kw,
-                              engine=FastConfig(graphs=False, max_bucket=4, join_rows=config_rows))
-    rs = _requests()
-    for r in rs[:2]:
-        engine.submit(r)
-    done, tokens, k = {}, {}, 0
-    while engine.has_work():
-        if k == 2:
-            for r in rs[2:]:
-                engine.submit(r)
-        gather(engine.step(), tokens, done)
-        engine.check_consistent()
-        k += 1
-    return done, engine
+    return _run_with(llm, slm, FastConfig(graphs=False, max_bucket=4, join_rows=config_rows), **engine_kw)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2-full"])
@@ -240,9 +227,10 @@ def test_a_paged_lanes_join_twin_grows_with_its_batch_and_a_static_ones_does_not
     assert room(64, spare=64) == 8  # the spare rows of virtual joins are not the batch
 
 
-def _run_with(llm, slm, config: FastConfig, max_batch: int = 9):
-    """As :func:`_run` with the engine's fast config ``config``: completions by id and the engine."""
-    engine = RequestEngine.of(llm, slm, max_batch=max_batch, max_length=64, engine=config)
+def _run_with(llm, slm, config: FastConfig, max_batch: int = 9, **engine_kw):
+    """Two requests start the batch; after two steps seven more arrive at once and join together (a free row each),
+    on an engine of fast config ``config``: completions by id and the engine."""
+    engine = RequestEngine.of(llm, slm, max_batch=max_batch, max_length=64, engine=config, **engine_kw)
     rs = _requests()
     for r in rs[:2]:
         engine.submit(r)
