@@ -98,11 +98,13 @@ def measure(args, variant: str, method: str, shape: dict, pair: tuple, budget) -
 def lane_counts(engine) -> dict:
     """Per fast lane, since the engine was built (warm-ups and earlier levels included): the join twin's groups, and
     the calls that carried joiners as virtual rows with the rows they carried (``FastConfig(virtual_joins=...)``)."""
-    lanes = getattr(engine, "lanes", None) or {}
-    return {getattr(role, "value", str(role)): {"join_groups": getattr(lane, "join_groups", None),
-                                                 "virtual_calls": getattr(getattr(lane, "virtual", None), "calls", None),
-                                                 "virtual_rows": getattr(getattr(lane, "virtual", None), "rows", None)}
-            for role, lane in lanes.items()}
+    out = {}
+    for role, lane in (getattr(engine, "lanes", None) or {}).items():
+        virtual = getattr(lane, "virtual", None)  # eager lanes have neither
+        out[role.value] = {"join_groups": getattr(lane, "join_groups", None),
+                           "virtual_calls": virtual.calls if virtual else None,
+                           "virtual_rows": virtual.rows if virtual else None}
+    return out
 
 
 def _memory(args) -> str:
