@@ -19,7 +19,7 @@
 #   bash benchmarks/gpu_i48.sh profile [ARGS...]    # join_profile.py (where a step's device time goes, joins apart)
 #                                                   # and gc_pauses.py (the collector's pauses, frozen or not)
 #   bash benchmarks/gpu_i48.sh virtual [ARGS...]    # joins read as virtual rows: their tests on CUDA, then the
-#                                                   # engine alone at 64 and 256 clients, twin against virtual rows
+#                                                   # engine alone at 8, 64 and 256 clients, twin against virtual rows
 #                                                   # (engine_variants_<gpu>_virtual; ARGS replace its levels etc.)
 #   bash benchmarks/gpu_i48.sh math METHOD [ARGS...]  # the server at MATH's lengths (--scale 0.9), 256 clients, one
 #                                                   # method a call (llm_only ~7.5 min, stitched ~5 min), the engine
@@ -86,10 +86,9 @@ case "$mode" in
   tests-then-variants) tests; variants "$@" ;;
   diag) diag "$@" ;;
   profile) profile "$@" ;;
-  virtual) TESTS_S=150 tests -n 4 -k "virtual or joins" tests/fast/test_virtual_rows.py tests/batching/test_joins.py \
-             tests/fast/test_fast_gpu.py
-           variants --variants default fast.virtual_joins=64 fast.virtual_joins=64,join_wait=0 \
-             --levels 64 256 --warmup-s 3 --window-s 6 --budget-s 420 --tag _virtual "$@" ;;
+  virtual) TESTS_S=200 tests -n 4 -k "virtual" tests/fast/test_virtual_rows.py tests/fast/test_fast_gpu.py
+           variants --variants default fast.virtual_joins=64 \
+             --levels 8 64 256 --warmup-s 3 --window-s 6 --budget-s 360 --tag _virtual "$@" ;;
   math) method="${1:?math METHOD: llm_only or stitched (both do not fit one call)}"; shift
         serve --scale 0.9 --levels 256 --warmup-s 30 --window-s 20 --startup-s 300 --budget-s 540 --methods "$method" \
           --tag "_math_$method" "$@" ;;

@@ -74,9 +74,9 @@ class FastConfig:
     # cost one weight read of each model a group of this many; None: .joins.default_rows (8; a paged lane's an
     # eighth of its batch, up to 32)
     join_rows: int | None = None
-    # up to this many prompt tokens of a paged lane's joining rows are read in its next one-column call as virtual
-    # rows (.virtual_rows: free cache rows with the joiner's block table), not by a join call of their own; 0: off
-    # (every join takes the join twin). Off by default until timed on a GPU
+    # a paged lane of a request engine holds this many spare cache rows, in which its joining rows' prompts are read
+    # by its next call as virtual rows (.virtual_rows: a chunk of the call's width a row, with the joiner's block
+    # table), not by a join call of their own; 0: off (every join takes the join twin). Off by default until timed
     virtual_joins: int = 0
 
     def __post_init__(self):
@@ -86,8 +86,8 @@ class FastConfig:
             raise ValueError(f"join_rows must be None (8, or an eighth of a paged lane's batch up to 32) or an "
                              f"integer >= 1, got {self.join_rows!r}")
         if isinstance(self.virtual_joins, bool) or not isinstance(self.virtual_joins, int) or self.virtual_joins < 0:
-            raise ValueError(f"virtual_joins must be an integer >= 0 (prompt tokens a call reads as virtual rows; "
-                             f"0: off), got {self.virtual_joins!r}")
+            raise ValueError(f"virtual_joins must be an integer >= 0 (spare cache rows a call reads joining "
+                             f"prompts in; 0: off), got {self.virtual_joins!r}")
         if self.compile_max_bucket < 1:
             raise ValueError(f"compile_max_bucket must be >= 1, got {self.compile_max_bucket}")
         if self.compile not in (None, "parts", "decode", "all"):

@@ -341,7 +341,7 @@ class FastLane:
         """A paged cache: blocks for every live row's columns up to ``total`` (:meth:`~.lane_rows.LaneRows.reserve`)."""
         self.kv.reserve(total)
 
-    def run(self, new_ids: torch.Tensor, want_hidden: bool, rows: tuple[int, torch.Tensor] | None = None):
+    def run(self, new_ids: torch.Tensor, want_hidden: bool, rows: tuple | None = None):
         """Read ``new_ids`` ``[B, width]`` of the live rows: bucket calls of up to ``max_bucket`` tokens; returns the
         graph's logits and hidden state (or None) at the last token (in the graph's buffers). ``rows``: (batch
         bucket, cache row of each row of ``new_ids``) for a call over some rows (:mod:`.lane_compact`); None: the

@@ -92,8 +92,7 @@ class Ahead:
 
     def warm_up(self, want_hidden: bool = False, batch_sizes=None) -> float:
         """Capture (and compile) the lane's one-token step and every length bucket, for each batch bucket in
-        ``batch_sizes`` (default: all of the lane's; a bucket above the batch, of spare rows, its one-token step
-        only), over dummy tokens it then forgets: the lane's
+        ``batch_sizes`` (default: all of the lane's, those of spare rows for virtual joins too), over dummy tokens it then forgets: the lane's
         :meth:`~hf_rstitch.fast.lane.FastLane.warm_up`. A bucket whose kernels an earlier bucket of the same batch
         bucket and kernel class ran is only recorded (``lane.record_only``). Returns the seconds it took."""
         lane = self.lane
@@ -103,8 +102,7 @@ class Ahead:
             for b in batch_sizes or lane.rows.sizes:
                 lane.reset()
                 lane.rows.start([0] * b)
-                for size in sorted(set(lane.buckets) | {1}) if b <= lane.rows.base else [1]:  # a spare bucket:
-                    # virtual rows ride one-column calls only
+                for size in sorted(set(lane.buckets) | {1}):
                     cls = (lane.rows.bucket, kernel_class(size))
                     lane.record_only = cls in warmed
                     try:

@@ -3,21 +3,24 @@ owns (``lane.virtual``).
 
 Why: a join call of the join twin (:mod:`.joins`) reads each model's weights once more for a few prompt tokens. At
 short requests (``serve_reasoning.py --scale 0.05``: prompts of 8, a join every other step at 256 clients) those
-calls are 14-23 % of a serving step on an H200. Here a joining row's prompt is read in the next one-column call of
-the lane, beside every live row's token, for the cost of the call's extra rows, not of another weight read.
+calls are 14-23 % of a serving step on an H200. Here a joining row's prompt is read in the lane's next call,
+beside every live row's tokens, for the cost of the call's extra rows, not of another weight read.
 
 How (the design in docs/serving.md, "What is left"): a paged cache addresses a row's token ``t`` by its block table
-and its padding count (``t = column - pad``), whichever cache row reads it. So for each token ``t`` of a joiner's
-prompt before the lane's ``seen`` columns, a free cache row takes a copy of the joiner's block-table row and the
-padding count ``seen - t``; the one-column call at column ``seen`` then reads token ``t`` there and stores its keys
-and values in the joiner's blocks. Every row of a layer stores before any attends, so the prompt's tokens see each
-other causally, as the twin's prefill would (``tests/fast/test_virtual_rows.py`` holds that property). The virtual
-rows' logits are dropped and their table rows point at the trash block again once the call is queued.
+and its padding count (``t = column - pad``), whichever cache row reads it. A call reads columns ``[seen, seen + w)``
+in a length bucket of ``s >= w`` columns. So the joiner's prompt (its tokens before the lane's ``seen`` columns) is cut
+in chunks of ``s`` tokens, the first left-padded; for each chunk starting at token ``t`` a free cache row takes a copy
+of the joiner's block-table row and the padding count ``seen - t``, and the call reads the chunk there and stores its
+keys and values in the joiner's blocks. Every row of a layer stores before any attends, so the prompt's tokens see
+each other causally, as the twin's prefill would (``tests/fast/test_virtual_rows.py`` holds that property). In a
+one-column call each virtual row is one token; in a stitched LLM call that catches up ``w`` columns, a chunk of ``s``.
+The virtual rows' logits are dropped and their table rows point at the trash block again once the call is queued.
 
-When the lane falls back to the join twin (:meth:`VirtualJoins.flush`, the same prefill as without this part): the
-next call reads more than one column, the prompts hold more than ``V`` tokens or more than the free cache rows, the
-cache is static, the lane gathers its rows (``compact_rows``), or any other verb (rows leaving, waiting, columns
-moving, a reset) comes between the join and the next call. Tokens and caches equal the twin's either way.
+When the lane falls back to the join twin (:meth:`VirtualJoins.flush`, the same prefill as without this part, one batch
+for every join kept): the next call reads more than ``max_bucket`` columns, the chunks need more than ``V`` rows or
+more than the free cache rows, the cache is static, the lane gathers its rows (``compact_rows``), or any other verb
+(rows leaving, waiting, columns moving, a reset) comes between the join and the next call. Tokens and caches equal
+the twin's either way.
 
 What it does not do: chunked joins (a staged prompt is copied from its stage, as before).
 """
@@ -41,6 +44,7 @@ class VirtualJoins:
         self.pending: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []  # (cache rows, ids, host mask)
         self.placed: torch.Tensor | None = None  # the virtual rows of the call being made (cleared by finish)
         self.reads = None  # what ready() found the kept joins read, for place()
+        self.size = None  # the length bucket of the call they ride in
         self.calls = self.rows = 0
 
     def filler(self, fill, seq: torch.Tensor, staged: list[int] | None):
@@ -56,17 +60,25 @@ class VirtualJoins:
         return keep
 
     def flush(self, keep=None) -> None:
-        """The kept joins prefilled by the join twin now (before anything moves the lane's rows or columns); with
-        ``keep`` (the live rows that stay, as ``keep_rows`` takes them), only the joiners among them."""
+        """The kept joins prefilled by the join twin now (before anything moves the lane's rows or columns), in one
+        batch however many steps kept them; with ``keep`` (the live rows that stay, as ``keep_rows`` takes them), only
+        the joiners among them."""
         if not self.pending:
             return
         stay = None if keep is None else {self.lane.kv.slots.slot[int(i)] for i in keep}
-        while self.pending:
-            free, ids, host = self.pending.pop(0)
-            picked = [i for i, row in enumerate(free) if stay is None or row in stay]
-            if picked:
-                at = torch.tensor(picked, dtype=torch.long)
-                self.lane.joins.prefill([free[i] for i in picked], ids[at], host[at])
+        pending, self.pending = self.pending, []
+        if len({ids.shape[1] for _, ids, _ in pending}) > 1:  # kept at different widths (none today): apart
+            for group in pending:
+                self._prefill([group], stay)
+        else:
+            self._prefill(pending, stay)
+
+    def _prefill(self, groups, stay) -> None:
+        rows = [(row, ids[i], host[i]) for free, ids, host in groups for i, row in enumerate(free)
+                if stay is None or row in stay]
+        if rows:
+            free, ids, host = zip(*rows)
+            self.lane.joins.prefill(list(free), torch.stack(ids), torch.stack(host))
 
     def forget(self) -> None:
         """Nothing kept, nothing placed (the lane is reset)."""
@@ -79,8 +91,10 @@ class VirtualJoins:
         covers the blocks the twin hands over."""
         if not self.pending:
             return False
-        self.reads = self._reads() if width == 1 else None
-        free = self.lane.kv.slots.max_rows - self.lane.kv.slots.n_live
+        lane = self.lane
+        self.size = bucket_for(width, lane.buckets) if width <= lane.config.max_bucket else None
+        self.reads = self._reads(self.size) if self.size is not None else None
+        free = lane.kv.slots.max_rows - lane.kv.slots.n_live
         if self.reads is None or not self.reads[0] or len(self.reads[0]) > min(self.budget, free):
             self.reads = None
             self.flush()
@@ -88,18 +102,19 @@ class VirtualJoins:
         return True
 
     def place(self, new_ids: torch.Tensor):
-        """For a one-column call reading ``new_ids`` ``[B, 1]`` of the live rows, once :meth:`ready` and the call's
-        blocks reserved: ``(ids, placed)`` -- the call's ids with the virtual rows' tokens after the live rows', and
-        (batch bucket, cache row of each) -- the virtual rows' table rows and padding set on the device."""
+        """For a call reading ``new_ids`` ``[B, width]`` of the live rows, once :meth:`ready` and the call's blocks
+        reserved: ``(ids, placed)`` -- the call's ids ``[B + R, size]`` (``size``: the width's length bucket; the live
+        rows' right-padded, the ``R`` virtual rows' chunks after them) and (batch bucket, cache row of each, width) --
+        the virtual rows' table rows and padding set on the device."""
         lane = self.lane
-        (owners, tokens, ids), self.reads = self.reads, None
+        (owners, starts, ids), self.reads = self.reads, None
         virtual = sorted(set(range(lane.kv.slots.max_rows)) - set(lane.kv.slots.slot))[: len(owners)]
         self.pending = []
         dev = lane.kv.device
         at = to_device(virtual, dev)
         cache = lane.cache
         cache.table.index_copy_(0, at, cache.table.index_select(0, to_device(owners, dev)))
-        pads = to_device([lane.seen - t for t in tokens], dev)
+        pads = to_device([lane.seen - t for t in starts], dev)  # column seen + j reads token t + j
         lane.kv.n_pad.index_copy_(0, at, pads)
         lane.kv.valid.index_copy_(0, at, cache.slot_ids[None, : lane.kv.valid.shape[1]] >= pads[:, None])
         live = lane.kv.index if lane.kv.index is not None else torch.arange(new_ids.shape[0], device=dev)
@@ -107,8 +122,10 @@ class VirtualJoins:
         self.placed = at
         self.calls += 1
         self.rows += len(virtual)
-        ids = torch.cat([new_ids, to_device(ids, dev)[:, None].to(new_ids.dtype)])
-        return ids, (bucket, torch.cat([live, at]))
+        width = new_ids.shape[1]
+        chunks = to_device(ids, dev).to(new_ids.dtype)  # [R, size]
+        ids = torch.cat([torch.nn.functional.pad(new_ids, (0, self.size - width)), chunks])
+        return ids, (bucket, torch.cat([live, at]), width)
 
     def finish(self) -> None:
         """After the call is queued, or failed: the virtual rows' table rows point at the trash block again (a later
@@ -117,14 +134,20 @@ class VirtualJoins:
             self.lane.cache.table.index_fill_(0, self.placed, TRASH)
             self.placed = None
 
-    def _reads(self):
-        """``(owners, tokens, ids)``: for each prompt token before the lane's ``seen`` columns of each kept joiner,
-        the cache row that owns it, its token index and its id (host lists)."""
-        owners, tokens, ids = [], [], []
+    def _reads(self, size: int):
+        """``(owners, starts, ids)``: each kept joiner's prompt (its tokens before the lane's ``seen`` columns) in
+        chunks of ``size`` tokens, one a virtual row, the first left-padded so that the last ends on the prompt's
+        last token: for each chunk the cache row that owns it, its first token's index (negative: padding) and its
+        ``size`` ids (host lists; 0 for padding, which writes to the trash block). Each token is read by one row: a
+        chunk's right padding would write over the next chunk's tokens in the same call."""
+        owners, starts, ids = [], [], []
         for free, seq, host in self.pending:
             real = host.sum(1).tolist()  # left padding only: a row's real columns are its last ones
             for row, n, r in zip(free, real, range(len(free))):
-                owners += [row] * n
-                tokens += list(range(n))
-                ids += seq[r, seq.shape[1] - n:].tolist()
-        return owners, tokens, ids
+                prompt = seq[r, seq.shape[1] - n:].tolist()
+                first = n - -(-n // size) * size  # <= 0
+                for t in range(first, n, size):
+                    owners.append(row)
+                    starts.append(t)
+                    ids.append([0] * max(0, -t) + prompt[max(t, 0): t + size])
+        return owners, starts, ids

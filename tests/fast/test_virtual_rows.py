@@ -80,23 +80,33 @@ def _kv_of(lane: FastLane, row: int, n: int) -> torch.Tensor:
 
 
 def _script(lane: FastLane, llm) -> list:
-    """Rows join and leave a lane as a request engine's would; each call's logits, checked against each row's plain
-    forward alone (``Batch.check``), and the live rows' caches at the end."""
+    """Rows join and leave a lane as a request engine's would; each call's logits (on the CPU in fp64 checked against
+    each row's plain forward alone: ``Batch.check``), and the live rows' caches at the end."""
     b = Batch(lane, seed=3)
+    out = []
+
+    def step(n: int) -> None:
+        out.append(b.append(n)[0])
+        if DEVICE == "cpu":  # fp64: each row's logits equal its plain forward alone (fp32 on CUDA: the twin's, below)
+            b.check(out[-1], llm)
+
     b.join([5, 3])
-    out = [b.append(1)[0], b.append(2)[0]]
+    step(1)
+    step(2)
     b.join([4, 2])  # within the 8 columns read: the next one-column call reads both prompts as 6 virtual rows
-    out.append(b.append(1)[0])
+    step(1)
     b.join([11])  # longer than the shared columns: the lane pads left, then 11 virtual rows
-    out.append(b.append(1)[0])
-    out.append(b.append(3)[0])
-    b.join([3])  # the next call reads two columns: the join twin prefills it
-    out.append(b.append(2)[0])
-    b.keep([0, 2, 3, 4])
+    step(1)
+    step(3)
+    b.join([3])  # the next call reads two columns: the prompt in chunks of two, the first left-padded (2 rows)
+    step(2)
+    b.join([7, 1])  # three columns, in the length bucket of four: chunks of four tokens (2 + 1 rows), the live rows
+    step(3)  # right-padded
+    b.join([2])  # five columns, past max_bucket (two calls): the join twin prefills it
+    step(5)
+    b.keep([0, 2, 3, 4, 6, 8])
     b.join([6, 2, 2])  # rows joining freed cache rows: 10 virtual rows
-    out.append(b.append(1)[0])
-    if DEVICE == "cpu":  # fp64: each row's logits equal its plain forward alone (fp32 on CUDA: the twin's, below)
-        b.check(out[-1], llm)
+    step(1)
     lengths = b.mask.sum(1).tolist()
     kv = [_kv_of(lane, row, n - 1) for row, n in zip(lane.rows.slot, lengths)]  # the last token: the next call's
     return out, kv
@@ -117,8 +127,8 @@ def test_joins_read_as_virtual_rows_equal_the_join_twins_prefill(arch, graphs):
         lane = FastLane(llm, Role.LLM, 96, capacity=64, config=config, max_rows=32, kv_blocks=160)
         runs[budget] = _script(lane, llm), lane.virtual.calls, lane.virtual.rows, lane.join_groups
     ((got, got_kv), calls, rows, groups), ((want, want_kv), none, _, twin_groups) = runs[64], runs[0]
-    assert (calls, rows, none) == (3, 6 + 11 + 10, 0)
-    assert groups < twin_groups  # the two-column call's join still took the twin
+    assert (calls, rows, none) == (5, 6 + 11 + 2 + 3 + 10, 0)
+    assert groups == 1 < twin_groups  # the five-column call's join took the twin
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=0, atol=ATOL)
     for g, w in zip(got_kv, want_kv):
@@ -157,18 +167,34 @@ def test_virtual_joins_is_refused_unless_a_count():
 
 
 def test_a_kept_join_prefilled_before_a_wider_call_gets_that_calls_blocks():
-    """The join twin hands its blocks over before the wider call reserves its own: the call's tokens past the
-    prompt's last block (here 15 tokens, then 3 more across the 16-token block edge) land in blocks, not the trash."""
+    """The join twin hands its blocks over before a call past ``max_bucket`` reserves its own: the call's tokens past
+    the prompt's last block (here 15 tokens, then 5 more across the 16-token block edge) land in blocks, not the
+    trash."""
     llm, _ = make_pair("llama")  # on the CPU in fp64 (each row's logits to its plain forward)
     lane = FastLane(llm.double(), Role.LLM, 96, capacity=64, config=VIRTUAL, max_rows=4, kv_blocks=32)
     b = Batch(lane, seed=2)
     b.join([3])
     b.append(14)
-    b.join([15])  # within the 17 columns read: kept for the next call, which reads three
-    b.check(b.append(3)[0], llm)
+    b.join([15])  # within the 17 columns read: kept for the next call, which reads five (max_bucket: four)
+    b.check(b.append(5)[0], llm)
     b.check(b.append(1)[0], llm)
     assert (lane.virtual.calls, lane.join_groups) == (0, 1)
     lane.cache.tables.check(lane.joins.built.cache.tables)
+    assert lane.cache.tables.covered[lane.rows.slot[1]] >= 15 + 5 + 1
+
+
+def test_a_wide_call_reads_joins_in_chunks_of_its_length_bucket_across_a_block_edge():
+    """A three-column call (length bucket four) after a 15-token join: four chunk rows, the first left-padded by one;
+    the call's columns then cross the joiner's 16-token block edge; logits equal each row's plain forward."""
+    llm, _ = make_pair("qwen2")
+    lane = FastLane(llm.double(), Role.LLM, 96, capacity=64, config=VIRTUAL, max_rows=12, kv_blocks=32)
+    b = Batch(lane, seed=6)
+    b.join([3])
+    b.append(14)
+    b.join([15, 6])
+    b.check(b.append(3)[0], llm)
+    assert (lane.virtual.calls, lane.virtual.rows, lane.join_groups) == (1, 4 + 2, 0)
+    b.check(b.append(1)[0], llm)
     assert lane.cache.tables.covered[lane.rows.slot[1]] >= 15 + 3 + 1
 
 
