@@ -97,13 +97,15 @@ def measure(args, variant: str, method: str, shape: dict, pair: tuple, budget) -
 
 def lane_counts(engine) -> dict:
     """Per fast lane, since the engine was built (warm-ups and earlier levels included): the join twin's groups, and
-    the calls that carried joiners as virtual rows with the rows they carried (``FastConfig(virtual_joins=...)``)."""
+    the calls that carried joiners as virtual rows with the rows they carried (``FastConfig(virtual_joins=...)``), and
+    why kept joiners took the twin instead (its batches by the verb that forced them)."""
     out = {}
     for role, lane in (getattr(engine, "lanes", None) or {}).items():
         virtual = getattr(lane, "virtual", None)  # eager lanes have neither
         out[role.value] = {"join_groups": getattr(lane, "join_groups", None),
                            "virtual_calls": virtual.calls if virtual else None,
-                           "virtual_rows": virtual.rows if virtual else None}
+                           "virtual_rows": virtual.rows if virtual else None,
+                           "twin_flushes": dict(virtual.flushes) if virtual else None}
     return out
 
 
@@ -187,8 +189,14 @@ def _virtual_lines(rows: list[dict]) -> list[str]:
         if lanes:
             out.append(f"- {r['variant']} {r['method']} at {r['concurrency']}: " + "; ".join(
                 f"{k} lane {v['virtual_calls']} calls with {v['virtual_rows']} virtual rows, {v['join_groups']} twin "
-                "groups" for k, v in lanes.items()))
+                f"groups{_flushes(v)}" for k, v in lanes.items()))
     return ["", "Joins read as virtual rows (each engine's life up to the level):", *out] if out else []
+
+
+def _flushes(lane: dict) -> str:
+    """`` (twin batches instead: 3 wide call, 1 hold)`` where kept joins took the twin."""
+    why = lane.get("twin_flushes") or {}
+    return f" (twin batches instead: {', '.join(f'{n} {k}' for k, n in sorted(why.items()))})" if why else ""
 
 
 def _after(row: dict) -> str:

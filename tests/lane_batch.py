@@ -40,6 +40,12 @@ class Batch:
         self.lane.add_rows(seq, mask)
         self.seq, self.mask = torch.cat([self.seq, seq]), torch.cat([self.mask, mask])
 
+    def hold(self, index: list[int]):
+        """Rows ``index`` get no token this step (as the request engine's held rows: one column right)."""
+        self.seq[index] = torch.nn.functional.pad(self.seq[index, :-1], (1, 0), value=2)
+        self.mask[index] = torch.nn.functional.pad(self.mask[index, :-1], (1, 0), value=0)
+        self.lane.hold_rows(index)
+
     def keep(self, index: list[int]):
         self.lane.keep_rows(torch.tensor(index))
         self.seq, self.mask = self.seq[index], self.mask[index]

@@ -254,7 +254,7 @@ class FastLane:
 
     def crop(self, total: int) -> None:
         """Forget the columns past ``total`` (a guessed early call undone): :meth:`~.lane_rows.LaneRows.crop`."""
-        self.virtual.flush()  # kept joins read before the rows or columns move
+        self.virtual.flush("crop")  # kept joins read before the columns go back
         self.kv.crop(total)
 
     def entropy(self, logits: torch.Tensor) -> torch.Tensor:
@@ -283,8 +283,9 @@ class FastLane:
     # ---- rows: the lane protocol's verbs beyond advance (lane.kv, .lane_rows) ------------------------------------
     def keep_rows(self, index: torch.Tensor) -> None:
         """As :meth:`~hf_rstitch.fast.lane_rows.LaneRows.keep`."""
-        self.virtual.flush(keep=index)  # the kept joins that stay read before the rows move
+        before = list(self.kv.slots.slot)
         self.kv.keep(index)
+        self.virtual.kept_rows(before, index.tolist() if isinstance(index, torch.Tensor) else list(index))
 
     def add_rows(self, seq: torch.Tensor, mask: torch.Tensor, staged: list[int] | None = None) -> None:
         """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free cache
@@ -297,17 +298,21 @@ class FastLane:
 
     def pad_left(self, n: int) -> None:
         """As :meth:`~hf_rstitch.fast.lane_rows.LaneRows.pad_left`."""
-        self.virtual.flush()  # kept joins read before the rows or columns move
+        seen = self.seen
         self.kv.pad_left(n)
+        self.virtual.shifted(self.seen - seen)  # kept joins move with the columns
 
     def trim_left(self, n: int) -> None:
         """As :meth:`~hf_rstitch.fast.lane_rows.LaneRows.trim_left`."""
-        self.virtual.flush()  # kept joins read before the rows or columns move
+        if n > self.seen:  # columns not read yet go too: kept joins read before
+            self.virtual.flush("trim")
+        seen = self.seen
         self.kv.trim_left(n)
+        self.virtual.shifted(self.seen - seen)  # kept joins move with the columns
 
     def hold_rows(self, index: list[int]) -> None:
         """As :meth:`hf_rstitch.decode.Lane.hold_rows` (:meth:`~hf_rstitch.fast.lane_rows.LaneRows.hold`)."""
-        self.virtual.flush()  # kept joins read before the rows or columns move
+        self.virtual.flush("hold", held=index)  # a kept join that waits is read before its columns move
         self.kv.hold(index)
 
     # ---- chunked joins: prompts read over several steps in the join twin before their rows join (lane.joins) ---
@@ -319,13 +324,13 @@ class FastLane:
     def stage_rows(self, prompts: list[list[int]]) -> None:
         """Lay out joining prompts (at most :attr:`stage_room`) in the join twin, to be read over several steps
         (:meth:`prefill_staged`) while the batch decodes; they join with ``add_rows(..., staged=...)``."""
-        self.virtual.flush()  # kept joins read before the rows or columns move
+        self.virtual.flush("stage")  # kept joins read before the join twin takes the stage
         self.joins.stage_rows(prompts)
 
     def prefill_staged(self, budget: int) -> bool:
         """Read the staged prompts' next chunk (at most ``budget`` tokens, rows x columns); True once every
         prompt but its last token is read."""
-        self.virtual.flush()  # kept joins read before the rows or columns move
+        self.virtual.flush("stage")  # kept joins read before the join twin reads the stage
         return self.joins.stage.advance(budget)
 
     def unstage(self) -> None:

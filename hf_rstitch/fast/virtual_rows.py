@@ -36,7 +36,8 @@ from .buckets import bucket_for
 
 class VirtualJoins:
     """Joins waiting for the lane's next call (:meth:`filler`), read there as virtual rows (:meth:`place`) or by the
-    join twin (:meth:`flush`). ``calls`` / ``rows``: calls that carried virtual rows and the rows they carried."""
+    join twin (:meth:`flush`). ``calls`` / ``rows``: calls that carried virtual rows and the rows they carried;
+    ``flushes``: the twin's batches instead, by why."""
 
     def __init__(self, lane):
         self.lane = lane
@@ -46,6 +47,7 @@ class VirtualJoins:
         self.reads = None  # what ready() found the kept joins read, for place()
         self.size = None  # the length bucket of the call they ride in
         self.calls = self.rows = 0
+        self.flushes: dict[str, int] = {}  # why kept joins took the join twin instead (a verb, or the call)
 
     def filler(self, fill, seq: torch.Tensor, staged: list[int] | None):
         """``fill(free, host)`` for :meth:`~.lane_rows.LaneRows.add`: the joining rows kept for the next call where
@@ -59,26 +61,44 @@ class VirtualJoins:
 
         return keep
 
-    def flush(self, keep=None) -> None:
-        """The kept joins prefilled by the join twin now (before anything moves the lane's rows or columns), in one
-        batch however many steps kept them; with ``keep`` (the live rows that stay, as ``keep_rows`` takes them), only
-        the joiners among them."""
+    def flush(self, why: str, held: list[int] | None = None) -> None:
+        """The kept joins prefilled by the join twin now (before a verb they cannot follow moves the lane's rows or
+        columns), in one batch however many steps kept them; ``why``: the verb, counted in :attr:`flushes`. With
+        ``held`` (live rows that wait a step, ``hold_rows``), only where one of them is a kept join."""
         if not self.pending:
             return
-        stay = None if keep is None else {self.lane.kv.slots.slot[int(i)] for i in keep}
+        if held is not None:
+            rows = {self.lane.kv.slots.slot[i] for i in held}
+            if not any(row in rows for free, _, _ in self.pending for row in free):
+                return
         pending, self.pending = self.pending, []
-        if len({ids.shape[1] for _, ids, _ in pending}) > 1:  # kept at different widths (none today): apart
-            for group in pending:
-                self._prefill([group], stay)
-        else:
-            self._prefill(pending, stay)
+        self.flushes[why] = self.flushes.get(why, 0) + 1
+        rows = [(row, ids[i], host[i]) for free, ids, host in pending for i, row in enumerate(free)]
+        free, ids, host = zip(*rows)  # kept at one width: every verb that moves the columns flushes or follows
+        self.lane.joins.prefill(list(free), torch.stack(ids), torch.stack(host))
 
-    def _prefill(self, groups, stay) -> None:
-        rows = [(row, ids[i], host[i]) for free, ids, host in groups for i, row in enumerate(free)
-                if stay is None or row in stay]
-        if rows:
-            free, ids, host = zip(*rows)
-            self.lane.joins.prefill(list(free), torch.stack(ids), torch.stack(host))
+    def kept_rows(self, before: list[int], index: list[int]) -> None:
+        """After the lane kept its live rows ``index`` (``before``: their cache rows until then): the kept joins that
+        stay follow their rows to their new cache rows (a paged cache moves a row's table row, never its keys and
+        values: the blocks they will be read into move with it); those that left are dropped, never read."""
+        if not self.pending:
+            return
+        after = self.lane.kv.slots.slot
+        moved = {before[i]: after[j] for j, i in enumerate(index)}
+        pending = []
+        for free, ids, host in self.pending:
+            stay = [k for k, row in enumerate(free) if row in moved]
+            if stay:
+                at = torch.tensor(stay, dtype=torch.long)
+                pending.append(([moved[free[k]] for k in stay], ids[at], host[at]))
+        self.pending = pending
+
+    def shifted(self, n: int) -> None:
+        """After the shared columns moved ``n`` to the right (``n > 0``: masked columns in front, ``pad_left``) or
+        ``-n`` to the left (leading padding dropped, ``trim_left``): the kept joins' columns move with them."""
+        def move(t: torch.Tensor, fill) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (n, 0), value=fill) if n > 0 else t[:, -n:]
+        self.pending = [(free, move(ids, 0), move(host, False)) for free, ids, host in self.pending]
 
     def forget(self) -> None:
         """Nothing kept, nothing placed (the lane is reset)."""
@@ -95,9 +115,12 @@ class VirtualJoins:
         self.size = bucket_for(width, lane.buckets) if width <= lane.config.max_bucket else None
         self.reads = self._reads(self.size) if self.size is not None else None
         free = lane.kv.slots.max_rows - lane.kv.slots.n_live
-        if self.reads is None or not self.reads[0] or len(self.reads[0]) > min(self.budget, free):
+        if self.reads is not None and not self.reads[0]:  # no joiner has a token before ``seen``: nothing to read
+            self.reads, self.pending = None, []
+            return False
+        if self.reads is None or len(self.reads[0]) > min(self.budget, free):
             self.reads = None
-            self.flush()
+            self.flush("wide call" if self.size is None else "too many rows")
             return False
         return True
 

@@ -86,9 +86,7 @@ class Twin:
     def hold(self, index):
         """Rows ``index`` get no token this step (as the request engine's held rows: one column right)."""
         for x in (self.a, self.b):
-            x.seq[index] = torch.nn.functional.pad(x.seq[index, :-1], (1, 0), value=2)
-            x.mask[index] = torch.nn.functional.pad(x.mask[index, :-1], (1, 0), value=0)
-            x.lane.hold_rows(index)
+            x.hold(index)
 
 
 def test_paged_lane_equals_static_lane_through_joins_holds_and_leaves():

@@ -243,5 +243,34 @@ def test_joiners_that_leave_before_the_next_call_are_not_prefilled():
     b.append(2)
     b.join([3, 5])  # kept for the next call; the second leaves first (preempted, cancelled)
     b.keep([0, 1, 2])
-    assert lane.join_groups == 1  # the twin prefilled the one that stays
     b.check(b.append(1)[0], llm)
+    assert (lane.virtual.calls, lane.virtual.rows, lane.join_groups) == (1, 3, 0)  # the one that stays: 3 tokens
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_kept_joins_follow_rows_leaving_and_the_columns_moving(arch):
+    """Rows leave (the live ones move down a batch bucket, their table rows with them), the columns are trimmed and
+    padded on the left between a join and the next call: the kept joins follow, ride that call, and every row's
+    logits equal its plain forward; only a kept join that waits a step (``hold_rows``) takes the twin."""
+    llm, _ = make_pair(arch)
+    lane = FastLane(llm.double(), Role.LLM, 96, capacity=64, config=VIRTUAL, max_rows=32, kv_blocks=64)
+    b = Batch(lane, seed=8)
+    b.join([2, 6, 3, 7, 4])
+    b.append(2)
+    b.join([5, 3])  # rows 5 and 6, kept
+    cut = b.keep([2, 4, 5, 6])  # rows 0, 1 and 3 leave: four fit the bucket of four, the rows above move down
+    assert cut == 3 and lane.row_moves > 0
+    b.check(b.append(3)[0], llm)
+    assert (lane.virtual.calls, lane.join_groups) == (1, 0)
+    b.join([12, 2])  # longer than the shared columns: the lane pads left first, then keeps both
+    b.keep([0, 1, 2, 4, 5])  # the first row leaves
+    b.check(b.append(1)[0], llm)
+    assert (lane.virtual.calls, lane.join_groups) == (2, 0)
+    b.join([3])
+    b.hold([0])  # another row waits a step: the kept join still rides
+    b.check(b.append(1)[0], llm)
+    assert (lane.virtual.calls, lane.join_groups, lane.virtual.flushes) == (3, 0, {})
+    b.join([4])
+    b.hold([b.seq.shape[0] - 1])  # the kept join itself waits: the twin reads it first
+    b.check(b.append(1)[0], llm)
+    assert (lane.virtual.calls, lane.join_groups, lane.virtual.flushes) == (3, 1, {"hold": 1})
