@@ -87,7 +87,7 @@ case "$mode" in
   diag) diag "$@" ;;
   profile) profile "$@" ;;
   virtual) TESTS_S=200 tests -n 4 -k "virtual" tests/fast/test_virtual_rows.py tests/fast/test_fast_gpu.py
-           variants --variants default fast.virtual_joins=64 \
+           variants --variants fast.virtual_joins=0 default \
              --levels 8 64 256 --warmup-s 3 --window-s 6 --budget-s 360 --tag _virtual "$@" ;;
   math) method="${1:?math METHOD: llm_only or stitched (both do not fit one call)}"; shift
         serve --scale 0.9 --levels 256 --warmup-s 30 --window-s 20 --startup-s 300 --budget-s 540 --methods "$method" \

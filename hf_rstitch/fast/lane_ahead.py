@@ -24,6 +24,7 @@ import torch
 from .buckets import kernel_class
 from .kernels import triton_cache, triton_support
 from .kernels.decode_attention import pending as attention_pending
+from . import virtual_rows
 from .patches import products
 
 log = logging.getLogger("hf_rstitch.fast")
@@ -92,7 +93,8 @@ class Ahead:
 
     def warm_up(self, want_hidden: bool = False, batch_sizes=None) -> float:
         """Capture (and compile) the lane's one-token step and every length bucket, for each batch bucket in
-        ``batch_sizes`` (default: all of the lane's, those of spare rows for virtual joins too), over dummy tokens it then forgets: the lane's
+        ``batch_sizes`` (default: all of the lane's; those of spare rows, for virtual joins, up to the length bucket
+        :data:`.virtual_rows.WIDEST`), over dummy tokens it then forgets: the lane's
         :meth:`~hf_rstitch.fast.lane.FastLane.warm_up`. A bucket whose kernels an earlier bucket of the same batch
         bucket and kernel class ran is only recorded (``lane.record_only``). Returns the seconds it took."""
         lane = self.lane
@@ -103,6 +105,8 @@ class Ahead:
                 lane.reset()
                 lane.rows.start([0] * b)
                 for size in sorted(set(lane.buckets) | {1}):
+                    if b > lane.rows.base and size > virtual_rows.WIDEST:  # spare rows: the calls virtual rows ride
+                        continue
                     cls = (lane.rows.bucket, kernel_class(size))
                     lane.record_only = cls in warmed
                     try:

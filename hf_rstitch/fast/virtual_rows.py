@@ -17,7 +17,7 @@ one-column call each virtual row is one token; in a stitched LLM call that catch
 The virtual rows' logits are dropped and their table rows point at the trash block again once the call is queued.
 
 When the lane falls back to the join twin (:meth:`VirtualJoins.flush`, the same prefill as without this part, one batch
-for every join kept): the next call reads more than ``max_bucket`` columns, the chunks need more than ``V`` rows or
+for every join kept): the next call reads more than :data:`WIDEST` columns, the chunks need more than ``V`` rows or
 more than the free cache rows, the cache is static, the lane gathers its rows (``compact_rows``), or any other verb
 (rows leaving, waiting, columns moving, a reset) comes between the join and the next call. Tokens and caches equal
 the twin's either way.
@@ -32,6 +32,12 @@ import torch
 from ..decode.step import to_device
 from .blocks import TRASH
 from .buckets import bucket_for
+
+# The widest call (its length bucket) that virtual rows ride: a lane warms its spare rows' batch buckets up to this
+# length only. Every length bucket there cost 19 GiB more reserved graph memory on an H200 (random Qwen2 7B / 1.5B,
+# 256 rows; engine_variants_nvidia_h200_virtual.md) for calls that are rare: a stitched step's LLM call reads 1.0-1.1
+# columns on average at 8 to 256 clients (serve_reasoning_nvidia_h200_split_virtual.md). A wider call flushes.
+WIDEST = 4
 
 
 class VirtualJoins:
@@ -112,7 +118,7 @@ class VirtualJoins:
         if not self.pending:
             return False
         lane = self.lane
-        self.size = bucket_for(width, lane.buckets) if width <= lane.config.max_bucket else None
+        self.size = bucket_for(width, lane.buckets) if width <= min(WIDEST, lane.config.max_bucket) else None
         self.reads = self._reads(self.size) if self.size is not None else None
         free = lane.kv.slots.max_rows - lane.kv.slots.n_live
         if self.reads is not None and not self.reads[0]:  # no joiner has a token before ``seen``: nothing to read

@@ -34,7 +34,8 @@ def _run(llm, slm, join_rows, monkeypatch, config_rows=None, **engine_kw):
     """Two requests start the batch; after two steps seven more arrive at once and join together (a free row
     each): completions by id and the engine. ``join_rows``: the module's default; ``config_rows``: the config's."""
     monkeypatch.setattr(joins, "JOIN_ROWS", join_rows)
-    return _run_with(llm, slm, FastConfig(graphs=False, max_bucket=4, join_rows=config_rows), **engine_kw)
+    config = FastConfig(graphs=False, max_bucket=4, join_rows=config_rows, virtual_joins=0)  # every join: the twin
+    return _run_with(llm, slm, config, **engine_kw)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2-full"])
@@ -247,11 +248,11 @@ def _run_with(llm, slm, config: FastConfig, max_batch: int = 9, **engine_kw):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2-full", "gemma3"])
 def test_joins_read_as_virtual_rows_equal_the_join_twins_and_solo_runs(arch):
-    """``FastConfig(virtual_joins=64)``: joining prompts ride in the lanes' next one-column call where they fit (the
-    request engine's lanes hold 64 cache rows beyond its batch for them); tokens, roles and records equal the join
-    twin's and each request's solo run."""
+    """``FastConfig(virtual_joins=64)`` (the default): joining prompts ride in the lanes' next call where they fit
+    (the request engine's lanes hold 64 cache rows beyond its batch for them); tokens, roles and records equal the
+    join twin's (``virtual_joins=0``) and each request's solo run."""
     llm, slm = make_pair(arch)
-    base = FastConfig(graphs=False, max_bucket=4)
+    base = FastConfig(graphs=False, max_bucket=4, virtual_joins=0)
     twin, _ = _run_with(llm, slm, base)
     virtual, engine = _run_with(llm, slm, FastConfig(graphs=False, max_bucket=4, virtual_joins=64))
     for i, r in enumerate(_requests()):

@@ -17,6 +17,7 @@ from tiny_models import make_pair, prompt
 from hf_rstitch import Role
 from hf_rstitch.fast import FastConfig, FastLane
 from hf_rstitch.fast.blocks import TRASH
+from hf_rstitch.fast.virtual_rows import WIDEST
 
 CONFIG = FastConfig(max_bucket=16, graphs=False, paged=True)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -102,7 +103,7 @@ def _script(lane: FastLane, llm) -> list:
     step(2)
     b.join([7, 1])  # three columns, in the length bucket of four: chunks of four tokens (2 + 1 rows), the live rows
     step(3)  # right-padded
-    b.join([2])  # five columns, past max_bucket (two calls): the join twin prefills it
+    b.join([2])  # five columns, past virtual_rows.WIDEST (and max_bucket: two calls): the join twin prefills it
     step(5)
     b.keep([0, 2, 3, 4, 6, 8])
     b.join([6, 2, 2])  # rows joining freed cache rows: 10 virtual rows
@@ -274,3 +275,21 @@ def test_kept_joins_follow_rows_leaving_and_the_columns_moving(arch):
     b.hold([b.seq.shape[0] - 1])  # the kept join itself waits: the twin reads it first
     b.check(b.append(1)[0], llm)
     assert (lane.virtual.calls, lane.join_groups, lane.virtual.flushes) == (3, 1, {"hold": 1})
+
+
+def test_a_call_wider_than_virtual_rows_ride_takes_the_twin_and_spare_buckets_warm_only_their_widths():
+    llm, _ = make_pair("llama")
+    config = dataclasses.replace(VIRTUAL, max_bucket=16)
+    lane = FastLane(llm.double(), Role.LLM, 96, capacity=64, config=config, max_rows=4 + 16, kv_blocks=64,
+                    spare_rows=16)
+    b = Batch(lane, seed=9)
+    b.join([3])
+    b.append(2)
+    b.join([4])
+    b.check(b.append(WIDEST + 1)[0], llm)  # within max_bucket, past the widest call virtual rows ride
+    assert (lane.virtual.calls, lane.virtual.flushes) == (0, {"wide call": 1})
+    runs, run = [], lane.run
+    lane.run = lambda ids, *a: (runs.append(tuple(ids.shape)), run(ids, *a))[1]
+    lane.warm_up()
+    spare = {size for rows, size in runs if rows > lane.rows.base}
+    assert spare == {s for s in lane.buckets if s <= WIDEST} and {size for _, size in runs} == set(lane.buckets)
