@@ -75,7 +75,7 @@ class FastEngine:
         lane, weights = self._lanes.get(role), _weights(model)
         kv_blocks = None if kv_tokens is None else 1 + blocks_for(kv_tokens)  # a paged pool, with its trash block
         if (lane is None or lane.model is not model or lane.vocab != vocab or lane.capacity < capacity
-                or lane.max_rows < batch or self._weights.get(role) != weights
+                or lane.rows.base < batch or self._weights.get(role) != weights  # base: rows beside the spare ones
                 or lane.kv_blocks != kv_blocks):  # a pool of another size (or none) than asked for
             self._lanes.pop(role, None)  # free the old buffers before allocating new ones
             room = -(-max(capacity, self.capacity, 1) // self.capacity_step) * self.capacity_step

@@ -21,10 +21,10 @@ import time
 
 import torch
 
+from . import virtual_rows
 from .buckets import kernel_class
 from .kernels import triton_cache, triton_support
 from .kernels.decode_attention import pending as attention_pending
-from . import virtual_rows
 from .patches import products
 
 log = logging.getLogger("hf_rstitch.fast")

@@ -31,8 +31,9 @@ class StepInputs:
     def place(self, new_ids: torch.Tensor, bucket: int, index: torch.Tensor | None, placed=None):
         """Copy ``new_ids`` ``[B, width]`` into the buffer: of the live rows, in the batch bucket of ``bucket`` rows,
         cache row ``index[i]`` for row ``i`` (None: in order); or, with ``placed`` (bucket, their cache rows[, the
-        live rows' width where ``new_ids`` is wider: :mod:`.virtual_rows`]), of those rows. Returns ``(bucket rows, length bucket, the graph's ids view, n_real)``: ``n_real`` an int where
-        the length bucket has no padding, else the device scalar, filled."""
+        live rows' width where ``new_ids`` is wider: :mod:`.virtual_rows`]), of those rows. Returns ``(bucket rows,
+        length bucket, the graph's ids view, n_real)``: ``n_real`` an int where the length bucket has no padding, else
+        the device scalar, filled."""
         live, width = new_ids.shape
         if placed is not None:
             rows, at, *real = placed

@@ -77,17 +77,21 @@ class VirtualJoins:
             rows = {self.lane.kv.slots.slot[i] for i in held}
             if not any(row in rows for free, _, _ in self.pending for row in free):
                 return
-        pending, self.pending = self.pending, []
+        rows = [(row, ids[i], host[i]) for free, ids, host in self.pending for i, row in enumerate(free)]
+        if rows:
+            free, ids, host = zip(*rows)  # kept at one width: every verb that moves the columns flushes or follows
+            self.lane.joins.prefill(list(free), torch.stack(ids), torch.stack(host))  # raises: still kept
+        self.pending = []
         self.flushes[why] = self.flushes.get(why, 0) + 1
-        rows = [(row, ids[i], host[i]) for free, ids, host in pending for i, row in enumerate(free)]
-        free, ids, host = zip(*rows)  # kept at one width: every verb that moves the columns flushes or follows
-        self.lane.joins.prefill(list(free), torch.stack(ids), torch.stack(host))
 
     def kept_rows(self, before: list[int], index: list[int]) -> None:
         """After the lane kept its live rows ``index`` (``before``: their cache rows until then): the kept joins that
         stay follow their rows to their new cache rows (a paged cache moves a row's table row, never its keys and
         values: the blocks they will be read into move with it); those that left are dropped, never read."""
         if not self.pending:
+            return
+        if self.lane.seen == 0:  # nothing read yet (the rows stay where they were): nothing kept to read either
+            self.pending = []
             return
         after = self.lane.kv.slots.slot
         moved = {before[i]: after[j] for j, i in enumerate(index)}

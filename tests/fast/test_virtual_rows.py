@@ -293,3 +293,35 @@ def test_a_call_wider_than_virtual_rows_ride_takes_the_twin_and_spare_buckets_wa
     lane.warm_up()
     spare = {size for rows, size in runs if rows > lane.rows.base}
     assert spare == {s for s in lane.buckets if s <= WIDEST} and {size for _, size in runs} == set(lane.buckets)
+
+
+def test_a_request_engine_lane_built_for_a_smaller_batch_is_rebuilt_not_spilled_into_its_spare_rows():
+    """A lane holds its batch plus ``virtual_joins`` spare rows: asked for a larger batch than its own, the engine
+    builds a new lane (live rows never sit in the spare rows, whose buckets are warmed for virtual rows only)."""
+    from hf_rstitch.fast import FastEngine
+
+    llm, _ = make_pair("llama")
+    engine = FastEngine(dataclasses.replace(VIRTUAL, virtual_joins=16), capacity=64)
+    small = engine.lane(llm, Role.LLM, 96, 64, batch=8, kv_tokens=512)
+    assert (small.rows.base, small.max_rows) == (8, 8 + 16)
+    assert engine.lane(llm, Role.LLM, 96, 64, batch=8, kv_tokens=512) is small
+    big = engine.lane(llm, Role.LLM, 96, 64, batch=20, kv_tokens=512)
+    assert big is not small and big.rows.base == 20 and engine.builds == 2
+
+
+def test_a_flush_that_fails_keeps_its_joins():
+    """The join twin's prefill raising inside a verb (a pool out of blocks): the kept joins stay kept, not lost."""
+    llm, _ = make_pair("llama")
+    lane = FastLane(llm.double(), Role.LLM, 96, capacity=64, config=VIRTUAL, max_rows=8, kv_blocks=64)
+    b = Batch(lane, seed=10)
+    b.join([4])
+    b.append(1)
+    b.join([3])
+    real = lane.joins.prefill
+    lane.joins.prefill = lambda *a: (_ for _ in ()).throw(RuntimeError("simulated: out of blocks"))
+    with pytest.raises(RuntimeError, match="out of blocks"):
+        lane.crop(lane.seen)
+    assert len(lane.virtual.pending) == 1 and lane.virtual.flushes == {}
+    lane.joins.prefill = real
+    b.check(b.append(1)[0], llm)
+    assert lane.virtual.calls == 1
