@@ -78,6 +78,10 @@ class EngineConfig:
     join_group: int = field(default=8, metadata=help_meta(
         "with --join-wait: joiners that join at once without waiting (8: one join call of the fast engine); a batch "
         "decoding fewer rows than this counts as nearly empty and takes joiners at once"))
+    virtual_joins: int | None = field(default=None, metadata=help_meta(
+        "fast engine serving requests: spare cache rows a step's call reads joining prompts in (virtual rows), so a "
+        "join costs that call a few rows instead of a join call of its own (a weight read of each model); 0: off, "
+        "every join a call of its own; default: the fast engine's (64). docs/fast-engine.md, virtual joins"))
     fast: Any = field(default=None, metadata={"cli": False, "help":
         "a hf_rstitch.fast.FastConfig for the fast engine; None: FastConfig() when named, AUTO under auto"})
     builder: Any = field(default=None, metadata={"cli": False, "help":
@@ -117,6 +121,10 @@ class EngineConfig:
         if self.prefill_chunk is None or self.prefill_chunk < 0:
             raise ValueError(f"--prefill-chunk must be >= 0 tokens (0: joins prefill whole), got {self.prefill_chunk}")
         self.join_pacing()  # --join-wait / --join-group checked here
+        if self.virtual_joins is not None and (isinstance(self.virtual_joins, bool)
+                                               or not isinstance(self.virtual_joins, int) or self.virtual_joins < 0):
+            raise ValueError(f"--virtual-joins must be an integer >= 0 (spare rows for joining prompts; 0: off), got "
+                             f"{self.virtual_joins!r}")
 
     def join_pacing(self):
         """When a request engine's waiting requests join: :class:`~hf_rstitch.core.scheduling.JoinPacing` of

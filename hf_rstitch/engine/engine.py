@@ -27,6 +27,7 @@ replaced: its errors are raised.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import Any, NamedTuple
@@ -68,9 +69,10 @@ def choose(pair: Pair, cfg: EngineConfig) -> Choice:
 
     if cfg.kind == "fast":
         tuned = cfg.fast_like_auto and pair.device.type == "cuda"
-        return Choice("fast", "named: stitch_engine='fast'", cfg.fast or (engine.AUTO if tuned else FastConfig()))
+        return Choice("fast", "named: stitch_engine='fast'",
+                      _asked(cfg, cfg.fast or (engine.AUTO if tuned else FastConfig())))
     no_triton = engine.why_not_triton()
-    config = engine.AUTO if no_triton is None else engine.NO_TRITON
+    config = _asked(cfg, engine.AUTO if no_triton is None else engine.NO_TRITON)
     reason, proving = engine.why_not_fast(pair.llm, pair.slm, cfg.max_batch), False
     if reason is not None:  # unproven in the lists: proven on this machine instead, where it can be (fast.proof)
         reason, proved = proof.unproven(pair.llm, pair.slm, cfg.max_batch, reason, config, engine.engine_for)
@@ -85,6 +87,11 @@ def choose(pair: Pair, cfg: EngineConfig) -> Choice:
              f"({engine.NO_TRITON}): {no_triton}")
         why = no_triton
     return Choice("fast", why, config, True, proving)
+
+
+def _asked(cfg: EngineConfig, fast):
+    """``fast`` (a FastConfig) with what ``cfg``'s flags set on it (``--virtual-joins``)."""
+    return fast if cfg.virtual_joins is None else dataclasses.replace(fast, virtual_joins=cfg.virtual_joins)
 
 
 def _speculating(cfg: EngineConfig) -> Choice:

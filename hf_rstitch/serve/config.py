@@ -40,7 +40,7 @@ class ServeConfig:
                                                      "choices": ["float32", "bfloat16", "float16"]})
     engine: EngineConfig = field(default_factory=EngineConfig, metadata={"embed": True, "help":
         "the pair's engine: kind (--engine), --max-batch, --max-model-len, --kv-memory, --kv-tokens, --paged, "
-        "--prefill-chunk, --join-wait, --join-group (hf_rstitch.engine.EngineConfig); "
+        "--prefill-chunk, --join-wait, --join-group, --virtual-joins (hf_rstitch.engine.EngineConfig); "
         "ServeConfig(engine='fast', max_batch=4) takes them flat"})
     schedule: str = field(default="now", metadata={"help":
         "When the LLM runs for rows that need it in a batch: now (at once), or gather[:K[:M]]: such rows "

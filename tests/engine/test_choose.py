@@ -125,3 +125,15 @@ def test_auto_on_an_unproven_pair_proves_it_on_this_machine(pair, monkeypatch):
     assert isinstance(_builder(pair, EngineConfig(kind="auto"), choice), proof.Proving)
     monkeypatch.setattr(proof, "unproven", lambda llm, slm, batch, reason, config, kept: (reason + "; failed", None))
     assert choose(pair, EngineConfig(kind="auto"))[:2] == ("default", "unproven here (test); failed")
+
+
+def test_virtual_joins_set_on_the_config_reaches_the_fast_config_the_choice_runs(pair, monkeypatch):
+    """``--virtual-joins`` (EngineConfig.virtual_joins) on whichever FastConfig a rule picks; unset, the config's own."""
+    mine = FastConfig(graphs=False)
+    assert choose(pair, EngineConfig(kind="fast", fast=mine, virtual_joins=0)).fast == FastConfig(graphs=False,
+                                                                                                  virtual_joins=0)
+    assert choose(pair, EngineConfig(kind="fast")).fast.virtual_joins == FastConfig().virtual_joins == 64
+    monkeypatch.setattr(fast_engine, "why_not_fast", lambda *a: None)
+    monkeypatch.setattr(fast_engine, "why_not_triton", lambda: None)
+    assert choose(pair, EngineConfig(kind="auto", virtual_joins=16)).fast == FastConfig(
+        **{**AUTO.__dict__, "virtual_joins": 16})

@@ -11,7 +11,7 @@ def test_help_lists_the_issue_flags():
     sub = build_parser()._subparsers._group_actions[0].choices["serve"]
     flags = {o for a in sub._actions for o in a.option_strings}
     assert {"--llm", "--slm", "--threshold", "--router", "--host", "--port", "--device", "--max-batch",
-            "--max-queue", "--replicas", "--schedule", "--prefill-chunk", "--join-wait", "--join-group"} <= flags
+            "--max-queue", "--replicas", "--schedule", "--prefill-chunk", "--join-wait", "--join-group", "--virtual-joins"} <= flags
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -23,6 +23,7 @@ def test_help_lists_the_issue_flags():
     (["--prefill-chunk", "-1"], "--prefill-chunk must be >= 0 tokens (0: joins prefill whole), got -1"),
     (["--join-wait", "-2"], "join_wait (--join-wait) must be an integer >= 0, got -2"),
     (["--join-group", "0"], "join_group (--join-group) must be an integer >= 1, got 0"),
+    (["--virtual-joins", "-1"], "--virtual-joins must be an integer >= 0 (spare rows for joining prompts; 0: off)"),
 ])
 def test_bad_flags_exit_2_with_a_message(argv, needle, capsys):
     assert main(["serve", *argv]) == 2
