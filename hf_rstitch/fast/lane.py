@@ -39,8 +39,9 @@ waiting and the shared columns moving), ``lane.inputs`` (:class:`~hf_rstitch.fas
 graphs' input buffers, and each call's mask and positions), ``lane.kernels``
 (:class:`~hf_rstitch.fast.lane_build.LaneKernels`: what runs in place of the model's code), ``lane.outputs``
 (:class:`~hf_rstitch.fast.lane_outputs.ReadOut`: the read-out and its entropy and greedy tokens), ``lane.ahead``
-(:class:`~hf_rstitch.fast.lane_ahead.Ahead`: kernels built and graphs captured ahead) and ``lane.joins``
-(:class:`~hf_rstitch.fast.joins.Joins`: the join twin that prefills joining rows, and the stage of chunked joins).
+(:class:`~hf_rstitch.fast.lane_ahead.Ahead`: kernels built and graphs captured ahead), ``lane.joins``
+(:class:`~hf_rstitch.fast.joins.Joins`: the join twin that prefills joining rows, and the stage of chunked joins)
+and ``lane.virtual`` (:class:`~hf_rstitch.fast.virtual_rows.VirtualJoins`: joining prompts read in the next call).
 
 Which of these a lane runs is decided once, when it is built, by :func:`~hf_rstitch.fast.plan.plan_for`:
 ``lane.plan`` (printable) names every kernel and patch, and the lane builds what it names.
