@@ -263,3 +263,43 @@ def test_joins_read_as_virtual_rows_equal_the_join_twins_and_solo_runs(arch):
         assert got[0] == solo(llm, slm, p, TAUS[i], MAX_NEW[i]).sequences[0, p.shape[1]:].tolist(), r.request_id
     assert sum(engine.lanes[role].virtual.calls for role in (Role.SLM, Role.LLM)) > 0
     assert all(engine.lanes[role].max_rows == 9 + 64 for role in (Role.SLM, Role.LLM))
+
+
+ZOO = ["llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "mistral", "qwen2_moe", "gpt_oss", "phi3", "gpt2",
+       "gpt_neox", "cohere2", "olmoe", "starcoder2", "granite"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ZOO)
+def test_virtual_joins_write_what_the_join_twin_writes_across_the_zoo(model_type):
+    """The default ``virtual_joins=64`` against every join a call of the join twin (``0``), on architectures of the
+    fast engine's proven zoo that differ where a joiner's prompt read in another row could go wrong -- sliding windows
+    (gemma2, gemma3, mistral, cohere2, gpt_oss, starcoder2), experts (qwen2_moe, gpt_oss, olmoe), learned or partial
+    positions (gpt2, gpt_neox), fused projections (phi3), query-key norms (qwen3), attention sinks (gpt_oss):
+    requests arriving over time, one cancelled, on paged CPU FastLanes that run ahead, at a threshold where routes
+    mix: the same tokens, finish reasons, routes, per-call records and entropies, with joins read as virtual rows."""
+    import warnings
+
+    import torch
+    from request_events import assert_same_completions, drive, route_record
+    from zoo_models import VOCAB, build_pair, pick_threshold, zoo
+
+    if model_type not in zoo():
+        pytest.skip(f"{model_type} is not in this transformers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        llm, slm = build_pair(model_type)
+    tau = pick_threshold(slm)
+    g = torch.Generator().manual_seed(13)
+    reqs = [dict(input_ids=torch.randint(3, VOCAB, (2 + (5 * i) % 11,), generator=g).tolist(),
+                 max_new_tokens=3 + (7 * i) % 11, eos_token_id=[], request_id=f"v{i}") for i in range(10)]
+    arrive = {0: [0, 1], 1: [2, 3], 2: [4], 4: [5, 6, 7], 6: [8], 7: [9]}
+    got = {}
+    for budget in (0, 64):
+        config = FastConfig(graphs=False, max_bucket=4, run_ahead=True, virtual_joins=budget)
+        eng = RequestEngine.of(llm, slm, max_batch=4, max_length=64, engine=config, threshold=tau, kv_tokens=512)
+        got[budget] = drive(eng, [Request(**r) for r in reqs], arrive, cancel=(5, "v6"), last=route_record), eng
+    (ref, _), (new, eng) = got[0], got[64]
+    assert_same_completions(new, ref)
+    assert sum(eng.lanes[role].virtual.calls for role in (Role.SLM, Role.LLM)) > 0
+    assert {r for _, _, (roles, _, _) in ref.values() for r in roles} == {Role.SLM, Role.LLM}, "routes do not mix"
