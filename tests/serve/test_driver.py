@@ -92,7 +92,8 @@ def test_freeze_gc_takes_the_objects_alive_now_out_of_collections_and_leaves_the
         gone = weakref.ref(garbage)
         del garbage
         frozen = freeze_gc()
-        assert frozen == gc.get_freeze_count() > 0 and gc.isenabled()
+        # frozen objects may die after the count (another thread's, e.g. xdist's link): never more, never none
+        assert frozen >= gc.get_freeze_count() > 0 and gc.isenabled()
         assert gone() is None  # collected before the freeze, not frozen
         later = Cycle()
         later.me = later
