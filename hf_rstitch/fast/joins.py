@@ -165,7 +165,12 @@ class Joins:
         """Fill the lane's cache rows ``dst`` with the keys/values of ``ids`` ``[k, seen]`` (:func:`prefill_rows`).
 
         Why not an eager forward: on a GPU that one forward per lane is host-bound, about ten decode steps' worth a
-        joining row (``benchmarks/results/request_engine_*.md``)."""
+        joining row (``benchmarks/results/request_engine_*.md``). Refused while the twin holds a stage (its rows
+        would be overwritten): the request engine joins rows whole only once a stage is joined or forgotten."""
+        if self.stage is not None:
+            raise RuntimeError(f"{self.lane.role} FastLane: rows join whole while the join twin holds a stage of "
+                               "chunked joins, which their prefill would overwrite; join the staged rows (add_rows("
+                               "..., staged=...)) or unstage() first")
         self.groups += prefill_rows(self.lane, dst, ids, host)
 
     def filler(self, seq: torch.Tensor, staged: list[int] | None):

@@ -18,9 +18,10 @@ The virtual rows' logits are dropped and their table rows point at the trash blo
 
 When the lane falls back to the join twin (:meth:`VirtualJoins.flush`, the same prefill as without this part, one batch
 for every join kept): the next call reads more than :data:`WIDEST` columns, the chunks need more than ``V`` rows or
-more than the free cache rows, the cache is static, the lane gathers its rows (``compact_rows``), or any other verb
-(rows leaving, waiting, columns moving, a reset) comes between the join and the next call. Tokens and caches equal
-the twin's either way.
+more than the free cache rows, or a crop, a stage or the joiner's own wait comes between the join and the next call
+(rows leaving, the columns moving on the left and other rows waiting are followed). Joins are never kept where the
+cache is static or the lane gathers its rows (``compact_rows``): the twin prefills them at once (and refuses while
+it holds a stage, which it would overwrite). Tokens and caches equal the twin's either way.
 
 What it does not do: chunked joins (a staged prompt is copied from its stage, as before).
 """
@@ -58,8 +59,8 @@ class VirtualJoins:
     def filler(self, fill, seq: torch.Tensor, staged: list[int] | None):
         """``fill(free, host)`` for :meth:`~.lane_rows.LaneRows.add`: the joining rows kept for the next call where
         this part is on (their first ``seen`` columns: ``seq[:, :seen]``), else ``fill`` (the twin's prefill)."""
-        if self.budget <= 0 or staged is not None or self.lane.compact is not None:
-            return fill
+        if self.budget <= 0 or staged is not None or self.lane.compact is not None or self.lane.joins.stage is not None:
+            return fill  # (with a stage in the join twin the twin refuses at once, not at a later flush)
         seen = self.lane.seen
 
         def keep(free: list[int], host: torch.Tensor) -> None:

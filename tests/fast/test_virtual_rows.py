@@ -325,3 +325,20 @@ def test_a_flush_that_fails_keeps_its_joins():
     lane.joins.prefill = real
     b.check(b.append(1)[0], llm)
     assert lane.virtual.calls == 1
+
+
+@pytest.mark.parametrize("budget", [64, 0])
+def test_a_join_whole_while_the_twin_holds_a_stage_is_refused_at_once(budget):
+    """Rows joining whole take the join twin (at once, or at a kept join's flush), whose rows hold a stage of chunked
+    joins that its prefill would overwrite: refused when they join, by name, kept joins or not (the request engine
+    joins rows whole only once a stage is joined or forgotten)."""
+    llm, _ = make_pair("llama")
+    config = dataclasses.replace(VIRTUAL, virtual_joins=budget)
+    lane = FastLane(llm.double(), Role.LLM, 96, capacity=64, config=config, max_rows=8, kv_blocks=64)
+    b = Batch(lane, seed=11)
+    b.join([4])
+    b.append(1)
+    lane.stage_rows([[5, 6, 7, 8, 9, 10]])
+    with pytest.raises(RuntimeError, match="holds a stage of chunked joins"):
+        b.join([3])
+    assert lane.virtual.pending == []
