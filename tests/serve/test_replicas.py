@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -89,16 +90,30 @@ def _health(url: str, tries: int = 20) -> dict[int, int]:
     return seen
 
 
-def _ask(url: str, case: tuple, stream: bool, out: dict, key: int) -> None:
-    try:
-        if not stream:
-            r = httpx.post(url + "/v1/chat/completions", json=body(*case), timeout=180)
-            out[key] = (r.status_code, r.json())
+def _ask(url: str, case: tuple, stream: bool, out: dict, key: int, tries: int = 5) -> None:
+    """One request as an OpenAI client makes it: a 429 (at capacity, ``Retry-After``) is sent again, up to ``tries``
+    times (the openai SDK retries it too); its answer, or the last 429, in ``out[key]``. Why: a burst of requests at
+    a front replica may find Ray's router queue full for a moment (seen in 2 of ~6 runs on the 2-core box: one 429
+    of 16, before the kill); the kill's outcome, not admission, is under test."""
+    for attempt in range(tries):
+        try:
+            answer, wait = _once(url, case, stream)
+        except httpx.HTTPError as err:  # a cut connection: what the relay must prevent
+            answer, wait = ("cut", repr(err)), None
+        if answer[0] != 429 or attempt == tries - 1:
+            out[key] = answer
             return
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body(*case, stream=True), timeout=180) as r:
-            out[key] = (r.status_code, sse_events(r.iter_lines()) if r.status_code == 200 else json.loads(r.read()))
-    except httpx.HTTPError as err:  # a cut connection: what the relay must prevent
-        out[key] = ("cut", repr(err))
+        time.sleep(wait)
+
+
+def _once(url: str, case: tuple, stream: bool) -> tuple[tuple, float]:
+    """``((status, answer), Retry-After seconds)`` of one request."""
+    if not stream:
+        r = httpx.post(url + "/v1/chat/completions", json=body(*case), timeout=180)
+        return (r.status_code, r.json()), float(r.headers.get("retry-after", "1"))
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body(*case, stream=True), timeout=180) as r:
+        answer = sse_events(r.iter_lines()) if r.status_code == 200 else json.loads(r.read())
+        return (r.status_code, answer), float(r.headers.get("retry-after", "1"))
 
 
 @pytest.mark.parametrize("frontend_procs", [0, 1], ids=["engine-in-replica", "engine-process"])
