@@ -93,7 +93,7 @@ def _health(url: str, tries: int = 20) -> dict[int, int]:
 def _ask(url: str, case: tuple, stream: bool, out: dict, key: int, tries: int = 5) -> None:
     """One request as an OpenAI client makes it: a 429 (at capacity, ``Retry-After``) is sent again, up to ``tries``
     times (the openai SDK retries it too); its answer, or the last 429, in ``out[key]``. Why: a burst of requests at
-    a front replica may find Ray's router queue full for a moment (seen in 2 of ~6 runs on the 2-core box: one 429
+    a front replica may find Ray's router queue full for a moment (3 of ~10 runs on the 2-core box: one 429
     of 16, before the kill); the kill's outcome, not admission, is under test."""
     for attempt in range(tries):
         try:
