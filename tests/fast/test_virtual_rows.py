@@ -1,11 +1,15 @@
-"""The paged cache's addressing carries the design docs/serving.md calls *virtual rows* (not built yet): a row's token
-``t`` lives where its block table and its padding count put it (``t = column - pad``), whichever cache row reads it.
-So a one-column call whose extra cache rows copy a joiner's block-table row, each with the padding count that puts the
-call's column on one of the joiner's prompt tokens, reads the whole prompt in that call: the joiner's last token gets
-the logits, and its keys and values equal those of the prompt's prefill (every row of a layer stores before it
-attends, so the prompt's tokens see each other causally). This test holds that property of PagedKV and the lane's
-forward, on which the design relies: on the CPU in fp64 (eager attention; under Triton's interpreter, as the kernel
-tier runs it, the cache's store kernel too), on CUDA in fp32 through the split attention and store kernels."""
+"""Joins read as virtual rows (``FastConfig(virtual_joins=V)``, :mod:`hf_rstitch.fast.virtual_rows`).
+
+First the property of the paged cache the design relies on: a row's token ``t`` lives where its block table and its
+padding count put it (``t = column - pad``), whichever cache row reads it. So a one-column call whose extra cache rows
+copy a joiner's block-table row, each with the padding count that puts the call's column on one of the joiner's
+prompt tokens, reads the whole prompt in that call: the joiner's last token gets the logits, and its keys and values
+equal those of the prompt's prefill (every row of a layer stores before it attends, so the prompt's tokens see each
+other causally). On the CPU in fp64 (eager attention; under Triton's interpreter, as the kernel tier runs it, the
+cache's store kernel too), on CUDA in fp32 through the split attention and store kernels.
+
+Then the lane's part on it: logits and caches equal the join twin's through calls of one to five columns, rows
+leaving, moving, waiting, the columns trimmed and padded, block edges, failures and the fallbacks to the twin."""
 
 import dataclasses
 
