@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import ClassVar
@@ -79,6 +80,12 @@ class FastConfig:
     # table), not by a join call of their own; 0: off (every join takes the join twin). 64: on an H200 (7B / 1.5B,
     # 8-256 clients) the engine's steps 3-17 % faster, joins from 4-27 % of a step to 0 (engine_variants_*_virtual)
     virtual_joins: int = 64
+
+    def key(self) -> str:
+        """``repr`` of this config as stored keys name it (the steps' kernels markers, stored proofs): with
+        ``virtual_joins`` at 0, which decides no kernel and no proof (a request engine's spare rows are in its lanes'
+        plans and cache shapes; a proof runs ``generate``, which joins no rows)."""
+        return repr(dataclasses.replace(self, virtual_joins=0))
 
     def __post_init__(self):
         bucket_sizes(self.max_bucket)  # validates

@@ -128,5 +128,5 @@ class Ahead:
         shapes = sorted({(tuple(p.shape), str(p.dtype)) for p in lane.model.parameters()})
         plan = {**lane.plan.as_dict(), "windows": sorted({str(w) for w in lane.plan.windows}),
                 "modules": sorted({str(line[:2] + line[3:]) for line in lane.plan.modules})}  # not their counts
-        return json.dumps([type(lane.model).__name__, shapes, plan, repr(lane.config), list(lane.cache.keys[0].shape),
+        return json.dumps([type(lane.model).__name__, shapes, plan, lane.config.key(), list(lane.cache.keys[0].shape),
                            lane.vocab, steps], default=str)

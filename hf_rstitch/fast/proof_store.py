@@ -54,7 +54,7 @@ def key_for(llm, slm, config, device) -> dict:
     return {"gpu": gpu, "capability": capability, "profile": config.profile or capabilities.active_profile(),
             "torch": torch.__version__, "triton": triton_version, "transformers": transformers.__version__,
             "hf_rstitch": _package_version(), "llm": [_kind(llm), str(llm.dtype)], "slm": [_kind(slm), str(slm.dtype)],
-            "config": repr(config)}
+            "config": config.key()}
 
 
 def _package_version() -> str:

@@ -182,3 +182,16 @@ def test_a_request_engine_on_an_unproven_pair_builds_and_proves_its_lanes_once(m
     assert len(built) == 2  # a lane a model (their join twins come at the first join)
     done = engine.run([Request([5, 6, 7, 8], max_new_tokens=6, eos_token_id=[])])
     assert len(next(iter(done.values())).tokens) == 6
+
+
+def test_a_stored_proof_does_not_depend_on_virtual_joins():
+    """A proof runs ``generate``, which joins no rows: its key names the config without ``virtual_joins``
+    (``FastConfig.key``), so proofs stored under one setting hold under another; any other field still counts."""
+    llm, slm = build_pair("llama")
+
+    def key(**fields):
+        return proof_store.key_for(llm, slm, FastConfig(graphs=False, **fields), "cpu")
+
+    assert key(virtual_joins=64) == key(virtual_joins=0) == key()
+    assert key(max_bucket=8) != key()
+    assert FastConfig(virtual_joins=64).key() == repr(FastConfig(virtual_joins=0))

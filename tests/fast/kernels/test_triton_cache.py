@@ -178,6 +178,29 @@ def test_a_lanes_steps_signature_ignores_depth_only():
     json.loads(signature(32, 1))
 
 
+def test_a_lanes_steps_signature_ignores_virtual_joins_but_not_its_spare_rows():
+    """``virtual_joins`` decides no kernel: a lane without spare rows (generate's) has the signature of one built
+    with ``virtual_joins=0`` (what the shipped archives' markers were made with); a request engine's lane with
+    spare rows has its own (its plan's batch buckets and its cache's rows)."""
+    import sys
+
+    sys.path.insert(0, "tests")
+    from tiny_models import make_model
+
+    from hf_rstitch import Role
+    from hf_rstitch.fast import FastConfig, FastLane
+
+    model = make_model("qwen2", 32, 1, seed=0)
+
+    def signature(virtual_joins, max_rows=4, spare=0, kv_blocks=None):
+        config = FastConfig(max_bucket=4, graphs=False, virtual_joins=virtual_joins)
+        lane = FastLane(model, Role.LLM, 96, 32, config, max_rows=max_rows, kv_blocks=kv_blocks, spare_rows=spare)
+        return lane._steps_signature([(False, 1), (True, 4)])
+
+    assert signature(64) == signature(0) == signature(16)
+    assert signature(64, max_rows=4 + 64, spare=64, kv_blocks=32) != signature(0, kv_blocks=32)
+
+
 def test_an_index_says_which_kernel_code_it_was_made_from(shipped, monkeypatch):
     """Triton renames a kernel's entries when its module changes above it, and markers name the code whole: an
     archive made before a change to the kernels' sources is stale, one whose index does not say is unknown."""
