@@ -284,9 +284,7 @@ class FastLane:
     # ---- rows: the lane protocol's verbs beyond advance (lane.kv, .lane_rows) ------------------------------------
     def keep_rows(self, index: torch.Tensor) -> None:
         """As :meth:`~hf_rstitch.fast.lane_rows.LaneRows.keep`."""
-        before = list(self.kv.slots.slot)
-        self.kv.keep(index)
-        self.virtual.kept_rows(before, index.tolist() if isinstance(index, torch.Tensor) else list(index))
+        self.virtual.keep_rows(index)  # the kept joins that stay follow their rows
 
     def add_rows(self, seq: torch.Tensor, mask: torch.Tensor, staged: list[int] | None = None) -> None:
         """Append rows laid out in the shared columns (``seq`` / ``mask`` ``[k, T]``, left-padded) in free cache

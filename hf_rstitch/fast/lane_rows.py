@@ -155,7 +155,7 @@ class LaneRows:
         k = seq.shape[0]
         host = mask.detach().cpu().bool()
         pads = left_padding(host).tolist()
-        free = sorted(set(range(self.slots.max_rows)) - set(self.slots.slot))[:k]
+        free = self.slots.free()[:k]
         if len(free) < k:
             raise ValueError(f"{self.role} FastLane holds {self.slots.max_rows} rows, {self.slots.n_live} are live: "
                              f"no room for {k} more. Build the engine with FastEngine(max_batch=...) >= the largest "

@@ -73,6 +73,10 @@ class RowSlots:
     def n_live(self) -> int:
         return len(self.slot)
 
+    def free(self, below: int | None = None) -> list[int]:
+        """Cache rows (below ``below``; default: all) that no live row holds, lowest first."""
+        return sorted(set(range(self.max_rows if below is None else below)) - set(self.slot))
+
     @property
     def bucket(self) -> int:
         """Rows of the graph that runs the live rows: the smallest batch bucket holding every live cache row."""
@@ -96,7 +100,7 @@ class RowSlots:
         if not self.slot or not settle:
             return []
         target = bucket_for(len(self.slot), self.sizes)
-        free = sorted(set(range(target)) - set(self.slot))
+        free = self.free(target)
         moves = []
         for r, s in enumerate(self.slot):
             if s >= target:

@@ -51,8 +51,7 @@ class VirtualJoins:
         self.budget = lane.config.virtual_joins if lane.paged else 0
         self.pending: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []  # (cache rows, ids, host mask)
         self.placed: torch.Tensor | None = None  # the virtual rows of the call being made (cleared by finish)
-        self.reads = None  # what ready() found the kept joins read, for place()
-        self.size = None  # the length bucket of the call they ride in
+        self.reads = None  # what ready() found the kept joins read (and the call's length bucket), for place()
         self.calls = self.rows = 0
         self.flushes: dict[str, int] = {}  # why kept joins took the join twin instead (a verb, or the call)
 
@@ -85,12 +84,16 @@ class VirtualJoins:
         self.pending = []
         self.flushes[why] = self.flushes.get(why, 0) + 1
 
-    def kept_rows(self, before: list[int], index: list[int]) -> None:
-        """After the lane kept its live rows ``index`` (``before``: their cache rows until then): the kept joins that
-        stay follow their rows to their new cache rows (a paged cache moves a row's table row, never its keys and
-        values: the blocks they will be read into move with it); those that left are dropped, never read."""
+    def keep_rows(self, index) -> None:
+        """The lane keeps its live rows ``index`` (:meth:`~.lane_rows.LaneRows.keep`), and the kept joins that stay
+        follow their rows to their new cache rows (a paged cache moves a row's table row, never its keys and values:
+        the blocks they will be read into move with it); those that left are dropped, never read."""
         if not self.pending:
+            self.lane.kv.keep(index)
             return
+        before = list(self.lane.kv.slots.slot)
+        self.lane.kv.keep(index)
+        index = index.tolist() if isinstance(index, torch.Tensor) else list(index)
         if self.lane.seen == 0:  # nothing read yet (the rows stay where they were): nothing kept to read either
             self.pending = []
             return
@@ -123,16 +126,18 @@ class VirtualJoins:
         if not self.pending:
             return False
         lane = self.lane
-        self.size = bucket_for(width, lane.buckets) if width <= min(WIDEST, lane.config.max_bucket) else None
-        self.reads = self._reads(self.size) if self.size is not None else None
-        free = lane.kv.slots.max_rows - lane.kv.slots.n_live
-        if self.reads is not None and not self.reads[0]:  # no joiner has a token before ``seen``: nothing to read
-            self.reads, self.pending = None, []
+        if width > min(WIDEST, lane.config.max_bucket):
+            self.flush("wide call")
             return False
-        if self.reads is None or len(self.reads[0]) > min(self.budget, free):
-            self.reads = None
-            self.flush("wide call" if self.size is None else "too many rows")
+        size = bucket_for(width, lane.buckets)
+        owners, starts, ids = self._reads(size)
+        if not owners:  # no joiner has a token before ``seen``: nothing to read
+            self.pending = []
             return False
+        if len(owners) > min(self.budget, lane.kv.slots.max_rows - lane.kv.slots.n_live):
+            self.flush("too many rows")
+            return False
+        self.reads = (size, owners, starts, ids)
         return True
 
     def place(self, new_ids: torch.Tensor):
@@ -141,8 +146,8 @@ class VirtualJoins:
         rows' right-padded, the ``R`` virtual rows' chunks after them) and (batch bucket, cache row of each, width) --
         the virtual rows' table rows and padding set on the device."""
         lane = self.lane
-        (owners, starts, ids), self.reads = self.reads, None
-        virtual = sorted(set(range(lane.kv.slots.max_rows)) - set(lane.kv.slots.slot))[: len(owners)]
+        (size, owners, starts, ids), self.reads = self.reads, None
+        virtual = lane.kv.slots.free()[: len(owners)]
         self.pending = []
         dev = lane.kv.device
         at = to_device(virtual, dev)
@@ -158,7 +163,7 @@ class VirtualJoins:
         self.rows += len(virtual)
         width = new_ids.shape[1]
         chunks = to_device(ids, dev).to(new_ids.dtype)  # [R, size]
-        ids = torch.cat([torch.nn.functional.pad(new_ids, (0, self.size - width)), chunks])
+        ids = torch.cat([torch.nn.functional.pad(new_ids, (0, size - width)), chunks])
         return ids, (bucket, torch.cat([live, at]), width)
 
     def finish(self) -> None:
@@ -177,7 +182,7 @@ class VirtualJoins:
         owners, starts, ids = [], [], []
         for free, seq, host in self.pending:
             real = host.sum(1).tolist()  # left padding only: a row's real columns are its last ones
-            for row, n, r in zip(free, real, range(len(free))):
+            for r, (row, n) in enumerate(zip(free, real)):
                 prompt = seq[r, seq.shape[1] - n:].tolist()
                 first = n - -(-n // size) * size  # <= 0
                 for t in range(first, n, size):
