@@ -364,3 +364,16 @@ def near_thresholds(entropies: list[float], margin: float | None = None) -> list
             else:
                 out.append(h + sign * margin)
     return out
+
+
+def request_pair(model_type: str):
+    """``(llm, slm, threshold)`` of ``model_type`` for the request engine's zoo tests: skipped where this
+    transformers lacks it, built with its configs' warnings silenced, at a threshold where routes mix."""
+    import pytest
+
+    if model_type not in zoo():
+        pytest.skip(f"{model_type} is not in this transformers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        llm, slm = build_pair(model_type)
+    return llm, slm, pick_threshold(slm)

@@ -139,16 +139,9 @@ def test_joins_ahead_write_what_joins_at_a_step_start_write_across_the_zoo(model
     (mistral, gemma3, cohere2, gpt_oss), experts (qwen2_moe, gpt_oss, olmoe), learned or partial positions (gpt2,
     gpt_neox), fused projections (phi3): requests arriving over time on paged CPU FastLanes that run ahead, at a
     threshold where routes mix, write the same tokens and routes joining ahead as joining at a step's start."""
-    import warnings
+    from zoo_models import VOCAB, request_pair
 
-    from zoo_models import VOCAB, build_pair, pick_threshold, zoo
-
-    if model_type not in zoo():
-        pytest.skip(f"{model_type} is not in this transformers")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        llm, slm = build_pair(model_type)
-    tau = pick_threshold(slm)
+    llm, slm, tau = request_pair(model_type)
     g = torch.Generator().manual_seed(11)
     reqs = [dict(input_ids=torch.randint(3, VOCAB, (3 + (5 * i) % 9,), generator=g).tolist(),
                  max_new_tokens=3 + (7 * i) % 11, eos_token_id=[], request_id=f"z{i}") for i in range(9)]

@@ -278,18 +278,11 @@ def test_virtual_joins_write_what_the_join_twin_writes_across_the_zoo(model_type
     positions (gpt2, gpt_neox), fused projections (phi3), query-key norms (qwen3), attention sinks (gpt_oss):
     requests arriving over time, one cancelled, on paged CPU FastLanes that run ahead, at a threshold where routes
     mix: the same tokens, finish reasons, routes, per-call records and entropies, with joins read as virtual rows."""
-    import warnings
-
     import torch
     from request_events import assert_same_completions, drive, route_record
-    from zoo_models import VOCAB, build_pair, pick_threshold, zoo
+    from zoo_models import VOCAB, request_pair
 
-    if model_type not in zoo():
-        pytest.skip(f"{model_type} is not in this transformers")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        llm, slm = build_pair(model_type)
-    tau = pick_threshold(slm)
+    llm, slm, tau = request_pair(model_type)
     g = torch.Generator().manual_seed(13)
     reqs = [dict(input_ids=torch.randint(3, VOCAB, (2 + (5 * i) % 11,), generator=g).tolist(),
                  max_new_tokens=3 + (7 * i) % 11, eos_token_id=[], request_id=f"v{i}") for i in range(10)]
