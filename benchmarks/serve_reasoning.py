@@ -518,7 +518,8 @@ def merge(paths: list[str], out: Path, tag: str) -> str:
     doc = {**docs[0], "command": lab.command(), "rows": sorted(rows.values(), key=lambda r: (r["concurrency"],
                                                                                            r["method"])),
            "skipped": skipped, "details": {k: v for d in docs for k, v in d["details"].items()},
-           "phases": {k: v for d in docs for k, v in d["phases"].items()},
+           "phases": dict(sorted({k: v for d in docs for k, v in d["phases"].items()}.items(),
+                                 key=lambda kv: (kv[0].split("@")[0], int(kv[0].split("@")[1])))),
            "sources": [{k: d[k] for k in ("command", "date", "args")} for d in docs]}
     doc["args"] = {**docs[0]["args"], "methods": sorted({m for d in docs for m in d["args"]["methods"]}), "tag": tag}
     return write(doc, out)

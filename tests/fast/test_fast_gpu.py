@@ -282,11 +282,14 @@ def test_fp32_requests_run_ahead_of_the_llms_decisions_equal_reading_them_first(
 
 
 @gpu
+@pytest.mark.parametrize("virtual", [0, 64])
 @pytest.mark.parametrize("pinned", [False, True])
-def test_fp32_requests_joining_ahead_equal_joining_at_a_step_start_and_never_wait_for_the_device(pinned, monkeypatch):
+def test_fp32_requests_joining_ahead_equal_joining_at_a_step_start_and_never_wait_for_the_device(pinned, virtual,
+                                                                                                 monkeypatch):
     """Joins ahead on CUDA (hf_rstitch.batching.scheduler.join_ahead): rows taken at the end of a step's calls join
-    with their prefill queued behind the step, no device read in the join (sync debug mode "error"), and the next
-    call runs ahead; tokens and routes equal joining at a step's start."""
+    with their prefill queued behind the step (the join twin, ``virtual_joins=0``) or kept for the next call (virtual
+    rows, the default), no device read in the join (sync debug mode "error"), and the next call runs ahead; tokens
+    and routes equal joining at a step's start."""
     from hf_rstitch import Role
     from hf_rstitch.batching import Request, RequestEngine
     from hf_rstitch.batching import executor as executor_module
@@ -297,7 +300,7 @@ def test_fp32_requests_joining_ahead_equal_joining_at_a_step_start_and_never_wai
         read = [lane for lane in self.batch.lanes.values() if lane.kv.seen > 0]  # a lane that has read nothing
         # prefills nothing; one that has builds its join twin (probing the device) at its first join: later joins
         # must queue work only
-        built = bool(read) and all(lane.joins.built is not None for lane in read)
+        built = bool(read) and all(lane.joins.built is not None or lane.virtual.budget > 0 for lane in read)
         if built and self.ran_ahead is False and self.join_ahead is not None and len(rows) > len(new):
             torch.cuda.set_sync_debug_mode("error")
             checked.append(len(new))
@@ -310,7 +313,7 @@ def test_fp32_requests_joining_ahead_equal_joining_at_a_step_start_and_never_wai
     llm, slm = _pair(torch.float32)
     got = {}
     for ahead in (False, True):
-        fast = FastEngine(FastConfig(max_bucket=16), capacity=160, max_batch=4)
+        fast = FastEngine(FastConfig(max_bucket=16, virtual_joins=virtual), capacity=160, max_batch=4)
         policy = _RoutePerRequest({str(i): route(60, 25, 3, seed=30 + i) for i in range(12)})  # mixed, on the host
         engine = RequestEngine.of(llm, slm, max_batch=4, policy=policy, engine=fast, max_length=160, join_wait=0)
         policy.engine = engine
@@ -325,8 +328,8 @@ def test_fp32_requests_joining_ahead_equal_joining_at_a_step_start_and_never_wai
     for rid, c in ref.items():
         assert new[rid].tokens == c.tokens and new[rid].trace.roles == c.trace.roles, rid
     assert before["joined_ahead"] == 0 and after["joined_ahead"] > 4 and after["ahead"] > before["ahead"]
-    assert len(checked) > 2  # joins ahead into a running batch, with built twins, read nothing back
-    print(f"[requests joining ahead, pinned={pinned}] steps run ahead: {before['ahead']}/{before['steps']} joining "
+    assert len(checked) > 2  # joins ahead into a running batch (built twins or virtual rows) read nothing back
+    print(f"[requests joining ahead, pinned={pinned}, virtual={virtual}] steps run ahead: {before['ahead']}/{before['steps']} joining "
           f"at a step's start, {after['ahead']}/{after['steps']} joining ahead ({after['joined_ahead']} rows)")
 
 
