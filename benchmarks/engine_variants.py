@@ -71,7 +71,8 @@ def measure(args, variant: str, method: str, shape: dict, pair: tuple, budget) -
     if engine_kw.get("after_read") == 0:  # where nothing ran ahead, the next call waits for the next step
         engine.executor.after_read = False
     warm_s = sr.warm(engine, cfg)
-    print(f"[{variant} {method}] built and warmed in {time.monotonic() - t0:.1f} s{_memory(args)}", file=sys.stderr,
+    mem = memory_gib(args)
+    print(f"[{variant} {method}] built and warmed in {time.monotonic() - t0:.1f} s{_memory(mem)}", file=sys.stderr,
           flush=True)
     ps, rows = sr.prompts(len(shape[method]), shape["prompt"]), []
     for c in args.levels:
@@ -88,7 +89,8 @@ def measure(args, variant: str, method: str, shape: dict, pair: tuple, budget) -
                      "joins_per_step": p.get("joins", {}).get("joins_per_step"),
                      "other_share": p.get("other", {}).get("share"), "ahead_share": p.get("ahead_share"),
                      "after_read_share": p.get("after_read_share"),
-                     "step_ms": p.get("step_ms"), "errors": r["errors"], "warm_up_s": warm_s, "phases": p,
+                     "step_ms": p.get("step_ms"), "errors": r["errors"], "warm_up_s": warm_s, "memory_gib": mem,
+                     "phases": p,
                      "lanes": lane_counts(engine)})
         print(f"[{variant} {method} c={c}] {json.dumps({k: v for k, v in rows[-1].items() if k != 'phases'})}",
               file=sys.stderr, flush=True)
@@ -109,14 +111,19 @@ def lane_counts(engine) -> dict:
     return out
 
 
-def _memory(args) -> str:
-    """``": N GiB allocated, M reserved"`` on CUDA (the engine's pools, graphs and the pair), else empty."""
+def memory_gib(args) -> dict | None:
+    """``{"allocated", "reserved"}`` GiB on CUDA once built and warmed (the engine's pools, graphs and the pair)."""
     if not args.device.startswith("cuda"):
-        return ""
+        return None
     import torch
 
-    return (f": {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated, "
-            f"{torch.cuda.memory_reserved() / 2**30:.1f} reserved")
+    return {"allocated": round(torch.cuda.memory_allocated() / 2**30, 2),
+            "reserved": round(torch.cuda.memory_reserved() / 2**30, 2)}
+
+
+def _memory(mem: dict | None) -> str:
+    """``": N GiB allocated, M reserved"`` of :func:`memory_gib`, else empty."""
+    return f": {mem['allocated']:.1f} GiB allocated, {mem['reserved']:.1f} reserved" if mem else ""
 
 
 def pair_cfg(args) -> dict:

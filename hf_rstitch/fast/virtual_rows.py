@@ -37,7 +37,7 @@ from .buckets import bucket_for
 # The widest call (its length bucket) that virtual rows ride: a lane warms its spare rows' batch buckets up to this
 # length only. Every length bucket there cost 19 GiB more reserved graph memory on an H200 (random Qwen2 7B / 1.5B,
 # 256 rows; engine_variants_nvidia_h200_virtual.md) for calls that are rare: a stitched step's LLM call reads 1.0-1.1
-# columns on average at 8 to 256 clients (serve_reasoning_nvidia_h200_split_virtual.md). A wider call flushes.
+# columns on average at 8 to 256 clients (serve_reasoning_nvidia_h200_split.md). A wider call flushes.
 WIDEST = 4
 
 
