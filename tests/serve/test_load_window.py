@@ -106,6 +106,30 @@ def test_merge_makes_one_table_of_runs_made_a_method_a_call(tmp_path):
     assert (tmp_path / "serve_reasoning_nvidia_h200_split_math.png").exists()
 
 
+def test_merge_orders_the_phase_table_by_method_then_clients(tmp_path):
+    """Runs merged in any order (a level measured again in a later call) give one phase table, by method and then by
+    clients as numbers (8 before 64)."""
+    import json
+
+    def phases(step_ms):
+        lane = {"calls_per_step": 1.0, "ms_per_step": 1.0, "share": 0.5, "batch": 8, "rows": 8, "columns": 1.0}
+        return {"step_ms": step_ms, "slm": lane, "llm": lane, "joins": {"ms_per_step": 0.0, "share": 0.0},
+                "other": {"ms_per_step": 0.1, "share": 0.05}, "ahead_share": 1.0}
+
+    docs = [run_doc("llm_only", "d1"), run_doc("stitched", "d2")]
+    docs[0]["phases"] = {"stitched@64": phases(7.0), "llm_only@8": phases(4.0)}
+    docs[1]["phases"] = {"llm_only@64": phases(5.0), "stitched@8": phases(6.0), "stitched@64": phases(6.9)}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, doc in zip(paths, docs):
+        path.write_text(json.dumps(doc))
+    text = sr.merge([str(p) for p in paths], tmp_path, "_math")
+    merged = json.loads((tmp_path / "serve_reasoning_nvidia_h200_split_math.json").read_text())
+    assert list(merged["phases"]) == ["llm_only@8", "llm_only@64", "stitched@8", "stitched@64"]
+    assert merged["phases"]["stitched@64"]["step_ms"] == 6.9  # the later call's
+    rows = [line.split(" | ")[:2] for line in text.splitlines() if line.startswith(("| llm_only |", "| stitched |"))]
+    assert rows == [["| llm_only", "8"], ["| llm_only", "64"], ["| stitched", "8"], ["| stitched", "64"]]
+
+
 @pytest.mark.parametrize("field, other", [("gpu", {"gpu": "NVIDIA H100"}), ("args.scale", {"scale": 0.05})])
 def test_merge_refuses_runs_of_different_questions_naming_the_field(tmp_path, field, other):
     import json
