@@ -78,9 +78,8 @@ class VirtualJoins:
             if not any(row in rows for free, _, _ in self.pending for row in free):
                 return
         rows = [(row, ids[i], host[i]) for free, ids, host in self.pending for i, row in enumerate(free)]
-        if rows:
-            free, ids, host = zip(*rows)  # kept at one width: every verb that moves the columns flushes or follows
-            self.lane.joins.prefill(list(free), torch.stack(ids), torch.stack(host))  # raises: still kept
+        free, ids, host = zip(*rows)  # kept at one width: every verb that moves the columns flushes or follows
+        self.lane.joins.prefill(list(free), torch.stack(ids), torch.stack(host))  # raises: still kept
         self.pending = []
         self.flushes[why] = self.flushes.get(why, 0) + 1
 
@@ -88,11 +87,10 @@ class VirtualJoins:
         """The lane keeps its live rows ``index`` (:meth:`~.lane_rows.LaneRows.keep`), and the kept joins that stay
         follow their rows to their new cache rows (a paged cache moves a row's table row, never its keys and values:
         the blocks they will be read into move with it); those that left are dropped, never read."""
-        if not self.pending:
-            self.lane.kv.keep(index)
-            return
-        before = list(self.lane.kv.slots.slot)
+        before = list(self.lane.kv.slots.slot) if self.pending else None
         self.lane.kv.keep(index)
+        if before is None:
+            return
         index = index.tolist() if isinstance(index, torch.Tensor) else list(index)
         if self.lane.seen == 0:  # nothing read yet (the rows stay where they were): nothing kept to read either
             self.pending = []
